@@ -1,0 +1,37 @@
+use std::path::PathBuf;
+
+/// Everything the library reports to a user: each message says what is wrong and, where
+/// there is one, what would be right.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid model config: {0}")]
+    Config(String),
+    #[error("invalid training setting: {0}")]
+    Train(String),
+    #[error("data: {0}")]
+    Data(String),
+    #[error("checkpoint {}: {msg}", path.display())]
+    Checkpoint { path: PathBuf, msg: String },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+    pub fn ckpt(path: impl Into<PathBuf>, msg: impl Into<String>) -> Error {
+        Error::Checkpoint {
+            path: path.into(),
+            msg: msg.into(),
+        }
+    }
+}

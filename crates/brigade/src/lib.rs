@@ -1,0 +1,21 @@
+//! brigade: parallel training and inference of transformer models.
+//! See DESIGN.md for the layout of the library.
+
+pub mod error;
+pub mod models;
+pub mod nn;
+pub mod params;
+pub mod tensor;
+pub mod train;
+
+pub use error::{Error, Result};
+
+/// Runs `f` on a rayon pool of `threads` threads, so that every kernel inside (gemm included)
+/// uses exactly that many cores: several workers can then share one machine.
+pub fn with_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .map_err(|e| Error::Train(format!("cannot start {threads} threads: {e}")))?;
+    Ok(pool.install(f))
+}

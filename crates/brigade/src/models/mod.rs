@@ -1,0 +1,2 @@
+pub mod gpt;
+pub use gpt::{Activations, Gpt, GptConfig};

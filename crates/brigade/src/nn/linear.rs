@@ -1,0 +1,84 @@
+//! `y = x·W + b` with `W` stored `[in, out]` (GPT-2's Conv1D layout, as Hugging Face keeps it).
+
+use crate::params::{Init, ParamLayout, View};
+use crate::tensor::matmul;
+
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub w: View,
+    pub b: View,
+    pub d_in: usize,
+    pub d_out: usize,
+}
+
+impl Linear {
+    pub fn new(
+        layout: &mut ParamLayout,
+        prefix: &str,
+        d_in: usize,
+        d_out: usize,
+        std: f32,
+    ) -> Linear {
+        let w = layout.add(
+            &format!("{prefix}.weight"),
+            &[d_in, d_out],
+            Init::Normal(std),
+            true,
+        );
+        let b = layout.add(&format!("{prefix}.bias"), &[d_out], Init::Zeros, false);
+        Linear { w, b, d_in, d_out }
+    }
+
+    /// `out[n, out] = x[n, in]·W + b`.
+    pub fn forward(&self, p: &[f32], x: &[f32], out: &mut [f32]) {
+        let n = x.len() / self.d_in;
+        let bias = self.b.of(p);
+        for row in out.chunks_exact_mut(self.d_out) {
+            row.copy_from_slice(bias);
+        }
+        matmul(
+            out,
+            x,
+            self.w.of(p),
+            n,
+            self.d_in,
+            self.d_out,
+            false,
+            false,
+            true,
+        );
+    }
+
+    /// Accumulates `dW += xᵀ·dout`, `db += Σ dout`; overwrites `dx = dout·Wᵀ`.
+    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32]) {
+        let n = x.len() / self.d_in;
+        matmul(
+            self.w.of_mut(g),
+            x,
+            dout,
+            self.d_in,
+            n,
+            self.d_out,
+            true,
+            false,
+            true,
+        );
+        let db = self.b.of_mut(g);
+        for row in dout.chunks_exact(self.d_out) {
+            for (b, &d) in db.iter_mut().zip(row) {
+                *b += d;
+            }
+        }
+        matmul(
+            dx,
+            dout,
+            self.w.of(p),
+            n,
+            self.d_out,
+            self.d_in,
+            false,
+            true,
+            false,
+        );
+    }
+}

@@ -1,0 +1,100 @@
+//! LayerNorm over the last dimension.
+
+use super::ROW_CHUNK;
+use rayon::prelude::*;
+
+pub const EPS: f32 = 1e-5;
+
+/// `out = (x - mean) / sqrt(var + eps) · w + b` per row; saves `mean` and `rstd` for backward.
+pub fn layernorm_forward(
+    out: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    c: usize,
+) {
+    let n = x.len() / c;
+    assert!(
+        out.len() == x.len() && mean.len() == n && rstd.len() == n && w.len() == c && b.len() == c
+    );
+    out.par_chunks_mut(c)
+        .zip(x.par_chunks(c))
+        .zip(mean.par_iter_mut().zip(rstd.par_iter_mut()))
+        .with_min_len(ROW_CHUNK)
+        .for_each(|((o, x), (m, r))| {
+            let mu = x.iter().map(|&v| v as f64).sum::<f64>() / c as f64;
+            let var = x.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / c as f64;
+            let rs = 1.0 / (var + EPS as f64).sqrt();
+            let (mu, rs) = (mu as f32, rs as f32);
+            for (((o, &x), &w), &b) in o.iter_mut().zip(x).zip(w).zip(b) {
+                *o = (x - mu) * rs * w + b;
+            }
+            *m = mu;
+            *r = rs;
+        });
+}
+
+/// Accumulates into `dx` (the residual stream's gradient), `dw` and `db`.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward(
+    dx: &mut [f32],
+    dw: &mut [f32],
+    db: &mut [f32],
+    dout: &[f32],
+    x: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    w: &[f32],
+    c: usize,
+) {
+    let n = x.len() / c;
+    assert!(dx.len() == x.len() && dout.len() == x.len() && mean.len() == n && rstd.len() == n);
+    // Each fixed-size block of rows returns its own partial dw/db; the partials are summed
+    // in block order, so the result does not depend on the thread count.
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx
+        .par_chunks_mut(ROW_CHUNK * c)
+        .zip(
+            dout.par_chunks(ROW_CHUNK * c)
+                .zip(x.par_chunks(ROW_CHUNK * c)),
+        )
+        .enumerate()
+        .map(|(blk, (dxb, (db_, xb)))| {
+            let mut pw = vec![0f32; c];
+            let mut pb = vec![0f32; c];
+            for (r, ((dx, d), x)) in dxb
+                .chunks_mut(c)
+                .zip(db_.chunks(c))
+                .zip(xb.chunks(c))
+                .enumerate()
+            {
+                let row = blk * ROW_CHUNK + r;
+                let (mu, rs) = (mean[row], rstd[row]);
+                let mut sum_g = 0f32;
+                let mut sum_gx = 0f32;
+                for j in 0..c {
+                    let xhat = (x[j] - mu) * rs;
+                    let g = d[j] * w[j];
+                    sum_g += g;
+                    sum_gx += g * xhat;
+                    pw[j] += d[j] * xhat;
+                    pb[j] += d[j];
+                }
+                let mg = sum_g / c as f32;
+                let mgx = sum_gx / c as f32;
+                for j in 0..c {
+                    let xhat = (x[j] - mu) * rs;
+                    dx[j] += rs * (d[j] * w[j] - mg - xhat * mgx);
+                }
+            }
+            (pw, pb)
+        })
+        .collect();
+    for (pw, pb) in partials {
+        for j in 0..c {
+            dw[j] += pw[j];
+            db[j] += pb[j];
+        }
+    }
+}

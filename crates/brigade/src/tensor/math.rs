@@ -1,0 +1,56 @@
+//! Scalar math written so that LLVM vectorises loops calling it (libm's `expf` does not).
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+
+/// `e^x` to about 2 ulp (Cephes `expf` polynomial), branch-free so it vectorises.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E).round_ties_even();
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let z = r * r;
+    let mut p = 1.987_569_1e-4f32;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 5.000_000_1e-1);
+    let y = p.mul_add(z, r) + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    y * scale
+}
+
+/// `tanh(x)` via `exp`, accurate to a few ulp of 1 (enough for GELU, whose output is
+/// dominated by the `0.5·x` term where tanh is small).
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn exp_matches_std() {
+        let mut worst = 0f64;
+        let mut x = -80.0f32;
+        while x < 80.0 {
+            let want = (x as f64).exp();
+            let got = super::exp(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 3e-7, "exp relative error {worst}");
+    }
+
+    #[test]
+    fn tanh_matches_std() {
+        let mut x = -12.0f32;
+        while x < 12.0 {
+            let d = (super::tanh(x) as f64 - (x as f64).tanh()).abs();
+            assert!(d < 2e-7, "tanh({x}) off by {d}");
+            x += 0.0071;
+        }
+    }
+}

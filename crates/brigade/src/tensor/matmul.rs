@@ -1,0 +1,218 @@
+//! Matrix multiplication through the `gemm` crate (row-major views with explicit strides).
+//!
+//! `gemm` was chosen over BLAS by benchmark (see README): it dispatches AVX-512 kernels at
+//! run time and parallelises over the caller's rayon pool, so `--threads` controls it.
+
+use gemm::Parallelism;
+
+/// A strided matrix operand: element (i, j) is at `data[i * rs + j * cs]`.
+#[derive(Clone, Copy)]
+pub struct Mat {
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl Mat {
+    /// A dense row-major `rows × cols` matrix.
+    pub fn rm(rows: usize, cols: usize) -> Mat {
+        Mat {
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+    /// The transpose of a dense row-major matrix stored as `cols × rows`.
+    pub fn rm_t(rows: usize, cols: usize) -> Mat {
+        Mat {
+            rows,
+            cols,
+            rs: 1,
+            cs: rows,
+        }
+    }
+    /// A row-major block with a wider row stride (a column slice of a bigger matrix).
+    pub fn strided(rows: usize, cols: usize, rs: usize) -> Mat {
+        Mat {
+            rows,
+            cols,
+            rs,
+            cs: 1,
+        }
+    }
+    /// Transposed view of a strided block.
+    pub fn t(self) -> Mat {
+        Mat {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+    fn span(&self) -> usize {
+        if self.rows == 0 || self.cols == 0 {
+            0
+        } else {
+            (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1
+        }
+    }
+}
+
+/// Whether a product runs on the current rayon pool or on this thread alone.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    Pool,
+    Single,
+}
+
+fn parallelism(t: Threads, flops: usize) -> Parallelism {
+    let n = rayon::current_num_threads();
+    // Tiny products are faster on one thread than split across the pool.
+    if t == Threads::Single || n <= 1 || flops < 64 * 64 * 64 {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(n)
+    }
+}
+
+/// `c = beta·c + alpha·a·b` where `beta` is 0 (overwrite) or 1 (`accumulate`).
+///
+/// Panics if a view reaches outside its slice: shapes are the caller's invariant, not user input.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_into(
+    c: &mut [f32],
+    cm: Mat,
+    a: &[f32],
+    am: Mat,
+    b: &[f32],
+    bm: Mat,
+    alpha: f32,
+    accumulate: bool,
+    threads: Threads,
+) {
+    assert_eq!(am.rows, cm.rows, "matmul: rows of a and c differ");
+    assert_eq!(bm.cols, cm.cols, "matmul: cols of b and c differ");
+    assert_eq!(am.cols, bm.rows, "matmul: inner dimensions differ");
+    assert!(cm.span() <= c.len());
+    // SAFETY: `c` is a unique borrow covering the whole view.
+    unsafe { gemm_ptr(c.as_mut_ptr(), cm, a, am, b, bm, alpha, accumulate, threads) }
+}
+
+/// As [`gemm_into`], writing through a raw pointer so that parallel tasks can fill disjoint
+/// strided blocks of one buffer.
+///
+/// # Safety
+/// `c` must be valid for writes over the whole view `cm`, and no other thread may touch the
+/// elements of that view during the call.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_ptr(
+    c: *mut f32,
+    cm: Mat,
+    a: &[f32],
+    am: Mat,
+    b: &[f32],
+    bm: Mat,
+    alpha: f32,
+    accumulate: bool,
+    threads: Threads,
+) {
+    assert_eq!(am.rows, cm.rows, "matmul: rows of a and c differ");
+    assert_eq!(bm.cols, cm.cols, "matmul: cols of b and c differ");
+    assert_eq!(am.cols, bm.rows, "matmul: inner dimensions differ");
+    assert!(am.span() <= a.len() && bm.span() <= b.len());
+    let (m, n, k) = (cm.rows, cm.cols, am.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    *c.add(i * cm.rs + j * cm.cs) = 0.0;
+                }
+            }
+        }
+        return;
+    }
+    // SAFETY: the asserts keep every read inside `a` and `b`; the caller vouches for `c`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            cm.cs as isize,
+            cm.rs as isize,
+            accumulate,
+            a.as_ptr(),
+            am.cs as isize,
+            am.rs as isize,
+            b.as_ptr(),
+            bm.cs as isize,
+            bm.rs as isize,
+            1.0,
+            alpha,
+            false,
+            false,
+            false,
+            parallelism(threads, m * n * k),
+        );
+    }
+}
+
+/// Dense row-major `c[m,n] (+)= op(a)·op(b)`, where `ta`/`tb` say that `a` is stored as `[k,m]`
+/// or `b` as `[n,k]`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    c: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+    accumulate: bool,
+) {
+    let am = if ta { Mat::rm_t(m, k) } else { Mat::rm(m, k) };
+    let bm = if tb { Mat::rm_t(k, n) } else { Mat::rm(k, n) };
+    gemm_into(
+        c,
+        Mat::rm(m, n),
+        a,
+        am,
+        b,
+        bm,
+        1.0,
+        accumulate,
+        Threads::Pool,
+    );
+}
+
+/// Naive triple loop in f64, the reference the tests compare `matmul` against.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_reference(
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0f64;
+            for p in 0..k {
+                let av = if ta { a[p * m + i] } else { a[i * k + p] };
+                let bv = if tb { b[j * k + p] } else { b[p * n + j] };
+                s += av as f64 * bv as f64;
+            }
+            c[i * n + j] = s as f32;
+        }
+    }
+    c
+}

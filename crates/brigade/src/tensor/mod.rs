@@ -1,0 +1,32 @@
+//! f32 kernels on flat row-major buffers, each with its forward and its backward.
+//!
+//! Layers call these functions and never loop over buffers themselves, so another device
+//! (CUDA, with cuBLAS for `matmul`) can provide the same set without touching `nn/`.
+
+pub mod attention;
+pub mod elementwise;
+pub mod embedding;
+pub mod layernorm;
+pub mod loss;
+pub mod math;
+pub mod matmul;
+
+pub use matmul::{gemm_into, matmul, Mat, Threads};
+
+/// Rows handled per rayon task in row-parallel kernels. Fixed (not derived from the thread
+/// count) so that reductions over rows add in the same order whatever `--threads` is.
+pub const ROW_CHUNK: usize = 16;
+
+/// A raw pointer that may cross threads; used where parallel tasks write disjoint,
+/// strided regions of one buffer that slices cannot express.
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr(pub *mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// Through a method, so closures capture the whole (Sync) wrapper, not the raw field.
+    pub(crate) fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
