@@ -1,1 +1,51 @@
-fn main() {}
+//! `brigade`: parse, validate, call the library. No logic here that a test could not call.
+
+mod bench_cmd;
+mod sample_cmd;
+mod train_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "brigade",
+    version,
+    about = "Parallel training and inference for transformer models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Train a GPT model (default: the built-in addition task on the `tiny` preset).
+    Train(train_cmd::TrainArgs),
+    /// Generate text from a checkpoint directory (ours or a Hugging Face GPT-2).
+    Sample(sample_cmd::SampleArgs),
+    /// Measure speed, side by side with a baseline measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        what: bench_cmd::BenchCmd,
+    },
+}
+
+/// Default intra-op threads: every core of the machine.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Train(a) => train_cmd::run(a),
+        Cmd::Sample(a) => sample_cmd::run(a),
+        Cmd::Bench { what } => bench_cmd::run(what),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,6 +1,7 @@
 //! brigade: parallel training and inference of transformer models.
 //! See DESIGN.md for the layout of the library.
 
+pub mod bench;
 pub mod error;
 pub mod models;
 pub mod nn;

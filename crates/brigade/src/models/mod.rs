@@ -1,2 +1,4 @@
+pub mod generate;
 pub mod gpt;
-pub use gpt::{Activations, Gpt, GptConfig};
+pub use generate::{generate, SampleOptions};
+pub use gpt::{Activations, Gpt, GptConfig, PRESETS};

@@ -1,1 +1,11 @@
+//! Single-worker training: data, optimizer, schedule, checkpoints and the loop.
 
+pub mod addition;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod optimizer;
+pub mod trainer;
+
+pub use config::TrainConfig;
+pub use trainer::{EvalReport, StepStats, Trainer};

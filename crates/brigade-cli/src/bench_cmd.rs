@@ -1,0 +1,82 @@
+use anyhow::{bail, Result};
+use brigade::models::GptConfig;
+use clap::Subcommand;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
+    Train {
+        #[arg(long, default_value = "gpt2-small")]
+        model: String,
+        #[arg(long, default_value_t = 256)]
+        seq: usize,
+        #[arg(long, default_value_t = 4)]
+        batch: usize,
+        #[arg(long, default_value_t = crate::default_threads())]
+        threads: usize,
+        /// Steps timed (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Train {
+            model,
+            seq,
+            batch,
+            threads,
+            steps,
+            warmup,
+            json,
+        } => {
+            if threads == 0 || steps == 0 || batch == 0 {
+                bail!("--threads, --steps and --batch must be at least 1");
+            }
+            let mut cfg = GptConfig::preset(&model)?;
+            if seq > cfg.block_size {
+                bail!(
+                    "--seq {seq} exceeds {model}'s block_size {}",
+                    cfg.block_size
+                );
+            }
+            cfg.block_size = seq; // position table sized to the run, as the PyTorch peer does
+            let r = brigade::with_threads(threads, || {
+                brigade::bench::train_step(cfg, batch, seq, warmup, steps)
+            })??;
+            if json {
+                let mut v = serde_json::to_value(&r)?;
+                v["bench"] = "train".into();
+                v["model"] = model.into();
+                println!("{v}");
+            } else {
+                println!(
+                    "matmul 2048x2048x2048 f32, {} threads: {:.1} GFLOP/s",
+                    r.threads, r.matmul_gflops_per_s
+                );
+                println!(
+                    "{model} training step, batch {batch} x seq {seq} ({:.1}M params): median {:.3} s over {} steps",
+                    r.params as f64 / 1e6,
+                    r.step_s_median,
+                    r.steps_measured
+                );
+                println!(
+                    "  {:.1} tokens/s, {:.1} model GFLOP/s = {:.1}% of the matmul rate (loss {:.3} -> {:.3})",
+                    r.tokens_per_s,
+                    r.model_gflops_per_s,
+                    100.0 * r.mfu,
+                    r.loss_first,
+                    r.loss_last
+                );
+            }
+            Ok(())
+        }
+    }
+}

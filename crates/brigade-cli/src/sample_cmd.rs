@@ -1,0 +1,102 @@
+use anyhow::{bail, Result};
+use brigade::models::{generate, SampleOptions};
+use brigade::train::addition::Addition;
+use brigade::train::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
+use brigade::train::data::Tokenizer;
+use brigade::train::trainer::solve_addition;
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct SampleArgs {
+    /// Checkpoint directory: config.json + model.safetensors (+ tokenizer.json).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Text to continue. For a model trained on the addition task: a problem such as 482+139.
+    #[arg(long)]
+    prompt: String,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// 0 is greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample among the k most likely tokens only (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, default_value_t = crate::default_threads())]
+    threads: usize,
+}
+
+/// The addition task's digit count if the checkpoint was trained on it.
+fn addition_task(dir: &std::path::Path) -> Option<Addition> {
+    let text = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let cfg = &v["config"];
+    if !cfg["data"].is_null() {
+        return None;
+    }
+    Some(Addition {
+        digits: cfg["digits"].as_u64()? as usize,
+    })
+}
+
+pub fn run(a: SampleArgs) -> Result<()> {
+    if a.prompt.is_empty() {
+        bail!("--prompt is empty; give some text to continue");
+    }
+    if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
+        bail!(
+            "--temperature must be 0 (greedy) or positive, got {}",
+            a.temperature
+        );
+    }
+    let (model, params) = load_model(&a.checkpoint)?;
+    if let Some(task) = addition_task(&a.checkpoint) {
+        let q = a.prompt.trim().trim_end_matches('=');
+        let parsed = q.split_once('+').and_then(|(x, y)| {
+            Some((x.trim().parse::<u64>().ok()?, y.trim().parse::<u64>().ok()?))
+        });
+        let limit = 10u64.pow(task.digits as u32);
+        match parsed {
+            Some((x, y)) if x < limit && y < limit => {
+                let got = brigade::with_threads(a.threads, || solve_addition(&model, &params, &task, &[(x, y)]))?;
+                match task.parse_answer(&got[0]) {
+                    Some(v) => println!("{x}+{y}={v}"),
+                    None => println!("{x}+{y}=? (model wrote {:?})", got[0]),
+                }
+                return Ok(());
+            }
+            _ => bail!(
+                "this checkpoint was trained on {}-digit addition; give a prompt like 482+139 (operands below {limit})",
+                task.digits
+            ),
+        }
+    }
+    let tok_path = a.checkpoint.join(TOKENIZER_FILE);
+    let tok = if tok_path.exists() {
+        Tokenizer::from_file(&tok_path)?
+    } else {
+        Tokenizer::Bytes
+    };
+    let ids = tok.encode(&a.prompt)?;
+    if ids.is_empty() {
+        bail!("the prompt encodes to no tokens");
+    }
+    model.check_input(
+        &ids[ids.len().saturating_sub(model.cfg.block_size)..],
+        1,
+        ids.len().min(model.cfg.block_size),
+    )?;
+    let opt = SampleOptions {
+        max_new_tokens: a.max_tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        seed: a.seed,
+        stop: None,
+    };
+    let out = brigade::with_threads(a.threads, || generate(&model, &params, &[ids], &opt))?;
+    println!("{}{}", a.prompt, tok.decode(&out[0]));
+    Ok(())
+}

@@ -1,0 +1,252 @@
+use anyhow::{bail, Context, Result};
+use brigade::train::{EvalReport, TrainConfig, Trainer};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// TOML file with any of the settings below (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Model preset: tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl.
+    #[arg(long)]
+    model: Option<String>,
+    /// UTF-8 text file to train on (default: the built-in addition task).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Hugging Face tokenizer.json for --data (default: byte-level tokens).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Digits per operand of the built-in addition task.
+    #[arg(long)]
+    digits: Option<usize>,
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Sequences per optimizer step.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Sequences per forward/backward pass (gradient accumulation).
+    #[arg(long)]
+    micro_batch: Option<usize>,
+    /// Tokens per sequence.
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f32>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Evaluate every N steps (0: only at the end).
+    #[arg(long)]
+    eval_every: Option<usize>,
+    /// Intra-op threads (default: all cores).
+    #[arg(long, default_value_t = crate::default_threads())]
+    threads: usize,
+    /// Directory for the final checkpoint (and periodic ones with --save-every).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Save a checkpoint every N steps (needs --out).
+    #[arg(long)]
+    save_every: Option<usize>,
+    /// Continue the run saved in this checkpoint directory (may extend it with --steps).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Stop after this many steps in this process, saving a checkpoint (to test resuming).
+    #[arg(long, hide = true)]
+    stop_after: Option<usize>,
+}
+
+impl TrainArgs {
+    /// Flags that change what the run computes, with their names (refused on --resume).
+    fn numeric_overrides(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        let mut on = |set: bool, n: &'static str| {
+            if set {
+                v.push(n)
+            }
+        };
+        on(self.config.is_some(), "--config");
+        on(self.model.is_some(), "--model");
+        on(self.data.is_some(), "--data");
+        on(self.tokenizer.is_some(), "--tokenizer");
+        on(self.digits.is_some(), "--digits");
+        on(self.batch.is_some(), "--batch");
+        on(self.micro_batch.is_some(), "--micro-batch");
+        on(self.seq.is_some(), "--seq");
+        on(self.lr.is_some(), "--lr");
+        on(self.seed.is_some(), "--seed");
+        v
+    }
+
+    fn config(&self) -> Result<TrainConfig> {
+        let mut c = match &self.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read config file {}", p.display()))?;
+                TrainConfig::from_toml(&text, &p.display().to_string())?
+            }
+            None => TrainConfig::default(),
+        };
+        if let Some(v) = &self.model {
+            c.model = v.clone();
+        }
+        if self.data.is_some() {
+            c.data = self.data.clone();
+        }
+        if self.tokenizer.is_some() {
+            c.tokenizer = self.tokenizer.clone();
+        }
+        if let Some(v) = self.digits {
+            c.digits = v;
+        }
+        if let Some(v) = self.steps {
+            c.steps = v;
+        }
+        if let Some(v) = self.batch {
+            c.batch = v;
+        }
+        if self.micro_batch.is_some() {
+            c.micro_batch = self.micro_batch;
+        }
+        if self.seq.is_some() {
+            c.seq = self.seq;
+        }
+        if let Some(v) = self.lr {
+            c.lr = v;
+        }
+        if let Some(v) = self.seed {
+            c.seed = v;
+        }
+        if let Some(v) = self.eval_every {
+            c.eval_every = v;
+        }
+        Ok(c)
+    }
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    if a.threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    if a.save_every.is_some() && a.out.is_none() {
+        bail!("--save-every needs --out DIR to write checkpoints to");
+    }
+    let mut tr = match &a.resume {
+        Some(dir) => {
+            let fixed = a.numeric_overrides();
+            if !fixed.is_empty() {
+                bail!("{} cannot change on --resume (the run's settings come from its checkpoint); only --steps, --threads, --out, --save-every may be given", fixed.join(", "));
+            }
+            let tr = Trainer::resume(dir, a.steps)?;
+            eprintln!(
+                "resuming {} at step {} of {}",
+                dir.display(),
+                tr.step,
+                tr.cfg.steps
+            );
+            tr
+        }
+        None => Trainer::new(a.config()?)?,
+    };
+    let out = a.out.clone().or_else(|| a.resume.clone());
+    brigade::with_threads(a.threads, move || train_loop(&mut tr, &a, out))?
+}
+
+fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<()> {
+    let m = &tr.model.cfg;
+    eprintln!(
+        "model {} ({} layers, {} heads, {} wide, vocab {}, {:.2}M params) · {} · batch {} × seq {} · {} steps · {} threads",
+        tr.cfg.model,
+        m.n_layer,
+        m.n_head,
+        m.n_embd,
+        m.vocab_size,
+        tr.model.num_params() as f64 / 1e6,
+        match &tr.cfg.data {
+            Some(p) => format!("data {}", p.display()),
+            None => format!("built-in task: {}-digit addition", tr.cfg.digits),
+        },
+        tr.cfg.batch,
+        tr.seq,
+        tr.cfg.steps,
+        a.threads
+    );
+    let bar = ProgressBar::new(tr.cfg.steps as u64).with_position(tr.step as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise} eta {eta}]")
+            .expect("valid template"),
+    );
+    let t0 = Instant::now();
+    let start_step = tr.step;
+    let stop_at = a
+        .stop_after
+        .map(|s| s.min(tr.cfg.steps))
+        .unwrap_or(tr.cfg.steps);
+    while tr.step < stop_at {
+        let s = tr.train_step()?;
+        let rate = (tr.step - start_step) as f64 * tr.tokens_per_step() as f64
+            / t0.elapsed().as_secs_f64();
+        bar.set_position(s.step as u64);
+        bar.set_message(format!(
+            "loss {:.4} lr {:.2e} {:.0} tok/s",
+            s.loss, s.lr, rate
+        ));
+        if tr.cfg.eval_every > 0 && s.step % tr.cfg.eval_every == 0 && s.step < tr.cfg.steps {
+            let r = tr.evaluate();
+            let line = format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss);
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
+        }
+        if let (Some(dir), Some(every)) = (&out, a.save_every) {
+            if every > 0 && s.step % every == 0 {
+                tr.save(dir)?;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{} steps in {:.1}s ({:.0} tokens/s), final loss {:.4}",
+        tr.step - start_step,
+        secs,
+        (tr.step - start_step) as f64 * tr.tokens_per_step() as f64 / secs,
+        tr.losses.last().copied().unwrap_or(f32::NAN)
+    );
+    if let Some(dir) = &out {
+        tr.save(dir)?;
+        eprintln!("checkpoint written to {}", dir.display());
+    }
+    if tr.step < tr.cfg.steps {
+        return Ok(());
+    }
+    let report = tr.evaluate();
+    println!("{report}");
+    match &report {
+        EvalReport::Addition { examples, .. } => {
+            println!("held-out problems (model's answer):");
+            for (q, want, got) in examples {
+                let mark = if want == got { "ok" } else { "WRONG" };
+                println!("  {q} = {got:<6} {mark}");
+            }
+        }
+        EvalReport::Text { .. } => {
+            let prompt = tr.data_prompt();
+            let opt = brigade::models::SampleOptions {
+                max_new_tokens: 64,
+                temperature: 0.8,
+                top_k: 40,
+                seed: 0,
+                stop: None,
+            };
+            let ids = tr.tokenizer.encode(&prompt)?;
+            let gen = brigade::models::generate(&tr.model, &tr.params, &[ids], &opt);
+            println!("sample: {}{}", prompt, tr.tokenizer.decode(&gen[0]));
+        }
+    }
+    Ok(())
+}

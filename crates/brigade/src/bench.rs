@@ -1,0 +1,120 @@
+//! Measurements behind `brigade bench …`: each returns figures, the CLI only prints them.
+
+use crate::models::{Activations, Gpt, GptConfig};
+use crate::tensor::matmul;
+use crate::train::optimizer::{clip_grad_norm, AdamW, AdamWConfig};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::time::Instant;
+
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// f32 matmul rate of `m×k · k×n` on the current rayon pool: median GFLOP/s over `reps`.
+pub fn matmul_gflops(m: usize, k: usize, n: usize, reps: usize) -> f64 {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let a: Vec<f32> = (0..m * k).map(|_| rng.gen::<f32>() - 0.5).collect();
+    let b: Vec<f32> = (0..k * n).map(|_| rng.gen::<f32>() - 0.5).collect();
+    let mut c = vec![0f32; m * n];
+    matmul(&mut c, &a, &b, m, k, n, false, false, false); // warm up caches and gemm's buffers
+    let rates: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t0 = Instant::now();
+            matmul(&mut c, &a, &b, m, k, n, false, false, false);
+            2.0 * (m * k * n) as f64 / t0.elapsed().as_secs_f64() / 1e9
+        })
+        .collect();
+    median(&rates)
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TrainBench {
+    pub params: usize,
+    pub batch: usize,
+    pub seq: usize,
+    pub threads: usize,
+    pub steps_measured: usize,
+    pub step_s_median: f64,
+    pub tokens_per_s: f64,
+    pub model_gflops_per_s: f64,
+    pub matmul_gflops_per_s: f64,
+    pub mfu: f64,
+    pub loss_first: f32,
+    pub loss_last: f32,
+}
+
+/// Times full training steps (forward, backward, clip, AdamW) on random tokens, after first
+/// measuring the machine's matmul rate in the same process.
+pub fn train_step(
+    cfg: GptConfig,
+    batch: usize,
+    seq: usize,
+    warmup: usize,
+    steps: usize,
+) -> crate::Result<TrainBench> {
+    let matmul_rate = matmul_gflops(2048, 2048, 2048, 5);
+    let model = Gpt::new(cfg)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let x: Vec<u32> = (0..batch * seq)
+        .map(|_| rng.gen_range(0..cfg.vocab_size as u32))
+        .collect();
+    let y: Vec<i32> = (0..batch * seq)
+        .map(|_| rng.gen_range(0..cfg.vocab_size as i32))
+        .collect();
+    model.check_input(&x, batch, seq)?;
+    let mut params = model.layout.init(0);
+    let mut grads = vec![0f32; params.len()];
+    let mut opt = AdamW::new(AdamWConfig::default(), &model.layout);
+    let mut acts = Activations::default();
+    let mut times = Vec::new();
+    let mut losses = Vec::new();
+    for i in 0..warmup + steps {
+        let t0 = Instant::now();
+        grads.fill(0.0);
+        let (l, n) = model.forward_backward(
+            &params,
+            &mut grads,
+            &x,
+            &y,
+            batch,
+            seq,
+            1.0 / (batch * seq) as f32,
+            &mut acts,
+        );
+        clip_grad_norm(&mut grads, 1.0);
+        opt.step(&mut params, &grads, 3e-4);
+        let dt = t0.elapsed().as_secs_f64();
+        losses.push((l / n as f64) as f32);
+        if i >= warmup {
+            times.push(dt);
+        }
+    }
+    let med = median(&times);
+    let tokens = (batch * seq) as f64;
+    let model_gflops = cfg.train_flops_per_token(seq) * tokens / med / 1e9;
+    Ok(TrainBench {
+        params: model.num_params(),
+        batch,
+        seq,
+        threads: rayon::current_num_threads(),
+        steps_measured: steps,
+        step_s_median: med,
+        tokens_per_s: tokens / med,
+        model_gflops_per_s: model_gflops,
+        matmul_gflops_per_s: matmul_rate,
+        mfu: model_gflops / matmul_rate,
+        loss_first: losses[0],
+        loss_last: *losses.last().unwrap(),
+    })
+}

@@ -1,0 +1,247 @@
+//! Checkpoints: weights as safetensors under Hugging Face GPT-2 names (so a Hugging Face
+//! GPT-2 loads here and ours load there), the model shape as a Hugging Face `config.json`,
+//! optimizer moments as a second safetensors file, and run state as JSON. A checkpoint is
+//! written to a temporary directory and renamed into place, so a crash never leaves half of one.
+
+use crate::error::{Error, Result};
+use crate::models::{Gpt, GptConfig};
+use crate::params::ParamLayout;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub const MODEL_FILE: &str = "model.safetensors";
+pub const CONFIG_FILE: &str = "config.json";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const STATE_FILE: &str = "trainer_state.json";
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| Error::io(path, e)
+}
+
+/// Writes the named views of `buf` (with `prefix` before each name) as one safetensors file.
+pub fn save_tensors(
+    path: &Path,
+    layout: &ParamLayout,
+    buf: &[f32],
+    prefix: &str,
+    meta: Option<HashMap<String, String>>,
+) -> Result<()> {
+    let views: Vec<(String, safetensors::tensor::TensorView)> = layout
+        .specs
+        .iter()
+        .map(|s| {
+            let bytes: &[u8] = bytemuck::cast_slice(s.view.of(buf));
+            let tv = safetensors::tensor::TensorView::new(Dtype::F32, s.shape.clone(), bytes)
+                .expect("shape matches the view's length");
+            (format!("{prefix}{}", s.name), tv)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, meta, path)
+        .map_err(|e| Error::ckpt(path, format!("cannot write: {e}")))
+}
+
+/// Hugging Face keeps these beside the weights: causal-mask buffers and the tied head.
+fn ignorable(name: &str) -> bool {
+    name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name == "lm_head.weight"
+}
+
+/// Reads every tensor of `layout` (named with `prefix`) from a safetensors file.
+pub fn load_tensors(
+    path: &Path,
+    layout: &ParamLayout,
+    prefix: &str,
+) -> Result<(Vec<f32>, HashMap<String, String>)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::ckpt(path, format!("cannot read: {e}")))?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes)
+        .map_err(|e| Error::ckpt(path, format!("not a valid safetensors file ({e})")))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::ckpt(path, format!("not a valid safetensors file ({e})")))?;
+    let mut out = vec![0f32; layout.total];
+    for s in &layout.specs {
+        let name = format!("{prefix}{}", s.name);
+        let alt = format!("transformer.{name}");
+        let tv = match st.tensor(&name).or_else(|_| st.tensor(&alt)) {
+            Ok(t) => t,
+            Err(_) => {
+                let mut found: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+                found.sort();
+                found.truncate(3);
+                return Err(Error::ckpt(
+                    path,
+                    format!("tensor '{name}' is missing; is this a GPT-2 checkpoint of this shape? (it holds e.g. {})", found.join(", ")),
+                ));
+            }
+        };
+        if tv.dtype() != Dtype::F32 {
+            return Err(Error::ckpt(
+                path,
+                format!(
+                    "tensor '{name}' is {:?}; brigade loads F32 checkpoints",
+                    tv.dtype()
+                ),
+            ));
+        }
+        if tv.shape() != s.shape.as_slice() {
+            return Err(Error::ckpt(
+                path,
+                format!(
+                    "tensor '{name}' has shape {:?}, the model expects {:?}",
+                    tv.shape(),
+                    s.shape
+                ),
+            ));
+        }
+        let dst = s.view.of_mut(&mut out);
+        for (d, c) in dst.iter_mut().zip(tv.data().chunks_exact(4)) {
+            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    let known: std::collections::HashSet<String> = layout
+        .specs
+        .iter()
+        .flat_map(|s| {
+            [
+                format!("{prefix}{}", s.name),
+                format!("transformer.{prefix}{}", s.name),
+            ]
+        })
+        .collect();
+    if let Some(x) = st
+        .names()
+        .into_iter()
+        .find(|n| !ignorable(n) && !known.contains(*n))
+    {
+        return Err(Error::ckpt(path, format!("unexpected tensor '{x}': the file holds a different model than its config describes")));
+    }
+    Ok((out, meta.metadata().clone().unwrap_or_default()))
+}
+
+/// A Hugging Face GPT-2 `config.json` for `cfg`.
+pub fn hf_config(cfg: &GptConfig) -> serde_json::Value {
+    serde_json::json!({
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_embd": cfg.n_embd,
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.block_size,
+        "n_ctx": cfg.block_size,
+        "n_inner": null,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": crate::tensor::layernorm::EPS,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": true,
+        "torch_dtype": "float32"
+    })
+}
+
+/// Reads a Hugging Face GPT-2 `config.json` (ours or one from the Hub).
+pub fn read_model_config(dir: &Path) -> Result<GptConfig> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        Error::ckpt(
+            &path,
+            format!(
+                "cannot read ({e}); a checkpoint directory holds config.json and model.safetensors"
+            ),
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
+    let field = |k: &str| -> Result<usize> {
+        v.get(k)
+            .and_then(|x| x.as_u64())
+            .map(|x| x as usize)
+            .ok_or_else(|| {
+                Error::ckpt(
+                    &path,
+                    format!("missing integer field '{k}'; is this a GPT-2 config?"),
+                )
+            })
+    };
+    if let Some(act) = v.get("activation_function").and_then(|a| a.as_str()) {
+        if act != "gelu_new" && act != "gelu_pytorch_tanh" {
+            return Err(Error::ckpt(&path, format!("activation_function '{act}' is not supported; brigade implements GPT-2's tanh GELU (gelu_new)")));
+        }
+    }
+    if let Some(inner) = v.get("n_inner").and_then(|x| x.as_u64()) {
+        if inner as usize != 4 * field("n_embd")? {
+            return Err(Error::ckpt(
+                &path,
+                format!("n_inner {inner} is not supported; brigade's MLP width is 4·n_embd"),
+            ));
+        }
+    }
+    let cfg = GptConfig {
+        n_layer: field("n_layer")?,
+        n_head: field("n_head")?,
+        n_embd: field("n_embd")?,
+        vocab_size: field("vocab_size")?,
+        block_size: field("n_positions")?,
+    };
+    cfg.validate()
+        .map_err(|e| Error::ckpt(&path, e.to_string()))?;
+    Ok(cfg)
+}
+
+/// Loads a model directory (config.json + model.safetensors), ours or Hugging Face's.
+pub fn load_model(dir: &Path) -> Result<(Gpt, Vec<f32>)> {
+    if !dir.is_dir() {
+        return Err(Error::ckpt(dir, "no such checkpoint directory"));
+    }
+    let cfg = read_model_config(dir)?;
+    let model = Gpt::new(cfg)?;
+    let (params, _) = load_tensors(&dir.join(MODEL_FILE), &model.layout, "")?;
+    Ok((model, params))
+}
+
+pub fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(v).expect("JSON values serialise");
+    std::fs::write(path, text).map_err(io(path))
+}
+
+/// Fills a fresh temporary directory with `fill`, then renames it to `dir`, replacing an
+/// older checkpoint there only once the new one is complete.
+pub fn write_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let name = dir
+        .file_name()
+        .ok_or_else(|| Error::ckpt(dir, "checkpoint path needs a final directory name"))?;
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let tmp: PathBuf = parent.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let old: PathBuf = parent.join(format!(
+        ".{}.old-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+    if let Err(e) = fill(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    for entry in std::fs::read_dir(&tmp).map_err(io(&tmp))? {
+        let p = entry.map_err(io(&tmp))?.path();
+        std::fs::File::open(&p)
+            .and_then(|f| f.sync_all())
+            .map_err(io(&p))?;
+    }
+    if dir.exists() {
+        std::fs::rename(dir, &old).map_err(io(dir))?;
+    }
+    std::fs::rename(&tmp, dir).map_err(io(dir))?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! A training run's settings: defaults, overridden by a TOML file, overridden by flags.
+
+use super::optimizer::AdamWConfig;
+use crate::error::{Error, Result};
+use crate::models::GptConfig;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Everything that determines the run's numbers. Threads and output paths are not here:
+/// they change how fast a run goes, never what it computes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Model preset (`tiny`, `gpt2-small`, …); the fields below override it.
+    pub model: String,
+    pub n_layer: Option<usize>,
+    pub n_head: Option<usize>,
+    pub n_embd: Option<usize>,
+    pub block_size: Option<usize>,
+    pub vocab_size: Option<usize>,
+    /// UTF-8 text file to train on; absent: the built-in addition task.
+    pub data: Option<PathBuf>,
+    /// Hugging Face tokenizer.json; absent: byte-level tokens.
+    pub tokenizer: Option<PathBuf>,
+    /// Digits per operand of the built-in addition task.
+    pub digits: usize,
+    pub steps: usize,
+    /// Sequences per optimizer step.
+    pub batch: usize,
+    /// Sequences per forward/backward pass; `batch` must be a multiple. Absent: `batch`.
+    pub micro_batch: Option<usize>,
+    /// Tokens per sequence; absent: the data's natural length.
+    pub seq: Option<usize>,
+    pub lr: f32,
+    /// Floor of the cosine decay; absent: lr / 10.
+    pub min_lr: Option<f32>,
+    /// Warmup steps; absent: 5% of steps.
+    pub warmup: Option<usize>,
+    pub grad_clip: f32,
+    pub adamw: AdamWConfig,
+    pub seed: u64,
+    /// Evaluate every this many steps (0: only at the end).
+    pub eval_every: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: "tiny".into(),
+            n_layer: None,
+            n_head: None,
+            n_embd: None,
+            block_size: None,
+            vocab_size: None,
+            data: None,
+            tokenizer: None,
+            digits: 3,
+            steps: 2000,
+            batch: 64,
+            micro_batch: None,
+            seq: None,
+            lr: 3e-3,
+            min_lr: None,
+            warmup: None,
+            grad_clip: 1.0,
+            adamw: AdamWConfig {
+                weight_decay: 0.1,
+                ..AdamWConfig::default()
+            },
+            seed: 1337,
+            eval_every: 250,
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn from_toml(text: &str, origin: &str) -> Result<TrainConfig> {
+        toml::from_str(text).map_err(|e| Error::Train(format!("config {origin}: {}", e.message())))
+    }
+
+    /// The model shape: the preset with this config's overrides; `data_vocab` is the
+    /// tokenizer's vocabulary, which the model's must cover.
+    pub fn model_config(&self, data_vocab: usize) -> Result<GptConfig> {
+        let p = GptConfig::preset(&self.model)?;
+        let cfg = GptConfig {
+            n_layer: self.n_layer.unwrap_or(p.n_layer),
+            n_head: self.n_head.unwrap_or(p.n_head),
+            n_embd: self.n_embd.unwrap_or(p.n_embd),
+            block_size: self.block_size.unwrap_or(p.block_size),
+            vocab_size: self.vocab_size.unwrap_or(p.vocab_size.max(data_vocab)),
+        };
+        cfg.validate()?;
+        if cfg.vocab_size < data_vocab {
+            return Err(Error::Config(format!(
+                "vocab_size {} is smaller than the tokenizer's vocabulary of {data_vocab}; raise vocab_size",
+                cfg.vocab_size
+            )));
+        }
+        Ok(cfg)
+    }
+
+    pub fn micro_batch(&self) -> usize {
+        self.micro_batch.unwrap_or(self.batch)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Train(m));
+        if self.steps == 0 {
+            return bad("steps must be at least 1".into());
+        }
+        if self.batch == 0 {
+            return bad("batch must be at least 1".into());
+        }
+        let mb = self.micro_batch();
+        if mb == 0 || self.batch % mb != 0 {
+            return bad(format!(
+                "batch ({}) must be a positive multiple of micro_batch ({mb})",
+                self.batch
+            ));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("lr must be a positive number, got {}", self.lr));
+        }
+        if self.digits == 0 || self.digits > 9 {
+            return bad(format!(
+                "digits must be between 1 and 9, got {}",
+                self.digits
+            ));
+        }
+        if self.tokenizer.is_some() && self.data.is_none() {
+            return bad("--tokenizer needs --data FILE (the built-in task uses bytes)".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,129 @@
+//! AdamW with decoupled weight decay (Loshchilov & Hutter), as `torch.optim.AdamW` computes it.
+
+use crate::params::ParamLayout;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdamWConfig {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
+    }
+}
+
+/// Optimizer state over a flat parameter range (the whole model, or one ZeRO shard).
+pub struct AdamW {
+    pub cfg: AdamWConfig,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+    /// Steps taken (for bias correction).
+    pub t: u64,
+    /// Ranges of the flat buffer and whether weight decay applies to them.
+    groups: Vec<(Range<usize>, bool)>,
+}
+
+const CHUNK: usize = 1 << 14;
+
+impl AdamW {
+    pub fn new(cfg: AdamWConfig, layout: &ParamLayout) -> AdamW {
+        let groups = layout
+            .specs
+            .iter()
+            .map(|s| (s.view.offset..s.view.offset + s.view.len, s.decay))
+            .collect();
+        AdamW {
+            cfg,
+            m: vec![0.0; layout.total],
+            v: vec![0.0; layout.total],
+            t: 0,
+            groups,
+        }
+    }
+
+    pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+        self.t += 1;
+        let c = self.cfg;
+        let bc1 = 1.0 - (c.beta1 as f64).powi(self.t as i32);
+        let bc2 = 1.0 - (c.beta2 as f64).powi(self.t as i32);
+        let step_size = (lr as f64 / bc1) as f32;
+        let bc2_sqrt = bc2.sqrt() as f32;
+        for (r, decay) in &self.groups {
+            let shrink = if *decay {
+                1.0 - lr * c.weight_decay
+            } else {
+                1.0
+            };
+            params[r.clone()]
+                .par_chunks_mut(CHUNK)
+                .zip(grads[r.clone()].par_chunks(CHUNK))
+                .zip(
+                    self.m[r.clone()]
+                        .par_chunks_mut(CHUNK)
+                        .zip(self.v[r.clone()].par_chunks_mut(CHUNK)),
+                )
+                .for_each(|((p, g), (m, v))| {
+                    for i in 0..p.len() {
+                        m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * g[i];
+                        v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * g[i] * g[i];
+                        let denom = v[i].sqrt() / bc2_sqrt + c.eps;
+                        p[i] = p[i] * shrink - step_size * m[i] / denom;
+                    }
+                });
+        }
+    }
+}
+
+/// Global L2 norm of the gradient (accumulated in f64, in fixed chunk order).
+pub fn grad_norm(grads: &[f32]) -> f32 {
+    let parts: Vec<f64> = grads
+        .par_chunks(CHUNK)
+        .map(|c| c.iter().map(|&g| g as f64 * g as f64).sum::<f64>())
+        .collect();
+    parts.iter().sum::<f64>().sqrt() as f32
+}
+
+/// Scales `grads` so that their global norm is at most `max_norm`; returns the norm before.
+pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
+    let norm = grad_norm(grads);
+    if max_norm > 0.0 && norm > max_norm {
+        let s = max_norm / (norm + 1e-6);
+        grads
+            .par_chunks_mut(CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|g| *g *= s));
+    }
+    norm
+}
+
+/// Linear warmup to `max_lr`, then cosine decay to `min_lr` at `total` steps.
+#[derive(Clone, Copy, Debug)]
+pub struct LrSchedule {
+    pub max_lr: f32,
+    pub min_lr: f32,
+    pub warmup: usize,
+    pub total: usize,
+}
+
+impl LrSchedule {
+    pub fn at(&self, step: usize) -> f32 {
+        if step < self.warmup {
+            return self.max_lr * (step + 1) as f32 / self.warmup as f32;
+        }
+        let span = self.total.saturating_sub(self.warmup).max(1);
+        let progress = ((step - self.warmup) as f32 / span as f32).min(1.0);
+        let cos = 0.5 * (1.0 + (std::f32::consts::PI * progress).cos());
+        self.min_lr + cos * (self.max_lr - self.min_lr)
+    }
+}

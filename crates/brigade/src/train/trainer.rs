@@ -1,0 +1,371 @@
+//! The training loop: batch → micro-batches → forward/backward → clip → AdamW.
+
+use super::addition::Addition;
+use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
+use super::config::TrainConfig;
+use super::data::{Dataset, TextData, Tokenizer};
+use super::optimizer::{clip_grad_norm, AdamW, LrSchedule};
+use crate::error::{Error, Result};
+use crate::models::{generate, Activations, Gpt, SampleOptions};
+use std::collections::HashMap;
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug)]
+pub struct StepStats {
+    /// 1-based number of the step just taken.
+    pub step: usize,
+    pub loss: f32,
+    pub lr: f32,
+    pub grad_norm: f32,
+    pub tokens: usize,
+}
+
+#[derive(Clone, Debug)]
+pub enum EvalReport {
+    /// Exact-match accuracy on held-out problems, with a few (prompt, expected, model) rows.
+    Addition {
+        correct: usize,
+        total: usize,
+        examples: Vec<(String, String, String)>,
+    },
+    /// Mean loss on the held-out tail of the text.
+    Text { val_loss: f32 },
+}
+
+impl std::fmt::Display for EvalReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            EvalReport::Addition { correct, total, .. } => {
+                write!(
+                    f,
+                    "held-out accuracy {:.1}% ({correct}/{total})",
+                    100.0 * *correct as f64 / *total as f64
+                )
+            }
+            EvalReport::Text { val_loss } => write!(f, "validation loss {val_loss:.4}"),
+        }
+    }
+}
+
+pub struct Trainer {
+    pub cfg: TrainConfig,
+    pub model: Gpt,
+    pub params: Vec<f32>,
+    grads: Vec<f32>,
+    opt: AdamW,
+    /// Optimizer steps completed.
+    pub step: usize,
+    pub data: Dataset,
+    pub tokenizer: Tokenizer,
+    pub seq: usize,
+    /// Loss of every step taken so far (including those before a resume).
+    pub losses: Vec<f32>,
+    acts: Activations,
+    sched: LrSchedule,
+}
+
+impl Trainer {
+    pub fn new(cfg: TrainConfig) -> Result<Trainer> {
+        cfg.validate()?;
+        let tokenizer = match &cfg.tokenizer {
+            Some(p) => Tokenizer::from_file(p)?,
+            None => Tokenizer::Bytes,
+        };
+        let mcfg = cfg.model_config(tokenizer.vocab_size())?;
+        let model = Gpt::new(mcfg)?;
+        let (data, seq) = match &cfg.data {
+            None => {
+                let a = Addition { digits: cfg.digits };
+                let natural = a.seq_len() - 1;
+                if cfg.seq.is_some_and(|s| s != natural) {
+                    return Err(Error::Train(format!(
+                        "the addition task with {} digits has sequences of {natural} tokens; drop --seq or set it to {natural}",
+                        cfg.digits
+                    )));
+                }
+                (Dataset::Addition(a), natural)
+            }
+            Some(path) => {
+                let seq = cfg.seq.unwrap_or(mcfg.block_size.min(256));
+                (Dataset::Text(TextData::load(path, &tokenizer, seq)?), seq)
+            }
+        };
+        if seq == 0 || seq > mcfg.block_size {
+            return Err(Error::Train(format!(
+                "sequence length {seq} must be between 1 and the model's block_size {}; lower --seq or raise block_size",
+                mcfg.block_size
+            )));
+        }
+        let params = model.layout.init(cfg.seed);
+        let opt = AdamW::new(cfg.adamw, &model.layout);
+        let sched = LrSchedule {
+            max_lr: cfg.lr,
+            min_lr: cfg.min_lr.unwrap_or(cfg.lr / 10.0),
+            warmup: cfg.warmup.unwrap_or(cfg.steps / 20).max(1),
+            total: cfg.steps,
+        };
+        Ok(Trainer {
+            grads: vec![0.0; model.layout.total],
+            model,
+            params,
+            opt,
+            step: 0,
+            data,
+            tokenizer,
+            seq,
+            losses: Vec::new(),
+            acts: Activations::default(),
+            sched,
+            cfg,
+        })
+    }
+
+    pub fn done(&self) -> bool {
+        self.step >= self.cfg.steps
+    }
+
+    pub fn tokens_per_step(&self) -> usize {
+        self.cfg.batch * self.seq
+    }
+
+    pub fn train_step(&mut self) -> Result<StepStats> {
+        let (b, t) = (self.cfg.batch, self.seq);
+        let (x, y) = self.data.batch(self.cfg.seed, self.step, b, t);
+        self.model.check_input(&x, b, t)?;
+        let count = y
+            .iter()
+            .filter(|&&v| v != crate::tensor::loss::IGNORE)
+            .count();
+        if count == 0 {
+            return Err(Error::Data("a batch has no target tokens".into()));
+        }
+        let lr = self.sched.at(self.step);
+        self.grads.fill(0.0);
+        let mb = self.cfg.micro_batch();
+        let scale = 1.0 / count as f32;
+        let mut loss_sum = 0f64;
+        for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
+            let (l, _) = self.model.forward_backward(
+                &self.params,
+                &mut self.grads,
+                xm,
+                ym,
+                mb,
+                t,
+                scale,
+                &mut self.acts,
+            );
+            loss_sum += l;
+        }
+        let loss = (loss_sum / count as f64) as f32;
+        if !loss.is_finite() {
+            return Err(Error::Train(format!(
+                "loss became {loss} at step {}; lower --lr",
+                self.step + 1
+            )));
+        }
+        let grad_norm = clip_grad_norm(&mut self.grads, self.cfg.grad_clip);
+        self.opt.step(&mut self.params, &self.grads, lr);
+        self.step += 1;
+        self.losses.push(loss);
+        Ok(StepStats {
+            step: self.step,
+            loss,
+            lr,
+            grad_norm,
+            tokens: b * t,
+        })
+    }
+
+    /// Held-out accuracy (addition) or validation loss (text).
+    pub fn evaluate(&mut self) -> EvalReport {
+        match &self.data {
+            Dataset::Addition(a) => {
+                let a = *a;
+                let problems = a.eval_set(1000);
+                let answers = solve_addition(&self.model, &self.params, &a, &problems);
+                let mut correct = 0;
+                let mut examples = Vec::new();
+                for (&(x, y), got) in problems.iter().zip(&answers) {
+                    let ok = a.parse_answer(got) == Some(x + y);
+                    correct += ok as usize;
+                    if examples.len() < 8 {
+                        let shown = a
+                            .parse_answer(got)
+                            .map(|v| v.to_string())
+                            .unwrap_or_else(|| format!("{got:?}"));
+                        examples.push((format!("{x}+{y}"), (x + y).to_string(), shown));
+                    }
+                }
+                EvalReport::Addition {
+                    correct,
+                    total: problems.len(),
+                    examples,
+                }
+            }
+            Dataset::Text(d) => {
+                let t = self.seq;
+                let n = 16;
+                let (x, y) = d.val_batch(n, t);
+                let mb = self.cfg.micro_batch().min(n);
+                let mut sum = 0f64;
+                for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
+                    let bm = xm.len() / t;
+                    self.model.forward(&self.params, xm, bm, t, &mut self.acts);
+                    sum += self.model.loss(ym, &mut self.acts).0;
+                }
+                EvalReport::Text {
+                    val_loss: (sum / y.len() as f64) as f32,
+                }
+            }
+        }
+    }
+
+    /// The start of the validation text, used as a prompt to show what the model learned.
+    pub fn data_prompt(&self) -> String {
+        match &self.data {
+            Dataset::Text(d) => self
+                .tokenizer
+                .decode(&d.tokens[d.split..(d.split + 8).min(d.tokens.len())]),
+            Dataset::Addition(a) => a.prompt(482, 139),
+        }
+    }
+
+    /// Writes a complete checkpoint to `dir` (atomically).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        checkpoint::write_atomically(dir, |tmp| {
+            let layout = &self.model.layout;
+            checkpoint::save_tensors(
+                &tmp.join(checkpoint::MODEL_FILE),
+                layout,
+                &self.params,
+                "",
+                None,
+            )?;
+            checkpoint::write_json(
+                &tmp.join(checkpoint::CONFIG_FILE),
+                &checkpoint::hf_config(&self.model.cfg),
+            )?;
+            let meta = HashMap::from([("step".to_string(), self.opt.t.to_string())]);
+            save_moments(tmp, layout, &self.opt, meta)?;
+            let state = serde_json::json!({
+                "format": 1,
+                "step": self.step,
+                "config": self.cfg,
+                "losses": self.losses,
+            });
+            checkpoint::write_json(&tmp.join(STATE_FILE), &state)?;
+            if let Tokenizer::Hf(_, src) = &self.tokenizer {
+                let dst = tmp.join(TOKENIZER_FILE);
+                std::fs::copy(src, &dst).map_err(|e| Error::io(&dst, e))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Continues the run saved in `dir`; `steps` may extend it.
+    pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
+        let path = dir.join(STATE_FILE);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::ckpt(&path, format!("cannot read ({e}); --resume needs a directory written by `brigade train --out`")))?;
+        let state: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
+        let mut cfg: TrainConfig = serde_json::from_value(state["config"].clone())
+            .map_err(|e| Error::ckpt(&path, format!("bad config ({e})")))?;
+        let step = state["step"]
+            .as_u64()
+            .ok_or_else(|| Error::ckpt(&path, "missing 'step'"))? as usize;
+        let losses: Vec<f32> = serde_json::from_value(state["losses"].clone())
+            .map_err(|e| Error::ckpt(&path, format!("bad losses ({e})")))?;
+        if cfg.tokenizer.is_some() {
+            cfg.tokenizer = Some(dir.join(TOKENIZER_FILE));
+        }
+        if let Some(s) = steps {
+            cfg.steps = s;
+        }
+        let mut tr = Trainer::new(cfg)?;
+        let saved = checkpoint::read_model_config(dir)?;
+        if saved != tr.model.cfg {
+            return Err(Error::ckpt(
+                dir,
+                "config.json does not match the run's model settings",
+            ));
+        }
+        tr.params =
+            checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.model.layout, "")?.0;
+        load_moments(dir, &tr.model.layout, &mut tr.opt)?;
+        tr.step = step;
+        tr.losses = losses;
+        Ok(tr)
+    }
+}
+
+fn save_moments(
+    dir: &Path,
+    layout: &crate::params::ParamLayout,
+    opt: &AdamW,
+    meta: HashMap<String, String>,
+) -> Result<()> {
+    // One file, two prefixes, over m and v concatenated.
+    let layout2 = moments_layout(layout);
+    let mut buf = opt.m.clone();
+    buf.extend_from_slice(&opt.v);
+    checkpoint::save_tensors(&dir.join(OPTIMIZER_FILE), &layout2, &buf, "", Some(meta))
+}
+
+fn load_moments(dir: &Path, layout: &crate::params::ParamLayout, opt: &mut AdamW) -> Result<()> {
+    let path = dir.join(OPTIMIZER_FILE);
+    let layout2 = moments_layout(layout);
+    let (buf, meta) = checkpoint::load_tensors(&path, &layout2, "")?;
+    let n = layout.total;
+    opt.m.copy_from_slice(&buf[..n]);
+    opt.v.copy_from_slice(&buf[n..]);
+    opt.t = meta
+        .get("step")
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Error::ckpt(&path, "missing the optimizer step in the metadata"))?;
+    Ok(())
+}
+
+/// The optimizer file's layout: `exp_avg.<name>` for every parameter, then `exp_avg_sq.<name>`.
+fn moments_layout(layout: &crate::params::ParamLayout) -> crate::params::ParamLayout {
+    let mut l = crate::params::ParamLayout::default();
+    for prefix in ["exp_avg.", "exp_avg_sq."] {
+        for s in &layout.specs {
+            l.add(&format!("{prefix}{}", s.name), &s.shape, s.init, s.decay);
+        }
+    }
+    l
+}
+
+/// Greedy answers of the model to addition problems, as text (reversed digits + newline).
+pub fn solve_addition(
+    model: &Gpt,
+    params: &[f32],
+    a: &Addition,
+    problems: &[(u64, u64)],
+) -> Vec<String> {
+    let prompts: Vec<Vec<u32>> = problems
+        .iter()
+        .map(|&(x, y)| a.prompt(x, y).bytes().map(u32::from).collect())
+        .collect();
+    let opt = SampleOptions {
+        max_new_tokens: a.digits + 2,
+        temperature: 0.0,
+        top_k: 0,
+        seed: 0,
+        stop: Some(b'\n' as u32),
+    };
+    generate(model, params, &prompts, &opt)
+        .iter()
+        .map(|ids| {
+            ids.iter()
+                .map(|&i| i.min(255) as u8 as char)
+                .collect::<String>()
+        })
+        .map(|s| match s.find('\n') {
+            Some(k) => s[..=k].to_string(),
+            None => s,
+        })
+        .collect()
+}
