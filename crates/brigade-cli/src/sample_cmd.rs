@@ -39,6 +39,7 @@ fn addition_task(dir: &std::path::Path) -> Option<Addition> {
     }
     Some(Addition {
         digits: cfg["digits"].as_u64()? as usize,
+        reverse: cfg["reverse"].as_bool().unwrap_or(true),
     })
 }
 

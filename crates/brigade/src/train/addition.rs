@@ -13,6 +13,8 @@ use rand_chacha::ChaCha8Rng;
 #[derive(Clone, Copy, Debug)]
 pub struct Addition {
     pub digits: usize,
+    /// Write the sum least significant digit first (the default; see the module note).
+    pub reverse: bool,
 }
 
 impl Addition {
@@ -44,12 +46,21 @@ impl Addition {
     /// The answer as the model writes it (reversed digits, then a newline).
     pub fn answer(&self, a: u64, b: u64) -> String {
         let s = format!("{:0w$}", a + b, w = self.digits + 1);
-        s.chars().rev().chain(std::iter::once('\n')).collect()
+        if self.reverse {
+            s.chars().rev().chain(std::iter::once('\n')).collect()
+        } else {
+            s + "\n"
+        }
     }
 
     /// Reads the model's answer text back into a number (None if malformed).
     pub fn parse_answer(&self, text: &str) -> Option<u64> {
-        let digits: String = text.strip_suffix('\n')?.chars().rev().collect();
+        let body = text.strip_suffix('\n')?;
+        let digits: String = if self.reverse {
+            body.chars().rev().collect()
+        } else {
+            body.to_string()
+        };
         if digits.len() != self.digits + 1 {
             return None;
         }

@@ -24,6 +24,8 @@ pub struct TrainConfig {
     pub tokenizer: Option<PathBuf>,
     /// Digits per operand of the built-in addition task.
     pub digits: usize,
+    /// Addition task: write the sum least significant digit first.
+    pub reverse: bool,
     pub steps: usize,
     /// Sequences per optimizer step.
     pub batch: usize,
@@ -55,6 +57,7 @@ impl Default for TrainConfig {
             data: None,
             tokenizer: None,
             digits: 3,
+            reverse: true,
             steps: 2000,
             batch: 64,
             micro_batch: None,

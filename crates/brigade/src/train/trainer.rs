@@ -75,7 +75,10 @@ impl Trainer {
         let model = Gpt::new(mcfg)?;
         let (data, seq) = match &cfg.data {
             None => {
-                let a = Addition { digits: cfg.digits };
+                let a = Addition {
+                    digits: cfg.digits,
+                    reverse: cfg.reverse,
+                };
                 let natural = a.seq_len() - 1;
                 if cfg.seq.is_some_and(|s| s != natural) {
                     return Err(Error::Train(format!(
