@@ -4,6 +4,16 @@ use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
+    /// f32 matmul GFLOP/s on the shapes of the PyTorch peer and of GPT-2's backward.
+    Matmul {
+        #[arg(long, default_value_t = crate::default_threads())]
+        threads: usize,
+        /// Timed repetitions per shape (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
     Train {
         #[arg(long, default_value = "gpt2-small")]
@@ -28,39 +38,40 @@ pub enum BenchCmd {
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Train {
-            model,
-            seq,
-            batch,
-            threads,
-            steps,
-            warmup,
-            json,
-        } => {
+        BenchCmd::Matmul { threads, reps, json } => {
+            if threads == 0 || reps == 0 {
+                bail!("--threads and --reps must be at least 1");
+            }
+            for &(m, k, n, ta, tb) in brigade::bench::MATMUL_SHAPES {
+                let g = brigade::with_threads(threads, || brigade::bench::matmul_gflops_t(m, k, n, ta, tb, reps))?;
+                if json {
+                    let v = serde_json::json!({"bench": "matmul", "threads": threads, "m": m, "k": k, "n": n,
+                        "ta": ta, "tb": tb, "gflops": (g * 10.0).round() / 10.0});
+                    println!("{v}");
+                } else {
+                    let op = |t: bool| if t { "ᵀ" } else { "" };
+                    println!("{m:>6} x {k:>6} x {n:>6}  a{} b{}  {threads} threads: {g:7.1} GFLOP/s", op(ta), op(tb));
+                }
+            }
+            Ok(())
+        }
+        BenchCmd::Train { model, seq, batch, threads, steps, warmup, json } => {
             if threads == 0 || steps == 0 || batch == 0 {
                 bail!("--threads, --steps and --batch must be at least 1");
             }
             let mut cfg = GptConfig::preset(&model)?;
             if seq > cfg.block_size {
-                bail!(
-                    "--seq {seq} exceeds {model}'s block_size {}",
-                    cfg.block_size
-                );
+                bail!("--seq {seq} exceeds {model}'s block_size {}", cfg.block_size);
             }
             cfg.block_size = seq; // position table sized to the run, as the PyTorch peer does
-            let r = brigade::with_threads(threads, || {
-                brigade::bench::train_step(cfg, batch, seq, warmup, steps)
-            })??;
+            let r = brigade::with_threads(threads, || brigade::bench::train_step(cfg, batch, seq, warmup, steps))??;
             if json {
                 let mut v = serde_json::to_value(&r)?;
                 v["bench"] = "train".into();
                 v["model"] = model.into();
                 println!("{v}");
             } else {
-                println!(
-                    "matmul 2048x2048x2048 f32, {} threads: {:.1} GFLOP/s",
-                    r.threads, r.matmul_gflops_per_s
-                );
+                println!("matmul 2048x2048x2048 f32, {} threads: {:.1} GFLOP/s", r.threads, r.matmul_gflops_per_s);
                 println!(
                     "{model} training step, batch {batch} x seq {seq} ({:.1}M params): median {:.3} s over {} steps",
                     r.params as f64 / 1e6,

@@ -37,10 +37,7 @@ fn addition_task(dir: &std::path::Path) -> Option<Addition> {
     if !cfg["data"].is_null() {
         return None;
     }
-    Some(Addition {
-        digits: cfg["digits"].as_u64()? as usize,
-        reverse: cfg["reverse"].as_bool().unwrap_or(true),
-    })
+    Some(Addition { digits: cfg["digits"].as_u64()? as usize, reverse: cfg["reverse"].as_bool().unwrap_or(true) })
 }
 
 pub fn run(a: SampleArgs) -> Result<()> {
@@ -48,17 +45,13 @@ pub fn run(a: SampleArgs) -> Result<()> {
         bail!("--prompt is empty; give some text to continue");
     }
     if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
-        bail!(
-            "--temperature must be 0 (greedy) or positive, got {}",
-            a.temperature
-        );
+        bail!("--temperature must be 0 (greedy) or positive, got {}", a.temperature);
     }
     let (model, params) = load_model(&a.checkpoint)?;
     if let Some(task) = addition_task(&a.checkpoint) {
         let q = a.prompt.trim().trim_end_matches('=');
-        let parsed = q.split_once('+').and_then(|(x, y)| {
-            Some((x.trim().parse::<u64>().ok()?, y.trim().parse::<u64>().ok()?))
-        });
+        let parsed =
+            q.split_once('+').and_then(|(x, y)| Some((x.trim().parse::<u64>().ok()?, y.trim().parse::<u64>().ok()?)));
         let limit = 10u64.pow(task.digits as u32);
         match parsed {
             Some((x, y)) if x < limit && y < limit => {
@@ -76,11 +69,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
         }
     }
     let tok_path = a.checkpoint.join(TOKENIZER_FILE);
-    let tok = if tok_path.exists() {
-        Tokenizer::from_file(&tok_path)?
-    } else {
-        Tokenizer::Bytes
-    };
+    let tok = if tok_path.exists() { Tokenizer::from_file(&tok_path)? } else { Tokenizer::Bytes };
     let ids = tok.encode(&a.prompt)?;
     if ids.is_empty() {
         bail!("the prompt encodes to no tokens");

@@ -83,8 +83,8 @@ impl TrainArgs {
     fn config(&self) -> Result<TrainConfig> {
         let mut c = match &self.config {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("cannot read config file {}", p.display()))?;
+                let text =
+                    std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
                 TrainConfig::from_toml(&text, &p.display().to_string())?
             }
             None => TrainConfig::default(),
@@ -140,12 +140,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
                 bail!("{} cannot change on --resume (the run's settings come from its checkpoint); only --steps, --threads, --out, --save-every may be given", fixed.join(", "));
             }
             let tr = Trainer::resume(dir, a.steps)?;
-            eprintln!(
-                "resuming {} at step {} of {}",
-                dir.display(),
-                tr.step,
-                tr.cfg.steps
-            );
+            eprintln!("resuming {} at step {} of {}", dir.display(), tr.step, tr.cfg.steps);
             tr
         }
         None => Trainer::new(a.config()?)?,
@@ -180,19 +175,12 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<(
     );
     let t0 = Instant::now();
     let start_step = tr.step;
-    let stop_at = a
-        .stop_after
-        .map(|s| s.min(tr.cfg.steps))
-        .unwrap_or(tr.cfg.steps);
+    let stop_at = a.stop_after.map(|s| s.min(tr.cfg.steps)).unwrap_or(tr.cfg.steps);
     while tr.step < stop_at {
         let s = tr.train_step()?;
-        let rate = (tr.step - start_step) as f64 * tr.tokens_per_step() as f64
-            / t0.elapsed().as_secs_f64();
+        let rate = (tr.step - start_step) as f64 * tr.tokens_per_step() as f64 / t0.elapsed().as_secs_f64();
         bar.set_position(s.step as u64);
-        bar.set_message(format!(
-            "loss {:.4} lr {:.2e} {:.0} tok/s",
-            s.loss, s.lr, rate
-        ));
+        bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
         if tr.cfg.eval_every > 0 && s.step % tr.cfg.eval_every == 0 && s.step < tr.cfg.steps {
             let r = tr.evaluate();
             let line = format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss);
@@ -236,13 +224,8 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<(
         }
         EvalReport::Text { .. } => {
             let prompt = tr.data_prompt();
-            let opt = brigade::models::SampleOptions {
-                max_new_tokens: 64,
-                temperature: 0.8,
-                top_k: 40,
-                seed: 0,
-                stop: None,
-            };
+            let opt =
+                brigade::models::SampleOptions { max_new_tokens: 64, temperature: 0.8, top_k: 40, seed: 0, stop: None };
             let ids = tr.tokenizer.encode(&prompt)?;
             let gen = brigade::models::generate(&tr.model, &tr.params, &[ids], &opt);
             println!("sample: {}{}", prompt, tr.tokenizer.decode(&gen[0]));

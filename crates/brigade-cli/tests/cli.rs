@@ -5,11 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn brigade(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_brigade"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("runs")
+    Command::new(env!("CARGO_BIN_EXE_brigade")).args(args).current_dir(cwd).output().expect("runs")
 }
 
 /// Asserts a clean failure whose message mentions `needle`.
@@ -18,70 +14,32 @@ fn fails_with(args: &[&str], cwd: &Path, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{args:?} succeeded");
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    let line = err
-        .lines()
-        .find(|l| l.starts_with("error"))
-        .unwrap_or_else(|| panic!("{args:?}: no error line in {err}"));
-    assert!(
-        line.contains(needle),
-        "{args:?}: expected '{needle}' in: {line}"
-    );
+    let line =
+        err.lines().find(|l| l.starts_with("error")).unwrap_or_else(|| panic!("{args:?}: no error line in {err}"));
+    assert!(line.contains(needle), "{args:?}: expected '{needle}' in: {line}");
 }
 
-const QUICK: &[&str] = &[
-    "--steps",
-    "6",
-    "--batch",
-    "4",
-    "--threads",
-    "1",
-    "--eval-every",
-    "0",
-];
+const QUICK: &[&str] = &["--steps", "6", "--batch", "4", "--threads", "1", "--eval-every", "0"];
 
 #[test]
 fn bad_input_gets_a_clear_error() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
     std::fs::write(p.join("empty.txt"), "").unwrap();
-    std::fs::write(
-        p.join("small.txt"),
-        "hello world, this is a short file.\n".repeat(20),
-    )
-    .unwrap();
+    std::fs::write(p.join("small.txt"), "hello world, this is a short file.\n".repeat(20)).unwrap();
     std::fs::write(p.join("heads.toml"), "n_embd = 30\nn_head = 4\n").unwrap();
     std::fs::write(p.join("typo.toml"), "stepz = 10\n").unwrap();
     fails_with(&["train", "--data", "missing.txt"], p, "missing.txt");
     fails_with(&["train", "--data", "empty.txt"], p, "empty");
-    fails_with(
-        &["train", "--config", "heads.toml"],
-        p,
-        "divisible by n_head",
-    );
+    fails_with(&["train", "--config", "heads.toml"], p, "divisible by n_head");
     fails_with(&["train", "--config", "typo.toml"], p, "stepz");
     fails_with(&["train", "--config", "nope.toml"], p, "nope.toml");
-    fails_with(
-        &["train", "--data", "small.txt", "--seq", "65"],
-        p,
-        "block_size",
-    );
+    fails_with(&["train", "--data", "small.txt", "--seq", "65"], p, "block_size");
     fails_with(&["train", "--model", "gpt5"], p, "known presets: tiny");
-    fails_with(
-        &["train", "--batch", "6", "--micro-batch", "4"],
-        p,
-        "multiple of micro_batch",
-    );
-    fails_with(
-        &["train", "--tokenizer", "tok.json", "--data", "small.txt"],
-        p,
-        "tok.json",
-    );
+    fails_with(&["train", "--batch", "6", "--micro-batch", "4"], p, "multiple of micro_batch");
+    fails_with(&["train", "--tokenizer", "tok.json", "--data", "small.txt"], p, "tok.json");
     fails_with(&["train", "--bogus"], p, "--bogus");
-    fails_with(
-        &["sample", "--checkpoint", "nowhere", "--prompt", "hi"],
-        p,
-        "nowhere",
-    );
+    fails_with(&["sample", "--checkpoint", "nowhere", "--prompt", "hi"], p, "nowhere");
 }
 
 #[test]
@@ -96,32 +54,15 @@ fn broken_checkpoints_are_refused() {
     let full = std::fs::read(&model).unwrap();
     // truncated
     std::fs::write(&model, &full[..full.len() / 2]).unwrap();
-    fails_with(
-        &["sample", "--checkpoint", "ck", "--prompt", "1+2"],
-        p,
-        "model.safetensors",
-    );
+    fails_with(&["sample", "--checkpoint", "ck", "--prompt", "1+2"], p, "model.safetensors");
     // foreign: a valid safetensors file holding some other model's tensors
     let data = vec![0u8; 16];
     let tv = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &data).unwrap();
-    safetensors::serialize_to_file(
-        vec![("embeddings.word_embeddings.weight", tv)],
-        None,
-        &model,
-    )
-    .unwrap();
-    fails_with(
-        &["sample", "--checkpoint", "ck", "--prompt", "1+2"],
-        p,
-        "missing",
-    );
+    safetensors::serialize_to_file(vec![("embeddings.word_embeddings.weight", tv)], None, &model).unwrap();
+    fails_with(&["sample", "--checkpoint", "ck", "--prompt", "1+2"], p, "missing");
     // garbage
     std::fs::write(&model, b"not a safetensors file at all").unwrap();
-    fails_with(
-        &["sample", "--checkpoint", "ck", "--prompt", "1+2"],
-        p,
-        "not a valid safetensors",
-    );
+    fails_with(&["sample", "--checkpoint", "ck", "--prompt", "1+2"], p, "not a valid safetensors");
 }
 
 #[test]
@@ -132,29 +73,10 @@ fn train_then_sample() {
     let mut args = vec!["train", "--data", "t.txt", "--seq", "16", "--out", "ck"];
     args.extend_from_slice(QUICK);
     let out = brigade(&args, p);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("validation loss"));
-    let out = brigade(
-        &[
-            "sample",
-            "--checkpoint",
-            "ck",
-            "--prompt",
-            "abc",
-            "--max-tokens",
-            "5",
-        ],
-        p,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = brigade(&["sample", "--checkpoint", "ck", "--prompt", "abc", "--max-tokens", "5"], p);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("abc"));
 }
 
@@ -163,49 +85,20 @@ fn interrupted_and_resumed_cli_run_matches_uninterrupted() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
     let run = |extra: &[&str]| {
-        let mut args: Vec<&str> = vec![
-            "train",
-            "--steps",
-            "12",
-            "--batch",
-            "8",
-            "--threads",
-            "2",
-            "--eval-every",
-            "0",
-        ];
+        let mut args: Vec<&str> = vec!["train", "--steps", "12", "--batch", "8", "--threads", "2", "--eval-every", "0"];
         args.extend_from_slice(extra);
         let out = brigade(&args, p);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     };
     run(&["--out", "a"]);
     run(&["--out", "b", "--stop-after", "5"]);
     let resumed = brigade(&["train", "--resume", "b", "--threads", "1"], p);
-    assert!(
-        resumed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&resumed.stderr)
-    );
-    fails_with(
-        &["train", "--resume", "b", "--lr", "0.1"],
-        p,
-        "--lr cannot change",
-    );
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    fails_with(&["train", "--resume", "b", "--lr", "0.1"], p, "--lr cannot change");
     let losses = |dir: &str| {
-        let v: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(p.join(dir).join("trainer_state.json")).unwrap(),
-        )
-        .unwrap();
-        v["losses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect::<Vec<_>>()
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p.join(dir).join("trainer_state.json")).unwrap()).unwrap();
+        v["losses"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect::<Vec<_>>()
     };
     let (a, b) = (losses("a"), losses("b"));
     assert_eq!(a.len(), 12);

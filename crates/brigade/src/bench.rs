@@ -23,15 +23,39 @@ pub fn median(xs: &[f64]) -> f64 {
 
 /// f32 matmul rate of `m×k · k×n` on the current rayon pool: median GFLOP/s over `reps`.
 pub fn matmul_gflops(m: usize, k: usize, n: usize, reps: usize) -> f64 {
+    matmul_gflops_t(m, k, n, false, false, reps)
+}
+
+/// The shapes the PyTorch/OpenBLAS peer (`peers/bench_gemm.py`) measures, then the transposed
+/// products a GPT-2-small step runs in backward (`ta`: a stored `[k,m]`, `tb`: b stored `[n,k]`).
+pub const MATMUL_SHAPES: &[(usize, usize, usize, bool, bool)] = &[
+    (256, 256, 256, false, false),
+    (1024, 1024, 1024, false, false),
+    (2048, 768, 768, false, false),
+    (2048, 768, 3072, false, false),
+    (1024, 768, 50257, false, false),
+    (1024, 768, 50257, false, true),  // LM head forward: h·wteᵀ
+    (1024, 50257, 768, false, false), // LM head backward: dlogits·wte
+    (50257, 1024, 768, true, false),  // LM head weight gradient: dlogitsᵀ·h
+    (768, 1024, 3072, true, false),   // c_fc weight gradient: xᵀ·dy
+    (1024, 3072, 768, false, true),   // c_fc input gradient: dy·Wᵀ
+    (1024, 3072, 768, false, false),
+    (768, 3072, 1024, false, true),
+    (768, 3072, 1024, true, true),
+    (1024, 768, 3072, false, true),
+];
+
+/// As [`matmul_gflops`] with transposed operands.
+pub fn matmul_gflops_t(m: usize, k: usize, n: usize, ta: bool, tb: bool, reps: usize) -> f64 {
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let a: Vec<f32> = (0..m * k).map(|_| rng.gen::<f32>() - 0.5).collect();
     let b: Vec<f32> = (0..k * n).map(|_| rng.gen::<f32>() - 0.5).collect();
     let mut c = vec![0f32; m * n];
-    matmul(&mut c, &a, &b, m, k, n, false, false, false); // warm up caches and gemm's buffers
+    matmul(&mut c, &a, &b, m, k, n, ta, tb, false); // warm up caches and gemm's buffers
     let rates: Vec<f64> = (0..reps)
         .map(|_| {
             let t0 = Instant::now();
-            matmul(&mut c, &a, &b, m, k, n, false, false, false);
+            matmul(&mut c, &a, &b, m, k, n, ta, tb, false);
             2.0 * (m * k * n) as f64 / t0.elapsed().as_secs_f64() / 1e9
         })
         .collect();
@@ -56,22 +80,12 @@ pub struct TrainBench {
 
 /// Times full training steps (forward, backward, clip, AdamW) on random tokens, after first
 /// measuring the machine's matmul rate in the same process.
-pub fn train_step(
-    cfg: GptConfig,
-    batch: usize,
-    seq: usize,
-    warmup: usize,
-    steps: usize,
-) -> crate::Result<TrainBench> {
+pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps: usize) -> crate::Result<TrainBench> {
     let matmul_rate = matmul_gflops(2048, 2048, 2048, 5);
     let model = Gpt::new(cfg)?;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let x: Vec<u32> = (0..batch * seq)
-        .map(|_| rng.gen_range(0..cfg.vocab_size as u32))
-        .collect();
-    let y: Vec<i32> = (0..batch * seq)
-        .map(|_| rng.gen_range(0..cfg.vocab_size as i32))
-        .collect();
+    let x: Vec<u32> = (0..batch * seq).map(|_| rng.gen_range(0..cfg.vocab_size as u32)).collect();
+    let y: Vec<i32> = (0..batch * seq).map(|_| rng.gen_range(0..cfg.vocab_size as i32)).collect();
     model.check_input(&x, batch, seq)?;
     let mut params = model.layout.init(0);
     let mut grads = vec![0f32; params.len()];
@@ -82,16 +96,8 @@ pub fn train_step(
     for i in 0..warmup + steps {
         let t0 = Instant::now();
         grads.fill(0.0);
-        let (l, n) = model.forward_backward(
-            &params,
-            &mut grads,
-            &x,
-            &y,
-            batch,
-            seq,
-            1.0 / (batch * seq) as f32,
-            &mut acts,
-        );
+        let (l, n) =
+            model.forward_backward(&params, &mut grads, &x, &y, batch, seq, 1.0 / (batch * seq) as f32, &mut acts);
         clip_grad_norm(&mut grads, 1.0);
         opt.step(&mut params, &grads, 3e-4);
         let dt = t0.elapsed().as_secs_f64();

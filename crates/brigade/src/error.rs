@@ -13,25 +13,16 @@ pub enum Error {
     #[error("checkpoint {}: {msg}", path.display())]
     Checkpoint { path: PathBuf, msg: String },
     #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        Error::Io { path: path.into(), source }
     }
     pub fn ckpt(path: impl Into<PathBuf>, msg: impl Into<String>) -> Error {
-        Error::Checkpoint {
-            path: path.into(),
-            msg: msg.into(),
-        }
+        Error::Checkpoint { path: path.into(), msg: msg.into() }
     }
 }

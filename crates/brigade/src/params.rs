@@ -51,18 +51,9 @@ pub struct ParamLayout {
 impl ParamLayout {
     pub fn add(&mut self, name: &str, shape: &[usize], init: Init, decay: bool) -> View {
         let len = shape.iter().product();
-        let view = View {
-            offset: self.total,
-            len,
-        };
+        let view = View { offset: self.total, len };
         self.total += len;
-        self.specs.push(ParamSpec {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            view,
-            init,
-            decay,
-        });
+        self.specs.push(ParamSpec { name: name.to_string(), shape: shape.to_vec(), view, init, decay });
         view
     }
 

@@ -15,9 +15,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale)
-        .collect()
+    (0..n).map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale).collect()
 }
 
 fn dot(y: &[f32], r: &[f32]) -> f64 {
@@ -25,14 +23,7 @@ fn dot(y: &[f32], r: &[f32]) -> f64 {
 }
 
 /// Central differences of `f` at up to `samples` coordinates of `x`, compared to `analytic`.
-fn check(
-    name: &str,
-    x: &[f32],
-    analytic: &[f32],
-    eps: f32,
-    samples: usize,
-    f: impl Fn(&[f32]) -> f64,
-) {
+fn check(name: &str, x: &[f32], analytic: &[f32], eps: f32, samples: usize, f: impl Fn(&[f32]) -> f64) {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let idx: Vec<usize> = if x.len() <= samples {
         (0..x.len()).collect()
@@ -53,23 +44,14 @@ fn check(
         den += fd.powi(2);
     }
     let rel = (num / den.max(1e-30)).sqrt();
-    assert!(
-        den > 0.0,
-        "{name}: all sampled derivatives are zero, the check proves nothing"
-    );
+    assert!(den > 0.0, "{name}: all sampled derivatives are zero, the check proves nothing");
     assert!(rel < 1e-2, "{name}: relative gradient error {rel:.3e}");
 }
 
 #[test]
 fn matmul_matches_naive_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    for &(m, k, n) in &[
-        (1, 1, 1),
-        (3, 5, 7),
-        (17, 33, 9),
-        (64, 80, 96),
-        (130, 70, 65),
-    ] {
+    for &(m, k, n) in &[(1, 1, 1), (3, 5, 7), (17, 33, 9), (64, 80, 96), (130, 70, 65)] {
         for ta in [false, true] {
             for tb in [false, true] {
                 let a = randn(&mut rng, m * k, 1.0);
@@ -81,14 +63,8 @@ fn matmul_matches_naive_reference() {
                 matmul(&mut acc, &a, &b, m, k, n, ta, tb, true);
                 for i in 0..m * n {
                     let tol = 1e-5 * (k as f32).sqrt() * 4.0;
-                    assert!(
-                        (got[i] - want[i]).abs() < tol,
-                        "({m},{k},{n},{ta},{tb}) [{i}]"
-                    );
-                    assert!(
-                        (acc[i] - 0.5 - want[i]).abs() < tol,
-                        "accumulate ({m},{k},{n})"
-                    );
+                    assert!((got[i] - want[i]).abs() < tol, "({m},{k},{n},{ta},{tb}) [{i}]");
+                    assert!((acc[i] - 0.5 - want[i]).abs() < tol, "accumulate ({m},{k},{n})");
                 }
             }
         }
@@ -111,15 +87,9 @@ fn layernorm_backward_matches_finite_differences() {
     let (_, m, s) = fwd(&x, &w, &b);
     let (mut dx, mut dw, mut db) = (vec![0f32; n * c], vec![0f32; c], vec![0f32; c]);
     layernorm_backward(&mut dx, &mut dw, &mut db, &r, &x, &m, &s, &w, c);
-    check("layernorm dx", &x, &dx, 1e-2, 60, |x| {
-        dot(&fwd(x, &w, &b).0, &r)
-    });
-    check("layernorm dw", &w, &dw, 1e-2, 60, |w| {
-        dot(&fwd(&x, w, &b).0, &r)
-    });
-    check("layernorm db", &b, &db, 1e-2, 60, |b| {
-        dot(&fwd(&x, &w, b).0, &r)
-    });
+    check("layernorm dx", &x, &dx, 1e-2, 60, |x| dot(&fwd(x, &w, &b).0, &r));
+    check("layernorm dw", &w, &dw, 1e-2, 60, |w| dot(&fwd(&x, w, &b).0, &r));
+    check("layernorm db", &b, &db, 1e-2, 60, |b| dot(&fwd(&x, &w, b).0, &r));
 }
 
 #[test]
@@ -139,22 +109,20 @@ fn gelu_backward_matches_finite_differences() {
     let y = fwd(&x);
     for (&x, &y) in x.iter().zip(&y) {
         let x = x as f64;
-        let want = 0.5
-            * x
-            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
+        let want = 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
         assert!((y as f64 - want).abs() < 1e-6 * (1.0 + want.abs()));
     }
 }
 
 #[test]
 fn attention_backward_matches_finite_differences() {
-    let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let s = AttnShape {
-        b: 2,
-        t: 7,
-        c: 12,
-        heads: 3,
-    };
+    // short sequences, and one spanning several causal blocks of 64 rows (with a ragged end)
+    attention_gradcheck(4, AttnShape { b: 2, t: 7, c: 12, heads: 3 });
+    attention_gradcheck(40, AttnShape { b: 1, t: 150, c: 8, heads: 2 });
+}
+
+fn attention_gradcheck(seed: u64, s: AttnShape) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let qkv = randn(&mut rng, s.b * s.t * 3 * s.c, 1.5);
     let r = randn(&mut rng, s.b * s.t * s.c, 1.0);
     let fwd = |qkv: &[f32]| {
@@ -171,13 +139,12 @@ fn attention_backward_matches_finite_differences() {
 
 #[test]
 fn attention_forward_matches_naive_reference() {
+    attention_reference(AttnShape { b: 2, t: 6, c: 8, heads: 2 });
+    attention_reference(AttnShape { b: 1, t: 137, c: 8, heads: 2 });
+}
+
+fn attention_reference(s: AttnShape) {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let s = AttnShape {
-        b: 2,
-        t: 6,
-        c: 8,
-        heads: 2,
-    };
     let qkv = randn(&mut rng, s.b * s.t * 3 * s.c, 1.5);
     let mut o = vec![0f32; s.b * s.t * s.c];
     let mut p = vec![0f32; s.probs_len()];
@@ -189,23 +156,16 @@ fn attention_forward_matches_naive_reference() {
             for i in 0..t {
                 let sc: Vec<f64> = (0..=i)
                     .map(|j| {
-                        (0..hd)
-                            .map(|d| at(b, i, h * hd + d) * at(b, j, c + h * hd + d))
-                            .sum::<f64>()
+                        (0..hd).map(|d| at(b, i, h * hd + d) * at(b, j, c + h * hd + d)).sum::<f64>()
                             / (hd as f64).sqrt()
                     })
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
                 let z: f64 = sc.iter().map(|v| (v - mx).exp()).sum();
                 for d in 0..hd {
-                    let want: f64 = (0..=i)
-                        .map(|j| (sc[j] - mx).exp() / z * at(b, j, 2 * c + h * hd + d))
-                        .sum();
+                    let want: f64 = (0..=i).map(|j| (sc[j] - mx).exp() / z * at(b, j, 2 * c + h * hd + d)).sum();
                     let got = o[(b * t + i) * c + h * hd + d] as f64;
-                    assert!(
-                        (got - want).abs() < 1e-5,
-                        "b{b} h{h} i{i} d{d}: {got} vs {want}"
-                    );
+                    assert!((got - want).abs() < 1e-5, "b{b} h{h} i{i} d{d}: {got} vs {want}");
                 }
             }
         }
@@ -217,15 +177,7 @@ fn cross_entropy_backward_matches_finite_differences() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);
     let (n, v) = (9, 13);
     let logits = randn(&mut rng, n * v, 3.0);
-    let targets: Vec<i32> = (0..n)
-        .map(|i| {
-            if i == 4 {
-                IGNORE
-            } else {
-                rng.gen_range(0..v as i32)
-            }
-        })
-        .collect();
+    let targets: Vec<i32> = (0..n).map(|i| if i == 4 { IGNORE } else { rng.gen_range(0..v as i32) }).collect();
     let count = targets.iter().filter(|&&t| t != IGNORE).count();
     let mean_loss = |l: &[f32]| {
         let (mut lo, mut lse) = (vec![0f32; n], vec![0f32; n]);
@@ -238,11 +190,7 @@ fn cross_entropy_backward_matches_finite_differences() {
     for i in 0..n {
         let row = &logits[i * v..(i + 1) * v];
         let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum::<f64>();
-        let want = if targets[i] == IGNORE {
-            0.0
-        } else {
-            z.ln() - row[targets[i] as usize] as f64
-        };
+        let want = if targets[i] == IGNORE { 0.0 } else { z.ln() - row[targets[i] as usize] as f64 };
         assert!((lo[i] as f64 - want).abs() < 1e-5, "row {i}");
     }
     let mut d = logits.clone();
@@ -265,41 +213,24 @@ fn embedding_backward_matches_finite_differences() {
     };
     let (mut dte, mut dpe) = (vec![0f32; v * c], vec![0f32; t * c]);
     embedding_backward(&mut dte, &mut dpe, &r, &tokens, t, c);
-    check("embedding wte", &wte, &dte, 1e-2, 100, |w| {
-        dot(&fwd(w, &wpe), &r)
-    });
-    check("embedding wpe", &wpe, &dpe, 1e-2, 100, |w| {
-        dot(&fwd(&wte, w), &r)
-    });
+    check("embedding wte", &wte, &dte, 1e-2, 100, |w| dot(&fwd(w, &wpe), &r));
+    check("embedding wpe", &wpe, &dpe, 1e-2, 100, |w| dot(&fwd(&wte, w), &r));
 }
 
 /// The whole model: every parameter tensor gets sampled coordinates checked.
 #[test]
 fn gpt_gradient_matches_finite_differences() {
-    let cfg = GptConfig {
-        n_layer: 2,
-        n_head: 2,
-        n_embd: 16,
-        vocab_size: 23,
-        block_size: 8,
-    };
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 23, block_size: 8 };
     let model = Gpt::new(cfg).unwrap();
     let mut params = model.layout.init(11);
     // Larger weights than GPT-2's 0.02 so that every path carries a visible signal.
     let mut rng = ChaCha8Rng::seed_from_u64(12);
-    for (p, r) in params
-        .iter_mut()
-        .zip(randn(&mut rng, model.layout.total, 0.3))
-    {
+    for (p, r) in params.iter_mut().zip(randn(&mut rng, model.layout.total, 0.3)) {
         *p += r;
     }
     let (b, t) = (2, 6);
-    let tokens: Vec<u32> = (0..b * t)
-        .map(|_| rng.gen_range(0..cfg.vocab_size as u32))
-        .collect();
-    let mut targets: Vec<i32> = (0..b * t)
-        .map(|_| rng.gen_range(0..cfg.vocab_size as i32))
-        .collect();
+    let tokens: Vec<u32> = (0..b * t).map(|_| rng.gen_range(0..cfg.vocab_size as u32)).collect();
+    let mut targets: Vec<i32> = (0..b * t).map(|_| rng.gen_range(0..cfg.vocab_size as i32)).collect();
     targets[3] = IGNORE;
     let count = targets.iter().filter(|&&x| x != IGNORE).count();
     let loss = |p: &[f32]| {
@@ -309,16 +240,7 @@ fn gpt_gradient_matches_finite_differences() {
     };
     let mut grads = vec![0f32; model.layout.total];
     let mut acts = Activations::default();
-    model.forward_backward(
-        &params,
-        &mut grads,
-        &tokens,
-        &targets,
-        b,
-        t,
-        1.0 / count as f32,
-        &mut acts,
-    );
+    model.forward_backward(&params, &mut grads, &tokens, &targets, b, t, 1.0 / count as f32, &mut acts);
     for spec in &model.layout.specs {
         let v = spec.view;
         let sub_p = v.of(&params).to_vec();

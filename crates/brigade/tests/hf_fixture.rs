@@ -10,23 +10,14 @@ use std::path::Path;
 const DIR: &str = "tests/fixtures/gpt2_hf";
 
 fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
-    let t = st
-        .tensor(name)
-        .unwrap_or_else(|_| panic!("fixture lacks {name}"));
-    t.data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("fixture lacks {name}"));
+    t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// max |a − b| / max |b|
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let num = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() as f64)
-        .fold(0.0, f64::max);
+    let num = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
     let den = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
     num / den
 }
@@ -39,62 +30,32 @@ fn matches_hugging_face_gpt2() {
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let ids_t = st.tensor("input_ids").unwrap();
     let (b, t) = (ids_t.shape()[0], ids_t.shape()[1]);
-    let ids: Vec<u32> = ids_t
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect();
+    let ids: Vec<u32> =
+        ids_t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
     // Hugging Face shifts labels inside: position i predicts token i+1, the last predicts nothing.
-    let targets: Vec<i32> = (0..b * t)
-        .map(|i| {
-            if i % t == t - 1 {
-                IGNORE
-            } else {
-                ids[i + 1] as i32
-            }
-        })
-        .collect();
+    let targets: Vec<i32> = (0..b * t).map(|i| if i % t == t - 1 { IGNORE } else { ids[i + 1] as i32 }).collect();
     let count = targets.iter().filter(|&&x| x != IGNORE).count();
 
     let mut acts = Activations::default();
     model.forward(&params, &ids, b, t, &mut acts);
     let logits = acts.logits.clone();
     let e = rel_err(&logits, &f32s(&st, "logits"));
-    assert!(
-        e < 1e-4,
-        "logits differ from Hugging Face by {e:.2e} (relative)"
-    );
+    assert!(e < 1e-4, "logits differ from Hugging Face by {e:.2e} (relative)");
 
     let (sum, n) = model.loss(&targets, &mut acts);
     assert_eq!(n, count);
     let loss = sum / n as f64;
     let want = f32s(&st, "loss")[0] as f64;
-    assert!(
-        ((loss - want) / want).abs() < 1e-5,
-        "loss {loss} vs Hugging Face {want}"
-    );
+    assert!(((loss - want) / want).abs() < 1e-5, "loss {loss} vs Hugging Face {want}");
 
     let mut grads = vec![0f32; model.layout.total];
-    model.backward(
-        &params,
-        &mut grads,
-        &ids,
-        &targets,
-        1.0 / count as f32,
-        &mut acts,
-    );
+    model.backward(&params, &mut grads, &ids, &targets, 1.0 / count as f32, &mut acts);
     let mut checked = 0;
     for name in st.names() {
         if let Some(ours) = name.strip_prefix("grad.") {
-            let spec = model
-                .layout
-                .get(ours)
-                .unwrap_or_else(|| panic!("no parameter {ours}"));
+            let spec = model.layout.get(ours).unwrap_or_else(|| panic!("no parameter {ours}"));
             let e = rel_err(spec.view.of(&grads), &f32s(&st, name));
-            assert!(
-                e < 1e-4,
-                "gradient of {ours} differs from PyTorch by {e:.2e} (relative)"
-            );
+            assert!(e < 1e-4, "gradient of {ours} differs from PyTorch by {e:.2e} (relative)");
             checked += 1;
         }
     }

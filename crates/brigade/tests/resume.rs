@@ -38,16 +38,8 @@ fn check_resume(c: TrainConfig) {
         second.train_step().unwrap();
     }
     assert_eq!(second.losses.len(), 14);
-    assert_eq!(
-        bits(&full.losses),
-        bits(&second.losses),
-        "loss sequences differ"
-    );
-    assert_eq!(
-        bits(&full.params),
-        bits(&second.params),
-        "final weights differ"
-    );
+    assert_eq!(bits(&full.losses), bits(&second.losses), "loss sequences differ");
+    assert_eq!(bits(&full.params), bits(&second.params), "final weights differ");
     // and the losses moved: the run really trained
     assert!(full.losses[13] < full.losses[0]);
 }
@@ -61,9 +53,7 @@ fn resumed_addition_run_is_bit_identical() {
 fn resumed_text_run_is_bit_identical() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("text.txt");
-    let text: String = (0..400)
-        .map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n"))
-        .collect();
+    let text: String = (0..400).map(|i| format!("line {i}: the quick brown fox jumps over the lazy dog.\n")).collect();
     std::fs::write(&f, text).unwrap();
     check_resume(cfg(Some(f)));
 }
@@ -82,15 +72,8 @@ fn failed_checkpoint_write_keeps_the_previous_one() {
     });
     assert!(err.is_err());
     assert_eq!(std::fs::read(ck.join("model.safetensors")).unwrap(), before);
-    let names: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        names.len(),
-        1,
-        "temporary directories left behind: {names:?}"
-    );
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 1, "temporary directories left behind: {names:?}");
 }
 
 #[test]
@@ -108,25 +91,12 @@ fn checkpoint_round_trips_weights_exactly() {
 #[test]
 fn micro_batches_sum_to_the_full_batch_gradient() {
     // Same run with 1 and 4 micro-batches: the mean-over-tokens loss is the same function.
-    let mut a = Trainer::new(TrainConfig {
-        micro_batch: Some(8),
-        ..cfg(None)
-    })
-    .unwrap();
-    let mut b = Trainer::new(TrainConfig {
-        micro_batch: Some(2),
-        ..cfg(None)
-    })
-    .unwrap();
+    let mut a = Trainer::new(TrainConfig { micro_batch: Some(8), ..cfg(None) }).unwrap();
+    let mut b = Trainer::new(TrainConfig { micro_batch: Some(2), ..cfg(None) }).unwrap();
     for _ in 0..3 {
         let (la, lb) = (a.train_step().unwrap().loss, b.train_step().unwrap().loss);
         assert!(((la - lb) / la).abs() < 1e-5, "{la} vs {lb}");
     }
-    let worst = a
-        .params
-        .iter()
-        .zip(&b.params)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
+    let worst = a.params.iter().zip(&b.params).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-5, "weights differ by {worst}");
 }

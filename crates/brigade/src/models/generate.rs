@@ -35,14 +35,8 @@ pub fn pick(logits: &[f32], opt: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
         idx.select_nth_unstable_by(opt.top_k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
         idx.truncate(opt.top_k);
     }
-    let mx = idx
-        .iter()
-        .map(|&i| logits[i])
-        .fold(f32::NEG_INFINITY, f32::max);
-    let w: Vec<f64> = idx
-        .iter()
-        .map(|&i| (((logits[i] - mx) / opt.temperature) as f64).exp())
-        .collect();
+    let mx = idx.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
+    let w: Vec<f64> = idx.iter().map(|&i| (((logits[i] - mx) / opt.temperature) as f64).exp()).collect();
     let mut u = rng.gen::<f64>() * w.iter().sum::<f64>();
     for (k, &wi) in w.iter().enumerate() {
         if u < wi {
@@ -55,12 +49,7 @@ pub fn pick(logits: &[f32], opt: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
 
 /// Continues each of the `prompts` (equal lengths) for up to `max_new_tokens`, in one batch.
 /// The context is cropped to the model's block size.
-pub fn generate(
-    model: &Gpt,
-    params: &[f32],
-    prompts: &[Vec<u32>],
-    opt: &SampleOptions,
-) -> Vec<Vec<u32>> {
+pub fn generate(model: &Gpt, params: &[f32], prompts: &[Vec<u32>], opt: &SampleOptions) -> Vec<Vec<u32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(opt.seed);
     let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
     let mut done = vec![false; seqs.len()];
@@ -69,17 +58,10 @@ pub fn generate(
     for _ in 0..opt.max_new_tokens {
         let len = seqs[0].len();
         let t = len.min(model.cfg.block_size);
-        let ctx: Vec<u32> = seqs
-            .iter()
-            .flat_map(|s| s[len - t..].iter().copied())
-            .collect();
+        let ctx: Vec<u32> = seqs.iter().flat_map(|s| s[len - t..].iter().copied()).collect();
         let logits = model.forward_last(params, &ctx, seqs.len(), t, &mut acts);
         for (i, s) in seqs.iter_mut().enumerate() {
-            let tok = if done[i] {
-                opt.stop.unwrap_or(0)
-            } else {
-                pick(&logits[i * v..(i + 1) * v], opt, &mut rng)
-            };
+            let tok = if done[i] { opt.stop.unwrap_or(0) } else { pick(&logits[i * v..(i + 1) * v], opt, &mut rng) };
             done[i] |= Some(tok) == opt.stop;
             s.push(tok);
         }
@@ -87,8 +69,5 @@ pub fn generate(
             break;
         }
     }
-    seqs.iter()
-        .zip(prompts)
-        .map(|(s, p)| s[p.len()..].to_vec())
-        .collect()
+    seqs.iter().zip(prompts).map(|(s, p)| s[p.len()..].to_vec()).collect()
 }

@@ -21,71 +21,19 @@ pub struct GptConfig {
 
 /// Named model sizes: `tiny` for tests and the built-in task, the GPT-2 family for benchmarks.
 pub const PRESETS: &[(&str, GptConfig)] = &[
-    (
-        "tiny",
-        GptConfig {
-            n_layer: 2,
-            n_head: 4,
-            n_embd: 128,
-            vocab_size: 256,
-            block_size: 64,
-        },
-    ),
-    (
-        "gpt2-small",
-        GptConfig {
-            n_layer: 12,
-            n_head: 12,
-            n_embd: 768,
-            vocab_size: 50257,
-            block_size: 1024,
-        },
-    ),
-    (
-        "gpt2-medium",
-        GptConfig {
-            n_layer: 24,
-            n_head: 16,
-            n_embd: 1024,
-            vocab_size: 50257,
-            block_size: 1024,
-        },
-    ),
-    (
-        "gpt2-large",
-        GptConfig {
-            n_layer: 36,
-            n_head: 20,
-            n_embd: 1280,
-            vocab_size: 50257,
-            block_size: 1024,
-        },
-    ),
-    (
-        "gpt2-xl",
-        GptConfig {
-            n_layer: 48,
-            n_head: 25,
-            n_embd: 1600,
-            vocab_size: 50257,
-            block_size: 1024,
-        },
-    ),
+    ("tiny", GptConfig { n_layer: 2, n_head: 4, n_embd: 128, vocab_size: 256, block_size: 64 }),
+    ("gpt2-small", GptConfig { n_layer: 12, n_head: 12, n_embd: 768, vocab_size: 50257, block_size: 1024 }),
+    ("gpt2-medium", GptConfig { n_layer: 24, n_head: 16, n_embd: 1024, vocab_size: 50257, block_size: 1024 }),
+    ("gpt2-large", GptConfig { n_layer: 36, n_head: 20, n_embd: 1280, vocab_size: 50257, block_size: 1024 }),
+    ("gpt2-xl", GptConfig { n_layer: 48, n_head: 25, n_embd: 1600, vocab_size: 50257, block_size: 1024 }),
 ];
 
 impl GptConfig {
     pub fn preset(name: &str) -> Result<GptConfig> {
-        PRESETS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, c)| *c)
-            .ok_or_else(|| {
-                let known: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-                Error::Config(format!(
-                    "unknown model preset '{name}'; known presets: {}",
-                    known.join(", ")
-                ))
-            })
+        PRESETS.iter().find(|(n, _)| *n == name).map(|(_, c)| *c).ok_or_else(|| {
+            let known: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+            Error::Config(format!("unknown model preset '{name}'; known presets: {}", known.join(", ")))
+        })
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -99,7 +47,7 @@ impl GptConfig {
         if let Some((k, _)) = z.iter().find(|(_, v)| *v == 0) {
             return Err(Error::Config(format!("{k} must be at least 1")));
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(Error::Config(format!(
                 "n_embd ({}) must be divisible by n_head ({}); pick n_head among the divisors of n_embd",
                 self.n_embd, self.n_head
@@ -157,14 +105,7 @@ impl Block {
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
         Block {
             ln_1: LayerNorm::new(layout, &format!("h.{i}.ln_1"), c),
-            attn: CausalSelfAttention::new(
-                layout,
-                &format!("h.{i}.attn"),
-                c,
-                cfg.n_head,
-                std,
-                proj_std,
-            ),
+            attn: CausalSelfAttention::new(layout, &format!("h.{i}.attn"), c, cfg.n_head, std, proj_std),
             ln_2: LayerNorm::new(layout, &format!("h.{i}.ln_2"), c),
             mlp: Mlp::new(layout, &format!("h.{i}.mlp"), c, std, proj_std),
         }
@@ -194,31 +135,13 @@ impl Block {
 
     /// On entry `dresid` is the gradient of the block output; on return, of the block input.
     #[allow(clippy::too_many_arguments)]
-    fn backward(
-        &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        b: usize,
-        t: usize,
-        st: &BlockStash,
-        sc: &mut Scratch,
-    ) {
-        let Scratch {
-            dresid,
-            dln,
-            dh,
-            datt,
-            dqkv,
-            ..
-        } = sc;
+    fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], b: usize, t: usize, st: &BlockStash, sc: &mut Scratch) {
+        let Scratch { dresid, dln, dh, datt, dqkv, .. } = sc;
         ensure(dln, x.len());
         // The residual add passes dresid unchanged to both branches.
-        self.mlp
-            .backward(p, g, &st.ln2.out, &st.mlp, dresid, dln, dh);
+        self.mlp.backward(p, g, &st.ln2.out, &st.mlp, dresid, dln, dh);
         self.ln_2.backward(p, g, &st.x2, &st.ln2, dln, dresid);
-        self.attn
-            .backward(p, g, &st.ln1.out, b, t, &st.attn, dresid, dln, datt, dqkv);
+        self.attn.backward(p, g, &st.ln1.out, b, t, &st.attn, dresid, dln, datt, dqkv);
         self.ln_1.backward(p, g, x, &st.ln1, dln, dresid);
     }
 }
@@ -254,30 +177,11 @@ impl Gpt {
     pub fn new(cfg: GptConfig) -> Result<Gpt> {
         cfg.validate()?;
         let mut layout = ParamLayout::default();
-        let wte = layout.add(
-            "wte.weight",
-            &[cfg.vocab_size, cfg.n_embd],
-            Init::Normal(0.02),
-            true,
-        );
-        let wpe = layout.add(
-            "wpe.weight",
-            &[cfg.block_size, cfg.n_embd],
-            Init::Normal(0.02),
-            true,
-        );
-        let blocks = (0..cfg.n_layer)
-            .map(|i| Block::new(&mut layout, i, &cfg))
-            .collect();
+        let wte = layout.add("wte.weight", &[cfg.vocab_size, cfg.n_embd], Init::Normal(0.02), true);
+        let wpe = layout.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true);
+        let blocks = (0..cfg.n_layer).map(|i| Block::new(&mut layout, i, &cfg)).collect();
         let ln_f = LayerNorm::new(&mut layout, "ln_f", cfg.n_embd);
-        Ok(Gpt {
-            cfg,
-            layout,
-            wte,
-            wpe,
-            blocks,
-            ln_f,
-        })
+        Ok(Gpt { cfg, layout, wte, wpe, blocks, ln_f })
     }
 
     pub fn num_params(&self) -> usize {
@@ -293,10 +197,7 @@ impl Gpt {
             )));
         }
         if tokens.len() != b * t {
-            return Err(Error::Train(format!(
-                "expected {b}×{t} tokens, got {}",
-                tokens.len()
-            )));
+            return Err(Error::Train(format!("expected {b}×{t} tokens, got {}", tokens.len())));
         }
         if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= self.cfg.vocab_size) {
             return Err(Error::Data(format!(
@@ -308,14 +209,7 @@ impl Gpt {
     }
 
     /// Runs the blocks and the final LayerNorm; the hidden states are in `acts.lnf.out`.
-    fn forward_hidden(
-        &self,
-        p: &[f32],
-        tokens: &[u32],
-        b: usize,
-        t: usize,
-        acts: &mut Activations,
-    ) {
+    fn forward_hidden(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) {
         let (c, l) = (self.cfg.n_embd, self.cfg.n_layer);
         let n = b * t;
         acts.b = b;
@@ -325,25 +219,10 @@ impl Gpt {
         for r in &mut acts.resid {
             ensure(r, n * c);
         }
-        embedding_forward(
-            &mut acts.resid[0],
-            self.wte.of(p),
-            self.wpe.of(p),
-            tokens,
-            t,
-            c,
-        );
+        embedding_forward(&mut acts.resid[0], self.wte.of(p), self.wpe.of(p), tokens, t, c);
         for (i, blk) in self.blocks.iter().enumerate() {
             let (done, rest) = acts.resid.split_at_mut(i + 1);
-            blk.forward(
-                p,
-                &done[i],
-                b,
-                t,
-                &mut acts.blocks[i],
-                &mut rest[0],
-                &mut acts.scratch.tmp,
-            );
+            blk.forward(p, &done[i], b, t, &mut acts.blocks[i], &mut rest[0], &mut acts.scratch.tmp);
         }
         self.ln_f.forward(p, &acts.resid[l], &mut acts.lnf);
     }
@@ -354,28 +233,11 @@ impl Gpt {
         let (c, v, n) = (self.cfg.n_embd, self.cfg.vocab_size, b * t);
         ensure(&mut acts.logits, n * v);
         // LM head tied to the token embedding: logits = h·wteᵀ.
-        matmul(
-            &mut acts.logits,
-            &acts.lnf.out,
-            self.wte.of(p),
-            n,
-            c,
-            v,
-            false,
-            true,
-            false,
-        );
+        matmul(&mut acts.logits, &acts.lnf.out, self.wte.of(p), n, c, v, false, true, false);
     }
 
     /// Logits of the last position of each sequence only (`[b, vocab]`), for generation.
-    pub fn forward_last(
-        &self,
-        p: &[f32],
-        tokens: &[u32],
-        b: usize,
-        t: usize,
-        acts: &mut Activations,
-    ) -> Vec<f32> {
+    pub fn forward_last(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) -> Vec<f32> {
         self.forward_hidden(p, tokens, b, t, acts);
         let (c, v) = (self.cfg.n_embd, self.cfg.vocab_size);
         let mut h = Vec::with_capacity(b * c);
@@ -393,13 +255,7 @@ impl Gpt {
         let n = targets.len();
         ensure(&mut acts.lse, n);
         ensure(&mut acts.losses, n);
-        cross_entropy_forward(
-            &mut acts.losses,
-            &mut acts.lse,
-            &acts.logits,
-            targets,
-            self.cfg.vocab_size,
-        );
+        cross_entropy_forward(&mut acts.losses, &mut acts.lse, &acts.logits, targets, self.cfg.vocab_size);
         let sum = acts.losses.iter().map(|&x| x as f64).sum();
         (sum, targets.iter().filter(|&&x| x != IGNORE).count())
     }
@@ -416,51 +272,21 @@ impl Gpt {
         acts: &mut Activations,
     ) {
         let (b, t) = (acts.b, acts.t);
-        let (c, v, l, n) = (
-            self.cfg.n_embd,
-            self.cfg.vocab_size,
-            self.cfg.n_layer,
-            b * t,
-        );
+        let (c, v, l, n) = (self.cfg.n_embd, self.cfg.vocab_size, self.cfg.n_layer, b * t);
         cross_entropy_backward(&mut acts.logits, &acts.lse, targets, v, scale);
         let sc = &mut acts.scratch;
         ensure(&mut sc.dln, n * c);
         ensure(&mut sc.dresid, n * c);
         // LM head: dh = dlogits·wte, dwte += dlogitsᵀ·h
-        matmul(
-            &mut sc.dln,
-            &acts.logits,
-            self.wte.of(p),
-            n,
-            v,
-            c,
-            false,
-            false,
-            false,
-        );
-        matmul(
-            self.wte.of_mut(g),
-            &acts.logits,
-            &acts.lnf.out,
-            v,
-            n,
-            c,
-            true,
-            false,
-            true,
-        );
+        matmul(&mut sc.dln, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
+        matmul(self.wte.of_mut(g), &acts.logits, &acts.lnf.out, v, n, c, true, false, true);
         sc.dresid.fill(0.0);
-        self.ln_f
-            .backward(p, g, &acts.resid[l], &acts.lnf, &sc.dln, &mut sc.dresid);
+        self.ln_f.backward(p, g, &acts.resid[l], &acts.lnf, &sc.dln, &mut sc.dresid);
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             blk.backward(p, g, &acts.resid[i], b, t, &acts.blocks[i], sc);
         }
         let (wo, po) = (self.wte, self.wpe);
-        assert_eq!(
-            po.offset,
-            wo.offset + wo.len,
-            "wte and wpe are adjacent in the layout"
-        );
+        assert_eq!(po.offset, wo.offset + wo.len, "wte and wpe are adjacent in the layout");
         let (dwte, dwpe) = g[wo.offset..po.offset + po.len].split_at_mut(wo.len);
         embedding_backward(dwte, dwpe, &sc.dresid, tokens, t, c);
     }

@@ -20,42 +20,17 @@ pub struct AttnStash {
 }
 
 impl CausalSelfAttention {
-    pub fn new(
-        layout: &mut ParamLayout,
-        prefix: &str,
-        c: usize,
-        heads: usize,
-        std: f32,
-        proj_std: f32,
-    ) -> Self {
+    pub fn new(layout: &mut ParamLayout, prefix: &str, c: usize, heads: usize, std: f32, proj_std: f32) -> Self {
         let c_attn = Linear::new(layout, &format!("{prefix}.c_attn"), c, 3 * c, std);
         let c_proj = Linear::new(layout, &format!("{prefix}.c_proj"), c, c, proj_std);
-        CausalSelfAttention {
-            c_attn,
-            c_proj,
-            heads,
-            c,
-        }
+        CausalSelfAttention { c_attn, c_proj, heads, c }
     }
 
     fn shape(&self, b: usize, t: usize) -> AttnShape {
-        AttnShape {
-            b,
-            t,
-            c: self.c,
-            heads: self.heads,
-        }
+        AttnShape { b, t, c: self.c, heads: self.heads }
     }
 
-    pub fn forward(
-        &self,
-        p: &[f32],
-        x: &[f32],
-        b: usize,
-        t: usize,
-        st: &mut AttnStash,
-        out: &mut [f32],
-    ) {
+    pub fn forward(&self, p: &[f32], x: &[f32], b: usize, t: usize, st: &mut AttnStash, out: &mut [f32]) {
         let s = self.shape(b, t);
         ensure(&mut st.qkv, 3 * x.len());
         ensure(&mut st.probs, s.probs_len());

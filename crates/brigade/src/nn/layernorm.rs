@@ -31,44 +31,14 @@ impl LayerNorm {
         ensure(&mut st.out, x.len());
         ensure(&mut st.mean, n);
         ensure(&mut st.rstd, n);
-        layernorm_forward(
-            &mut st.out,
-            &mut st.mean,
-            &mut st.rstd,
-            x,
-            self.w.of(p),
-            self.b.of(p),
-            self.c,
-        );
+        layernorm_forward(&mut st.out, &mut st.mean, &mut st.rstd, x, self.w.of(p), self.b.of(p), self.c);
     }
 
     /// Accumulates into `dx` (the residual gradient) and the parameter gradients.
-    pub fn backward(
-        &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        st: &LnStash,
-        dout: &[f32],
-        dx: &mut [f32],
-    ) {
+    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], st: &LnStash, dout: &[f32], dx: &mut [f32]) {
         let (wo, bo) = (self.w.offset, self.b.offset);
-        assert_eq!(
-            bo,
-            wo + self.c,
-            "LayerNorm weight and bias are adjacent in the layout"
-        );
+        assert_eq!(bo, wo + self.c, "LayerNorm weight and bias are adjacent in the layout");
         let (dw, db) = g[wo..bo + self.c].split_at_mut(self.c);
-        layernorm_backward(
-            dx,
-            dw,
-            db,
-            dout,
-            x,
-            &st.mean,
-            &st.rstd,
-            self.w.of(p),
-            self.c,
-        );
+        layernorm_backward(dx, dw, db, dout, x, &st.mean, &st.rstd, self.w.of(p), self.c);
     }
 }

@@ -12,19 +12,8 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn new(
-        layout: &mut ParamLayout,
-        prefix: &str,
-        d_in: usize,
-        d_out: usize,
-        std: f32,
-    ) -> Linear {
-        let w = layout.add(
-            &format!("{prefix}.weight"),
-            &[d_in, d_out],
-            Init::Normal(std),
-            true,
-        );
+    pub fn new(layout: &mut ParamLayout, prefix: &str, d_in: usize, d_out: usize, std: f32) -> Linear {
+        let w = layout.add(&format!("{prefix}.weight"), &[d_in, d_out], Init::Normal(std), true);
         let b = layout.add(&format!("{prefix}.bias"), &[d_out], Init::Zeros, false);
         Linear { w, b, d_in, d_out }
     }
@@ -36,49 +25,19 @@ impl Linear {
         for row in out.chunks_exact_mut(self.d_out) {
             row.copy_from_slice(bias);
         }
-        matmul(
-            out,
-            x,
-            self.w.of(p),
-            n,
-            self.d_in,
-            self.d_out,
-            false,
-            false,
-            true,
-        );
+        matmul(out, x, self.w.of(p), n, self.d_in, self.d_out, false, false, true);
     }
 
     /// Accumulates `dW += xᵀ·dout`, `db += Σ dout`; overwrites `dx = dout·Wᵀ`.
     pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32]) {
         let n = x.len() / self.d_in;
-        matmul(
-            self.w.of_mut(g),
-            x,
-            dout,
-            self.d_in,
-            n,
-            self.d_out,
-            true,
-            false,
-            true,
-        );
+        matmul(self.w.of_mut(g), x, dout, self.d_in, n, self.d_out, true, false, true);
         let db = self.b.of_mut(g);
         for row in dout.chunks_exact(self.d_out) {
             for (b, &d) in db.iter_mut().zip(row) {
                 *b += d;
             }
         }
-        matmul(
-            dx,
-            dout,
-            self.w.of(p),
-            n,
-            self.d_out,
-            self.d_in,
-            false,
-            true,
-            false,
-        );
+        matmul(dx, dout, self.w.of(p), n, self.d_out, self.d_in, false, true, false);
     }
 }

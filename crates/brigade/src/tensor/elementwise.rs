@@ -8,53 +8,45 @@ const GELU_C: f32 = 0.044_715;
 
 pub fn gelu_forward(out: &mut [f32], x: &[f32]) {
     assert_eq!(out.len(), x.len());
-    out.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK))
-        .for_each(|(o, x)| {
-            for (o, &x) in o.iter_mut().zip(x) {
-                let u = GELU_K * (x + GELU_C * x * x * x);
-                *o = 0.5 * x * (1.0 + super::math::tanh(u));
-            }
-        });
+    out.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, x)| {
+        for (o, &x) in o.iter_mut().zip(x) {
+            let u = GELU_K * (x + GELU_C * x * x * x);
+            *o = 0.5 * x * (1.0 + super::math::tanh(u));
+        }
+    });
 }
 
 /// In place: `d` holds `dout` on entry and `dx = dout · gelu'(x)` on return.
 pub fn gelu_backward(d: &mut [f32], x: &[f32]) {
     assert!(d.len() == x.len());
-    d.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK))
-        .for_each(|(d, x)| {
-            for (d, &x) in d.iter_mut().zip(x) {
-                let x2 = x * x;
-                let u = GELU_K * (x + GELU_C * x2 * x);
-                let t = super::math::tanh(u);
-                let du = GELU_K * (1.0 + 3.0 * GELU_C * x2);
-                *d *= 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
-            }
-        });
+    d.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(d, x)| {
+        for (d, &x) in d.iter_mut().zip(x) {
+            let x2 = x * x;
+            let u = GELU_K * (x + GELU_C * x2 * x);
+            let t = super::math::tanh(u);
+            let du = GELU_K * (1.0 + 3.0 * GELU_C * x2);
+            *d *= 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+        }
+    });
 }
 
 /// `out = a + b`. Its backward is the identity into both inputs, so the model passes the
 /// residual gradient through unchanged and has no `residual_backward` to call.
 pub fn residual_forward(out: &mut [f32], a: &[f32], b: &[f32]) {
     assert!(out.len() == a.len() && a.len() == b.len());
-    out.par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-        .for_each(|(o, (a, b))| {
-            for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-                *o = a + b;
-            }
-        });
+    out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {
+        for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+            *o = a + b;
+        }
+    });
 }
 
 /// `acc += x`.
 pub fn add_into(acc: &mut [f32], x: &[f32]) {
     assert_eq!(acc.len(), x.len());
-    acc.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK))
-        .for_each(|(a, x)| {
-            for (a, &x) in a.iter_mut().zip(x) {
-                *a += x;
-            }
-        });
+    acc.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(a, x)| {
+        for (a, &x) in a.iter_mut().zip(x) {
+            *a += x;
+        }
+    });
 }

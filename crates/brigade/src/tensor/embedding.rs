@@ -2,14 +2,7 @@
 
 /// `out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]`. Token ids must be `< vocab` (checked by the
 /// caller, which turns a bad id into an error).
-pub fn embedding_forward(
-    out: &mut [f32],
-    wte: &[f32],
-    wpe: &[f32],
-    tokens: &[u32],
-    t: usize,
-    c: usize,
-) {
+pub fn embedding_forward(out: &mut [f32], wte: &[f32], wpe: &[f32], tokens: &[u32], t: usize, c: usize) {
     assert_eq!(out.len(), tokens.len() * c);
     for (i, (row, &tok)) in out.chunks_exact_mut(c).zip(tokens).enumerate() {
         let e = &wte[tok as usize * c..][..c];
@@ -22,14 +15,7 @@ pub fn embedding_forward(
 
 /// Accumulates `dwte[tok] += dout[b,t]` and `dwpe[t] += dout[b,t]`, serially so that
 /// repeated tokens add in a fixed order.
-pub fn embedding_backward(
-    dwte: &mut [f32],
-    dwpe: &mut [f32],
-    dout: &[f32],
-    tokens: &[u32],
-    t: usize,
-    c: usize,
-) {
+pub fn embedding_backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[u32], t: usize, c: usize) {
     for (i, (row, &tok)) in dout.chunks_exact(c).zip(tokens).enumerate() {
         let e = &mut dwte[tok as usize * c..][..c];
         for (e, &d) in e.iter_mut().zip(row) {

@@ -16,9 +16,7 @@ pub fn layernorm_forward(
     c: usize,
 ) {
     let n = x.len() / c;
-    assert!(
-        out.len() == x.len() && mean.len() == n && rstd.len() == n && w.len() == c && b.len() == c
-    );
+    assert!(out.len() == x.len() && mean.len() == n && rstd.len() == n && w.len() == c && b.len() == c);
     out.par_chunks_mut(c)
         .zip(x.par_chunks(c))
         .zip(mean.par_iter_mut().zip(rstd.par_iter_mut()))
@@ -55,20 +53,12 @@ pub fn layernorm_backward(
     // in block order, so the result does not depend on the thread count.
     let partials: Vec<(Vec<f32>, Vec<f32>)> = dx
         .par_chunks_mut(ROW_CHUNK * c)
-        .zip(
-            dout.par_chunks(ROW_CHUNK * c)
-                .zip(x.par_chunks(ROW_CHUNK * c)),
-        )
+        .zip(dout.par_chunks(ROW_CHUNK * c).zip(x.par_chunks(ROW_CHUNK * c)))
         .enumerate()
         .map(|(blk, (dxb, (db_, xb)))| {
             let mut pw = vec![0f32; c];
             let mut pb = vec![0f32; c];
-            for (r, ((dx, d), x)) in dxb
-                .chunks_mut(c)
-                .zip(db_.chunks(c))
-                .zip(xb.chunks(c))
-                .enumerate()
-            {
+            for (r, ((dx, d), x)) in dxb.chunks_mut(c).zip(db_.chunks(c)).zip(xb.chunks(c)).enumerate() {
                 let row = blk * ROW_CHUNK + r;
                 let (mu, rs) = (mean[row], rstd[row]);
                 let mut sum_g = 0f32;

@@ -17,39 +17,19 @@ pub struct Mat {
 impl Mat {
     /// A dense row-major `rows × cols` matrix.
     pub fn rm(rows: usize, cols: usize) -> Mat {
-        Mat {
-            rows,
-            cols,
-            rs: cols,
-            cs: 1,
-        }
+        Mat { rows, cols, rs: cols, cs: 1 }
     }
     /// The transpose of a dense row-major matrix stored as `cols × rows`.
     pub fn rm_t(rows: usize, cols: usize) -> Mat {
-        Mat {
-            rows,
-            cols,
-            rs: 1,
-            cs: rows,
-        }
+        Mat { rows, cols, rs: 1, cs: rows }
     }
     /// A row-major block with a wider row stride (a column slice of a bigger matrix).
     pub fn strided(rows: usize, cols: usize, rs: usize) -> Mat {
-        Mat {
-            rows,
-            cols,
-            rs,
-            cs: 1,
-        }
+        Mat { rows, cols, rs, cs: 1 }
     }
     /// Transposed view of a strided block.
     pub fn t(self) -> Mat {
-        Mat {
-            rows: self.cols,
-            cols: self.rows,
-            rs: self.cs,
-            cs: self.rs,
-        }
+        Mat { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs }
     }
     fn span(&self) -> usize {
         if self.rows == 0 || self.cols == 0 {
@@ -165,43 +145,15 @@ pub unsafe fn gemm_ptr(
 /// Dense row-major `c[m,n] (+)= op(a)·op(b)`, where `ta`/`tb` say that `a` is stored as `[k,m]`
 /// or `b` as `[n,k]`.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    c: &mut [f32],
-    a: &[f32],
-    b: &[f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-    accumulate: bool,
-) {
+pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize, ta: bool, tb: bool, accumulate: bool) {
     let am = if ta { Mat::rm_t(m, k) } else { Mat::rm(m, k) };
     let bm = if tb { Mat::rm_t(k, n) } else { Mat::rm(k, n) };
-    gemm_into(
-        c,
-        Mat::rm(m, n),
-        a,
-        am,
-        b,
-        bm,
-        1.0,
-        accumulate,
-        Threads::Pool,
-    );
+    gemm_into(c, Mat::rm(m, n), a, am, b, bm, 1.0, accumulate, Threads::Pool);
 }
 
 /// Naive triple loop in f64, the reference the tests compare `matmul` against.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_reference(
-    a: &[f32],
-    b: &[f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-) -> Vec<f32> {
+pub fn matmul_reference(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, ta: bool, tb: bool) -> Vec<f32> {
     let mut c = vec![0f32; m * n];
     for i in 0..m {
         for j in 0..n {

@@ -36,7 +36,7 @@ impl Addition {
         h ^= h >> 29;
         h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
         h ^= h >> 32;
-        h % 10 == 0
+        h.is_multiple_of(10)
     }
 
     pub fn prompt(&self, a: u64, b: u64) -> String {
@@ -56,11 +56,7 @@ impl Addition {
     /// Reads the model's answer text back into a number (None if malformed).
     pub fn parse_answer(&self, text: &str) -> Option<u64> {
         let body = text.strip_suffix('\n')?;
-        let digits: String = if self.reverse {
-            body.chars().rev().collect()
-        } else {
-            body.to_string()
-        };
+        let digits: String = if self.reverse { body.chars().rev().collect() } else { body.to_string() };
         if digits.len() != self.digits + 1 {
             return None;
         }
@@ -69,10 +65,7 @@ impl Addition {
 
     fn draw(&self, rng: &mut ChaCha8Rng, held_out: bool) -> (u64, u64) {
         loop {
-            let (a, b) = (
-                rng.gen_range(0..self.limit()),
-                rng.gen_range(0..self.limit()),
-            );
+            let (a, b) = (rng.gen_range(0..self.limit()), rng.gen_range(0..self.limit()));
             if self.held_out(a, b) == held_out {
                 return (a, b);
             }
@@ -81,8 +74,7 @@ impl Addition {
 
     /// Training batch `step` of `b` problems: inputs `[b, seq_len-1]`, targets on the answer only.
     pub fn batch(&self, seed: u64, step: usize, b: usize) -> (Vec<u32>, Vec<i32>) {
-        let mut rng =
-            ChaCha8Rng::seed_from_u64(seed ^ (step as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (step as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
         let t = self.seq_len() - 1;
         let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
         for _ in 0..b {
@@ -91,11 +83,7 @@ impl Addition {
             let bytes = text.as_bytes();
             x.extend(bytes[..t].iter().map(|&v| v as u32));
             for (i, &v) in bytes[1..].iter().enumerate() {
-                y.push(if i + 1 >= self.prompt_len() {
-                    v as i32
-                } else {
-                    IGNORE
-                });
+                y.push(if i + 1 >= self.prompt_len() { v as i32 } else { IGNORE });
             }
         }
         (x, y)

@@ -38,8 +38,7 @@ pub fn save_tensors(
             (format!("{prefix}{}", s.name), tv)
         })
         .collect();
-    safetensors::serialize_to_file(views, meta, path)
-        .map_err(|e| Error::ckpt(path, format!("cannot write: {e}")))
+    safetensors::serialize_to_file(views, meta, path).map_err(|e| Error::ckpt(path, format!("cannot write: {e}")))
 }
 
 /// Hugging Face keeps these beside the weights: causal-mask buffers and the tied head.
@@ -48,11 +47,7 @@ fn ignorable(name: &str) -> bool {
 }
 
 /// Reads every tensor of `layout` (named with `prefix`) from a safetensors file.
-pub fn load_tensors(
-    path: &Path,
-    layout: &ParamLayout,
-    prefix: &str,
-) -> Result<(Vec<f32>, HashMap<String, String>)> {
+pub fn load_tensors(path: &Path, layout: &ParamLayout, prefix: &str) -> Result<(Vec<f32>, HashMap<String, String>)> {
     let bytes = std::fs::read(path).map_err(|e| Error::ckpt(path, format!("cannot read: {e}")))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes)
         .map_err(|e| Error::ckpt(path, format!("not a valid safetensors file ({e})")))?;
@@ -70,27 +65,23 @@ pub fn load_tensors(
                 found.truncate(3);
                 return Err(Error::ckpt(
                     path,
-                    format!("tensor '{name}' is missing; is this a GPT-2 checkpoint of this shape? (it holds e.g. {})", found.join(", ")),
+                    format!(
+                        "tensor '{name}' is missing; is this a GPT-2 checkpoint of this shape? (it holds e.g. {})",
+                        found.join(", ")
+                    ),
                 ));
             }
         };
         if tv.dtype() != Dtype::F32 {
             return Err(Error::ckpt(
                 path,
-                format!(
-                    "tensor '{name}' is {:?}; brigade loads F32 checkpoints",
-                    tv.dtype()
-                ),
+                format!("tensor '{name}' is {:?}; brigade loads F32 checkpoints", tv.dtype()),
             ));
         }
         if tv.shape() != s.shape.as_slice() {
             return Err(Error::ckpt(
                 path,
-                format!(
-                    "tensor '{name}' has shape {:?}, the model expects {:?}",
-                    tv.shape(),
-                    s.shape
-                ),
+                format!("tensor '{name}' has shape {:?}, the model expects {:?}", tv.shape(), s.shape),
             ));
         }
         let dst = s.view.of_mut(&mut out);
@@ -101,19 +92,13 @@ pub fn load_tensors(
     let known: std::collections::HashSet<String> = layout
         .specs
         .iter()
-        .flat_map(|s| {
-            [
-                format!("{prefix}{}", s.name),
-                format!("transformer.{prefix}{}", s.name),
-            ]
-        })
+        .flat_map(|s| [format!("{prefix}{}", s.name), format!("transformer.{prefix}{}", s.name)])
         .collect();
-    if let Some(x) = st
-        .names()
-        .into_iter()
-        .find(|n| !ignorable(n) && !known.contains(*n))
-    {
-        return Err(Error::ckpt(path, format!("unexpected tensor '{x}': the file holds a different model than its config describes")));
+    if let Some(x) = st.names().into_iter().find(|n| !ignorable(n) && !known.contains(*n)) {
+        return Err(Error::ckpt(
+            path,
+            format!("unexpected tensor '{x}': the file holds a different model than its config describes"),
+        ));
     }
     Ok((out, meta.metadata().clone().unwrap_or_default()))
 }
@@ -144,29 +129,24 @@ pub fn hf_config(cfg: &GptConfig) -> serde_json::Value {
 pub fn read_model_config(dir: &Path) -> Result<GptConfig> {
     let path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| {
-        Error::ckpt(
-            &path,
-            format!(
-                "cannot read ({e}); a checkpoint directory holds config.json and model.safetensors"
-            ),
-        )
+        Error::ckpt(&path, format!("cannot read ({e}); a checkpoint directory holds config.json and model.safetensors"))
     })?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
     let field = |k: &str| -> Result<usize> {
         v.get(k)
             .and_then(|x| x.as_u64())
             .map(|x| x as usize)
-            .ok_or_else(|| {
-                Error::ckpt(
-                    &path,
-                    format!("missing integer field '{k}'; is this a GPT-2 config?"),
-                )
-            })
+            .ok_or_else(|| Error::ckpt(&path, format!("missing integer field '{k}'; is this a GPT-2 config?")))
     };
     if let Some(act) = v.get("activation_function").and_then(|a| a.as_str()) {
         if act != "gelu_new" && act != "gelu_pytorch_tanh" {
-            return Err(Error::ckpt(&path, format!("activation_function '{act}' is not supported; brigade implements GPT-2's tanh GELU (gelu_new)")));
+            return Err(Error::ckpt(
+                &path,
+                format!(
+                    "activation_function '{act}' is not supported; brigade implements GPT-2's tanh GELU (gelu_new)"
+                ),
+            ));
         }
     }
     if let Some(inner) = v.get("n_inner").and_then(|x| x.as_u64()) {
@@ -184,8 +164,7 @@ pub fn read_model_config(dir: &Path) -> Result<GptConfig> {
         vocab_size: field("vocab_size")?,
         block_size: field("n_positions")?,
     };
-    cfg.validate()
-        .map_err(|e| Error::ckpt(&path, e.to_string()))?;
+    cfg.validate().map_err(|e| Error::ckpt(&path, e.to_string()))?;
     Ok(cfg)
 }
 
@@ -208,24 +187,11 @@ pub fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 /// Fills a fresh temporary directory with `fill`, then renames it to `dir`, replacing an
 /// older checkpoint there only once the new one is complete.
 pub fn write_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let name = dir
-        .file_name()
-        .ok_or_else(|| Error::ckpt(dir, "checkpoint path needs a final directory name"))?;
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let name = dir.file_name().ok_or_else(|| Error::ckpt(dir, "checkpoint path needs a final directory name"))?;
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let tmp: PathBuf = parent.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let old: PathBuf = parent.join(format!(
-        ".{}.old-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp: PathBuf = parent.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let old: PathBuf = parent.join(format!(".{}.old-{}", name.to_string_lossy(), std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(io(&tmp))?;
     if let Err(e) = fill(&tmp) {
@@ -234,9 +200,7 @@ pub fn write_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> R
     }
     for entry in std::fs::read_dir(&tmp).map_err(io(&tmp))? {
         let p = entry.map_err(io(&tmp))?.path();
-        std::fs::File::open(&p)
-            .and_then(|f| f.sync_all())
-            .map_err(io(&p))?;
+        std::fs::File::open(&p).and_then(|f| f.sync_all()).map_err(io(&p))?;
     }
     if dir.exists() {
         std::fs::rename(dir, &old).map_err(io(dir))?;

@@ -58,7 +58,7 @@ impl Default for TrainConfig {
             tokenizer: None,
             digits: 3,
             reverse: true,
-            steps: 2000,
+            steps: 3000,
             batch: 64,
             micro_batch: None,
             seq: None,
@@ -66,12 +66,9 @@ impl Default for TrainConfig {
             min_lr: None,
             warmup: None,
             grad_clip: 1.0,
-            adamw: AdamWConfig {
-                weight_decay: 0.1,
-                ..AdamWConfig::default()
-            },
+            adamw: AdamWConfig { weight_decay: 0.1, ..AdamWConfig::default() },
             seed: 1337,
-            eval_every: 250,
+            eval_every: 500,
         }
     }
 }
@@ -115,20 +112,14 @@ impl TrainConfig {
             return bad("batch must be at least 1".into());
         }
         let mb = self.micro_batch();
-        if mb == 0 || self.batch % mb != 0 {
-            return bad(format!(
-                "batch ({}) must be a positive multiple of micro_batch ({mb})",
-                self.batch
-            ));
+        if mb == 0 || !self.batch.is_multiple_of(mb) {
+            return bad(format!("batch ({}) must be a positive multiple of micro_batch ({mb})", self.batch));
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad(format!("lr must be a positive number, got {}", self.lr));
         }
         if self.digits == 0 || self.digits > 9 {
-            return bad(format!(
-                "digits must be between 1 and 9, got {}",
-                self.digits
-            ));
+            return bad(format!("digits must be between 1 and 9, got {}", self.digits));
         }
         if self.tokenizer.is_some() && self.data.is_none() {
             return bad("--tokenizer needs --data FILE (the built-in task uses bytes)".into());

@@ -18,17 +18,10 @@ pub enum Tokenizer {
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
         if !path.is_file() {
-            return Err(Error::Data(format!(
-                "tokenizer file {} not found",
-                path.display()
-            )));
+            return Err(Error::Data(format!("tokenizer file {} not found", path.display())));
         }
-        let t = tokenizers::Tokenizer::from_file(path).map_err(|e| {
-            Error::Data(format!(
-                "{} is not a valid Hugging Face tokenizer.json: {e}",
-                path.display()
-            ))
-        })?;
+        let t = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::Data(format!("{} is not a valid Hugging Face tokenizer.json: {e}", path.display())))?;
         Ok(Tokenizer::Hf(Box::new(t), path.to_path_buf()))
     }
 
@@ -69,20 +62,13 @@ pub struct TextData {
 
 impl TextData {
     pub fn load(path: &Path, tok: &Tokenizer, seq: usize) -> Result<TextData> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::Data(format!("cannot read data file {}: {e}", path.display())))?;
+        let bytes =
+            std::fs::read(path).map_err(|e| Error::Data(format!("cannot read data file {}: {e}", path.display())))?;
         if bytes.is_empty() {
-            return Err(Error::Data(format!(
-                "data file {} is empty; give a UTF-8 text file",
-                path.display()
-            )));
+            return Err(Error::Data(format!("data file {} is empty; give a UTF-8 text file", path.display())));
         }
-        let text = String::from_utf8(bytes).map_err(|e| {
-            Error::Data(format!(
-                "data file {} is not UTF-8 text ({e})",
-                path.display()
-            ))
-        })?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| Error::Data(format!("data file {} is not UTF-8 text ({e})", path.display())))?;
         let tokens = tok.encode(&text)?;
         let split = tokens.len() * 9 / 10;
         let need = 10 * (seq + 1);
@@ -96,27 +82,14 @@ impl TextData {
         Ok(TextData { tokens, split })
     }
 
-    fn window(
-        &self,
-        rng: &mut ChaCha8Rng,
-        lo: usize,
-        hi: usize,
-        t: usize,
-        x: &mut Vec<u32>,
-        y: &mut Vec<i32>,
-    ) {
+    fn window(&self, rng: &mut ChaCha8Rng, lo: usize, hi: usize, t: usize, x: &mut Vec<u32>, y: &mut Vec<i32>) {
         let start = rng.gen_range(lo..hi - t);
         x.extend_from_slice(&self.tokens[start..start + t]);
-        y.extend(
-            self.tokens[start + 1..start + t + 1]
-                .iter()
-                .map(|&v| v as i32),
-        );
+        y.extend(self.tokens[start + 1..start + t + 1].iter().map(|&v| v as i32));
     }
 
     pub fn batch(&self, seed: u64, step: usize, b: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
-        let mut rng =
-            ChaCha8Rng::seed_from_u64(seed ^ (step as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (step as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
         let (mut x, mut y) = (Vec::new(), Vec::new());
         for _ in 0..b {
             self.window(&mut rng, 0, self.split, t, &mut x, &mut y);

@@ -15,12 +15,7 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig {
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        }
+        AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }
     }
 }
 
@@ -39,18 +34,8 @@ const CHUNK: usize = 1 << 14;
 
 impl AdamW {
     pub fn new(cfg: AdamWConfig, layout: &ParamLayout) -> AdamW {
-        let groups = layout
-            .specs
-            .iter()
-            .map(|s| (s.view.offset..s.view.offset + s.view.len, s.decay))
-            .collect();
-        AdamW {
-            cfg,
-            m: vec![0.0; layout.total],
-            v: vec![0.0; layout.total],
-            t: 0,
-            groups,
-        }
+        let groups = layout.specs.iter().map(|s| (s.view.offset..s.view.offset + s.view.len, s.decay)).collect();
+        AdamW { cfg, m: vec![0.0; layout.total], v: vec![0.0; layout.total], t: 0, groups }
     }
 
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
@@ -61,19 +46,11 @@ impl AdamW {
         let step_size = (lr as f64 / bc1) as f32;
         let bc2_sqrt = bc2.sqrt() as f32;
         for (r, decay) in &self.groups {
-            let shrink = if *decay {
-                1.0 - lr * c.weight_decay
-            } else {
-                1.0
-            };
+            let shrink = if *decay { 1.0 - lr * c.weight_decay } else { 1.0 };
             params[r.clone()]
                 .par_chunks_mut(CHUNK)
                 .zip(grads[r.clone()].par_chunks(CHUNK))
-                .zip(
-                    self.m[r.clone()]
-                        .par_chunks_mut(CHUNK)
-                        .zip(self.v[r.clone()].par_chunks_mut(CHUNK)),
-                )
+                .zip(self.m[r.clone()].par_chunks_mut(CHUNK).zip(self.v[r.clone()].par_chunks_mut(CHUNK)))
                 .for_each(|((p, g), (m, v))| {
                     for i in 0..p.len() {
                         m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * g[i];
@@ -88,10 +65,8 @@ impl AdamW {
 
 /// Global L2 norm of the gradient (accumulated in f64, in fixed chunk order).
 pub fn grad_norm(grads: &[f32]) -> f32 {
-    let parts: Vec<f64> = grads
-        .par_chunks(CHUNK)
-        .map(|c| c.iter().map(|&g| g as f64 * g as f64).sum::<f64>())
-        .collect();
+    let parts: Vec<f64> =
+        grads.par_chunks(CHUNK).map(|c| c.iter().map(|&g| g as f64 * g as f64).sum::<f64>()).collect();
     parts.iter().sum::<f64>().sqrt() as f32
 }
 
@@ -100,9 +75,7 @@ pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
     let norm = grad_norm(grads);
     if max_norm > 0.0 && norm > max_norm {
         let s = max_norm / (norm + 1e-6);
-        grads
-            .par_chunks_mut(CHUNK)
-            .for_each(|c| c.iter_mut().for_each(|g| *g *= s));
+        grads.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|g| *g *= s));
     }
     norm
 }

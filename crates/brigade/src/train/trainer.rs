@@ -23,11 +23,7 @@ pub struct StepStats {
 #[derive(Clone, Debug)]
 pub enum EvalReport {
     /// Exact-match accuracy on held-out problems, with a few (prompt, expected, model) rows.
-    Addition {
-        correct: usize,
-        total: usize,
-        examples: Vec<(String, String, String)>,
-    },
+    Addition { correct: usize, total: usize, examples: Vec<(String, String, String)> },
     /// Mean loss on the held-out tail of the text.
     Text { val_loss: f32 },
 }
@@ -36,11 +32,7 @@ impl std::fmt::Display for EvalReport {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         match self {
             EvalReport::Addition { correct, total, .. } => {
-                write!(
-                    f,
-                    "held-out accuracy {:.1}% ({correct}/{total})",
-                    100.0 * *correct as f64 / *total as f64
-                )
+                write!(f, "held-out accuracy {:.1}% ({correct}/{total})", 100.0 * *correct as f64 / *total as f64)
             }
             EvalReport::Text { val_loss } => write!(f, "validation loss {val_loss:.4}"),
         }
@@ -75,10 +67,7 @@ impl Trainer {
         let model = Gpt::new(mcfg)?;
         let (data, seq) = match &cfg.data {
             None => {
-                let a = Addition {
-                    digits: cfg.digits,
-                    reverse: cfg.reverse,
-                };
+                let a = Addition { digits: cfg.digits, reverse: cfg.reverse };
                 let natural = a.seq_len() - 1;
                 if cfg.seq.is_some_and(|s| s != natural) {
                     return Err(Error::Train(format!(
@@ -135,10 +124,7 @@ impl Trainer {
         let (b, t) = (self.cfg.batch, self.seq);
         let (x, y) = self.data.batch(self.cfg.seed, self.step, b, t);
         self.model.check_input(&x, b, t)?;
-        let count = y
-            .iter()
-            .filter(|&&v| v != crate::tensor::loss::IGNORE)
-            .count();
+        let count = y.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count();
         if count == 0 {
             return Err(Error::Data("a batch has no target tokens".into()));
         }
@@ -148,36 +134,19 @@ impl Trainer {
         let scale = 1.0 / count as f32;
         let mut loss_sum = 0f64;
         for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
-            let (l, _) = self.model.forward_backward(
-                &self.params,
-                &mut self.grads,
-                xm,
-                ym,
-                mb,
-                t,
-                scale,
-                &mut self.acts,
-            );
+            let (l, _) =
+                self.model.forward_backward(&self.params, &mut self.grads, xm, ym, mb, t, scale, &mut self.acts);
             loss_sum += l;
         }
         let loss = (loss_sum / count as f64) as f32;
         if !loss.is_finite() {
-            return Err(Error::Train(format!(
-                "loss became {loss} at step {}; lower --lr",
-                self.step + 1
-            )));
+            return Err(Error::Train(format!("loss became {loss} at step {}; lower --lr", self.step + 1)));
         }
         let grad_norm = clip_grad_norm(&mut self.grads, self.cfg.grad_clip);
         self.opt.step(&mut self.params, &self.grads, lr);
         self.step += 1;
         self.losses.push(loss);
-        Ok(StepStats {
-            step: self.step,
-            loss,
-            lr,
-            grad_norm,
-            tokens: b * t,
-        })
+        Ok(StepStats { step: self.step, loss, lr, grad_norm, tokens: b * t })
     }
 
     /// Held-out accuracy (addition) or validation loss (text).
@@ -193,18 +162,11 @@ impl Trainer {
                     let ok = a.parse_answer(got) == Some(x + y);
                     correct += ok as usize;
                     if examples.len() < 8 {
-                        let shown = a
-                            .parse_answer(got)
-                            .map(|v| v.to_string())
-                            .unwrap_or_else(|| format!("{got:?}"));
+                        let shown = a.parse_answer(got).map(|v| v.to_string()).unwrap_or_else(|| format!("{got:?}"));
                         examples.push((format!("{x}+{y}"), (x + y).to_string(), shown));
                     }
                 }
-                EvalReport::Addition {
-                    correct,
-                    total: problems.len(),
-                    examples,
-                }
+                EvalReport::Addition { correct, total: problems.len(), examples }
             }
             Dataset::Text(d) => {
                 let t = self.seq;
@@ -217,9 +179,7 @@ impl Trainer {
                     self.model.forward(&self.params, xm, bm, t, &mut self.acts);
                     sum += self.model.loss(ym, &mut self.acts).0;
                 }
-                EvalReport::Text {
-                    val_loss: (sum / y.len() as f64) as f32,
-                }
+                EvalReport::Text { val_loss: (sum / y.len() as f64) as f32 }
             }
         }
     }
@@ -227,9 +187,7 @@ impl Trainer {
     /// The start of the validation text, used as a prompt to show what the model learned.
     pub fn data_prompt(&self) -> String {
         match &self.data {
-            Dataset::Text(d) => self
-                .tokenizer
-                .decode(&d.tokens[d.split..(d.split + 8).min(d.tokens.len())]),
+            Dataset::Text(d) => self.tokenizer.decode(&d.tokens[d.split..(d.split + 8).min(d.tokens.len())]),
             Dataset::Addition(a) => a.prompt(482, 139),
         }
     }
@@ -238,17 +196,8 @@ impl Trainer {
     pub fn save(&self, dir: &Path) -> Result<()> {
         checkpoint::write_atomically(dir, |tmp| {
             let layout = &self.model.layout;
-            checkpoint::save_tensors(
-                &tmp.join(checkpoint::MODEL_FILE),
-                layout,
-                &self.params,
-                "",
-                None,
-            )?;
-            checkpoint::write_json(
-                &tmp.join(checkpoint::CONFIG_FILE),
-                &checkpoint::hf_config(&self.model.cfg),
-            )?;
+            checkpoint::save_tensors(&tmp.join(checkpoint::MODEL_FILE), layout, &self.params, "", None)?;
+            checkpoint::write_json(&tmp.join(checkpoint::CONFIG_FILE), &checkpoint::hf_config(&self.model.cfg))?;
             let meta = HashMap::from([("step".to_string(), self.opt.t.to_string())]);
             save_moments(tmp, layout, &self.opt, meta)?;
             let state = serde_json::json!({
@@ -269,15 +218,17 @@ impl Trainer {
     /// Continues the run saved in `dir`; `steps` may extend it.
     pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
         let path = dir.join(STATE_FILE);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::ckpt(&path, format!("cannot read ({e}); --resume needs a directory written by `brigade train --out`")))?;
-        let state: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Error::ckpt(
+                &path,
+                format!("cannot read ({e}); --resume needs a directory written by `brigade train --out`"),
+            )
+        })?;
+        let state: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
         let mut cfg: TrainConfig = serde_json::from_value(state["config"].clone())
             .map_err(|e| Error::ckpt(&path, format!("bad config ({e})")))?;
-        let step = state["step"]
-            .as_u64()
-            .ok_or_else(|| Error::ckpt(&path, "missing 'step'"))? as usize;
+        let step = state["step"].as_u64().ok_or_else(|| Error::ckpt(&path, "missing 'step'"))? as usize;
         let losses: Vec<f32> = serde_json::from_value(state["losses"].clone())
             .map_err(|e| Error::ckpt(&path, format!("bad losses ({e})")))?;
         if cfg.tokenizer.is_some() {
@@ -289,13 +240,9 @@ impl Trainer {
         let mut tr = Trainer::new(cfg)?;
         let saved = checkpoint::read_model_config(dir)?;
         if saved != tr.model.cfg {
-            return Err(Error::ckpt(
-                dir,
-                "config.json does not match the run's model settings",
-            ));
+            return Err(Error::ckpt(dir, "config.json does not match the run's model settings"));
         }
-        tr.params =
-            checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.model.layout, "")?.0;
+        tr.params = checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.model.layout, "")?.0;
         load_moments(dir, &tr.model.layout, &mut tr.opt)?;
         tr.step = step;
         tr.losses = losses;
@@ -342,30 +289,14 @@ fn moments_layout(layout: &crate::params::ParamLayout) -> crate::params::ParamLa
 }
 
 /// Greedy answers of the model to addition problems, as text (reversed digits + newline).
-pub fn solve_addition(
-    model: &Gpt,
-    params: &[f32],
-    a: &Addition,
-    problems: &[(u64, u64)],
-) -> Vec<String> {
-    let prompts: Vec<Vec<u32>> = problems
-        .iter()
-        .map(|&(x, y)| a.prompt(x, y).bytes().map(u32::from).collect())
-        .collect();
-    let opt = SampleOptions {
-        max_new_tokens: a.digits + 2,
-        temperature: 0.0,
-        top_k: 0,
-        seed: 0,
-        stop: Some(b'\n' as u32),
-    };
+pub fn solve_addition(model: &Gpt, params: &[f32], a: &Addition, problems: &[(u64, u64)]) -> Vec<String> {
+    let prompts: Vec<Vec<u32>> =
+        problems.iter().map(|&(x, y)| a.prompt(x, y).bytes().map(u32::from).collect()).collect();
+    let opt =
+        SampleOptions { max_new_tokens: a.digits + 2, temperature: 0.0, top_k: 0, seed: 0, stop: Some(b'\n' as u32) };
     generate(model, params, &prompts, &opt)
         .iter()
-        .map(|ids| {
-            ids.iter()
-                .map(|&i| i.min(255) as u8 as char)
-                .collect::<String>()
-        })
+        .map(|ids| ids.iter().map(|&i| i.min(255) as u8 as char).collect::<String>())
         .map(|s| match s.find('\n') {
             Some(k) => s[..=k].to_string(),
             None => s,
