@@ -100,3 +100,12 @@ fn micro_batches_sum_to_the_full_batch_gradient() {
     let worst = a.params.iter().zip(&b.params).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-5, "weights differ by {worst}");
 }
+
+#[test]
+fn example_config_parses_and_validates() {
+    let text = std::fs::read_to_string("../../examples/run.toml").unwrap();
+    let c = TrainConfig::from_toml(&text, "examples/run.toml").unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.micro_batch(), 32);
+    assert!(TrainConfig::from_toml("steps = -3", "inline").is_err());
+}

@@ -121,7 +121,10 @@ pub fn hf_config(cfg: &GptConfig) -> serde_json::Value {
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
         "tie_word_embeddings": true,
-        "torch_dtype": "float32"
+        "torch_dtype": "float32",
+        // GPT-2's <|endoftext|> where the vocabulary is GPT-2's; none for byte-level models
+        "bos_token_id": (cfg.vocab_size == 50257).then_some(50256),
+        "eos_token_id": (cfg.vocab_size == 50257).then_some(50256)
     })
 }
 
