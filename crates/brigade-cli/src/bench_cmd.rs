@@ -4,6 +4,24 @@ use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
+    /// Collective bandwidth and latency per message size, in nccl-tests' form, after a memcpy baseline.
+    Comm {
+        /// Ranks (threads) for the local backend; under mpirun the launcher decides.
+        #[arg(long, default_value_t = 2)]
+        ranks: usize,
+        /// local (threads sharing memory) or mpi (run under mpirun; needs --features mpi).
+        #[arg(long, default_value = "local")]
+        backend: String,
+        /// all_reduce, reduce_scatter, all_gather or broadcast.
+        #[arg(long, default_value = "all_reduce")]
+        op: String,
+        #[arg(long, default_value_t = 8)]
+        min_bytes: usize,
+        #[arg(long, default_value_t = 256 << 20)]
+        max_bytes: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// f32 matmul GFLOP/s on the shapes of the PyTorch peer and of GPT-2's backward.
     Matmul {
         #[arg(long, default_value_t = crate::default_threads())]
@@ -38,6 +56,9 @@ pub enum BenchCmd {
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Comm { ranks, backend, op, min_bytes, max_bytes, json } => {
+            crate::comm_bench::run(ranks, &backend, &op, min_bytes, max_bytes, json)
+        }
         BenchCmd::Matmul { threads, reps, json } => {
             if threads == 0 || reps == 0 {
                 bail!("--threads and --reps must be at least 1");

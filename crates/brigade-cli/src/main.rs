@@ -1,6 +1,7 @@
 //! `brigade`: parse, validate, call the library. No logic here that a test could not call.
 
 mod bench_cmd;
+mod comm_bench;
 mod sample_cmd;
 mod train_cmd;
 

@@ -1,0 +1,82 @@
+//! `brigade bench comm`: prints brigade-comm's measurements.
+
+use anyhow::{bail, Result};
+use brigade_comm::bench::{memcpy_gbps, sweep, Op, Row};
+
+const MEMCPY_BYTES: usize = 256 << 20;
+
+pub fn run(ranks: usize, backend: &str, op: &str, min_bytes: usize, max_bytes: usize, json: bool) -> Result<()> {
+    let Some(op_kind) = Op::parse(op) else {
+        bail!("unknown --op '{op}'; use all_reduce, reduce_scatter, all_gather or broadcast");
+    };
+    if min_bytes == 0 || min_bytes > max_bytes {
+        bail!("need 0 < --min-bytes <= --max-bytes");
+    }
+    match backend {
+        "local" => {
+            if ranks == 0 {
+                bail!("--ranks must be at least 1");
+            }
+            let memcpy = memcpy_gbps(MEMCPY_BYTES, 2);
+            let rows = brigade_comm::local::run(ranks, |c| sweep(&c, op_kind, min_bytes, max_bytes, None))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            report("local", ranks, op, memcpy, &rows[0], json);
+            Ok(())
+        }
+        "mpi" => run_mpi(op_kind, op, min_bytes, max_bytes, json),
+        other => bail!("unknown --backend '{other}'; use local or mpi"),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(op_kind: Op, op: &str, min_bytes: usize, max_bytes: usize, json: bool) -> Result<()> {
+    use brigade_comm::{Comm, ReduceOp};
+    let mut backend = brigade_comm::mpi::world(std::time::Duration::from_secs(300))?;
+    backend.set_checked(false); // measure MPI's collectives themselves
+    let raw = std::sync::Arc::new(brigade_comm::mpi::world(std::time::Duration::from_secs(300))?);
+    let comm = Comm::new(Box::new(backend));
+    let memcpy = if comm.rank() == 0 { memcpy_gbps(MEMCPY_BYTES, 2) } else { 0.0 };
+    comm.barrier()?;
+    let f = |a: &[f32], b: &mut [f32]| raw.all_reduce_out_of_place(a, b, ReduceOp::Sum);
+    let rows = sweep(&comm, op_kind, min_bytes, max_bytes, Some(&f))?;
+    if comm.rank() == 0 {
+        report("mpi", comm.size(), op, memcpy, &rows, json);
+    }
+    drop(comm);
+    drop(raw);
+    brigade_comm::mpi::finalize();
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: Op, _: &str, _: usize, _: usize, _: bool) -> Result<()> {
+    bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and run it under mpirun")
+}
+
+fn report(backend: &str, ranks: usize, op: &str, memcpy: f64, rows: &[Row], json: bool) {
+    if json {
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({"bytes": r.bytes, "count": r.count, "algorithm": r.algorithm,
+                    "time_us": r.time_us, "algbw_gbps": r.algbw_gbps, "busbw_gbps": r.busbw_gbps})
+            })
+            .collect();
+        let v = serde_json::json!({"bench": "comm", "backend": backend, "ranks": ranks, "op": op,
+            "memcpy_gbps": memcpy, "rows": rows});
+        println!("{v}");
+        return;
+    }
+    println!("# brigade bench comm: {op}, backend {backend}, {ranks} ranks");
+    println!("# memcpy, 2 threads, 256 MiB: {memcpy:.2} GB/s (an in-memory all-reduce's busbw limit is about half)");
+    println!(
+        "#{:>12} {:>10} {:>10} {:>11} {:>12} {:>12}",
+        "size(B)", "count", "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
+    );
+    for r in rows {
+        println!(
+            " {:>12} {:>10} {:>10} {:>11.2} {:>12.3} {:>12.3}",
+            r.bytes, r.count, r.algorithm, r.time_us, r.algbw_gbps, r.busbw_gbps
+        );
+    }
+}
