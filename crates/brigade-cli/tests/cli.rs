@@ -108,3 +108,28 @@ fn interrupted_and_resumed_cli_run_matches_uninterrupted() {
         std::fs::read(p.join("b/model.safetensors")).unwrap()
     );
 }
+
+#[test]
+fn trains_with_a_hugging_face_tokenizer() {
+    let tok =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/all-MiniLM-L6-v2/tokenizer.json");
+    if !tok.exists() {
+        eprintln!("skipped: {} not found (the shared models folder is absent)", tok.display());
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    std::fs::write(p.join("t.txt"), "the cat sat on the mat and looked at the hat. ".repeat(300)).unwrap();
+    let tok = tok.to_str().unwrap();
+    let mut args = vec!["train", "--data", "t.txt", "--tokenizer", tok, "--seq", "16", "--out", "ck"];
+    args.extend_from_slice(QUICK);
+    let out = brigade(&args, p);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // the vocabulary grew to the tokenizer's, and the tokenizer travels with the checkpoint
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p.join("ck/config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["vocab_size"], 30522);
+    assert!(p.join("ck/tokenizer.json").exists());
+    let out = brigade(&["sample", "--checkpoint", "ck", "--prompt", "the cat", "--max-tokens", "4"], p);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -14,7 +14,19 @@ use crate::{chunk_range, Comm, ReduceOp};
 
 /// Lengths that catch edge cases: empty, one element, primes, sizes not divisible by the
 /// group, and sizes on both sides of the small/large algorithm switch.
-pub const LENGTHS: &[usize] = &[0, 1, 2, 3, 5, 7, 13, 31, 64, 127, 1000, 4099, 16384, 16385, 20011, 100_003];
+pub const FIXED_LENGTHS: &[usize] = &[0, 1, 2, 3, 5, 7, 13, 31, 64, 127, 128, 129, 1000, 4099, 16384, 16385, 20011, 100_003];
+
+/// The fixed lengths plus six drawn at random (the same on every rank: a fixed-seed LCG).
+pub fn lengths() -> Vec<usize> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut v = FIXED_LENGTHS.to_vec();
+    for i in 0..6 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let max = if i < 3 { 300 } else { 60_000 };
+        v.push((x >> 33) as usize % max);
+    }
+    v
+}
 
 /// The value rank `r` holds at index `i` of a buffer of `len` (reproducible on every rank).
 pub fn value(r: usize, i: usize, len: usize) -> f32 {
@@ -73,7 +85,7 @@ fn check_reduced(
 
 pub fn all_reduce(c: &Comm) -> Result<(), String> {
     let (r, n) = (c.rank(), c.size());
-    for &len in LENGTHS {
+    for len in lengths() {
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
             let mut buf = data(r, len);
             c.all_reduce(&mut buf, op).map_err(|e| e.to_string())?;
@@ -85,7 +97,7 @@ pub fn all_reduce(c: &Comm) -> Result<(), String> {
 
 pub fn reduce_scatter(c: &Comm) -> Result<(), String> {
     let (r, n) = (c.rank(), c.size());
-    for &len in LENGTHS {
+    for len in lengths() {
         for op in [ReduceOp::Sum, ReduceOp::Max] {
             let input = data(r, len);
             let mine = chunk_range(len, n, r);
@@ -99,7 +111,7 @@ pub fn reduce_scatter(c: &Comm) -> Result<(), String> {
 
 pub fn all_gather(c: &Comm) -> Result<(), String> {
     let (r, n) = (c.rank(), c.size());
-    for &len in LENGTHS {
+    for len in lengths() {
         let mine = chunk_range(len, n, r);
         let input: Vec<f32> = mine.clone().map(|i| value(r, i, len)).collect();
         let mut out = vec![f32::NAN; len];
@@ -116,7 +128,7 @@ pub fn all_gather(c: &Comm) -> Result<(), String> {
 
 pub fn broadcast(c: &Comm) -> Result<(), String> {
     let (r, n) = (c.rank(), c.size());
-    for &len in LENGTHS {
+    for len in lengths() {
         for root in 0..n {
             let mut buf = data(r, len);
             c.broadcast(&mut buf, root).map_err(|e| e.to_string())?;

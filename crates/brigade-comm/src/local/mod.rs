@@ -20,13 +20,15 @@ use std::time::Duration;
 pub struct LocalConfig {
     /// How long any rank waits for its peers before failing with the names of the missing ones.
     pub timeout: Duration,
-    /// All-reduces up to this many bytes use the one-shot (latency-optimal) algorithm.
+    /// All-reduces up to this many bytes use the one-shot (latency-optimal) algorithm; above
+    /// it the direct one is faster here (measured with `brigade bench comm`: 0.33 vs 0.39 µs at
+    /// 8 B, 0.55 vs 0.44 µs at 1 KiB).
     pub one_shot_max_bytes: usize,
 }
 
 impl Default for LocalConfig {
     fn default() -> Self {
-        LocalConfig { timeout: Duration::from_secs(300), one_shot_max_bytes: 64 << 10 }
+        LocalConfig { timeout: Duration::from_secs(300), one_shot_max_bytes: 512 }
     }
 }
 

@@ -71,3 +71,28 @@ pub fn generate(model: &Gpt, params: &[f32], prompts: &[Vec<u32>], opt: &SampleO
     }
     seqs.iter().zip(prompts).map(|(s, p)| s[p.len()..].to_vec()).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(temperature: f32, top_k: usize) -> SampleOptions {
+        SampleOptions { max_new_tokens: 1, temperature, top_k, seed: 0, stop: None }
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax_and_top_k_never_leaves_the_k_best() {
+        let logits = [0.1, 3.0, 2.9, -1.0, 2.8, 0.0];
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        assert_eq!(pick(&logits, &opts(0.0, 0), &mut rng), 1);
+        let mut seen = [0usize; 6];
+        for _ in 0..3000 {
+            seen[pick(&logits, &opts(1.0, 3), &mut rng) as usize] += 1;
+        }
+        assert_eq!(seen[0] + seen[3] + seen[5], 0, "top-3 sampled outside the top 3: {seen:?}");
+        // frequencies follow softmax over the kept logits: e^3.0 : e^2.9 : e^2.8
+        let z: f64 = [3.0f64, 2.9, 2.8].iter().map(|x| x.exp()).sum();
+        let want = 3000.0 * 3.0f64.exp() / z;
+        assert!((seen[1] as f64 - want).abs() < 0.1 * want, "{seen:?}");
+    }
+}

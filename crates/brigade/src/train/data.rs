@@ -20,8 +20,12 @@ impl Tokenizer {
         if !path.is_file() {
             return Err(Error::Data(format!("tokenizer file {} not found", path.display())));
         }
-        let t = tokenizers::Tokenizer::from_file(path)
+        let mut t = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| Error::Data(format!("{} is not a valid Hugging Face tokenizer.json: {e}", path.display())))?;
+        // A tokenizer.json may carry a model's truncation/padding (BERT's cuts at 512 or 128
+        // tokens): a training corpus is tokenized whole.
+        t.with_truncation(None).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
+        t.with_padding(None);
         Ok(Tokenizer::Hf(Box::new(t), path.to_path_buf()))
     }
 
