@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod comm_bench;
+mod plan_cmd;
 mod sample_cmd;
 mod train_cmd;
 
@@ -20,6 +21,8 @@ enum Cmd {
     Train(Box<train_cmd::TrainArgs>),
     /// Generate text from a checkpoint directory (ours or a Hugging Face GPT-2).
     Sample(sample_cmd::SampleArgs),
+    /// Predict step time, memory and utilisation of 3D layouts on a cluster, and pick the best.
+    Plan(Box<plan_cmd::PlanArgs>),
     /// Measure speed, side by side with a baseline measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -50,6 +53,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Train(a) => train_cmd::run(*a),
         Cmd::Sample(a) => sample_cmd::run(a),
+        Cmd::Plan(a) => plan_cmd::run(*a),
         Cmd::Bench { what } => bench_cmd::run(what),
     };
     if let Err(e) = res {

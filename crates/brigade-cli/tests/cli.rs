@@ -133,3 +133,89 @@ fn trains_with_a_hugging_face_tokenizer() {
     let out = brigade(&["sample", "--checkpoint", "ck", "--prompt", "the cat", "--max-tokens", "4"], p);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn plan_prints_json_with_the_best_layout_and_refuses_bad_input() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let out = brigade(
+        &[
+            "plan",
+            "--model",
+            "gpt3-175b",
+            "--gpu",
+            "a100-80gb",
+            "--gpus",
+            "1024",
+            "--global-batch",
+            "1536",
+            "--tokens",
+            "300e9",
+            "--json",
+        ],
+        p,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let best = &v["best"];
+    for k in [
+        "tp",
+        "pp",
+        "dp",
+        "mb",
+        "v",
+        "recompute",
+        "zero",
+        "step_time_s",
+        "model_tflops_per_gpu",
+        "hw_tflops_per_gpu",
+        "mfu",
+        "memory_gib_per_gpu",
+        "fits",
+    ] {
+        assert!(!best[k].is_null(), "best lacks {k}: {best}");
+    }
+    assert_eq!(best["fits"], true);
+    let gpus = best["tp"].as_u64().unwrap() * best["pp"].as_u64().unwrap() * best["dp"].as_u64().unwrap();
+    assert_eq!(gpus, 1024);
+    assert!(v["train_days"].as_f64().unwrap() > 1.0);
+    assert_eq!(v["single_gpu"]["fits"], false);
+    // a fixed field stays fixed
+    let out = brigade(
+        &[
+            "plan",
+            "--layers",
+            "24",
+            "--hidden",
+            "2048",
+            "--heads",
+            "16",
+            "--seq",
+            "2048",
+            "--vocab",
+            "50257",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--layout",
+            "tp=2,recompute=full",
+            "--json",
+        ],
+        p,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["best"]["tp"], 2);
+    assert_eq!(v["best"]["recompute"], "full");
+    let base = ["plan", "--gpus", "8", "--global-batch", "16"];
+    let with =
+        |extra: &[&'static str]| -> Vec<&'static str> { base.iter().copied().chain(extra.iter().copied()).collect() };
+    fails_with(&with(&["--model", "gpt5"]), p, "known: gpt2-small");
+    fails_with(&with(&["--model", "gpt3-13b", "--gpu", "tpu"]), p, "known: a100-40gb");
+    fails_with(&with(&["--model", "gpt3-13b", "--hidden", "1024"]), p, "--hidden contradicts --model");
+    fails_with(&with(&["--model", "gpt3-13b", "--layout", "tp=16"]), p, "does not match --gpus");
+    fails_with(&with(&["--model", "gpt3-13b", "--layout", "tp=2,foo=1"]), p, "unknown layout field 'foo'");
+    fails_with(&with(&["--model", "llama3-405b", "--gpu", "a100-40gb"]), p, "the smallest needs");
+    fails_with(&with(&["--layers", "2"]), p, "--hidden is required");
+}

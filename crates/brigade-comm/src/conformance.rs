@@ -14,7 +14,8 @@ use crate::{chunk_range, Comm, ReduceOp};
 
 /// Lengths that catch edge cases: empty, one element, primes, sizes not divisible by the
 /// group, and sizes on both sides of the small/large algorithm switch.
-pub const FIXED_LENGTHS: &[usize] = &[0, 1, 2, 3, 5, 7, 13, 31, 64, 127, 128, 129, 1000, 4099, 16384, 16385, 20011, 100_003];
+pub const FIXED_LENGTHS: &[usize] =
+    &[0, 1, 2, 3, 5, 7, 13, 31, 64, 127, 128, 129, 1000, 4099, 16384, 16385, 20011, 100_003];
 
 /// The fixed lengths plus six drawn at random (the same on every rank: a fixed-seed LCG).
 pub fn lengths() -> Vec<usize> {

@@ -6,6 +6,7 @@ pub mod error;
 pub mod models;
 pub mod nn;
 pub mod params;
+pub mod plan;
 pub mod tensor;
 pub mod train;
 

@@ -1,0 +1,259 @@
+//! `brigade plan`: predicts the cost of 3D layouts of a model on a cluster and picks the best.
+
+use anyhow::{bail, Result};
+use brigade::plan::catalog::{accelerator, model, ModelShape};
+use brigade::plan::{estimate, search, Estimate, Fixed, Layout, Recompute, Training};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Model preset (gpt2-*, gpt3-125m … gpt3-175b, megatron-1.7b … megatron-1t, llama2-*, llama3-*).
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long)]
+    hidden: Option<usize>,
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Key/value heads (grouped-query attention); default: --heads.
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    /// MLP width; default 4·hidden.
+    #[arg(long)]
+    ffn: Option<usize>,
+    /// Gated (SwiGLU) MLP.
+    #[arg(long)]
+    swiglu: bool,
+    /// Sequence length (with --model: overrides the preset's).
+    #[arg(long)]
+    seq: Option<usize>,
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Accelerator: a100-40gb, a100-80gb, h100-sxm, h200, b200.
+    #[arg(long, default_value = "h100-sxm")]
+    gpu: String,
+    /// Override the accelerator's dense 16-bit peak (TFLOP/s).
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+    #[arg(long)]
+    hbm_gib: Option<f64>,
+    /// HBM bandwidth (TB/s).
+    #[arg(long)]
+    hbm_tbps: Option<f64>,
+    /// NVLink bandwidth per GPU per direction (GB/s).
+    #[arg(long)]
+    nvlink_gbps: Option<f64>,
+    /// Network bandwidth per GPU per direction (GB/s).
+    #[arg(long)]
+    net_gbps: Option<f64>,
+    #[arg(long)]
+    gpus_per_node: Option<usize>,
+    /// Total GPUs.
+    #[arg(long)]
+    gpus: usize,
+    /// Global batch in sequences.
+    #[arg(long)]
+    global_batch: usize,
+    /// Fix some layout fields, e.g. tp=8,pp=4,dp=32,mb=2,v=3,recompute=full,zero=1; the rest are searched.
+    #[arg(long)]
+    layout: Option<String>,
+    /// Tokens to train on (e.g. 300e9): prints the time to train.
+    #[arg(long)]
+    tokens: Option<f64>,
+    /// Attention without a fused (flash) kernel: s×s scores are stored.
+    #[arg(long)]
+    no_flash_attention: bool,
+    /// Layouts shown in the table.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+fn shape(a: &PlanArgs) -> Result<ModelShape> {
+    let explicit = [
+        ("--layers", a.layers.is_some()),
+        ("--hidden", a.hidden.is_some()),
+        ("--heads", a.heads.is_some()),
+        ("--kv-heads", a.kv_heads.is_some()),
+        ("--ffn", a.ffn.is_some()),
+        ("--swiglu", a.swiglu),
+        ("--vocab", a.vocab.is_some()),
+    ];
+    if let Some(name) = &a.model {
+        if let Some((flag, _)) = explicit.iter().find(|(_, set)| *set) {
+            bail!(
+                "{flag} contradicts --model {name}; give either a preset (optionally with --seq) or an explicit shape"
+            );
+        }
+        let mut m = model(name)?;
+        if let Some(s) = a.seq {
+            m.seq = s;
+        }
+        return Ok(m);
+    }
+    let need = |v: Option<usize>, flag: &str| v.ok_or_else(|| anyhow::anyhow!("{flag} is required without --model"));
+    let (layers, hidden, heads) = (need(a.layers, "--layers")?, need(a.hidden, "--hidden")?, need(a.heads, "--heads")?);
+    let m = ModelShape {
+        layers,
+        hidden,
+        heads,
+        kv_heads: a.kv_heads.unwrap_or(heads),
+        ffn: a.ffn.unwrap_or(4 * hidden),
+        swiglu: a.swiglu,
+        seq: need(a.seq, "--seq")?,
+        vocab: need(a.vocab, "--vocab")?,
+    };
+    if [m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.seq, m.vocab].contains(&0) {
+        bail!("model dimensions must be positive");
+    }
+    if !m.hidden.is_multiple_of(m.heads) || !m.heads.is_multiple_of(m.kv_heads) {
+        bail!(
+            "--hidden ({}) must be divisible by --heads ({}), and --heads by --kv-heads ({})",
+            m.hidden,
+            m.heads,
+            m.kv_heads
+        );
+    }
+    Ok(m)
+}
+
+fn layout_json(e: &Estimate) -> serde_json::Value {
+    let l = e.layout;
+    serde_json::json!({
+        "tp": l.tp, "pp": l.pp, "dp": l.dp, "mb": l.mb, "v": l.v, "recompute": l.recompute, "zero": l.zero,
+        "step_time_s": e.step_time_s, "model_tflops_per_gpu": e.model_tflops_per_gpu,
+        "hw_tflops_per_gpu": e.hw_tflops_per_gpu, "mfu": e.mfu, "memory_gib_per_gpu": e.memory_gib_per_gpu,
+        "fits": e.fits, "breakdown": e.breakdown,
+    })
+}
+
+fn human_time(s: f64) -> String {
+    match s {
+        s if s < 3600.0 => format!("{:.1} minutes", s / 60.0),
+        s if s < 2.0 * 86400.0 => format!("{:.1} hours", s / 3600.0),
+        s if s < 730.0 * 86400.0 => format!("{:.1} days", s / 86400.0),
+        s => format!("{:.1} years", s / (365.25 * 86400.0)),
+    }
+}
+
+pub fn run(a: PlanArgs) -> Result<()> {
+    let m = shape(&a)?;
+    let mut acc = accelerator(&a.gpu)?;
+    for (v, slot) in [
+        (a.peak_tflops, &mut acc.peak_tflops),
+        (a.hbm_gib, &mut acc.hbm_gib),
+        (a.hbm_tbps, &mut acc.hbm_tbps),
+        (a.nvlink_gbps, &mut acc.nvlink_gbps),
+        (a.net_gbps, &mut acc.net_gbps),
+    ] {
+        if let Some(x) = v {
+            if !(x.is_finite() && x > 0.0) {
+                bail!("accelerator figures must be positive numbers, got {x}");
+            }
+            *slot = x;
+        }
+    }
+    if let Some(g) = a.gpus_per_node {
+        acc.gpus_per_node = g.max(1);
+    }
+    if a.gpus == 0 || a.global_batch == 0 {
+        bail!("--gpus and --global-batch must be at least 1");
+    }
+    let fixed = match &a.layout {
+        Some(s) => Fixed::parse(s)?,
+        None => Fixed::default(),
+    };
+    let product = fixed.tp.unwrap_or(1) * fixed.pp.unwrap_or(1) * fixed.dp.unwrap_or(1);
+    if !a.gpus.is_multiple_of(product)
+        || (fixed.tp.is_some() && fixed.pp.is_some() && fixed.dp.is_some() && product != a.gpus)
+    {
+        bail!("--layout tp·pp·dp = {product} does not match --gpus {}", a.gpus);
+    }
+    let t = Training { global_batch: a.global_batch, flash_attention: !a.no_flash_attention };
+    let ranked = search(&m, &acc, a.gpus, &t, &fixed)?;
+    let best = ranked[0];
+    let tokens_per_step = (a.global_batch * m.seq) as f64;
+    let train_s = a.tokens.map(|n| best.step_time_s * n / tokens_per_step);
+    // The same job on one GPU: gradient accumulation of micro-batches of 1, full recompute.
+    let one = estimate(&m, &acc, &t, &Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::Full, zero: 0 });
+    let one_train_s = a.tokens.map(|n| one.step_time_s * n / tokens_per_step);
+    if a.json {
+        let v = serde_json::json!({
+            "model": m, "accelerator": acc, "gpus": a.gpus, "global_batch": a.global_batch,
+            "best": layout_json(&best),
+            "tokens_per_s": tokens_per_step / best.step_time_s,
+            "train_days": train_s.map(|s| s / 86400.0),
+            "top": ranked.iter().take(a.top).map(layout_json).collect::<Vec<_>>(),
+            "single_gpu": {"memory_gib": one.memory_gib_per_gpu, "fits": one.fits, "step_time_s": one.step_time_s,
+                           "train_years": one_train_s.map(|s| s / (365.25 * 86400.0))},
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    let (p_layer, p_embed) = brigade::plan::cost::params(&m);
+    println!(
+        "model: {} layers, hidden {}, {} heads ({} kv), ffn {}{}, seq {}, vocab {} — {:.2}B parameters",
+        m.layers,
+        m.hidden,
+        m.heads,
+        m.kv_heads,
+        m.ffn,
+        if m.swiglu { " (SwiGLU)" } else { "" },
+        m.seq,
+        m.vocab,
+        (m.layers as f64 * p_layer + p_embed) / 1e9
+    );
+    println!(
+        "cluster: {} × {} ({:.0} TFLOP/s, {:.0} GiB, {:.2} TB/s; NVLink {:.0} GB/s, network {:.0} GB/s per GPU, {} per node); global batch {}",
+        a.gpus, a.gpu, acc.peak_tflops, acc.hbm_gib, acc.hbm_tbps, acc.nvlink_gbps, acc.net_gbps, acc.gpus_per_node, a.global_batch
+    );
+    println!("{} layouts fit; fastest first:", ranked.len());
+    println!(
+        "{:>4} {:>4} {:>5} {:>3} {:>2} {:>10} {:>4} {:>9} {:>9} {:>6} {:>8}",
+        "tp", "pp", "dp", "mb", "v", "recompute", "zero", "step (s)", "TFLOP/s", "MFU", "mem GiB"
+    );
+    for e in ranked.iter().take(a.top) {
+        let l = e.layout;
+        println!(
+            "{:>4} {:>4} {:>5} {:>3} {:>2} {:>10} {:>4} {:>9.3} {:>9.1} {:>5.1}% {:>8.1}",
+            l.tp,
+            l.pp,
+            l.dp,
+            l.mb,
+            l.v,
+            format!("{:?}", l.recompute).to_lowercase(),
+            l.zero,
+            e.step_time_s,
+            e.model_tflops_per_gpu,
+            100.0 * e.mfu,
+            e.memory_gib_per_gpu
+        );
+    }
+    let b = best.breakdown;
+    println!(
+        "best: step {:.3} s = compute {:.3} + tp comm {:.3} + pp bubble {:.3} + p2p {:.3} + exposed dp comm {:.3} + optimizer {:.3}",
+        best.step_time_s, b.compute_s, b.tp_comm_s, b.pp_bubble_s, b.p2p_s, b.dp_exposed_s, b.optimizer_s
+    );
+    println!(
+        "      {:.1} model TFLOP/s per GPU ({:.1} with recomputation), MFU {:.1}%, {:.1} GiB per GPU, {:.0} tokens/s",
+        best.model_tflops_per_gpu,
+        best.hw_tflops_per_gpu,
+        100.0 * best.mfu,
+        best.memory_gib_per_gpu,
+        tokens_per_step / best.step_time_s
+    );
+    if let (Some(n), Some(s), Some(s1)) = (a.tokens, train_s, one_train_s) {
+        println!("training on {n:.3e} tokens: {} on {} GPUs", human_time(s), a.gpus);
+        println!(
+            "  on one {}: {} — and it {} ({:.0} GiB needed, {:.0} GiB there)",
+            a.gpu,
+            human_time(s1),
+            if one.fits { "fits" } else { "does not fit" },
+            one.memory_gib_per_gpu,
+            acc.hbm_gib
+        );
+    }
+    Ok(())
+}

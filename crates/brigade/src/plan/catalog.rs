@@ -1,0 +1,136 @@
+//! Named models and accelerators the planner knows. Figures are the vendors' and papers'.
+
+use crate::error::{Error, Result};
+use serde::Serialize;
+
+/// A dense decoder-only transformer's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ModelShape {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention); `heads` for multi-head attention.
+    pub kv_heads: usize,
+    /// MLP width.
+    pub ffn: usize,
+    /// Gated MLP (SwiGLU): three matrices instead of two.
+    pub swiglu: bool,
+    pub seq: usize,
+    pub vocab: usize,
+}
+
+const fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
+    ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab }
+}
+
+#[allow(clippy::too_many_arguments)]
+const fn llama(
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    kv: usize,
+    ffn: usize,
+    seq: usize,
+    vocab: usize,
+) -> ModelShape {
+    ModelShape { layers, hidden, heads, kv_heads: kv, ffn, swiglu: true, seq, vocab }
+}
+
+pub const MODELS: &[(&str, ModelShape)] = &[
+    ("gpt2-small", gpt(12, 768, 12, 1024, 50257)),
+    ("gpt2-medium", gpt(24, 1024, 16, 1024, 50257)),
+    ("gpt2-large", gpt(36, 1280, 20, 1024, 50257)),
+    ("gpt2-xl", gpt(48, 1600, 25, 1024, 50257)),
+    // GPT-3 (Brown et al. 2020, Table 2.1; 1.3B with 16 heads of 128 so heads divide the width)
+    ("gpt3-125m", gpt(12, 768, 12, 2048, 50257)),
+    ("gpt3-350m", gpt(24, 1024, 16, 2048, 50257)),
+    ("gpt3-760m", gpt(24, 1536, 16, 2048, 50257)),
+    ("gpt3-1.3b", gpt(24, 2048, 16, 2048, 50257)),
+    ("gpt3-2.7b", gpt(32, 2560, 32, 2048, 50257)),
+    ("gpt3-6.7b", gpt(32, 4096, 32, 2048, 50257)),
+    ("gpt3-13b", gpt(40, 5120, 40, 2048, 50257)),
+    ("gpt3-175b", gpt(96, 12288, 96, 2048, 50257)),
+    // Megatron-LM paper (Narayanan et al. 2021, Table 1)
+    ("megatron-1.7b", gpt(24, 2304, 24, 2048, 51200)),
+    ("megatron-3.6b", gpt(30, 3072, 32, 2048, 51200)),
+    ("megatron-7.5b", gpt(36, 4096, 32, 2048, 51200)),
+    ("megatron-18.4b", gpt(40, 6144, 48, 2048, 51200)),
+    ("megatron-39.1b", gpt(48, 8192, 64, 2048, 51200)),
+    ("megatron-76.1b", gpt(60, 10240, 80, 2048, 51200)),
+    ("megatron-145.6b", gpt(80, 12288, 96, 2048, 51200)),
+    ("megatron-310.1b", gpt(96, 16384, 128, 2048, 51200)),
+    ("megatron-529.6b", gpt(105, 20480, 128, 2048, 51200)),
+    ("megatron-1t", gpt(128, 25600, 160, 2048, 51200)),
+    // Llama 2 (Touvron et al. 2023) and Llama 3 (Dubey et al. 2024)
+    ("llama2-7b", llama(32, 4096, 32, 32, 11008, 4096, 32000)),
+    ("llama2-13b", llama(40, 5120, 40, 40, 13824, 4096, 32000)),
+    ("llama2-70b", llama(80, 8192, 64, 8, 28672, 4096, 32000)),
+    ("llama3-8b", llama(32, 4096, 32, 8, 14336, 8192, 128256)),
+    ("llama3-70b", llama(80, 8192, 64, 8, 28672, 8192, 128256)),
+    ("llama3-405b", llama(126, 16384, 128, 8, 53248, 8192, 128256)),
+];
+
+/// One accelerator and the node it sits in.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Accelerator {
+    /// Dense 16-bit (bf16/fp16) peak, TFLOP/s.
+    pub peak_tflops: f64,
+    pub hbm_gib: f64,
+    /// HBM bandwidth, TB/s.
+    pub hbm_tbps: f64,
+    /// NVLink/NVSwitch bandwidth per GPU per direction, GB/s.
+    pub nvlink_gbps: f64,
+    /// Network (InfiniBand/RoCE) bandwidth per GPU per direction, GB/s.
+    pub net_gbps: f64,
+    pub gpus_per_node: usize,
+    /// Fraction of peak that large matrix products reach (cuBLAS-class kernels), and that the
+    /// attention core reaches; calibrated once per GPU generation against published runs.
+    pub gemm_efficiency: f64,
+    pub attention_efficiency: f64,
+}
+
+const A100: Accelerator = Accelerator {
+    peak_tflops: 312.0,
+    hbm_gib: 80.0,
+    hbm_tbps: 2.039,
+    nvlink_gbps: 300.0,
+    net_gbps: 25.0,
+    gpus_per_node: 8,
+    gemm_efficiency: 0.70,
+    attention_efficiency: 0.50,
+};
+
+const H100: Accelerator = Accelerator {
+    peak_tflops: 989.0,
+    hbm_gib: 80.0,
+    hbm_tbps: 3.35,
+    nvlink_gbps: 450.0,
+    net_gbps: 50.0,
+    gpus_per_node: 8,
+    gemm_efficiency: 0.80,
+    attention_efficiency: 0.40,
+};
+
+pub const ACCELERATORS: &[(&str, Accelerator)] = &[
+    ("a100-40gb", Accelerator { hbm_gib: 40.0, hbm_tbps: 1.555, ..A100 }),
+    ("a100-80gb", A100),
+    ("h100-sxm", H100),
+    ("h200", Accelerator { hbm_gib: 141.0, hbm_tbps: 4.8, ..H100 }),
+    // B200: 2.25 PFLOP/s dense bf16, NVLink 5; efficiencies assumed as H100's (no published anchor yet).
+    ("b200", Accelerator { peak_tflops: 2250.0, hbm_gib: 180.0, hbm_tbps: 8.0, nvlink_gbps: 900.0, ..H100 }),
+];
+
+fn lookup<T: Copy>(table: &[(&str, T)], name: &str, what: &str) -> Result<T> {
+    table.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| *v).ok_or_else(|| {
+        let known: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+        Error::Config(format!("unknown {what} '{name}'; known: {}", known.join(", ")))
+    })
+}
+
+pub fn model(name: &str) -> Result<ModelShape> {
+    lookup(MODELS, name, "model")
+}
+
+pub fn accelerator(name: &str) -> Result<Accelerator> {
+    lookup(ACCELERATORS, name, "accelerator")
+}

@@ -1,0 +1,248 @@
+//! The cost model: FLOPs, memory and step time of one layout. Pure functions, one formula
+//! for every model, cluster and layout; the constants below are global (not per run).
+
+use super::catalog::{Accelerator, ModelShape};
+use serde::Serialize;
+
+/// Matrix products whose smallest per-GPU dimension is `x` run at `x / (x + SHAPE_X0)` of the
+/// large-matrix efficiency: slicing the hidden size over many tensor-parallel GPUs costs.
+const SHAPE_X0: f64 = 128.0;
+/// Bytes of memory traffic of the non-matmul operations (LayerNorm, activations, residuals,
+/// dropout, softmax bookkeeping) per byte of stored activation, forward pass.
+const ELEMENTWISE_TRAFFIC: f64 = 8.0;
+/// Latency of one collective or message step (α of the α–β model), seconds.
+const ALPHA_S: f64 = 5e-6;
+/// Framework overhead per GPU (CUDA context, workspaces, fragmentation), GiB.
+const RESERVED_GIB: f64 = 2.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    None,
+    Selective,
+    Full,
+}
+
+impl Recompute {
+    pub fn parse(s: &str) -> Option<Recompute> {
+        match s {
+            "none" => Some(Recompute::None),
+            "selective" => Some(Recompute::Selective),
+            "full" => Some(Recompute::Full),
+            _ => None,
+        }
+    }
+}
+
+/// A 3D layout: tensor × pipeline × data parallel degrees, micro-batch size, virtual
+/// pipeline stages per GPU (1: 1F1B, more: interleaved 1F1B), recomputation, ZeRO stage.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Layout {
+    pub tp: usize,
+    pub pp: usize,
+    pub dp: usize,
+    pub mb: usize,
+    pub v: usize,
+    pub recompute: Recompute,
+    pub zero: u8,
+}
+
+/// The run: global batch in sequences, and whether attention is a fused (flash) kernel that
+/// keeps no s×s scores.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Training {
+    pub global_batch: usize,
+    pub flash_attention: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// Forward, backward and recomputation on the busiest stage, all micro-batches.
+    pub compute_s: f64,
+    pub tp_comm_s: f64,
+    pub pp_bubble_s: f64,
+    pub p2p_s: f64,
+    /// Data-parallel gradient reduction not hidden behind the last backward.
+    pub dp_exposed_s: f64,
+    pub optimizer_s: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub layout: Layout,
+    pub step_time_s: f64,
+    pub breakdown: Breakdown,
+    /// TFLOP/s per GPU counting the model's FLOPs (no recomputation).
+    pub model_tflops_per_gpu: f64,
+    /// TFLOP/s per GPU counting what the hardware executes (recomputation included).
+    pub hw_tflops_per_gpu: f64,
+    pub mfu: f64,
+    pub memory_gib_per_gpu: f64,
+    pub fits: bool,
+}
+
+/// FLOPs per token of one layer's forward pass: (matrix products, attention core).
+pub fn layer_flops_per_token(m: &ModelShape) -> (f64, f64) {
+    let (h, s) = (m.hidden as f64, m.seq as f64);
+    let hkv = h * m.kv_heads as f64 / m.heads as f64;
+    let mlp = if m.swiglu { 3.0 } else { 2.0 };
+    let lin = 2.0 * h * (h + 2.0 * hkv) + 2.0 * h * h + 2.0 * h * m.ffn as f64 * mlp;
+    // q·kᵀ and p·v over the full s×s square, as the Megatron-LM paper counts
+    (lin, 4.0 * s * h)
+}
+
+/// Parameters: per layer, and the embedding (tied with the LM head).
+pub fn params(m: &ModelShape) -> (f64, f64) {
+    let (lin, _) = layer_flops_per_token(m);
+    (lin / 2.0, (m.vocab * m.hidden) as f64)
+}
+
+/// Training FLOPs of one step: (model FLOPs, hardware FLOPs incl. recomputation).
+/// For GPT shapes the first is 72·B·s·l·h²·(1 + s/6h + V/12lh) and, with full recomputation,
+/// the second is the Megatron-LM paper's 96·B·s·l·h²·(1 + s/6h + V/16lh).
+pub fn step_flops(m: &ModelShape, batch: usize, rec: Recompute) -> (f64, f64) {
+    let (lin, att) = layer_flops_per_token(m);
+    let l = m.layers as f64;
+    let tokens = (batch * m.seq) as f64;
+    let head = 2.0 * (m.hidden * m.vocab) as f64;
+    let model = 3.0 * tokens * (l * (lin + att) + head);
+    let extra = match rec {
+        Recompute::None => 0.0,
+        Recompute::Selective => l * att,
+        Recompute::Full => l * (lin + att),
+    };
+    (model, model + tokens * extra)
+}
+
+/// Bytes of activations one layer stores per token (16-bit, Korthikanti et al. 2022,
+/// generalised to grouped-query attention and any MLP width), before tensor parallelism.
+fn activation_bytes_per_token(m: &ModelShape, t: &Training, rec: Recompute) -> f64 {
+    let h = m.hidden as f64;
+    let hkv = h * m.kv_heads as f64 / m.heads as f64;
+    let f = m.ffn as f64;
+    let attention = 7.0 * h + 4.0 * hkv; // qkv input, q, k, v, projection input, dropout mask
+    let mlp = if m.swiglu { 3.0 * h + 6.0 * f } else { 3.0 * h + 4.0 * f };
+    let norms = 4.0 * h;
+    let scores = if t.flash_attention || rec != Recompute::None { 0.0 } else { 5.0 * (m.heads * m.seq) as f64 };
+    attention + mlp + norms + scores
+}
+
+fn layers_per_stage(m: &ModelShape, l: &Layout) -> usize {
+    m.layers.div_ceil(l.pp * l.v) * l.v
+}
+
+/// Whether the layout's groups leave a node, with ranks ordered tp (innermost), dp, pp.
+fn spans(group_stride: usize, group_size: usize, gpn: usize) -> bool {
+    group_stride * group_size > gpn
+}
+
+/// Ring collective time: α per step plus `factor` · bytes / bandwidth.
+fn ring(n: usize, bytes: f64, bw_gbps: f64, factor: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    2.0 * (n - 1) as f64 * ALPHA_S + factor * (n - 1) as f64 / n as f64 * bytes / (bw_gbps * 1e9)
+}
+
+/// Memory per GPU (GiB) on the most loaded stage.
+pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
+    let (per_layer, embed) = params(m);
+    let lps = layers_per_stage(m, l) as f64;
+    let tp = l.tp as f64;
+    let p = (lps * per_layer + embed) / tp;
+    let dp = l.dp as f64;
+    // mixed-precision Adam: 2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v) bytes/param
+    let state = match l.zero {
+        0 => 16.0,
+        1 => 4.0 + 12.0 / dp,
+        2 => 2.0 + 14.0 / dp,
+        _ => 16.0 / dp,
+    } * p;
+    let tokens = (l.mb * m.seq) as f64;
+    let per_layer_act = tokens * activation_bytes_per_token(m, t, l.recompute) / tp; // sequence parallel
+    let stored = match l.recompute {
+        Recompute::Full => 2.0 * tokens * m.hidden as f64 / tp, // the layer input only
+        _ => per_layer_act,
+    };
+    let micro_batches = (t.global_batch / (l.dp * l.mb)) as f64;
+    let pp = l.pp as f64;
+    // 1F1B keeps pp micro-batches in flight on the first stage; interleaving adds (pp−1)/(pp·v).
+    let in_flight = match (l.pp, l.v) {
+        (1, _) => 1.0,
+        (_, 1) => pp.min(micro_batches),
+        (_, v) => (pp * (1.0 + (pp - 1.0) / (pp * v as f64))).min(micro_batches * v as f64),
+    };
+    let recompute_working_set = if l.recompute == Recompute::Full { per_layer_act } else { 0.0 };
+    let logits = tokens * m.vocab as f64 / tp * 6.0; // bf16 logits + fp32 softmax on the last stage
+    let act = lps * stored * in_flight + recompute_working_set + logits;
+    (state + act) / (1u64 << 30) as f64 + RESERVED_GIB
+}
+
+/// Step time and utilisation of one layout (the layout must be valid: see `search`).
+pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Estimate {
+    let (lin, att) = layer_flops_per_token(m);
+    let peak = a.peak_tflops * 1e12;
+    let tp = l.tp as f64;
+    let tokens = (l.mb * m.seq) as f64;
+    let x = m.hidden as f64 / tp;
+    let gemm_eff = a.gemm_efficiency * x / (x + SHAPE_X0);
+    let t_lin = tokens * lin / tp / (peak * gemm_eff);
+    let t_att = tokens * att / tp / (peak * a.attention_efficiency);
+    let stored = tokens * activation_bytes_per_token(m, t, Recompute::Full) / tp;
+    let t_mem = ELEMENTWISE_TRAFFIC * stored / (a.hbm_tbps * 1e12);
+    let fwd = t_lin + t_att + t_mem;
+    let bwd = 2.0 * fwd;
+    let rec = match l.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => t_att,
+        Recompute::Full => fwd,
+    };
+    // Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather) forward, 2 backward,
+    // 2 more when the forward is recomputed, of the layer's activations.
+    let gpn = a.gpus_per_node;
+    let act_bytes = tokens * m.hidden as f64 * 2.0;
+    let tp_bw = if spans(1, l.tp, gpn) { a.net_gbps } else { a.nvlink_gbps };
+    let n_tp = if l.recompute == Recompute::Full { 6.0 } else { 4.0 };
+    let tp_per_layer = n_tp * ring(l.tp, act_bytes, tp_bw, 2.0);
+    let lps = layers_per_stage(m, l) as f64;
+    let head = 3.0 * tokens * 2.0 * (m.hidden * m.vocab) as f64 / tp / (peak * gemm_eff);
+    let compute_mb = lps * (fwd + bwd + rec) + head;
+    let tp_mb = lps * tp_per_layer;
+    let stage_mb = compute_mb + tp_mb;
+    let micro = (t.global_batch / (l.dp * l.mb)) as f64;
+    let bubble = (l.pp - 1) as f64 / l.v as f64 * stage_mb;
+    // Pipeline point-to-point: activations forward and gradients back, per chunk and micro-batch.
+    let pp_bw = if l.tp * l.dp >= gpn { a.net_gbps } else { a.nvlink_gbps };
+    let p2p = if l.pp > 1 { 2.0 * l.v as f64 * micro * (ALPHA_S + act_bytes / tp / (pp_bw * 1e9)) } else { 0.0 };
+    // Data parallel: gradients of this GPU's parameters (bf16), hidden behind the last backward.
+    let (per_layer, embed) = params(m);
+    let p_gpu = (lps * per_layer + embed) / tp;
+    let dp_bw = if spans(l.tp, l.dp, gpn) { a.net_gbps } else { a.nvlink_gbps };
+    let zero_factor = if l.zero >= 3 { 1.5 } else { 1.0 };
+    let dp_time = zero_factor * ring(l.dp, 2.0 * p_gpu, dp_bw, 2.0);
+    let dp_exposed = (dp_time - lps * bwd).max(0.0);
+    let opt_params = if l.zero >= 1 { p_gpu / l.dp as f64 } else { p_gpu };
+    let optimizer = 16.0 * opt_params / (a.hbm_tbps * 1e12);
+    let breakdown = Breakdown {
+        compute_s: micro * compute_mb,
+        tp_comm_s: micro * tp_mb,
+        pp_bubble_s: bubble,
+        p2p_s: p2p,
+        dp_exposed_s: dp_exposed,
+        optimizer_s: optimizer,
+    };
+    let step = micro * stage_mb + bubble + p2p + dp_exposed + optimizer;
+    let gpus = (l.tp * l.pp * l.dp) as f64;
+    let (fm, fh) = step_flops(m, t.global_batch, l.recompute);
+    let mem = memory_gib(m, t, l);
+    Estimate {
+        layout: *l,
+        step_time_s: step,
+        breakdown,
+        model_tflops_per_gpu: fm / gpus / step / 1e12,
+        hw_tflops_per_gpu: fh / gpus / step / 1e12,
+        mfu: fm / gpus / step / peak,
+        memory_gib_per_gpu: mem,
+        fits: mem <= a.hbm_gib,
+    }
+}

@@ -1,0 +1,80 @@
+//! The planner against published training runs (../shared/anchors/published_runs.tsv): on each
+//! row's own layout the predicted TFLOP/s per GPU, of the row's kind (hardware or model FLOPs),
+//! must be within ±15% of the published figure; the planner's own choice must fit and be
+//! predicted at least as fast. Fields a row does not publish (micro-batch, interleaving,
+//! recomputation) are searched, as `--layout` does with missing fields.
+
+use brigade::plan::catalog::{accelerator, ModelShape};
+use brigade::plan::{rank_all, search, Fixed, Recompute, Training};
+use std::collections::HashMap;
+
+const TSV: &str = "../../../shared/anchors/published_runs.tsv";
+
+#[test]
+fn predictions_match_published_runs() {
+    let Ok(text) = std::fs::read_to_string(TSV) else {
+        eprintln!("skipped: {TSV} not found (the shared anchors are absent)");
+        return;
+    };
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
+    let mut worst = 0f64;
+    let mut report = Vec::new();
+    for line in lines.filter(|l| !l.trim().is_empty()) {
+        let cells: Vec<&str> = line.split('\t').collect();
+        let row: HashMap<&str, &str> = header.iter().copied().zip(cells.iter().copied()).collect();
+        let num = |k: &str| row[k].trim().parse::<usize>().ok();
+        let hidden = num("hidden").unwrap();
+        let heads = num("heads").unwrap();
+        let m = ModelShape {
+            layers: num("layers").unwrap(),
+            hidden,
+            heads,
+            kv_heads: num("kv_heads").unwrap_or(heads),
+            ffn: num("ffn_hidden").unwrap_or(4 * hidden),
+            swiglu: row["model"].contains("Llama"),
+            seq: num("seq_len").unwrap(),
+            vocab: num("vocab").unwrap(),
+        };
+        let gpu = if row["gpu_type"].contains("H100") { "h100-sxm" } else { "a100-80gb" };
+        let a = accelerator(gpu).unwrap();
+        let t = Training { global_batch: num("global_batch_seqs").unwrap(), flash_attention: true };
+        let recompute = row["recompute"].split_whitespace().next().and_then(Recompute::parse);
+        let fixed = Fixed {
+            tp: num("tp"),
+            pp: num("pp"),
+            dp: num("dp"),
+            mb: num("microbatch"),
+            v: num("interleave"),
+            recompute,
+            zero: None,
+        };
+        let gpus = num("gpus").unwrap();
+        // The run happened, so it fit in reality: its unpublished fields (tuned by its authors)
+        // are searched among all layouts; the report says where our memory model disagrees.
+        let theirs = rank_all(&m, &a, gpus, &t, &fixed);
+        assert!(!theirs.is_empty(), "{}: the published layout is not a valid layout", row["id"]);
+        let e = theirs[0];
+        let hardware = row["tflops_kind"].starts_with("hardware");
+        let predicted = if hardware { e.hw_tflops_per_gpu } else { e.model_tflops_per_gpu };
+        let published: f64 = row["tflops_per_gpu"].parse().unwrap();
+        let err = predicted / published - 1.0;
+        worst = worst.max(err.abs());
+        let ours =
+            search(&m, &a, gpus, &t, &Fixed::default()).unwrap_or_else(|e| panic!("{}: free search: {e}", row["id"]));
+        report.push(format!(
+            "{:<15} published {published:6.1} predicted {predicted:6.1} ({:+5.1}%)  layout {:?} {:.1} GiB{}  own choice {:.2}s vs {:.2}s",
+            row["id"],
+            100.0 * err,
+            e.layout,
+            e.memory_gib_per_gpu,
+            if e.fits { "" } else { " (our memory model: does not fit)" },
+            ours[0].step_time_s,
+            e.step_time_s
+        ));
+        assert!(ours[0].fits);
+        assert!(ours[0].step_time_s <= e.step_time_s * (1.0 + 1e-9), "{}: own choice slower", row["id"]);
+        assert!(err.abs() <= 0.15, "{}", report.join("\n"));
+    }
+    println!("{}\nworst error {:.1}%", report.join("\n"), 100.0 * worst);
+}

@@ -1,0 +1,71 @@
+//! The planner's formulas against the closed forms of the papers it follows.
+
+use brigade::plan::catalog::{accelerator, model, ModelShape};
+use brigade::plan::{estimate, memory_gib, search, step_flops, Fixed, Layout, Recompute, Training};
+
+fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
+    ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab }
+}
+
+#[test]
+fn flops_match_the_megatron_lm_closed_forms() {
+    for m in [gpt(96, 12288, 96, 2048, 51200), gpt(24, 2304, 24, 2048, 51200), gpt(12, 768, 12, 1024, 50257)] {
+        let (b, s, l, h, v) = (512.0, m.seq as f64, m.layers as f64, m.hidden as f64, m.vocab as f64);
+        let model72 = 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l));
+        let hw96 = 96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * h * l));
+        let (fm, _) = step_flops(&m, 512, Recompute::None);
+        let (_, fh) = step_flops(&m, 512, Recompute::Full);
+        assert!((fm / model72 - 1.0).abs() < 1e-12, "{fm} vs {model72}");
+        assert!((fh / hw96 - 1.0).abs() < 1e-12, "{fh} vs {hw96}");
+    }
+}
+
+#[test]
+fn activation_memory_matches_korthikanti_with_tensor_and_sequence_parallelism() {
+    // One stage, one micro-batch in flight, no optimizer state to speak of: memory minus
+    // weights/state and logits is the per-layer formula s·b·h/t·(34 + 5·a·s/h) times layers.
+    let m = gpt(4, 4096, 32, 2048, 8);
+    let t = Training { global_batch: 1, flash_attention: false };
+    let gib = (1u64 << 30) as f64;
+    for (tp, rec, per_layer) in [
+        (1usize, Recompute::None, 34.0 + 5.0 * 32.0 * 2048.0 / 4096.0),
+        (4, Recompute::None, 34.0 + 5.0 * 32.0 * 2048.0 / 4096.0),
+        (8, Recompute::Selective, 34.0),
+    ] {
+        let l = Layout { tp, pp: 1, dp: 1, mb: 1, v: 1, recompute: rec, zero: 0 };
+        let total = memory_gib(&m, &t, &l) * gib;
+        let (pl, pe) = brigade::plan::cost::params(&m);
+        let state = 16.0 * (4.0 * pl + pe) / tp as f64;
+        let logits = 2048.0 * 8.0 / tp as f64 * 6.0;
+        let act = total - state - logits - 2.0 * gib;
+        let want = 4.0 * 2048.0 * 4096.0 / tp as f64 * per_layer;
+        assert!((act / want - 1.0).abs() < 1e-9, "tp {tp} {rec:?}: {act} vs {want}");
+    }
+}
+
+#[test]
+fn more_gpus_never_slow_down_the_best_layout_and_bubbles_follow_theory() {
+    let m = model("gpt3-13b").unwrap();
+    let a = accelerator("a100-80gb").unwrap();
+    let t = Training { global_batch: 512, flash_attention: true };
+    let t64 = search(&m, &a, 64, &t, &Fixed::default()).unwrap()[0].step_time_s;
+    let t256 = search(&m, &a, 256, &t, &Fixed::default()).unwrap()[0].step_time_s;
+    assert!(t256 < t64);
+    // bubble = (p−1)/(v·m) of the ideal per-micro-batch time
+    let l = Layout { tp: 8, pp: 4, dp: 2, mb: 1, v: 1, recompute: Recompute::None, zero: 0 };
+    let e1 = estimate(&m, &a, &t, &l);
+    let e2 = estimate(&m, &a, &t, &Layout { v: 2, ..l });
+    let micro = 512.0 / 2.0;
+    let ideal1 = (e1.breakdown.compute_s + e1.breakdown.tp_comm_s) / micro;
+    assert!((e1.breakdown.pp_bubble_s / ideal1 - 3.0).abs() < 1e-9);
+    assert!((e2.breakdown.pp_bubble_s / e1.breakdown.pp_bubble_s - 0.5).abs() < 0.05);
+}
+
+#[test]
+fn a_model_that_fits_nowhere_says_how_much_it_needs() {
+    let m = model("llama3-405b").unwrap();
+    let a = accelerator("a100-40gb").unwrap();
+    let t = Training { global_batch: 16, flash_attention: true };
+    let e = search(&m, &a, 8, &t, &Fixed::default()).unwrap_err().to_string();
+    assert!(e.contains("no layout fits in 40 GiB per GPU: the smallest needs"), "{e}");
+}
