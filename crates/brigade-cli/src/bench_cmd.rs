@@ -4,6 +4,22 @@ use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
+    /// The planner's local prediction of a training step beside a real run of it.
+    Plan {
+        #[arg(long, default_value = "gpt2-small")]
+        model: String,
+        #[arg(long, default_value_t = 256)]
+        seq: usize,
+        #[arg(long, default_value_t = 4)]
+        batch: usize,
+        #[arg(long, default_value_t = crate::default_threads())]
+        threads: usize,
+        /// Steps timed (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Collective bandwidth and latency per message size, in nccl-tests' form, after a memcpy baseline.
     Comm {
         /// Ranks (threads) for the local backend; under mpirun the launcher decides.
@@ -56,6 +72,27 @@ pub enum BenchCmd {
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
+        BenchCmd::Plan { model, seq, batch, threads, steps, json } => {
+            if steps == 0 {
+                bail!("--steps must be at least 1");
+            }
+            let (cfg, _, p) = crate::plan_cmd::local_prediction(&model, batch, seq, threads)?;
+            let r = brigade::with_threads(threads, || brigade::bench::train_step(cfg, batch, seq, 1, steps))??;
+            let ratio = p.step_s / r.step_s_median;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"bench": "plan", "model": model, "batch": batch, "seq": seq, "threads": threads,
+                    "predicted_step_s": p.step_s, "measured_step_s": r.step_s_median, "predicted_over_measured": ratio, "parts": p})
+                );
+            } else {
+                println!(
+                    "{model}, batch {batch} × seq {seq}, {threads} threads: predicted {:.4} s, measured {:.4} s (median of {steps}) → predicted/measured {:.3}",
+                    p.step_s, r.step_s_median, ratio
+                );
+            }
+            Ok(())
+        }
         BenchCmd::Comm { ranks, backend, op, min_bytes, max_bytes, json } => {
             crate::comm_bench::run(ranks, &backend, &op, min_bytes, max_bytes, json)
         }

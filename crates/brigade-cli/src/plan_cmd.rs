@@ -50,11 +50,21 @@ pub struct PlanArgs {
     #[arg(long)]
     gpus_per_node: Option<usize>,
     /// Total GPUs.
-    #[arg(long)]
-    gpus: usize,
+    #[arg(long, required_unless_present = "local")]
+    gpus: Option<usize>,
     /// Global batch in sequences.
-    #[arg(long)]
-    global_batch: usize,
+    #[arg(long, required_unless_present = "local")]
+    global_batch: Option<usize>,
+    /// Measure this machine and predict a single-worker `brigade train` step of --model
+    /// (a brigade preset: tiny, gpt2-small, …) at --batch × --seq with --threads.
+    #[arg(long, conflicts_with_all = ["gpus", "global_batch", "layout", "gpu"])]
+    local: bool,
+    /// Sequences per step (with --local).
+    #[arg(long, default_value_t = 4, requires = "local")]
+    batch: usize,
+    /// Threads (with --local).
+    #[arg(long, default_value_t = crate::default_threads(), requires = "local")]
+    threads: usize,
     /// Fix some layout fields, e.g. tp=8,pp=4,dp=32,mb=2,v=3,recompute=full,zero=1; the rest are searched.
     #[arg(long)]
     layout: Option<String>,
@@ -138,7 +148,49 @@ fn human_time(s: f64) -> String {
     }
 }
 
+/// The `--local` figures: measured machine and predicted step, for `plan --local` and `bench plan`.
+pub fn local_prediction(
+    model: &str,
+    batch: usize,
+    seq: usize,
+    threads: usize,
+) -> Result<(brigade::models::GptConfig, brigade::plan::local::Machine, brigade::plan::local::LocalPrediction)> {
+    let mut cfg = brigade::models::GptConfig::preset(model)?;
+    if seq == 0 || batch == 0 || threads == 0 {
+        bail!("--seq, --batch and --threads must be at least 1");
+    }
+    if seq > cfg.block_size {
+        bail!("--seq {seq} exceeds {model}'s block_size {}", cfg.block_size);
+    }
+    cfg.block_size = seq;
+    let machine = brigade::with_threads(threads, || brigade::plan::local::measure(&cfg, batch, seq))?;
+    let p = brigade::plan::local::predict(&cfg, batch, seq, &machine);
+    Ok((cfg, machine, p))
+}
+
 pub fn run(a: PlanArgs) -> Result<()> {
+    if a.local {
+        let model = a.model.clone().unwrap_or_else(|| "gpt2-small".into());
+        let seq = a.seq.unwrap_or(256);
+        let (_, machine, p) = local_prediction(&model, a.batch, seq, a.threads)?;
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"machine": machine, "prediction": p, "model": model, "batch": a.batch, "seq": seq})
+            );
+        } else {
+            println!(
+                "this machine, {} threads: matmul {:.1} GFLOP/s (2048³), memory {:.1} GB/s",
+                machine.threads, machine.matmul_gflops, machine.mem_gbps
+            );
+            println!(
+                "{model} step, batch {} × seq {seq}: predicted {:.4} s = matmul {:.4} + attention {:.4} + memory-bound kernels {:.4} + optimizer {:.4}",
+                a.batch, p.step_s, p.matmul_s, p.attention_s, p.elementwise_s, p.optimizer_s
+            );
+        }
+        return Ok(());
+    }
+    let (gpus, global_batch) = (a.gpus.unwrap_or(0), a.global_batch.unwrap_or(0));
     let m = shape(&a)?;
     let mut acc = accelerator(&a.gpu)?;
     for (v, slot) in [
@@ -158,7 +210,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if let Some(g) = a.gpus_per_node {
         acc.gpus_per_node = g.max(1);
     }
-    if a.gpus == 0 || a.global_batch == 0 {
+    if gpus == 0 || global_batch == 0 {
         bail!("--gpus and --global-batch must be at least 1");
     }
     let fixed = match &a.layout {
@@ -166,22 +218,22 @@ pub fn run(a: PlanArgs) -> Result<()> {
         None => Fixed::default(),
     };
     let product = fixed.tp.unwrap_or(1) * fixed.pp.unwrap_or(1) * fixed.dp.unwrap_or(1);
-    if !a.gpus.is_multiple_of(product)
-        || (fixed.tp.is_some() && fixed.pp.is_some() && fixed.dp.is_some() && product != a.gpus)
+    if !gpus.is_multiple_of(product)
+        || (fixed.tp.is_some() && fixed.pp.is_some() && fixed.dp.is_some() && product != gpus)
     {
-        bail!("--layout tp·pp·dp = {product} does not match --gpus {}", a.gpus);
+        bail!("--layout tp·pp·dp = {product} does not match --gpus {gpus}");
     }
-    let t = Training { global_batch: a.global_batch, flash_attention: !a.no_flash_attention };
-    let ranked = search(&m, &acc, a.gpus, &t, &fixed)?;
+    let t = Training { global_batch, flash_attention: !a.no_flash_attention };
+    let ranked = search(&m, &acc, gpus, &t, &fixed)?;
     let best = ranked[0];
-    let tokens_per_step = (a.global_batch * m.seq) as f64;
+    let tokens_per_step = (global_batch * m.seq) as f64;
     let train_s = a.tokens.map(|n| best.step_time_s * n / tokens_per_step);
     // The same job on one GPU: gradient accumulation of micro-batches of 1, full recompute.
     let one = estimate(&m, &acc, &t, &Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::Full, zero: 0 });
     let one_train_s = a.tokens.map(|n| one.step_time_s * n / tokens_per_step);
     if a.json {
         let v = serde_json::json!({
-            "model": m, "accelerator": acc, "gpus": a.gpus, "global_batch": a.global_batch,
+            "model": m, "accelerator": acc, "gpus": gpus, "global_batch": global_batch,
             "best": layout_json(&best),
             "tokens_per_s": tokens_per_step / best.step_time_s,
             "train_days": train_s.map(|s| s / 86400.0),
@@ -207,7 +259,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     );
     println!(
         "cluster: {} × {} ({:.0} TFLOP/s, {:.0} GiB, {:.2} TB/s; NVLink {:.0} GB/s, network {:.0} GB/s per GPU, {} per node); global batch {}",
-        a.gpus, a.gpu, acc.peak_tflops, acc.hbm_gib, acc.hbm_tbps, acc.nvlink_gbps, acc.net_gbps, acc.gpus_per_node, a.global_batch
+        gpus, a.gpu, acc.peak_tflops, acc.hbm_gib, acc.hbm_tbps, acc.nvlink_gbps, acc.net_gbps, acc.gpus_per_node, global_batch
     );
     println!("{} layouts fit; fastest first:", ranked.len());
     println!(
@@ -245,7 +297,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         tokens_per_step / best.step_time_s
     );
     if let (Some(n), Some(s), Some(s1)) = (a.tokens, train_s, one_train_s) {
-        println!("training on {n:.3e} tokens: {} on {} GPUs", human_time(s), a.gpus);
+        println!("training on {n:.3e} tokens: {} on {gpus} GPUs", human_time(s));
         println!(
             "  on one {}: {} — and it {} ({:.0} GiB needed, {:.0} GiB there)",
             a.gpu,

@@ -219,3 +219,20 @@ fn plan_prints_json_with_the_best_layout_and_refuses_bad_input() {
     fails_with(&with(&["--model", "llama3-405b", "--gpu", "a100-40gb"]), p, "the smallest needs");
     fails_with(&with(&["--layers", "2"]), p, "--hidden is required");
 }
+
+#[test]
+fn plan_local_predicts_a_step_from_measurements() {
+    let d = tempfile::tempdir().unwrap();
+    let out = brigade(
+        &["plan", "--local", "--model", "tiny", "--seq", "32", "--batch", "2", "--threads", "1", "--json"],
+        d.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["prediction"];
+    let parts: f64 =
+        ["matmul_s", "attention_s", "elementwise_s", "optimizer_s"].iter().map(|k| p[k].as_f64().unwrap()).sum();
+    assert!(p["step_s"].as_f64().unwrap() > 0.0);
+    assert!((parts - p["step_s"].as_f64().unwrap()).abs() < 1e-12);
+    fails_with(&["plan", "--local", "--model", "tiny", "--seq", "65"], d.path(), "block_size");
+}

@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod cost;
+pub mod local;
 pub mod search;
 
 pub use catalog::{Accelerator, ModelShape};
