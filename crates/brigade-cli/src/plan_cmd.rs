@@ -172,13 +172,20 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if a.local {
         let model = a.model.clone().unwrap_or_else(|| "gpt2-small".into());
         let seq = a.seq.unwrap_or(256);
+        // Collectives first: rayon's workers spin for a while after the compute measurements
+        // and would steal the cores the rank threads' barriers spin on.
+        let coll = brigade::plan::local::measure_collectives(2)?;
         let (_, machine, p) = local_prediction(&model, a.batch, seq, a.threads)?;
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"machine": machine, "prediction": p, "model": model, "batch": a.batch, "seq": seq})
+                serde_json::json!({"machine": machine, "collectives": coll, "prediction": p, "model": model, "batch": a.batch, "seq": seq})
             );
         } else {
+            println!(
+                "all-reduce between 2 rank threads (brigade-comm): {:.2} µs at 8 B, {:.1} GB/s bus bandwidth at 64 MiB",
+                coll.latency_us, coll.busbw_gbps
+            );
             println!(
                 "this machine, {} threads: matmul {:.1} GFLOP/s (2048³), memory {:.1} GB/s",
                 machine.threads, machine.matmul_gflops, machine.mem_gbps

@@ -18,3 +18,33 @@ pub enum CommError {
 }
 
 pub type Result<T> = std::result::Result<T, CommError>;
+
+/// One rank's call as the error messages show it: `all_reduce(sum) of 10 elements`.
+pub(crate) fn describe_call(op: &str, len: usize, arg: u64) -> String {
+    let arg = match op {
+        "all_reduce" | "reduce_scatter" => format!("({})", ["sum", "avg", "max"].get(arg as usize).unwrap_or(&"?")),
+        "broadcast" => format!("(root {arg})"),
+        _ => String::new(),
+    };
+    format!("{op}{arg} of {len} elements")
+}
+
+/// The mismatch error for call `seq`, given what each rank called: ranks grouped by call, so
+/// that every rank reports the same text.
+pub(crate) fn mismatch(seq: u64, per_rank: &[String]) -> CommError {
+    let mut calls: Vec<(&String, Vec<usize>)> = Vec::new();
+    for (r, d) in per_rank.iter().enumerate() {
+        match calls.iter_mut().find(|(x, _)| *x == d) {
+            Some((_, rs)) => rs.push(r),
+            None => calls.push((d, vec![r])),
+        }
+    }
+    let parts: Vec<String> = calls
+        .iter()
+        .map(|(d, rs)| {
+            let who = if rs.len() == 1 { format!("rank {}", rs[0]) } else { format!("ranks {rs:?}") };
+            format!("{who} called {d}")
+        })
+        .collect();
+    CommError::Mismatch { seq, size: per_rank.len(), detail: parts.join(" but ") }
+}

@@ -10,7 +10,7 @@
 
 use crate::chunks::chunk_range;
 use crate::comm::Backend;
-use crate::error::{CommError, Result};
+use crate::error::{describe_call, mismatch, CommError, Result};
 use crate::ReduceOp;
 use mpi::collective::SystemOperation;
 use mpi::datatype::PartitionMut;
@@ -121,32 +121,9 @@ impl MpiBackend {
         if descs.iter().all(|d| *d == mine) {
             return Ok(());
         }
-        let describe = |d: &[u64]| {
-            let op = OPS[(d[1] as usize).min(OPS.len() - 1)];
-            let arg = match op {
-                "all_reduce" | "reduce_scatter" => {
-                    format!("({})", ["sum", "avg", "max"].get(d[3] as usize).unwrap_or(&"?"))
-                }
-                "broadcast" => format!("(root {})", d[3]),
-                _ => String::new(),
-            };
-            format!("{op}{arg} of {} elements", d[2])
-        };
-        let mut calls: Vec<(&[u64], Vec<usize>)> = Vec::new();
-        for (r, d) in descs.iter().enumerate() {
-            match calls.iter_mut().find(|(x, _)| x == d) {
-                Some((_, rs)) => rs.push(r),
-                None => calls.push((d, vec![r])),
-            }
-        }
-        let parts: Vec<String> = calls
-            .iter()
-            .map(|(d, rs)| {
-                let who = if rs.len() == 1 { format!("rank {}", rs[0]) } else { format!("ranks {rs:?}") };
-                format!("{who} called {}", describe(d))
-            })
-            .collect();
-        Err(CommError::Mismatch { seq, size: n, detail: parts.join(" but ") })
+        let calls: Vec<String> =
+            descs.iter().map(|d| describe_call(OPS[(d[1] as usize).min(OPS.len() - 1)], d[2] as usize, d[3])).collect();
+        Err(mismatch(seq, &calls))
     }
 
     /// MPI's own out-of-place all-reduce, what the benchmark measures as the baseline.

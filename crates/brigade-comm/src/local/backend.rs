@@ -21,7 +21,7 @@
 use super::group::{Desc, Group, Slot};
 use crate::chunks::chunk_range;
 use crate::comm::Backend;
-use crate::error::{CommError, Result};
+use crate::error::{describe_call, mismatch, CommError, Result};
 use crate::ReduceOp;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -50,13 +50,10 @@ fn op_code(op: ReduceOp) -> u64 {
 }
 
 fn describe(d: &Desc) -> String {
-    let arg = match d.op {
-        "all_reduce" | "reduce_scatter" => format!("({})", ["sum", "avg", "max"].get(d.arg as usize).unwrap_or(&"?")),
-        "broadcast" => format!("(root {})", d.arg),
-        "split" => format!("(colour {}, key {})", d.arg >> 32, d.arg & 0xffff_ffff),
-        _ => String::new(),
-    };
-    format!("{}{arg} of {} elements", d.op, d.len)
+    match d.op {
+        "split" => format!("split(colour {}, key {})", d.arg >> 32, d.arg & 0xffff_ffff),
+        op => describe_call(op, d.len, d.arg),
+    }
 }
 
 /// `dst[i] = op(srcs[0][i], srcs[1][i], …)`, in rank order.
@@ -103,22 +100,8 @@ impl LocalBackend {
         // SAFETY: published by the barrier just passed.
         let all: Vec<Desc> = (0..g.size()).map(|r| unsafe { g.slot(r, parity) }.desc).collect();
         if all.iter().any(|d| *d != desc) {
-            // The same text on every rank: ranks grouped by what they called.
-            let mut calls: Vec<(Desc, Vec<usize>)> = Vec::new();
-            for (r, d) in all.iter().enumerate() {
-                match calls.iter_mut().find(|(x, _)| x == d) {
-                    Some((_, rs)) => rs.push(r),
-                    None => calls.push((*d, vec![r])),
-                }
-            }
-            let parts: Vec<String> = calls
-                .iter()
-                .map(|(d, rs)| {
-                    let who = if rs.len() == 1 { format!("rank {}", rs[0]) } else { format!("ranks {rs:?}") };
-                    format!("{who} called {}", describe(d))
-                })
-                .collect();
-            return Err(CommError::Mismatch { seq, size: g.size(), detail: parts.join(" but ") });
+            let calls: Vec<String> = all.iter().map(describe).collect();
+            return Err(mismatch(seq, &calls));
         }
         Ok(parity)
     }

@@ -25,6 +25,42 @@ pub struct Machine {
     pub matmul_gflops: f64,
 }
 
+/// brigade-comm's all-reduce between rank threads of this machine.
+#[derive(Clone, Debug, Serialize)]
+pub struct Collectives {
+    pub ranks: usize,
+    /// Time of an 8-byte all-reduce, µs (the α of the α–β model).
+    pub latency_us: f64,
+    /// Bus bandwidth of a 64 MiB all-reduce, GB/s (the β).
+    pub busbw_gbps: f64,
+}
+
+/// Measures all-reduce latency and bandwidth among `ranks` rank threads.
+pub fn measure_collectives(ranks: usize) -> crate::Result<Collectives> {
+    use brigade_comm::bench::{sweep, Op};
+    let rows = |lo, hi| {
+        brigade_comm::local::run(ranks, |c| sweep(&c, Op::AllReduce, lo, hi, None))
+            .map_err(|e| crate::Error::Train(format!("collective measurement failed: {e}")))
+    };
+    // Latency: the fastest small all-reduce (8 B – 4 KiB) of one sweep, since the first calls
+    // of freshly started rank threads run cold.
+    let small = rows(8, 4096)?;
+    let large = rows(64 << 20, 64 << 20)?;
+    let latency_us = small[0].iter().map(|r| r.time_us).fold(f64::INFINITY, f64::min);
+    Ok(Collectives { ranks, latency_us, busbw_gbps: large[0][0].busbw_gbps })
+}
+
+impl Collectives {
+    /// Predicted time of an all-reduce of `bytes` (α–β with the measured figures).
+    pub fn all_reduce_s(&self, bytes: f64) -> f64 {
+        if self.ranks <= 1 {
+            return 0.0;
+        }
+        let bus = 2.0 * (self.ranks - 1) as f64 / self.ranks as f64;
+        self.latency_us * 1e-6 + bus * bytes / (self.busbw_gbps * 1e9)
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct LocalPrediction {
     pub step_s: f64,
