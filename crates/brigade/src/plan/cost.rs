@@ -136,12 +136,17 @@ fn spans(group_stride: usize, group_size: usize, gpn: usize) -> bool {
     group_stride * group_size > gpn
 }
 
-/// Ring collective time: α per step plus `factor` · bytes / bandwidth.
-fn ring(n: usize, bytes: f64, bw_gbps: f64, factor: f64) -> f64 {
+/// All-reduce time over `n` ranks by the α–β model, whichever of ring and tree is faster:
+/// a ring takes 2(n−1) steps and moves `factor`·(n−1)/n of the bytes (bandwidth-optimal); a
+/// double binary tree takes 2·log₂n steps and moves the bytes twice (latency-optimal).
+fn all_reduce_time(n: usize, bytes: f64, bw_gbps: f64, factor: f64) -> f64 {
     if n <= 1 {
         return 0.0;
     }
-    2.0 * (n - 1) as f64 * ALPHA_S + factor * (n - 1) as f64 / n as f64 * bytes / (bw_gbps * 1e9)
+    let bw = bw_gbps * 1e9;
+    let ring = 2.0 * (n - 1) as f64 * ALPHA_S + factor * (n - 1) as f64 / n as f64 * bytes / bw;
+    let tree = 2.0 * (n as f64).log2().ceil() * ALPHA_S + factor * bytes / bw;
+    ring.min(tree)
 }
 
 /// Memory per GPU (GiB) on the most loaded stage.
@@ -203,7 +208,7 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let act_bytes = tokens * m.hidden as f64 * 2.0;
     let tp_bw = if spans(1, l.tp, gpn) { a.net_gbps } else { a.nvlink_gbps };
     let n_tp = if l.recompute == Recompute::Full { 6.0 } else { 4.0 };
-    let tp_per_layer = n_tp * ring(l.tp, act_bytes, tp_bw, 2.0);
+    let tp_per_layer = n_tp * all_reduce_time(l.tp, act_bytes, tp_bw, 2.0);
     let lps = layers_per_stage(m, l) as f64;
     let head = 3.0 * tokens * 2.0 * (m.hidden * m.vocab) as f64 / tp / (peak * gemm_eff);
     let compute_mb = lps * (fwd + bwd + rec) + head;
@@ -219,7 +224,7 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let p_gpu = (lps * per_layer + embed) / tp;
     let dp_bw = if spans(l.tp, l.dp, gpn) { a.net_gbps } else { a.nvlink_gbps };
     let zero_factor = if l.zero >= 3 { 1.5 } else { 1.0 };
-    let dp_time = zero_factor * ring(l.dp, 2.0 * p_gpu, dp_bw, 2.0);
+    let dp_time = zero_factor * all_reduce_time(l.dp, 2.0 * p_gpu, dp_bw, 2.0);
     let dp_exposed = (dp_time - lps * bwd).max(0.0);
     let opt_params = if l.zero >= 1 { p_gpu / l.dp as f64 } else { p_gpu };
     let optimizer = 16.0 * opt_params / (a.hbm_tbps * 1e12);
