@@ -1,25 +1,30 @@
 use anyhow::{bail, Result};
 use brigade::models::GptConfig;
-use clap::Subcommand;
+use clap::{Args, Subcommand};
+
+/// The training step a benchmark times.
+#[derive(Args, Debug)]
+pub struct StepArgs {
+    #[arg(long, default_value = "gpt2-small")]
+    model: String,
+    #[arg(long, default_value_t = 256)]
+    seq: usize,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = crate::default_threads())]
+    threads: usize,
+    /// Steps timed (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
     /// The planner's local prediction of a training step beside a real run of it.
-    Plan {
-        #[arg(long, default_value = "gpt2-small")]
-        model: String,
-        #[arg(long, default_value_t = 256)]
-        seq: usize,
-        #[arg(long, default_value_t = 4)]
-        batch: usize,
-        #[arg(long, default_value_t = crate::default_threads())]
-        threads: usize,
-        /// Steps timed (the median is reported).
-        #[arg(long, default_value_t = 5)]
-        steps: usize,
-        #[arg(long)]
-        json: bool,
-    },
+    Plan(StepArgs),
     /// Collective bandwidth and latency per message size, in nccl-tests' form, after a memcpy baseline.
     Comm {
         /// Ranks (threads) for the local backend; under mpirun the launcher decides.
@@ -50,29 +55,17 @@ pub enum BenchCmd {
     },
     /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
     Train {
-        #[arg(long, default_value = "gpt2-small")]
-        model: String,
-        #[arg(long, default_value_t = 256)]
-        seq: usize,
-        #[arg(long, default_value_t = 4)]
-        batch: usize,
-        #[arg(long, default_value_t = crate::default_threads())]
-        threads: usize,
-        /// Steps timed (the median is reported).
-        #[arg(long, default_value_t = 5)]
-        steps: usize,
+        #[command(flatten)]
+        step: StepArgs,
         /// Untimed steps first.
         #[arg(long, default_value_t = 1)]
         warmup: usize,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
     },
 }
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Plan { model, seq, batch, threads, steps, json } => {
+        BenchCmd::Plan(StepArgs { model, seq, batch, threads, steps, json }) => {
             if steps == 0 {
                 bail!("--steps must be at least 1");
             }
@@ -113,7 +106,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             }
             Ok(())
         }
-        BenchCmd::Train { model, seq, batch, threads, steps, warmup, json } => {
+        BenchCmd::Train { step: StepArgs { model, seq, batch, threads, steps, json }, warmup } => {
             if threads == 0 || steps == 0 || batch == 0 {
                 bail!("--threads, --steps and --batch must be at least 1");
             }

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::nn::{ensure, AttnStash, CausalSelfAttention, LayerNorm, LnStash, Mlp, MlpStash};
 use crate::params::{Init, ParamLayout, View};
-use crate::tensor::elementwise::{add_into, residual_forward};
+use crate::tensor::elementwise::residual_forward;
 use crate::tensor::embedding::{embedding_backward, embedding_forward};
 use crate::tensor::loss::{cross_entropy_backward, cross_entropy_forward, IGNORE};
 use crate::tensor::matmul;
@@ -309,9 +309,4 @@ impl Gpt {
         self.backward(p, g, tokens, targets, scale, acts);
         out
     }
-}
-
-/// Makes `add_into` reachable for callers summing gradient buffers.
-pub fn accumulate(dst: &mut [f32], src: &[f32]) {
-    add_into(dst, src)
 }

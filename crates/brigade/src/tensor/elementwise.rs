@@ -40,13 +40,3 @@ pub fn residual_forward(out: &mut [f32], a: &[f32], b: &[f32]) {
         }
     });
 }
-
-/// `acc += x`.
-pub fn add_into(acc: &mut [f32], x: &[f32]) {
-    assert_eq!(acc.len(), x.len());
-    acc.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(a, x)| {
-        for (a, &x) in a.iter_mut().zip(x) {
-            *a += x;
-        }
-    });
-}
