@@ -57,7 +57,7 @@ pub struct PlanArgs {
     global_batch: Option<usize>,
     /// Measure this machine and predict a single-worker `brigade train` step of --model
     /// (a brigade preset: tiny, gpt2-small, …) at --batch × --seq with --threads.
-    #[arg(long, conflicts_with_all = ["gpus", "global_batch", "layout", "gpu"])]
+    #[arg(long, conflicts_with_all = ["gpus", "global_batch", "layout", "gpu", "precision"])]
     local: bool,
     /// Sequences per step (with --local).
     #[arg(long, default_value_t = 4, requires = "local")]
@@ -71,6 +71,9 @@ pub struct PlanArgs {
     /// Tokens to train on (e.g. 300e9): prints the time to train.
     #[arg(long)]
     tokens: Option<f64>,
+    /// Number format: bf16 (mixed precision, the default; fp16 is costed the same) or fp32 (TF32 tensor cores).
+    #[arg(long, default_value = "bf16")]
+    precision: String,
     /// Attention without a fused (flash) kernel: s×s scores are stored.
     #[arg(long)]
     no_flash_attention: bool,
@@ -230,7 +233,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
     {
         bail!("--layout tp·pp·dp = {product} does not match --gpus {gpus}");
     }
-    let t = Training { global_batch, flash_attention: !a.no_flash_attention };
+    let precision = brigade::plan::cost::Precision::parse(&a.precision)
+        .ok_or_else(|| anyhow::anyhow!("unknown --precision '{}'; use bf16, fp16 or fp32", a.precision))?;
+    let t = Training { global_batch, flash_attention: !a.no_flash_attention, precision };
     let ranked = search(&m, &acc, gpus, &t, &fixed)?;
     let best = ranked[0];
     let tokens_per_step = (global_batch * m.seq) as f64;

@@ -38,7 +38,8 @@ fn predictions_match_published_runs() {
         };
         let gpu = if row["gpu_type"].contains("H100") { "h100-sxm" } else { "a100-80gb" };
         let a = accelerator(gpu).unwrap();
-        let t = Training { global_batch: num("global_batch_seqs").unwrap(), flash_attention: true };
+        let t =
+            Training { global_batch: num("global_batch_seqs").unwrap(), flash_attention: true, ..Training::default() };
         let recompute = row["recompute"].split_whitespace().next().and_then(Recompute::parse);
         let fixed = Fixed {
             tp: num("tp"),

@@ -25,7 +25,7 @@ fn activation_memory_matches_korthikanti_with_tensor_and_sequence_parallelism() 
     // One stage, one micro-batch in flight, no optimizer state to speak of: memory minus
     // weights/state and logits is the per-layer formula s·b·h/t·(34 + 5·a·s/h) times layers.
     let m = gpt(4, 4096, 32, 2048, 8);
-    let t = Training { global_batch: 1, flash_attention: false };
+    let t = Training { global_batch: 1, flash_attention: false, ..Training::default() };
     let gib = (1u64 << 30) as f64;
     for (tp, rec, per_layer) in [
         (1usize, Recompute::None, 34.0 + 5.0 * 32.0 * 2048.0 / 4096.0),
@@ -47,7 +47,7 @@ fn activation_memory_matches_korthikanti_with_tensor_and_sequence_parallelism() 
 fn more_gpus_never_slow_down_the_best_layout_and_bubbles_follow_theory() {
     let m = model("gpt3-13b").unwrap();
     let a = accelerator("a100-80gb").unwrap();
-    let t = Training { global_batch: 512, flash_attention: true };
+    let t = Training { global_batch: 512, flash_attention: true, ..Training::default() };
     let t64 = search(&m, &a, 64, &t, &Fixed::default()).unwrap()[0].step_time_s;
     let t256 = search(&m, &a, 256, &t, &Fixed::default()).unwrap()[0].step_time_s;
     assert!(t256 < t64);
@@ -65,7 +65,28 @@ fn more_gpus_never_slow_down_the_best_layout_and_bubbles_follow_theory() {
 fn a_model_that_fits_nowhere_says_how_much_it_needs() {
     let m = model("llama3-405b").unwrap();
     let a = accelerator("a100-40gb").unwrap();
-    let t = Training { global_batch: 16, flash_attention: true };
+    let t = Training { global_batch: 16, flash_attention: true, ..Training::default() };
     let e = search(&m, &a, 8, &t, &Fixed::default()).unwrap_err().to_string();
     assert!(e.contains("no layout fits in 40 GiB per GPU: the smallest needs"), "{e}");
+}
+
+#[test]
+fn fp32_doubles_activations_and_runs_at_the_tf32_peak() {
+    use brigade::plan::cost::Precision;
+    let m = gpt(4, 4096, 32, 2048, 8);
+    let a = accelerator("a100-80gb").unwrap();
+    let l = Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::None, zero: 0 };
+    let bf = Training { global_batch: 1, ..Training::default() };
+    let fp = Training { precision: Precision::Fp32, ..bf };
+    let state = 16.0 * {
+        let (pl, pe) = brigade::plan::cost::params(&m);
+        4.0 * pl + pe
+    } / (1u64 << 30) as f64;
+    let logits = |b: f64| 2048.0 * 8.0 * (b + 4.0) / (1u64 << 30) as f64;
+    let act = |t: &Training, b: f64| memory_gib(&m, t, &l) - state - logits(b) - 2.0;
+    assert!((act(&fp, 4.0) / act(&bf, 2.0) - 2.0).abs() < 1e-9);
+    // compute-bound step: the time scales with the peak (312 / 156)
+    let (tb, tf) = (estimate(&m, &a, &bf, &l), estimate(&m, &a, &fp, &l));
+    let ratio = tf.breakdown.compute_s / tb.breakdown.compute_s;
+    assert!(ratio > 1.9 && ratio <= 2.0 + 1e-9, "{ratio}");
 }

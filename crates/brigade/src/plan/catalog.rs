@@ -75,6 +75,8 @@ pub const MODELS: &[(&str, ModelShape)] = &[
 pub struct Accelerator {
     /// Dense 16-bit (bf16/fp16) peak, TFLOP/s.
     pub peak_tflops: f64,
+    /// Dense TF32 tensor-core peak (what fp32 training runs at), TFLOP/s.
+    pub tf32_tflops: f64,
     pub hbm_gib: f64,
     /// HBM bandwidth, TB/s.
     pub hbm_tbps: f64,
@@ -91,6 +93,7 @@ pub struct Accelerator {
 
 const A100: Accelerator = Accelerator {
     peak_tflops: 312.0,
+    tf32_tflops: 156.0,
     hbm_gib: 80.0,
     hbm_tbps: 2.039,
     nvlink_gbps: 300.0,
@@ -102,6 +105,7 @@ const A100: Accelerator = Accelerator {
 
 const H100: Accelerator = Accelerator {
     peak_tflops: 989.0,
+    tf32_tflops: 494.7,
     hbm_gib: 80.0,
     hbm_tbps: 3.35,
     nvlink_gbps: 450.0,
@@ -117,7 +121,17 @@ pub const ACCELERATORS: &[(&str, Accelerator)] = &[
     ("h100-sxm", H100),
     ("h200", Accelerator { hbm_gib: 141.0, hbm_tbps: 4.8, ..H100 }),
     // B200: 2.25 PFLOP/s dense bf16, NVLink 5; efficiencies assumed as H100's (no published anchor yet).
-    ("b200", Accelerator { peak_tflops: 2250.0, hbm_gib: 180.0, hbm_tbps: 8.0, nvlink_gbps: 900.0, ..H100 }),
+    (
+        "b200",
+        Accelerator {
+            peak_tflops: 2250.0,
+            tf32_tflops: 1100.0,
+            hbm_gib: 180.0,
+            hbm_tbps: 8.0,
+            nvlink_gbps: 900.0,
+            ..H100
+        },
+    ),
 ];
 
 fn lookup<T: Copy>(table: &[(&str, T)], name: &str, what: &str) -> Result<T> {

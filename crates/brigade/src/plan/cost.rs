@@ -47,12 +47,56 @@ pub struct Layout {
     pub zero: u8,
 }
 
-/// The run: global batch in sequences, and whether attention is a fused (flash) kernel that
-/// keeps no s×s scores.
+/// Number format of the run's matrix products, activations and communication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// bf16/fp16 mixed precision with fp32 master weights and Adam moments (the default).
+    Bf16,
+    /// fp32 throughout, matrix products on TF32 tensor cores.
+    Fp32,
+}
+
+impl Precision {
+    pub fn parse(s: &str) -> Option<Precision> {
+        match s {
+            "bf16" | "fp16" => Some(Precision::Bf16),
+            "fp32" | "tf32" => Some(Precision::Fp32),
+            _ => None,
+        }
+    }
+    /// Bytes of one activation, gradient or communicated element.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Precision::Bf16 => 2.0,
+            Precision::Fp32 => 4.0,
+        }
+    }
+}
+
+/// The run: global batch in sequences, number format, and whether attention is a fused
+/// (flash) kernel that keeps no s×s scores.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Training {
     pub global_batch: usize,
     pub flash_attention: bool,
+    pub precision: Precision,
+}
+
+impl Default for Training {
+    fn default() -> Self {
+        Training { global_batch: 1, flash_attention: true, precision: Precision::Bf16 }
+    }
+}
+
+impl Training {
+    /// Peak matrix rate of `a` in this run's format, FLOP/s.
+    fn peak(&self, a: &Accelerator) -> f64 {
+        (match self.precision {
+            Precision::Bf16 => a.peak_tflops,
+            Precision::Fp32 => a.tf32_tflops,
+        }) * 1e12
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -124,7 +168,7 @@ fn activation_bytes_per_token(m: &ModelShape, t: &Training, rec: Recompute) -> f
     let mlp = if m.swiglu { 3.0 * h + 6.0 * f } else { 3.0 * h + 4.0 * f };
     let norms = 4.0 * h;
     let scores = if t.flash_attention || rec != Recompute::None { 0.0 } else { 5.0 * (m.heads * m.seq) as f64 };
-    attention + mlp + norms + scores
+    (attention + mlp + norms + scores) * t.precision.bytes() / 2.0
 }
 
 fn layers_per_stage(m: &ModelShape, l: &Layout) -> usize {
@@ -156,17 +200,19 @@ pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
     let tp = l.tp as f64;
     let p = (lps * per_layer + embed) / tp;
     let dp = l.dp as f64;
-    // mixed-precision Adam: 2 (bf16 weights) + 2 (grads) + 12 (fp32 master, m, v) bytes/param
+    // 16 bytes/param either way: mixed precision keeps bf16 weights and grads (2 + 2) and
+    // fp32 master weights and moments (12); fp32 keeps weights and grads (4 + 4) and moments (8).
+    let (w, g) = (t.precision.bytes(), t.precision.bytes());
     let state = match l.zero {
         0 => 16.0,
-        1 => 4.0 + 12.0 / dp,
-        2 => 2.0 + 14.0 / dp,
+        1 => w + g + (16.0 - w - g) / dp,
+        2 => w + (16.0 - w) / dp,
         _ => 16.0 / dp,
     } * p;
     let tokens = (l.mb * m.seq) as f64;
     let per_layer_act = tokens * activation_bytes_per_token(m, t, l.recompute) / tp; // sequence parallel
     let stored = match l.recompute {
-        Recompute::Full => 2.0 * tokens * m.hidden as f64 / tp, // the layer input only
+        Recompute::Full => t.precision.bytes() * tokens * m.hidden as f64 / tp, // the layer input only
         _ => per_layer_act,
     };
     let micro_batches = (t.global_batch / (l.dp * l.mb)) as f64;
@@ -178,7 +224,7 @@ pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
         (_, v) => (pp * (1.0 + (pp - 1.0) / (pp * v as f64))).min(micro_batches * v as f64),
     };
     let recompute_working_set = if l.recompute == Recompute::Full { per_layer_act } else { 0.0 };
-    let logits = tokens * m.vocab as f64 / tp * 6.0; // bf16 logits + fp32 softmax on the last stage
+    let logits = tokens * m.vocab as f64 / tp * (t.precision.bytes() + 4.0); // logits + fp32 softmax, last stage
     let act = lps * stored * in_flight + recompute_working_set + logits;
     (state + act) / (1u64 << 30) as f64 + RESERVED_GIB
 }
@@ -186,7 +232,7 @@ pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
 /// Step time and utilisation of one layout (the layout must be valid: see `search`).
 pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Estimate {
     let (lin, att) = layer_flops_per_token(m);
-    let peak = a.peak_tflops * 1e12;
+    let peak = t.peak(a);
     let tp = l.tp as f64;
     let tokens = (l.mb * m.seq) as f64;
     let x = m.hidden as f64 / tp;
@@ -205,7 +251,7 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     // Tensor parallel: 2 all-reduces (or reduce-scatter + all-gather) forward, 2 backward,
     // 2 more when the forward is recomputed, of the layer's activations.
     let gpn = a.gpus_per_node;
-    let act_bytes = tokens * m.hidden as f64 * 2.0;
+    let act_bytes = tokens * m.hidden as f64 * t.precision.bytes();
     let tp_bw = if spans(1, l.tp, gpn) { a.net_gbps } else { a.nvlink_gbps };
     let n_tp = if l.recompute == Recompute::Full { 6.0 } else { 4.0 };
     let tp_per_layer = n_tp * all_reduce_time(l.tp, act_bytes, tp_bw, 2.0);
@@ -219,12 +265,12 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     // Pipeline point-to-point: activations forward and gradients back, per chunk and micro-batch.
     let pp_bw = if l.tp * l.dp >= gpn { a.net_gbps } else { a.nvlink_gbps };
     let p2p = if l.pp > 1 { 2.0 * l.v as f64 * micro * (ALPHA_S + act_bytes / tp / (pp_bw * 1e9)) } else { 0.0 };
-    // Data parallel: gradients of this GPU's parameters (bf16), hidden behind the last backward.
+    // Data parallel: gradients of this GPU's parameters, hidden behind the last backward.
     let (per_layer, embed) = params(m);
     let p_gpu = (lps * per_layer + embed) / tp;
     let dp_bw = if spans(l.tp, l.dp, gpn) { a.net_gbps } else { a.nvlink_gbps };
     let zero_factor = if l.zero >= 3 { 1.5 } else { 1.0 };
-    let dp_time = zero_factor * all_reduce_time(l.dp, 2.0 * p_gpu, dp_bw, 2.0);
+    let dp_time = zero_factor * all_reduce_time(l.dp, t.precision.bytes() * p_gpu, dp_bw, 2.0);
     let dp_exposed = (dp_time - lps * bwd).max(0.0);
     let opt_params = if l.zero >= 1 { p_gpu / l.dp as f64 } else { p_gpu };
     let optimizer = 16.0 * opt_params / (a.hbm_tbps * 1e12);
