@@ -136,6 +136,7 @@ fn layout_json(e: &Estimate) -> serde_json::Value {
     let l = e.layout;
     serde_json::json!({
         "tp": l.tp, "pp": l.pp, "dp": l.dp, "mb": l.mb, "v": l.v, "recompute": l.recompute, "zero": l.zero,
+        "schedule": l.schedule(),
         "step_time_s": e.step_time_s, "model_tflops_per_gpu": e.model_tflops_per_gpu,
         "hw_tflops_per_gpu": e.hw_tflops_per_gpu, "mfu": e.mfu, "memory_gib_per_gpu": e.memory_gib_per_gpu,
         "fits": e.fits, "breakdown": e.breakdown,
@@ -241,7 +242,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let tokens_per_step = (global_batch * m.seq) as f64;
     let train_s = a.tokens.map(|n| best.step_time_s * n / tokens_per_step);
     // The same job on one GPU: gradient accumulation of micro-batches of 1, full recompute.
-    let one = estimate(&m, &acc, &t, &Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::Full, zero: 0 });
+    let one = estimate(
+        &m,
+        &acc,
+        &t,
+        &Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::Full, zero: 0, gpipe: false },
+    );
     let one_train_s = a.tokens.map(|n| one.step_time_s * n / tokens_per_step);
     if a.json {
         let v = serde_json::json!({

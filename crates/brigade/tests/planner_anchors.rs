@@ -49,6 +49,7 @@ fn predictions_match_published_runs() {
             v: num("interleave"),
             recompute,
             zero: None,
+            schedule: None,
         };
         let gpus = num("gpus").unwrap();
         // The run happened, so it fit in reality: its unpublished fields (tuned by its authors)

@@ -32,7 +32,7 @@ fn activation_memory_matches_korthikanti_with_tensor_and_sequence_parallelism() 
         (4, Recompute::None, 34.0 + 5.0 * 32.0 * 2048.0 / 4096.0),
         (8, Recompute::Selective, 34.0),
     ] {
-        let l = Layout { tp, pp: 1, dp: 1, mb: 1, v: 1, recompute: rec, zero: 0 };
+        let l = Layout { tp, pp: 1, dp: 1, mb: 1, v: 1, recompute: rec, zero: 0, gpipe: false };
         let total = memory_gib(&m, &t, &l) * gib;
         let (pl, pe) = brigade::plan::cost::params(&m);
         let state = 16.0 * (4.0 * pl + pe) / tp as f64;
@@ -52,7 +52,7 @@ fn more_gpus_never_slow_down_the_best_layout_and_bubbles_follow_theory() {
     let t256 = search(&m, &a, 256, &t, &Fixed::default()).unwrap()[0].step_time_s;
     assert!(t256 < t64);
     // bubble = (p−1)/(v·m) of the ideal per-micro-batch time
-    let l = Layout { tp: 8, pp: 4, dp: 2, mb: 1, v: 1, recompute: Recompute::None, zero: 0 };
+    let l = Layout { tp: 8, pp: 4, dp: 2, mb: 1, v: 1, recompute: Recompute::None, zero: 0, gpipe: false };
     let e1 = estimate(&m, &a, &t, &l);
     let e2 = estimate(&m, &a, &t, &Layout { v: 2, ..l });
     let micro = 512.0 / 2.0;
@@ -75,7 +75,7 @@ fn fp32_doubles_activations_and_runs_at_the_tf32_peak() {
     use brigade::plan::cost::Precision;
     let m = gpt(4, 4096, 32, 2048, 8);
     let a = accelerator("a100-80gb").unwrap();
-    let l = Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::None, zero: 0 };
+    let l = Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::None, zero: 0, gpipe: false };
     let bf = Training { global_batch: 1, ..Training::default() };
     let fp = Training { precision: Precision::Fp32, ..bf };
     let state = 16.0 * {
@@ -89,4 +89,26 @@ fn fp32_doubles_activations_and_runs_at_the_tf32_peak() {
     let (tb, tf) = (estimate(&m, &a, &bf, &l), estimate(&m, &a, &fp, &l));
     let ratio = tf.breakdown.compute_s / tb.breakdown.compute_s;
     assert!(ratio > 1.9 && ratio <= 2.0 + 1e-9, "{ratio}");
+}
+
+#[test]
+fn gpipe_keeps_every_micro_batch_in_flight_and_1f1b_only_pp() {
+    let m = model("gpt3-13b").unwrap();
+    let a = accelerator("a100-80gb").unwrap();
+    let l = Layout { tp: 8, pp: 4, dp: 2, mb: 1, v: 1, recompute: Recompute::None, zero: 1, gpipe: false };
+    let g = Layout { gpipe: true, ..l };
+    let batch = |b| Training { global_batch: b, ..Training::default() };
+    // same bubble, same time
+    assert_eq!(estimate(&m, &a, &batch(256), &l).step_time_s, estimate(&m, &a, &batch(256), &g).step_time_s);
+    // GPipe holds m micro-batches, 1F1B holds pp: the extra memory grows as m − pp
+    let extra = |b| memory_gib(&m, &batch(b), &g) - memory_gib(&m, &batch(b), &l);
+    assert_eq!(extra(8), 0.0); // m = 4 = pp
+                               // batch 256 over dp 2: m = 128; batch 128: m = 64
+    assert!((extra(256) / extra(128) - (128.0 - 4.0) / (64.0 - 4.0)).abs() < 1e-9);
+    // a fixed schedule stays fixed
+    let t = Training { global_batch: 256, ..Training::default() };
+    let fixed = Fixed::parse("tp=8,pp=4,schedule=gpipe,recompute=full").unwrap();
+    let r = search(&m, &a, 64, &t, &fixed).unwrap();
+    assert!(r.iter().all(|e| e.layout.gpipe && e.layout.v == 1));
+    assert!(Fixed::parse("schedule=zigzag").is_err());
 }

@@ -35,7 +35,9 @@ impl Recompute {
 }
 
 /// A 3D layout: tensor × pipeline × data parallel degrees, micro-batch size, virtual
-/// pipeline stages per GPU (1: 1F1B, more: interleaved 1F1B), recomputation, ZeRO stage.
+/// pipeline stages per GPU (1: 1F1B, more: interleaved 1F1B), recomputation, ZeRO stage, and
+/// `gpipe` for the all-forwards-then-all-backwards schedule (v = 1; same bubble as 1F1B,
+/// every micro-batch in flight).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Layout {
     pub tp: usize,
@@ -45,6 +47,18 @@ pub struct Layout {
     pub v: usize,
     pub recompute: Recompute,
     pub zero: u8,
+    pub gpipe: bool,
+}
+
+impl Layout {
+    /// The pipeline schedule's name.
+    pub fn schedule(&self) -> &'static str {
+        match (self.gpipe, self.v) {
+            (true, _) => "gpipe",
+            (false, 1) => "1f1b",
+            _ => "interleaved",
+        }
+    }
 }
 
 /// Number format of the run's matrix products, activations and communication.
@@ -220,6 +234,7 @@ pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
     // 1F1B keeps pp micro-batches in flight on the first stage; interleaving adds (pp−1)/(pp·v).
     let in_flight = match (l.pp, l.v) {
         (1, _) => 1.0,
+        _ if l.gpipe => micro_batches,
         (_, 1) => pp.min(micro_batches),
         (_, v) => (pp * (1.0 + (pp - 1.0) / (pp * v as f64))).min(micro_batches * v as f64),
     };

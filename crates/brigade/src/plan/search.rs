@@ -14,6 +14,8 @@ pub struct Fixed {
     pub v: Option<usize>,
     pub recompute: Option<Recompute>,
     pub zero: Option<u8>,
+    /// `gpipe`, `1f1b` (v = 1) or `interleaved` (v > 1).
+    pub schedule: Option<&'static str>,
 }
 
 impl Fixed {
@@ -42,6 +44,14 @@ impl Fixed {
                             .ok_or_else(|| Error::Config(format!("recompute={v}: expected none, selective or full")))?,
                     )
                 }
+                "schedule" => {
+                    f.schedule = Some(match v {
+                        "gpipe" => "gpipe",
+                        "1f1b" => "1f1b",
+                        "interleaved" => "interleaved",
+                        _ => return Err(Error::Config(format!("schedule={v}: expected gpipe, 1f1b or interleaved"))),
+                    })
+                }
                 "zero" => {
                     f.zero = Some(
                         v.parse::<u8>()
@@ -52,7 +62,7 @@ impl Fixed {
                 }
                 _ => {
                     return Err(Error::Config(format!(
-                        "unknown layout field '{k}'; known: tp, pp, dp, mb, v, recompute, zero"
+                        "unknown layout field '{k}'; known: tp, pp, dp, mb, v, recompute, zero, schedule"
                     )))
                 }
             }
@@ -102,7 +112,17 @@ pub fn layouts(m: &ModelShape, gpus: usize, t: &Training, fixed: &Fixed) -> Vec<
                             if fixed.zero.is_some_and(|x| x != zero) || (dp == 1 && zero > 0 && fixed.zero.is_none()) {
                                 continue;
                             }
-                            out.push(Layout { tp, pp, dp, mb, v, recompute, zero });
+                            for gpipe in [false, true] {
+                                let l = Layout { tp, pp, dp, mb, v, recompute, zero, gpipe };
+                                // GPipe only when asked for: it never beats 1F1B (same bubble, more memory).
+                                let wanted = match fixed.schedule {
+                                    Some(s) => l.schedule() == s,
+                                    None => !gpipe,
+                                };
+                                if wanted && (!gpipe || v == 1) {
+                                    out.push(l);
+                                }
+                            }
                         }
                     }
                 }
