@@ -29,7 +29,11 @@ fn bad_input_gets_a_clear_error() {
     std::fs::write(p.join("small.txt"), "hello world, this is a short file.\n".repeat(20)).unwrap();
     std::fs::write(p.join("heads.toml"), "n_embd = 30\nn_head = 4\n").unwrap();
     std::fs::write(p.join("typo.toml"), "stepz = 10\n").unwrap();
+    std::fs::write(p.join("binary.txt"), [0xffu8, 0xfe, 0x00, 0x80].repeat(500)).unwrap();
     fails_with(&["train", "--data", "missing.txt"], p, "missing.txt");
+    fails_with(&["train", "--data", "binary.txt"], p, "not UTF-8");
+    fails_with(&["train", "--resume", "nowhere"], p, "--resume needs a directory written by `brigade train --out`");
+    fails_with(&["sample", "--checkpoint", "nowhere", "--prompt", ""], p, "--prompt is empty");
     fails_with(&["train", "--data", "empty.txt"], p, "empty");
     fails_with(&["train", "--config", "heads.toml"], p, "divisible by n_head");
     fails_with(&["train", "--config", "typo.toml"], p, "stepz");
