@@ -53,6 +53,9 @@ pub struct TrainArgs {
     /// Continue the run saved in this checkpoint directory (may extend it with --steps).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Write a Chrome trace-event timeline of the run to this file (open in Perfetto).
+    #[arg(long)]
+    trace: Option<PathBuf>,
     /// Stop after this many steps in this process, saving a checkpoint (to test resuming).
     #[arg(long, hide = true)]
     stop_after: Option<usize>,
@@ -145,6 +148,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
         }
         None => Trainer::new(a.config()?)?,
     };
+    if a.trace.is_some() {
+        tr.timeline = Some(brigade::train::timeline::Timeline::new(0));
+    }
     let out = a.out.clone().or_else(|| a.resume.clone());
     brigade::with_threads(a.threads, move || train_loop(&mut tr, &a, out))?
 }
@@ -182,7 +188,9 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<(
         bar.set_position(s.step as u64);
         bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
         if tr.cfg.eval_every > 0 && s.step % tr.cfg.eval_every == 0 && s.step < tr.cfg.steps {
+            let t0 = Instant::now();
             let r = tr.evaluate();
+            tr.trace("evaluate", "eval", s.step, t0);
             let line = format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss);
             if bar.is_hidden() {
                 eprintln!("{line}");
@@ -192,7 +200,9 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<(
         }
         if let (Some(dir), Some(every)) = (&out, a.save_every) {
             if every > 0 && s.step % every == 0 {
+                let t0 = Instant::now();
                 tr.save(dir)?;
+                tr.trace("checkpoint", "io", s.step, t0);
             }
         }
     }
@@ -208,6 +218,10 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<(
     if let Some(dir) = &out {
         tr.save(dir)?;
         eprintln!("checkpoint written to {}", dir.display());
+    }
+    if let (Some(path), Some(tl)) = (&a.trace, &tr.timeline) {
+        tl.write(path)?;
+        eprintln!("timeline ({} spans) written to {}", tl.len(), path.display());
     }
     if tr.step < tr.cfg.steps {
         return Ok(());

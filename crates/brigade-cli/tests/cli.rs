@@ -240,3 +240,42 @@ fn plan_local_predicts_a_step_from_measurements() {
     assert!((parts - p["step_s"].as_f64().unwrap()).abs() < 1e-12);
     fails_with(&["plan", "--local", "--model", "tiny", "--seq", "65"], d.path(), "block_size");
 }
+
+#[test]
+fn train_writes_a_chrome_trace_timeline() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let out = brigade(
+        &[
+            "train",
+            "--steps",
+            "3",
+            "--batch",
+            "8",
+            "--micro-batch",
+            "4",
+            "--threads",
+            "1",
+            "--eval-every",
+            "2",
+            "--trace",
+            "t.json",
+        ],
+        p,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p.join("t.json")).unwrap()).unwrap();
+    let ev = v["traceEvents"].as_array().unwrap();
+    let count = |name: &str| ev.iter().filter(|e| e["name"] == name).count();
+    assert_eq!((count("forward mb0"), count("backward mb1"), count("adamw"), count("evaluate")), (3, 3, 3, 1));
+    assert!(ev.iter().all(|e| e["ph"] == "X" && e["dur"].as_f64().unwrap() >= 0.0));
+    // within a step: data, then forward/backward, then clip, then the optimizer
+    let start = |name: &str, step: u64| {
+        ev.iter().find(|e| e["name"] == name && e["args"]["step"] == step).unwrap()["ts"].as_f64().unwrap()
+    };
+    assert!(
+        start("data", 2) < start("forward mb0", 2)
+            && start("backward mb1", 2) < start("clip", 2)
+            && start("clip", 2) < start("adamw", 2)
+    );
+}

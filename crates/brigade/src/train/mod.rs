@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod optimizer;
+pub mod timeline;
 pub mod trainer;
 
 pub use config::TrainConfig;

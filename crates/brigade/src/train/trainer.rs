@@ -5,10 +5,12 @@ use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use super::config::TrainConfig;
 use super::data::{Dataset, TextData, Tokenizer};
 use super::optimizer::{clip_grad_norm, AdamW, LrSchedule};
+use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::models::{generate, Activations, Gpt, SampleOptions};
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Instant;
 
 #[derive(Clone, Copy, Debug)]
 pub struct StepStats {
@@ -54,6 +56,8 @@ pub struct Trainer {
     pub losses: Vec<f32>,
     acts: Activations,
     sched: LrSchedule,
+    /// Set to record a Chrome trace of the run (`brigade train --trace`).
+    pub timeline: Option<Timeline>,
 }
 
 impl Trainer {
@@ -108,6 +112,7 @@ impl Trainer {
             losses: Vec::new(),
             acts: Activations::default(),
             sched,
+            timeline: None,
             cfg,
         })
     }
@@ -122,31 +127,49 @@ impl Trainer {
 
     pub fn train_step(&mut self) -> Result<StepStats> {
         let (b, t) = (self.cfg.batch, self.seq);
+        let step = self.step + 1;
+        let t0 = Instant::now();
         let (x, y) = self.data.batch(self.cfg.seed, self.step, b, t);
         self.model.check_input(&x, b, t)?;
         let count = y.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count();
         if count == 0 {
             return Err(Error::Data("a batch has no target tokens".into()));
         }
+        self.trace("data", "data", step, t0);
         let lr = self.sched.at(self.step);
         self.grads.fill(0.0);
         let mb = self.cfg.micro_batch();
         let scale = 1.0 / count as f32;
         let mut loss_sum = 0f64;
-        for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
-            let (l, _) =
-                self.model.forward_backward(&self.params, &mut self.grads, xm, ym, mb, t, scale, &mut self.acts);
-            loss_sum += l;
+        for (i, (xm, ym)) in x.chunks(mb * t).zip(y.chunks(mb * t)).enumerate() {
+            let t0 = Instant::now();
+            self.model.forward(&self.params, xm, mb, t, &mut self.acts);
+            loss_sum += self.model.loss(ym, &mut self.acts).0;
+            self.trace(format!("forward mb{i}"), "compute", step, t0);
+            let t0 = Instant::now();
+            self.model.backward(&self.params, &mut self.grads, xm, ym, scale, &mut self.acts);
+            self.trace(format!("backward mb{i}"), "compute", step, t0);
         }
         let loss = (loss_sum / count as f64) as f32;
         if !loss.is_finite() {
-            return Err(Error::Train(format!("loss became {loss} at step {}; lower --lr", self.step + 1)));
+            return Err(Error::Train(format!("loss became {loss} at step {step}; lower --lr")));
         }
+        let t0 = Instant::now();
         let grad_norm = clip_grad_norm(&mut self.grads, self.cfg.grad_clip);
+        self.trace("clip", "optimizer", step, t0);
+        let t0 = Instant::now();
         self.opt.step(&mut self.params, &self.grads, lr);
-        self.step += 1;
+        self.trace("adamw", "optimizer", step, t0);
+        self.step = step;
         self.losses.push(loss);
-        Ok(StepStats { step: self.step, loss, lr, grad_norm, tokens: b * t })
+        Ok(StepStats { step, loss, lr, grad_norm, tokens: b * t })
+    }
+
+    /// Adds a span to the timeline, if one is being recorded.
+    pub fn trace(&mut self, name: impl Into<String>, cat: &'static str, step: usize, start: Instant) {
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.record(name, cat, step, start);
+        }
     }
 
     /// Held-out accuracy (addition) or validation loss (text).
