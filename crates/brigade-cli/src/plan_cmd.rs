@@ -281,18 +281,19 @@ pub fn run(a: PlanArgs) -> Result<()> {
     );
     println!("{} layouts fit; fastest first:", ranked.len());
     println!(
-        "{:>4} {:>4} {:>5} {:>3} {:>2} {:>10} {:>4} {:>9} {:>9} {:>6} {:>8}",
-        "tp", "pp", "dp", "mb", "v", "recompute", "zero", "step (s)", "TFLOP/s", "MFU", "mem GiB"
+        "{:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9} {:>9} {:>6} {:>8}",
+        "tp", "pp", "dp", "mb", "v", "schedule", "recompute", "zero", "step (s)", "TFLOP/s", "MFU", "mem GiB"
     );
     for e in ranked.iter().take(a.top) {
         let l = e.layout;
         println!(
-            "{:>4} {:>4} {:>5} {:>3} {:>2} {:>10} {:>4} {:>9.3} {:>9.1} {:>5.1}% {:>8.1}",
+            "{:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9.3} {:>9.1} {:>5.1}% {:>8.1}",
             l.tp,
             l.pp,
             l.dp,
             l.mb,
             l.v,
+            l.schedule(),
             format!("{:?}", l.recompute).to_lowercase(),
             l.zero,
             e.step_time_s,

@@ -51,9 +51,10 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The pipeline schedule's name.
+    /// The pipeline schedule's name ("none" without pipeline parallelism).
     pub fn schedule(&self) -> &'static str {
         match (self.gpipe, self.v) {
+            _ if self.pp == 1 => "none",
             (true, _) => "gpipe",
             (false, 1) => "1f1b",
             _ => "interleaved",

@@ -116,7 +116,8 @@ pub fn layouts(m: &ModelShape, gpus: usize, t: &Training, fixed: &Fixed) -> Vec<
                                 let l = Layout { tp, pp, dp, mb, v, recompute, zero, gpipe };
                                 // GPipe only when asked for: it never beats 1F1B (same bubble, more memory).
                                 let wanted = match fixed.schedule {
-                                    Some(s) => l.schedule() == s,
+                                    // without a pipeline any schedule is trivially met, once
+                                    Some(s) => l.schedule() == s || (l.pp == 1 && !gpipe),
                                     None => !gpipe,
                                 };
                                 if wanted && (!gpipe || v == 1) {
