@@ -91,8 +91,13 @@ impl Comm {
         self.inner.tracer.enable(on);
     }
 
+    /// Returns and clears the recorded calls; their times count from [`Comm::trace_epoch`].
     pub fn take_trace(&self) -> Vec<TraceEvent> {
         self.inner.tracer.take()
+    }
+
+    pub fn trace_epoch(&self) -> std::time::Instant {
+        self.inner.tracer.epoch()
     }
 
     /// Blocking calls first wait for this communicator's queued asynchronous ones, so that

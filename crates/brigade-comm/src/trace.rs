@@ -40,6 +40,11 @@ impl Tracer {
         }
     }
 
+    /// The instant event times are measured from.
+    pub fn epoch(&self) -> Instant {
+        self.epoch
+    }
+
     /// Returns and clears what was recorded.
     pub fn take(&self) -> Vec<TraceEvent> {
         let mut g = self.events.lock().unwrap_or_else(|p| p.into_inner());

@@ -13,6 +13,8 @@ struct Span {
     start_us: f64,
     dur_us: f64,
     step: usize,
+    /// Extra arguments shown in the viewer (a collective's bytes and algorithm).
+    detail: Option<(usize, &'static str)>,
 }
 
 pub struct Timeline {
@@ -35,7 +37,25 @@ impl Timeline {
             start_us: (start - self.epoch).as_secs_f64() * 1e6,
             dur_us: (end - start).as_secs_f64() * 1e6,
             step,
+            detail: None,
         });
+    }
+
+    /// Adds a communicator's recorded calls (from `Comm::take_trace`, timed from `epoch`, its
+    /// `Comm::trace_epoch`) to this rank's timeline, beside the compute spans.
+    pub fn add_comm(&mut self, epoch: Instant, events: &[brigade_comm::TraceEvent], step: usize) {
+        for e in events {
+            let start = epoch + e.start;
+            let us = |t: Instant| t.saturating_duration_since(self.epoch).as_secs_f64() * 1e6;
+            self.spans.push(Span {
+                name: e.op.to_string(),
+                cat: "comm",
+                start_us: us(start),
+                dur_us: (e.end - e.start).as_secs_f64() * 1e6,
+                step,
+                detail: Some((e.bytes, e.algorithm)),
+            });
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -51,8 +71,13 @@ impl Timeline {
             .spans
             .iter()
             .map(|s| {
+                let mut args = serde_json::json!({"step": s.step});
+                if let Some((bytes, algorithm)) = s.detail {
+                    args["bytes"] = bytes.into();
+                    args["algorithm"] = algorithm.into();
+                }
                 serde_json::json!({"name": s.name, "cat": s.cat, "ph": "X", "ts": s.start_us, "dur": s.dur_us,
-                    "pid": 0, "tid": self.rank, "args": {"step": s.step}})
+                    "pid": 0, "tid": self.rank, "args": args})
             })
             .collect();
         serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"})
@@ -64,5 +89,38 @@ impl Timeline {
         let text = serde_json::to_string(&self.to_json()).expect("JSON values serialise");
         std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brigade_comm::ReduceOp;
+
+    #[test]
+    fn collectives_join_the_compute_spans_of_each_rank() {
+        let traces = brigade_comm::local::run(2, |c| {
+            let mut tl = Timeline::new(c.rank());
+            c.enable_tracing(true);
+            let t0 = Instant::now();
+            let mut grads = vec![1.0f32; 100_000];
+            tl.record("backward", "compute", 1, t0);
+            c.all_reduce(&mut grads, ReduceOp::Avg)?;
+            tl.add_comm(c.trace_epoch(), &c.take_trace(), 1);
+            Ok::<_, brigade_comm::CommError>(tl.to_json())
+        })
+        .unwrap();
+        for (rank, v) in traces.iter().enumerate() {
+            let ev = v["traceEvents"].as_array().unwrap();
+            assert_eq!(ev.len(), 2);
+            let (compute, comm) = (&ev[0], &ev[1]);
+            assert_eq!(comm["name"], "all_reduce");
+            assert_eq!(comm["cat"], "comm");
+            assert_eq!(comm["tid"], rank);
+            assert_eq!(comm["args"]["bytes"], 400_000);
+            assert_eq!(comm["args"]["algorithm"], "direct");
+            // the all-reduce started after the backward span did
+            assert!(comm["ts"].as_f64().unwrap() >= compute["ts"].as_f64().unwrap());
+        }
     }
 }
