@@ -1,9 +1,8 @@
 use anyhow::{bail, Result};
 use brigade::models::{generate, SampleOptions};
-use brigade::train::addition::Addition;
-use brigade::train::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
+use brigade::train::checkpoint::{load_model, TOKENIZER_FILE};
 use brigade::train::data::Tokenizer;
-use brigade::train::trainer::solve_addition;
+use brigade::train::trainer::{saved_config, solve_addition};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -29,17 +28,6 @@ pub struct SampleArgs {
     threads: usize,
 }
 
-/// The addition task's digit count if the checkpoint was trained on it.
-fn addition_task(dir: &std::path::Path) -> Option<Addition> {
-    let text = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let cfg = &v["config"];
-    if !cfg["data"].is_null() {
-        return None;
-    }
-    Some(Addition { digits: cfg["digits"].as_u64()? as usize, reverse: cfg["reverse"].as_bool().unwrap_or(true) })
-}
-
 pub fn run(a: SampleArgs) -> Result<()> {
     if a.prompt.is_empty() {
         bail!("--prompt is empty; give some text to continue");
@@ -48,7 +36,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
         bail!("--temperature must be 0 (greedy) or positive, got {}", a.temperature);
     }
     let (model, params) = load_model(&a.checkpoint)?;
-    if let Some(task) = addition_task(&a.checkpoint) {
+    if let Some(task) = saved_config(&a.checkpoint).ok().and_then(|c| c.addition()) {
         let q = a.prompt.trim().trim_end_matches('=');
         let parsed =
             q.split_once('+').and_then(|(x, y)| Some((x.trim().parse::<u64>().ok()?, y.trim().parse::<u64>().ok()?)));

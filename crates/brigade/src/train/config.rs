@@ -99,6 +99,11 @@ impl TrainConfig {
         Ok(cfg)
     }
 
+    /// The built-in addition task this run trains on, if it has no data file.
+    pub fn addition(&self) -> Option<super::addition::Addition> {
+        self.data.is_none().then_some(super::addition::Addition { digits: self.digits, reverse: self.reverse })
+    }
+
     pub fn micro_batch(&self) -> usize {
         self.micro_batch.unwrap_or(self.batch)
     }

@@ -71,7 +71,7 @@ impl Trainer {
         let model = Gpt::new(mcfg)?;
         let (data, seq) = match &cfg.data {
             None => {
-                let a = Addition { digits: cfg.digits, reverse: cfg.reverse };
+                let a = cfg.addition().expect("no data file: the addition task");
                 let natural = a.seq_len() - 1;
                 if cfg.seq.is_some_and(|s| s != natural) {
                     return Err(Error::Train(format!(
@@ -240,17 +240,8 @@ impl Trainer {
 
     /// Continues the run saved in `dir`; `steps` may extend it.
     pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
-        let path = dir.join(STATE_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            Error::ckpt(
-                &path,
-                format!("cannot read ({e}); --resume needs a directory written by `brigade train --out`"),
-            )
-        })?;
-        let state: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
-        let mut cfg: TrainConfig = serde_json::from_value(state["config"].clone())
-            .map_err(|e| Error::ckpt(&path, format!("bad config ({e})")))?;
+        let (state, path) = read_state(dir)?;
+        let mut cfg = config_of(&state, &path)?;
         let step = state["step"].as_u64().ok_or_else(|| Error::ckpt(&path, "missing 'step'"))? as usize;
         let losses: Vec<f32> = serde_json::from_value(state["losses"].clone())
             .map_err(|e| Error::ckpt(&path, format!("bad losses ({e})")))?;
@@ -271,6 +262,26 @@ impl Trainer {
         tr.losses = losses;
         Ok(tr)
     }
+}
+
+/// The trainer state file of a checkpoint directory, parsed, and its path.
+fn read_state(dir: &Path) -> Result<(serde_json::Value, std::path::PathBuf)> {
+    let path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        Error::ckpt(&path, format!("cannot read ({e}); --resume needs a directory written by `brigade train --out`"))
+    })?;
+    let state = serde_json::from_str(&text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
+    Ok((state, path))
+}
+
+fn config_of(state: &serde_json::Value, path: &Path) -> Result<TrainConfig> {
+    serde_json::from_value(state["config"].clone()).map_err(|e| Error::ckpt(path, format!("bad config ({e})")))
+}
+
+/// The settings of the run that wrote checkpoint `dir`.
+pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
+    let (state, path) = read_state(dir)?;
+    config_of(&state, &path)
 }
 
 fn save_moments(
