@@ -2,7 +2,8 @@
 batch, and the logits, loss and parameter gradients that PyTorch computes for it.
 
 brigade's test `hf_gpt2_fixture` loads the weights (saved with save_pretrained, so in Hugging
-Face's own file format and names) and must match these numbers to 1e-4 relative.
+Face's own file format and names) and must match these numbers to 1e-4 relative, including the logits of a
+100-token prompt (longer than one attention tile).
 
 Run from the repository root with the peers' environment (../shared/peers/setup_venv.sh):
     ../shared/peers/.venv/bin/python scripts/make_gpt2_fixture.py
@@ -16,7 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 OUT = "crates/brigade/tests/fixtures/gpt2_hf"
 torch.manual_seed(0)
 cfg = GPT2Config(
-    n_layer=2, n_head=4, n_embd=32, vocab_size=67, n_positions=16,
+    n_layer=2, n_head=4, n_embd=32, vocab_size=67, n_positions=128,
     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=True,
 )
@@ -40,8 +41,13 @@ grads = {}
 for ours in ["wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias",
              "h.1.attn.c_proj.weight", "h.1.mlp.c_fc.weight", "h.1.mlp.c_proj.bias", "ln_f.weight", "ln_f.bias"]:
     grads["grad." + ours] = named["transformer." + ours].grad.detach().clone().contiguous()
+# A prompt longer than one 64-row attention tile (brigade skips masked tiles block by block).
+long_ids = torch.randint(0, cfg.vocab_size, (2, 100), generator=g)
+with torch.no_grad():
+    long_logits = model(input_ids=long_ids).logits
 save_file(
-    {"input_ids": ids.to(torch.int64), "logits": out.logits.detach().contiguous(),
+    {"long_input_ids": long_ids.to(torch.int64), "long_logits": long_logits.contiguous(),
+     "input_ids": ids.to(torch.int64), "logits": out.logits.detach().contiguous(),
      "loss": out.loss.detach().reshape(1), **grads},
     os.path.join(OUT, "expected.safetensors"),
 )

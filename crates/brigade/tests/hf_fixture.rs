@@ -60,4 +60,19 @@ fn matches_hugging_face_gpt2() {
         }
     }
     assert!(checked >= 10, "fixture holds too few gradients ({checked})");
+
+    // A prompt longer than one attention tile: full logits, and the last position alone.
+    let long = st.tensor("long_input_ids").unwrap();
+    let (b, t) = (long.shape()[0], long.shape()[1]);
+    assert!(t > 64);
+    let ids: Vec<u32> = long.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
+    let want = f32s(&st, "long_logits");
+    model.forward(&params, &ids, b, t, &mut acts);
+    let e = rel_err(&acts.logits, &want);
+    assert!(e < 1e-4, "logits of a {t}-token prompt differ from Hugging Face by {e:.2e} (relative)");
+    let last = model.forward_last(&params, &ids, b, t, &mut acts);
+    let v = model.cfg.vocab_size;
+    let want_last: Vec<f32> = (0..b).flat_map(|i| want[((i + 1) * t - 1) * v..][..v].to_vec()).collect();
+    let e = rel_err(&last, &want_last);
+    assert!(e < 1e-4, "last-position logits of a {t}-token prompt differ from Hugging Face by {e:.2e}");
 }

@@ -54,6 +54,8 @@ pub struct Trainer {
     pub seq: usize,
     /// Loss of every step taken so far (including those before a resume).
     pub losses: Vec<f32>,
+    /// Gradient norm (before clipping) of every step taken in this process.
+    pub grad_norms: Vec<f32>,
     acts: Activations,
     sched: LrSchedule,
     /// Set to record a Chrome trace of the run (`brigade train --trace`).
@@ -110,6 +112,7 @@ impl Trainer {
             tokenizer,
             seq,
             losses: Vec::new(),
+            grad_norms: Vec::new(),
             acts: Activations::default(),
             sched,
             timeline: None,
@@ -125,18 +128,61 @@ impl Trainer {
         self.cfg.batch * self.seq
     }
 
+    /// Takes the next optimizer step on the run's own batch (a pure function of seed and step).
     pub fn train_step(&mut self) -> Result<StepStats> {
-        let (b, t) = (self.cfg.batch, self.seq);
-        let step = self.step + 1;
         let t0 = Instant::now();
-        let (x, y) = self.data.batch(self.cfg.seed, self.step, b, t);
-        self.model.check_input(&x, b, t)?;
+        let (x, y) = self.data.batch(self.cfg.seed, self.step, self.cfg.batch, self.seq);
+        self.trace("data", "data", self.step + 1, t0);
+        self.step_on(&x, &y)
+    }
+
+    /// One optimizer step on the given global batch (`batch` sequences of equal length):
+    /// accumulate the gradient over micro-batches, clip it, AdamW.
+    pub fn step_on(&mut self, x: &[u32], y: &[i32]) -> Result<StepStats> {
+        let step = self.step + 1;
+        let lr = self.sched.at(self.step);
+        let (loss_sum, count) = self.accumulate_gradients(x, y)?;
+        let loss = (loss_sum / count as f64) as f32;
+        if !loss.is_finite() {
+            return Err(Error::Train(self.explain_nonfinite_loss(loss, step)));
+        }
+        let t0 = Instant::now();
+        let grad_norm = clip_grad_norm(&mut self.grads, self.cfg.grad_clip);
+        self.trace("clip", "optimizer", step, t0);
+        let t0 = Instant::now();
+        self.opt.step(&mut self.params, &self.grads, lr);
+        self.trace("adamw", "optimizer", step, t0);
+        self.step = step;
+        self.losses.push(loss);
+        self.grad_norms.push(grad_norm);
+        Ok(StepStats { step, loss, lr, grad_norm, tokens: x.len() })
+    }
+
+    /// The gradient of the mean loss over every counted target of the global batch, summed
+    /// over its micro-batches (each scaled by 1 / the batch's count, not its own), into
+    /// `self.grads`. Returns (sum of token losses, counted targets).
+    pub fn accumulate_gradients(&mut self, x: &[u32], y: &[i32]) -> Result<(f64, usize)> {
+        let b = self.cfg.batch;
+        if x.len() != y.len() || x.is_empty() || !x.len().is_multiple_of(b) {
+            return Err(Error::Train(format!(
+                "a batch of {} tokens and {} targets does not split into {b} equal sequences",
+                x.len(),
+                y.len()
+            )));
+        }
+        let t = x.len() / b;
+        self.model.check_input(x, b, t)?;
+        let vocab = self.model.cfg.vocab_size;
+        if let Some(&bad) =
+            y.iter().find(|&&v| v != crate::tensor::loss::IGNORE && !(0..vocab as i64).contains(&(v as i64)))
+        {
+            return Err(Error::Data(format!("target {bad} is outside the vocabulary of {vocab}")));
+        }
         let count = y.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count();
         if count == 0 {
             return Err(Error::Data("a batch has no target tokens".into()));
         }
-        self.trace("data", "data", step, t0);
-        let lr = self.sched.at(self.step);
+        let step = self.step + 1;
         self.grads.fill(0.0);
         let mb = self.cfg.micro_batch();
         let scale = 1.0 / count as f32;
@@ -150,19 +196,30 @@ impl Trainer {
             self.model.backward(&self.params, &mut self.grads, xm, ym, scale, &mut self.acts);
             self.trace(format!("backward mb{i}"), "compute", step, t0);
         }
-        let loss = (loss_sum / count as f64) as f32;
-        if !loss.is_finite() {
-            return Err(Error::Train(format!("loss became {loss} at step {step}; lower --lr")));
+        Ok((loss_sum, count))
+    }
+
+    /// The gradient left by the last `accumulate_gradients` (or, after a step, clipped).
+    pub fn grads(&self) -> &[f32] {
+        &self.grads
+    }
+
+    /// A non-finite loss, with what most likely caused it.
+    fn explain_nonfinite_loss(&self, loss: f32, step: usize) -> String {
+        if let Some(name) =
+            self.model.layout.specs.iter().find(|s| s.view.of(&self.params).iter().any(|v| !v.is_finite()))
+        {
+            return format!("loss became {loss} at step {step}: parameter '{}' holds non-finite values (a corrupt checkpoint, or an earlier overflow); resume from an earlier checkpoint", name.name);
         }
-        let t0 = Instant::now();
-        let grad_norm = clip_grad_norm(&mut self.grads, self.cfg.grad_clip);
-        self.trace("clip", "optimizer", step, t0);
-        let t0 = Instant::now();
-        self.opt.step(&mut self.params, &self.grads, lr);
-        self.trace("adamw", "optimizer", step, t0);
-        self.step = step;
-        self.losses.push(loss);
-        Ok(StepStats { step, loss, lr, grad_norm, tokens: b * t })
+        if step == 1 {
+            return format!("loss is {loss} at the first step, before any update: the initial weights or the data overflow (check --resume's weights, the vocabulary and the data), not the learning rate");
+        }
+        let last = self.grad_norms.last().copied().unwrap_or(f32::NAN);
+        let first = self.grad_norms.first().copied().unwrap_or(f32::NAN);
+        if !last.is_finite() || last > 100.0 * first.max(1e-12) {
+            return format!("loss became {loss} at step {step} after the gradient norm grew from {first:.3e} to {last:.3e}: training diverged; lower --lr (now {:.2e}) or set grad_clip (now {})", self.cfg.lr, self.cfg.grad_clip);
+        }
+        format!("loss became {loss} at step {step} with a steady gradient norm ({last:.3e}): probably an overflow in the activations; lower --lr (now {:.2e}) or check the data", self.cfg.lr)
     }
 
     /// Adds a span to the timeline, if one is being recorded.

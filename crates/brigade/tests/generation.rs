@@ -1,0 +1,50 @@
+//! Generation: the last-position path (`forward_last`, used by `sample` and the evaluation)
+//! against the full forward, and a trained addition checkpoint answering as the README says.
+
+use brigade::models::{Activations, Gpt, GptConfig};
+use brigade::train::checkpoint::load_model;
+use brigade::train::trainer::{saved_config, solve_addition};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::Path;
+
+#[test]
+fn forward_last_is_the_last_row_of_the_full_logits() {
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 37, block_size: 160 };
+    let model = Gpt::new(cfg).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut params = model.layout.init(9);
+    for p in params.iter_mut() {
+        *p += rng.gen_range(-0.3..0.3);
+    }
+    let v = cfg.vocab_size;
+    // lengths inside one 64-row attention tile, at its edge, and across several
+    for t in [1, 2, 5, 63, 64, 65, 130, 160] {
+        let b = 3;
+        let tokens: Vec<u32> = (0..b * t).map(|_| rng.gen_range(0..v as u32)).collect();
+        let mut acts = Activations::default();
+        let last = model.forward_last(&params, &tokens, b, t, &mut acts);
+        let mut acts = Activations::default();
+        model.forward(&params, &tokens, b, t, &mut acts);
+        for i in 0..b {
+            let want = &acts.logits[((i + 1) * t - 1) * v..][..v];
+            let got = &last[i * v..(i + 1) * v];
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (k, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!((g - w).abs() <= 1e-5 * scale, "t={t} seq {i} logit {k}: {g} vs full forward {w}");
+            }
+        }
+    }
+}
+
+/// `brigade train --out DIR` with the defaults (the README's quick start), weights and run
+/// settings checked in (the optimizer state left out): it must answer 482+139 with 621.
+#[test]
+fn the_readme_addition_checkpoint_answers_621() {
+    let dir = Path::new("tests/fixtures/addition_ckpt");
+    let (model, params) = load_model(dir).unwrap();
+    let task = saved_config(dir).unwrap().addition().expect("an addition checkpoint");
+    let got = solve_addition(&model, &params, &task, &[(482, 139), (999, 1), (0, 0), (123, 877)]);
+    let answers: Vec<Option<u64>> = got.iter().map(|g| task.parse_answer(g)).collect();
+    assert_eq!(answers, vec![Some(621), Some(1000), Some(0), Some(1000)], "model wrote {got:?}");
+}
