@@ -2,7 +2,7 @@
 //!
 //! The scalar probed is `L = Σ yᵢ·rᵢ` (r fixed random), summed in f64 so that the only f32
 //! rounding is in the kernels. The check compares the vector of sampled partial derivatives:
-//! ‖fd − analytic‖ / ‖fd‖ must be below 1e-2 — a wrong backward is off by O(1).
+//! ‖fd − analytic‖ / ‖fd‖ must be below a tolerance set near the measured error (see below).
 
 use brigade::models::{Activations, Gpt, GptConfig};
 use brigade::tensor::attention::{attention_backward, attention_forward, AttnShape};
@@ -14,6 +14,13 @@ use brigade::tensor::matmul::{matmul, matmul_reference};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// Tolerances a few times above the errors measured with central differences in f32 kernels
+/// (kernels: at most 1.0e-4, attention over 150 positions; the whole model: at most 7.4e-4, the
+/// position embedding). A wrong backward is off by O(1); a subtly wrong one (a missing term of
+/// one row, a scale slightly off) by far more than these.
+const KERNEL_TOL: f64 = 5e-4;
+const MODEL_TOL: f64 = 3e-3;
+
 fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale).collect()
 }
@@ -23,7 +30,7 @@ fn dot(y: &[f32], r: &[f32]) -> f64 {
 }
 
 /// Central differences of `f` at up to `samples` coordinates of `x`, compared to `analytic`.
-fn check(name: &str, x: &[f32], analytic: &[f32], eps: f32, samples: usize, f: impl Fn(&[f32]) -> f64) {
+fn check(name: &str, x: &[f32], analytic: &[f32], eps: f32, samples: usize, tol: f64, f: impl Fn(&[f32]) -> f64) {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let idx: Vec<usize> = if x.len() <= samples {
         (0..x.len()).collect()
@@ -45,7 +52,8 @@ fn check(name: &str, x: &[f32], analytic: &[f32], eps: f32, samples: usize, f: i
     }
     let rel = (num / den.max(1e-30)).sqrt();
     assert!(den > 0.0, "{name}: all sampled derivatives are zero, the check proves nothing");
-    assert!(rel < 1e-2, "{name}: relative gradient error {rel:.3e}");
+    println!("{name}: relative gradient error {rel:.3e} over {} coordinates", idx.len());
+    assert!(rel < tol, "{name}: relative gradient error {rel:.3e} (tolerance {tol:.0e})");
 }
 
 #[test]
@@ -87,9 +95,9 @@ fn layernorm_backward_matches_finite_differences() {
     let (_, m, s) = fwd(&x, &w, &b);
     let (mut dx, mut dw, mut db) = (vec![0f32; n * c], vec![0f32; c], vec![0f32; c]);
     layernorm_backward(&mut dx, &mut dw, &mut db, &r, &x, &m, &s, &w, c);
-    check("layernorm dx", &x, &dx, 1e-2, 60, |x| dot(&fwd(x, &w, &b).0, &r));
-    check("layernorm dw", &w, &dw, 1e-2, 60, |w| dot(&fwd(&x, w, &b).0, &r));
-    check("layernorm db", &b, &db, 1e-2, 60, |b| dot(&fwd(&x, &w, b).0, &r));
+    check("layernorm dx", &x, &dx, 1e-2, 240, KERNEL_TOL, |x| dot(&fwd(x, &w, &b).0, &r));
+    check("layernorm dw", &w, &dw, 1e-2, 240, KERNEL_TOL, |w| dot(&fwd(&x, w, &b).0, &r));
+    check("layernorm db", &b, &db, 1e-2, 240, KERNEL_TOL, |b| dot(&fwd(&x, &w, b).0, &r));
 }
 
 #[test]
@@ -104,7 +112,7 @@ fn gelu_backward_matches_finite_differences() {
     };
     let mut d = r.clone();
     gelu_backward(&mut d, &x);
-    check("gelu", &x, &d, 1e-2, 200, |x| dot(&fwd(x), &r));
+    check("gelu", &x, &d, 1e-2, 800, KERNEL_TOL, |x| dot(&fwd(x), &r));
     // and the forward against the formula in f64
     let y = fwd(&x);
     for (&x, &y) in x.iter().zip(&y) {
@@ -134,7 +142,7 @@ fn attention_gradcheck(seed: u64, s: AttnShape) {
     let (_, p) = fwd(&qkv);
     let mut d = vec![0f32; qkv.len()];
     attention_backward(&mut d, &r, &qkv, &p, s);
-    check("attention", &qkv, &d, 1e-2, 300, |q| dot(&fwd(q).0, &r));
+    check("attention", &qkv, &d, 1e-2, 1200, KERNEL_TOL, |q| dot(&fwd(q).0, &r));
 }
 
 #[test]
@@ -195,7 +203,7 @@ fn cross_entropy_backward_matches_finite_differences() {
     }
     let mut d = logits.clone();
     cross_entropy_backward(&mut d, &lse, &targets, v, 1.0 / count as f32);
-    check("cross-entropy", &logits, &d, 1e-2, 200, mean_loss);
+    check("cross-entropy", &logits, &d, 1e-2, 800, KERNEL_TOL, mean_loss);
 }
 
 #[test]
@@ -213,8 +221,8 @@ fn embedding_backward_matches_finite_differences() {
     };
     let (mut dte, mut dpe) = (vec![0f32; v * c], vec![0f32; t * c]);
     embedding_backward(&mut dte, &mut dpe, &r, &tokens, t, c);
-    check("embedding wte", &wte, &dte, 1e-2, 100, |w| dot(&fwd(w, &wpe), &r));
-    check("embedding wpe", &wpe, &dpe, 1e-2, 100, |w| dot(&fwd(&wte, w), &r));
+    check("embedding wte", &wte, &dte, 1e-2, 400, KERNEL_TOL, |w| dot(&fwd(w, &wpe), &r));
+    check("embedding wpe", &wpe, &dpe, 1e-2, 400, KERNEL_TOL, |w| dot(&fwd(&wte, w), &r));
 }
 
 /// The whole model: every parameter tensor gets sampled coordinates checked.
@@ -246,7 +254,7 @@ fn gpt_gradient_matches_finite_differences() {
         let sub_p = v.of(&params).to_vec();
         let sub_g = v.of(&grads).to_vec();
         let full = params.clone();
-        check(&spec.name, &sub_p, &sub_g, 1e-2, 12, |x| {
+        check(&spec.name, &sub_p, &sub_g, 1e-2, 48, MODEL_TOL, |x| {
             let mut p = full.clone();
             v.of_mut(&mut p).copy_from_slice(x);
             loss(&p)

@@ -1,18 +1,31 @@
 //! The planner against published training runs (../shared/anchors/published_runs.tsv): on each
 //! row's own layout the predicted TFLOP/s per GPU, of the row's kind (hardware or model FLOPs),
-//! must be within ±15% of the published figure; the planner's own choice must fit and be
-//! predicted at least as fast. Fields a row does not publish (micro-batch, interleaving,
-//! recomputation) are searched, as `--layout` does with missing fields.
+//! must be within ±10% of the published figure (the README's claim); the planner's own choice
+//! must fit and be predicted at least as fast. Fields a row does not publish (micro-batch,
+//! interleaving, recomputation, ZeRO) are searched among the layouts our memory model says fit,
+//! as `brigade plan --layout` does with missing fields. A run that really happened but that our
+//! memory model says cannot fit in any completion of its layout is a known failure, listed by
+//! name below; the test fails if the list is wrong in either direction.
 
 use brigade::plan::catalog::{accelerator, ModelShape};
-use brigade::plan::{rank_all, search, Fixed, Recompute, Training};
+use brigade::plan::{search, Fixed, Recompute, Training};
 use std::collections::HashMap;
 
 const TSV: &str = "../../../shared/anchors/published_runs.tsv";
 
+/// Published runs as they really ran (with the interleaving factor their paper describes but
+/// the table leaves blank) that our memory model says cannot fit: it is conservative about their
+/// activations. Known failures, to be fixed with the pipeline work of "Parallel training II";
+/// the test fails once one of them fits, so that this list is kept true.
+const KNOWN_MEMORY_MISFITS: &[(&str, usize)] = &[("LLAMA3-405B-1", 2)];
+
 #[test]
 fn predictions_match_published_runs() {
     let Ok(text) = std::fs::read_to_string(TSV) else {
+        assert!(
+            std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
+            "{TSV} not found and BRIGADE_REQUIRE_SHARED is set"
+        );
         eprintln!("skipped: {TSV} not found (the shared anchors are absent)");
         return;
     };
@@ -53,30 +66,44 @@ fn predictions_match_published_runs() {
         };
         let gpus = num("gpus").unwrap();
         // The run happened, so it fit in reality: its unpublished fields (tuned by its authors)
-        // are searched among all layouts; the report says where our memory model disagrees.
-        let theirs = rank_all(&m, &a, gpus, &t, &fixed);
-        assert!(!theirs.is_empty(), "{}: the published layout is not a valid layout", row["id"]);
+        // are searched among the layouts that fit by our memory model.
+        if let Some(&(id, v)) = KNOWN_MEMORY_MISFITS.iter().find(|(id, _)| *id == row["id"]) {
+            let as_run = Fixed { v: Some(v), ..fixed };
+            match search(&m, &a, gpus, &t, &as_run) {
+                Ok(r) => panic!(
+                    "{id} with v={v} fits now ({:.1} GiB): remove it from KNOWN_MEMORY_MISFITS",
+                    r[0].memory_gib_per_gpu
+                ),
+                Err(e) => report.push(format!("{id:<15} known failure with v={v}: {e}")),
+            }
+        }
+        let known_failure = KNOWN_MEMORY_MISFITS.iter().any(|(id, _)| *id == row["id"]);
+        let theirs = search(&m, &a, gpus, &t, &fixed)
+            .unwrap_or_else(|e| panic!("{}: no completion of the published layout fits: {e}", row["id"]));
         let e = theirs[0];
         let hardware = row["tflops_kind"].starts_with("hardware");
         let predicted = if hardware { e.hw_tflops_per_gpu } else { e.model_tflops_per_gpu };
         let published: f64 = row["tflops_per_gpu"].parse().unwrap();
         let err = predicted / published - 1.0;
-        worst = worst.max(err.abs());
+        if !known_failure {
+            worst = worst.max(err.abs());
+        }
         let ours =
             search(&m, &a, gpus, &t, &Fixed::default()).unwrap_or_else(|e| panic!("{}: free search: {e}", row["id"]));
         report.push(format!(
-            "{:<15} published {published:6.1} predicted {predicted:6.1} ({:+5.1}%)  layout {:?} {:.1} GiB{}  own choice {:.2}s vs {:.2}s",
+            "{:<15} published {published:6.1} predicted {predicted:6.1} ({:+5.1}%)  layout {:?} {:.1} GiB  own choice {:.2}s vs {:.2}s",
             row["id"],
             100.0 * err,
             e.layout,
             e.memory_gib_per_gpu,
-            if e.fits { "" } else { " (our memory model: does not fit)" },
             ours[0].step_time_s,
             e.step_time_s
         ));
         assert!(ours[0].fits);
         assert!(ours[0].step_time_s <= e.step_time_s * (1.0 + 1e-9), "{}: own choice slower", row["id"]);
-        assert!(err.abs() <= 0.15, "{}", report.join("\n"));
+        assert!(e.fits);
+        // A known failure's fitting completion is not the layout that ran: reported, not judged.
+        assert!(known_failure || err.abs() <= 0.10, "{}", report.join("\n"));
     }
     println!("{}\nworst error {:.1}%", report.join("\n"), 100.0 * worst);
 }
