@@ -10,16 +10,16 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export CARGO_TARGET_DIR="$root/target/planted"
 
-# name | file | perl substitution | package whose tests must catch it
+# name @@ file @@ perl substitution @@ package whose tests must catch it
 bugs=(
-  "AdamW without the first-moment bias correction|crates/brigade/src/train/optimizer.rs|s/let step_size = \(lr as f64 \/ bc1\) as f32;/let step_size = lr;/|brigade"
-  "AdamW without the second-moment bias correction|crates/brigade/src/train/optimizer.rs|s/let bc2_sqrt = bc2.sqrt\(\) as f32;/let bc2_sqrt = 1.0f32;/|brigade"
-  "weight decay with the wrong sign|crates/brigade/src/train/optimizer.rs|s/1.0 - lr \* c.weight_decay/1.0 + lr * c.weight_decay/|brigade"
-  "weight decay on biases and LayerNorm too|crates/brigade/src/train/optimizer.rs|s/let shrink = if \*decay/let shrink = if true || *decay/|brigade"
-  "gradient clipping disabled|crates/brigade/src/train/trainer.rs|s/clip_grad_norm\(&mut self.grads, self.cfg.grad_clip\)/clip_grad_norm(&mut self.grads, 0.0)/|brigade"
-  "each micro-batch averaged on its own|crates/brigade/src/train/trainer.rs|s/xm, ym, scale, &mut self.acts/xm, ym, 1.0 \/ ym.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count().max(1) as f32, &mut self.acts/|brigade"
-  "forward_last reads position t-2|crates/brigade/src/models/gpt.rs|s/\(\(i \+ 1\) \* t - 1\) \* c/(((i + 1) * t).max(2) - 2) * c/|brigade"
-  "chunk_range gives the remainder to the last ranks|crates/brigade-comm/src/chunks.rs|s/let start = rank \* base \+ rank.min\(rem\);\n    start..start \+ base \+ usize::from\(rank < rem\)/let first = size - rem;\n    let start = rank * base + rank.saturating_sub(first);\n    start..start + base + usize::from(rank >= first)/|brigade-comm"
+  "AdamW without the first-moment bias correction@@crates/brigade/src/train/optimizer.rs@@s/let step_size = \(lr as f64 \/ bc1\) as f32;/let step_size = lr;/@@brigade"
+  "AdamW without the second-moment bias correction@@crates/brigade/src/train/optimizer.rs@@s/let bc2_sqrt = bc2.sqrt\(\) as f32;/let bc2_sqrt = 1.0f32;/@@brigade"
+  "weight decay with the wrong sign@@crates/brigade/src/train/optimizer.rs@@s/1.0 - lr \* c.weight_decay/1.0 + lr * c.weight_decay/@@brigade"
+  "weight decay on biases and LayerNorm too@@crates/brigade/src/train/optimizer.rs@@s/let shrink = if \*decay/let shrink = if true || *decay/@@brigade"
+  "gradient clipping disabled@@crates/brigade/src/train/trainer.rs@@s/clip_grad_norm\(&mut self.grads, self.cfg.grad_clip\)/clip_grad_norm(&mut self.grads, 0.0)/@@brigade"
+  "each micro-batch averaged on its own@@crates/brigade/src/train/trainer.rs@@s/xm, ym, scale, &mut self.acts/xm, ym, 1.0 \/ ym.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count().max(1) as f32, &mut self.acts/@@brigade"
+  "forward_last reads position t-2@@crates/brigade/src/models/gpt.rs@@s/\(\(i \+ 1\) \* t - 1\) \* c/(((i + 1) * t).max(2) - 2) * c/@@brigade"
+  "chunk_range gives the remainder to the last ranks@@crates/brigade-comm/src/chunks.rs@@s/let start = rank \* base \+ rank.min\(rem\);\n    start..start \+ base \+ usize::from\(rank < rem\)/let first = size - rem;\n    let start = rank * base + rank.saturating_sub(first);\n    start..start + base + usize::from(rank >= first)/@@brigade-comm"
 )
 
 only=("$@")
@@ -27,9 +27,12 @@ failed=0
 for i in "${!bugs[@]}"; do
   n=$((i + 1))
   if [ ${#only[@]} -gt 0 ] && [[ ! " ${only[*]} " =~ " $n " ]]; then continue; fi
-  IFS='|' read -r name file subst pkg <<<"${bugs[$i]}"
+  entry=${bugs[$i]}
+  name=${entry%%@@*}; entry=${entry#*@@}
+  file=${entry%%@@*}; entry=${entry#*@@}
+  subst=${entry%@@*}; pkg=${entry##*@@}
   rm -rf "$work/tree" && mkdir "$work/tree"
-  (cd "$root" && git ls-files -z | xargs -0 cp --parents -t "$work/tree")
+  (cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/tree")
   ln -sfn "$root/../shared" "$work/shared"
   before=$(md5sum "$work/tree/$file")
   perl -0pi -e "$subst" "$work/tree/$file"

@@ -1,5 +1,4 @@
 use anyhow::{bail, Result};
-use brigade::models::GptConfig;
 use clap::{Args, Subcommand};
 
 /// The training step a benchmark times.
@@ -73,13 +72,13 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let r = brigade::with_threads(threads, || brigade::bench::train_step(cfg, batch, seq, 1, steps))??;
             let ratio = p.step_s / r.step_s_median;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"bench": "plan", "model": model, "batch": batch, "seq": seq, "threads": threads,
                     "predicted_step_s": p.step_s, "measured_step_s": r.step_s_median, "predicted_over_measured": ratio, "parts": p})
                 );
             } else {
-                println!(
+                outln!(
                     "{model}, batch {batch} × seq {seq}, {threads} threads: predicted {:.4} s, measured {:.4} s (median of {steps}) → predicted/measured {:.3}",
                     p.step_s, r.step_s_median, ratio
                 );
@@ -90,46 +89,43 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             crate::comm_bench::run(ranks, &backend, &op, min_bytes, max_bytes, json)
         }
         BenchCmd::Matmul { threads, reps, json } => {
-            if threads == 0 || reps == 0 {
-                bail!("--threads and --reps must be at least 1");
+            crate::check_threads(threads, "--threads")?;
+            if reps == 0 {
+                bail!("--reps must be at least 1");
             }
             for &(m, k, n, ta, tb) in brigade::bench::MATMUL_SHAPES {
                 let g = brigade::with_threads(threads, || brigade::bench::matmul_gflops_t(m, k, n, ta, tb, reps))?;
                 if json {
                     let v = serde_json::json!({"bench": "matmul", "threads": threads, "m": m, "k": k, "n": n,
                         "ta": ta, "tb": tb, "gflops": (g * 10.0).round() / 10.0});
-                    println!("{v}");
+                    outln!("{v}");
                 } else {
                     let op = |t: bool| if t { "ᵀ" } else { "" };
-                    println!("{m:>6} x {k:>6} x {n:>6}  a{} b{}  {threads} threads: {g:7.1} GFLOP/s", op(ta), op(tb));
+                    outln!("{m:>6} x {k:>6} x {n:>6}  a{} b{}  {threads} threads: {g:7.1} GFLOP/s", op(ta), op(tb));
                 }
             }
             Ok(())
         }
         BenchCmd::Train { step: StepArgs { model, seq, batch, threads, steps, json }, warmup } => {
-            if threads == 0 || steps == 0 || batch == 0 {
-                bail!("--threads, --steps and --batch must be at least 1");
+            if steps == 0 {
+                bail!("--steps must be at least 1");
             }
-            let mut cfg = GptConfig::preset(&model)?;
-            if seq > cfg.block_size {
-                bail!("--seq {seq} exceeds {model}'s block_size {}", cfg.block_size);
-            }
-            cfg.block_size = seq; // position table sized to the run, as the PyTorch peer does
+            let cfg = crate::plan_cmd::step_shape(&model, batch, seq, threads)?;
             let r = brigade::with_threads(threads, || brigade::bench::train_step(cfg, batch, seq, warmup, steps))??;
             if json {
                 let mut v = serde_json::to_value(&r)?;
                 v["bench"] = "train".into();
                 v["model"] = model.into();
-                println!("{v}");
+                outln!("{v}");
             } else {
-                println!("matmul 2048x2048x2048 f32, {} threads: {:.1} GFLOP/s", r.threads, r.matmul_gflops_per_s);
-                println!(
+                outln!("matmul 2048x2048x2048 f32, {} threads: {:.1} GFLOP/s", r.threads, r.matmul_gflops_per_s);
+                outln!(
                     "{model} training step, batch {batch} x seq {seq} ({:.1}M params): median {:.3} s over {} steps",
                     r.params as f64 / 1e6,
                     r.step_s_median,
                     r.steps_measured
                 );
-                println!(
+                outln!(
                     "  {:.1} tokens/s, {:.1} model GFLOP/s = {:.1}% of the matmul rate (loss {:.3} -> {:.3})",
                     r.tokens_per_s,
                     r.model_gflops_per_s,

@@ -14,14 +14,22 @@ pub fn run(ranks: usize, backend: &str, op: &str, min_bytes: usize, max_bytes: u
     }
     match backend {
         "local" => {
-            if ranks == 0 {
-                bail!("--ranks must be at least 1");
+            crate::check_threads(ranks, "--ranks")?;
+            // each rank holds a send and a receive buffer of the largest size, plus the memcpy test
+            let need = (ranks as u128 * 2 * max_bytes as u128).max(2 * MEMCPY_BYTES as u128);
+            if let Some(avail) = brigade::train::memory::available_bytes() {
+                if need > avail {
+                    bail!(
+                        "--max-bytes {max_bytes} on {ranks} ranks needs {:.1} GiB of buffers but {:.1} GiB is available; lower --max-bytes",
+                        brigade::train::memory::gib(need),
+                        brigade::train::memory::gib(avail)
+                    );
+                }
             }
             let memcpy = memcpy_gbps(MEMCPY_BYTES, 2);
             let rows = brigade_comm::local::run(ranks, |c| sweep(&c, op_kind, min_bytes, max_bytes, None))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
-            report("local", ranks, op, memcpy, &rows[0], json);
-            Ok(())
+            report("local", ranks, op, memcpy, &rows[0], json)
         }
         "mpi" => run_mpi(op_kind, op, min_bytes, max_bytes, json),
         other => bail!("unknown --backend '{other}'; use local or mpi"),
@@ -45,7 +53,7 @@ fn run_mpi(op_kind: Op, op: &str, min_bytes: usize, max_bytes: usize, json: bool
     let f = |a: &[f32], b: &mut [f32]| raw.all_reduce_out_of_place(a, b, ReduceOp::Sum);
     let rows = sweep(&comm, op_kind, min_bytes, max_bytes, Some(&f))?;
     if comm.rank() == 0 {
-        report("mpi", comm.size(), op, memcpy, &rows, json);
+        report("mpi", comm.size(), op, memcpy, &rows, json)?;
     }
     drop(comm);
     drop(raw);
@@ -58,7 +66,7 @@ fn run_mpi(_: Op, _: &str, _: usize, _: usize, _: bool) -> Result<()> {
     bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and run it under mpirun")
 }
 
-fn report(backend: &str, ranks: usize, op: &str, memcpy: f64, rows: &[Row], json: bool) {
+fn report(backend: &str, ranks: usize, op: &str, memcpy: f64, rows: &[Row], json: bool) -> Result<()> {
     if json {
         let rows: Vec<serde_json::Value> = rows
             .iter()
@@ -69,19 +77,30 @@ fn report(backend: &str, ranks: usize, op: &str, memcpy: f64, rows: &[Row], json
             .collect();
         let v = serde_json::json!({"bench": "comm", "backend": backend, "ranks": ranks, "op": op,
             "memcpy_gbps": memcpy, "rows": rows});
-        println!("{v}");
-        return;
+        outln!("{v}");
+        return Ok(());
     }
-    println!("# brigade bench comm: {op}, backend {backend}, {ranks} ranks");
-    println!("# memcpy, 2 threads, 256 MiB: {memcpy:.2} GB/s (an in-memory all-reduce's busbw limit is about half)");
-    println!(
+    outln!("# brigade bench comm: {op}, backend {backend}, {ranks} ranks");
+    outln!("# memcpy, 2 threads, 256 MiB: {memcpy:.2} GB/s (an in-memory all-reduce's busbw limit is about half)");
+    outln!(
         "#{:>12} {:>10} {:>10} {:>11} {:>12} {:>12}",
-        "size(B)", "count", "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
+        "size(B)",
+        "count",
+        "algorithm",
+        "time(us)",
+        "algbw(GB/s)",
+        "busbw(GB/s)"
     );
     for r in rows {
-        println!(
+        outln!(
             " {:>12} {:>10} {:>10} {:>11.2} {:>12.3} {:>12.3}",
-            r.bytes, r.count, r.algorithm, r.time_us, r.algbw_gbps, r.busbw_gbps
+            r.bytes,
+            r.count,
+            r.algorithm,
+            r.time_us,
+            r.algbw_gbps,
+            r.busbw_gbps
         );
     }
+    Ok(())
 }

@@ -1,5 +1,15 @@
 //! `brigade`: parse, validate, call the library. No logic here that a test could not call.
 
+/// `println!` that returns an error instead of panicking when standard output is full or
+/// unwritable (a closed pipe ends the process quietly, as Unix tools do: see `main`).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)
+            .map_err(|e| anyhow::anyhow!("cannot write to standard output: {e}"))?;
+    }};
+}
+
 mod bench_cmd;
 mod comm_bench;
 mod plan_cmd;
@@ -47,7 +57,25 @@ fn tune_allocator() {
     }
 }
 
+/// Bounds `--threads` and local `--ranks`: more threads than cores only slow a run, and an
+/// unbounded count would spawn threads until the machine gives out. At least 8 stay allowed
+/// (tests run 8 rank threads on 2 cores).
+pub fn check_threads(n: usize, flag: &str) -> anyhow::Result<()> {
+    let max = (4 * default_threads()).max(8);
+    if n == 0 || n > max {
+        anyhow::bail!("{flag} {n} is out of range: give 1 to {max} (4 per core of this machine, at least 8)");
+    }
+    Ok(())
+}
+
 fn main() {
+    // Rust ignores SIGPIPE, so writing to a closed pipe (`brigade plan … | head -1`) would
+    // fail every later print; the default action ends the process quietly, as Unix tools do.
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     tune_allocator();
     let cli = Cli::parse();
     let res = match cli.cmd {
@@ -58,6 +86,6 @@ fn main() {
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(if e.is::<train_cmd::Interrupted>() { 130 } else { 1 });
     }
 }

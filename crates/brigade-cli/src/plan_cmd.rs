@@ -57,7 +57,11 @@ pub struct PlanArgs {
     global_batch: Option<usize>,
     /// Measure this machine and predict a single-worker `brigade train` step of --model
     /// (a brigade preset: tiny, gpt2-small, …) at --batch × --seq with --threads.
-    #[arg(long, conflicts_with_all = ["gpus", "global_batch", "layout", "gpu", "precision"])]
+    #[arg(long, conflicts_with_all = [
+        "gpus", "global_batch", "layout", "gpu", "precision", "layers", "hidden", "heads", "kv_heads", "ffn",
+        "swiglu", "vocab", "peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps", "net_gbps", "gpus_per_node",
+        "tokens", "no_flash_attention", "top",
+    ])]
     local: bool,
     /// Sequences per step (with --local).
     #[arg(long, default_value_t = 4, requires = "local")]
@@ -84,7 +88,23 @@ pub struct PlanArgs {
     json: bool,
 }
 
+/// Far beyond any cluster or batch ever run; keeps the search and its arithmetic bounded.
+const MAX_GPUS: usize = 1 << 20;
+const MAX_GLOBAL_BATCH: usize = 1 << 30;
+const MAX_DIM: usize = 1 << 24;
+
 fn shape(a: &PlanArgs) -> Result<ModelShape> {
+    let m = shape_unchecked(a)?;
+    if [m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.seq, m.vocab].contains(&0) {
+        bail!("model dimensions (--layers, --hidden, --heads, --kv-heads, --ffn, --seq, --vocab) must be at least 1");
+    }
+    if let Some(big) = [m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.seq, m.vocab].iter().find(|&&d| d > MAX_DIM) {
+        bail!("model dimension {big} is beyond any model; each must be at most {MAX_DIM}");
+    }
+    Ok(m)
+}
+
+fn shape_unchecked(a: &PlanArgs) -> Result<ModelShape> {
     let explicit = [
         ("--layers", a.layers.is_some()),
         ("--hidden", a.hidden.is_some()),
@@ -118,8 +138,8 @@ fn shape(a: &PlanArgs) -> Result<ModelShape> {
         seq: need(a.seq, "--seq")?,
         vocab: need(a.vocab, "--vocab")?,
     };
-    if [m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.seq, m.vocab].contains(&0) {
-        bail!("model dimensions must be positive");
+    if [m.hidden, m.heads, m.kv_heads].contains(&0) {
+        bail!("model dimensions must be at least 1");
     }
     if !m.hidden.is_multiple_of(m.heads) || !m.heads.is_multiple_of(m.kv_heads) {
         bail!(
@@ -152,6 +172,24 @@ fn human_time(s: f64) -> String {
     }
 }
 
+/// The model of a measured single-worker step (`plan --local`, `bench plan`, `bench train`),
+/// its position table sized to `seq` as the PyTorch peer does, after checking the sizes, the
+/// thread count and that the step fits in this machine's memory.
+pub fn step_shape(model: &str, batch: usize, seq: usize, threads: usize) -> Result<brigade::models::GptConfig> {
+    let mut cfg = brigade::models::GptConfig::preset(model)?;
+    crate::check_threads(threads, "--threads")?;
+    if seq == 0 || batch == 0 {
+        bail!("--seq and --batch must be at least 1");
+    }
+    if seq > cfg.block_size {
+        bail!("--seq {seq} exceeds {model}'s block_size {}", cfg.block_size);
+    }
+    cfg.block_size = seq;
+    let need = brigade::train::memory::training_memory(&cfg, batch, seq);
+    brigade::train::memory::check_fits(&need, &format!("a {model} step at batch {batch} × seq {seq}"))?;
+    Ok(cfg)
+}
+
 /// The `--local` figures: measured machine and predicted step, for `plan --local` and `bench plan`.
 pub fn local_prediction(
     model: &str,
@@ -159,14 +197,7 @@ pub fn local_prediction(
     seq: usize,
     threads: usize,
 ) -> Result<(brigade::models::GptConfig, brigade::plan::local::Machine, brigade::plan::local::LocalPrediction)> {
-    let mut cfg = brigade::models::GptConfig::preset(model)?;
-    if seq == 0 || batch == 0 || threads == 0 {
-        bail!("--seq, --batch and --threads must be at least 1");
-    }
-    if seq > cfg.block_size {
-        bail!("--seq {seq} exceeds {model}'s block_size {}", cfg.block_size);
-    }
-    cfg.block_size = seq;
+    let cfg = step_shape(model, batch, seq, threads)?;
     let machine = brigade::with_threads(threads, || brigade::plan::local::measure(&cfg, batch, seq))?;
     let p = brigade::plan::local::predict(&cfg, batch, seq, &machine);
     Ok((cfg, machine, p))
@@ -181,20 +212,23 @@ pub fn run(a: PlanArgs) -> Result<()> {
         let coll = brigade::plan::local::measure_collectives(2)?;
         let (_, machine, p) = local_prediction(&model, a.batch, seq, a.threads)?;
         if a.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({"machine": machine, "collectives": coll, "prediction": p, "model": model, "batch": a.batch, "seq": seq})
             );
         } else {
-            println!(
+            outln!(
                 "all-reduce between 2 rank threads (brigade-comm): {:.2} µs at 8 B, {:.1} GB/s bus bandwidth at 64 MiB",
-                coll.latency_us, coll.busbw_gbps
+                coll.latency_us,
+                coll.busbw_gbps
             );
-            println!(
+            outln!(
                 "this machine, {} threads: matmul {:.1} GFLOP/s (2048³), memory {:.1} GB/s",
-                machine.threads, machine.matmul_gflops, machine.mem_gbps
+                machine.threads,
+                machine.matmul_gflops,
+                machine.mem_gbps
             );
-            println!(
+            outln!(
                 "{model} step, batch {} × seq {seq}: predicted {:.4} s = matmul {:.4} + attention {:.4} + memory-bound kernels {:.4} + optimizer {:.4}",
                 a.batch, p.step_s, p.matmul_s, p.attention_s, p.elementwise_s, p.optimizer_s
             );
@@ -223,6 +257,14 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     if gpus == 0 || global_batch == 0 {
         bail!("--gpus and --global-batch must be at least 1");
+    }
+    if gpus > MAX_GPUS || global_batch > MAX_GLOBAL_BATCH {
+        bail!("--gpus ({gpus}) must be at most {MAX_GPUS} and --global-batch ({global_batch}) at most {MAX_GLOBAL_BATCH} sequences");
+    }
+    if let Some(n) = a.tokens {
+        if !(n.is_finite() && n > 0.0) {
+            bail!("--tokens must be a positive number of tokens (e.g. 300e9), got {n}");
+        }
     }
     let fixed = match &a.layout {
         Some(s) => Fixed::parse(s)?,
@@ -259,11 +301,11 @@ pub fn run(a: PlanArgs) -> Result<()> {
             "single_gpu": {"memory_gib": one.memory_gib_per_gpu, "fits": one.fits, "step_time_s": one.step_time_s,
                            "train_years": one_train_s.map(|s| s / (365.25 * 86400.0))},
         });
-        println!("{v}");
+        outln!("{v}");
         return Ok(());
     }
     let (p_layer, p_embed) = brigade::plan::cost::params(&m);
-    println!(
+    outln!(
         "model: {} layers, hidden {}, {} heads ({} kv), ffn {}{}, seq {}, vocab {} — {:.2}B parameters",
         m.layers,
         m.hidden,
@@ -275,18 +317,29 @@ pub fn run(a: PlanArgs) -> Result<()> {
         m.vocab,
         (m.layers as f64 * p_layer + p_embed) / 1e9
     );
-    println!(
+    outln!(
         "cluster: {} × {} ({:.0} TFLOP/s, {:.0} GiB, {:.2} TB/s; NVLink {:.0} GB/s, network {:.0} GB/s per GPU, {} per node); global batch {}",
         gpus, a.gpu, acc.peak_tflops, acc.hbm_gib, acc.hbm_tbps, acc.nvlink_gbps, acc.net_gbps, acc.gpus_per_node, global_batch
     );
-    println!("{} layouts fit; fastest first:", ranked.len());
-    println!(
+    outln!("{} layouts fit; fastest first:", ranked.len());
+    outln!(
         "{:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9} {:>9} {:>6} {:>8}",
-        "tp", "pp", "dp", "mb", "v", "schedule", "recompute", "zero", "step (s)", "TFLOP/s", "MFU", "mem GiB"
+        "tp",
+        "pp",
+        "dp",
+        "mb",
+        "v",
+        "schedule",
+        "recompute",
+        "zero",
+        "step (s)",
+        "TFLOP/s",
+        "MFU",
+        "mem GiB"
     );
     for e in ranked.iter().take(a.top) {
         let l = e.layout;
-        println!(
+        outln!(
             "{:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9.3} {:>9.1} {:>5.1}% {:>8.1}",
             l.tp,
             l.pp,
@@ -303,11 +356,11 @@ pub fn run(a: PlanArgs) -> Result<()> {
         );
     }
     let b = best.breakdown;
-    println!(
+    outln!(
         "best: step {:.3} s = compute {:.3} + tp comm {:.3} + pp bubble {:.3} + p2p {:.3} + exposed dp comm {:.3} + optimizer {:.3}",
         best.step_time_s, b.compute_s, b.tp_comm_s, b.pp_bubble_s, b.p2p_s, b.dp_exposed_s, b.optimizer_s
     );
-    println!(
+    outln!(
         "      {:.1} model TFLOP/s per GPU ({:.1} with recomputation), MFU {:.1}%, {:.1} GiB per GPU, {:.0} tokens/s",
         best.model_tflops_per_gpu,
         best.hw_tflops_per_gpu,
@@ -316,8 +369,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
         tokens_per_step / best.step_time_s
     );
     if let (Some(n), Some(s), Some(s1)) = (a.tokens, train_s, one_train_s) {
-        println!("training on {n:.3e} tokens: {} on {gpus} GPUs", human_time(s));
-        println!(
+        outln!("training on {n:.3e} tokens: {} on {gpus} GPUs", human_time(s));
+        outln!(
             "  on one {}: {} — and it {} ({:.0} GiB needed, {:.0} GiB there)",
             a.gpu,
             human_time(s1),

@@ -1,6 +1,6 @@
 use anyhow::{bail, Result};
 use brigade::models::{generate, SampleOptions};
-use brigade::train::checkpoint::{load_model, TOKENIZER_FILE};
+use brigade::train::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
 use brigade::train::data::Tokenizer;
 use brigade::train::trainer::{saved_config, solve_addition};
 use clap::Args;
@@ -14,12 +14,13 @@ pub struct SampleArgs {
     /// Text to continue. For a model trained on the addition task: a problem such as 482+139.
     #[arg(long)]
     prompt: String,
-    #[arg(long, default_value_t = 64)]
-    max_tokens: usize,
+    /// Tokens to generate (default 64; addition checkpoints answer with the sum instead).
+    #[arg(long)]
+    max_tokens: Option<usize>,
     /// 0 is greedy decoding.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
-    /// Sample among the k most likely tokens only (0: all).
+    /// Sample among the k most likely tokens only (0: all); needs --temperature above 0.
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     #[arg(long, default_value_t = 0)]
@@ -28,15 +29,36 @@ pub struct SampleArgs {
     threads: usize,
 }
 
+/// More than any context a model here attends to; bounds what one command can be asked to do.
+const MAX_NEW_TOKENS: usize = 1 << 20;
+
 pub fn run(a: SampleArgs) -> Result<()> {
+    if a.max_tokens.is_some_and(|n| n > MAX_NEW_TOKENS) {
+        bail!("--max-tokens must be at most {MAX_NEW_TOKENS}");
+    }
     if a.prompt.is_empty() {
         bail!("--prompt is empty; give some text to continue");
     }
     if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
         bail!("--temperature must be 0 (greedy) or positive, got {}", a.temperature);
     }
+    if a.top_k > 0 && a.temperature == 0.0 {
+        bail!(
+            "--top-k {} has no effect with greedy decoding; give --temperature above 0 (e.g. 0.8) or drop --top-k",
+            a.top_k
+        );
+    }
+    crate::check_threads(a.threads, "--threads")?;
     let (model, params) = load_model(&a.checkpoint)?;
-    if let Some(task) = saved_config(&a.checkpoint).ok().and_then(|c| c.addition()) {
+    // A brigade checkpoint says how it was trained; a Hugging Face folder has no trainer state.
+    let run = if a.checkpoint.join(STATE_FILE).exists() { Some(saved_config(&a.checkpoint)?) } else { None };
+    if let Some(task) = run.as_ref().and_then(|c| c.addition()) {
+        if a.max_tokens.is_some() {
+            bail!(
+                "this checkpoint was trained on {}-digit addition and answers with the sum; drop --max-tokens",
+                task.digits
+            );
+        }
         let q = a.prompt.trim().trim_end_matches('=');
         let parsed =
             q.split_once('+').and_then(|(x, y)| Some((x.trim().parse::<u64>().ok()?, y.trim().parse::<u64>().ok()?)));
@@ -45,8 +67,8 @@ pub fn run(a: SampleArgs) -> Result<()> {
             Some((x, y)) if x < limit && y < limit => {
                 let got = brigade::with_threads(a.threads, || solve_addition(&model, &params, &task, &[(x, y)]))?;
                 match task.parse_answer(&got[0]) {
-                    Some(v) => println!("{x}+{y}={v}"),
-                    None => println!("{x}+{y}=? (model wrote {:?})", got[0]),
+                    Some(v) => outln!("{x}+{y}={v}"),
+                    None => outln!("{x}+{y}=? (model wrote {:?})", got[0]),
                 }
                 return Ok(());
             }
@@ -57,7 +79,17 @@ pub fn run(a: SampleArgs) -> Result<()> {
         }
     }
     let tok_path = a.checkpoint.join(TOKENIZER_FILE);
-    let tok = if tok_path.exists() { Tokenizer::from_file(&tok_path)? } else { Tokenizer::Bytes };
+    let trained_with_tokenizer = run.as_ref().is_some_and(|c| c.tokenizer.is_some());
+    let tok = if tok_path.exists() {
+        Tokenizer::from_file(&tok_path)?
+    } else if trained_with_tokenizer {
+        bail!(
+            "{} is missing: this checkpoint was trained with a Hugging Face tokenizer; copy that tokenizer.json into the checkpoint directory",
+            tok_path.display()
+        );
+    } else {
+        Tokenizer::Bytes
+    };
     let ids = tok.encode(&a.prompt)?;
     if ids.is_empty() {
         bail!("the prompt encodes to no tokens");
@@ -68,13 +100,13 @@ pub fn run(a: SampleArgs) -> Result<()> {
         ids.len().min(model.cfg.block_size),
     )?;
     let opt = SampleOptions {
-        max_new_tokens: a.max_tokens,
+        max_new_tokens: a.max_tokens.unwrap_or(64),
         temperature: a.temperature,
         top_k: a.top_k,
         seed: a.seed,
         stop: None,
     };
     let out = brigade::with_threads(a.threads, || generate(&model, &params, &[ids], &opt))?;
-    println!("{}{}", a.prompt, tok.decode(&out[0]));
+    outln!("{}{}", a.prompt, tok.decode(&out[0]));
     Ok(())
 }

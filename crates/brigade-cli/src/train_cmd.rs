@@ -3,6 +3,8 @@ use brigade::train::{EvalReport, TrainConfig, Trainer};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -129,12 +131,55 @@ impl TrainArgs {
     }
 }
 
-pub fn run(a: TrainArgs) -> Result<()> {
-    if a.threads == 0 {
-        bail!("--threads must be at least 1");
+/// A run ended early by SIGINT or SIGTERM (after saving, where it could): exit status 130.
+#[derive(Debug)]
+pub struct Interrupted(pub String);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Checks, before the run, that the timeline can be written to `path`.
+fn check_trace_path(path: &std::path::Path) -> Result<()> {
+    if path.is_dir() {
+        bail!("--trace {} is a directory; give a file name such as trace.json", path.display());
+    }
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        bail!("--trace {}: the directory {} does not exist", path.display(), parent.display());
+    }
+    brigade::train::checkpoint::check_writable_dir(parent).with_context(|| format!("--trace {}", path.display()))?;
+    if path.exists() && std::fs::OpenOptions::new().append(true).open(path).is_err() {
+        bail!("--trace {}: the file exists and is not writable", path.display());
+    }
+    Ok(())
+}
+
+/// SIGINT and SIGTERM set a flag that the loop reads after each step; a second signal ends
+/// the process at once.
+fn interrupt_flag() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&flag))?;
+        signal_hook::flag::register(sig, Arc::clone(&flag))?;
+    }
+    Ok(flag)
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    crate::check_threads(a.threads, "--threads")?;
     if a.save_every.is_some() && a.out.is_none() {
         bail!("--save-every needs --out DIR to write checkpoints to");
+    }
+    if let Some(dir) = &a.out {
+        brigade::train::checkpoint::check_output_dir(dir)?;
+    }
+    if let Some(path) = &a.trace {
+        check_trace_path(path)?;
     }
     let mut tr = match &a.resume {
         Some(dir) => {
@@ -152,10 +197,11 @@ pub fn run(a: TrainArgs) -> Result<()> {
         tr.timeline = Some(brigade::train::timeline::Timeline::new(0));
     }
     let out = a.out.clone().or_else(|| a.resume.clone());
-    brigade::with_threads(a.threads, move || train_loop(&mut tr, &a, out))?
+    let stop = interrupt_flag()?;
+    brigade::with_threads(a.threads, move || train_loop(&mut tr, &a, out, &stop))?
 }
 
-fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<()> {
+fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>, stop: &AtomicBool) -> Result<()> {
     let m = &tr.model.cfg;
     eprintln!(
         "model {} ({} layers, {} heads, {} wide, vocab {}, {:.2}M params) · {} · batch {} × seq {} · {} steps · {} threads",
@@ -205,6 +251,23 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<(
                 tr.trace("checkpoint", "io", s.step, t0);
             }
         }
+        if stop.load(Ordering::Relaxed) && tr.step < tr.cfg.steps {
+            bar.finish_and_clear();
+            let msg = match &out {
+                Some(dir) => {
+                    tr.save(dir)?;
+                    format!(
+                        "interrupted after step {} of {}; checkpoint written to {}: continue with --resume {}",
+                        tr.step,
+                        tr.cfg.steps,
+                        dir.display(),
+                        dir.display()
+                    )
+                }
+                None => format!("interrupted after step {} of {}; nothing saved (no --out)", tr.step, tr.cfg.steps),
+            };
+            return Err(Interrupted(msg).into());
+        }
     }
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
@@ -227,13 +290,13 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<(
         return Ok(());
     }
     let report = tr.evaluate();
-    println!("{report}");
+    outln!("{report}");
     match &report {
         EvalReport::Addition { examples, .. } => {
-            println!("held-out problems (model's answer):");
+            outln!("held-out problems (model's answer):");
             for (q, want, got) in examples {
                 let mark = if want == got { "ok" } else { "WRONG" };
-                println!("  {q} = {got:<6} {mark}");
+                outln!("  {q} = {got:<6} {mark}");
             }
         }
         EvalReport::Text { .. } => {
@@ -242,7 +305,7 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>) -> Result<(
                 brigade::models::SampleOptions { max_new_tokens: 64, temperature: 0.8, top_k: 40, seed: 0, stop: None };
             let ids = tr.tokenizer.encode(&prompt)?;
             let gen = brigade::models::generate(&tr.model, &tr.params, &[ids], &opt);
-            println!("sample: {}{}", prompt, tr.tokenizer.decode(&gen[0]));
+            outln!("sample: {}{}", prompt, tr.tokenizer.decode(&gen[0]));
         }
     }
     Ok(())

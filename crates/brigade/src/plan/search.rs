@@ -22,10 +22,16 @@ impl Fixed {
     /// Parses `tp=8,pp=4,dp=32,mb=2,v=3,recompute=full,zero=1`.
     pub fn parse(s: &str) -> Result<Fixed> {
         let mut f = Fixed::default();
+        let mut seen: Vec<&str> = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = part
                 .split_once('=')
                 .ok_or_else(|| Error::Config(format!("layout field '{part}' needs the form key=value")))?;
+            let (k, v) = (k.trim(), v.trim());
+            if seen.contains(&k) {
+                return Err(Error::Config(format!("layout field '{k}' is given twice; give each field once")));
+            }
+            seen.push(k);
             let num = || {
                 v.parse::<usize>()
                     .ok()
@@ -71,8 +77,21 @@ impl Fixed {
     }
 }
 
+/// The divisors of `n`, ascending, in O(√n).
 fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+    let (mut lo, mut hi) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            lo.push(d);
+            if d * d != n {
+                hi.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    lo.extend(hi.into_iter().rev());
+    lo
 }
 
 /// Every valid layout of `gpus` GPUs that agrees with `fixed`, fitting in memory or not.
@@ -160,4 +179,31 @@ pub fn search(m: &ModelShape, a: &Accelerator, gpus: usize, t: &Training, fixed:
     }
     fits.sort_by(|x, y| x.step_time_s.total_cmp(&y.step_time_s));
     Ok(fits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divisors_match_the_naive_count() {
+        for n in (1..400).chain([720720, 1 << 20, 999_983]) {
+            let naive: Vec<usize> = (1..=n).filter(|d| n % d == 0).collect();
+            assert_eq!(divisors(n), naive, "divisors of {n}");
+        }
+    }
+
+    #[test]
+    fn layout_fields_are_parsed_once() {
+        let f = Fixed::parse("tp=8, pp=4,zero=1,recompute=full,schedule=1f1b").unwrap();
+        assert_eq!(
+            (f.tp, f.pp, f.zero, f.recompute, f.schedule),
+            (Some(8), Some(4), Some(1), Some(Recompute::Full), Some("1f1b"))
+        );
+        let e = Fixed::parse("tp=2,pp=2,tp=4").unwrap_err().to_string();
+        assert!(e.contains("'tp' is given twice"), "{e}");
+        for bad in ["tp=0", "tp", "zero=4", "schedule=zb1", "dp=-1", "speed=11"] {
+            assert!(Fixed::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
 }

@@ -187,14 +187,77 @@ pub fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
     std::fs::write(path, text).map_err(io(path))
 }
 
-/// Fills a fresh temporary directory with `fill`, then renames it to `dir`, replacing an
-/// older checkpoint there only once the new one is complete.
-pub fn write_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+/// The parent directory and final name of a checkpoint path.
+fn split_dir(dir: &Path) -> Result<(PathBuf, String)> {
     let name = dir.file_name().ok_or_else(|| Error::ckpt(dir, "checkpoint path needs a final directory name"))?;
     let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let tmp: PathBuf = parent.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    let old: PathBuf = parent.join(format!(".{}.old-{}", name.to_string_lossy(), std::process::id()));
+    Ok((parent.to_path_buf(), name.to_string_lossy().into_owned()))
+}
+
+/// Whether `dir` holds a brigade checkpoint (what `--out` may replace).
+pub fn is_checkpoint(dir: &Path) -> bool {
+    dir.join(STATE_FILE).is_file()
+}
+
+/// Checks, before any work, that a checkpoint can be written to `dir`: it is absent, an empty
+/// directory or an earlier brigade checkpoint (never a user's file or folder, which would be
+/// replaced), and its parent is a writable directory. Also removes temporary directories that
+/// a killed save left beside it.
+pub fn check_output_dir(dir: &Path) -> Result<()> {
+    if dir.exists() || dir.is_symlink() {
+        if !dir.is_dir() {
+            return Err(Error::ckpt(dir, "exists and is not a directory; give --out a new or checkpoint directory"));
+        }
+        let empty = std::fs::read_dir(dir).map_err(io(dir))?.next().is_none();
+        if !empty && !is_checkpoint(dir) {
+            return Err(Error::ckpt(
+                dir,
+                format!(
+                    "holds files but no brigade checkpoint ({STATE_FILE} is missing); brigade only replaces its own checkpoints, so give --out a new or empty directory"
+                ),
+            ));
+        }
+    }
+    let (parent, _) = split_dir(dir)?;
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    check_writable_dir(&parent)?;
+    remove_stale_temporaries(dir)
+}
+
+/// Creates and removes a file in `dir` to learn, before a long run, whether it is writable.
+pub fn check_writable_dir(dir: &Path) -> Result<()> {
+    let probe = dir.join(format!(".brigade-write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .map_err(|e| Error::io(dir, std::io::Error::new(e.kind(), format!("not writable ({e})"))))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// `.NAME.tmp-PID` and `.NAME.old-PID` beside `dir` whose process is gone: left by a save that
+/// was killed (a gpt2-small one is 239 MB).
+fn remove_stale_temporaries(dir: &Path) -> Result<()> {
+    let (parent, name) = split_dir(dir)?;
+    let Ok(entries) = std::fs::read_dir(&parent) else { return Ok(()) };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let pid = [".tmp-", ".old-"].iter().find_map(|k| file.strip_prefix(&format!(".{name}{k}")));
+        let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !alive && e.path().is_dir() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    Ok(())
+}
+
+/// Fills a fresh temporary directory with `fill`, then renames it to `dir`, replacing an
+/// older checkpoint there only once the new one is complete. Anything at `dir` that is not an
+/// empty directory or a brigade checkpoint is refused, never replaced.
+pub fn write_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    check_output_dir(dir)?;
+    let (parent, name) = split_dir(dir)?;
+    let tmp: PathBuf = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let old: PathBuf = parent.join(format!(".{name}.old-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(io(&tmp))?;
     if let Err(e) = fill(&tmp) {

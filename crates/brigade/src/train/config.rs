@@ -6,6 +6,10 @@ use crate::models::GptConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// A bound on tokens per optimizer step, far beyond any single machine, that keeps every size
+/// computed from it clear of overflow.
+pub const MAX_TOKENS_PER_BATCH: usize = 1 << 40;
+
 /// Everything that determines the run's numbers. Threads and output paths are not here:
 /// they change how fast a run goes, never what it computes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,7 +79,15 @@ impl Default for TrainConfig {
 
 impl TrainConfig {
     pub fn from_toml(text: &str, origin: &str) -> Result<TrainConfig> {
-        toml::from_str(text).map_err(|e| Error::Train(format!("config {origin}: {}", e.message())))
+        toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|sp| {
+                let before = &text[..sp.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                format!(" at line {line}, column {col}")
+            });
+            Error::Train(format!("config {origin}{}: {}", at.unwrap_or_default(), e.message().trim_end()))
+        })
     }
 
     /// The model shape: the preset with this config's overrides; `data_vocab` is the
@@ -122,6 +134,25 @@ impl TrainConfig {
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad(format!("lr must be a positive number, got {}", self.lr));
+        }
+        if let Some(m) = self.min_lr {
+            if !(m.is_finite() && m >= 0.0 && m <= self.lr) {
+                return bad(format!("min_lr must be between 0 and lr ({}), got {m}", self.lr));
+            }
+        }
+        if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
+            return bad(format!("grad_clip must be 0 (off) or a positive number, got {}", self.grad_clip));
+        }
+        if self.warmup.is_some_and(|w| w > self.steps) {
+            return bad(format!("warmup ({}) must not exceed steps ({})", self.warmup.unwrap_or(0), self.steps));
+        }
+        self.adamw.validate().map_err(Error::Train)?;
+        if self.batch.checked_mul(self.seq.unwrap_or(1)).is_none_or(|n| n > MAX_TOKENS_PER_BATCH) {
+            return bad(format!(
+                "batch × seq = {} × {} is beyond any machine (at most {MAX_TOKENS_PER_BATCH} tokens per step)",
+                self.batch,
+                self.seq.unwrap_or(1)
+            ));
         }
         if self.digits == 0 || self.digits > 9 {
             return bad(format!("digits must be between 1 and 9, got {}", self.digits));

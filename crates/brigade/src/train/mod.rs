@@ -4,6 +4,7 @@ pub mod addition;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod memory;
 pub mod optimizer;
 pub mod timeline;
 pub mod trainer;

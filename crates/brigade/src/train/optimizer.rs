@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct AdamWConfig {
     pub beta1: f32,
     pub beta2: f32,
@@ -16,6 +17,23 @@ pub struct AdamWConfig {
 impl Default for AdamWConfig {
     fn default() -> Self {
         AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }
+    }
+}
+
+impl AdamWConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        for (k, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(format!("adamw.{k} must be in [0, 1), got {b}"));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(format!("adamw.eps must be a positive number, got {}", self.eps));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(format!("adamw.weight_decay must be 0 or a positive number, got {}", self.weight_decay));
+        }
+        Ok(())
     }
 }
 

@@ -3,7 +3,7 @@
 use super::addition::Addition;
 use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use super::config::TrainConfig;
-use super::data::{Dataset, TextData, Tokenizer};
+use super::data::{Dataset, Fingerprint, TextData, Tokenizer};
 use super::optimizer::{clip_grad_norm, AdamW, LrSchedule};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
@@ -63,8 +63,13 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    pub fn new(cfg: TrainConfig) -> Result<Trainer> {
+    pub fn new(mut cfg: TrainConfig) -> Result<Trainer> {
         cfg.validate()?;
+        // The checkpoint records where the data came from: absolute, so that a resume from
+        // another directory reads the same file.
+        if let Some(p) = &cfg.data {
+            cfg.data = Some(std::path::absolute(p).map_err(|e| Error::io(p, e))?);
+        }
         let tokenizer = match &cfg.tokenizer {
             Some(p) => Tokenizer::from_file(p)?,
             None => Tokenizer::Bytes,
@@ -94,6 +99,11 @@ impl Trainer {
                 mcfg.block_size
             )));
         }
+        let need = super::memory::training_memory(&mcfg, cfg.micro_batch(), seq);
+        super::memory::check_fits(
+            &need,
+            &format!("training {} at micro-batch {} × seq {seq}", cfg.model, cfg.micro_batch()),
+        )?;
         let params = model.layout.init(cfg.seed);
         let opt = AdamW::new(cfg.adamw, &model.layout);
         let sched = LrSchedule {
@@ -206,20 +216,25 @@ impl Trainer {
 
     /// A non-finite loss, with what most likely caused it.
     fn explain_nonfinite_loss(&self, loss: f32, step: usize) -> String {
-        if let Some(name) =
-            self.model.layout.specs.iter().find(|s| s.view.of(&self.params).iter().any(|v| !v.is_finite()))
-        {
-            return format!("loss became {loss} at step {step}: parameter '{}' holds non-finite values (a corrupt checkpoint, or an earlier overflow); resume from an earlier checkpoint", name.name);
+        let bad_param = self.model.layout.specs.iter().find(|s| s.view.of(&self.params).iter().any(|v| !v.is_finite()));
+        let lr = self.cfg.lr;
+        if self.grad_norms.is_empty() {
+            // Nothing was updated in this process: the weights or the data are at fault.
+            return match bad_param {
+                Some(p) => format!("loss is {loss} at step {step}, before any update in this run: parameter '{}' holds non-finite values; the checkpoint is corrupt, resume from an earlier one", p.name),
+                None => format!("loss is {loss} at step {step}, before any update in this run: the weights or the data overflow the forward pass (check the checkpoint and the data), not the learning rate"),
+            };
         }
-        if step == 1 {
-            return format!("loss is {loss} at the first step, before any update: the initial weights or the data overflow (check --resume's weights, the vocabulary and the data), not the learning rate");
+        let first = self.grad_norms[0];
+        let last = self.grad_norms[self.grad_norms.len() - 1];
+        let grew = !last.is_finite() || last > 100.0 * first.max(1e-12);
+        let largest = self.params.iter().fold(0f32, |m, v| m.max(v.abs()));
+        match bad_param {
+            None if largest > 1e3 => format!("loss became {loss} at step {step}: the weights grew to {largest:.1e} (they start below 1): training diverged; lower --lr (now {lr:.2e})"),
+            Some(p) => format!("loss became {loss} at step {step}: the weights overflowed during training ('{}' is no longer finite; gradient norm {first:.3e} at the first step, {last:.3e} at the last); lower --lr (now {lr:.2e})", p.name),
+            None if grew => format!("loss became {loss} at step {step} after the gradient norm grew from {first:.3e} to {last:.3e}: training diverged; lower --lr (now {lr:.2e}) or set grad_clip (now {})", self.cfg.grad_clip),
+            None => format!("loss became {loss} at step {step} with a steady gradient norm ({last:.3e}): an overflow in the activations, likely from the data of this step or too high a --lr (now {lr:.2e})"),
         }
-        let last = self.grad_norms.last().copied().unwrap_or(f32::NAN);
-        let first = self.grad_norms.first().copied().unwrap_or(f32::NAN);
-        if !last.is_finite() || last > 100.0 * first.max(1e-12) {
-            return format!("loss became {loss} at step {step} after the gradient norm grew from {first:.3e} to {last:.3e}: training diverged; lower --lr (now {:.2e}) or set grad_clip (now {})", self.cfg.lr, self.cfg.grad_clip);
-        }
-        format!("loss became {loss} at step {step} with a steady gradient norm ({last:.3e}): probably an overflow in the activations; lower --lr (now {:.2e}) or check the data", self.cfg.lr)
     }
 
     /// Adds a span to the timeline, if one is being recorded.
@@ -281,13 +296,14 @@ impl Trainer {
             let meta = HashMap::from([("step".to_string(), self.opt.t.to_string())]);
             save_moments(tmp, layout, &self.opt, meta)?;
             let state = serde_json::json!({
-                "format": 1,
+                "format": STATE_FORMAT,
                 "step": self.step,
                 "config": self.cfg,
                 "losses": self.losses,
+                "fingerprints": self.fingerprints(),
             });
             checkpoint::write_json(&tmp.join(STATE_FILE), &state)?;
-            if let Tokenizer::Hf(_, src) = &self.tokenizer {
+            if let Tokenizer::Hf(_, src, _) = &self.tokenizer {
                 let dst = tmp.join(TOKENIZER_FILE);
                 std::fs::copy(src, &dst).map_err(|e| Error::io(&dst, e))?;
             }
@@ -295,30 +311,109 @@ impl Trainer {
         })
     }
 
-    /// Continues the run saved in `dir`; `steps` may extend it.
+    /// Fingerprints of the data file and the tokenizer this run reads (null where none).
+    pub fn fingerprints(&self) -> Fingerprints {
+        Fingerprints {
+            data: match &self.data {
+                Dataset::Text(d) => Some(d.fingerprint.clone()),
+                Dataset::Addition(_) => None,
+            },
+            tokenizer: match &self.tokenizer {
+                Tokenizer::Hf(_, _, f) => Some(f.clone()),
+                Tokenizer::Bytes => None,
+            },
+        }
+    }
+
+    /// Continues the run saved in `dir`; `steps` may extend it. Everything the checkpoint says
+    /// is cross-checked first: its format, its step against its losses and the optimizer's
+    /// step, and the data and tokenizer against their recorded fingerprints.
     pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
         let (state, path) = read_state(dir)?;
+        let format = state["format"].as_u64();
+        if format != Some(STATE_FORMAT) {
+            return Err(Error::ckpt(
+                &path,
+                format!(
+                    "has format {}, this brigade reads format {STATE_FORMAT}",
+                    format.map_or("none".into(), |f| f.to_string())
+                ),
+            ));
+        }
         let mut cfg = config_of(&state, &path)?;
         let step = state["step"].as_u64().ok_or_else(|| Error::ckpt(&path, "missing 'step'"))? as usize;
         let losses: Vec<f32> = serde_json::from_value(state["losses"].clone())
             .map_err(|e| Error::ckpt(&path, format!("bad losses ({e})")))?;
+        if losses.len() != step {
+            return Err(Error::ckpt(
+                &path,
+                format!("says step {step} but holds {} losses; the file is inconsistent", losses.len()),
+            ));
+        }
+        if step > cfg.steps {
+            return Err(Error::ckpt(
+                &path,
+                format!("says step {step} of a {}-step run; the file is inconsistent", cfg.steps),
+            ));
+        }
+        let saved_fp: Fingerprints = serde_json::from_value(state["fingerprints"].clone())
+            .map_err(|e| Error::ckpt(&path, format!("bad or missing fingerprints ({e})")))?;
         if cfg.tokenizer.is_some() {
             cfg.tokenizer = Some(dir.join(TOKENIZER_FILE));
         }
         if let Some(s) = steps {
+            if s < step {
+                return Err(Error::Train(format!(
+                    "--steps {s} is below the {step} steps this checkpoint has already taken; give --steps {step} or more"
+                )));
+            }
             cfg.steps = s;
         }
         let mut tr = Trainer::new(cfg)?;
+        let now = tr.fingerprints();
+        for (what, was, is, file) in [
+            ("data", &saved_fp.data, &now.data, tr.cfg.data.clone()),
+            ("tokenizer", &saved_fp.tokenizer, &now.tokenizer, tr.cfg.tokenizer.clone()),
+        ] {
+            if was != is {
+                let show = |f: &Option<Fingerprint>| f.as_ref().map_or("none".to_string(), |f| f.to_string());
+                return Err(Error::ckpt(
+                    dir,
+                    format!(
+                        "the {what} file {} changed since this checkpoint was written (was {}, now {}); resume with the run's own {what}",
+                        file.map_or("-".into(), |p| p.display().to_string()),
+                        show(was),
+                        show(is)
+                    ),
+                ));
+            }
+        }
         let saved = checkpoint::read_model_config(dir)?;
         if saved != tr.model.cfg {
             return Err(Error::ckpt(dir, "config.json does not match the run's model settings"));
         }
         tr.params = checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.model.layout, "")?.0;
         load_moments(dir, &tr.model.layout, &mut tr.opt)?;
+        if tr.opt.t != step as u64 {
+            return Err(Error::ckpt(
+                dir.join(OPTIMIZER_FILE),
+                format!("holds the optimizer state of step {} but the run is at step {step}; the checkpoint is inconsistent", tr.opt.t),
+            ));
+        }
         tr.step = step;
         tr.losses = losses;
         Ok(tr)
     }
+}
+
+/// Version of `trainer_state.json`'s layout.
+pub const STATE_FORMAT: u64 = 1;
+
+/// What a checkpoint records of the files a run reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fingerprints {
+    pub data: Option<Fingerprint>,
+    pub tokenizer: Option<Fingerprint>,
 }
 
 /// The trainer state file of a checkpoint directory, parsed, and its path.

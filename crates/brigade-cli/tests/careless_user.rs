@@ -1,0 +1,318 @@
+//! What a careless user can do to brigade, and what brigade must do back: never destroy their
+//! files, never silently read other data, never panic on a closed pipe, refuse impossible sizes
+//! and settings up front with one line, cross-check checkpoints, save on an interrupt.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn brigade(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_brigade")).args(args).current_dir(cwd).output().expect("runs")
+}
+
+fn ok(args: &[&str], cwd: &Path) -> Output {
+    let out = brigade(args, cwd);
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// A clean failure: non-zero exit, no panic, and a first error line that mentions `needle`.
+fn fails_with(args: &[&str], cwd: &Path, needle: &str) -> String {
+    let out = brigade(args, cwd);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    let line =
+        err.lines().find(|l| l.starts_with("error")).unwrap_or_else(|| panic!("{args:?}: no error line in {err}"));
+    assert!(line.contains(needle), "{args:?}: expected '{needle}' in: {line}");
+    err
+}
+
+const QUICK: &[&str] = &["--steps", "3", "--batch", "4", "--threads", "1", "--eval-every", "0"];
+
+fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["train"];
+    v.extend_from_slice(QUICK);
+    v.extend_from_slice(extra);
+    v
+}
+
+fn state(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("trainer_state.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn out_never_replaces_what_is_not_a_checkpoint() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    std::fs::create_dir(p.join("mine")).unwrap();
+    std::fs::write(p.join("mine/thesis.tex"), "years of work").unwrap();
+    std::fs::write(p.join("notes.txt"), "keep me").unwrap();
+    fails_with(&train_args(&["--out", "mine"]), p, "no brigade checkpoint");
+    assert_eq!(std::fs::read_to_string(p.join("mine/thesis.tex")).unwrap(), "years of work");
+    fails_with(&train_args(&["--out", "notes.txt"]), p, "not a directory");
+    assert_eq!(std::fs::read_to_string(p.join("notes.txt")).unwrap(), "keep me");
+    // an empty directory and an earlier checkpoint may be written over
+    std::fs::create_dir(p.join("empty")).unwrap();
+    ok(&train_args(&["--out", "empty"]), p);
+    ok(&train_args(&["--out", "empty", "--seed", "2"]), p);
+    assert_eq!(state(&p.join("empty"))["config"]["seed"], 2);
+    // a temporary directory left by a killed save (its process long gone) is removed
+    std::fs::create_dir(p.join(".empty.tmp-999999999")).unwrap();
+    std::fs::write(p.join(".empty.tmp-999999999/model.safetensors"), vec![0u8; 1000]).unwrap();
+    ok(&train_args(&["--out", "empty"]), p);
+    assert!(!p.join(".empty.tmp-999999999").exists(), "stale temporary checkpoint left behind");
+    let hidden: Vec<String> = std::fs::read_dir(p)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(hidden.is_empty(), "left behind: {hidden:?}");
+}
+
+#[test]
+fn resume_reads_the_same_data_or_refuses() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(a.join("corpus.txt"), "the quick brown fox jumps over the lazy dog. ".repeat(80)).unwrap();
+    std::fs::write(b.join("corpus.txt"), "a completely different corpus of other words! ".repeat(80)).unwrap();
+    ok(&train_args(&["--data", "corpus.txt", "--seq", "16", "--out", "ck", "--stop-after", "1"]), &a);
+    let saved = state(&a.join("ck"));
+    let data = saved["config"]["data"].as_str().unwrap();
+    assert!(Path::new(data).is_absolute(), "data path stored relative: {data}");
+    assert_eq!(saved["fingerprints"]["data"]["bytes"], 45 * 80);
+    // resuming from another directory reads a/corpus.txt, not b/corpus.txt
+    let ck = a.join("ck");
+    let ck = ck.to_str().unwrap();
+    ok(&["train", "--resume", ck, "--threads", "1", "--stop-after", "2"], &b);
+    // the data changed: refused, naming the data file
+    std::fs::write(a.join("corpus.txt"), "the quick brown fox jumps over the lazy cat. ".repeat(80)).unwrap();
+    fails_with(&["train", "--resume", ck, "--threads", "1"], &b, "the data file");
+    std::fs::remove_file(a.join("corpus.txt")).unwrap();
+    fails_with(&["train", "--resume", ck, "--threads", "1"], &b, "corpus.txt");
+}
+
+#[test]
+fn resume_refuses_a_changed_tokenizer() {
+    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/all-MiniLM-L6-v2/tokenizer.json");
+    if !tok.exists() {
+        assert!(std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(), "{} not found", tok.display());
+        eprintln!("skipped: {} not found (the shared models folder is absent)", tok.display());
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    std::fs::write(p.join("t.txt"), "the cat sat on the mat and looked at the hat. ".repeat(300)).unwrap();
+    ok(
+        &train_args(&[
+            "--data",
+            "t.txt",
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--seq",
+            "16",
+            "--out",
+            "ck",
+            "--stop-after",
+            "1",
+        ]),
+        p,
+    );
+    let copy = p.join("ck/tokenizer.json");
+    let mut text = std::fs::read_to_string(&copy).unwrap();
+    text = text.replacen("\"[PAD]\"", "\"[PAD2]\"", 1);
+    std::fs::write(&copy, text).unwrap();
+    fails_with(&["train", "--resume", "ck", "--threads", "1"], p, "the tokenizer file");
+    // and sample refuses a checkpoint whose tokenizer is gone instead of falling back to bytes
+    std::fs::remove_file(&copy).unwrap();
+    fails_with(&["sample", "--checkpoint", "ck", "--prompt", "the cat"], p, "tokenizer.json is missing");
+}
+
+#[test]
+fn a_closed_or_full_stdout_is_not_a_panic() {
+    let d = tempfile::tempdir().unwrap();
+    let args = ["plan", "--model", "gpt3-175b", "--gpu", "h100-sxm", "--gpus", "1024", "--global-batch", "1536"];
+    // `brigade plan … | head -0`: the reader is gone before brigade writes
+    let mut child = Command::new(env!("CARGO_BIN_EXE_brigade"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && err.is_empty(), "closed pipe: {err}");
+    // stdout on a full device: one line, non-zero exit
+    let full = std::fs::File::create("/dev/full").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_brigade")).args(args).stdout(full).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("panicked"), "/dev/full: {err}");
+    assert!(err.starts_with("error: cannot write to standard output"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let _ = d;
+}
+
+#[test]
+fn sizes_are_checked_before_anything_is_allocated() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    fails_with(&["train", "--batch", "100000000", "--threads", "1"], p, "GiB of memory is available");
+    fails_with(&["train", "--model", "gpt2-xl", "--batch", "4096", "--threads", "1"], p, "GiB of memory is available");
+    fails_with(&["train", "--batch", "18446744073709551615", "--threads", "1"], p, "beyond any machine");
+    fails_with(&["train", "--threads", "100000"], p, "--threads 100000 is out of range");
+    fails_with(&["train", "--threads", "0"], p, "--threads 0 is out of range");
+    fails_with(&["bench", "comm", "--ranks", "100000"], p, "--ranks 100000 is out of range");
+    fails_with(&["bench", "comm", "--ranks", "2", "--max-bytes", "1000000000000000"], p, "lower --max-bytes");
+    fails_with(&["bench", "train", "--batch", "100000", "--threads", "1"], p, "GiB of memory is available");
+    let plan = ["plan", "--model", "gpt3-175b", "--global-batch", "1536"];
+    fails_with(&[&plan[..], &["--gpus", "1000000000000000"]].concat(), p, "--gpus");
+    fails_with(
+        &["plan", "--model", "gpt3-175b", "--gpus", "8", "--global-batch", "100000000000000"],
+        p,
+        "--global-batch",
+    );
+    fails_with(
+        &[
+            "plan",
+            "--layers",
+            "2",
+            "--hidden",
+            "64",
+            "--heads",
+            "4",
+            "--seq",
+            "99999999999",
+            "--vocab",
+            "100",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+        ],
+        p,
+        "beyond any model",
+    );
+    // 8 local ranks stay allowed on any machine (the tests run 8 rank threads on 2 cores)
+    ok(&["bench", "comm", "--ranks", "8", "--max-bytes", "64"], p);
+}
+
+#[test]
+fn settings_are_checked() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let cases: &[(&str, &str)] = &[
+        ("[adamw]\nbeta1 = 1.0\n", "adamw.beta1 must be in [0, 1)"),
+        ("[adamw]\nbeta2 = -0.1\n", "adamw.beta2 must be in [0, 1)"),
+        ("[adamw]\neps = 0.0\n", "adamw.eps must be a positive number"),
+        ("[adamw]\nweight_decay = nan\n", "adamw.weight_decay"),
+        ("[adamw]\nweight_decay = -0.1\n", "adamw.weight_decay"),
+        ("grad_clip = nan\n", "grad_clip"),
+        ("grad_clip = -1.0\n", "grad_clip"),
+        ("lr = 0.001\nmin_lr = 0.01\n", "min_lr must be between 0 and lr"),
+        ("[adamw]\nbeta3 = 0.5\n", "beta3"),
+        ("steps = 10\nbatch = \"many\"\n", "line 2, column 9"),
+    ];
+    for (i, (toml, needle)) in cases.iter().enumerate() {
+        let f = format!("c{i}.toml");
+        std::fs::write(p.join(&f), toml).unwrap();
+        fails_with(&["train", "--config", &f], p, needle);
+    }
+    // a partial [adamw] table takes the defaults for the rest
+    std::fs::write(p.join("partial.toml"), "steps = 2\nbatch = 4\neval_every = 0\n[adamw]\nbeta2 = 0.99\n").unwrap();
+    ok(&["train", "--config", "partial.toml", "--threads", "1", "--out", "ck"], p);
+    let adamw = &state(&p.join("ck"))["config"]["adamw"];
+    assert!(
+        (adamw["beta2"].as_f64().unwrap() - 0.99).abs() < 1e-6 && (adamw["beta1"].as_f64().unwrap() - 0.9).abs() < 1e-6
+    );
+    let plan = ["plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536"];
+    fails_with(&[&plan[..], &["--tokens=-5"]].concat(), p, "--tokens must be a positive number");
+    fails_with(&[&plan[..], &["--tokens", "NaN"]].concat(), p, "--tokens must be a positive number");
+    fails_with(&[&plan[..], &["--seq", "0"]].concat(), p, "must be at least 1");
+    fails_with(&[&plan[..], &["--layout", "tp=8,pp=4,tp=4"]].concat(), p, "'tp' is given twice");
+}
+
+#[test]
+fn checkpoint_state_is_cross_checked() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    ok(&train_args(&["--out", "ck"]), p);
+    let good = std::fs::read_to_string(p.join("ck/trainer_state.json")).unwrap();
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        f(&mut v);
+        std::fs::write(p.join("ck/trainer_state.json"), v.to_string()).unwrap();
+    };
+    let resume = ["train", "--resume", "ck", "--threads", "1", "--steps", "5"];
+    edit(&|v| v["step"] = 2.into());
+    fails_with(&resume, p, "says step 2 but holds 3 losses");
+    edit(&|v| v["format"] = 7.into());
+    fails_with(&resume, p, "format 7");
+    edit(&|v| v["losses"].as_array_mut().unwrap().pop().map(|_| ()).unwrap());
+    fails_with(&resume, p, "holds 2 losses");
+    // a step count that disagrees with the optimizer's: model and state of different saves
+    edit(&|v| {
+        v["step"] = 2.into();
+        v["losses"].as_array_mut().unwrap().pop();
+    });
+    fails_with(&resume, p, "optimizer state of step 3");
+    std::fs::write(p.join("ck/trainer_state.json"), &good).unwrap();
+    fails_with(&["train", "--resume", "ck", "--steps", "2"], p, "--steps 2 is below the 3 steps");
+    ok(&resume, p);
+}
+
+#[test]
+fn unwritable_outputs_fail_before_training() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let slow = ["train", "--steps", "100000", "--threads", "1"];
+    // /proc refuses new files even to root
+    let err = fails_with(&[&slow[..], &["--out", "/proc/brigade-ck"]].concat(), p, "/proc");
+    assert!(!err.contains("steps in"), "trained before failing: {err}");
+    assert_eq!(err.lines().filter(|l| l.starts_with("error")).count(), 1, "{err}");
+    fails_with(&[&slow[..], &["--trace", "/proc/trace.json"]].concat(), p, "--trace /proc/trace.json");
+    fails_with(&[&slow[..], &["--trace", "nowhere/trace.json"]].concat(), p, "does not exist");
+    std::fs::create_dir(p.join("adir")).unwrap();
+    fails_with(&[&slow[..], &["--trace", "adir"]].concat(), p, "is a directory");
+}
+
+#[test]
+fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let child = Command::new(env!("CARGO_BIN_EXE_brigade"))
+        .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", "ck"])
+        .current_dir(p)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted after step") && err.contains("--resume ck"), "{err}");
+    let s = state(&p.join("ck"));
+    let step = s["step"].as_u64().unwrap();
+    assert!(step >= 1, "no step finished in 2.5 s: {err}");
+    // and the run continues from there
+    ok(&["train", "--resume", "ck", "--threads", "1", "--steps", &(step + 2).to_string()], p);
+    assert_eq!(state(&p.join("ck"))["step"].as_u64().unwrap(), step + 2);
+}
+
+#[test]
+fn sample_and_plan_refuse_what_they_would_ignore() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let ck = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/addition_ckpt");
+    let ck = ck.to_str().unwrap();
+    ok(&["sample", "--checkpoint", ck, "--prompt", "482+139", "--threads", "1"], p);
+    fails_with(&["sample", "--checkpoint", ck, "--prompt", "482+139", "--max-tokens", "3"], p, "drop --max-tokens");
+    fails_with(&["sample", "--checkpoint", ck, "--prompt", "hi", "--top-k", "5"], p, "--top-k 5 has no effect");
+    fails_with(&["sample", "--checkpoint", ck, "--prompt", "1+2", "--threads", "0"], p, "--threads 0 is out of range");
+    let out = brigade(&["plan", "--local", "--layers", "4"], p);
+    assert_eq!(out.status.code(), Some(2), "plan --local --layers accepted");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}

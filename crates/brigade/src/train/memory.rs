@@ -1,0 +1,64 @@
+//! What a training run will hold in memory, computed before anything is allocated, so that a
+//! run that cannot fit is refused with the figure instead of aborting halfway.
+
+use crate::error::{Error, Result};
+use crate::models::GptConfig;
+
+/// Bytes a single-worker run holds: f32 parameters, gradients, two AdamW moments, and the
+/// activations of one micro-batch (what forward stashes for backward, plus backward's scratch).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryNeed {
+    pub params: u128,
+    pub grads: u128,
+    pub optimizer: u128,
+    pub activations: u128,
+}
+
+impl MemoryNeed {
+    pub fn total(&self) -> u128 {
+        self.params + self.grads + self.optimizer + self.activations
+    }
+}
+
+/// Counted from the buffers the model and trainer allocate (see `models::gpt::Activations`).
+pub fn training_memory(cfg: &GptConfig, micro_batch: usize, seq: usize) -> MemoryNeed {
+    let (l, c, v, h) = (cfg.n_layer as u128, cfg.n_embd as u128, cfg.vocab_size as u128, cfg.n_head as u128);
+    let p = (v + cfg.block_size as u128) * c + l * (12 * c * c + 13 * c) + 2 * c;
+    let (b, t) = (micro_batch as u128, seq as u128);
+    let n = b * t;
+    // per block: input, ln_1 (out, mean, rstd), qkv, attention probabilities, attention
+    // output, x2, ln_2, MLP hidden before and after GELU
+    let per_layer = 16 * n * c + 4 * n + b * h * t * t;
+    // ln_f input and output, logits, log-sum-exp, losses, backward scratch
+    let head = 2 * n * c + n * v + 2 * n + 11 * n * c;
+    MemoryNeed { params: 4 * p, grads: 4 * p, optimizer: 8 * p, activations: 4 * (l * per_layer + head) }
+}
+
+/// Memory the system can give this process now (Linux `MemAvailable`), if known.
+pub fn available_bytes() -> Option<u128> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+pub fn gib(bytes: u128) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+/// Refuses a run that needs more memory than the machine has available.
+pub fn check_fits(need: &MemoryNeed, what: &str) -> Result<()> {
+    let Some(avail) = available_bytes() else { return Ok(()) };
+    if need.total() > avail {
+        return Err(Error::Train(format!(
+            "{what} needs {:.1} GiB (parameters {:.1}, gradients {:.1}, AdamW state {:.1}, activations {:.1}) but {:.1} GiB of memory is available; lower --micro-batch, --seq or the model size",
+            gib(need.total()),
+            gib(need.params),
+            gib(need.grads),
+            gib(need.optimizer),
+            gib(need.activations),
+            gib(avail)
+        )));
+    }
+    Ok(())
+}
