@@ -63,6 +63,11 @@ fn broken_checkpoints_are_refused() {
     let data = vec![0u8; 16];
     let tv = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &data).unwrap();
     safetensors::serialize_to_file(vec![("embeddings.word_embeddings.weight", tv)], None, &model).unwrap();
+    fails_with(&["sample", "--checkpoint", "ck", "--prompt", "1+2"], p, "belongs to another model");
+    // foreign and as large as ours
+    let data = vec![0u8; full.len()];
+    let tv = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![full.len() / 4], &data).unwrap();
+    safetensors::serialize_to_file(vec![("embeddings.word_embeddings.weight", tv)], None, &model).unwrap();
     fails_with(&["sample", "--checkpoint", "ck", "--prompt", "1+2"], p, "missing");
     // garbage
     std::fs::write(&model, b"not a safetensors file at all").unwrap();

@@ -19,6 +19,11 @@ pub struct GptConfig {
     pub block_size: usize,
 }
 
+/// Bounds far beyond any model brigade trains, that keep every size computed from a config
+/// (perhaps a corrupt or hostile `config.json`) clear of overflow.
+pub const MAX_DIM: usize = 1 << 24;
+pub const MAX_PARAMS: u128 = 1 << 36;
+
 /// Named model sizes: `tiny` for tests and the built-in task, the GPT-2 family for benchmarks.
 pub const PRESETS: &[(&str, GptConfig)] = &[
     ("tiny", GptConfig { n_layer: 2, n_head: 4, n_embd: 128, vocab_size: 256, block_size: 64 }),
@@ -47,6 +52,15 @@ impl GptConfig {
         if let Some((k, _)) = z.iter().find(|(_, v)| *v == 0) {
             return Err(Error::Config(format!("{k} must be at least 1")));
         }
+        if let Some((k, v)) = z.iter().find(|(_, v)| *v > MAX_DIM) {
+            return Err(Error::Config(format!("{k} = {v} is beyond any model; at most {MAX_DIM}")));
+        }
+        if self.num_params() > MAX_PARAMS {
+            return Err(Error::Config(format!(
+                "{} parameters is beyond what brigade can hold in one f32 buffer (at most {MAX_PARAMS})",
+                self.num_params()
+            )));
+        }
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(Error::Config(format!(
                 "n_embd ({}) must be divisible by n_head ({}); pick n_head among the divisors of n_embd",
@@ -54,6 +68,12 @@ impl GptConfig {
             )));
         }
         Ok(())
+    }
+
+    /// Every parameter (embeddings, blocks, final LayerNorm), counted without overflow.
+    pub fn num_params(&self) -> u128 {
+        let (l, c) = (self.n_layer as u128, self.n_embd as u128);
+        (self.vocab_size as u128 + self.block_size as u128) * c + l * (12 * c * c + 13 * c) + 2 * c
     }
 
     /// Parameters counted by the 6·N FLOP rule: the block matrices and the (tied) LM head.

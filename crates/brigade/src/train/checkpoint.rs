@@ -49,10 +49,32 @@ fn ignorable(name: &str) -> bool {
 /// Reads every tensor of `layout` (named with `prefix`) from a safetensors file.
 pub fn load_tensors(path: &Path, layout: &ParamLayout, prefix: &str) -> Result<(Vec<f32>, HashMap<String, String>)> {
     let bytes = std::fs::read(path).map_err(|e| Error::ckpt(path, format!("cannot read: {e}")))?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes)
+    tensors_from_bytes(&bytes, layout, prefix, path)
+}
+
+/// `load_tensors` on the bytes of a safetensors file (`path` names it in errors). Nothing is
+/// allocated for the model before the file is known to be large enough to hold it.
+pub fn tensors_from_bytes(
+    bytes: &[u8],
+    layout: &ParamLayout,
+    prefix: &str,
+    path: &Path,
+) -> Result<(Vec<f32>, HashMap<String, String>)> {
+    let (_, meta) = SafeTensors::read_metadata(bytes)
         .map_err(|e| Error::ckpt(path, format!("not a valid safetensors file ({e})")))?;
-    let st = SafeTensors::deserialize(&bytes)
+    let st = SafeTensors::deserialize(bytes)
         .map_err(|e| Error::ckpt(path, format!("not a valid safetensors file ({e})")))?;
+    let need = layout.total as u128 * 4;
+    if (bytes.len() as u128) < need {
+        return Err(Error::ckpt(
+            path,
+            format!(
+                "holds {} bytes but the model its config describes has {} parameters ({need} bytes); the file is truncated or belongs to another model",
+                bytes.len(),
+                layout.total
+            ),
+        ));
+    }
     let mut out = vec![0f32; layout.total];
     for s in &layout.specs {
         let name = format!("{prefix}{}", s.name);
@@ -134,8 +156,14 @@ pub fn read_model_config(dir: &Path) -> Result<GptConfig> {
     let text = std::fs::read_to_string(&path).map_err(|e| {
         Error::ckpt(&path, format!("cannot read ({e}); a checkpoint directory holds config.json and model.safetensors"))
     })?;
+    parse_model_config(&text, &path)
+}
+
+/// The model shape from the text of a Hugging Face GPT-2 `config.json` (`path` names it in errors).
+pub fn parse_model_config(text: &str, path: &Path) -> Result<GptConfig> {
+    let path = path.to_path_buf();
     let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
+        serde_json::from_str(text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
     let field = |k: &str| -> Result<usize> {
         v.get(k)
             .and_then(|x| x.as_u64())

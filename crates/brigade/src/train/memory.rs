@@ -23,7 +23,7 @@ impl MemoryNeed {
 /// Counted from the buffers the model and trainer allocate (see `models::gpt::Activations`).
 pub fn training_memory(cfg: &GptConfig, micro_batch: usize, seq: usize) -> MemoryNeed {
     let (l, c, v, h) = (cfg.n_layer as u128, cfg.n_embd as u128, cfg.vocab_size as u128, cfg.n_head as u128);
-    let p = (v + cfg.block_size as u128) * c + l * (12 * c * c + 13 * c) + 2 * c;
+    let p = cfg.num_params();
     let (b, t) = (micro_batch as u128, seq as u128);
     let n = b * t;
     // per block: input, ln_1 (out, mean, rstd), qkv, attention probabilities, attention
@@ -61,4 +61,20 @@ pub fn check_fits(need: &MemoryNeed, what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::{Gpt, PRESETS};
+
+    #[test]
+    fn parameter_bytes_are_those_the_model_allocates() {
+        for (name, cfg) in PRESETS {
+            let need = training_memory(cfg, 1, 1);
+            let real = Gpt::new(*cfg).unwrap().layout.total as u128;
+            assert_eq!(need.params, 4 * real, "{name}");
+            assert_eq!(need.optimizer, 8 * real, "{name}");
+        }
+    }
 }

@@ -5,6 +5,7 @@ use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use super::config::TrainConfig;
 use super::data::{Dataset, Fingerprint, TextData, Tokenizer};
 use super::optimizer::{clip_grad_norm, AdamW, LrSchedule};
+use super::state::{Fingerprints, RunState};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::models::{generate, Activations, Gpt, SampleOptions};
@@ -295,14 +296,13 @@ impl Trainer {
             checkpoint::write_json(&tmp.join(checkpoint::CONFIG_FILE), &checkpoint::hf_config(&self.model.cfg))?;
             let meta = HashMap::from([("step".to_string(), self.opt.t.to_string())]);
             save_moments(tmp, layout, &self.opt, meta)?;
-            let state = serde_json::json!({
-                "format": STATE_FORMAT,
-                "step": self.step,
-                "config": self.cfg,
-                "losses": self.losses,
-                "fingerprints": self.fingerprints(),
-            });
-            checkpoint::write_json(&tmp.join(STATE_FILE), &state)?;
+            let state = RunState {
+                config: self.cfg.clone(),
+                step: self.step,
+                losses: self.losses.clone(),
+                fingerprints: self.fingerprints(),
+            };
+            checkpoint::write_json(&tmp.join(STATE_FILE), &state.to_json())?;
             if let Tokenizer::Hf(_, src, _) = &self.tokenizer {
                 let dst = tmp.join(TOKENIZER_FILE);
                 std::fs::copy(src, &dst).map_err(|e| Error::io(&dst, e))?;
@@ -329,35 +329,7 @@ impl Trainer {
     /// is cross-checked first: its format, its step against its losses and the optimizer's
     /// step, and the data and tokenizer against their recorded fingerprints.
     pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
-        let (state, path) = read_state(dir)?;
-        let format = state["format"].as_u64();
-        if format != Some(STATE_FORMAT) {
-            return Err(Error::ckpt(
-                &path,
-                format!(
-                    "has format {}, this brigade reads format {STATE_FORMAT}",
-                    format.map_or("none".into(), |f| f.to_string())
-                ),
-            ));
-        }
-        let mut cfg = config_of(&state, &path)?;
-        let step = state["step"].as_u64().ok_or_else(|| Error::ckpt(&path, "missing 'step'"))? as usize;
-        let losses: Vec<f32> = serde_json::from_value(state["losses"].clone())
-            .map_err(|e| Error::ckpt(&path, format!("bad losses ({e})")))?;
-        if losses.len() != step {
-            return Err(Error::ckpt(
-                &path,
-                format!("says step {step} but holds {} losses; the file is inconsistent", losses.len()),
-            ));
-        }
-        if step > cfg.steps {
-            return Err(Error::ckpt(
-                &path,
-                format!("says step {step} of a {}-step run; the file is inconsistent", cfg.steps),
-            ));
-        }
-        let saved_fp: Fingerprints = serde_json::from_value(state["fingerprints"].clone())
-            .map_err(|e| Error::ckpt(&path, format!("bad or missing fingerprints ({e})")))?;
+        let RunState { config: mut cfg, step, losses, fingerprints: saved_fp } = RunState::read(dir)?;
         if cfg.tokenizer.is_some() {
             cfg.tokenizer = Some(dir.join(TOKENIZER_FILE));
         }
@@ -406,34 +378,9 @@ impl Trainer {
     }
 }
 
-/// Version of `trainer_state.json`'s layout.
-pub const STATE_FORMAT: u64 = 1;
-
-/// What a checkpoint records of the files a run reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Fingerprints {
-    pub data: Option<Fingerprint>,
-    pub tokenizer: Option<Fingerprint>,
-}
-
-/// The trainer state file of a checkpoint directory, parsed, and its path.
-fn read_state(dir: &Path) -> Result<(serde_json::Value, std::path::PathBuf)> {
-    let path = dir.join(STATE_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        Error::ckpt(&path, format!("cannot read ({e}); --resume needs a directory written by `brigade train --out`"))
-    })?;
-    let state = serde_json::from_str(&text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
-    Ok((state, path))
-}
-
-fn config_of(state: &serde_json::Value, path: &Path) -> Result<TrainConfig> {
-    serde_json::from_value(state["config"].clone()).map_err(|e| Error::ckpt(path, format!("bad config ({e})")))
-}
-
 /// The settings of the run that wrote checkpoint `dir`.
 pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
-    let (state, path) = read_state(dir)?;
-    config_of(&state, &path)
+    Ok(RunState::read(dir)?.config)
 }
 
 fn save_moments(
