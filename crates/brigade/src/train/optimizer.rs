@@ -118,3 +118,31 @@ impl LrSchedule {
         self.min_lr + cos * (self.max_lr - self.min_lr)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adamw_settings_outside_their_domain_are_refused() {
+        let ok = AdamWConfig::default();
+        assert!(ok.validate().is_ok());
+        assert!(AdamWConfig { beta1: 0.0, beta2: 0.0, eps: 1e-30, weight_decay: 0.0 }.validate().is_ok());
+        let bad = [
+            AdamWConfig { beta1: 1.0, ..ok },
+            AdamWConfig { beta1: -0.1, ..ok },
+            AdamWConfig { beta2: 1.0, ..ok },
+            AdamWConfig { beta2: f32::NAN, ..ok },
+            AdamWConfig { eps: 0.0, ..ok },
+            AdamWConfig { eps: -1e-8, ..ok },
+            AdamWConfig { eps: f32::INFINITY, ..ok },
+            AdamWConfig { eps: f32::NAN, ..ok },
+            AdamWConfig { weight_decay: -0.1, ..ok },
+            AdamWConfig { weight_decay: f32::INFINITY, ..ok },
+            AdamWConfig { weight_decay: f32::NAN, ..ok },
+        ];
+        for c in bad {
+            assert!(c.validate().is_err(), "{c:?} accepted");
+        }
+    }
+}
