@@ -246,14 +246,17 @@ pub fn run(a: PlanArgs) -> Result<()> {
         (a.net_gbps, &mut acc.net_gbps),
     ] {
         if let Some(x) = v {
-            if !(x.is_finite() && x > 0.0) {
-                bail!("accelerator figures must be positive numbers, got {x}");
+            if !(x.is_finite() && x >= 1e-3 && x <= 1e6) {
+                bail!("accelerator figures (--peak-tflops, --hbm-gib, --hbm-tbps, --nvlink-gbps, --net-gbps) must be between 0.001 and 1e6, got {x}");
             }
             *slot = x;
         }
     }
     if let Some(g) = a.gpus_per_node {
-        acc.gpus_per_node = g.max(1);
+        if g == 0 || g > MAX_GPUS {
+            bail!("--gpus-per-node must be between 1 and {MAX_GPUS}, got {g}");
+        }
+        acc.gpus_per_node = g;
     }
     if gpus == 0 || global_batch == 0 {
         bail!("--gpus and --global-batch must be at least 1");
@@ -262,8 +265,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
         bail!("--gpus ({gpus}) must be at most {MAX_GPUS} and --global-batch ({global_batch}) at most {MAX_GLOBAL_BATCH} sequences");
     }
     if let Some(n) = a.tokens {
-        if !(n.is_finite() && n > 0.0) {
-            bail!("--tokens must be a positive number of tokens (e.g. 300e9), got {n}");
+        if !(n.is_finite() && n >= 1.0 && n <= 1e18) {
+            bail!("--tokens must be a number of tokens between 1 and 1e18 (e.g. 300e9), got {n}");
         }
     }
     let fixed = match &a.layout {

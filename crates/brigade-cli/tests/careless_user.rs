@@ -227,8 +227,12 @@ fn settings_are_checked() {
         (adamw["beta2"].as_f64().unwrap() - 0.99).abs() < 1e-6 && (adamw["beta1"].as_f64().unwrap() - 0.9).abs() < 1e-6
     );
     let plan = ["plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536"];
-    fails_with(&[&plan[..], &["--tokens=-5"]].concat(), p, "--tokens must be a positive number");
-    fails_with(&[&plan[..], &["--tokens", "NaN"]].concat(), p, "--tokens must be a positive number");
+    fails_with(&[&plan[..], &["--tokens=-5"]].concat(), p, "--tokens must be a number");
+    fails_with(&[&plan[..], &["--tokens", "NaN"]].concat(), p, "--tokens must be a number");
+    fails_with(&[&plan[..], &["--tokens", "1e300"]].concat(), p, "--tokens must be a number");
+    fails_with(&[&plan[..], &["--peak-tflops", "1e-300"]].concat(), p, "between 0.001 and 1e6");
+    fails_with(&[&plan[..], &["--hbm-gib", "1e300"]].concat(), p, "between 0.001 and 1e6");
+    fails_with(&[&plan[..], &["--gpus-per-node", "0"]].concat(), p, "--gpus-per-node");
     fails_with(&[&plan[..], &["--seq", "0"]].concat(), p, "must be at least 1");
     fails_with(&[&plan[..], &["--layout", "tp=8,pp=4,tp=4"]].concat(), p, "'tp' is given twice");
 }
