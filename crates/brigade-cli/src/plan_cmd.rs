@@ -246,7 +246,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         (a.net_gbps, &mut acc.net_gbps),
     ] {
         if let Some(x) = v {
-            if !(x.is_finite() && x >= 1e-3 && x <= 1e6) {
+            if !(1e-3..=1e6).contains(&x) {
                 bail!("accelerator figures (--peak-tflops, --hbm-gib, --hbm-tbps, --nvlink-gbps, --net-gbps) must be between 0.001 and 1e6, got {x}");
             }
             *slot = x;
@@ -265,7 +265,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         bail!("--gpus ({gpus}) must be at most {MAX_GPUS} and --global-batch ({global_batch}) at most {MAX_GLOBAL_BATCH} sequences");
     }
     if let Some(n) = a.tokens {
-        if !(n.is_finite() && n >= 1.0 && n <= 1e18) {
+        if !(1.0..=1e18).contains(&n) {
             bail!("--tokens must be a number of tokens between 1 and 1e18 (e.g. 300e9), got {n}");
         }
     }

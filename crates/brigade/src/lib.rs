@@ -5,6 +5,7 @@ pub mod bench;
 pub mod error;
 pub mod models;
 pub mod nn;
+pub mod parallel;
 pub mod params;
 pub mod plan;
 pub mod tensor;
