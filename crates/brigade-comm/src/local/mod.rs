@@ -47,6 +47,14 @@ impl std::fmt::Display for RunError {
 
 impl std::error::Error for RunError {}
 
+/// A communicator of one rank in the calling thread: the world of a single worker (the 1×1×1
+/// mesh), on which every collective is a no-op that still checks its arguments.
+pub fn solo() -> Comm {
+    let world = Arc::new(World::new(LocalConfig::default()));
+    let group = Arc::new(Group::new(world, vec![0]));
+    Comm::new(Box::new(LocalBackend::new(group, 0)))
+}
+
 /// Runs `f` on `n` rank threads with the default configuration.
 pub fn run<T, E, F>(n: usize, f: F) -> Result<Vec<T>, RunError>
 where

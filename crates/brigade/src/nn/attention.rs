@@ -60,5 +60,10 @@ impl CausalSelfAttention {
         self.c_proj.backward(p, g, &st.att, dout, datt);
         attention_backward(dqkv, datt, &st.qkv, &st.probs, self.shape(b, t));
         self.c_attn.backward(p, g, x, dqkv, dx);
+        // The key bias adds q·b_k to every score of a row, which softmax ignores: its gradient
+        // is zero in exact arithmetic. Computed, it is rounding noise that Adam would scale up
+        // to a ±lr step of arbitrary sign, different for every summation order (micro-batches,
+        // data-parallel ranks); so it is set to its exact value.
+        self.c_attn.b.of_mut(g)[self.c..2 * self.c].fill(0.0);
     }
 }

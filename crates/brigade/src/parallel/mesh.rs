@@ -74,6 +74,11 @@ pub struct Mesh {
 }
 
 impl Mesh {
+    /// The single worker: the 1×1×1 mesh on a one-rank world.
+    pub fn solo() -> Result<Mesh> {
+        Mesh::new(&brigade_comm::local::solo(), MeshShape { dp: 1, pp: 1, tp: 1 })
+    }
+
     /// Splits `world` into the three groups; every rank of `world` must call it.
     pub fn new(world: &Comm, shape: MeshShape) -> Result<Mesh> {
         shape.check_world(world.size())?;

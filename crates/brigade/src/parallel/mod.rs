@@ -1,6 +1,7 @@
 //! Parallel training: the device mesh, and (to come, per DESIGN.md) tensor-parallel layers,
-//! data-parallel gradient buckets and ZeRO shards, pipeline schedules.
+//! pipeline schedules. Data parallelism (ZeRO-0/1) is here.
 
 pub mod mesh;
 
 pub use mesh::{Coords, Mesh, MeshShape};
+pub mod data;

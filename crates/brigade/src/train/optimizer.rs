@@ -52,8 +52,21 @@ const CHUNK: usize = 1 << 14;
 
 impl AdamW {
     pub fn new(cfg: AdamWConfig, layout: &ParamLayout) -> AdamW {
-        let groups = layout.specs.iter().map(|s| (s.view.offset..s.view.offset + s.view.len, s.decay)).collect();
-        AdamW { cfg, m: vec![0.0; layout.total], v: vec![0.0; layout.total], t: 0, groups }
+        AdamW::over(cfg, layout, 0..layout.total)
+    }
+
+    /// State for the slice `range` of the flat buffer (a ZeRO shard): `step` then takes that
+    /// slice of the parameters and gradients.
+    pub fn over(cfg: AdamWConfig, layout: &ParamLayout, range: Range<usize>) -> AdamW {
+        let groups = layout
+            .specs
+            .iter()
+            .filter_map(|s| {
+                let (lo, hi) = (s.view.offset.max(range.start), (s.view.offset + s.view.len).min(range.end));
+                (lo < hi).then_some((lo - range.start..hi - range.start, s.decay))
+            })
+            .collect();
+        AdamW { cfg, m: vec![0.0; range.len()], v: vec![0.0; range.len()], t: 0, groups }
     }
 
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
@@ -81,20 +94,31 @@ impl AdamW {
     }
 }
 
-/// Global L2 norm of the gradient (accumulated in f64, in fixed chunk order).
-pub fn grad_norm(grads: &[f32]) -> f32 {
+/// Squared L2 norm of a gradient (or of one shard of it), accumulated in f64 in fixed chunk order.
+pub fn grad_sq_norm(grads: &[f32]) -> f64 {
     let parts: Vec<f64> =
         grads.par_chunks(CHUNK).map(|c| c.iter().map(|&g| g as f64 * g as f64).sum::<f64>()).collect();
-    parts.iter().sum::<f64>().sqrt() as f32
+    parts.iter().sum::<f64>()
+}
+
+/// Global L2 norm of the gradient.
+pub fn grad_norm(grads: &[f32]) -> f32 {
+    grad_sq_norm(grads).sqrt() as f32
+}
+
+/// Scales `grads` (the whole gradient, or a shard of it) by `max_norm / norm` when the global
+/// `norm` exceeds `max_norm` (0: no clipping), as `torch.nn.utils.clip_grad_norm_` does.
+pub fn clip_to(grads: &mut [f32], norm: f32, max_norm: f32) {
+    if max_norm > 0.0 && norm > max_norm {
+        let s = max_norm / (norm + 1e-6);
+        grads.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|g| *g *= s));
+    }
 }
 
 /// Scales `grads` so that their global norm is at most `max_norm`; returns the norm before.
 pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
     let norm = grad_norm(grads);
-    if max_norm > 0.0 && norm > max_norm {
-        let s = max_norm / (norm + 1e-6);
-        grads.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|g| *g *= s));
-    }
+    clip_to(grads, norm, max_norm);
     norm
 }
 
@@ -122,6 +146,26 @@ impl LrSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As `torch.nn.utils.clip_grad_norm_`: off at 0, untouched at or below the threshold,
+    /// above it scaled by max_norm / (norm + 1e-6).
+    #[test]
+    fn clipping_follows_torch() {
+        let mut g = vec![3.0f32, 4.0];
+        assert_eq!(clip_grad_norm(&mut g, 0.0), 5.0);
+        assert_eq!(g, [3.0, 4.0], "max_norm 0 turns clipping off");
+        let mut g = vec![1.0f32, 0.0];
+        assert_eq!(clip_grad_norm(&mut g, 1.0), 1.0);
+        assert_eq!(g, [1.0, 0.0], "a norm equal to the threshold is not clipped");
+        let mut g = vec![0.006f32, 0.008];
+        let norm = clip_grad_norm(&mut g, 0.005);
+        assert!((norm - 0.01).abs() < 1e-9);
+        let s = 0.005f64 / (norm as f64 + 1e-6);
+        for (got, x) in g.iter().zip([0.006f32, 0.008]) {
+            let want = x as f64 * s;
+            assert!((*got as f64 - want).abs() < 3e-7 * want, "{got} vs {want}");
+        }
+    }
 
     #[test]
     fn adamw_settings_outside_their_domain_are_refused() {

@@ -4,12 +4,15 @@ use super::addition::Addition;
 use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use super::config::TrainConfig;
 use super::data::{Dataset, Fingerprint, TextData, Tokenizer};
-use super::optimizer::{clip_grad_norm, AdamW, LrSchedule};
+use super::optimizer::{clip_to, grad_sq_norm, AdamW, LrSchedule};
 use super::state::{Fingerprints, RunState};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::models::{generate, Activations, Gpt, SampleOptions};
+use crate::parallel::data::{self, DataParallel};
+use crate::parallel::{Mesh, MeshShape};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
@@ -61,11 +64,37 @@ pub struct Trainer {
     sched: LrSchedule,
     /// Set to record a Chrome trace of the run (`brigade train --trace`).
     pub timeline: Option<Timeline>,
+    /// This rank's place in the mesh (the single worker: 1×1×1).
+    pub mesh: Mesh,
+    dpc: DataParallel,
+    /// The slice of the flat buffers this rank's optimizer updates (all of it without ZeRO).
+    shard: Range<usize>,
 }
 
 impl Trainer {
-    pub fn new(mut cfg: TrainConfig) -> Result<Trainer> {
+    /// The single worker: the same trainer on the 1×1×1 mesh.
+    pub fn new(cfg: TrainConfig) -> Result<Trainer> {
+        Trainer::on_mesh(cfg, Mesh::solo()?, DataParallel::default())
+    }
+
+    /// One rank of a parallel run: every rank of the mesh calls this with the same `cfg`.
+    pub fn on_mesh(mut cfg: TrainConfig, mesh: Mesh, dpc: DataParallel) -> Result<Trainer> {
         cfg.validate()?;
+        dpc.validate()?;
+        let MeshShape { dp, pp, tp } = mesh.shape;
+        if pp > 1 || tp > 1 {
+            return Err(Error::Config(format!(
+                "pp={pp}, tp={tp}: pipeline and tensor parallelism are not implemented yet; use data parallelism (dp)"
+            )));
+        }
+        let mb = cfg.micro_batch();
+        if !cfg.batch.is_multiple_of(dp * mb) {
+            return Err(Error::Config(format!(
+                "the global batch of {} sequences does not split into dp={dp} shards of whole micro-batches of {mb}; make batch a multiple of dp × micro_batch = {}",
+                cfg.batch,
+                dp * mb
+            )));
+        }
         // The checkpoint records where the data came from: absolute, so that a resume from
         // another directory reads the same file.
         if let Some(p) = &cfg.data {
@@ -106,7 +135,8 @@ impl Trainer {
             &format!("training {} at micro-batch {} × seq {seq}", cfg.model, cfg.micro_batch()),
         )?;
         let params = model.layout.init(cfg.seed);
-        let opt = AdamW::new(cfg.adamw, &model.layout);
+        let shard = dpc.shard(&mesh.dp, model.layout.total);
+        let opt = AdamW::over(cfg.adamw, &model.layout, shard.clone());
         let sched = LrSchedule {
             max_lr: cfg.lr,
             min_lr: cfg.min_lr.unwrap_or(cfg.lr / 10.0),
@@ -128,6 +158,9 @@ impl Trainer {
             sched,
             timeline: None,
             cfg,
+            mesh,
+            dpc,
+            shard,
         })
     }
 
@@ -158,10 +191,14 @@ impl Trainer {
             return Err(Error::Train(self.explain_nonfinite_loss(loss, step)));
         }
         let t0 = Instant::now();
-        let grad_norm = clip_grad_norm(&mut self.grads, self.cfg.grad_clip);
+        let shard = self.shard.clone();
+        let sq = data::global_sq_norm(&self.mesh.dp, grad_sq_norm(&self.grads[shard.clone()]), &self.dpc)?;
+        let grad_norm = sq.sqrt() as f32;
+        clip_to(&mut self.grads[shard.clone()], grad_norm, self.cfg.grad_clip);
         self.trace("clip", "optimizer", step, t0);
         let t0 = Instant::now();
-        self.opt.step(&mut self.params, &self.grads, lr);
+        self.opt.step(&mut self.params[shard.clone()], &self.grads[shard], lr);
+        data::gather_shards(&self.mesh.dp, &mut self.params, &self.dpc)?;
         self.trace("adamw", "optimizer", step, t0);
         self.step = step;
         self.losses.push(loss);
@@ -196,8 +233,14 @@ impl Trainer {
         let step = self.step + 1;
         self.grads.fill(0.0);
         let mb = self.cfg.micro_batch();
+        // Every target of the global batch counts once: the gradients of the dp ranks then sum
+        // to the single worker's.
         let scale = 1.0 / count as f32;
         let mut loss_sum = 0f64;
+        // This rank's share of the global batch: a contiguous block of whole sequences.
+        let per_rank = (b / self.mesh.shape.dp) * t;
+        let mine = self.mesh.coords.dp * per_rank..(self.mesh.coords.dp + 1) * per_rank;
+        let (x, y) = (&x[mine.clone()], &y[mine]);
         for (i, (xm, ym)) in x.chunks(mb * t).zip(y.chunks(mb * t)).enumerate() {
             let t0 = Instant::now();
             self.model.forward(&self.params, xm, mb, t, &mut self.acts);
@@ -207,12 +250,22 @@ impl Trainer {
             self.model.backward(&self.params, &mut self.grads, xm, ym, scale, &mut self.acts);
             self.trace(format!("backward mb{i}"), "compute", step, t0);
         }
+        let t0 = Instant::now();
+        data::reduce_gradients(&self.mesh.dp, &mut self.grads, &self.dpc)?;
+        let loss_sum = data::sum_scalar(&self.mesh.dp, loss_sum)?;
+        self.trace("gradient reduction", "comm", step, t0);
         Ok((loss_sum, count))
     }
 
-    /// The gradient left by the last `accumulate_gradients` (or, after a step, clipped).
+    /// The gradient left by the last `accumulate_gradients` (or, after a step, clipped). With
+    /// ZeRO-1 only this rank's shard (`shard()`) holds the summed gradient.
     pub fn grads(&self) -> &[f32] {
         &self.grads
+    }
+
+    /// The slice of the flat buffers this rank's optimizer owns.
+    pub fn shard(&self) -> Range<usize> {
+        self.shard.clone()
     }
 
     /// A non-finite loss, with what most likely caused it.
@@ -289,13 +342,25 @@ impl Trainer {
     }
 
     /// Writes a complete checkpoint to `dir` (atomically).
+    /// Every rank of the mesh calls it (ZeRO shards of the moments are gathered first); the
+    /// first rank writes. The files hold the full model whatever the layout.
     pub fn save(&self, dir: &Path) -> Result<()> {
+        let total = self.model.layout.total;
+        let (mut m, mut v) = (vec![0f32; total], vec![0f32; total]);
+        m[self.shard.clone()].copy_from_slice(&self.opt.m);
+        v[self.shard.clone()].copy_from_slice(&self.opt.v);
+        data::gather_shards(&self.mesh.dp, &mut m, &self.dpc)?;
+        data::gather_shards(&self.mesh.dp, &mut v, &self.dpc)?;
+        if self.mesh.dp.rank() != 0 {
+            return Ok(());
+        }
         checkpoint::write_atomically(dir, |tmp| {
             let layout = &self.model.layout;
             checkpoint::save_tensors(&tmp.join(checkpoint::MODEL_FILE), layout, &self.params, "", None)?;
             checkpoint::write_json(&tmp.join(checkpoint::CONFIG_FILE), &checkpoint::hf_config(&self.model.cfg))?;
             let meta = HashMap::from([("step".to_string(), self.opt.t.to_string())]);
-            save_moments(tmp, layout, &self.opt, meta)?;
+            m.extend_from_slice(&v);
+            checkpoint::save_tensors(&tmp.join(OPTIMIZER_FILE), &moments_layout(layout), &m, "", Some(meta))?;
             let state = RunState {
                 config: self.cfg.clone(),
                 step: self.step,
@@ -329,6 +394,11 @@ impl Trainer {
     /// is cross-checked first: its format, its step against its losses and the optimizer's
     /// step, and the data and tokenizer against their recorded fingerprints.
     pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
+        Trainer::resume_on(dir, steps, Mesh::solo()?, DataParallel::default())
+    }
+
+    /// `resume` as one rank of a mesh: a checkpoint holds no layout, so any layout resumes it.
+    pub fn resume_on(dir: &Path, steps: Option<usize>, mesh: Mesh, dpc: DataParallel) -> Result<Trainer> {
         let RunState { config: mut cfg, step, losses, fingerprints: saved_fp } = RunState::read(dir)?;
         if cfg.tokenizer.is_some() {
             cfg.tokenizer = Some(dir.join(TOKENIZER_FILE));
@@ -341,7 +411,7 @@ impl Trainer {
             }
             cfg.steps = s;
         }
-        let mut tr = Trainer::new(cfg)?;
+        let mut tr = Trainer::on_mesh(cfg, mesh, dpc)?;
         let now = tr.fingerprints();
         for (what, was, is, file) in [
             ("data", &saved_fp.data, &now.data, tr.cfg.data.clone()),
@@ -365,7 +435,7 @@ impl Trainer {
             return Err(Error::ckpt(dir, "config.json does not match the run's model settings"));
         }
         tr.params = checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.model.layout, "")?.0;
-        load_moments(dir, &tr.model.layout, &mut tr.opt)?;
+        load_moments(dir, &tr.model.layout, &mut tr.opt, tr.shard.clone())?;
         if tr.opt.t != step as u64 {
             return Err(Error::ckpt(
                 dir.join(OPTIMIZER_FILE),
@@ -383,26 +453,14 @@ pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
     Ok(RunState::read(dir)?.config)
 }
 
-fn save_moments(
-    dir: &Path,
-    layout: &crate::params::ParamLayout,
-    opt: &AdamW,
-    meta: HashMap<String, String>,
-) -> Result<()> {
-    // One file, two prefixes, over m and v concatenated.
-    let layout2 = moments_layout(layout);
-    let mut buf = opt.m.clone();
-    buf.extend_from_slice(&opt.v);
-    checkpoint::save_tensors(&dir.join(OPTIMIZER_FILE), &layout2, &buf, "", Some(meta))
-}
-
-fn load_moments(dir: &Path, layout: &crate::params::ParamLayout, opt: &mut AdamW) -> Result<()> {
+/// Reads the full moments and keeps this rank's `shard` of them.
+fn load_moments(dir: &Path, layout: &crate::params::ParamLayout, opt: &mut AdamW, shard: Range<usize>) -> Result<()> {
     let path = dir.join(OPTIMIZER_FILE);
     let layout2 = moments_layout(layout);
     let (buf, meta) = checkpoint::load_tensors(&path, &layout2, "")?;
     let n = layout.total;
-    opt.m.copy_from_slice(&buf[..n]);
-    opt.v.copy_from_slice(&buf[n..]);
+    opt.m.copy_from_slice(&buf[shard.clone()]);
+    opt.v.copy_from_slice(&buf[n + shard.start..n + shard.end]);
     opt.t = meta
         .get("step")
         .and_then(|s| s.parse().ok())
