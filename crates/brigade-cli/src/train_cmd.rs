@@ -1,4 +1,6 @@
 use anyhow::{bail, Context, Result};
+use brigade::parallel::data::DataParallel;
+use brigade::parallel::{Mesh, MeshShape};
 use brigade::train::{EvalReport, TrainConfig, Trainer};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -58,6 +60,17 @@ pub struct TrainArgs {
     /// Write a Chrome trace-event timeline of the run to this file (open in Perfetto).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Parallel layout, as `brigade plan --layout`: dp=2,zero=1 (unnamed axes are 1). With the
+    /// local backend the ranks are threads of this process, each with --threads threads.
+    #[arg(long)]
+    layout: Option<String>,
+    /// local (rank threads in this process) or mpi (this process is one rank; run under
+    /// mpirun; needs a build with --features mpi).
+    #[arg(long, default_value = "local")]
+    backend: String,
+    /// Data-parallel gradient bucket size in MB (all-reduced as soon as it is complete).
+    #[arg(long, default_value_t = 25.0)]
+    bucket_mb: f64,
     /// Stop after this many steps in this process, saving a checkpoint (to test resuming).
     #[arg(long, hide = true)]
     stop_after: Option<usize>,
@@ -170,57 +183,170 @@ fn interrupt_flag() -> Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
+/// The mesh shape and data-parallel settings of `--layout`, checked before any rank starts.
+fn parse_layout(a: &TrainArgs) -> Result<(MeshShape, DataParallel)> {
+    let f = match &a.layout {
+        Some(s) => brigade::plan::Fixed::parse(s)?,
+        None => brigade::plan::Fixed::default(),
+    };
+    if f.v.is_some() || f.recompute.is_some() || f.schedule.is_some() || f.mb.is_some() {
+        bail!("--layout for training takes dp, tp, pp and zero; give the micro-batch with --micro-batch (v, recompute and schedule come with pipeline parallelism)");
+    }
+    let shape = MeshShape::new(f.dp.unwrap_or(1), f.pp.unwrap_or(1), f.tp.unwrap_or(1))?;
+    if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0 && a.bucket_mb <= 1e6) {
+        bail!("--bucket-mb must be a positive size in MB (at most 1e6), got {}", a.bucket_mb);
+    }
+    let dpc = DataParallel { zero: f.zero.unwrap_or(0), bucket_elems: ((a.bucket_mb * 1e6 / 4.0) as usize).max(1) };
+    dpc.validate()?;
+    Ok((shape, dpc))
+}
+
 pub fn run(a: TrainArgs) -> Result<()> {
     crate::check_threads(a.threads, "--threads")?;
     if a.save_every.is_some() && a.out.is_none() {
         bail!("--save-every needs --out DIR to write checkpoints to");
     }
+    let (shape, dpc) = parse_layout(&a)?;
     if let Some(dir) = &a.out {
         brigade::train::checkpoint::check_output_dir(dir)?;
     }
     if let Some(path) = &a.trace {
         check_trace_path(path)?;
     }
-    let mut tr = match &a.resume {
-        Some(dir) => {
-            let fixed = a.numeric_overrides();
-            if !fixed.is_empty() {
-                bail!("{} cannot change on --resume (the run's settings come from its checkpoint); only --steps, --threads, --out, --save-every may be given", fixed.join(", "));
+    if a.resume.is_some() {
+        let fixed = a.numeric_overrides();
+        if !fixed.is_empty() {
+            bail!("{} cannot change on --resume (the run's settings come from its checkpoint); only --steps, --threads, --layout, --out, --save-every may be given", fixed.join(", "));
+        }
+    }
+    let cfg = if a.resume.is_some() { None } else { Some(a.config()?) };
+    let stop = interrupt_flag()?;
+    match a.backend.as_str() {
+        "local" => {
+            let world = shape.world();
+            crate::check_threads(world, "the layout's rank count")?;
+            crate::check_threads(world * a.threads, "ranks × --threads")?;
+            if world == 1 {
+                return run_rank(brigade_comm::local::solo(), shape, dpc, cfg, &a, &stop);
             }
-            let tr = Trainer::resume(dir, a.steps)?;
-            eprintln!("resuming {} at step {} of {}", dir.display(), tr.step, tr.cfg.steps);
+            brigade_comm::local::run(world, |comm| run_rank(comm, shape, dpc, cfg.clone(), &a, &stop))
+                .map(|_| ())
+                .map_err(|e| {
+                    // every rank refuses a bad setting alike: say it once
+                    let first = e.failures[0].1.clone();
+                    if first.starts_with("interrupted") {
+                        Interrupted(first).into()
+                    } else if e.failures.iter().all(|(_, m)| *m == first) {
+                        anyhow::anyhow!("{first}")
+                    } else {
+                        anyhow::anyhow!("{e}")
+                    }
+                })
+        }
+        "mpi" => run_mpi(shape, dpc, cfg, &a, &stop),
+        other => bail!("unknown --backend '{other}'; use local or mpi"),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(
+    shape: MeshShape,
+    dpc: DataParallel,
+    cfg: Option<TrainConfig>,
+    a: &TrainArgs,
+    stop: &AtomicBool,
+) -> Result<()> {
+    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_SIZE").is_none() {
+        bail!(
+            "--backend mpi needs to be started by mpirun or srun (e.g. mpirun -n {} brigade train --backend mpi …)",
+            shape.world()
+        );
+    }
+    let world = brigade_comm::Comm::new(Box::new(brigade_comm::mpi::world(std::time::Duration::from_secs(300))?));
+    shape.check_world(world.size())?;
+    let r = run_rank(world, shape, dpc, cfg, a, stop);
+    brigade_comm::mpi::finalize();
+    r
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: MeshShape, _: DataParallel, _: Option<TrainConfig>, _: &TrainArgs, _: &AtomicBool) -> Result<()> {
+    bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and start it under mpirun")
+}
+
+/// One rank of the run: its part of the mesh, its trainer, the loop. Rank 0 reports, evaluates
+/// and writes the files.
+fn run_rank(
+    world: brigade_comm::Comm,
+    shape: MeshShape,
+    dpc: DataParallel,
+    cfg: Option<TrainConfig>,
+    a: &TrainArgs,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let lead = world.rank() == 0;
+    let mesh = Mesh::new(&world, shape)?;
+    let mut tr = match (&a.resume, cfg) {
+        (Some(dir), _) => {
+            let tr = Trainer::resume_on(dir, a.steps, mesh, dpc)?;
+            if lead {
+                eprintln!("resuming {} at step {} of {}", dir.display(), tr.step, tr.cfg.steps);
+            }
             tr
         }
-        None => Trainer::new(a.config()?)?,
+        (None, Some(cfg)) => Trainer::on_mesh(cfg, mesh, dpc)?,
+        (None, None) => unreachable!("a config without --resume"),
     };
-    if a.trace.is_some() {
+    if a.trace.is_some() && lead {
         tr.timeline = Some(brigade::train::timeline::Timeline::new(0));
     }
     let out = a.out.clone().or_else(|| a.resume.clone());
-    let stop = interrupt_flag()?;
-    brigade::with_threads(a.threads, move || train_loop(&mut tr, &a, out, &stop))?
+    brigade::with_threads(a.threads, || train_loop(&mut tr, a, out, stop, &world))?
 }
 
-fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>, stop: &AtomicBool) -> Result<()> {
+/// Whether any rank was asked to stop: every rank must stop after the same step.
+fn any_rank_stopping(world: &brigade_comm::Comm, stop: &AtomicBool) -> Result<bool> {
+    let mut v = [stop.load(Ordering::Relaxed) as u8 as f32];
+    if world.size() > 1 {
+        world.all_reduce(&mut v, brigade_comm::ReduceOp::Max)?;
+    }
+    Ok(v[0] > 0.0)
+}
+
+fn train_loop(
+    tr: &mut Trainer,
+    a: &TrainArgs,
+    out: Option<PathBuf>,
+    stop: &AtomicBool,
+    world: &brigade_comm::Comm,
+) -> Result<()> {
+    let lead = world.rank() == 0;
     let m = &tr.model.cfg;
-    eprintln!(
-        "model {} ({} layers, {} heads, {} wide, vocab {}, {:.2}M params) · {} · batch {} × seq {} · {} steps · {} threads",
-        tr.cfg.model,
-        m.n_layer,
-        m.n_head,
-        m.n_embd,
-        m.vocab_size,
-        tr.model.num_params() as f64 / 1e6,
-        match &tr.cfg.data {
-            Some(p) => format!("data {}", p.display()),
-            None => format!("built-in task: {}-digit addition", tr.cfg.digits),
-        },
-        tr.cfg.batch,
-        tr.seq,
-        tr.cfg.steps,
-        a.threads
-    );
-    let bar = ProgressBar::new(tr.cfg.steps as u64).with_position(tr.step as u64);
+    let layout = match world.size() {
+        1 => String::new(),
+        n => format!(" · {n} ranks ({})", a.layout.as_deref().unwrap_or_default()),
+    };
+    if lead {
+        eprintln!(
+            "model {} ({} layers, {} heads, {} wide, vocab {}, {:.2}M params) · {} · batch {} × seq {} · {} steps · {} threads{layout}",
+            tr.cfg.model,
+            m.n_layer,
+            m.n_head,
+            m.n_embd,
+            m.vocab_size,
+            tr.model.num_params() as f64 / 1e6,
+            match &tr.cfg.data {
+                Some(p) => format!("data {}", p.display()),
+                None => format!("built-in task: {}-digit addition", tr.cfg.digits),
+            },
+            tr.cfg.batch,
+            tr.seq,
+            tr.cfg.steps,
+            a.threads
+        );
+    }
+    let bar = if lead { ProgressBar::new(tr.cfg.steps as u64) } else { ProgressBar::hidden() };
+    bar.set_position(tr.step as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise} eta {eta}]")
             .expect("valid template"),
@@ -233,7 +359,7 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>, stop: &Atom
         let rate = (tr.step - start_step) as f64 * tr.tokens_per_step() as f64 / t0.elapsed().as_secs_f64();
         bar.set_position(s.step as u64);
         bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
-        if tr.cfg.eval_every > 0 && s.step % tr.cfg.eval_every == 0 && s.step < tr.cfg.steps {
+        if lead && tr.cfg.eval_every > 0 && s.step % tr.cfg.eval_every == 0 && s.step < tr.cfg.steps {
             let t0 = Instant::now();
             let r = tr.evaluate();
             tr.trace("evaluate", "eval", s.step, t0);
@@ -251,7 +377,7 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>, stop: &Atom
                 tr.trace("checkpoint", "io", s.step, t0);
             }
         }
-        if stop.load(Ordering::Relaxed) && tr.step < tr.cfg.steps {
+        if any_rank_stopping(world, stop)? && tr.step < tr.cfg.steps {
             bar.finish_and_clear();
             let msg = match &out {
                 Some(dir) => {
@@ -271,6 +397,12 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>, stop: &Atom
     }
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
+    if let Some(dir) = &out {
+        tr.save(dir)?;
+    }
+    if !lead {
+        return Ok(());
+    }
     eprintln!(
         "{} steps in {:.1}s ({:.0} tokens/s), final loss {:.4}",
         tr.step - start_step,
@@ -279,7 +411,6 @@ fn train_loop(tr: &mut Trainer, a: &TrainArgs, out: Option<PathBuf>, stop: &Atom
         tr.losses.last().copied().unwrap_or(f32::NAN)
     );
     if let Some(dir) = &out {
-        tr.save(dir)?;
         eprintln!("checkpoint written to {}", dir.display());
     }
     if let (Some(path), Some(tl)) = (&a.trace, &tr.timeline) {

@@ -320,3 +320,32 @@ fn sample_and_plan_refuse_what_they_would_ignore() {
     assert_eq!(out.status.code(), Some(2), "plan --local --layers accepted");
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }
+
+#[test]
+fn data_parallel_training_from_the_cli_matches_the_single_worker() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let base = ["train", "--steps", "4", "--batch", "8", "--threads", "1", "--eval-every", "0"];
+    ok(&[&base[..], &["--out", "one"]].concat(), p);
+    ok(&[&base[..], &["--layout", "dp=2,zero=1", "--micro-batch", "2", "--out", "two"]].concat(), p);
+    ok(&[&base[..], &["--layout", "dp=4", "--out", "four"]].concat(), p);
+    let losses = |d: &str| -> Vec<f64> {
+        state(&p.join(d))["losses"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+    };
+    for d in ["two", "four"] {
+        for (a, b) in losses(d).iter().zip(losses("one")) {
+            assert!(((a - b) / b).abs() < 1e-5, "{d}: loss {a} vs single worker {b}");
+        }
+    }
+    // the checkpoint is layout-free: the single worker resumes a dp=2 run
+    ok(&["train", "--resume", "two", "--steps", "6", "--threads", "1"], p);
+    // impossible layouts: one line, before any rank starts
+    fails_with(&[&base[..], &["--layout", "dp=3"]].concat(), p, "does not split into dp=3 shards");
+    fails_with(&[&base[..], &["--layout", "tp=2"]].concat(), p, "not implemented yet");
+    fails_with(&[&base[..], &["--layout", "dp=2,zero=3"]].concat(), p, "zero=3 is not implemented yet");
+    fails_with(&[&base[..], &["--layout", "dp=2,v=2"]].concat(), p, "--layout for training takes");
+    fails_with(&[&base[..], &["--layout", "dp=0"]].concat(), p, "positive integer");
+    fails_with(&[&base[..], &["--layout", "dp=1000"]].concat(), p, "out of range");
+    fails_with(&[&base[..], &["--backend", "mpi"]].concat(), p, "mpi");
+    fails_with(&[&base[..], &["--backend", "nccl"]].concat(), p, "unknown --backend 'nccl'");
+}

@@ -69,6 +69,8 @@ pub struct Trainer {
     dpc: DataParallel,
     /// The slice of the flat buffers this rank's optimizer updates (all of it without ZeRO).
     shard: Range<usize>,
+    /// Sequences per forward pass on this rank.
+    micro: usize,
 }
 
 impl Trainer {
@@ -87,7 +89,8 @@ impl Trainer {
                 "pp={pp}, tp={tp}: pipeline and tensor parallelism are not implemented yet; use data parallelism (dp)"
             )));
         }
-        let mb = cfg.micro_batch();
+        // Sequences per forward pass on one rank; unset: the rank's whole share of the batch.
+        let mb = cfg.micro_batch.unwrap_or(cfg.batch / dp).max(1);
         if !cfg.batch.is_multiple_of(dp * mb) {
             return Err(Error::Config(format!(
                 "the global batch of {} sequences does not split into dp={dp} shards of whole micro-batches of {mb}; make batch a multiple of dp × micro_batch = {}",
@@ -129,11 +132,8 @@ impl Trainer {
                 mcfg.block_size
             )));
         }
-        let need = super::memory::training_memory(&mcfg, cfg.micro_batch(), seq);
-        super::memory::check_fits(
-            &need,
-            &format!("training {} at micro-batch {} × seq {seq}", cfg.model, cfg.micro_batch()),
-        )?;
+        let need = super::memory::training_memory(&mcfg, mb, seq);
+        super::memory::check_fits(&need, &format!("training {} at micro-batch {mb} × seq {seq}", cfg.model))?;
         let params = model.layout.init(cfg.seed);
         let shard = dpc.shard(&mesh.dp, model.layout.total);
         let opt = AdamW::over(cfg.adamw, &model.layout, shard.clone());
@@ -161,6 +161,7 @@ impl Trainer {
             mesh,
             dpc,
             shard,
+            micro: mb,
         })
     }
 
@@ -232,7 +233,7 @@ impl Trainer {
         }
         let step = self.step + 1;
         self.grads.fill(0.0);
-        let mb = self.cfg.micro_batch();
+        let mb = self.micro;
         // Every target of the global batch counts once: the gradients of the dp ranks then sum
         // to the single worker's.
         let scale = 1.0 / count as f32;
@@ -321,7 +322,7 @@ impl Trainer {
                 let t = self.seq;
                 let n = 16;
                 let (x, y) = d.val_batch(n, t);
-                let mb = self.cfg.micro_batch().min(n);
+                let mb = self.micro.min(n);
                 let mut sum = 0f64;
                 for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
                     let bm = xm.len() / t;
