@@ -80,19 +80,48 @@ mod tests {
         SampleOptions { max_new_tokens: 1, temperature, top_k, seed: 0, stop: None }
     }
 
-    #[test]
-    fn greedy_takes_the_argmax_and_top_k_never_leaves_the_k_best() {
-        let logits = [0.1, 3.0, 2.9, -1.0, 2.8, 0.0];
-        let mut rng = ChaCha8Rng::seed_from_u64(1);
-        assert_eq!(pick(&logits, &opts(0.0, 0), &mut rng), 1);
-        let mut seen = [0usize; 6];
-        for _ in 0..3000 {
-            seen[pick(&logits, &opts(1.0, 3), &mut rng) as usize] += 1;
+    /// Sampled frequencies against softmax(logits / temperature) over the k best, written
+    /// out in f64: each within 4.5 standard deviations of its expectation.
+    fn check_frequencies(logits: &[f32], temperature: f32, top_k: usize) {
+        let n = 40_000;
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut seen = vec![0usize; logits.len()];
+        for _ in 0..n {
+            seen[pick(logits, &opts(temperature, top_k), &mut rng) as usize] += 1;
         }
-        assert_eq!(seen[0] + seen[3] + seen[5], 0, "top-3 sampled outside the top 3: {seen:?}");
-        // frequencies follow softmax over the kept logits: e^3.0 : e^2.9 : e^2.8
-        let z: f64 = [3.0f64, 2.9, 2.8].iter().map(|x| x.exp()).sum();
-        let want = 3000.0 * 3.0f64.exp() / z;
-        assert!((seen[1] as f64 - want).abs() < 0.1 * want, "{seen:?}");
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let kept = if top_k == 0 { logits.len() } else { top_k.min(logits.len()) };
+        let z: f64 = order[..kept].iter().map(|&i| (logits[i] as f64 / temperature as f64).exp()).sum();
+        for (rank, &i) in order.iter().enumerate() {
+            let p = if rank < kept { (logits[i] as f64 / temperature as f64).exp() / z } else { 0.0 };
+            let (want, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
+            assert!(
+                (seen[i] as f64 - want).abs() <= 4.5 * sd + 1e-9,
+                "T={temperature} k={top_k}: token {i} drawn {} times, expected {want:.0} ± {sd:.0} ({seen:?})",
+                seen[i]
+            );
+        }
+    }
+
+    #[test]
+    fn greedy_takes_the_first_largest_logit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        assert_eq!(pick(&[0.1, 3.0, 2.9, -1.0, 2.8, 0.0], &opts(0.0, 0), &mut rng), 1);
+        // ties go to the first, as torch.argmax
+        assert_eq!(pick(&[1.0, 5.0, 2.0, 5.0], &opts(0.0, 0), &mut rng), 1);
+    }
+
+    #[test]
+    fn sampling_follows_the_tempered_softmax_of_the_top_k() {
+        let logits = [0.1, 3.0, 2.9, -1.0, 2.8, 0.0, 1.5];
+        check_frequencies(&logits, 1.0, 3);
+        check_frequencies(&logits, 0.5, 3);
+        check_frequencies(&logits, 2.0, 0);
+        check_frequencies(&logits, 0.7, 6); // every token but one
+        check_frequencies(&logits, 1.3, 7); // k = vocabulary: no cut
+                                            // large logits must not overflow
+        let big: Vec<f32> = logits.iter().map(|x| x + 500.0).collect();
+        check_frequencies(&big, 0.8, 0);
     }
 }
