@@ -48,3 +48,30 @@ fn the_readme_addition_checkpoint_answers_621() {
     let answers: Vec<Option<u64>> = got.iter().map(|g| task.parse_answer(g)).collect();
     assert_eq!(answers, vec![Some(621), Some(1000), Some(0), Some(1000)], "model wrote {got:?}");
 }
+
+/// A sequence that emits the stop token is finished: it is padded with the stop token, and
+/// generation ends as soon as every sequence has stopped.
+#[test]
+fn generation_stops_at_the_stop_token() {
+    use brigade::models::{generate, SampleOptions};
+    let cfg = GptConfig { n_layer: 1, n_head: 2, n_embd: 16, vocab_size: 11, block_size: 32 };
+    let model = Gpt::new(cfg).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let mut params = model.layout.init(3);
+    for p in params.iter_mut() {
+        *p += rng.gen_range(-0.5..0.5);
+    }
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6]];
+    let free = SampleOptions { max_new_tokens: 12, temperature: 0.0, top_k: 0, seed: 0, stop: None };
+    let full = generate(&model, &params, &prompts, &free);
+    // stop at the token the first sequence emits second
+    let stop = full[0][1];
+    let got = generate(&model, &params, &prompts, &SampleOptions { stop: Some(stop), ..free });
+    for (g, f) in got.iter().zip(&full) {
+        let k = f.iter().position(|&x| x == stop).map_or(f.len(), |k| k + 1);
+        assert_eq!(g[..k.min(g.len())], f[..k.min(g.len())], "greedy tokens before the stop");
+        assert!(g[k.min(g.len())..].iter().all(|&x| x == stop), "after the stop: {g:?}");
+    }
+    let all_stop = full.iter().map(|f| f.iter().position(|&x| x == stop).map_or(12, |k| k + 1)).max().unwrap();
+    assert_eq!(got[0].len(), all_stop, "generation went on after every sequence stopped: {got:?}");
+}

@@ -118,6 +118,11 @@ struct Scratch {
 }
 
 impl Block {
+    /// Where the block's parameters start in the flat buffer (they are contiguous).
+    pub fn first_offset(&self) -> usize {
+        self.ln_1.w.offset
+    }
+
     fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig) -> Block {
         let c = cfg.n_embd;
         let std = 0.02;
@@ -291,6 +296,23 @@ impl Gpt {
         scale: f32,
         acts: &mut Activations,
     ) {
+        self.backward_with(p, g, tokens, targets, scale, acts, &mut |_, _| {})
+    }
+
+    /// `backward`, calling `ready(g, from)` each time the gradients of `g[from..]` are final
+    /// (after ln_f, after each block, from the last block down, and 0 at the end), so that
+    /// data-parallel buckets can be reduced while the earlier layers still run backward.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_with(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        tokens: &[u32],
+        targets: &[i32],
+        scale: f32,
+        acts: &mut Activations,
+        ready: &mut dyn FnMut(&[f32], usize),
+    ) {
         let (b, t) = (acts.b, acts.t);
         let (c, v, l, n) = (self.cfg.n_embd, self.cfg.vocab_size, self.cfg.n_layer, b * t);
         cross_entropy_backward(&mut acts.logits, &acts.lse, targets, v, scale);
@@ -302,13 +324,16 @@ impl Gpt {
         matmul(self.wte.of_mut(g), &acts.logits, &acts.lnf.out, v, n, c, true, false, true);
         sc.dresid.fill(0.0);
         self.ln_f.backward(p, g, &acts.resid[l], &acts.lnf, &sc.dln, &mut sc.dresid);
+        ready(g, self.ln_f.w.offset.min(self.ln_f.b.offset));
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             blk.backward(p, g, &acts.resid[i], b, t, &acts.blocks[i], sc);
+            ready(g, blk.first_offset());
         }
         let (wo, po) = (self.wte, self.wpe);
         assert_eq!(po.offset, wo.offset + wo.len, "wte and wpe are adjacent in the layout");
         let (dwte, dwpe) = g[wo.offset..po.offset + po.len].split_at_mut(wo.len);
         embedding_backward(dwte, dwpe, &sc.dresid, tokens, t, c);
+        ready(g, 0);
     }
 
     /// Forward, loss and backward of one micro-batch; returns (loss sum, counted tokens).

@@ -242,17 +242,40 @@ impl Trainer {
         let per_rank = (b / self.mesh.shape.dp) * t;
         let mine = self.mesh.coords.dp * per_rank..(self.mesh.coords.dp + 1) * per_rank;
         let (x, y) = (&x[mine.clone()], &y[mine]);
+        let n_micro = x.len() / (mb * t);
+        let overlap = data::overlaps(&self.mesh.dp, &self.dpc);
         for (i, (xm, ym)) in x.chunks(mb * t).zip(y.chunks(mb * t)).enumerate() {
             let t0 = Instant::now();
             self.model.forward(&self.params, xm, mb, t, &mut self.acts);
             loss_sum += self.model.loss(ym, &mut self.acts).0;
             self.trace(format!("forward mb{i}"), "compute", step, t0);
             let t0 = Instant::now();
-            self.model.backward(&self.params, &mut self.grads, xm, ym, scale, &mut self.acts);
-            self.trace(format!("backward mb{i}"), "compute", step, t0);
+            if overlap && i + 1 == n_micro {
+                // The last micro-batch completes each layer's gradient: its buckets are
+                // all-reduced while the earlier layers run backward.
+                let mut reducer = data::BucketReducer::new(&self.mesh.dp, self.grads.len(), &self.dpc);
+                self.model.backward_with(
+                    &self.params,
+                    &mut self.grads,
+                    xm,
+                    ym,
+                    scale,
+                    &mut self.acts,
+                    &mut |g, from| reducer.ready(g, from),
+                );
+                let t1 = Instant::now();
+                reducer.finish(&mut self.grads)?;
+                self.trace(format!("backward mb{i}"), "compute", step, t0);
+                self.trace("gradient reduction (exposed)", "comm", step, t1);
+            } else {
+                self.model.backward(&self.params, &mut self.grads, xm, ym, scale, &mut self.acts);
+                self.trace(format!("backward mb{i}"), "compute", step, t0);
+            }
         }
         let t0 = Instant::now();
-        data::reduce_gradients(&self.mesh.dp, &mut self.grads, &self.dpc)?;
+        if !overlap {
+            data::reduce_gradients(&self.mesh.dp, &mut self.grads, &self.dpc)?;
+        }
         let loss_sum = data::sum_scalar(&self.mesh.dp, loss_sum)?;
         self.trace("gradient reduction", "comm", step, t0);
         Ok((loss_sum, count))

@@ -65,6 +65,45 @@ pub fn buckets(total: usize, bucket: usize) -> Vec<Range<usize>> {
     out
 }
 
+/// Reduces ZeRO-0 gradient buckets while backward still runs: backward reports how far from
+/// the end the gradients are final, and every bucket inside that region starts its all-reduce
+/// on the communicator's thread at once.
+pub struct BucketReducer<'a> {
+    dp: &'a Comm,
+    buckets: Vec<Range<usize>>,
+    next: usize,
+    pending: Vec<(Range<usize>, brigade_comm::Handle<Vec<f32>>)>,
+}
+
+impl<'a> BucketReducer<'a> {
+    pub fn new(dp: &'a Comm, total: usize, cfg: &DataParallel) -> BucketReducer<'a> {
+        BucketReducer { dp, buckets: buckets(total, cfg.bucket_elems), next: 0, pending: Vec::new() }
+    }
+
+    /// `g[from..]` holds final gradients: launch the buckets that lie inside it.
+    pub fn ready(&mut self, g: &[f32], from: usize) {
+        while self.next < self.buckets.len() && self.buckets[self.next].start >= from {
+            let r = self.buckets[self.next].clone();
+            self.pending.push((r.clone(), self.dp.all_reduce_async(g[r].to_vec(), ReduceOp::Sum)));
+            self.next += 1;
+        }
+    }
+
+    /// Launches what is left, waits for every bucket and writes the sums back into `g`.
+    pub fn finish(mut self, g: &mut [f32]) -> Result<()> {
+        self.ready(g, 0);
+        for (r, h) in self.pending {
+            g[r].copy_from_slice(&h.wait().map_err(comm_err)?);
+        }
+        Ok(())
+    }
+}
+
+/// Whether gradients are reduced bucket by bucket during the last backward (ZeRO-0, dp > 1).
+pub fn overlaps(dp: &Comm, cfg: &DataParallel) -> bool {
+    cfg.zero == 0 && dp.size() > 1
+}
+
 /// Sums `grads` over the dp group. ZeRO-0: every rank gets the whole sum, bucket by bucket,
 /// the buckets in flight together. ZeRO-1: only this rank's shard of `grads` holds the sum
 /// afterwards (the rest is stale and must not be read).
@@ -73,16 +112,7 @@ pub fn reduce_gradients(dp: &Comm, grads: &mut [f32], cfg: &DataParallel) -> Res
         return Ok(());
     }
     if cfg.zero == 0 {
-        let pending: Vec<_> = buckets(grads.len(), cfg.bucket_elems)
-            .into_iter()
-            .map(|r| {
-                let h = dp.all_reduce_async(grads[r.clone()].to_vec(), ReduceOp::Sum);
-                (r, h)
-            })
-            .collect();
-        for (r, h) in pending {
-            grads[r].copy_from_slice(&h.wait().map_err(comm_err)?);
-        }
+        BucketReducer::new(dp, grads.len(), cfg).finish(grads)?;
     } else {
         let shard = cfg.shard(dp, grads.len());
         let mut out = vec![0f32; shard.len()];
