@@ -52,6 +52,31 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Training throughput of parallel layouts run side by side in this process (one rank
+    /// thread each, --threads threads per rank), with the speedup over the first layout.
+    Parallel {
+        #[arg(long, default_value = "gpt2-small")]
+        model: String,
+        #[arg(long, default_value_t = 256)]
+        seq: usize,
+        /// Global batch in sequences.
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        /// Layouts separated by ';', e.g. "dp=1;dp=2;dp=2,zero=1".
+        #[arg(long, default_value = "dp=1;dp=2")]
+        layouts: String,
+        /// Sequences per forward pass on a rank (default: the rank's whole share).
+        #[arg(long)]
+        micro_batch: Option<usize>,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
     Train {
         #[command(flatten)]
@@ -87,6 +112,90 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         }
         BenchCmd::Comm { ranks, backend, op, min_bytes, max_bytes, json } => {
             crate::comm_bench::run(ranks, &backend, &op, min_bytes, max_bytes, json)
+        }
+        BenchCmd::Parallel { model, seq, batch, layouts, micro_batch, threads, steps, warmup, json } => {
+            crate::check_threads(threads, "--threads")?;
+            if steps == 0 {
+                bail!("--steps must be at least 1");
+            }
+            let mut parsed = Vec::new();
+            for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
+                let f = brigade::plan::Fixed::parse(l)?;
+                if f.v.is_some() || f.recompute.is_some() || f.schedule.is_some() || f.mb.is_some() {
+                    bail!("layout '{l}': bench parallel takes dp, tp, pp and zero");
+                }
+                let shape = brigade::parallel::MeshShape::new(f.dp.unwrap_or(1), f.pp.unwrap_or(1), f.tp.unwrap_or(1))?;
+                crate::check_threads(shape.world() * threads, &format!("layout '{l}': ranks × --threads"))?;
+                let dpc = brigade::parallel::data::DataParallel { zero: f.zero.unwrap_or(0), ..Default::default() };
+                dpc.validate()?;
+                parsed.push((l.to_string(), shape, dpc));
+            }
+            if parsed.is_empty() {
+                bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");
+            }
+            // Random text, enough for any window: the step's cost does not depend on it.
+            let dir = tempfile_dir()?;
+            let data = dir.join("bench.txt");
+            let text: String = {
+                use rand::{Rng, SeedableRng};
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+                (0..20 * (seq + 1) + 1000).map(|_| rng.gen_range(b'a'..=b'z') as char).collect()
+            };
+            std::fs::write(&data, text)?;
+            let cfg = brigade::train::TrainConfig {
+                model: model.clone(),
+                data: Some(data),
+                seq: Some(seq),
+                batch,
+                micro_batch,
+                steps: warmup + steps + 1,
+                eval_every: 0,
+                ..Default::default()
+            };
+            let mut base = None;
+            if !json {
+                outln!(
+                    "{model}, global batch {batch} × seq {seq}, {threads} thread(s) per rank, median of {steps} steps"
+                );
+                outln!(
+                    "{:<16} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10}",
+                    "layout",
+                    "ranks",
+                    "tokens/s",
+                    "speedup",
+                    "compute s",
+                    "exp.comm s",
+                    "other s"
+                );
+            }
+            let mut rows = Vec::new();
+            for (l, shape, dpc) in parsed {
+                let r = brigade::bench::parallel_step(cfg.clone(), shape, dpc, threads, warmup, steps)?;
+                let speedup = r.tokens_per_s / *base.get_or_insert(r.tokens_per_s);
+                if json {
+                    rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,
+                        "speedup": speedup, "compute_s": r.compute_s, "exposed_comm_s": r.exposed_comm_s,
+                        "idle_s": r.other_s, "peak_mib_per_rank": null}));
+                } else {
+                    outln!(
+                        "{l:<16} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3}",
+                        r.ranks,
+                        r.tokens_per_s,
+                        speedup,
+                        r.compute_s,
+                        r.exposed_comm_s,
+                        r.other_s
+                    );
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            if json {
+                outln!(
+                    "{}",
+                    serde_json::json!({"bench": "parallel", "model": model, "batch": batch, "seq": seq, "rows": rows})
+                );
+            }
+            Ok(())
         }
         BenchCmd::Matmul { threads, reps, json } => {
             crate::check_threads(threads, "--threads")?;
@@ -137,4 +246,11 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// A fresh private directory under the system's temporary directory.
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("brigade-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
 }

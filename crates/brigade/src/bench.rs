@@ -124,3 +124,64 @@ pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps
         loss_last: *losses.last().unwrap(),
     })
 }
+
+/// One layout of `brigade bench parallel`: median step time over the ranks' slowest, and
+/// where a step's time goes on the slowest rank.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ParallelBench {
+    pub ranks: usize,
+    pub step_s_median: f64,
+    pub tokens_per_s: f64,
+    /// Per step, on the rank with the longest steps: forward and backward.
+    pub compute_s: f64,
+    /// Per step: communication nothing overlapped (gradient reduction waits, ZeRO gathers).
+    pub exposed_comm_s: f64,
+    /// Per step: the rest (data, clipping, optimizer, waiting for peers).
+    pub other_s: f64,
+}
+
+/// Runs `steps` timed steps (after `warmup`) of `cfg` on a dp mesh of rank threads, each rank
+/// on `threads` threads, and measures them.
+pub fn parallel_step(
+    cfg: crate::train::TrainConfig,
+    shape: crate::parallel::MeshShape,
+    dpc: crate::parallel::data::DataParallel,
+    threads: usize,
+    warmup: usize,
+    steps: usize,
+) -> crate::Result<ParallelBench> {
+    use crate::train::{timeline::Timeline, Trainer};
+    let per_rank = brigade_comm::local::run(shape.world(), |world| {
+        let mesh = crate::parallel::Mesh::new(&world, shape)?;
+        let mut tr = Trainer::on_mesh(cfg.clone(), mesh, dpc)?;
+        crate::with_threads(threads, || -> crate::Result<(Vec<f64>, f64, f64)> {
+            for _ in 0..warmup {
+                tr.train_step()?;
+            }
+            tr.timeline = Some(Timeline::new(world.rank()));
+            let mut times = Vec::new();
+            for _ in 0..steps {
+                world.barrier().map_err(|e| crate::Error::Train(e.to_string()))?;
+                let t0 = Instant::now();
+                tr.train_step()?;
+                times.push(t0.elapsed().as_secs_f64());
+            }
+            let tl = tr.timeline.take().expect("set above");
+            Ok((times, tl.seconds_in("compute") / steps as f64, tl.seconds_in("comm") / steps as f64))
+        })?
+    })
+    .map_err(|e| crate::Error::Train(e.to_string()))?;
+    // a step ends when its slowest rank ends
+    let step_times: Vec<f64> = (0..steps).map(|s| per_rank.iter().map(|r| r.0[s]).fold(0.0, f64::max)).collect();
+    let slowest = per_rank.iter().max_by(|a, b| median(&a.0).total_cmp(&median(&b.0))).expect("at least one rank");
+    let step_s = median(&step_times);
+    let tokens = (cfg.batch * cfg.seq.unwrap_or(0)) as f64;
+    Ok(ParallelBench {
+        ranks: shape.world(),
+        step_s_median: step_s,
+        tokens_per_s: tokens / step_s,
+        compute_s: slowest.1,
+        exposed_comm_s: slowest.2,
+        other_s: (step_s - slowest.1 - slowest.2).max(0.0),
+    })
+}

@@ -30,7 +30,18 @@ impl Timeline {
 
     /// Records a span that started at `start` and ends now.
     pub fn record(&mut self, name: impl Into<String>, cat: &'static str, step: usize, start: Instant) {
-        let end = Instant::now();
+        self.record_until(name, cat, step, start, Instant::now());
+    }
+
+    /// Records a span from `start` to `end`.
+    pub fn record_until(
+        &mut self,
+        name: impl Into<String>,
+        cat: &'static str,
+        step: usize,
+        start: Instant,
+        end: Instant,
+    ) {
         self.spans.push(Span {
             name: name.into(),
             cat,
@@ -56,6 +67,11 @@ impl Timeline {
                 detail: Some((e.bytes, e.algorithm)),
             });
         }
+    }
+
+    /// Seconds spent in spans of category `cat` (e.g. "compute", "comm").
+    pub fn seconds_in(&self, cat: &str) -> f64 {
+        self.spans.iter().filter(|s| s.cat == cat).map(|s| s.dur_us).sum::<f64>() / 1e6
     }
 
     pub fn len(&self) -> usize {

@@ -265,7 +265,9 @@ impl Trainer {
                 );
                 let t1 = Instant::now();
                 reducer.finish(&mut self.grads)?;
-                self.trace(format!("backward mb{i}"), "compute", step, t0);
+                if let Some(tl) = self.timeline.as_mut() {
+                    tl.record_until(format!("backward mb{i}"), "compute", step, t0, t1);
+                }
                 self.trace("gradient reduction (exposed)", "comm", step, t1);
             } else {
                 self.model.backward(&self.params, &mut self.grads, xm, ym, scale, &mut self.acts);
