@@ -355,3 +355,59 @@ impl Gpt {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_resolve_and_unknown_names_are_listed() {
+        assert_eq!(GptConfig::preset("gpt2-medium").unwrap().n_layer, 24);
+        assert_eq!(GptConfig::preset("tiny").unwrap().n_embd, 128);
+        let e = GptConfig::preset("gpt5").unwrap_err().to_string();
+        assert!(e.contains("unknown model preset 'gpt5'") && e.contains("gpt2-xl"), "{e}");
+    }
+
+    #[test]
+    fn parameter_and_flop_counts_match_the_published_figures() {
+        let small = GptConfig::preset("gpt2-small").unwrap();
+        // GPT-2 small has 124,439,808 parameters (Hugging Face's count of `gpt2`)
+        assert_eq!(Gpt::new(small).unwrap().num_params(), 124_439_808);
+        assert_eq!(small.num_params(), 124_439_808);
+        // 12 layers of 12·768² plus the 50257×768 head, written out
+        assert_eq!(small.matmul_params(), 84_934_656 + 38_597_376);
+        // 6 per matmul parameter and 6·L·T·C of causal attention at T = 256
+        assert_eq!(small.train_flops_per_token(256), 6.0 * 123_532_032.0 + 6.0 * 12.0 * 256.0 * 768.0);
+    }
+
+    #[test]
+    fn configs_beyond_reason_are_refused() {
+        let ok = GptConfig { n_layer: 2, n_head: 2, n_embd: 8, vocab_size: 10, block_size: 4 };
+        assert!(ok.validate().is_ok());
+        let edge = GptConfig { vocab_size: MAX_DIM, ..ok };
+        assert!(edge.validate().is_ok(), "a dimension at the bound is allowed");
+        for bad in [
+            GptConfig { n_layer: 0, ..ok },
+            GptConfig { n_head: 3, ..ok },
+            GptConfig { vocab_size: MAX_DIM + 1, ..ok },
+            GptConfig { block_size: MAX_DIM + 1, ..ok },
+            GptConfig { n_layer: 1 << 20, n_embd: 4096, n_head: 32, ..ok },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?} accepted");
+        }
+        let at = GptConfig { n_layer: 1, n_head: 1, n_embd: 1, vocab_size: 1, block_size: 1 };
+        // (vocab 1 + positions 1)·1 + one block of 12·1² + 13·1 + ln_f 2
+        assert_eq!(at.num_params(), 2 + 25 + 2);
+    }
+
+    #[test]
+    fn inputs_are_checked() {
+        let m = Gpt::new(GptConfig { n_layer: 1, n_head: 2, n_embd: 8, vocab_size: 10, block_size: 4 }).unwrap();
+        assert!(m.check_input(&[1, 2, 3, 4], 1, 4).is_ok());
+        assert!(m.check_input(&[], 1, 0).is_err(), "empty sequence");
+        assert!(m.check_input(&[1; 5], 1, 5).is_err(), "longer than block_size");
+        assert!(m.check_input(&[1, 2, 3], 1, 4).is_err(), "wrong token count");
+        let e = m.check_input(&[1, 2, 10, 3], 1, 4).unwrap_err().to_string();
+        assert!(e.contains("token id 10 is outside the model's vocabulary of 10"), "{e}");
+    }
+}
