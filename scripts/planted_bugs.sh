@@ -17,7 +17,7 @@ bugs=(
   "weight decay with the wrong sign@@crates/brigade/src/train/optimizer.rs@@s/1.0 - lr \* c.weight_decay/1.0 + lr * c.weight_decay/@@brigade"
   "weight decay on biases and LayerNorm too@@crates/brigade/src/train/optimizer.rs@@s/let shrink = if \*decay/let shrink = if true || *decay/@@brigade"
   "gradient clipping disabled@@crates/brigade/src/train/trainer.rs@@s/clip_to\(&mut self.grads\[shard.clone\(\)\], grad_norm, self.cfg.grad_clip\)/clip_to(&mut self.grads[shard.clone()], grad_norm, 0.0)/@@brigade"
-  "each micro-batch averaged on its own@@crates/brigade/src/train/trainer.rs@@s/xm, ym, scale, &mut self.acts/xm, ym, 1.0 \/ ym.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count().max(1) as f32, &mut self.acts/@@brigade"
+  "each micro-batch averaged on its own@@crates/brigade/src/train/trainer.rs@@s/xm, ym, scale, &mut self.acts/xm, ym, 1.0 \/ ym.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count().max(1) as f32, &mut self.acts/g@@brigade"
   "forward_last reads position t-2@@crates/brigade/src/models/gpt.rs@@s/\(\(i \+ 1\) \* t - 1\) \* c/(((i + 1) * t).max(2) - 2) * c/@@brigade"
   "chunk_range gives the remainder to the last ranks@@crates/brigade-comm/src/chunks.rs@@s/let start = rank \* base \+ rank.min\(rem\);\n    start..start \+ base \+ usize::from\(rank < rem\)/let first = size - rem;\n    let start = rank * base + rank.saturating_sub(first);\n    start..start + base + usize::from(rank >= first)/@@brigade-comm"
 )

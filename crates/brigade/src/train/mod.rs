@@ -6,6 +6,7 @@ pub mod config;
 pub mod data;
 pub mod memory;
 pub mod optimizer;
+pub mod persist;
 pub mod state;
 pub mod timeline;
 pub mod trainer;

@@ -1,20 +1,18 @@
 //! The training loop: batch → micro-batches → forward/backward → clip → AdamW.
 
 use super::addition::Addition;
-use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use super::config::TrainConfig;
-use super::data::{Dataset, Fingerprint, TextData, Tokenizer};
+use super::data::{Dataset, TextData, Tokenizer};
 use super::optimizer::{clip_to, grad_sq_norm, AdamW, LrSchedule};
-use super::state::{Fingerprints, RunState};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::models::{generate, Activations, Gpt, SampleOptions};
 use crate::parallel::data::{self, DataParallel};
 use crate::parallel::{Mesh, MeshShape};
-use std::collections::HashMap;
 use std::ops::Range;
-use std::path::Path;
 use std::time::Instant;
+
+pub use super::persist::saved_config;
 
 #[derive(Clone, Copy, Debug)]
 pub struct StepStats {
@@ -49,8 +47,8 @@ pub struct Trainer {
     pub cfg: TrainConfig,
     pub model: Gpt,
     pub params: Vec<f32>,
-    grads: Vec<f32>,
-    opt: AdamW,
+    pub(crate) grads: Vec<f32>,
+    pub(crate) opt: AdamW,
     /// Optimizer steps completed.
     pub step: usize,
     pub data: Dataset,
@@ -60,17 +58,17 @@ pub struct Trainer {
     pub losses: Vec<f32>,
     /// Gradient norm (before clipping) of every step taken in this process.
     pub grad_norms: Vec<f32>,
-    acts: Activations,
-    sched: LrSchedule,
+    pub(crate) acts: Activations,
+    pub(crate) sched: LrSchedule,
     /// Set to record a Chrome trace of the run (`brigade train --trace`).
     pub timeline: Option<Timeline>,
     /// This rank's place in the mesh (the single worker: 1×1×1).
     pub mesh: Mesh,
-    dpc: DataParallel,
+    pub(crate) dpc: DataParallel,
     /// The slice of the flat buffers this rank's optimizer updates (all of it without ZeRO).
-    shard: Range<usize>,
+    pub(crate) shard: Range<usize>,
     /// Sequences per forward pass on this rank.
-    micro: usize,
+    pub(crate) micro: usize,
 }
 
 impl Trainer {
@@ -366,143 +364,6 @@ impl Trainer {
             Dataset::Addition(a) => a.prompt(482, 139),
         }
     }
-
-    /// Writes a complete checkpoint to `dir` (atomically).
-    /// Every rank of the mesh calls it (ZeRO shards of the moments are gathered first); the
-    /// first rank writes. The files hold the full model whatever the layout.
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        let total = self.model.layout.total;
-        let (mut m, mut v) = (vec![0f32; total], vec![0f32; total]);
-        m[self.shard.clone()].copy_from_slice(&self.opt.m);
-        v[self.shard.clone()].copy_from_slice(&self.opt.v);
-        data::gather_shards(&self.mesh.dp, &mut m, &self.dpc)?;
-        data::gather_shards(&self.mesh.dp, &mut v, &self.dpc)?;
-        if self.mesh.dp.rank() != 0 {
-            return Ok(());
-        }
-        checkpoint::write_atomically(dir, |tmp| {
-            let layout = &self.model.layout;
-            checkpoint::save_tensors(&tmp.join(checkpoint::MODEL_FILE), layout, &self.params, "", None)?;
-            checkpoint::write_json(&tmp.join(checkpoint::CONFIG_FILE), &checkpoint::hf_config(&self.model.cfg))?;
-            let meta = HashMap::from([("step".to_string(), self.opt.t.to_string())]);
-            m.extend_from_slice(&v);
-            checkpoint::save_tensors(&tmp.join(OPTIMIZER_FILE), &moments_layout(layout), &m, "", Some(meta))?;
-            let state = RunState {
-                config: self.cfg.clone(),
-                step: self.step,
-                losses: self.losses.clone(),
-                fingerprints: self.fingerprints(),
-            };
-            checkpoint::write_json(&tmp.join(STATE_FILE), &state.to_json())?;
-            if let Tokenizer::Hf(_, src, _) = &self.tokenizer {
-                let dst = tmp.join(TOKENIZER_FILE);
-                std::fs::copy(src, &dst).map_err(|e| Error::io(&dst, e))?;
-            }
-            Ok(())
-        })
-    }
-
-    /// Fingerprints of the data file and the tokenizer this run reads (null where none).
-    pub fn fingerprints(&self) -> Fingerprints {
-        Fingerprints {
-            data: match &self.data {
-                Dataset::Text(d) => Some(d.fingerprint.clone()),
-                Dataset::Addition(_) => None,
-            },
-            tokenizer: match &self.tokenizer {
-                Tokenizer::Hf(_, _, f) => Some(f.clone()),
-                Tokenizer::Bytes => None,
-            },
-        }
-    }
-
-    /// Continues the run saved in `dir`; `steps` may extend it. Everything the checkpoint says
-    /// is cross-checked first: its format, its step against its losses and the optimizer's
-    /// step, and the data and tokenizer against their recorded fingerprints.
-    pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
-        Trainer::resume_on(dir, steps, Mesh::solo()?, DataParallel::default())
-    }
-
-    /// `resume` as one rank of a mesh: a checkpoint holds no layout, so any layout resumes it.
-    pub fn resume_on(dir: &Path, steps: Option<usize>, mesh: Mesh, dpc: DataParallel) -> Result<Trainer> {
-        let RunState { config: mut cfg, step, losses, fingerprints: saved_fp } = RunState::read(dir)?;
-        if cfg.tokenizer.is_some() {
-            cfg.tokenizer = Some(dir.join(TOKENIZER_FILE));
-        }
-        if let Some(s) = steps {
-            if s < step {
-                return Err(Error::Train(format!(
-                    "--steps {s} is below the {step} steps this checkpoint has already taken; give --steps {step} or more"
-                )));
-            }
-            cfg.steps = s;
-        }
-        let mut tr = Trainer::on_mesh(cfg, mesh, dpc)?;
-        let now = tr.fingerprints();
-        for (what, was, is, file) in [
-            ("data", &saved_fp.data, &now.data, tr.cfg.data.clone()),
-            ("tokenizer", &saved_fp.tokenizer, &now.tokenizer, tr.cfg.tokenizer.clone()),
-        ] {
-            if was != is {
-                let show = |f: &Option<Fingerprint>| f.as_ref().map_or("none".to_string(), |f| f.to_string());
-                return Err(Error::ckpt(
-                    dir,
-                    format!(
-                        "the {what} file {} changed since this checkpoint was written (was {}, now {}); resume with the run's own {what}",
-                        file.map_or("-".into(), |p| p.display().to_string()),
-                        show(was),
-                        show(is)
-                    ),
-                ));
-            }
-        }
-        let saved = checkpoint::read_model_config(dir)?;
-        if saved != tr.model.cfg {
-            return Err(Error::ckpt(dir, "config.json does not match the run's model settings"));
-        }
-        tr.params = checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.model.layout, "")?.0;
-        load_moments(dir, &tr.model.layout, &mut tr.opt, tr.shard.clone())?;
-        if tr.opt.t != step as u64 {
-            return Err(Error::ckpt(
-                dir.join(OPTIMIZER_FILE),
-                format!("holds the optimizer state of step {} but the run is at step {step}; the checkpoint is inconsistent", tr.opt.t),
-            ));
-        }
-        tr.step = step;
-        tr.losses = losses;
-        Ok(tr)
-    }
-}
-
-/// The settings of the run that wrote checkpoint `dir`.
-pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
-    Ok(RunState::read(dir)?.config)
-}
-
-/// Reads the full moments and keeps this rank's `shard` of them.
-fn load_moments(dir: &Path, layout: &crate::params::ParamLayout, opt: &mut AdamW, shard: Range<usize>) -> Result<()> {
-    let path = dir.join(OPTIMIZER_FILE);
-    let layout2 = moments_layout(layout);
-    let (buf, meta) = checkpoint::load_tensors(&path, &layout2, "")?;
-    let n = layout.total;
-    opt.m.copy_from_slice(&buf[shard.clone()]);
-    opt.v.copy_from_slice(&buf[n + shard.start..n + shard.end]);
-    opt.t = meta
-        .get("step")
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| Error::ckpt(&path, "missing the optimizer step in the metadata"))?;
-    Ok(())
-}
-
-/// The optimizer file's layout: `exp_avg.<name>` for every parameter, then `exp_avg_sq.<name>`.
-fn moments_layout(layout: &crate::params::ParamLayout) -> crate::params::ParamLayout {
-    let mut l = crate::params::ParamLayout::default();
-    for prefix in ["exp_avg.", "exp_avg_sq."] {
-        for s in &layout.specs {
-            l.add(&format!("{prefix}{}", s.name), &s.shape, s.init, s.decay);
-        }
-    }
-    l
 }
 
 /// Greedy answers of the model to addition problems, as text (reversed digits + newline).
