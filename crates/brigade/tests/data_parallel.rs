@@ -135,3 +135,31 @@ fn a_checkpoint_resumes_under_another_layout() {
     }
     assert_equivalent("dp=4 zero=1 → single worker", &(tr.losses.clone(), tr.params.clone()), &want);
 }
+
+/// Every rank of a `shape` mesh builds a trainer for `c`; the first rank's result.
+fn build(shape: MeshShape, c: TrainConfig) -> Result<usize, String> {
+    brigade_comm::local::run(shape.world(), |world| {
+        let mesh = Mesh::new(&world, shape)?;
+        Trainer::on_mesh(c.clone(), mesh, DataParallel::default()).map(|t| t.micro_batch())
+    })
+    .map(|v| v[0])
+    .map_err(|e| e.failures[0].1.clone())
+}
+
+#[test]
+fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
+    let unset = TrainConfig { micro_batch: None, ..cfg(1) };
+    assert_eq!(build(MeshShape::new(2, 1, 1).unwrap(), unset.clone()), Ok(8));
+    assert_eq!(build(MeshShape::new(4, 1, 1).unwrap(), unset.clone()), Ok(4));
+    let e = build(MeshShape::new(3, 1, 1).unwrap(), unset.clone()).unwrap_err();
+    assert!(e.contains("does not split into dp=3 shards"), "{e}");
+    let e = build(MeshShape::new(2, 1, 1).unwrap(), TrainConfig { micro_batch: Some(3), ..cfg(1) }).unwrap_err();
+    assert!(e.contains("multiple of dp × micro_batch = 6") || e.contains("multiple of micro_batch"), "{e}");
+    for (pp, tp) in [(1, 2), (2, 1)] {
+        let e = build(MeshShape::new(1, pp, tp).unwrap(), unset.clone()).unwrap_err();
+        assert!(e.contains("not implemented yet"), "pp={pp} tp={tp}: {e}");
+    }
+    let zero3 = DataParallel { zero: 3, ..DataParallel::default() };
+    assert!(zero3.validate().is_err());
+    assert!(DataParallel { bucket_elems: 0, ..DataParallel::default() }.validate().is_err());
+}

@@ -287,6 +287,11 @@ impl Trainer {
         &self.grads
     }
 
+    /// Sequences per forward pass on this rank.
+    pub fn micro_batch(&self) -> usize {
+        self.micro
+    }
+
     /// The slice of the flat buffers this rank's optimizer owns.
     pub fn shard(&self) -> Range<usize> {
         self.shard.clone()
