@@ -22,6 +22,7 @@ fn accumulated_gradient_equals_the_one_batch_gradient() {
     let base = TrainConfig { batch, n_embd: Some(32), n_head: Some(4), eval_every: 0, ..TrainConfig::default() };
     let probe = Trainer::new(base.clone()).unwrap();
     let t = probe.seq;
+    assert_eq!(probe.tokens_per_step(), batch * t);
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let x: Vec<u32> = (0..batch * t).map(|_| rng.gen_range(0..256)).collect();
     // Ragged: sequence i ignores its first i targets (0 … 7 of 11), so every micro-batch
