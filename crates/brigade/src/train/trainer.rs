@@ -386,3 +386,41 @@ pub fn solve_addition(model: &Gpt, params: &[f32], a: &Addition, problems: &[(u6
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evaluation_reports_read_as_the_cli_prints_them() {
+        let a = EvalReport::Addition { correct: 999, total: 1000, examples: vec![] };
+        assert_eq!(a.to_string(), "held-out accuracy 99.9% (999/1000)");
+        assert_eq!(EvalReport::Text { val_loss: 1.23456 }.to_string(), "validation loss 1.2346");
+    }
+
+    /// Each diagnosis of a non-finite loss, from the state that leads to it.
+    #[test]
+    fn a_nonfinite_loss_is_explained_by_what_the_run_saw() {
+        let mut tr = Trainer::new(TrainConfig { n_embd: Some(16), n_head: Some(2), ..TrainConfig::default() }).unwrap();
+        let says = |tr: &Trainer, needle: &str| {
+            let m = tr.explain_nonfinite_loss(f32::NAN, 3);
+            assert!(m.contains(needle), "expected '{needle}' in: {m}");
+        };
+        says(&tr, "before any update in this run: the weights or the data overflow");
+        tr.grad_norms = vec![1.0, 2.0, 99.0];
+        says(&tr, "with a steady gradient norm (9.900e1)");
+        tr.grad_norms = vec![1.0, 2.0, 101.0];
+        says(&tr, "after the gradient norm grew from 1.000e0 to 1.010e2");
+        tr.grad_norms = vec![1.0, f32::INFINITY];
+        says(&tr, "after the gradient norm grew");
+        tr.grad_norms = vec![1.0, 1.0];
+        tr.params[5] = 999.0;
+        says(&tr, "with a steady gradient norm");
+        tr.params[5] = 1001.0;
+        says(&tr, "the weights grew to 1.0e3");
+        tr.params[5] = f32::NAN;
+        says(&tr, "the weights overflowed during training ('wte.weight' is no longer finite");
+        tr.grad_norms.clear();
+        says(&tr, "before any update in this run: parameter 'wte.weight' holds non-finite values");
+    }
+}
