@@ -16,7 +16,7 @@ declare -A file=(
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test data_parallel"
-  [trainer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test generation --test data_parallel"
+  [trainer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test generation --test data_parallel --test evaluation"
   [generate]="--lib --test generation"
   [gpt]="--lib --test gradcheck --test hf_fixture --test generation --test micro_batching"
   [chunks]="--lib --test local"
