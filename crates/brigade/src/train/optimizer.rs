@@ -63,7 +63,7 @@ impl AdamW {
             .iter()
             .filter_map(|s| {
                 let (lo, hi) = (s.view.offset.max(range.start), (s.view.offset + s.view.len).min(range.end));
-                (lo < hi).then_some((lo - range.start..hi - range.start, s.decay))
+                (lo < hi).then(|| (lo - range.start..hi - range.start, s.decay))
             })
             .collect();
         AdamW { cfg, m: vec![0.0; range.len()], v: vec![0.0; range.len()], t: 0, groups }
