@@ -128,6 +128,9 @@ fn a_checkpoint_resumes_under_another_layout() {
     run_dp(4, zero1, 2, None, Some(&ck), 3);
     let got = run_dp(2, DataParallel::default(), 4, Some(&ck), None, STEPS);
     assert_equivalent("dp=4 zero=1 → dp=2 zero=0", &got, &want);
+    // resumed into shards that start mid-buffer
+    let got = run_dp(2, zero1, 4, Some(&ck), None, STEPS);
+    assert_equivalent("dp=4 zero=1 → dp=2 zero=1", &got, &want);
     // and the single worker resumes a dp checkpoint too
     let mut tr = Trainer::resume(&ck, None).unwrap();
     while !tr.done() {

@@ -32,6 +32,9 @@ fn check_resume(c: TrainConfig) {
     }
     first.save(&ck).unwrap();
     drop(first);
+    // --steps may extend the run or keep its length, never cut it below what was done
+    assert!(Trainer::resume(&ck, Some(4)).is_err(), "resumed at step 5 of a 4-step run");
+    assert_eq!(Trainer::resume(&ck, Some(5)).unwrap().step, 5);
     let mut second = Trainer::resume(&ck, None).unwrap();
     assert_eq!(second.step, 5);
     while !second.done() {
