@@ -120,14 +120,9 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             }
             let mut parsed = Vec::new();
             for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
-                let f = brigade::plan::Fixed::parse(l)?;
-                if f.v.is_some() || f.recompute.is_some() || f.schedule.is_some() || f.mb.is_some() {
-                    bail!("layout '{l}': bench parallel takes dp, tp, pp and zero");
-                }
-                let shape = brigade::parallel::MeshShape::new(f.dp.unwrap_or(1), f.pp.unwrap_or(1), f.tp.unwrap_or(1))?;
+                let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
+                let (shape, dpc) = brigade::parallel::training_layout(l, bucket)?;
                 crate::check_threads(shape.world() * threads, &format!("layout '{l}': ranks × --threads"))?;
-                let dpc = brigade::parallel::data::DataParallel { zero: f.zero.unwrap_or(0), ..Default::default() };
-                dpc.validate()?;
                 parsed.push((l.to_string(), shape, dpc));
             }
             if parsed.is_empty() {

@@ -1,6 +1,7 @@
 //! `brigade plan`: predicts the cost of 3D layouts of a model on a cluster and picks the best.
 
 use anyhow::{bail, Result};
+use brigade::models::gpt::MAX_DIM;
 use brigade::plan::catalog::{accelerator, model, ModelShape};
 use brigade::plan::{estimate, search, Estimate, Fixed, Layout, Recompute, Training};
 use clap::Args;
@@ -91,7 +92,6 @@ pub struct PlanArgs {
 /// Far beyond any cluster or batch ever run; keeps the search and its arithmetic bounded.
 const MAX_GPUS: usize = 1 << 20;
 const MAX_GLOBAL_BATCH: usize = 1 << 30;
-const MAX_DIM: usize = 1 << 24;
 
 fn shape(a: &PlanArgs) -> Result<ModelShape> {
     let m = shape_unchecked(a)?;

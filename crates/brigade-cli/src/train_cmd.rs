@@ -185,20 +185,11 @@ fn interrupt_flag() -> Result<Arc<AtomicBool>> {
 
 /// The mesh shape and data-parallel settings of `--layout`, checked before any rank starts.
 fn parse_layout(a: &TrainArgs) -> Result<(MeshShape, DataParallel)> {
-    let f = match &a.layout {
-        Some(s) => brigade::plan::Fixed::parse(s)?,
-        None => brigade::plan::Fixed::default(),
-    };
-    if f.v.is_some() || f.recompute.is_some() || f.schedule.is_some() || f.mb.is_some() {
-        bail!("--layout for training takes dp, tp, pp and zero; give the micro-batch with --micro-batch (v, recompute and schedule come with pipeline parallelism)");
-    }
-    let shape = MeshShape::new(f.dp.unwrap_or(1), f.pp.unwrap_or(1), f.tp.unwrap_or(1))?;
     if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0 && a.bucket_mb <= 1e6) {
         bail!("--bucket-mb must be a positive size in MB (at most 1e6), got {}", a.bucket_mb);
     }
-    let dpc = DataParallel { zero: f.zero.unwrap_or(0), bucket_elems: ((a.bucket_mb * 1e6 / 4.0) as usize).max(1) };
-    dpc.validate()?;
-    Ok((shape, dpc))
+    let bucket_elems = ((a.bucket_mb * 1e6 / 4.0) as usize).max(1);
+    Ok(brigade::parallel::training_layout(a.layout.as_deref().unwrap_or(""), bucket_elems)?)
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
@@ -207,7 +198,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
         bail!("--save-every needs --out DIR to write checkpoints to");
     }
     let (shape, dpc) = parse_layout(&a)?;
-    if let Some(dir) = &a.out {
+    // where checkpoints go: --out, or back into the --resume directory
+    if let Some(dir) = a.out.as_ref().or(a.resume.as_ref()) {
         brigade::train::checkpoint::check_output_dir(dir)?;
     }
     if let Some(path) = &a.trace {

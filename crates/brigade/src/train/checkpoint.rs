@@ -232,6 +232,14 @@ pub fn is_checkpoint(dir: &Path) -> bool {
 /// replaced), and its parent is a writable directory. Also removes temporary directories that
 /// a killed save left beside it.
 pub fn check_output_dir(dir: &Path) -> Result<()> {
+    let parent = prepare_target(dir)?;
+    check_writable_dir(&parent)?;
+    remove_stale_temporaries(dir)
+}
+
+/// Refuses a `dir` that is neither absent, an empty directory nor a brigade checkpoint, and
+/// creates its parent; returns the parent.
+fn prepare_target(dir: &Path) -> Result<PathBuf> {
     if dir.exists() || dir.is_symlink() {
         if !dir.is_dir() {
             return Err(Error::ckpt(dir, "exists and is not a directory; give --out a new or checkpoint directory"));
@@ -248,8 +256,7 @@ pub fn check_output_dir(dir: &Path) -> Result<()> {
     }
     let (parent, _) = split_dir(dir)?;
     std::fs::create_dir_all(&parent).map_err(io(&parent))?;
-    check_writable_dir(&parent)?;
-    remove_stale_temporaries(dir)
+    Ok(parent)
 }
 
 /// Creates and removes a file in `dir` to learn, before a long run, whether it is writable.
@@ -282,8 +289,10 @@ fn remove_stale_temporaries(dir: &Path) -> Result<()> {
 /// older checkpoint there only once the new one is complete. Anything at `dir` that is not an
 /// empty directory or a brigade checkpoint is refused, never replaced.
 pub fn write_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    check_output_dir(dir)?;
-    let (parent, name) = split_dir(dir)?;
+    // Only the refusal: writability and stale temporaries were checked before the run
+    // (`check_output_dir`), and creating the temporary directory fails clearly anyway.
+    let parent = prepare_target(dir)?;
+    let (_, name) = split_dir(dir)?;
     let tmp: PathBuf = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let old: PathBuf = parent.join(format!(".{name}.old-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);

@@ -124,12 +124,10 @@ pub fn reduce_gradients(dp: &Comm, grads: &mut [f32], cfg: &DataParallel) -> Res
 
 /// The squared L2 norm of the summed gradient, from each rank's shard.
 pub fn global_sq_norm(dp: &Comm, local_sq: f64, cfg: &DataParallel) -> Result<f64> {
-    if cfg.zero == 0 || dp.size() == 1 {
+    if cfg.zero == 0 {
         return Ok(local_sq);
     }
-    let mut v = [local_sq as f32];
-    dp.all_reduce(&mut v, ReduceOp::Sum).map_err(comm_err)?;
-    Ok(v[0] as f64)
+    sum_scalar(dp, local_sq)
 }
 
 /// After a sharded update: every rank gets every shard of `buf`.
