@@ -398,6 +398,30 @@ mod tests {
         assert_eq!(EvalReport::Text { val_loss: 1.23456 }.to_string(), "validation loss 1.2346");
     }
 
+    /// What the README promises for unset settings and what it refuses, checked in the library.
+    #[test]
+    fn defaults_and_refusals_of_a_run() {
+        let base = TrainConfig { n_embd: Some(16), n_head: Some(2), steps: 100, lr: 1e-2, ..TrainConfig::default() };
+        let tr = Trainer::new(base.clone()).unwrap();
+        // "482+139=" and the reversed 4-digit sum with its newline: 13 tokens, 12 predicted
+        assert_eq!(tr.seq, 12);
+        // warmup 5% of steps, cosine down to lr / 10
+        assert_eq!(tr.sched.warmup, 5);
+        assert!((tr.sched.min_lr - 1e-3).abs() < 1e-9, "{}", tr.sched.min_lr);
+        assert!((tr.sched.at(0) - 2e-3).abs() < 1e-9, "{}", tr.sched.at(0));
+        assert!(Trainer::new(TrainConfig { seq: Some(12), ..base.clone() }).is_ok());
+        assert!(Trainer::new(TrainConfig { seq: Some(13), ..base.clone() }).is_err());
+        assert!(Trainer::new(TrainConfig { block_size: Some(11), ..base.clone() }).is_err());
+        assert!(Trainer::new(TrainConfig { block_size: Some(12), ..base.clone() }).is_ok());
+        // a batch that is not `batch` whole sequences of tokens with targets
+        let mut tr = Trainer::new(TrainConfig { batch: 2, ..base }).unwrap();
+        let x = vec![1u32; 24];
+        assert!(tr.step_on(&x, &[1i32; 23]).is_err(), "targets shorter than tokens");
+        assert!(tr.step_on(&x[..23], &[1i32; 23]).is_err(), "not whole sequences");
+        assert!(tr.step_on(&[], &[]).is_err(), "empty");
+        assert!(tr.step_on(&x, &[1i32; 24]).is_ok());
+    }
+
     /// Each diagnosis of a non-finite loss, from the state that leads to it.
     #[test]
     fn a_nonfinite_loss_is_explained_by_what_the_run_saw() {
@@ -409,12 +433,16 @@ mod tests {
         says(&tr, "before any update in this run: the weights or the data overflow");
         tr.grad_norms = vec![1.0, 2.0, 99.0];
         says(&tr, "with a steady gradient norm (9.900e1)");
+        tr.grad_norms = vec![1.0, 100.0];
+        says(&tr, "with a steady gradient norm (1.000e2)");
+        tr.grad_norms = vec![2.0, 150.0];
+        says(&tr, "with a steady gradient norm (1.500e2)");
         tr.grad_norms = vec![1.0, 2.0, 101.0];
         says(&tr, "after the gradient norm grew from 1.000e0 to 1.010e2");
         tr.grad_norms = vec![1.0, f32::INFINITY];
         says(&tr, "after the gradient norm grew");
         tr.grad_norms = vec![1.0, 1.0];
-        tr.params[5] = 999.0;
+        tr.params[5] = 1000.0;
         says(&tr, "with a steady gradient norm");
         tr.params[5] = 1001.0;
         says(&tr, "the weights grew to 1.0e3");
