@@ -121,9 +121,9 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let mut parsed = Vec::new();
             for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
                 let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
-                let (shape, dpc) = brigade::parallel::training_layout(l, bucket)?;
+                let (shape, settings) = brigade::parallel::training_layout(l, bucket)?;
                 crate::check_threads(shape.world() * threads, &format!("layout '{l}': ranks × --threads"))?;
-                parsed.push((l.to_string(), shape, dpc));
+                parsed.push((l.to_string(), shape, settings));
             }
             if parsed.is_empty() {
                 bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");

@@ -1,6 +1,6 @@
 use anyhow::{bail, Context, Result};
-use brigade::parallel::data::DataParallel;
-use brigade::parallel::{Mesh, MeshShape};
+use brigade::parallel::MeshShape;
+use brigade::parallel::Settings;
 use brigade::train::{EvalReport, TrainConfig, Trainer};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -184,7 +184,7 @@ fn interrupt_flag() -> Result<Arc<AtomicBool>> {
 }
 
 /// The mesh shape and data-parallel settings of `--layout`, checked before any rank starts.
-fn parse_layout(a: &TrainArgs) -> Result<(MeshShape, DataParallel)> {
+fn parse_layout(a: &TrainArgs) -> Result<(MeshShape, Settings)> {
     if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0 && a.bucket_mb <= 1e6) {
         bail!("--bucket-mb must be a positive size in MB (at most 1e6), got {}", a.bucket_mb);
     }
@@ -241,13 +241,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
 }
 
 #[cfg(feature = "mpi")]
-fn run_mpi(
-    shape: MeshShape,
-    dpc: DataParallel,
-    cfg: Option<TrainConfig>,
-    a: &TrainArgs,
-    stop: &AtomicBool,
-) -> Result<()> {
+fn run_mpi(shape: MeshShape, dpc: Settings, cfg: Option<TrainConfig>, a: &TrainArgs, stop: &AtomicBool) -> Result<()> {
     if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_SIZE").is_none() {
         bail!(
             "--backend mpi needs to be started by mpirun or srun (e.g. mpirun -n {} brigade train --backend mpi …)",
@@ -262,7 +256,7 @@ fn run_mpi(
 }
 
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_: MeshShape, _: DataParallel, _: Option<TrainConfig>, _: &TrainArgs, _: &AtomicBool) -> Result<()> {
+fn run_mpi(_: MeshShape, _: Settings, _: Option<TrainConfig>, _: &TrainArgs, _: &AtomicBool) -> Result<()> {
     bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and start it under mpirun")
 }
 
@@ -271,22 +265,21 @@ fn run_mpi(_: MeshShape, _: DataParallel, _: Option<TrainConfig>, _: &TrainArgs,
 fn run_rank(
     world: brigade_comm::Comm,
     shape: MeshShape,
-    dpc: DataParallel,
+    dpc: Settings,
     cfg: Option<TrainConfig>,
     a: &TrainArgs,
     stop: &AtomicBool,
 ) -> Result<()> {
     let lead = world.rank() == 0;
-    let mesh = Mesh::new(&world, shape)?;
     let mut tr = match (&a.resume, cfg) {
         (Some(dir), _) => {
-            let tr = Trainer::resume_on(dir, a.steps, mesh, dpc)?;
+            let tr = Trainer::resume_on_world(dir, a.steps, &world, shape, dpc)?;
             if lead {
                 eprintln!("resuming {} at step {} of {}", dir.display(), tr.step, tr.cfg.steps);
             }
             tr
         }
-        (None, Some(cfg)) => Trainer::on_mesh(cfg, mesh, dpc)?,
+        (None, Some(cfg)) => Trainer::on_world(cfg, &world, shape, dpc)?,
         (None, None) => unreachable!("a config without --resume"),
     };
     if a.trace.is_some() && lead {
@@ -351,15 +344,19 @@ fn train_loop(
         let rate = (tr.step - start_step) as f64 * tr.tokens_per_step() as f64 / t0.elapsed().as_secs_f64();
         bar.set_position(s.step as u64);
         bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
-        if lead && tr.cfg.eval_every > 0 && s.step % tr.cfg.eval_every == 0 && s.step < tr.cfg.steps {
-            let t0 = Instant::now();
-            let r = tr.evaluate();
-            tr.trace("evaluate", "eval", s.step, t0);
-            let line = format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss);
-            if bar.is_hidden() {
-                eprintln!("{line}");
-            } else {
-                bar.println(line);
+        if tr.cfg.eval_every > 0 && s.step % tr.cfg.eval_every == 0 && s.step < tr.cfg.steps {
+            // the model cut across a tensor-parallel group is gathered by its ranks; rank 0 evaluates
+            let full = tr.full_params()?;
+            if lead {
+                let t0 = Instant::now();
+                let r = tr.evaluate_with(full.as_deref());
+                tr.trace("evaluate", "eval", s.step, t0);
+                let line = format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss);
+                if bar.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(line);
+                }
             }
         }
         if let (Some(dir), Some(every)) = (&out, a.save_every) {
@@ -392,6 +389,7 @@ fn train_loop(
     if let Some(dir) = &out {
         tr.save(dir)?;
     }
+    let full = if tr.step < tr.cfg.steps { None } else { tr.full_params()? };
     if !lead {
         return Ok(());
     }
@@ -412,7 +410,7 @@ fn train_loop(
     if tr.step < tr.cfg.steps {
         return Ok(());
     }
-    let report = tr.evaluate();
+    let report = tr.evaluate_with(full.as_deref());
     outln!("{report}");
     match &report {
         EvalReport::Addition { examples, .. } => {
@@ -427,7 +425,8 @@ fn train_loop(
             let opt =
                 brigade::models::SampleOptions { max_new_tokens: 64, temperature: 0.8, top_k: 40, seed: 0, stop: None };
             let ids = tr.tokenizer.encode(&prompt)?;
-            let gen = brigade::models::generate(&tr.model, &tr.params, &[ids], &opt);
+            let (model, params) = tr.whole_model(full.as_deref());
+            let gen = brigade::models::generate(model, params, &[ids], &opt);
             outln!("sample: {}{}", prompt, tr.tokenizer.decode(&gen[0]));
         }
     }

@@ -320,26 +320,33 @@ fn sample_and_plan_refuse_what_they_would_ignore() {
 }
 
 #[test]
-fn data_parallel_training_from_the_cli_matches_the_single_worker() {
+fn parallel_training_from_the_cli_matches_the_single_worker() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
     let base = ["train", "--steps", "4", "--batch", "8", "--threads", "1", "--eval-every", "0"];
     ok(&[&base[..], &["--out", "one"]].concat(), p);
     ok(&[&base[..], &["--layout", "dp=2,zero=1", "--micro-batch", "2", "--out", "two"]].concat(), p);
     ok(&[&base[..], &["--layout", "dp=4", "--out", "four"]].concat(), p);
+    ok(&[&base[..], &["--layout", "dp=2,tp=2,sp=1", "--out", "mixed"]].concat(), p);
     let losses = |d: &str| -> Vec<f64> {
         state(&p.join(d))["losses"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
     };
-    for d in ["two", "four"] {
+    for d in ["two", "four", "mixed"] {
         for (a, b) in losses(d).iter().zip(losses("one")) {
             assert!(((a - b) / b).abs() < 1e-5, "{d}: loss {a} vs single worker {b}");
         }
     }
-    // the checkpoint is layout-free: the single worker resumes a dp=2 run
+    // the checkpoint is layout-free: the single worker resumes a dp=2 run, tp=4 a dp×tp run
     ok(&["train", "--resume", "two", "--steps", "6", "--threads", "1"], p);
+    ok(&["train", "--resume", "mixed", "--steps", "6", "--threads", "1", "--layout", "tp=4"], p);
+    // and the model it holds is the full one, as `sample` reads it
+    ok(&["sample", "--checkpoint", "mixed", "--prompt", "12+34"], p);
     // impossible layouts: one line, before any rank starts
     fails_with(&[&base[..], &["--layout", "dp=3"]].concat(), p, "does not split into dp=3 shards");
-    fails_with(&[&base[..], &["--layout", "tp=2"]].concat(), p, "not implemented yet");
+    fails_with(&[&base[..], &["--layout", "pp=2"]].concat(), p, "pp=2: pipeline parallelism is not implemented yet");
+    fails_with(&[&base[..], &["--layout", "tp=3"]].concat(), p, "tp=3 does not divide the model's 4 attention heads");
+    fails_with(&[&base[..], &["--layout", "sp=1"]].concat(), p, "has tp=1");
+    fails_with(&[&base[..], &["--layout", "tp=2,sp=2"]].concat(), p, "sp=2: expected 0 or 1");
     fails_with(&[&base[..], &["--layout", "dp=2,zero=3"]].concat(), p, "zero=3 is not implemented yet");
     fails_with(&[&base[..], &["--layout", "dp=2,v=2"]].concat(), p, "--layout for training takes");
     fails_with(&[&base[..], &["--layout", "dp=0"]].concat(), p, "positive integer");

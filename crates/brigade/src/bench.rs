@@ -132,9 +132,11 @@ pub struct ParallelBench {
     pub ranks: usize,
     pub step_s_median: f64,
     pub tokens_per_s: f64,
-    /// Per step, on the rank with the longest steps: forward and backward.
+    /// Per step, on the rank with the longest steps: forward and backward, less the
+    /// tensor-parallel collectives inside them.
     pub compute_s: f64,
-    /// Per step: communication nothing overlapped (gradient reduction waits, ZeRO gathers).
+    /// Per step: communication nothing overlapped (gradient reduction waits, ZeRO gathers,
+    /// every tensor-parallel collective).
     pub exposed_comm_s: f64,
     /// Per step: the rest (data, clipping, optimizer, waiting for peers).
     pub other_s: f64,
@@ -145,7 +147,7 @@ pub struct ParallelBench {
 pub fn parallel_step(
     cfg: crate::train::TrainConfig,
     shape: crate::parallel::MeshShape,
-    dpc: crate::parallel::data::DataParallel,
+    settings: crate::parallel::Settings,
     threads: usize,
     warmup: usize,
     steps: usize,
@@ -153,12 +155,14 @@ pub fn parallel_step(
     use crate::train::{timeline::Timeline, Trainer};
     let per_rank = brigade_comm::local::run(shape.world(), |world| {
         let mesh = crate::parallel::Mesh::new(&world, shape)?;
-        let mut tr = Trainer::on_mesh(cfg.clone(), mesh, dpc)?;
+        let mut tr = Trainer::on_mesh(cfg.clone(), mesh, settings)?;
         crate::with_threads(threads, || -> crate::Result<(Vec<f64>, f64, f64)> {
             for _ in 0..warmup {
                 tr.train_step()?;
             }
             tr.timeline = Some(Timeline::new(world.rank()));
+            // tensor-parallel collectives run inside forward and backward, exposed: timed apart
+            tr.mesh.tp.enable_tracing(true);
             let mut times = Vec::new();
             for _ in 0..steps {
                 world.barrier().map_err(|e| crate::Error::Train(e.to_string()))?;
@@ -167,7 +171,9 @@ pub fn parallel_step(
                 times.push(t0.elapsed().as_secs_f64());
             }
             let tl = tr.timeline.take().expect("set above");
-            Ok((times, tl.seconds_in("compute") / steps as f64, tl.seconds_in("comm") / steps as f64))
+            let tp_s: f64 = tr.mesh.tp.take_trace().iter().map(|e| (e.end - e.start).as_secs_f64()).sum();
+            let per = |x: f64| x / steps as f64;
+            Ok((times, per(tl.seconds_in("compute") - tp_s), per(tl.seconds_in("comm") + tp_s)))
         })?
     })
     .map_err(|e| crate::Error::Train(e.to_string()))?;

@@ -8,6 +8,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 
+pub use crate::parallel::tensor::shard::Split;
+
 /// Where a parameter lives in the flat buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct View {
@@ -40,6 +42,10 @@ pub struct ParamSpec {
     pub init: Init,
     /// AdamW applies weight decay to matrices and embeddings, not to biases or LayerNorm.
     pub decay: bool,
+    /// How this (local) tensor is cut from the full one across a tensor-parallel group.
+    pub split: Split,
+    /// The shape of the full tensor (equal to `shape` when replicated or on one rank).
+    pub full_shape: Vec<usize>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -49,12 +55,70 @@ pub struct ParamLayout {
 }
 
 impl ParamLayout {
+    /// A parameter held whole (on every rank of a tensor-parallel group).
     pub fn add(&mut self, name: &str, shape: &[usize], init: Init, decay: bool) -> View {
+        self.add_split(name, shape, Split::Replicated, 1, init, decay)
+    }
+
+    /// This rank's slice of the full tensor `full_shape`, cut by `split` over `tp` ranks.
+    pub fn add_split(
+        &mut self,
+        name: &str,
+        full_shape: &[usize],
+        split: Split,
+        tp: usize,
+        init: Init,
+        decay: bool,
+    ) -> View {
+        let shape = split.local_shape(full_shape, tp);
         let len = shape.iter().product();
         let view = View { offset: self.total, len };
         self.total += len;
-        self.specs.push(ParamSpec { name: name.to_string(), shape: shape.to_vec(), view, init, decay });
+        let (name, full_shape) = (name.to_string(), full_shape.to_vec());
+        self.specs.push(ParamSpec { name, shape, view, init, decay, split, full_shape });
         view
+    }
+
+    /// The layout of the full model this (perhaps sharded) layout is cut from.
+    pub fn full(&self) -> ParamLayout {
+        let mut l = ParamLayout::default();
+        for s in &self.specs {
+            l.add(&s.name, &s.full_shape, s.init, s.decay);
+        }
+        l
+    }
+
+    /// Whether any parameter is cut across ranks (else the layout is the full model's).
+    pub fn is_sharded(&self) -> bool {
+        self.specs.iter().any(|s| s.shape != s.full_shape)
+    }
+
+    /// This layout's slice (tensor-parallel rank `rank` of `tp`) of a buffer in `self.full()`.
+    pub fn slice_full(&self, full: &[f32], rank: usize, tp: usize) -> Vec<f32> {
+        let mut out = vec![0f32; self.total];
+        let mut at = 0;
+        for s in &self.specs {
+            let n = s.full_shape.iter().product::<usize>();
+            s.split.slice(&full[at..at + n], &s.full_shape, rank, tp, s.view.of_mut(&mut out));
+            at += n;
+        }
+        out
+    }
+
+    /// The full buffer from every rank's local buffer, concatenated in rank order (what an
+    /// all-gather of the local buffers over the tensor-parallel group returns).
+    pub fn assemble_full(&self, all: &[f32], tp: usize) -> Vec<f32> {
+        assert_eq!(all.len(), self.total * tp, "one local buffer per rank");
+        let full_total = self.specs.iter().map(|s| s.full_shape.iter().product::<usize>()).sum();
+        let mut out = vec![0f32; full_total];
+        let mut at = 0;
+        for s in &self.specs {
+            let n = s.full_shape.iter().product::<usize>();
+            let pieces: Vec<&[f32]> = (0..tp).map(|r| s.view.of(&all[r * self.total..(r + 1) * self.total])).collect();
+            s.split.assemble(&pieces, &s.full_shape, &mut out[at..at + n]);
+            at += n;
+        }
+        out
     }
 
     pub fn get(&self, name: &str) -> Option<&ParamSpec> {
@@ -62,8 +126,18 @@ impl ParamLayout {
     }
 
     /// Draws every parameter from `seed` and its own name, so the value of a parameter does
-    /// not depend on which others exist or on how the model is split across workers.
+    /// not depend on which others exist or on how the model is split across workers: a
+    /// sharded layout draws the full tensors and keeps its slice.
+    pub fn init_shard(&self, seed: u64, rank: usize, tp: usize) -> Vec<f32> {
+        if !self.is_sharded() {
+            return self.init(seed);
+        }
+        self.slice_full(&self.full().init(seed), rank, tp)
+    }
+
+    /// `init_shard` of a layout that holds whole tensors.
     pub fn init(&self, seed: u64) -> Vec<f32> {
+        assert!(!self.is_sharded(), "a sharded layout is drawn with init_shard");
         let mut buf = vec![0f32; self.total];
         let mut parts: Vec<(&ParamSpec, &mut [f32])> = Vec::new();
         let mut rest: &mut [f32] = &mut buf;

@@ -7,9 +7,11 @@
 use brigade::models::{Activations, Gpt, GptConfig};
 use brigade::tensor::attention::{attention_backward, attention_forward, AttnShape};
 use brigade::tensor::elementwise::{gelu_backward, gelu_forward};
-use brigade::tensor::embedding::{embedding_backward, embedding_forward};
+use brigade::tensor::embedding::{
+    position_backward, position_forward, token_embedding_backward, token_embedding_forward,
+};
 use brigade::tensor::layernorm::{layernorm_backward, layernorm_forward};
-use brigade::tensor::loss::{cross_entropy_backward, cross_entropy_forward, IGNORE};
+use brigade::tensor::loss::{cross_entropy_backward, cross_entropy_forward, VocabWindow, IGNORE};
 use brigade::tensor::matmul::{matmul, matmul_reference};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -202,27 +204,35 @@ fn cross_entropy_backward_matches_finite_differences() {
         assert!((lo[i] as f64 - want).abs() < 1e-5, "row {i}");
     }
     let mut d = logits.clone();
-    cross_entropy_backward(&mut d, &lse, &targets, v, 1.0 / count as f32);
+    cross_entropy_backward(&mut d, &lse, &targets, VocabWindow::whole(v), 1.0 / count as f32);
     check("cross-entropy", &logits, &d, 1e-2, 800, KERNEL_TOL, mean_loss);
 }
 
+/// A window of the token table (rows 3..8 of a vocabulary of 11, as a tensor-parallel rank
+/// holds it: other tokens give zero rows) and positions of rows that start mid-batch.
 #[test]
 fn embedding_backward_matches_finite_differences() {
     let mut rng = ChaCha8Rng::seed_from_u64(8);
-    let (v, t, c, b) = (11, 5, 6, 3);
-    let wte = randn(&mut rng, v * c, 1.0);
+    let (lo, rows, t, c, n, row0) = (3, 5, 5, 6, 14, 2);
+    let wte = randn(&mut rng, rows * c, 1.0);
     let wpe = randn(&mut rng, t * c, 1.0);
-    let tokens: Vec<u32> = (0..b * t).map(|i| (i as u32 * 7) % 4).collect(); // repeats on purpose
-    let r = randn(&mut rng, b * t * c, 1.0);
+    let tokens: Vec<u32> = (0..n).map(|i| (i as u32 * 7) % 11).collect(); // repeats on purpose
+    let r = randn(&mut rng, n * c, 1.0);
     let fwd = |wte: &[f32], wpe: &[f32]| {
-        let mut o = vec![0f32; b * t * c];
-        embedding_forward(&mut o, wte, wpe, &tokens, t, c);
+        let mut e = vec![0f32; n * c];
+        token_embedding_forward(&mut e, wte, &tokens, lo, c);
+        let mut o = vec![0f32; n * c];
+        position_forward(&mut o, &e, wpe, row0, t, c);
         o
     };
-    let (mut dte, mut dpe) = (vec![0f32; v * c], vec![0f32; t * c]);
-    embedding_backward(&mut dte, &mut dpe, &r, &tokens, t, c);
+    let (mut dte, mut dpe) = (vec![0f32; rows * c], vec![0f32; t * c]);
+    token_embedding_backward(&mut dte, &r, &tokens, lo, c);
+    position_backward(&mut dpe, &r, row0, t, c);
     check("embedding wte", &wte, &dte, 1e-2, 400, KERNEL_TOL, |w| dot(&fwd(w, &wpe), &r));
     check("embedding wpe", &wpe, &dpe, 1e-2, 400, KERNEL_TOL, |w| dot(&fwd(&wte, w), &r));
+    // a token outside the window has a zero row
+    let o = fwd(&wte, &vec![0f32; t * c]);
+    assert!(o[..c].iter().all(|&x| x == 0.0), "token {} is outside rows {lo}..{}", tokens[0], lo + rows);
 }
 
 /// The whole model: every parameter tensor gets sampled coordinates checked.

@@ -63,6 +63,7 @@ fn predictions_match_published_runs() {
             recompute,
             zero: None,
             schedule: None,
+            sp: None,
         };
         let gpus = num("gpus").unwrap();
         // The run happened, so it fit in reality: its unpublished fields (tuned by its authors)

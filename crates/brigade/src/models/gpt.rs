@@ -3,10 +3,10 @@
 
 use crate::error::{Error, Result};
 use crate::nn::{ensure, AttnStash, CausalSelfAttention, LayerNorm, LnStash, Mlp, MlpStash};
-use crate::params::{Init, ParamLayout, View};
-use crate::tensor::elementwise::residual_forward;
-use crate::tensor::embedding::{embedding_backward, embedding_forward};
-use crate::tensor::loss::{cross_entropy_backward, cross_entropy_forward, IGNORE};
+use crate::parallel::tensor::{vocab, Tp, VocabShard};
+use crate::params::{Init, ParamLayout, Split, View};
+use crate::tensor::elementwise::residual_bias_forward;
+use crate::tensor::loss::{cross_entropy_backward, IGNORE};
 use crate::tensor::matmul;
 use serde::{Deserialize, Serialize};
 
@@ -88,6 +88,20 @@ impl GptConfig {
     }
 }
 
+/// Refuses a tensor-parallel degree that does not divide the attention heads.
+pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
+    if tp == 0 || !cfg.n_head.is_multiple_of(tp) {
+        let fits: Vec<String> =
+            (1..=cfg.n_head).filter(|d| cfg.n_head.is_multiple_of(*d)).map(|d| d.to_string()).collect();
+        return Err(Error::Config(format!(
+            "tp={tp} does not divide the model's {} attention heads; use tp among {} (or a model with more heads)",
+            cfg.n_head,
+            fits.join(", ")
+        )));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug)]
 pub struct Block {
     pub ln_1: LayerNorm,
@@ -106,15 +120,25 @@ pub struct BlockStash {
     mlp: MlpStash,
 }
 
-/// Scratch for backward: activation gradients, reused across blocks and steps.
+/// Scratch reused across blocks and steps. Residual-stream buffers hold this rank's rows
+/// (all of them, or a block under sequence parallelism); `full`/`hfull`/`dfull` all rows.
 #[derive(Default)]
 struct Scratch {
+    /// A layer input gathered across the group (forward), and again in backward.
+    full: Vec<f32>,
+    hfull: Vec<f32>,
+    /// A row-parallel layer's partial output, and its sum on this rank's rows.
+    part: Vec<f32>,
+    rows: Vec<f32>,
     dresid: Vec<f32>,
     dln: Vec<f32>,
+    /// A column-parallel layer's partial input gradient (all rows).
+    dpart: Vec<f32>,
+    /// An output gradient gathered across the group.
+    dfull: Vec<f32>,
     dh: Vec<f32>,
     datt: Vec<f32>,
     dqkv: Vec<f32>,
-    tmp: Vec<f32>,
 }
 
 impl Block {
@@ -123,51 +147,75 @@ impl Block {
         self.ln_1.w.offset
     }
 
-    fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig) -> Block {
+    fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig, tp: usize) -> Block {
         let c = cfg.n_embd;
         let std = 0.02;
         // GPT-2 scales the projections into the residual stream by 1/sqrt(2·n_layer).
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
         Block {
             ln_1: LayerNorm::new(layout, &format!("h.{i}.ln_1"), c),
-            attn: CausalSelfAttention::new(layout, &format!("h.{i}.attn"), c, cfg.n_head, std, proj_std),
+            attn: CausalSelfAttention::new(layout, &format!("h.{i}.attn"), c, cfg.n_head, tp, std, proj_std),
             ln_2: LayerNorm::new(layout, &format!("h.{i}.ln_2"), c),
-            mlp: Mlp::new(layout, &format!("h.{i}.mlp"), c, std, proj_std),
+            mlp: Mlp::new(layout, &format!("h.{i}.mlp"), c, tp, std, proj_std),
         }
     }
 
-    /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`.
+    /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows: two
+    /// collectives forward (`g` after each row-parallel layer; under sp also two gathers).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    fn forward(
         &self,
+        tp: &Tp,
         p: &[f32],
         x: &[f32],
-        b: usize,
-        t: usize,
+        (b, t): (usize, usize),
         st: &mut BlockStash,
         out: &mut [f32],
-        tmp: &mut Vec<f32>,
-    ) {
-        ensure(tmp, x.len());
+        sc: &mut Scratch,
+    ) -> Result<()> {
+        let Scratch { full, part, rows, .. } = sc;
         ensure(&mut st.x2, x.len());
         self.ln_1.forward(p, x, &mut st.ln1);
-        self.attn.forward(p, &st.ln1.out, b, t, &mut st.attn, tmp);
-        residual_forward(&mut st.x2, x, tmp);
+        let h = tp.enter(&st.ln1.out, full)?;
+        self.attn.forward(p, h, b, t, &mut st.attn, part);
+        let y = tp.exit(part, rows)?;
+        residual_bias_forward(&mut st.x2, x, y, self.attn.c_proj.bias(p));
         self.ln_2.forward(p, &st.x2, &mut st.ln2);
-        self.mlp.forward(p, &st.ln2.out, &mut st.mlp, tmp);
-        residual_forward(out, &st.x2, tmp);
+        let h = tp.enter(&st.ln2.out, full)?;
+        self.mlp.forward(p, h, &mut st.mlp, part);
+        let y = tp.exit(part, rows)?;
+        residual_bias_forward(out, &st.x2, y, self.mlp.c_proj.bias(p));
+        Ok(())
     }
 
     /// On entry `dresid` is the gradient of the block output; on return, of the block input.
+    /// Two collectives backward (`f` before each column-parallel layer).
     #[allow(clippy::too_many_arguments)]
-    fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], b: usize, t: usize, st: &BlockStash, sc: &mut Scratch) {
-        let Scratch { dresid, dln, dh, datt, dqkv, .. } = sc;
-        ensure(dln, x.len());
+    fn backward(
+        &self,
+        tp: &Tp,
+        p: &[f32],
+        g: &mut [f32],
+        x: &[f32],
+        (b, t): (usize, usize),
+        st: &BlockStash,
+        sc: &mut Scratch,
+    ) -> Result<()> {
+        let Scratch { dresid, dln, dpart, dfull, hfull, dh, datt, dqkv, .. } = sc;
         // The residual add passes dresid unchanged to both branches.
-        self.mlp.backward(p, g, &st.ln2.out, &st.mlp, dresid, dln, dh);
-        self.ln_2.backward(p, g, &st.x2, &st.ln2, dln, dresid);
-        self.attn.backward(p, g, &st.ln1.out, b, t, &st.attn, dresid, dln, datt, dqkv);
-        self.ln_1.backward(p, g, x, &st.ln1, dln, dresid);
+        self.mlp.c_proj.bias_backward(g, dresid);
+        let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
+        let h = tp.enter(&st.ln2.out, hfull)?;
+        self.mlp.backward(p, g, h, &st.mlp, dy, dpart, dh);
+        let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
+        self.ln_2.backward(p, g, &st.x2, &st.ln2, d, dresid);
+        self.attn.c_proj.bias_backward(g, dresid);
+        let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
+        let h = tp.enter(&st.ln1.out, hfull)?;
+        self.attn.backward(p, g, h, b, t, &st.attn, dy, dpart, datt, dqkv);
+        let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
+        self.ln_1.backward(p, g, x, &st.ln1, d, dresid);
+        Ok(())
     }
 }
 
@@ -177,38 +225,73 @@ impl Block {
 pub struct Activations {
     b: usize,
     t: usize,
-    /// `resid[l]` is the input of block l; `resid[n_layer]` the input of ln_f.
+    /// `resid[l]` is the input of block l; `resid[n_layer]` the input of ln_f (this rank's rows).
     resid: Vec<Vec<f32>>,
     blocks: Vec<BlockStash>,
     lnf: LnStash,
-    /// Logits `[b·t, vocab]`; turned into their gradient in place by backward.
+    /// Logits `[b·t, vocab rows of this rank]`; turned into their gradient in place by backward.
     pub logits: Vec<f32>,
     lse: Vec<f32>,
     losses: Vec<f32>,
     scratch: Scratch,
 }
 
+/// The one error a single worker's forward or backward cannot have: a collective failing.
+const SOLO: &str = "a single worker runs no collectives, which alone can fail";
+
 #[derive(Clone, Debug)]
 pub struct Gpt {
     pub cfg: GptConfig,
+    /// This rank's parameters (all of them on a single worker).
     pub layout: ParamLayout,
+    /// This rank's block of the token table (the whole table on one rank), tied to the LM head.
     pub wte: View,
     pub wpe: View,
     pub blocks: Vec<Block>,
     pub ln_f: LayerNorm,
+    /// Ranks in the tensor-parallel group this model part is cut for, and this part's rank.
+    pub tp: usize,
+    pub tp_rank: usize,
+    pub vocab: VocabShard,
 }
 
 impl Gpt {
     pub fn new(cfg: GptConfig) -> Result<Gpt> {
-        cfg.validate()?;
-        let mut layout = ParamLayout::default();
-        let wte = layout.add("wte.weight", &[cfg.vocab_size, cfg.n_embd], Init::Normal(0.02), true);
-        let wpe = layout.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true);
-        let blocks = (0..cfg.n_layer).map(|i| Block::new(&mut layout, i, &cfg)).collect();
-        let ln_f = LayerNorm::new(&mut layout, "ln_f", cfg.n_embd);
-        Ok(Gpt { cfg, layout, wte, wpe, blocks, ln_f })
+        Gpt::shard(cfg, 0, 1)
     }
 
+    /// Rank `rank`'s part of the model cut across a tensor-parallel group of `tp` ranks:
+    /// attention by heads, the MLP by hidden units, the vocabulary by rows (padded to a
+    /// multiple of tp). Refuses a `tp` that does not divide the heads.
+    pub fn shard(cfg: GptConfig, rank: usize, tp: usize) -> Result<Gpt> {
+        cfg.validate()?;
+        check_tp(&cfg, tp)?;
+        let mut layout = ParamLayout::default();
+        let wte =
+            layout.add_split("wte.weight", &[cfg.vocab_size, cfg.n_embd], Split::Vocab, tp, Init::Normal(0.02), true);
+        let wpe = layout.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true);
+        let blocks = (0..cfg.n_layer).map(|i| Block::new(&mut layout, i, &cfg, tp)).collect();
+        let ln_f = LayerNorm::new(&mut layout, "ln_f", cfg.n_embd);
+        Ok(Gpt {
+            cfg,
+            layout,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            tp,
+            tp_rank: rank,
+            vocab: VocabShard::of(cfg.vocab_size, rank, tp),
+        })
+    }
+
+    /// This rank's parameters at initialisation: the full tensors drawn from (seed, name) and
+    /// sliced, so every layout starts from the single worker's weights.
+    pub fn init_params(&self, seed: u64) -> Vec<f32> {
+        self.layout.init_shard(seed, self.tp_rank, self.tp)
+    }
+
+    /// Parameters on this rank.
     pub fn num_params(&self) -> usize {
         self.layout.total
     }
@@ -233,37 +316,81 @@ impl Gpt {
         Ok(())
     }
 
-    /// Runs the blocks and the final LayerNorm; the hidden states are in `acts.lnf.out`.
-    fn forward_hidden(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) {
+    fn check_group(&self, tp: &Tp) {
+        assert_eq!(tp.size(), self.tp, "the model part is cut for tp={}, run on a group of {}", self.tp, tp.size());
+    }
+
+    /// Runs the blocks and the final LayerNorm; this rank's rows of the hidden states are in
+    /// `acts.lnf.out`.
+    fn forward_hidden(
+        &self,
+        tp: &Tp,
+        p: &[f32],
+        tokens: &[u32],
+        b: usize,
+        t: usize,
+        acts: &mut Activations,
+    ) -> Result<()> {
+        self.check_group(tp);
         let (c, l) = (self.cfg.n_embd, self.cfg.n_layer);
-        let n = b * t;
+        let rows = tp.rows(b * t).len();
         acts.b = b;
         acts.t = t;
         acts.resid.resize_with(l + 1, Vec::new);
         acts.blocks.resize_with(l, BlockStash::default);
         for r in &mut acts.resid {
-            ensure(r, n * c);
+            ensure(r, rows * c);
         }
-        embedding_forward(&mut acts.resid[0], self.wte.of(p), self.wpe.of(p), tokens, t, c);
+        let sc = &mut acts.scratch;
+        let (wte, wpe) = (self.wte.of(p), self.wpe.of(p));
+        vocab::embedding_forward(
+            tp,
+            &mut acts.resid[0],
+            wte,
+            wpe,
+            tokens,
+            self.vocab,
+            (t, c),
+            &mut sc.part,
+            &mut sc.rows,
+        )?;
         for (i, blk) in self.blocks.iter().enumerate() {
             let (done, rest) = acts.resid.split_at_mut(i + 1);
-            blk.forward(p, &done[i], b, t, &mut acts.blocks[i], &mut rest[0], &mut acts.scratch.tmp);
+            blk.forward(tp, p, &done[i], (b, t), &mut acts.blocks[i], &mut rest[0], sc)?;
         }
         self.ln_f.forward(p, &acts.resid[l], &mut acts.lnf);
+        Ok(())
     }
 
-    /// Full forward to logits `[b·t, vocab]` in `acts.logits`.
+    /// Full forward to logits `[b·t, vocab]` in `acts.logits` (single worker).
     pub fn forward(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) {
-        self.forward_hidden(p, tokens, b, t, acts);
-        let (c, v, n) = (self.cfg.n_embd, self.cfg.vocab_size, b * t);
-        ensure(&mut acts.logits, n * v);
-        // LM head tied to the token embedding: logits = h·wteᵀ.
-        matmul(&mut acts.logits, &acts.lnf.out, self.wte.of(p), n, c, v, false, true, false);
+        self.forward_tp(&Tp::SOLO, p, tokens, b, t, acts).expect(SOLO)
     }
 
-    /// Logits of the last position of each sequence only (`[b, vocab]`), for generation.
+    /// Forward as one rank of a tensor-parallel group: this rank's vocabulary block of the
+    /// logits, `[b·t, vocab.rows]`, in `acts.logits`.
+    pub fn forward_tp(
+        &self,
+        tp: &Tp,
+        p: &[f32],
+        tokens: &[u32],
+        b: usize,
+        t: usize,
+        acts: &mut Activations,
+    ) -> Result<()> {
+        self.forward_hidden(tp, p, tokens, b, t, acts)?;
+        let (c, v, n) = (self.cfg.n_embd, self.vocab.rows, b * t);
+        ensure(&mut acts.logits, n * v);
+        // LM head tied to the token embedding: logits = h·wteᵀ, on this rank's vocabulary block.
+        let h = tp.enter(&acts.lnf.out, &mut acts.scratch.full)?;
+        matmul(&mut acts.logits, h, self.wte.of(p), n, c, v, false, true, false);
+        Ok(())
+    }
+
+    /// Logits of the last position of each sequence only (`[b, vocab]`), for generation on a
+    /// single worker.
     pub fn forward_last(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) -> Vec<f32> {
-        self.forward_hidden(p, tokens, b, t, acts);
+        self.forward_hidden(&Tp::SOLO, p, tokens, b, t, acts).expect(SOLO);
         let (c, v) = (self.cfg.n_embd, self.cfg.vocab_size);
         let mut h = Vec::with_capacity(b * c);
         for i in 0..b {
@@ -277,12 +404,17 @@ impl Gpt {
     /// Mean cross-entropy over targets that are not `IGNORE`, after `forward`.
     /// Returns (sum of token losses in f64, number of counted tokens).
     pub fn loss(&self, targets: &[i32], acts: &mut Activations) -> (f64, usize) {
+        self.loss_tp(&Tp::SOLO, targets, acts).expect(SOLO)
+    }
+
+    /// `loss` from this rank's block of the logits (every rank of the group gets the loss).
+    pub fn loss_tp(&self, tp: &Tp, targets: &[i32], acts: &mut Activations) -> Result<(f64, usize)> {
         let n = targets.len();
         ensure(&mut acts.lse, n);
         ensure(&mut acts.losses, n);
-        cross_entropy_forward(&mut acts.losses, &mut acts.lse, &acts.logits, targets, self.cfg.vocab_size);
+        vocab::cross_entropy_forward(tp, &mut acts.losses, &mut acts.lse, &acts.logits, targets, self.vocab)?;
         let sum = acts.losses.iter().map(|&x| x as f64).sum();
-        (sum, targets.iter().filter(|&&x| x != IGNORE).count())
+        Ok((sum, targets.iter().filter(|&&x| x != IGNORE).count()))
     }
 
     /// Backward from the loss, accumulating into `g`. `scale` is 1 / (counted tokens of the
@@ -296,15 +428,18 @@ impl Gpt {
         scale: f32,
         acts: &mut Activations,
     ) {
-        self.backward_with(p, g, tokens, targets, scale, acts, &mut |_, _| {})
+        self.backward_tp(&Tp::SOLO, p, g, tokens, targets, scale, acts, &mut |_, _| {}).expect(SOLO)
     }
 
-    /// `backward`, calling `ready(g, from)` each time the gradients of `g[from..]` are final
-    /// (after ln_f, after each block, from the last block down, and 0 at the end), so that
-    /// data-parallel buckets can be reduced while the earlier layers still run backward.
+    /// `backward` as one rank of a tensor-parallel group, calling `ready(g, from)` each time
+    /// the gradients of `g[from..]` are final (after ln_f, after each block, from the last
+    /// block down, and 0 at the end), so that data-parallel buckets can be reduced while the
+    /// earlier layers still run backward. Under sequence parallelism the gradients of the
+    /// replicated parameters are partial sums over the group (`sum_replicated_grads`).
     #[allow(clippy::too_many_arguments)]
-    pub fn backward_with(
+    pub fn backward_tp(
         &self,
+        tp: &Tp,
         p: &[f32],
         g: &mut [f32],
         tokens: &[u32],
@@ -312,28 +447,32 @@ impl Gpt {
         scale: f32,
         acts: &mut Activations,
         ready: &mut dyn FnMut(&[f32], usize),
-    ) {
+    ) -> Result<()> {
+        self.check_group(tp);
         let (b, t) = (acts.b, acts.t);
-        let (c, v, l, n) = (self.cfg.n_embd, self.cfg.vocab_size, self.cfg.n_layer, b * t);
-        cross_entropy_backward(&mut acts.logits, &acts.lse, targets, v, scale);
+        let (c, v, l, n) = (self.cfg.n_embd, self.vocab.rows, self.cfg.n_layer, b * t);
+        cross_entropy_backward(&mut acts.logits, &acts.lse, targets, self.vocab.window(), scale);
         let sc = &mut acts.scratch;
-        ensure(&mut sc.dln, n * c);
-        ensure(&mut sc.dresid, n * c);
-        // LM head: dh = dlogits·wte, dwte += dlogitsᵀ·h
-        matmul(&mut sc.dln, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
-        matmul(self.wte.of_mut(g), &acts.logits, &acts.lnf.out, v, n, c, true, false, true);
+        ensure(&mut sc.dpart, n * c);
+        ensure(&mut sc.dresid, tp.rows(n).len() * c);
+        // LM head: dh = dlogits·wte (this block's part, summed by f), dwte += dlogitsᵀ·h
+        let h = tp.enter(&acts.lnf.out, &mut sc.hfull)?;
+        matmul(&mut sc.dpart, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
+        matmul(self.wte.of_mut(g), &acts.logits, h, v, n, c, true, false, true);
+        let d = tp.enter_backward(&mut sc.dpart, &mut sc.dln)?;
         sc.dresid.fill(0.0);
-        self.ln_f.backward(p, g, &acts.resid[l], &acts.lnf, &sc.dln, &mut sc.dresid);
+        self.ln_f.backward(p, g, &acts.resid[l], &acts.lnf, d, &mut sc.dresid);
         ready(g, self.ln_f.w.offset.min(self.ln_f.b.offset));
         for (i, blk) in self.blocks.iter().enumerate().rev() {
-            blk.backward(p, g, &acts.resid[i], b, t, &acts.blocks[i], sc);
+            blk.backward(tp, p, g, &acts.resid[i], (b, t), &acts.blocks[i], sc)?;
             ready(g, blk.first_offset());
         }
         let (wo, po) = (self.wte, self.wpe);
         assert_eq!(po.offset, wo.offset + wo.len, "wte and wpe are adjacent in the layout");
         let (dwte, dwpe) = g[wo.offset..po.offset + po.len].split_at_mut(wo.len);
-        embedding_backward(dwte, dwpe, &sc.dresid, tokens, t, c);
+        vocab::embedding_backward(tp, dwte, dwpe, &sc.dresid, tokens, self.vocab, (t, c), &mut sc.dfull)?;
         ready(g, 0);
+        Ok(())
     }
 
     /// Forward, loss and backward of one micro-batch; returns (loss sum, counted tokens).

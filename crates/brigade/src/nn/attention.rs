@@ -1,14 +1,19 @@
-//! Causal multi-head self-attention: `c_proj(attention(c_attn(x)))`.
+//! Causal multi-head self-attention: `c_proj(attention(c_attn(x)))`, split by heads across a
+//! tensor-parallel group: `c_attn` is column-parallel (each rank computes q, k, v of its
+//! heads), `c_proj` row-parallel (each rank's heads give a partial output, summed by `g`).
 
-use super::{ensure, Linear};
+use super::ensure;
+use crate::parallel::tensor::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
 
 #[derive(Clone, Debug)]
 pub struct CausalSelfAttention {
-    pub c_attn: Linear,
-    pub c_proj: Linear,
+    pub c_attn: ColumnParallelLinear,
+    pub c_proj: RowParallelLinear,
+    /// Heads on this rank.
     pub heads: usize,
+    /// Width of this rank's q (and k, v): heads × head size.
     pub c: usize,
 }
 
@@ -20,27 +25,40 @@ pub struct AttnStash {
 }
 
 impl CausalSelfAttention {
-    pub fn new(layout: &mut ParamLayout, prefix: &str, c: usize, heads: usize, std: f32, proj_std: f32) -> Self {
-        let c_attn = Linear::new(layout, &format!("{prefix}.c_attn"), c, 3 * c, std);
-        let c_proj = Linear::new(layout, &format!("{prefix}.c_proj"), c, c, proj_std);
-        CausalSelfAttention { c_attn, c_proj, heads, c }
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        layout: &mut ParamLayout,
+        prefix: &str,
+        c: usize,
+        heads: usize,
+        tp: usize,
+        std: f32,
+        proj_std: f32,
+    ) -> Self {
+        let c_attn = ColumnParallelLinear::new(layout, &format!("{prefix}.c_attn"), c, 3 * c, 3, tp, std);
+        let c_proj = RowParallelLinear::new(layout, &format!("{prefix}.c_proj"), c, c, tp, proj_std);
+        CausalSelfAttention { c_attn, c_proj, heads: heads / tp, c: c / tp }
     }
 
     fn shape(&self, b: usize, t: usize) -> AttnShape {
         AttnShape { b, t, c: self.c, heads: self.heads }
     }
 
-    pub fn forward(&self, p: &[f32], x: &[f32], b: usize, t: usize, st: &mut AttnStash, out: &mut [f32]) {
+    /// `part = attention(c_attn(x))·W_proj` for this rank's heads (no bias: added after `g`).
+    pub fn forward(&self, p: &[f32], x: &[f32], b: usize, t: usize, st: &mut AttnStash, part: &mut Vec<f32>) {
         let s = self.shape(b, t);
-        ensure(&mut st.qkv, 3 * x.len());
+        let n = b * t;
+        ensure(&mut st.qkv, 3 * n * self.c);
         ensure(&mut st.probs, s.probs_len());
-        ensure(&mut st.att, x.len());
+        ensure(&mut st.att, n * self.c);
+        ensure(part, n * self.c_proj.d_out);
         self.c_attn.forward(p, x, &mut st.qkv);
         attention_forward(&mut st.att, &mut st.probs, &st.qkv, s);
-        self.c_proj.forward(p, &st.att, out);
+        self.c_proj.forward_partial(p, &st.att, part);
     }
 
-    /// Overwrites `dx`; `datt` and `dqkv` are scratch.
+    /// From the output gradient `dout` (all rows), overwrites `dx` with this rank's part of
+    /// the input gradient; `datt` and `dqkv` are scratch.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -51,12 +69,14 @@ impl CausalSelfAttention {
         t: usize,
         st: &AttnStash,
         dout: &[f32],
-        dx: &mut [f32],
+        dx: &mut Vec<f32>,
         datt: &mut Vec<f32>,
         dqkv: &mut Vec<f32>,
     ) {
-        ensure(datt, x.len());
-        ensure(dqkv, 3 * x.len());
+        let n = b * t;
+        ensure(datt, n * self.c);
+        ensure(dqkv, 3 * n * self.c);
+        ensure(dx, x.len());
         self.c_proj.backward(p, g, &st.att, dout, datt);
         attention_backward(dqkv, datt, &st.qkv, &st.probs, self.shape(b, t));
         self.c_attn.backward(p, g, x, dqkv, dx);
@@ -64,6 +84,6 @@ impl CausalSelfAttention {
         // is zero in exact arithmetic. Computed, it is rounding noise that Adam would scale up
         // to a ±lr step of arbitrary sign, different for every summation order (micro-batches,
         // data-parallel ranks); so it is set to its exact value.
-        self.c_attn.b.of_mut(g)[self.c..2 * self.c].fill(0.0);
+        self.c_attn.local.b.of_mut(g)[self.c..2 * self.c].fill(0.0);
     }
 }

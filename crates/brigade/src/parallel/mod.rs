@@ -3,23 +3,38 @@
 
 pub mod data;
 pub mod mesh;
+pub mod tensor;
 
 pub use mesh::{Coords, Mesh, MeshShape};
 
 use crate::error::{Error, Result};
 
-/// The mesh and data-parallel settings of a training `--layout` (`dp=2,zero=1`, the syntax of
+/// How a rank trains beside the mesh shape: data-parallel reduction and ZeRO stage, and
+/// sequence parallelism inside the tensor-parallel group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub data: data::DataParallel,
+    pub sp: bool,
+}
+
+/// The mesh and settings of a training `--layout` (`dp=2,tp=2,zero=1,sp=1`, the syntax of
 /// `brigade plan --layout`; unnamed axes are 1), checked before any rank starts. Used by
 /// `brigade train` and `brigade bench parallel` alike.
-pub fn training_layout(layout: &str, bucket_elems: usize) -> Result<(MeshShape, data::DataParallel)> {
+pub fn training_layout(layout: &str, bucket_elems: usize) -> Result<(MeshShape, Settings)> {
     let f = crate::plan::Fixed::parse(layout)?;
     if f.v.is_some() || f.recompute.is_some() || f.schedule.is_some() || f.mb.is_some() {
         return Err(Error::Config(format!(
-            "--layout for training takes dp, tp, pp and zero, not '{layout}'; give the micro-batch with --micro-batch (v, recompute and schedule come with pipeline parallelism)"
+            "--layout for training takes dp, tp, pp, zero and sp, not '{layout}'; give the micro-batch with --micro-batch (v, recompute and schedule come with pipeline parallelism)"
         )));
     }
     let shape = MeshShape::new(f.dp.unwrap_or(1), f.pp.unwrap_or(1), f.tp.unwrap_or(1))?;
-    let dpc = data::DataParallel { zero: f.zero.unwrap_or(0), bucket_elems };
-    dpc.validate()?;
-    Ok((shape, dpc))
+    let sp = f.sp.unwrap_or(false);
+    if sp && shape.tp == 1 {
+        return Err(Error::Config(format!(
+            "sp=1 splits the sequence across the tensor-parallel group, but the layout '{layout}' has tp=1; add tp=2 or more, or drop sp"
+        )));
+    }
+    let data = data::DataParallel { zero: f.zero.unwrap_or(0), bucket_elems };
+    data.validate()?;
+    Ok((shape, Settings { data, sp }))
 }

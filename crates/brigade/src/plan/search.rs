@@ -16,6 +16,8 @@ pub struct Fixed {
     pub zero: Option<u8>,
     /// `gpipe`, `1f1b` (v = 1) or `interleaved` (v > 1).
     pub schedule: Option<&'static str>,
+    /// Sequence parallelism beside tensor parallelism (`sp=1`); training only.
+    pub sp: Option<bool>,
 }
 
 impl Fixed {
@@ -58,6 +60,17 @@ impl Fixed {
                         _ => return Err(Error::Config(format!("schedule={v}: expected gpipe, 1f1b or interleaved"))),
                     })
                 }
+                "sp" => {
+                    f.sp = Some(match v {
+                        "0" => false,
+                        "1" => true,
+                        _ => {
+                            return Err(Error::Config(format!(
+                                "sp={v}: expected 0 or 1 (sequence parallelism off or on)"
+                            )))
+                        }
+                    })
+                }
                 "zero" => {
                     f.zero = Some(
                         v.parse::<u8>()
@@ -68,7 +81,7 @@ impl Fixed {
                 }
                 _ => {
                     return Err(Error::Config(format!(
-                        "unknown layout field '{k}'; known: tp, pp, dp, mb, v, recompute, zero, schedule"
+                        "unknown layout field '{k}'; known: tp, pp, dp, mb, v, recompute, zero, schedule, sp"
                     )))
                 }
             }

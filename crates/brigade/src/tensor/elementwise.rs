@@ -40,3 +40,17 @@ pub fn residual_forward(out: &mut [f32], a: &[f32], b: &[f32]) {
         }
     });
 }
+
+/// `out[i,:] = a[i,:] + (b[i,:] + bias)`: a residual add of a layer's output whose bias is
+/// added only now (after a row-parallel layer's partial outputs were summed).
+pub fn residual_bias_forward(out: &mut [f32], a: &[f32], b: &[f32], bias: &[f32]) {
+    let c = bias.len();
+    assert!(out.len() == a.len() && a.len() == b.len() && out.len().is_multiple_of(c));
+    out.par_chunks_mut(c).zip(a.par_chunks(c).zip(b.par_chunks(c))).with_min_len(super::ROW_CHUNK).for_each(
+        |(o, (a, b))| {
+            for (((o, &a), &b), &bi) in o.iter_mut().zip(a).zip(b).zip(bias) {
+                *o = a + (b + bi);
+            }
+        },
+    );
+}

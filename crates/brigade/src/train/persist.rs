@@ -8,8 +8,9 @@ use super::optimizer::AdamW;
 use super::state::{Fingerprints, RunState};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
-use crate::parallel::data::{self, DataParallel};
-use crate::parallel::Mesh;
+use crate::parallel::data;
+use crate::parallel::tensor::state::gather_full;
+use crate::parallel::{Mesh, Settings};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
@@ -19,18 +20,22 @@ impl Trainer {
     /// Every rank of the mesh calls it (ZeRO shards of the moments are gathered first); the
     /// first rank writes. The files hold the full model whatever the layout.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let total = self.model.layout.total;
-        let (mut m, mut v) = (vec![0f32; total], vec![0f32; total]);
+        let local = &self.model.layout;
+        let (mut m, mut v) = (vec![0f32; local.total], vec![0f32; local.total]);
         m[self.shard.clone()].copy_from_slice(&self.opt.m);
         v[self.shard.clone()].copy_from_slice(&self.opt.v);
         data::gather_shards(&self.mesh.dp, &mut m, &self.dpc)?;
         data::gather_shards(&self.mesh.dp, &mut v, &self.dpc)?;
-        if self.mesh.dp.rank() != 0 {
+        // every rank of a tensor-parallel group holds a slice: the full tensors from all of them
+        let params = gather_full(&self.mesh.tp, local, &self.params)?;
+        let mut m = gather_full(&self.mesh.tp, local, &m)?;
+        let v = gather_full(&self.mesh.tp, local, &v)?;
+        if self.mesh.dp.rank() != 0 || self.mesh.tp.rank() != 0 {
             return Ok(());
         }
         checkpoint::write_atomically(dir, |tmp| {
-            let layout = &self.model.layout;
-            checkpoint::save_tensors(&tmp.join(checkpoint::MODEL_FILE), layout, &self.params, "", None)?;
+            let layout = &self.full_model.layout;
+            checkpoint::save_tensors(&tmp.join(checkpoint::MODEL_FILE), layout, &params, "", None)?;
             checkpoint::write_json(&tmp.join(checkpoint::CONFIG_FILE), &checkpoint::hf_config(&self.model.cfg))?;
             let meta = HashMap::from([("step".to_string(), self.opt.t.to_string())]);
             m.extend_from_slice(&v);
@@ -68,24 +73,35 @@ impl Trainer {
     /// is cross-checked first: its format, its step against its losses and the optimizer's
     /// step, and the data and tokenizer against their recorded fingerprints.
     pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
-        Trainer::resume_on(dir, steps, Mesh::solo()?, DataParallel::default())
+        Trainer::resume_on(dir, steps, Mesh::solo()?, Settings::default())
     }
 
     /// `resume` as one rank of a mesh: a checkpoint holds no layout, so any layout resumes it.
-    pub fn resume_on(dir: &Path, steps: Option<usize>, mesh: Mesh, dpc: DataParallel) -> Result<Trainer> {
-        let RunState { config: mut cfg, step, losses, fingerprints: saved_fp } = RunState::read(dir)?;
-        if cfg.tokenizer.is_some() {
-            cfg.tokenizer = Some(dir.join(TOKENIZER_FILE));
-        }
-        if let Some(s) = steps {
-            if s < step {
-                return Err(Error::Train(format!(
-                    "--steps {s} is below the {step} steps this checkpoint has already taken; give --steps {step} or more"
-                )));
-            }
-            cfg.steps = s;
-        }
-        let mut tr = Trainer::on_mesh(cfg, mesh, dpc)?;
+    pub fn resume_on(dir: &Path, steps: Option<usize>, mesh: Mesh, settings: Settings) -> Result<Trainer> {
+        let (cfg, state) = resumed_config(dir, steps)?;
+        let tr = Trainer::on_mesh(cfg, mesh, settings)?;
+        tr.continue_from(dir, state)
+    }
+
+    /// `resume_on` from the world communicator: the checkpoint and the layout are checked
+    /// before the mesh's groups are built.
+    pub fn resume_on_world(
+        dir: &Path,
+        steps: Option<usize>,
+        world: &brigade_comm::Comm,
+        shape: crate::parallel::MeshShape,
+        settings: Settings,
+    ) -> Result<Trainer> {
+        let (cfg, state) = resumed_config(dir, steps)?;
+        let tr = Trainer::on_world(cfg, world, shape, settings)?;
+        tr.continue_from(dir, state)
+    }
+
+    /// A fresh trainer for the checkpoint's run takes on its weights, moments and history,
+    /// after everything the checkpoint says is cross-checked.
+    fn continue_from(self, dir: &Path, state: RunState) -> Result<Trainer> {
+        let RunState { step, losses, fingerprints: saved_fp, .. } = state;
+        let mut tr = self;
         let now = tr.fingerprints();
         for (what, was, is, file) in [
             ("data", &saved_fp.data, &now.data, tr.cfg.data.clone()),
@@ -108,8 +124,10 @@ impl Trainer {
         if saved != tr.model.cfg {
             return Err(Error::ckpt(dir, "config.json does not match the run's model settings"));
         }
-        tr.params = checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.model.layout, "")?.0;
-        load_moments(dir, &tr.model.layout, &mut tr.opt, tr.shard.clone())?;
+        let full = checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.full_model.layout, "")?.0;
+        let (rank, tp) = (tr.model.tp_rank, tr.model.tp);
+        tr.params = tr.model.layout.slice_full(&full, rank, tp);
+        load_moments(dir, &tr.model.layout, (rank, tp), &mut tr.opt, tr.shard.clone())?;
         if tr.opt.t != step as u64 {
             return Err(Error::ckpt(
                 dir.join(OPTIMIZER_FILE),
@@ -122,19 +140,46 @@ impl Trainer {
     }
 }
 
+/// The run's settings from checkpoint `dir` (its tokenizer file, `steps` if given), and
+/// what else it recorded.
+fn resumed_config(dir: &Path, steps: Option<usize>) -> Result<(TrainConfig, RunState)> {
+    let state = RunState::read(dir)?;
+    let mut cfg = state.config.clone();
+    if cfg.tokenizer.is_some() {
+        cfg.tokenizer = Some(dir.join(TOKENIZER_FILE));
+    }
+    if let Some(s) = steps {
+        if s < state.step {
+            return Err(Error::Train(format!(
+                "--steps {s} is below the {} steps this checkpoint has already taken; give --steps {} or more",
+                state.step, state.step
+            )));
+        }
+        cfg.steps = s;
+    }
+    Ok((cfg, state))
+}
+
 /// The settings of the run that wrote checkpoint `dir`.
 pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
     Ok(RunState::read(dir)?.config)
 }
 
-/// Reads the full moments and keeps this rank's `shard` of them.
-fn load_moments(dir: &Path, layout: &crate::params::ParamLayout, opt: &mut AdamW, shard: Range<usize>) -> Result<()> {
+/// Reads the full moments and keeps this rank's slice (tensor-parallel rank `rank` of `tp`)
+/// and `shard` (ZeRO) of them.
+fn load_moments(
+    dir: &Path,
+    layout: &crate::params::ParamLayout,
+    (rank, tp): (usize, usize),
+    opt: &mut AdamW,
+    shard: Range<usize>,
+) -> Result<()> {
     let path = dir.join(OPTIMIZER_FILE);
-    let layout2 = moments_layout(layout);
-    let (buf, meta) = checkpoint::load_tensors(&path, &layout2, "")?;
-    let n = layout.total;
-    opt.m.copy_from_slice(&buf[shard.clone()]);
-    opt.v.copy_from_slice(&buf[n + shard.start..n + shard.end]);
+    let full = layout.full();
+    let (buf, meta) = checkpoint::load_tensors(&path, &moments_layout(&full), "")?;
+    let (m, v) = buf.split_at(full.total);
+    opt.m.copy_from_slice(&layout.slice_full(m, rank, tp)[shard.clone()]);
+    opt.v.copy_from_slice(&layout.slice_full(v, rank, tp)[shard]);
     opt.t = meta
         .get("step")
         .and_then(|s| s.parse().ok())

@@ -3,12 +3,13 @@
 use super::addition::Addition;
 use super::config::TrainConfig;
 use super::data::{Dataset, TextData, Tokenizer};
-use super::optimizer::{clip_to, grad_sq_norm, AdamW, LrSchedule};
+use super::optimizer::{clip_to, AdamW, LrSchedule};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::models::{generate, Activations, Gpt, SampleOptions};
 use crate::parallel::data::{self, DataParallel};
-use crate::parallel::{Mesh, MeshShape};
+use crate::parallel::tensor::{state as tp_state, Tp};
+use crate::parallel::{Mesh, MeshShape, Settings};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -43,6 +44,17 @@ impl std::fmt::Display for EvalReport {
     }
 }
 
+/// A run checked before any rank communicates (see `Trainer::prepare`).
+struct Prepared {
+    cfg: TrainConfig,
+    tokenizer: Tokenizer,
+    mcfg: crate::models::GptConfig,
+    data: Dataset,
+    seq: usize,
+    mb: usize,
+    settings: Settings,
+}
+
 pub struct Trainer {
     pub cfg: TrainConfig,
     pub model: Gpt,
@@ -65,6 +77,10 @@ pub struct Trainer {
     /// This rank's place in the mesh (the single worker: 1×1×1).
     pub mesh: Mesh,
     pub(crate) dpc: DataParallel,
+    /// Sequence parallelism inside the tensor-parallel group.
+    pub(crate) sp: bool,
+    /// The single-worker model (the full layout), for evaluation and checkpoints.
+    pub(crate) full_model: Gpt,
     /// The slice of the flat buffers this rank's optimizer updates (all of it without ZeRO).
     pub(crate) shard: Range<usize>,
     /// Sequences per forward pass on this rank.
@@ -74,17 +90,37 @@ pub struct Trainer {
 impl Trainer {
     /// The single worker: the same trainer on the 1×1×1 mesh.
     pub fn new(cfg: TrainConfig) -> Result<Trainer> {
-        Trainer::on_mesh(cfg, Mesh::solo()?, DataParallel::default())
+        Trainer::on_mesh(cfg, Mesh::solo()?, Settings::default())
     }
 
     /// One rank of a parallel run: every rank of the mesh calls this with the same `cfg`.
-    pub fn on_mesh(mut cfg: TrainConfig, mesh: Mesh, dpc: DataParallel) -> Result<Trainer> {
+    pub fn on_mesh(cfg: TrainConfig, mesh: Mesh, settings: Settings) -> Result<Trainer> {
+        let run = Trainer::prepare(cfg, mesh.shape, settings)?;
+        Trainer::build(run, mesh)
+    }
+
+    /// `on_mesh` from the world communicator: the run's settings, data and layout are checked
+    /// before the mesh's groups are built, so that a bad setting starts no collective.
+    pub fn on_world(
+        cfg: TrainConfig,
+        world: &brigade_comm::Comm,
+        shape: MeshShape,
+        settings: Settings,
+    ) -> Result<Trainer> {
+        let run = Trainer::prepare(cfg, shape, settings)?;
+        Trainer::build(run, Mesh::new(world, shape)?)
+    }
+
+    /// Everything about a run that needs no peer: settings, tokenizer, data, the layout
+    /// against the model and the batch.
+    fn prepare(mut cfg: TrainConfig, shape: MeshShape, settings: Settings) -> Result<Prepared> {
         cfg.validate()?;
+        let Settings { data: dpc, sp } = settings;
         dpc.validate()?;
-        let MeshShape { dp, pp, tp } = mesh.shape;
-        if pp > 1 || tp > 1 {
+        let MeshShape { dp, pp, tp } = shape;
+        if pp > 1 {
             return Err(Error::Config(format!(
-                "pp={pp}, tp={tp}: pipeline and tensor parallelism are not implemented yet; use data parallelism (dp)"
+                "pp={pp}: pipeline parallelism is not implemented yet; use data (dp) and tensor (tp) parallelism"
             )));
         }
         // Sequences per forward pass on one rank; unset: the rank's whole share of the batch.
@@ -106,7 +142,7 @@ impl Trainer {
             None => Tokenizer::Bytes,
         };
         let mcfg = cfg.model_config(tokenizer.vocab_size())?;
-        let model = Gpt::new(mcfg)?;
+        crate::models::gpt::check_tp(&mcfg, tp)?;
         let (data, seq) = match &cfg.data {
             None => {
                 let a = cfg.addition().expect("no data file: the addition task");
@@ -130,9 +166,22 @@ impl Trainer {
                 mcfg.block_size
             )));
         }
+        if sp && !(mb * seq).is_multiple_of(tp) {
+            return Err(Error::Config(format!(
+                "sp=1 splits each micro-batch's {} tokens (micro-batch {mb} × seq {seq}) into tp={tp} blocks of rows, which does not divide; pick a micro-batch or seq whose product is a multiple of {tp}, or drop sp",
+                mb * seq
+            )));
+        }
         let need = super::memory::training_memory(&mcfg, mb, seq);
         super::memory::check_fits(&need, &format!("training {} at micro-batch {mb} × seq {seq}", cfg.model))?;
-        let params = model.layout.init(cfg.seed);
+        Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings })
+    }
+
+    /// This rank's trainer for a prepared run.
+    fn build(run: Prepared, mesh: Mesh) -> Result<Trainer> {
+        let Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings: Settings { data: dpc, sp } } = run;
+        let model = Gpt::shard(mcfg, mesh.coords.tp, mesh.shape.tp)?;
+        let params = model.init_params(cfg.seed);
         let shard = dpc.shard(&mesh.dp, model.layout.total);
         let opt = AdamW::over(cfg.adamw, &model.layout, shard.clone());
         let sched = LrSchedule {
@@ -158,6 +207,8 @@ impl Trainer {
             cfg,
             mesh,
             dpc,
+            sp,
+            full_model: Gpt::new(mcfg)?,
             shard,
             micro: mb,
         })
@@ -191,7 +242,9 @@ impl Trainer {
         }
         let t0 = Instant::now();
         let shard = self.shard.clone();
-        let sq = data::global_sq_norm(&self.mesh.dp, grad_sq_norm(&self.grads[shard.clone()]), &self.dpc)?;
+        let tp = Tp::new(&self.mesh.tp, self.sp);
+        let sq = tp_state::grad_sq_norm(&tp, &self.model.layout, &self.grads, shard.clone())?;
+        let sq = data::global_sq_norm(&self.mesh.dp, sq, &self.dpc)?;
         let grad_norm = sq.sqrt() as f32;
         clip_to(&mut self.grads[shard.clone()], grad_norm, self.cfg.grad_clip);
         self.trace("clip", "optimizer", step, t0);
@@ -242,42 +295,43 @@ impl Trainer {
         let (x, y) = (&x[mine.clone()], &y[mine]);
         let n_micro = x.len() / (mb * t);
         let overlap = data::overlaps(&self.mesh.dp, &self.dpc);
+        let tp = Tp::new(&self.mesh.tp, self.sp);
         for (i, (xm, ym)) in x.chunks(mb * t).zip(y.chunks(mb * t)).enumerate() {
             let t0 = Instant::now();
-            self.model.forward(&self.params, xm, mb, t, &mut self.acts);
-            loss_sum += self.model.loss(ym, &mut self.acts).0;
-            self.trace(format!("forward mb{i}"), "compute", step, t0);
+            self.model.forward_tp(&tp, &self.params, xm, mb, t, &mut self.acts)?;
+            loss_sum += self.model.loss_tp(&tp, ym, &mut self.acts)?.0;
+            if let Some(tl) = self.timeline.as_mut() {
+                tl.record(format!("forward mb{i}"), "compute", step, t0);
+            }
             let t0 = Instant::now();
+            let (model, params, grads, acts) = (&self.model, &self.params, &mut self.grads, &mut self.acts);
             if overlap && i + 1 == n_micro {
                 // The last micro-batch completes each layer's gradient: its buckets are
                 // all-reduced while the earlier layers run backward.
-                let mut reducer = data::BucketReducer::new(&self.mesh.dp, self.grads.len(), &self.dpc);
-                self.model.backward_with(
-                    &self.params,
-                    &mut self.grads,
-                    xm,
-                    ym,
-                    scale,
-                    &mut self.acts,
-                    &mut |g, from| reducer.ready(g, from),
-                );
+                let mut reducer = data::BucketReducer::new(&self.mesh.dp, grads.len(), &self.dpc);
+                model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |g, from| reducer.ready(g, from))?;
                 let t1 = Instant::now();
-                reducer.finish(&mut self.grads)?;
+                reducer.finish(grads)?;
                 if let Some(tl) = self.timeline.as_mut() {
                     tl.record_until(format!("backward mb{i}"), "compute", step, t0, t1);
+                    tl.record("gradient reduction (exposed)", "comm", step, t1);
                 }
-                self.trace("gradient reduction (exposed)", "comm", step, t1);
             } else {
-                self.model.backward(&self.params, &mut self.grads, xm, ym, scale, &mut self.acts);
-                self.trace(format!("backward mb{i}"), "compute", step, t0);
+                model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |_, _| {})?;
+                if let Some(tl) = self.timeline.as_mut() {
+                    tl.record(format!("backward mb{i}"), "compute", step, t0);
+                }
             }
         }
         let t0 = Instant::now();
         if !overlap {
             data::reduce_gradients(&self.mesh.dp, &mut self.grads, &self.dpc)?;
         }
+        tp_state::sum_replicated_grads(&tp, &self.model.layout, &mut self.grads, self.shard.clone())?;
         let loss_sum = data::sum_scalar(&self.mesh.dp, loss_sum)?;
-        self.trace("gradient reduction", "comm", step, t0);
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.record("gradient reduction", "comm", step, t0);
+        }
         Ok((loss_sum, count))
     }
 
@@ -327,13 +381,46 @@ impl Trainer {
         }
     }
 
-    /// Held-out accuracy (addition) or validation loss (text).
+    /// The full model's parameters gathered over the tensor-parallel group (every member must
+    /// call it); `None` when this rank holds the whole model already.
+    pub fn full_params(&self) -> Result<Option<Vec<f32>>> {
+        if !self.model.layout.is_sharded() {
+            return Ok(None);
+        }
+        tp_state::gather_full(&self.mesh.tp, &self.model.layout, &self.params).map(Some)
+    }
+
+    /// The single-worker model and its parameters: this rank's own, or `full` from
+    /// `full_params` when the model is cut across ranks.
+    pub fn whole_model<'a>(&'a self, full: Option<&'a [f32]>) -> (&'a Gpt, &'a [f32]) {
+        match full {
+            Some(f) => (&self.full_model, f),
+            None => {
+                assert!(!self.model.layout.is_sharded(), "a model cut across ranks is evaluated from full_params");
+                (&self.model, &self.params)
+            }
+        }
+    }
+
+    /// Held-out accuracy (addition) or validation loss (text) of a model this rank holds whole.
     pub fn evaluate(&mut self) -> EvalReport {
+        self.evaluate_with(None)
+    }
+
+    /// `evaluate` of the full parameters from `full_params` (or this rank's, when `None`).
+    pub fn evaluate_with(&mut self, full: Option<&[f32]>) -> EvalReport {
+        let (model, params) = match full {
+            Some(f) => (&self.full_model, f),
+            None => {
+                assert!(!self.model.layout.is_sharded(), "a model cut across ranks is evaluated from full_params");
+                (&self.model, &self.params[..])
+            }
+        };
         match &self.data {
             Dataset::Addition(a) => {
                 let a = *a;
                 let problems = a.eval_set(1000);
-                let answers = solve_addition(&self.model, &self.params, &a, &problems);
+                let answers = solve_addition(model, params, &a, &problems);
                 let mut correct = 0;
                 let mut examples = Vec::new();
                 for (&(x, y), got) in problems.iter().zip(&answers) {
@@ -354,8 +441,8 @@ impl Trainer {
                 let mut sum = 0f64;
                 for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
                     let bm = xm.len() / t;
-                    self.model.forward(&self.params, xm, bm, t, &mut self.acts);
-                    sum += self.model.loss(ym, &mut self.acts).0;
+                    model.forward(params, xm, bm, t, &mut self.acts);
+                    sum += model.loss(ym, &mut self.acts).0;
                 }
                 EvalReport::Text { val_loss: (sum / y.len() as f64) as f32 }
             }

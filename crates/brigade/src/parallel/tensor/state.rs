@@ -1,0 +1,67 @@
+//! The tensor-parallel group's view of the flat buffers: the full model from every rank's
+//! slice, the gradient norm of a model cut across ranks, and the sums that keep replicated
+//! parameters identical under sequence parallelism.
+
+use super::Tp;
+use crate::error::{Error, Result};
+use crate::params::{ParamLayout, Split};
+use brigade_comm::{Comm, ReduceOp};
+use std::ops::Range;
+
+/// The full buffer (in `layout.full()`) from this rank's `local` one: an all-gather over the
+/// group, every rank gets it. On one rank, the buffer itself.
+pub fn gather_full(tp: &Comm, layout: &ParamLayout, local: &[f32]) -> Result<Vec<f32>> {
+    if tp.size() == 1 {
+        return Ok(local.to_vec());
+    }
+    let mut all = vec![0f32; local.len() * tp.size()];
+    tp.all_gather(local, &mut all)
+        .map_err(|e| Error::Train(format!("gathering the model across the tensor-parallel group failed: {e}")))?;
+    Ok(layout.assemble_full(&all, tp.size()))
+}
+
+/// The parts of `range` that lie in parameters of the given kind (replicated or cut).
+fn pieces(layout: &ParamLayout, range: &Range<usize>, replicated: bool) -> Vec<Range<usize>> {
+    layout
+        .specs
+        .iter()
+        .filter(|s| (s.split == Split::Replicated) == replicated)
+        .filter_map(|s| {
+            let (lo, hi) = (s.view.offset.max(range.start), (s.view.offset + s.view.len).min(range.end));
+            (lo < hi).then_some(lo..hi)
+        })
+        .collect()
+}
+
+/// The squared L2 norm of the gradient `g[range]` of the full model: the cut parameters'
+/// squares summed over the group, the replicated ones (equal on every rank) counted once.
+pub fn grad_sq_norm(tp: &Tp, layout: &ParamLayout, g: &[f32], range: Range<usize>) -> Result<f64> {
+    let sq = |rs: Vec<Range<usize>>| rs.into_iter().map(|r| crate::train::optimizer::grad_sq_norm(&g[r])).sum::<f64>();
+    if tp.size() == 1 {
+        return Ok(crate::train::optimizer::grad_sq_norm(&g[range]));
+    }
+    let cut = sq(pieces(layout, &range, false));
+    let replicated = if tp.rank() == 0 { sq(pieces(layout, &range, true)) } else { 0.0 };
+    let mut v = [(cut + replicated) as f32];
+    tp.all_reduce(&mut v, ReduceOp::Sum)?;
+    Ok(v[0] as f64)
+}
+
+/// Under sequence parallelism each rank computed the gradients of the replicated parameters
+/// (LayerNorm, row-parallel biases, positions) from its rows only: sums them over the group,
+/// in `g[range]`, so that the parameters stay identical on every rank.
+pub fn sum_replicated_grads(tp: &Tp, layout: &ParamLayout, g: &mut [f32], range: Range<usize>) -> Result<()> {
+    if !tp.sp {
+        return Ok(());
+    }
+    let rs = pieces(layout, &range, true);
+    let mut buf: Vec<f32> = rs.iter().flat_map(|r| g[r.clone()].iter().copied()).collect();
+    tp.all_reduce(&mut buf, ReduceOp::Sum)?;
+    let mut at = 0;
+    for r in rs {
+        let n = r.len();
+        g[r].copy_from_slice(&buf[at..at + n]);
+        at += n;
+    }
+    Ok(())
+}
