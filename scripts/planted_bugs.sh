@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Plants, one at a time, the bugs that a review found the suite blind to (issue 7), and checks
+# Plants, one at a time, the bugs that a review found the suite blind to (issue 7) and the
+# missing reductions of tensor and sequence parallelism (issue 8), and checks
 # that `cargo test --release` now fails on each. Works on a copy of the tree (the checkout is
 # never modified); the copy builds in target/planted. Takes ~1–2 minutes per bug on 2 cores.
 #   scripts/planted_bugs.sh            all bugs
@@ -17,8 +18,13 @@ bugs=(
   "weight decay with the wrong sign@@crates/brigade/src/train/optimizer.rs@@s/1.0 - lr \* c.weight_decay/1.0 + lr * c.weight_decay/@@brigade"
   "weight decay on biases and LayerNorm too@@crates/brigade/src/train/optimizer.rs@@s/let shrink = if \*decay/let shrink = if true || *decay/@@brigade"
   "gradient clipping disabled@@crates/brigade/src/train/trainer.rs@@s/clip_to\(&mut self.grads\[shard.clone\(\)\], grad_norm, self.cfg.grad_clip\)/clip_to(&mut self.grads[shard.clone()], grad_norm, 0.0)/@@brigade"
-  "each micro-batch averaged on its own@@crates/brigade/src/train/trainer.rs@@s/xm, ym, scale, &mut self.acts/xm, ym, 1.0 \/ ym.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count().max(1) as f32, &mut self.acts/g@@brigade"
+  "each micro-batch averaged on its own@@crates/brigade/src/train/trainer.rs@@s/xm, ym, scale, acts/xm, ym, 1.0 \/ ym.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count().max(1) as f32, acts/g@@brigade"
   "forward_last reads position t-2@@crates/brigade/src/models/gpt.rs@@s/\(\(i \+ 1\) \* t - 1\) \* c/(((i + 1) * t).max(2) - 2) * c/@@brigade"
+  "tensor parallelism: f backward without its all-reduce@@crates/brigade/src/parallel/tensor/comm.rs@@s/pub fn f_backward\(&self, dx: &mut \[f32\]\) -> Result<\(\)> \{\n        self.all_reduce\(dx, ReduceOp::Sum\)/pub fn f_backward(&self, _dx: &mut [f32]) -> Result<()> {\n        Ok(())/@@brigade"
+  "tensor parallelism: g forward without its all-reduce@@crates/brigade/src/parallel/tensor/comm.rs@@s/pub fn g_forward\(&self, y: &mut \[f32\]\) -> Result<\(\)> \{\n        self.all_reduce\(y, ReduceOp::Sum\)/pub fn g_forward(&self, _y: &mut [f32]) -> Result<()> {\n        Ok(())/@@brigade"
+  "sequence parallelism: replicated gradients not summed over the group@@crates/brigade/src/parallel/tensor/state.rs@@s/    if !tp.sp \{\n        return Ok\(\(\)\);/    if true {\n        return Ok(());/@@brigade"
+  "vocabulary-parallel loss: row maximum not reduced@@crates/brigade/src/parallel/tensor/vocab.rs@@s/tp.all_reduce\(&mut mx, ReduceOp::Max\)\?;//@@brigade"
+  "vocabulary-parallel embedding: padded rows read as tokens@@crates/brigade/src/tensor/loss.rs@@s/let row = &row\[..w.valid\];/let row = \&row[..];/@@brigade"
   "chunk_range gives the remainder to the last ranks@@crates/brigade-comm/src/chunks.rs@@s/let start = rank \* base \+ rank.min\(rem\);\n    start..start \+ base \+ usize::from\(rank < rem\)/let first = size - rem;\n    let start = rank * base + rank.saturating_sub(first);\n    start..start + base + usize::from(rank >= first)/@@brigade-comm"
 )
 

@@ -282,11 +282,31 @@ fn run_rank(
         (None, Some(cfg)) => Trainer::on_world(cfg, &world, shape, dpc)?,
         (None, None) => unreachable!("a config without --resume"),
     };
-    if a.trace.is_some() && lead {
-        tr.timeline = Some(brigade::train::timeline::Timeline::new(0));
+    if a.trace.is_some() {
+        // every rank records its track; their clocks start together
+        world.barrier()?;
+        tr.timeline = Some(brigade::train::timeline::Timeline::new(world.rank()));
     }
     let out = a.out.clone().or_else(|| a.resume.clone());
     brigade::with_threads(a.threads, || train_loop(&mut tr, a, out, stop, &world))?
+}
+
+/// Every rank's seconds in compute, exposed communication and idle over the steps this process
+/// took (from `start`), on every rank.
+fn rank_times(tr: &Trainer, start: usize, world: &brigade_comm::Comm) -> Result<Vec<[f32; 3]>> {
+    let mut mine = [0f32; 3];
+    for s in tr.history.iter().filter(|s| s.step > start) {
+        mine[0] += s.compute_s as f32;
+        mine[1] += s.comm_s as f32;
+        mine[2] += s.idle_s as f32;
+    }
+    let mut all = vec![0f32; 3 * world.size()];
+    if world.size() > 1 {
+        world.all_gather(&mine, &mut all)?;
+    } else {
+        all.copy_from_slice(&mine);
+    }
+    Ok(all.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
 }
 
 /// Whether any rank was asked to stop: every rank must stop after the same step.
@@ -390,6 +410,11 @@ fn train_loop(
         tr.save(dir)?;
     }
     let full = if tr.step < tr.cfg.steps { None } else { tr.full_params()? };
+    let trace = match &tr.timeline {
+        Some(tl) => tl.gather(world)?,
+        None => None,
+    };
+    let times = rank_times(tr, start_step, world)?;
     if !lead {
         return Ok(());
     }
@@ -403,9 +428,17 @@ fn train_loop(
     if let Some(dir) = &out {
         eprintln!("checkpoint written to {}", dir.display());
     }
-    if let (Some(path), Some(tl)) = (&a.trace, &tr.timeline) {
-        tl.write(path)?;
-        eprintln!("timeline ({} spans) written to {}", tl.len(), path.display());
+    if world.size() > 1 {
+        eprintln!("seconds per rank over these steps (compute · exposed communication · idle):");
+        for (r, [compute, comm, idle]) in times.iter().enumerate() {
+            let c = tr.mesh.shape.coords(r);
+            eprintln!("  rank {r} (dp {} tp {}): {compute:.2} · {comm:.2} · {idle:.2}", c.dp, c.tp);
+        }
+    }
+    if let (Some(path), Some(trace)) = (&a.trace, &trace) {
+        brigade::train::timeline::write_trace(path, trace)?;
+        let spans = trace["traceEvents"].as_array().map_or(0, |e| e.len());
+        eprintln!("timeline ({spans} spans, a track per rank) written to {}", path.display());
     }
     if tr.step < tr.cfg.steps {
         return Ok(());

@@ -327,7 +327,17 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     ok(&[&base[..], &["--out", "one"]].concat(), p);
     ok(&[&base[..], &["--layout", "dp=2,zero=1", "--micro-batch", "2", "--out", "two"]].concat(), p);
     ok(&[&base[..], &["--layout", "dp=4", "--out", "four"]].concat(), p);
-    ok(&[&base[..], &["--layout", "dp=2,tp=2,sp=1", "--out", "mixed"]].concat(), p);
+    ok(&[&base[..], &["--layout", "dp=2,tp=2,sp=1", "--out", "mixed", "--trace", "mixed.json"]].concat(), p);
+    // one trace, a track per rank, the tensor-parallel collectives on it
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(p.join("mixed.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let mut tracks: Vec<u64> = events.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
+    tracks.sort();
+    tracks.dedup();
+    assert_eq!(tracks, [0, 1, 2, 3]);
+    for op in ["all_gather", "reduce_scatter", "forward mb0"] {
+        assert!(events.iter().any(|e| e["name"] == op && e["tid"] == 3), "no {op} on rank 3's track");
+    }
     let losses = |d: &str| -> Vec<f64> {
         state(&p.join(d))["losses"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
     };
@@ -339,6 +349,20 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     // the checkpoint is layout-free: the single worker resumes a dp=2 run, tp=4 a dp×tp run
     ok(&["train", "--resume", "two", "--steps", "6", "--threads", "1"], p);
     ok(&["train", "--resume", "mixed", "--steps", "6", "--threads", "1", "--layout", "tp=4"], p);
+    // the metrics of every step, the resumed ones included, and the loss curve
+    let metrics = std::fs::read_to_string(p.join("mixed/metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .inspect(|m| {
+            for k in ["loss", "lr", "grad_norm", "tokens_per_s", "compute_s", "comm_s", "idle_s"] {
+                assert!(m[k].as_f64().is_some_and(f64::is_finite), "{k} in {m}");
+            }
+        })
+        .map(|m| m["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6]);
+    assert!(std::fs::read_to_string(p.join("mixed/loss.svg")).unwrap().contains("<polyline"));
     // and the model it holds is the full one, as `sample` reads it
     ok(&["sample", "--checkpoint", "mixed", "--prompt", "12+34"], p);
     // impossible layouts: one line, before any rank starts

@@ -15,6 +15,10 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// A JSON line per step taken: loss, lr, grad norm, tokens/s, compute/comm/idle seconds.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+/// The loss curve of every step taken.
+pub const LOSS_PLOT_FILE: &str = "loss.svg";
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |e| Error::io(path, e)

@@ -7,6 +7,7 @@ pub mod data;
 pub mod memory;
 pub mod optimizer;
 pub mod persist;
+pub mod plot;
 pub mod state;
 pub mod timeline;
 pub mod trainer;

@@ -6,7 +6,7 @@ use super::config::TrainConfig;
 use super::data::{Dataset, Fingerprint, Tokenizer};
 use super::optimizer::AdamW;
 use super::state::{Fingerprints, RunState};
-use super::trainer::Trainer;
+use super::trainer::{StepStats, Trainer};
 use crate::error::{Error, Result};
 use crate::parallel::data;
 use crate::parallel::tensor::state::gather_full;
@@ -47,6 +47,15 @@ impl Trainer {
                 fingerprints: self.fingerprints(),
             };
             checkpoint::write_json(&tmp.join(STATE_FILE), &state.to_json())?;
+            let mut lines = String::new();
+            for s in &self.history {
+                lines += &serde_json::to_string(s).expect("numbers serialise");
+                lines.push('\n');
+            }
+            let path = tmp.join(checkpoint::METRICS_FILE);
+            std::fs::write(&path, lines).map_err(|e| Error::io(&path, e))?;
+            let title = format!("{} · {} steps", self.cfg.model, self.step);
+            super::plot::loss_curve(&tmp.join(checkpoint::LOSS_PLOT_FILE), &self.losses, &title)?;
             if let Tokenizer::Hf(_, src, _) = &self.tokenizer {
                 let dst = tmp.join(TOKENIZER_FILE);
                 std::fs::copy(src, &dst).map_err(|e| Error::io(&dst, e))?;
@@ -136,6 +145,7 @@ impl Trainer {
         }
         tr.step = step;
         tr.losses = losses;
+        tr.history = read_metrics(dir, step);
         Ok(tr)
     }
 }
@@ -158,6 +168,13 @@ fn resumed_config(dir: &Path, steps: Option<usize>) -> Result<(TrainConfig, RunS
         cfg.steps = s;
     }
     Ok((cfg, state))
+}
+
+/// The metrics of the steps up to `step` a checkpoint recorded (none from a checkpoint written
+/// before brigade kept them; a line that does not parse ends the history there).
+fn read_metrics(dir: &Path, step: usize) -> Vec<StepStats> {
+    let text = std::fs::read_to_string(dir.join(checkpoint::METRICS_FILE)).unwrap_or_default();
+    text.lines().map_while(|l| serde_json::from_str::<StepStats>(l).ok()).take_while(|s| s.step <= step).collect()
 }
 
 /// The settings of the run that wrote checkpoint `dir`.

@@ -99,10 +99,45 @@ impl Timeline {
         serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"})
     }
 
+    /// Every rank's timeline merged into one trace (a track per rank) on the first rank of
+    /// `world`, `None` on the others; every rank calls it. Each rank sends its trace as bytes.
+    pub fn gather(&self, world: &brigade_comm::Comm) -> Result<Option<serde_json::Value>> {
+        let err = |e: brigade_comm::CommError| Error::Train(format!("gathering the trace failed: {e}"));
+        const TAG: u32 = 0x7ace;
+        let mine = serde_json::to_vec(&self.to_json()).expect("JSON values serialise");
+        if world.rank() != 0 {
+            // the length in two 16-bit halves, each exact in f32
+            let n = mine.len();
+            world.send(&[(n >> 16) as f32, (n & 0xffff) as f32], 0, TAG).map_err(err)?;
+            let bytes: Vec<f32> = mine.iter().map(|&b| b as f32).collect();
+            world.send(&bytes, 0, TAG).map_err(err)?;
+            return Ok(None);
+        }
+        let mut events = self.to_json()["traceEvents"].as_array().cloned().unwrap_or_default();
+        for src in 1..world.size() {
+            let mut len = [0f32; 2];
+            world.recv(&mut len, src, TAG).map_err(err)?;
+            let mut bytes = vec![0f32; ((len[0] as usize) << 16) | len[1] as usize];
+            world.recv(&mut bytes, src, TAG).map_err(err)?;
+            let text: Vec<u8> = bytes.iter().map(|&b| b as u8).collect();
+            let v: serde_json::Value = serde_json::from_slice(&text)
+                .map_err(|e| Error::Train(format!("rank {src} sent a trace that does not parse: {e}")))?;
+            events.extend(v["traceEvents"].as_array().cloned().unwrap_or_default());
+        }
+        Ok(Some(serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"})))
+    }
+
     /// Writes the trace to `path` through a temporary file and a rename.
     pub fn write(&self, path: &Path) -> Result<()> {
+        write_trace(path, &self.to_json())
+    }
+}
+
+/// Writes a trace (one rank's or a merged one) to `path` through a temporary file and a rename.
+pub fn write_trace(path: &Path, trace: &serde_json::Value) -> Result<()> {
+    {
         let tmp = path.with_extension("json.tmp");
-        let text = serde_json::to_string(&self.to_json()).expect("JSON values serialise");
+        let text = serde_json::to_string(trace).expect("JSON values serialise");
         std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
     }

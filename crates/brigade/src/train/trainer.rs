@@ -15,7 +15,7 @@ use std::time::Instant;
 
 pub use super::persist::saved_config;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct StepStats {
     /// 1-based number of the step just taken.
     pub step: usize,
@@ -23,6 +23,42 @@ pub struct StepStats {
     pub lr: f32,
     pub grad_norm: f32,
     pub tokens: usize,
+    /// Tokens of the global batch per second of this step (wall clock, on this rank).
+    pub tokens_per_s: f64,
+    /// This rank's seconds in forward, backward and the optimizer, collectives excluded.
+    pub compute_s: f64,
+    /// This rank's seconds in collectives nothing overlapped (tensor-parallel ones, waits for
+    /// gradient buckets, ZeRO gathers, scalar sums).
+    pub comm_s: f64,
+    /// The rest of the step: data, bookkeeping.
+    pub idle_s: f64,
+}
+
+/// Where this step's time went so far on this rank, in seconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StepClock {
+    compute: f64,
+    comm: f64,
+}
+
+/// Adds the span `start..end` to the timeline (if one is recorded) and to the step's clock.
+fn note(
+    timeline: &mut Option<Timeline>,
+    clock: &mut StepClock,
+    name: impl Into<String>,
+    cat: &'static str,
+    step: usize,
+    (start, end): (Instant, Instant),
+) {
+    let secs = (end - start).as_secs_f64();
+    match cat {
+        "compute" | "optimizer" => clock.compute += secs,
+        "comm" => clock.comm += secs,
+        _ => {}
+    }
+    if let Some(tl) = timeline.as_mut() {
+        tl.record_until(name, cat, step, start, end);
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -85,6 +121,9 @@ pub struct Trainer {
     pub(crate) shard: Range<usize>,
     /// Sequences per forward pass on this rank.
     pub(crate) micro: usize,
+    pub(crate) clock: StepClock,
+    /// Every step taken (also before a resume, as the checkpoint's metrics recorded them).
+    pub history: Vec<StepStats>,
 }
 
 impl Trainer {
@@ -181,6 +220,8 @@ impl Trainer {
     fn build(run: Prepared, mesh: Mesh) -> Result<Trainer> {
         let Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings: Settings { data: dpc, sp } } = run;
         let model = Gpt::shard(mcfg, mesh.coords.tp, mesh.shape.tp)?;
+        // tensor-parallel collectives run inside forward and backward: timed from their trace
+        mesh.tp.enable_tracing(mesh.tp.size() > 1);
         let params = model.init_params(cfg.seed);
         let shard = dpc.shard(&mesh.dp, model.layout.total);
         let opt = AdamW::over(cfg.adamw, &model.layout, shard.clone());
@@ -211,6 +252,8 @@ impl Trainer {
             full_model: Gpt::new(mcfg)?,
             shard,
             micro: mb,
+            clock: StepClock::default(),
+            history: Vec::new(),
         })
     }
 
@@ -227,12 +270,21 @@ impl Trainer {
         let t0 = Instant::now();
         let (x, y) = self.data.batch(self.cfg.seed, self.step, self.cfg.batch, self.seq);
         self.trace("data", "data", self.step + 1, t0);
-        self.step_on(&x, &y)
+        let data_s = t0.elapsed().as_secs_f64();
+        let mut s = self.step_on(&x, &y)?;
+        s.idle_s += data_s;
+        s.tokens_per_s = s.tokens as f64 / (s.tokens as f64 / s.tokens_per_s + data_s);
+        if let Some(last) = self.history.last_mut() {
+            *last = s;
+        }
+        Ok(s)
     }
 
     /// One optimizer step on the given global batch (`batch` sequences of equal length):
     /// accumulate the gradient over micro-batches, clip it, AdamW.
     pub fn step_on(&mut self, x: &[u32], y: &[i32]) -> Result<StepStats> {
+        let started = Instant::now();
+        self.clock = StepClock::default();
         let step = self.step + 1;
         let lr = self.sched.at(self.step);
         let (loss_sum, count) = self.accumulate_gradients(x, y)?;
@@ -250,12 +302,36 @@ impl Trainer {
         self.trace("clip", "optimizer", step, t0);
         let t0 = Instant::now();
         self.opt.step(&mut self.params[shard.clone()], &self.grads[shard], lr);
-        data::gather_shards(&self.mesh.dp, &mut self.params, &self.dpc)?;
         self.trace("adamw", "optimizer", step, t0);
+        let t0 = Instant::now();
+        data::gather_shards(&self.mesh.dp, &mut self.params, &self.dpc)?;
+        if self.dpc.zero > 0 && self.mesh.dp.size() > 1 {
+            self.trace("parameter all-gather (ZeRO)", "comm", step, t0);
+        }
         self.step = step;
         self.losses.push(loss);
         self.grad_norms.push(grad_norm);
-        Ok(StepStats { step, loss, lr, grad_norm, tokens: x.len() })
+        // the tensor-parallel collectives ran inside forward and backward: count them as comm
+        let events = self.mesh.tp.take_trace();
+        let tp_s: f64 = events.iter().map(|e| (e.end - e.start).as_secs_f64()).sum();
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.add_comm(self.mesh.tp.trace_epoch(), &events, step);
+        }
+        let wall = started.elapsed().as_secs_f64();
+        let (compute_s, comm_s) = ((self.clock.compute - tp_s).max(0.0), self.clock.comm + tp_s);
+        let s = StepStats {
+            step,
+            loss,
+            lr,
+            grad_norm,
+            tokens: x.len(),
+            tokens_per_s: x.len() as f64 / wall,
+            compute_s,
+            comm_s,
+            idle_s: (wall - compute_s - comm_s).max(0.0),
+        };
+        self.history.push(s);
+        Ok(s)
     }
 
     /// The gradient of the mean loss over every counted target of the global batch, summed
@@ -300,9 +376,7 @@ impl Trainer {
             let t0 = Instant::now();
             self.model.forward_tp(&tp, &self.params, xm, mb, t, &mut self.acts)?;
             loss_sum += self.model.loss_tp(&tp, ym, &mut self.acts)?.0;
-            if let Some(tl) = self.timeline.as_mut() {
-                tl.record(format!("forward mb{i}"), "compute", step, t0);
-            }
+            note(&mut self.timeline, &mut self.clock, format!("forward mb{i}"), "compute", step, (t0, Instant::now()));
             let t0 = Instant::now();
             let (model, params, grads, acts) = (&self.model, &self.params, &mut self.grads, &mut self.acts);
             if overlap && i + 1 == n_micro {
@@ -312,15 +386,19 @@ impl Trainer {
                 model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |g, from| reducer.ready(g, from))?;
                 let t1 = Instant::now();
                 reducer.finish(grads)?;
-                if let Some(tl) = self.timeline.as_mut() {
-                    tl.record_until(format!("backward mb{i}"), "compute", step, t0, t1);
-                    tl.record("gradient reduction (exposed)", "comm", step, t1);
-                }
+                let (tl, clock) = (&mut self.timeline, &mut self.clock);
+                note(tl, clock, format!("backward mb{i}"), "compute", step, (t0, t1));
+                note(tl, clock, "gradient reduction (exposed)", "comm", step, (t1, Instant::now()));
             } else {
                 model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |_, _| {})?;
-                if let Some(tl) = self.timeline.as_mut() {
-                    tl.record(format!("backward mb{i}"), "compute", step, t0);
-                }
+                note(
+                    &mut self.timeline,
+                    &mut self.clock,
+                    format!("backward mb{i}"),
+                    "compute",
+                    step,
+                    (t0, Instant::now()),
+                );
             }
         }
         let t0 = Instant::now();
@@ -329,9 +407,7 @@ impl Trainer {
         }
         tp_state::sum_replicated_grads(&tp, &self.model.layout, &mut self.grads, self.shard.clone())?;
         let loss_sum = data::sum_scalar(&self.mesh.dp, loss_sum)?;
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.record("gradient reduction", "comm", step, t0);
-        }
+        note(&mut self.timeline, &mut self.clock, "gradient reduction", "comm", step, (t0, Instant::now()));
         Ok((loss_sum, count))
     }
 
@@ -376,9 +452,7 @@ impl Trainer {
 
     /// Adds a span to the timeline, if one is being recorded.
     pub fn trace(&mut self, name: impl Into<String>, cat: &'static str, step: usize, start: Instant) {
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.record(name, cat, step, start);
-        }
+        note(&mut self.timeline, &mut self.clock, name, cat, step, (start, Instant::now()));
     }
 
     /// The full model's parameters gathered over the tensor-parallel group (every member must
