@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Data-parallel training under MPI equals the single worker: the same run as one process and
-# as 2 and 4 MPI ranks (ZeRO-0 and ZeRO-1); every step's loss must agree to 1e-5 relative.
+# Parallel training under MPI equals the single worker: the same run as one process and as 2
+# and 4 MPI ranks (dp=2; dp=4 with ZeRO-1; dp=2 × tp=2 with ZeRO-1 and sequence parallelism,
+# resumed by tp=4); every step's loss must agree to 1e-5 relative.
 # Needs a build with --features mpi (`cargo build --release -p brigade-cli --features mpi`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,21 +15,26 @@ if "$bin" "${args[@]}" --backend mpi >/dev/null 2>"$tmp/err"; then
   echo "mpi: --backend mpi outside mpirun was accepted" >&2; exit 1
 fi
 grep -q "mpirun" "$tmp/err" || { echo "mpi: unclear error outside mpirun: $(cat "$tmp/err")" >&2; exit 1; }
-run() {  # ranks layout dir
-  timeout 300 mpirun -n "$1" --allow-run-as-root --oversubscribe "$bin" "${args[@]}" --backend mpi --layout "$2" --out "$tmp/$3" >/dev/null 2>"$tmp/$3.log" \
+run() {  # ranks layout dir [extra args]
+  timeout 300 mpirun -n "$1" --allow-run-as-root --oversubscribe "$bin" "${args[@]}" --backend mpi --layout "$2" --out "$tmp/$3" "${@:4}" >/dev/null 2>"$tmp/$3.log" \
     || { echo "mpi: $2 failed:"; cat "$tmp/$3.log"; exit 1; } >&2
 }
 run 2 dp=2 two
 run 4 dp=4,zero=1 four
+# three steps under dp × tp, then the rest resumed by another layout
+timeout 300 mpirun -n 4 --allow-run-as-root --oversubscribe "$bin" "${args[@]}" --stop-after 3 --backend mpi --layout dp=2,tp=2,zero=1,sp=1 --out "$tmp/mixed" >/dev/null 2>"$tmp/mixed.log" \
+  || { echo "mpi: dp=2,tp=2,zero=1,sp=1 failed:"; cat "$tmp/mixed.log"; exit 1; } >&2
+timeout 300 mpirun -n 4 --allow-run-as-root --oversubscribe "$bin" train --resume "$tmp/mixed" --threads 1 --backend mpi --layout tp=4 >/dev/null 2>"$tmp/mixed2.log" \
+  || { echo "mpi: resuming under tp=4 failed:"; cat "$tmp/mixed2.log"; exit 1; } >&2
 python3 - "$tmp" <<'PY'
 import json, sys
 d = sys.argv[1]
 losses = lambda n: json.load(open(f"{d}/{n}/trainer_state.json"))["losses"]
 want = losses("one")
-for n in ("two", "four"):
+for n in ("two", "four", "mixed"):
     got = losses(n)
     assert len(got) == len(want), (n, got, want)
     for s, (g, w) in enumerate(zip(got, want)):
         assert abs(g - w) <= 1e-5 * abs(w), f"{n}: step {s + 1} loss {g} vs single worker {w}"
-print("mpi: dp=2 and dp=4,zero=1 under mpirun match the single worker's losses:", [round(x, 6) for x in want])
+print("mpi: dp=2, dp=4,zero=1 and dp=2,tp=2,zero=1,sp=1 (resumed at step 3 by tp=4) under mpirun match the single worker's losses:", [round(x, 6) for x in want])
 PY
