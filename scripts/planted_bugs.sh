@@ -24,7 +24,7 @@ bugs=(
   "tensor parallelism: g forward without its all-reduce@@crates/brigade/src/parallel/tensor/comm.rs@@s/pub fn g_forward\(&self, y: &mut \[f32\]\) -> Result<\(\)> \{\n        self.all_reduce\(y, ReduceOp::Sum\)/pub fn g_forward(&self, _y: &mut [f32]) -> Result<()> {\n        Ok(())/@@brigade"
   "sequence parallelism: replicated gradients not summed over the group@@crates/brigade/src/parallel/tensor/state.rs@@s/    if !tp.sp \{\n        return Ok\(\(\)\);/    if true {\n        return Ok(());/@@brigade"
   "vocabulary-parallel loss: row maximum not reduced@@crates/brigade/src/parallel/tensor/vocab.rs@@s/tp.all_reduce\(&mut mx, ReduceOp::Max\)\?;//@@brigade"
-  "vocabulary-parallel embedding: padded rows read as tokens@@crates/brigade/src/tensor/loss.rs@@s/let row = &row\[..w.valid\];/let row = \&row[..];/@@brigade"
+  "vocabulary-parallel loss: padding columns counted in the softmax@@crates/brigade/src/tensor/loss.rs@@s/let row = &row\[..w.valid\];/let row = \&row[..];/@@brigade"
   "chunk_range gives the remainder to the last ranks@@crates/brigade-comm/src/chunks.rs@@s/let start = rank \* base \+ rank.min\(rem\);\n    start..start \+ base \+ usize::from\(rank < rem\)/let first = size - rem;\n    let start = rank * base + rank.saturating_sub(first);\n    start..start + base + usize::from(rank >= first)/@@brigade-comm"
 )
 

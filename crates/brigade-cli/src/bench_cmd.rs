@@ -153,14 +153,15 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                     "{model}, global batch {batch} × seq {seq}, {threads} thread(s) per rank, median of {steps} steps"
                 );
                 outln!(
-                    "{:<16} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10}",
+                    "{:<16} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10}",
                     "layout",
                     "ranks",
                     "tokens/s",
                     "speedup",
                     "compute s",
                     "exp.comm s",
-                    "other s"
+                    "other s",
+                    "peak MiB"
                 );
             }
             let mut rows = Vec::new();
@@ -170,16 +171,17 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 if json {
                     rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,
                         "speedup": speedup, "compute_s": r.compute_s, "exposed_comm_s": r.exposed_comm_s,
-                        "idle_s": r.other_s, "peak_mib_per_rank": null}));
+                        "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank}));
                 } else {
                     outln!(
-                        "{l:<16} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3}",
+                        "{l:<16} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3} {:>10.0}",
                         r.ranks,
                         r.tokens_per_s,
                         speedup,
                         r.compute_s,
                         r.exposed_comm_s,
-                        r.other_s
+                        r.other_s,
+                        r.peak_mib_per_rank.unwrap_or(f64::NAN)
                     );
                 }
             }

@@ -10,6 +10,10 @@ macro_rules! outln {
     }};
 }
 
+/// Counts bytes per rank (for `bench parallel`'s peak memory) on top of the system allocator.
+#[global_allocator]
+static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
+
 mod bench_cmd;
 mod comm_bench;
 mod plan_cmd;

@@ -8,7 +8,6 @@ use crate::ReduceOp;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 /// What a backend implements. Each collective returns the name of the algorithm it ran.
 pub trait Backend: Send + Sync {
@@ -34,15 +33,19 @@ struct Inner {
     /// Operations run one at a time: blocking calls from the owner, queued ones on the worker.
     run_lock: Mutex<()>,
     pending: Mutex<usize>,
+    /// `pending`, readable without the lock.
+    queued: std::sync::atomic::AtomicUsize,
     idle: Condvar,
 }
 
 impl Inner {
     fn traced<R>(&self, op: &'static str, bytes: usize, f: impl FnOnce() -> Result<(R, &'static str)>) -> Result<R> {
         let _g = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let t0 = Instant::now();
+        let t0 = self.tracer.start();
         let (r, algo) = f()?;
-        self.tracer.record(op, bytes, t0, algo);
+        if let Some(t0) = t0 {
+            self.tracer.record(op, bytes, t0, algo);
+        }
         Ok(r)
     }
 }
@@ -73,6 +76,7 @@ impl Comm {
             tracer: Tracer::default(),
             run_lock: Mutex::new(()),
             pending: Mutex::new(0),
+            queued: std::sync::atomic::AtomicUsize::new(0),
             idle: Condvar::new(),
         };
         Comm { inner: Arc::new(inner), queue: Mutex::new(None) }
@@ -103,6 +107,10 @@ impl Comm {
     /// Blocking calls first wait for this communicator's queued asynchronous ones, so that
     /// every rank issues its operations in program order.
     fn drain(&self) {
+        // the common case, nothing queued, without the lock
+        if self.inner.queued.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return;
+        }
         let mut p = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
         while *p > 0 {
             p = self.inner.idle.wait(p).unwrap_or_else(|p| p.into_inner());
@@ -182,11 +190,13 @@ impl Comm {
     fn enqueue<T: Send + 'static>(&self, job: impl FnOnce(&Inner) -> Result<T> + Send + 'static) -> Handle<T> {
         let (tx, rx) = channel();
         *self.inner.pending.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.inner.queued.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let wrapped: Job = Box::new(move |inner: &Inner| {
             let r = job(inner);
             let _ = tx.send(r);
             let mut p = inner.pending.lock().unwrap_or_else(|p| p.into_inner());
             *p -= 1;
+            inner.queued.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             inner.idle.notify_all();
         });
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());

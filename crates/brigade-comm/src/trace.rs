@@ -1,5 +1,6 @@
 //! A per-communicator record of calls, for timelines and communication-time reports.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,11 +19,13 @@ pub struct TraceEvent {
 pub struct Tracer {
     epoch: Instant,
     events: Arc<Mutex<Option<Vec<TraceEvent>>>>,
+    /// Whether recording is on, read without the lock on every call.
+    on: Arc<AtomicBool>,
 }
 
 impl Default for Tracer {
     fn default() -> Self {
-        Tracer { epoch: Instant::now(), events: Arc::new(Mutex::new(None)) }
+        Tracer { epoch: Instant::now(), events: Arc::new(Mutex::new(None)), on: Arc::new(AtomicBool::new(false)) }
     }
 }
 
@@ -30,6 +33,12 @@ impl Tracer {
     pub fn enable(&self, on: bool) {
         let mut g = self.events.lock().unwrap_or_else(|p| p.into_inner());
         *g = if on { Some(g.take().unwrap_or_default()) } else { None };
+        self.on.store(on, Ordering::Release);
+    }
+
+    /// The start of a call to record: `None` (and no clock read) while recording is off.
+    pub fn start(&self) -> Option<Instant> {
+        self.on.load(Ordering::Acquire).then(Instant::now)
     }
 
     pub fn record(&self, op: &'static str, bytes: usize, start: Instant, algorithm: &'static str) {

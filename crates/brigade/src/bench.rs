@@ -140,6 +140,9 @@ pub struct ParallelBench {
     pub exposed_comm_s: f64,
     /// Per step: the rest (data, clipping, optimizer, waiting for peers).
     pub other_s: f64,
+    /// The most bytes any rank held at once (parameters, gradients, optimizer state,
+    /// activations, buffers), counted by the allocator; `None` without `alloc::RankAlloc`.
+    pub peak_mib_per_rank: Option<f64>,
 }
 
 /// Runs `steps` timed steps (after `warmup`) of `cfg` on a dp mesh of rank threads, each rank
@@ -154,6 +157,8 @@ pub fn parallel_step(
 ) -> crate::Result<ParallelBench> {
     use crate::train::{timeline::Timeline, Trainer};
     let per_rank = brigade_comm::local::run(shape.world(), |world| {
+        crate::alloc::set_rank(Some(world.rank()));
+        crate::alloc::reset_peak(world.rank());
         let mesh = crate::parallel::Mesh::new(&world, shape)?;
         let mut tr = Trainer::on_mesh(cfg.clone(), mesh, settings)?;
         crate::with_threads(threads, || -> crate::Result<(Vec<f64>, f64, f64)> {
@@ -175,8 +180,12 @@ pub fn parallel_step(
             let per = |x: f64| x / steps as f64;
             Ok((times, per(tl.seconds_in("compute") - tp_s), per(tl.seconds_in("comm") + tp_s)))
         })?
+        .map(|r| (r, crate::alloc::peak_bytes(world.rank())))
     })
     .map_err(|e| crate::Error::Train(e.to_string()))?;
+    // the largest peak of any rank (ranks of a layout hold the same amounts, give or take)
+    let peak = per_rank.iter().map(|r| r.1).max().flatten();
+    let per_rank: Vec<_> = per_rank.into_iter().map(|r| r.0).collect();
     // a step ends when its slowest rank ends
     let step_times: Vec<f64> = (0..steps).map(|s| per_rank.iter().map(|r| r.0[s]).fold(0.0, f64::max)).collect();
     let slowest = per_rank.iter().max_by(|a, b| median(&a.0).total_cmp(&median(&b.0))).expect("at least one rank");
@@ -189,5 +198,6 @@ pub fn parallel_step(
         compute_s: slowest.1,
         exposed_comm_s: slowest.2,
         other_s: (step_s - slowest.1 - slowest.2).max(0.0),
+        peak_mib_per_rank: peak.map(|b| b as f64 / (1 << 20) as f64),
     })
 }

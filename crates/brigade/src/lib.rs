@@ -1,6 +1,7 @@
 //! brigade: parallel training and inference of transformer models.
 //! See DESIGN.md for the layout of the library.
 
+pub mod alloc;
 pub mod bench;
 pub mod error;
 pub mod models;
@@ -16,8 +17,11 @@ pub use error::{Error, Result};
 /// Runs `f` on a rayon pool of `threads` threads, so that every kernel inside (gemm included)
 /// uses exactly that many cores: several workers can then share one machine.
 pub fn with_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
+    // the pool's threads allocate for the same rank as the caller
+    let rank = alloc::current_rank();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
+        .start_handler(move |_| alloc::set_rank(rank))
         .build()
         .map_err(|e| Error::Train(format!("cannot start {threads} threads: {e}")))?;
     Ok(pool.install(f))

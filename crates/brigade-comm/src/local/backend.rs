@@ -58,13 +58,18 @@ fn describe(d: &Desc) -> String {
 
 /// `dst[i] = op(srcs[0][i], srcs[1][i], …)`, in rank order.
 fn reduce_block(acc: &mut [f32], srcs: &[*const f32], off: usize, op: ReduceOp, scale: f32) {
+    reduce_from(acc, srcs.len(), |r| srcs[r], off, op, scale)
+}
+
+/// `reduce_block` with the sources given by rank (no list to build on the small-message path).
+fn reduce_from(acc: &mut [f32], n_src: usize, src: impl Fn(usize) -> *const f32, off: usize, op: ReduceOp, scale: f32) {
     let n = acc.len();
     // SAFETY: the caller guarantees each source holds `off + n` elements that no one writes
     // during this call.
     unsafe {
-        acc.copy_from_slice(std::slice::from_raw_parts(srcs[0].add(off), n));
-        for &s in &srcs[1..] {
-            let s = std::slice::from_raw_parts(s.add(off), n);
+        acc.copy_from_slice(std::slice::from_raw_parts(src(0).add(off), n));
+        for r in 1..n_src {
+            let s = std::slice::from_raw_parts(src(r).add(off), n);
             match op {
                 ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(s).for_each(|(a, &b)| *a += b),
                 ReduceOp::Max => acc.iter_mut().zip(s).for_each(|(a, &b)| *a = a.max(b)),
@@ -98,9 +103,8 @@ impl LocalBackend {
         unsafe { *g.slot_mut(self.rank, parity) = Slot { desc, src, dst } };
         self.barrier_phase(&desc)?;
         // SAFETY: published by the barrier just passed.
-        let all: Vec<Desc> = (0..g.size()).map(|r| unsafe { g.slot(r, parity) }.desc).collect();
-        if all.iter().any(|d| *d != desc) {
-            let calls: Vec<String> = all.iter().map(describe).collect();
+        if (0..g.size()).any(|r| unsafe { g.slot(r, parity) }.desc != desc) {
+            let calls: Vec<String> = (0..g.size()).map(|r| describe(&unsafe { g.slot(r, parity) }.desc)).collect();
             return Err(mismatch(seq, &calls));
         }
         Ok(parity)
@@ -152,8 +156,7 @@ impl LocalBackend {
         debug_assert_eq!(p, parity);
         // SAFETY: staging areas of this call, published by its barrier; a peer rewrites its
         // area of this parity only after the barrier of our next call, which we have not reached.
-        let srcs: Vec<*const f32> = (0..g.size()).map(|r| unsafe { g.staging(r, p) }.as_ptr()).collect();
-        reduce_block(buf, &srcs, 0, op, 1.0 / g.size() as f32);
+        reduce_from(buf, g.size(), |r| unsafe { g.staging(r, p) }.as_ptr(), 0, op, 1.0 / g.size() as f32);
         Ok(())
     }
 }

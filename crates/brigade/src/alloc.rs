@@ -1,0 +1,111 @@
+//! Bytes allocated per rank, from the allocator itself: `RankAlloc` (installed as the global
+//! allocator by the `brigade` binary) tags every allocation with the rank of the thread that
+//! makes it, so that ranks running as threads of one process each get their own live and peak
+//! byte counts — parameters, gradients, optimizer state, activations, communication buffers.
+//! A rank thread says who it is with `set_rank`; `with_threads` passes it on to its pool.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Tag 0: threads of no rank; tag r + 1: rank r.
+const TAGS: usize = 257;
+static LIVE: [AtomicUsize; TAGS] = [const { AtomicUsize::new(0) }; TAGS];
+static PEAK: [AtomicUsize; TAGS] = [const { AtomicUsize::new(0) }; TAGS];
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static TAG: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks the calling thread as rank `rank`'s (`None`: no rank); ranks beyond 255 are not told apart.
+pub fn set_rank(rank: Option<usize>) {
+    TAG.with(|t| t.set(rank.filter(|&r| r + 1 < TAGS).map_or(0, |r| r + 1)));
+}
+
+/// The rank the calling thread works for, as `set_rank` set it.
+pub fn current_rank() -> Option<usize> {
+    TAG.with(|t| t.get().checked_sub(1))
+}
+
+/// Starts measuring rank `rank`'s peak from what it holds now.
+pub fn reset_peak(rank: usize) {
+    let t = (rank + 1).min(TAGS - 1);
+    PEAK[t].store(LIVE[t].load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// The most bytes rank `rank`'s allocations held at once since `reset_peak`; `None` when
+/// `RankAlloc` is not the process's allocator (as in the library's own tests).
+pub fn peak_bytes(rank: usize) -> Option<usize> {
+    INSTALLED.load(Ordering::Relaxed).then(|| PEAK[(rank + 1).min(TAGS - 1)].load(Ordering::Relaxed))
+}
+
+/// Bytes rank `rank`'s allocations hold now (`None` as for `peak_bytes`).
+pub fn live_bytes(rank: usize) -> Option<usize> {
+    INSTALLED.load(Ordering::Relaxed).then(|| LIVE[(rank + 1).min(TAGS - 1)].load(Ordering::Relaxed))
+}
+
+/// The system allocator with a small header before each block holding the tag of the thread
+/// that allocated it, so the block is counted against the same rank when another thread frees
+/// it.
+pub struct RankAlloc;
+
+/// Header bytes before a block of alignment `align` (the tag sits in the last 8 of them).
+fn header(align: usize) -> usize {
+    align.max(16)
+}
+
+fn add(tag: usize, n: usize) {
+    let now = LIVE[tag].fetch_add(n, Ordering::Relaxed) + n;
+    PEAK[tag].fetch_max(now, Ordering::Relaxed);
+}
+
+unsafe impl GlobalAlloc for RankAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.alloc_with(layout, |l| System.alloc(l))
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.alloc_with(layout, |l| System.alloc_zeroed(l))
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let h = header(layout.align());
+        let tag = (ptr.sub(8) as *const usize).read();
+        LIVE[tag].fetch_sub(layout.size(), Ordering::Relaxed);
+        System.dealloc(ptr.sub(h), Layout::from_size_align_unchecked(layout.size() + h, h));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let h = header(layout.align());
+        let tag = (ptr.sub(8) as *const usize).read();
+        let base = System.realloc(ptr.sub(h), Layout::from_size_align_unchecked(layout.size() + h, h), new_size + h);
+        if base.is_null() {
+            return base;
+        }
+        if new_size >= layout.size() {
+            add(tag, new_size - layout.size());
+        } else {
+            LIVE[tag].fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+        }
+        base.add(h)
+    }
+}
+
+impl RankAlloc {
+    unsafe fn alloc_with(&self, layout: Layout, sys: impl FnOnce(Layout) -> *mut u8) -> *mut u8 {
+        INSTALLED.store(true, Ordering::Relaxed);
+        let h = header(layout.align());
+        let Some(size) = layout.size().checked_add(h) else { return std::ptr::null_mut() };
+        let Ok(l) = Layout::from_size_align(size, h) else { return std::ptr::null_mut() };
+        let base = sys(l);
+        if base.is_null() {
+            return base;
+        }
+        // a thread being torn down has no tag left to read: count it as no rank's
+        let tag = TAG.try_with(|t| t.get()).unwrap_or(0);
+        (base.add(h - 8) as *mut usize).write(tag);
+        add(tag, layout.size());
+        base.add(h)
+    }
+}
