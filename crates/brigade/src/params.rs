@@ -79,6 +79,18 @@ impl ParamLayout {
         view
     }
 
+    /// Appends `unit` (a layout whose offsets start at 0) after what this layout holds;
+    /// returns where it lies.
+    pub fn append(&mut self, unit: &ParamLayout) -> std::ops::Range<usize> {
+        let base = self.total;
+        for s in &unit.specs {
+            let view = View { offset: base + s.view.offset, len: s.view.len };
+            self.specs.push(ParamSpec { view, ..s.clone() });
+        }
+        self.total += unit.total;
+        base..self.total
+    }
+
     /// The layout of the full model this (perhaps sharded) layout is cut from.
     pub fn full(&self) -> ParamLayout {
         let mut l = ParamLayout::default();

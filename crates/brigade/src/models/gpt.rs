@@ -1,6 +1,7 @@
 //! GPT-2: token + position embedding, pre-LayerNorm blocks, final LayerNorm, LM head tied to
 //! the token embedding. Parameter names follow Hugging Face's GPT-2 (`h.0.attn.c_attn.weight`).
 
+use super::units::{UnitStore, Whole};
 use crate::error::{Error, Result};
 use crate::nn::{ensure, AttnStash, CausalSelfAttention, LayerNorm, LnStash, Mlp, MlpStash};
 use crate::parallel::tensor::{vocab, Tp, VocabShard};
@@ -142,11 +143,6 @@ struct Scratch {
 }
 
 impl Block {
-    /// Where the block's parameters start in the flat buffer (they are contiguous).
-    pub fn first_offset(&self) -> usize {
-        self.ln_1.w.offset
-    }
-
     fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig, tp: usize) -> Block {
         let c = cfg.n_embd;
         let std = 0.02;
@@ -249,6 +245,9 @@ pub struct Gpt {
     pub wpe: View,
     pub blocks: Vec<Block>,
     pub ln_f: LayerNorm,
+    /// Where each unit's parameters lie in the flat buffer: 0 the embedding (wte, wpe), 1…L
+    /// the blocks, L + 1 the final LayerNorm. Layers address parameters from their unit's start.
+    pub units: Vec<std::ops::Range<usize>>,
     /// Ranks in the tensor-parallel group this model part is cut for, and this part's rank.
     pub tp: usize,
     pub tp_rank: usize,
@@ -267,14 +266,25 @@ impl Gpt {
         cfg.validate()?;
         check_tp(&cfg, tp)?;
         let mut layout = ParamLayout::default();
+        let mut units = Vec::new();
+        let mut unit = ParamLayout::default();
         let wte =
-            layout.add_split("wte.weight", &[cfg.vocab_size, cfg.n_embd], Split::Vocab, tp, Init::Normal(0.02), true);
-        let wpe = layout.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true);
-        let blocks = (0..cfg.n_layer).map(|i| Block::new(&mut layout, i, &cfg, tp)).collect();
-        let ln_f = LayerNorm::new(&mut layout, "ln_f", cfg.n_embd);
+            unit.add_split("wte.weight", &[cfg.vocab_size, cfg.n_embd], Split::Vocab, tp, Init::Normal(0.02), true);
+        let wpe = unit.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true);
+        units.push(layout.append(&unit));
+        let mut blocks = Vec::new();
+        for i in 0..cfg.n_layer {
+            let mut unit = ParamLayout::default();
+            blocks.push(Block::new(&mut unit, i, &cfg, tp));
+            units.push(layout.append(&unit));
+        }
+        let mut unit = ParamLayout::default();
+        let ln_f = LayerNorm::new(&mut unit, "ln_f", cfg.n_embd);
+        units.push(layout.append(&unit));
         Ok(Gpt {
             cfg,
             layout,
+            units,
             wte,
             wpe,
             blocks,
@@ -325,10 +335,9 @@ impl Gpt {
     fn forward_hidden(
         &self,
         tp: &Tp,
-        p: &[f32],
+        store: &mut dyn UnitStore,
         tokens: &[u32],
-        b: usize,
-        t: usize,
+        (b, t): (usize, usize),
         acts: &mut Activations,
     ) -> Result<()> {
         self.check_group(tp);
@@ -342,6 +351,7 @@ impl Gpt {
             ensure(r, rows * c);
         }
         let sc = &mut acts.scratch;
+        let p = store.params(0)?;
         let (wte, wpe) = (self.wte.of(p), self.wpe.of(p));
         vocab::embedding_forward(
             tp,
@@ -356,9 +366,10 @@ impl Gpt {
         )?;
         for (i, blk) in self.blocks.iter().enumerate() {
             let (done, rest) = acts.resid.split_at_mut(i + 1);
+            let p = store.params(i + 1)?;
             blk.forward(tp, p, &done[i], (b, t), &mut acts.blocks[i], &mut rest[0], sc)?;
         }
-        self.ln_f.forward(p, &acts.resid[l], &mut acts.lnf);
+        self.ln_f.forward(store.params(l + 1)?, &acts.resid[l], &mut acts.lnf);
         Ok(())
     }
 
@@ -367,8 +378,7 @@ impl Gpt {
         self.forward_tp(&Tp::SOLO, p, tokens, b, t, acts).expect(SOLO)
     }
 
-    /// Forward as one rank of a tensor-parallel group: this rank's vocabulary block of the
-    /// logits, `[b·t, vocab.rows]`, in `acts.logits`.
+    /// Forward as one rank of a tensor-parallel group, from the whole parameter buffer.
     pub fn forward_tp(
         &self,
         tp: &Tp,
@@ -378,19 +388,37 @@ impl Gpt {
         t: usize,
         acts: &mut Activations,
     ) -> Result<()> {
-        self.forward_hidden(tp, p, tokens, b, t, acts)?;
+        let mut ready = |_: &[f32], _: usize| {};
+        let mut store = Whole { units: &self.units, params: p, grads: &mut [], ready: &mut ready };
+        self.forward_units(tp, &mut store, tokens, b, t, acts)
+    }
+
+    /// Forward as one rank of a tensor-parallel group, each unit's parameters from `store`:
+    /// this rank's vocabulary block of the logits, `[b·t, vocab.rows]`, in `acts.logits`.
+    pub fn forward_units(
+        &self,
+        tp: &Tp,
+        store: &mut dyn UnitStore,
+        tokens: &[u32],
+        b: usize,
+        t: usize,
+        acts: &mut Activations,
+    ) -> Result<()> {
+        self.forward_hidden(tp, store, tokens, (b, t), acts)?;
         let (c, v, n) = (self.cfg.n_embd, self.vocab.rows, b * t);
         ensure(&mut acts.logits, n * v);
         // LM head tied to the token embedding: logits = h·wteᵀ, on this rank's vocabulary block.
         let h = tp.enter(&acts.lnf.out, &mut acts.scratch.full)?;
-        matmul(&mut acts.logits, h, self.wte.of(p), n, c, v, false, true, false);
+        matmul(&mut acts.logits, h, self.wte.of(store.params(0)?), n, c, v, false, true, false);
         Ok(())
     }
 
     /// Logits of the last position of each sequence only (`[b, vocab]`), for generation on a
     /// single worker.
     pub fn forward_last(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) -> Vec<f32> {
-        self.forward_hidden(&Tp::SOLO, p, tokens, b, t, acts).expect(SOLO);
+        let mut ready = |_: &[f32], _: usize| {};
+        let mut store = Whole { units: &self.units, params: p, grads: &mut [], ready: &mut ready };
+        self.forward_hidden(&Tp::SOLO, &mut store, tokens, (b, t), acts).expect(SOLO);
         let (c, v) = (self.cfg.n_embd, self.cfg.vocab_size);
         let mut h = Vec::with_capacity(b * c);
         for i in 0..b {
@@ -434,8 +462,7 @@ impl Gpt {
     /// `backward` as one rank of a tensor-parallel group, calling `ready(g, from)` each time
     /// the gradients of `g[from..]` are final (after ln_f, after each block, from the last
     /// block down, and 0 at the end), so that data-parallel buckets can be reduced while the
-    /// earlier layers still run backward. Under sequence parallelism the gradients of the
-    /// replicated parameters are partial sums over the group (`sum_replicated_grads`).
+    /// earlier layers still run backward.
     #[allow(clippy::too_many_arguments)]
     pub fn backward_tp(
         &self,
@@ -448,6 +475,23 @@ impl Gpt {
         acts: &mut Activations,
         ready: &mut dyn FnMut(&[f32], usize),
     ) -> Result<()> {
+        let mut store = Whole { units: &self.units, params: p, grads: g, ready };
+        self.backward_units(tp, &mut store, tokens, targets, scale, acts)
+    }
+
+    /// Backward from the loss as one rank of a tensor-parallel group, each unit's parameters
+    /// and gradient buffer from `store`, which hears when each unit's gradients are final.
+    /// Under sequence parallelism the gradients of the replicated parameters are partial sums
+    /// over the group (`tensor::state::sum_replicated_grads`).
+    pub fn backward_units(
+        &self,
+        tp: &Tp,
+        store: &mut dyn UnitStore,
+        tokens: &[u32],
+        targets: &[i32],
+        scale: f32,
+        acts: &mut Activations,
+    ) -> Result<()> {
         self.check_group(tp);
         let (b, t) = (acts.b, acts.t);
         let (c, v, l, n) = (self.cfg.n_embd, self.vocab.rows, self.cfg.n_layer, b * t);
@@ -457,22 +501,25 @@ impl Gpt {
         ensure(&mut sc.dresid, tp.rows(n).len() * c);
         // LM head: dh = dlogits·wte (this block's part, summed by f), dwte += dlogitsᵀ·h
         let h = tp.enter(&acts.lnf.out, &mut sc.hfull)?;
+        let (p, g) = store.params_grads(0)?;
         matmul(&mut sc.dpart, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
         matmul(self.wte.of_mut(g), &acts.logits, h, v, n, c, true, false, true);
         let d = tp.enter_backward(&mut sc.dpart, &mut sc.dln)?;
         sc.dresid.fill(0.0);
+        let (p, g) = store.params_grads(l + 1)?;
         self.ln_f.backward(p, g, &acts.resid[l], &acts.lnf, d, &mut sc.dresid);
-        ready(g, self.ln_f.w.offset.min(self.ln_f.b.offset));
+        store.grads_done(l + 1)?;
         for (i, blk) in self.blocks.iter().enumerate().rev() {
+            let (p, g) = store.params_grads(i + 1)?;
             blk.backward(tp, p, g, &acts.resid[i], (b, t), &acts.blocks[i], sc)?;
-            ready(g, blk.first_offset());
+            store.grads_done(i + 1)?;
         }
+        let (_, g) = store.params_grads(0)?;
         let (wo, po) = (self.wte, self.wpe);
         assert_eq!(po.offset, wo.offset + wo.len, "wte and wpe are adjacent in the layout");
         let (dwte, dwpe) = g[wo.offset..po.offset + po.len].split_at_mut(wo.len);
         vocab::embedding_backward(tp, dwte, dwpe, &sc.dresid, tokens, self.vocab, (t, c), &mut sc.dfull)?;
-        ready(g, 0);
-        Ok(())
+        store.grads_done(0)
     }
 
     /// Forward, loss and backward of one micro-batch; returns (loss sum, counted tokens).

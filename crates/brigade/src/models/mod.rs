@@ -1,4 +1,5 @@
 pub mod generate;
 pub mod gpt;
+pub mod units;
 pub use generate::{generate, SampleOptions};
 pub use gpt::{Activations, Gpt, GptConfig, PRESETS};
