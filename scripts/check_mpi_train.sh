@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Parallel training under MPI equals the single worker: the same run as one process and as 2
-# and 4 MPI ranks (dp=2; dp=4 with ZeRO-1; dp=2 × tp=2 with ZeRO-1 and sequence parallelism,
+# and 4 MPI ranks (dp=2; dp=4 with ZeRO-3; dp=2 × tp=2 with ZeRO-1 and sequence parallelism,
 # resumed by tp=4); every step's loss must agree to 1e-5 relative.
 # Needs a build with --features mpi (`cargo build --release -p brigade-cli --features mpi`).
 set -euo pipefail
@@ -20,7 +20,7 @@ run() {  # ranks layout dir [extra args]
     || { echo "mpi: $2 failed:"; cat "$tmp/$3.log"; exit 1; } >&2
 }
 run 2 dp=2 two
-run 4 dp=4,zero=1 four
+run 4 dp=4,zero=3 four
 # three steps under dp × tp, then the rest resumed by another layout
 timeout 300 mpirun -n 4 --allow-run-as-root --oversubscribe "$bin" "${args[@]}" --stop-after 3 --backend mpi --layout dp=2,tp=2,zero=1,sp=1 --out "$tmp/mixed" >/dev/null 2>"$tmp/mixed.log" \
   || { echo "mpi: dp=2,tp=2,zero=1,sp=1 failed:"; cat "$tmp/mixed.log"; exit 1; } >&2
@@ -36,5 +36,5 @@ for n in ("two", "four", "mixed"):
     assert len(got) == len(want), (n, got, want)
     for s, (g, w) in enumerate(zip(got, want)):
         assert abs(g - w) <= 1e-5 * abs(w), f"{n}: step {s + 1} loss {g} vs single worker {w}"
-print("mpi: dp=2, dp=4,zero=1 and dp=2,tp=2,zero=1,sp=1 (resumed at step 3 by tp=4) under mpirun match the single worker's losses:", [round(x, 6) for x in want])
+print("mpi: dp=2, dp=4,zero=3 and dp=2,tp=2,zero=1,sp=1 (resumed at step 3 by tp=4) under mpirun match the single worker's losses:", [round(x, 6) for x in want])
 PY

@@ -326,7 +326,7 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     let base = ["train", "--steps", "4", "--batch", "8", "--threads", "1", "--eval-every", "0"];
     ok(&[&base[..], &["--out", "one"]].concat(), p);
     ok(&[&base[..], &["--layout", "dp=2,zero=1", "--micro-batch", "2", "--out", "two"]].concat(), p);
-    ok(&[&base[..], &["--layout", "dp=4", "--out", "four"]].concat(), p);
+    ok(&[&base[..], &["--layout", "dp=4,zero=3", "--out", "four"]].concat(), p);
     ok(&[&base[..], &["--layout", "dp=2,tp=2,sp=1", "--out", "mixed", "--trace", "mixed.json"]].concat(), p);
     // one trace, a track per rank, the tensor-parallel collectives on it
     let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(p.join("mixed.json")).unwrap()).unwrap();
@@ -371,7 +371,7 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     fails_with(&[&base[..], &["--layout", "tp=3"]].concat(), p, "tp=3 does not divide the model's 4 attention heads");
     fails_with(&[&base[..], &["--layout", "sp=1"]].concat(), p, "has tp=1");
     fails_with(&[&base[..], &["--layout", "tp=2,sp=2"]].concat(), p, "sp=2: expected 0 or 1");
-    fails_with(&[&base[..], &["--layout", "dp=2,zero=3"]].concat(), p, "zero=3 is not implemented yet");
+    fails_with(&[&base[..], &["--layout", "dp=2,zero=4"]].concat(), p, "zero=4: expected a ZeRO stage 0, 1, 2 or 3");
     fails_with(&[&base[..], &["--layout", "dp=2,v=2"]].concat(), p, "--layout for training takes");
     fails_with(&[&base[..], &["--layout", "dp=0"]].concat(), p, "positive integer");
     fails_with(&[&base[..], &["--layout", "dp=1000"]].concat(), p, "out of range");

@@ -77,8 +77,9 @@ fn run(c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, un
         if let Some(dir) = to {
             tr.save(dir)?;
         }
-        let full = tr.full_params()?.unwrap_or_else(|| tr.params.clone());
-        Ok::<_, brigade::Error>((tr.losses.clone(), full, tr.params.clone(), tr.model.layout.clone()))
+        let local = tr.local_params()?.into_owned();
+        let full = tr.full_params()?.unwrap_or_else(|| local.clone());
+        Ok::<_, brigade::Error>((tr.losses.clone(), full, local, tr.model.layout.clone()))
     })
     .unwrap();
     for (r, o) in out.iter().enumerate() {
@@ -125,28 +126,39 @@ fn assert_equivalent(what: &str, got: &(Vec<f32>, Vec<f32>), want: &(Vec<f32>, V
 const SMALL: usize = 1000; // splits every layer's matrices over several buckets
 const BIG: usize = 25_000_000 / 4; // the whole model in one bucket
 
-/// Every factorisation of 1, 2, 4 and 8 ranks into (dp, tp); each dp meets both ZeRO stages,
-/// each tp > 1 meets sp on and off, micro-batches per rank from 1 to 8, both bucket regimes.
+/// Every factorisation of 1, 2, 4 and 8 ranks into (dp, tp); each dp > 1 meets every ZeRO
+/// stage, ZeRO-2 and -3 meet tp and sp, each tp > 1 meets sp on and off, micro-batches per
+/// rank from 1 to 8, both bucket regimes.
 #[rustfmt::skip]
 const MATRIX: &[Case] = &[
     Case { dp: 1, tp: 1, zero: 0, sp: false, mb: 16, bucket: BIG },
     Case { dp: 1, tp: 1, zero: 1, sp: false, mb: 4, bucket: SMALL },
+    Case { dp: 1, tp: 1, zero: 3, sp: false, mb: 8, bucket: BIG },
     Case { dp: 2, tp: 1, zero: 1, sp: false, mb: 2, bucket: SMALL },
     Case { dp: 2, tp: 1, zero: 0, sp: false, mb: 4, bucket: 7919 },
+    Case { dp: 2, tp: 1, zero: 2, sp: false, mb: 4, bucket: BIG },
+    Case { dp: 2, tp: 1, zero: 3, sp: false, mb: 2, bucket: SMALL },
     Case { dp: 1, tp: 2, zero: 0, sp: false, mb: 16, bucket: BIG },
     Case { dp: 1, tp: 2, zero: 1, sp: true, mb: 4, bucket: SMALL },
     Case { dp: 4, tp: 1, zero: 0, sp: false, mb: 1, bucket: SMALL },
     Case { dp: 4, tp: 1, zero: 1, sp: false, mb: 4, bucket: BIG },
+    Case { dp: 4, tp: 1, zero: 3, sp: false, mb: 1, bucket: BIG },
     Case { dp: 2, tp: 2, zero: 1, sp: true, mb: 2, bucket: 7919 },
     Case { dp: 2, tp: 2, zero: 0, sp: false, mb: 4, bucket: SMALL },
+    Case { dp: 2, tp: 2, zero: 2, sp: true, mb: 2, bucket: SMALL },
+    Case { dp: 2, tp: 2, zero: 3, sp: false, mb: 8, bucket: BIG },
     Case { dp: 1, tp: 4, zero: 0, sp: false, mb: 8, bucket: BIG },
     Case { dp: 1, tp: 4, zero: 0, sp: true, mb: 2, bucket: SMALL },
     Case { dp: 8, tp: 1, zero: 1, sp: false, mb: 2, bucket: BIG },
     Case { dp: 8, tp: 1, zero: 0, sp: false, mb: 1, bucket: SMALL },
+    Case { dp: 8, tp: 1, zero: 2, sp: false, mb: 1, bucket: BIG },
+    Case { dp: 8, tp: 1, zero: 3, sp: false, mb: 2, bucket: SMALL },
     Case { dp: 4, tp: 2, zero: 0, sp: true, mb: 2, bucket: SMALL },
     Case { dp: 4, tp: 2, zero: 1, sp: false, mb: 1, bucket: BIG },
+    Case { dp: 4, tp: 2, zero: 3, sp: true, mb: 2, bucket: BIG },
     Case { dp: 2, tp: 4, zero: 1, sp: false, mb: 4, bucket: BIG },
     Case { dp: 2, tp: 4, zero: 0, sp: true, mb: 2, bucket: 7919 },
+    Case { dp: 2, tp: 4, zero: 2, sp: false, mb: 2, bucket: SMALL },
     Case { dp: 1, tp: 8, zero: 0, sp: true, mb: 4, bucket: BIG },
     Case { dp: 1, tp: 8, zero: 1, sp: false, mb: 2, bucket: SMALL },
 ];
@@ -171,6 +183,8 @@ fn a_checkpoint_resumes_under_another_layout() {
         Case { dp: 1, tp: 4, zero: 0, sp: false, mb: 4, bucket: BIG },
         Case { dp: 4, tp: 1, zero: 1, sp: false, mb: 2, bucket: SMALL },
         Case { dp: 2, tp: 2, zero: 1, sp: false, mb: 8, bucket: 7919 },
+        Case { dp: 4, tp: 1, zero: 3, sp: false, mb: 4, bucket: BIG },
+        Case { dp: 2, tp: 2, zero: 2, sp: true, mb: 2, bucket: SMALL },
     ] {
         let got = run(to, Some(&ck), None, STEPS);
         assert_equivalent(&format!("{from:?} → {to:?}"), &got, &want);
@@ -215,7 +229,7 @@ fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
     assert_eq!(build(shape(1, 1, 8), TrainConfig { micro_batch: Some(2), ..cfg(1) }, sp), Ok(2));
     let e = brigade::parallel::training_layout("dp=2,sp=1", 1).unwrap_err().to_string();
     assert!(e.contains("has tp=1"), "{e}");
-    let zero3 = DataParallel { zero: 3, ..DataParallel::default() };
-    assert!(zero3.validate().is_err());
+    assert!(DataParallel { zero: 3, ..DataParallel::default() }.validate().is_ok());
+    assert!(DataParallel { zero: 4, ..DataParallel::default() }.validate().is_err());
     assert!(DataParallel { bucket_elems: 0, ..DataParallel::default() }.validate().is_err());
 }

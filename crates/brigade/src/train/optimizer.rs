@@ -52,21 +52,25 @@ const CHUNK: usize = 1 << 14;
 
 impl AdamW {
     pub fn new(cfg: AdamWConfig, layout: &ParamLayout) -> AdamW {
-        AdamW::over(cfg, layout, 0..layout.total)
+        let whole = std::iter::once(0..layout.total).collect::<Vec<_>>();
+        AdamW::over(cfg, layout, &whole)
     }
 
-    /// State for the slice `range` of the flat buffer (a ZeRO shard): `step` then takes that
-    /// slice of the parameters and gradients.
-    pub fn over(cfg: AdamWConfig, layout: &ParamLayout, range: Range<usize>) -> AdamW {
-        let groups = layout
-            .specs
-            .iter()
-            .filter_map(|s| {
+    /// State for the `pieces` of the flat buffer (a ZeRO shard), laid end to end: `step` then
+    /// takes the same pieces of the parameters and gradients, laid end to end.
+    pub fn over(cfg: AdamWConfig, layout: &ParamLayout, pieces: &[Range<usize>]) -> AdamW {
+        let mut groups = Vec::new();
+        let mut at = 0;
+        for range in pieces {
+            for s in &layout.specs {
                 let (lo, hi) = (s.view.offset.max(range.start), (s.view.offset + s.view.len).min(range.end));
-                (lo < hi).then(|| (lo - range.start..hi - range.start, s.decay))
-            })
-            .collect();
-        AdamW { cfg, m: vec![0.0; range.len()], v: vec![0.0; range.len()], t: 0, groups }
+                if lo < hi {
+                    groups.push((at + lo - range.start..at + hi - range.start, s.decay));
+                }
+            }
+            at += range.len();
+        }
+        AdamW { cfg, m: vec![0.0; at], v: vec![0.0; at], t: 0, groups }
     }
 
     pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {

@@ -8,11 +8,10 @@ use super::optimizer::AdamW;
 use super::state::{Fingerprints, RunState};
 use super::trainer::{StepStats, Trainer};
 use crate::error::{Error, Result};
-use crate::parallel::data;
+use crate::parallel::data::zero::Shards;
 use crate::parallel::tensor::state::gather_full;
 use crate::parallel::{Mesh, Settings};
 use std::collections::HashMap;
-use std::ops::Range;
 use std::path::Path;
 
 impl Trainer {
@@ -21,13 +20,12 @@ impl Trainer {
     /// first rank writes. The files hold the full model whatever the layout.
     pub fn save(&self, dir: &Path) -> Result<()> {
         let local = &self.model.layout;
+        // ZeRO pieces gathered over the dp group, then every rank of a tensor-parallel group
+        // holds a slice: the full tensors from all of them
         let (mut m, mut v) = (vec![0f32; local.total], vec![0f32; local.total]);
-        m[self.shard.clone()].copy_from_slice(&self.opt.m);
-        v[self.shard.clone()].copy_from_slice(&self.opt.v);
-        data::gather_shards(&self.mesh.dp, &mut m, &self.dpc)?;
-        data::gather_shards(&self.mesh.dp, &mut v, &self.dpc)?;
-        // every rank of a tensor-parallel group holds a slice: the full tensors from all of them
-        let params = gather_full(&self.mesh.tp, local, &self.params)?;
+        self.shards.gather(&self.mesh.dp, &self.opt.m, &mut m)?;
+        self.shards.gather(&self.mesh.dp, &self.opt.v, &mut v)?;
+        let params = gather_full(&self.mesh.tp, local, &self.local_params()?)?;
         let mut m = gather_full(&self.mesh.tp, local, &m)?;
         let v = gather_full(&self.mesh.tp, local, &v)?;
         if self.mesh.dp.rank() != 0 || self.mesh.tp.rank() != 0 {
@@ -135,8 +133,13 @@ impl Trainer {
         }
         let full = checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.full_model.layout, "")?.0;
         let (rank, tp) = (tr.model.tp_rank, tr.model.tp);
-        tr.params = tr.model.layout.slice_full(&full, rank, tp);
-        load_moments(dir, &tr.model.layout, (rank, tp), &mut tr.opt, tr.shard.clone())?;
+        let local = tr.model.layout.slice_full(&full, rank, tp);
+        if tr.dpc.zero >= 3 {
+            tr.pshard = tr.shards.compact(&local);
+        } else {
+            tr.params = local;
+        }
+        load_moments(dir, &tr.model.layout, (rank, tp), &mut tr.opt, &tr.shards)?;
         if tr.opt.t != step as u64 {
             return Err(Error::ckpt(
                 dir.join(OPTIMIZER_FILE),
@@ -183,20 +186,20 @@ pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
 }
 
 /// Reads the full moments and keeps this rank's slice (tensor-parallel rank `rank` of `tp`)
-/// and `shard` (ZeRO) of them.
+/// and its ZeRO pieces of them.
 fn load_moments(
     dir: &Path,
     layout: &crate::params::ParamLayout,
     (rank, tp): (usize, usize),
     opt: &mut AdamW,
-    shard: Range<usize>,
+    shards: &Shards,
 ) -> Result<()> {
     let path = dir.join(OPTIMIZER_FILE);
     let full = layout.full();
     let (buf, meta) = checkpoint::load_tensors(&path, &moments_layout(&full), "")?;
     let (m, v) = buf.split_at(full.total);
-    opt.m.copy_from_slice(&layout.slice_full(m, rank, tp)[shard.clone()]);
-    opt.v.copy_from_slice(&layout.slice_full(v, rank, tp)[shard]);
+    opt.m = shards.compact(&layout.slice_full(m, rank, tp));
+    opt.v = shards.compact(&layout.slice_full(v, rank, tp));
     opt.t = meta
         .get("step")
         .and_then(|s| s.parse().ok())

@@ -7,10 +7,11 @@ use super::optimizer::{clip_to, AdamW, LrSchedule};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::models::{generate, Activations, Gpt, SampleOptions};
+use crate::parallel::data::store::ShardStore;
+use crate::parallel::data::zero::Shards;
 use crate::parallel::data::{self, DataParallel};
 use crate::parallel::tensor::{state as tp_state, Tp};
 use crate::parallel::{Mesh, MeshShape, Settings};
-use std::ops::Range;
 use std::time::Instant;
 
 pub use super::persist::saved_config;
@@ -113,12 +114,16 @@ pub struct Trainer {
     /// This rank's place in the mesh (the single worker: 1×1×1).
     pub mesh: Mesh,
     pub(crate) dpc: DataParallel,
+    /// This rank's ZeRO pieces of every unit (whole units without ZeRO).
+    pub(crate) shards: Shards,
+    /// ZeRO-3: this rank's pieces of the parameters (`params` is then empty).
+    pub(crate) pshard: Vec<f32>,
+    /// ZeRO ≥ 1: this rank's pieces of the summed gradient (ZeRO ≥ 2: `grads` is empty).
+    pub(crate) gshard: Vec<f32>,
     /// Sequence parallelism inside the tensor-parallel group.
     pub(crate) sp: bool,
     /// The single-worker model (the full layout), for evaluation and checkpoints.
     pub(crate) full_model: Gpt,
-    /// The slice of the flat buffers this rank's optimizer updates (all of it without ZeRO).
-    pub(crate) shard: Range<usize>,
     /// Sequences per forward pass on this rank.
     pub(crate) micro: usize,
     pub(crate) clock: StepClock,
@@ -222,9 +227,13 @@ impl Trainer {
         let model = Gpt::shard(mcfg, mesh.coords.tp, mesh.shape.tp)?;
         // tensor-parallel collectives run inside forward and backward: timed from their trace
         mesh.tp.enable_tracing(mesh.tp.size() > 1);
-        let params = model.init_params(cfg.seed);
-        let shard = dpc.shard(&mesh.dp, model.layout.total);
-        let opt = AdamW::over(cfg.adamw, &model.layout, shard.clone());
+        let mut params = model.init_params(cfg.seed);
+        let shards = Shards::new(&model.units, mesh.dp.size(), mesh.dp.rank(), dpc.zero > 0);
+        let opt = AdamW::over(cfg.adamw, &model.layout, &shards.pieces);
+        // what each ZeRO stage keeps whole, and what only in pieces
+        let pshard = if dpc.zero >= 3 { shards.compact(&std::mem::take(&mut params)) } else { Vec::new() };
+        let gshard = if dpc.zero >= 1 { vec![0.0; shards.len] } else { Vec::new() };
+        let grads = if dpc.zero >= 2 { Vec::new() } else { vec![0.0; model.layout.total] };
         let sched = LrSchedule {
             max_lr: cfg.lr,
             min_lr: cfg.min_lr.unwrap_or(cfg.lr / 10.0),
@@ -232,7 +241,7 @@ impl Trainer {
             total: cfg.steps,
         };
         Ok(Trainer {
-            grads: vec![0.0; model.layout.total],
+            grads,
             model,
             params,
             opt,
@@ -250,7 +259,9 @@ impl Trainer {
             dpc,
             sp,
             full_model: Gpt::new(mcfg)?,
-            shard,
+            shards,
+            pshard,
+            gshard,
             micro: mb,
             clock: StepClock::default(),
             history: Vec::new(),
@@ -293,20 +304,31 @@ impl Trainer {
             return Err(Error::Train(self.explain_nonfinite_loss(loss, step)));
         }
         let t0 = Instant::now();
-        let shard = self.shard.clone();
         let tp = Tp::new(&self.mesh.tp, self.sp);
-        let sq = tp_state::grad_sq_norm(&tp, &self.model.layout, &self.grads, shard.clone())?;
-        let sq = data::global_sq_norm(&self.mesh.dp, sq, &self.dpc)?;
+        let layout = &self.model.layout;
+        let (cut, replicated) = (self.shards.compact_ranges(layout, false), self.shards.compact_ranges(layout, true));
+        // the summed gradient this rank updates from: the whole one, or its ZeRO pieces
+        let g = if self.dpc.zero == 0 { &mut self.grads } else { &mut self.gshard };
+        let sq = tp_state::grad_sq_norm(&tp, g, &cut, &replicated)?;
+        let sq = data::sum_sharded(&self.mesh.dp, sq, &self.dpc)?;
         let grad_norm = sq.sqrt() as f32;
-        clip_to(&mut self.grads[shard.clone()], grad_norm, self.cfg.grad_clip);
+        clip_to(g, grad_norm, self.cfg.grad_clip);
         self.trace("clip", "optimizer", step, t0);
         let t0 = Instant::now();
-        self.opt.step(&mut self.params[shard.clone()], &self.grads[shard], lr);
-        self.trace("adamw", "optimizer", step, t0);
-        let t0 = Instant::now();
-        data::gather_shards(&self.mesh.dp, &mut self.params, &self.dpc)?;
-        if self.dpc.zero > 0 && self.mesh.dp.size() > 1 {
-            self.trace("parameter all-gather (ZeRO)", "comm", step, t0);
+        match self.dpc.zero {
+            0 => self.opt.step(&mut self.params, &self.grads, lr),
+            1 | 2 => {
+                let mut mine = self.shards.compact(&self.params);
+                self.opt.step(&mut mine, &self.gshard, lr);
+                self.trace("adamw", "optimizer", step, t0);
+                let t0 = Instant::now();
+                self.shards.gather(&self.mesh.dp, &mine, &mut self.params)?;
+                self.trace("parameter all-gather (ZeRO)", "comm", step, t0);
+            }
+            _ => self.opt.step(&mut self.pshard, &self.gshard, lr),
+        }
+        if self.dpc.zero != 1 && self.dpc.zero != 2 {
+            self.trace("adamw", "optimizer", step, t0);
         }
         self.step = step;
         self.losses.push(loss);
@@ -360,6 +382,7 @@ impl Trainer {
         }
         let step = self.step + 1;
         self.grads.fill(0.0);
+        self.gshard.fill(0.0);
         let mb = self.micro;
         // Every target of the global batch counts once: the gradients of the dp ranks then sum
         // to the single worker's.
@@ -372,17 +395,36 @@ impl Trainer {
         let n_micro = x.len() / (mb * t);
         let overlap = data::overlaps(&self.mesh.dp, &self.dpc);
         let tp = Tp::new(&self.mesh.tp, self.sp);
+        let (dp, zero) = (&self.mesh.dp, self.dpc.zero);
         for (i, (xm, ym)) in x.chunks(mb * t).zip(y.chunks(mb * t)).enumerate() {
             let t0 = Instant::now();
-            self.model.forward_tp(&tp, &self.params, xm, mb, t, &mut self.acts)?;
-            loss_sum += self.model.loss_tp(&tp, ym, &mut self.acts)?.0;
+            let (model, acts) = (&self.model, &mut self.acts);
+            if zero >= 2 {
+                // each unit's gradient reduce-scattered into this rank's pieces as backward
+                // finishes it; under ZeRO-3 each unit's parameters gathered when needed
+                let full = (zero == 2).then_some(&self.params[..]);
+                let mut store = ShardStore::new(&self.shards, dp, full, &self.pshard, &mut self.gshard);
+                model.forward_units(&tp, &mut store, xm, mb, t, acts)?;
+                loss_sum += model.loss_tp(&tp, ym, acts)?.0;
+                let t1 = Instant::now();
+                model.backward_units(&tp, &mut store, xm, ym, scale, acts)?;
+                let t2 = Instant::now();
+                store.finish()?;
+                let (tl, clock) = (&mut self.timeline, &mut self.clock);
+                note(tl, clock, format!("forward mb{i}"), "compute", step, (t0, t1));
+                note(tl, clock, format!("backward mb{i}"), "compute", step, (t1, t2));
+                note(tl, clock, "gradient reduce-scatter (exposed)", "comm", step, (t2, Instant::now()));
+                continue;
+            }
+            model.forward_tp(&tp, &self.params, xm, mb, t, acts)?;
+            loss_sum += model.loss_tp(&tp, ym, acts)?.0;
             note(&mut self.timeline, &mut self.clock, format!("forward mb{i}"), "compute", step, (t0, Instant::now()));
             let t0 = Instant::now();
-            let (model, params, grads, acts) = (&self.model, &self.params, &mut self.grads, &mut self.acts);
+            let (params, grads) = (&self.params, &mut self.grads);
             if overlap && i + 1 == n_micro {
                 // The last micro-batch completes each layer's gradient: its buckets are
                 // all-reduced while the earlier layers run backward.
-                let mut reducer = data::BucketReducer::new(&self.mesh.dp, grads.len(), &self.dpc);
+                let mut reducer = data::BucketReducer::new(dp, grads.len(), &self.dpc);
                 model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |g, from| reducer.ready(g, from))?;
                 let t1 = Instant::now();
                 reducer.finish(grads)?;
@@ -391,30 +433,36 @@ impl Trainer {
                 note(tl, clock, "gradient reduction (exposed)", "comm", step, (t1, Instant::now()));
             } else {
                 model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |_, _| {})?;
-                note(
-                    &mut self.timeline,
-                    &mut self.clock,
-                    format!("backward mb{i}"),
-                    "compute",
-                    step,
-                    (t0, Instant::now()),
-                );
+                let span = (t0, Instant::now());
+                note(&mut self.timeline, &mut self.clock, format!("backward mb{i}"), "compute", step, span);
             }
         }
         let t0 = Instant::now();
-        if !overlap {
-            data::reduce_gradients(&self.mesh.dp, &mut self.grads, &self.dpc)?;
+        if zero == 1 {
+            self.shards.reduce_scatter(dp, &self.grads, &mut self.gshard, false)?;
         }
-        tp_state::sum_replicated_grads(&tp, &self.model.layout, &mut self.grads, self.shard.clone())?;
-        let loss_sum = data::sum_scalar(&self.mesh.dp, loss_sum)?;
+        let g = if zero == 0 { &mut self.grads } else { &mut self.gshard };
+        tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.model.layout, true))?;
+        let loss_sum = data::sum_scalar(dp, loss_sum)?;
         note(&mut self.timeline, &mut self.clock, "gradient reduction", "comm", step, (t0, Instant::now()));
         Ok((loss_sum, count))
     }
 
-    /// The gradient left by the last `accumulate_gradients` (or, after a step, clipped). With
-    /// ZeRO-1 only this rank's shard (`shard()`) holds the summed gradient.
+    /// The gradient left by the last `accumulate_gradients` (or, after a step, clipped), on a
+    /// rank without ZeRO (with ZeRO it is summed only in this rank's pieces).
     pub fn grads(&self) -> &[f32] {
         &self.grads
+    }
+
+    /// This rank's whole (tensor-parallel-local) parameters: its own, or under ZeRO-3 gathered
+    /// from the dp group's pieces (every rank of the group must call it then).
+    pub fn local_params(&self) -> Result<std::borrow::Cow<'_, [f32]>> {
+        if self.dpc.zero < 3 {
+            return Ok(std::borrow::Cow::Borrowed(&self.params));
+        }
+        let mut full = vec![0f32; self.model.layout.total];
+        self.shards.gather(&self.mesh.dp, &self.pshard, &mut full)?;
+        Ok(std::borrow::Cow::Owned(full))
     }
 
     /// Sequences per forward pass on this rank.
@@ -422,14 +470,13 @@ impl Trainer {
         self.micro
     }
 
-    /// The slice of the flat buffers this rank's optimizer owns.
-    pub fn shard(&self) -> Range<usize> {
-        self.shard.clone()
-    }
-
     /// A non-finite loss, with what most likely caused it.
     fn explain_nonfinite_loss(&self, loss: f32, step: usize) -> String {
-        let bad_param = self.model.layout.specs.iter().find(|s| s.view.of(&self.params).iter().any(|v| !v.is_finite()));
+        // (under ZeRO-3 this rank holds only pieces: no parameter is named)
+        let bad_param = match self.params.len() == self.model.layout.total {
+            true => self.model.layout.specs.iter().find(|s| s.view.of(&self.params).iter().any(|v| !v.is_finite())),
+            false => None,
+        };
         let lr = self.cfg.lr;
         if self.grad_norms.is_empty() {
             // Nothing was updated in this process: the weights or the data are at fault.
@@ -455,13 +502,20 @@ impl Trainer {
         note(&mut self.timeline, &mut self.clock, name, cat, step, (start, Instant::now()));
     }
 
-    /// The full model's parameters gathered over the tensor-parallel group (every member must
-    /// call it); `None` when this rank holds the whole model already.
+    /// The full model's parameters gathered over the tensor-parallel group (and under ZeRO-3
+    /// the data-parallel one; every member must call it); `None` when this rank holds the whole
+    /// model already.
     pub fn full_params(&self) -> Result<Option<Vec<f32>>> {
-        if !self.model.layout.is_sharded() {
+        if self.holds_whole_model() {
             return Ok(None);
         }
-        tp_state::gather_full(&self.mesh.tp, &self.model.layout, &self.params).map(Some)
+        tp_state::gather_full(&self.mesh.tp, &self.model.layout, &self.local_params()?).map(Some)
+    }
+
+    /// Whether `params` is the whole model (not cut across a tensor-parallel group, not left in
+    /// ZeRO-3 pieces).
+    fn holds_whole_model(&self) -> bool {
+        !self.model.layout.is_sharded() && self.dpc.zero < 3
     }
 
     /// The single-worker model and its parameters: this rank's own, or `full` from
@@ -470,7 +524,7 @@ impl Trainer {
         match full {
             Some(f) => (&self.full_model, f),
             None => {
-                assert!(!self.model.layout.is_sharded(), "a model cut across ranks is evaluated from full_params");
+                assert!(self.holds_whole_model(), "a model cut across ranks is evaluated from full_params");
                 (&self.model, &self.params)
             }
         }
@@ -486,7 +540,7 @@ impl Trainer {
         let (model, params) = match full {
             Some(f) => (&self.full_model, f),
             None => {
-                assert!(!self.model.layout.is_sharded(), "a model cut across ranks is evaluated from full_params");
+                assert!(self.holds_whole_model(), "a model cut across ranks is evaluated from full_params");
                 (&self.model, &self.params[..])
             }
         };

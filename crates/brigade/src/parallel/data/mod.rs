@@ -1,17 +1,22 @@
 //! Data parallelism: every rank of a dp group holds the same parameters and runs its own share
 //! of the global batch; their gradients are summed (each rank's loss is already scaled by the
-//! global number of targets, so the sum is the single worker's gradient). With ZeRO-1 the sum
-//! is reduce-scattered: each rank keeps only its shard of the gradient, updates only its shard
-//! of the parameters with only its shard of the AdamW moments, and the shards are gathered.
+//! global number of targets, so the sum is the single worker's gradient). With ZeRO the sum
+//! is reduce-scattered: each rank keeps only its pieces of the gradient (`zero`), updates only
+//! its pieces of the parameters with only its pieces of the AdamW moments, and the pieces are
+//! gathered (ZeRO-1/2) or stay apart until a unit is needed (ZeRO-3, `store`).
+
+pub mod store;
+pub mod zero;
 
 use crate::error::{Error, Result};
-use brigade_comm::{chunk_range, Comm, ReduceOp};
+use brigade_comm::{Comm, ReduceOp};
 use std::ops::Range;
 
 /// How gradients are reduced and optimizer state is split over the dp group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataParallel {
-    /// ZeRO stage: 0 (replicated optimizer) or 1 (optimizer state sharded).
+    /// ZeRO stage: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and
+    /// parameters).
     pub zero: u8,
     /// Gradient elements per all-reduce bucket (ZeRO-0).
     pub bucket_elems: usize,
@@ -26,31 +31,17 @@ impl Default for DataParallel {
 
 impl DataParallel {
     pub fn validate(&self) -> Result<()> {
-        if self.zero > 1 {
-            return Err(Error::Config(format!(
-                "zero={} is not implemented yet (ZeRO-2 and ZeRO-3 come with the bucketed, overlapped reduction); use zero=0 or zero=1",
-                self.zero
-            )));
+        if self.zero > 3 {
+            return Err(Error::Config(format!("zero={}: expected a ZeRO stage 0, 1, 2 or 3", self.zero)));
         }
         if self.bucket_elems == 0 {
             return Err(Error::Config("the gradient bucket must hold at least one element".into()));
         }
         Ok(())
     }
-
-    /// The slice of the flat buffers this rank updates: all of it without ZeRO.
-    pub fn shard(&self, dp: &Comm, total: usize) -> Range<usize> {
-        if self.zero == 0 {
-            0..total
-        } else {
-            chunk_range(total, dp.size(), dp.rank())
-        }
-    }
 }
 
-fn comm_err(e: brigade_comm::CommError) -> Error {
-    Error::Train(format!("data-parallel communication failed: {e}"))
-}
+use zero::comm_err;
 
 /// The buckets of a `total`-element gradient, last elements first (the order backward
 /// finishes them), each at most `bucket` elements.
@@ -104,40 +95,12 @@ pub fn overlaps(dp: &Comm, cfg: &DataParallel) -> bool {
     cfg.zero == 0 && dp.size() > 1
 }
 
-/// Sums `grads` over the dp group. ZeRO-0: every rank gets the whole sum, bucket by bucket,
-/// the buckets in flight together. ZeRO-1: only this rank's shard of `grads` holds the sum
-/// afterwards (the rest is stale and must not be read).
-pub fn reduce_gradients(dp: &Comm, grads: &mut [f32], cfg: &DataParallel) -> Result<()> {
-    if dp.size() == 1 {
-        return Ok(());
-    }
+/// A scalar summed over the dp group when each rank holds only its pieces (ZeRO ≥ 1).
+pub fn sum_sharded(dp: &Comm, x: f64, cfg: &DataParallel) -> Result<f64> {
     if cfg.zero == 0 {
-        BucketReducer::new(dp, grads.len(), cfg).finish(grads)?;
-    } else {
-        let shard = cfg.shard(dp, grads.len());
-        let mut out = vec![0f32; shard.len()];
-        dp.reduce_scatter(grads, &mut out, ReduceOp::Sum).map_err(comm_err)?;
-        grads[shard].copy_from_slice(&out);
+        return Ok(x);
     }
-    Ok(())
-}
-
-/// The squared L2 norm of the summed gradient, from each rank's shard.
-pub fn global_sq_norm(dp: &Comm, local_sq: f64, cfg: &DataParallel) -> Result<f64> {
-    if cfg.zero == 0 {
-        return Ok(local_sq);
-    }
-    sum_scalar(dp, local_sq)
-}
-
-/// After a sharded update: every rank gets every shard of `buf`.
-pub fn gather_shards(dp: &Comm, buf: &mut [f32], cfg: &DataParallel) -> Result<()> {
-    if cfg.zero == 0 || dp.size() == 1 {
-        return Ok(());
-    }
-    let shard = cfg.shard(dp, buf.len());
-    let mine = buf[shard].to_vec();
-    dp.all_gather(&mine, buf).map_err(comm_err)
+    sum_scalar(dp, x)
 }
 
 /// A scalar summed over the group (the loss sum of each rank's share of the batch).

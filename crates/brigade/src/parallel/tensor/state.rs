@@ -4,7 +4,7 @@
 
 use super::Tp;
 use crate::error::{Error, Result};
-use crate::params::{ParamLayout, Split};
+use crate::params::ParamLayout;
 use brigade_comm::{Comm, ReduceOp};
 use std::ops::Range;
 
@@ -20,47 +20,33 @@ pub fn gather_full(tp: &Comm, layout: &ParamLayout, local: &[f32]) -> Result<Vec
     Ok(layout.assemble_full(&all, tp.size()))
 }
 
-/// The parts of `range` that lie in parameters of the given kind (replicated or cut).
-fn pieces(layout: &ParamLayout, range: &Range<usize>, replicated: bool) -> Vec<Range<usize>> {
-    layout
-        .specs
-        .iter()
-        .filter(|s| (s.split == Split::Replicated) == replicated)
-        .filter_map(|s| {
-            let (lo, hi) = (s.view.offset.max(range.start), (s.view.offset + s.view.len).min(range.end));
-            (lo < hi).then_some(lo..hi)
-        })
-        .collect()
-}
-
-/// The squared L2 norm of the gradient `g[range]` of the full model: the cut parameters'
-/// squares summed over the group, the replicated ones (equal on every rank) counted once.
-pub fn grad_sq_norm(tp: &Tp, layout: &ParamLayout, g: &[f32], range: Range<usize>) -> Result<f64> {
-    let sq = |rs: Vec<Range<usize>>| rs.into_iter().map(|r| crate::train::optimizer::grad_sq_norm(&g[r])).sum::<f64>();
+/// The squared L2 norm of the full model's gradient from this rank's `g`, whose ranges `cut`
+/// hold parameters cut across the group and `replicated` parameters every rank holds: the cut
+/// ones' squares summed over the group, the replicated ones (equal on every rank) counted once.
+pub fn grad_sq_norm(tp: &Tp, g: &[f32], cut: &[Range<usize>], replicated: &[Range<usize>]) -> Result<f64> {
+    let sq = |rs: &[Range<usize>]| rs.iter().map(|r| crate::train::optimizer::grad_sq_norm(&g[r.clone()])).sum::<f64>();
     if tp.size() == 1 {
-        return Ok(crate::train::optimizer::grad_sq_norm(&g[range]));
+        return Ok(crate::train::optimizer::grad_sq_norm(g));
     }
-    let cut = sq(pieces(layout, &range, false));
-    let replicated = if tp.rank() == 0 { sq(pieces(layout, &range, true)) } else { 0.0 };
-    let mut v = [(cut + replicated) as f32];
+    let replicated = if tp.rank() == 0 { sq(replicated) } else { 0.0 };
+    let mut v = [(sq(cut) + replicated) as f32];
     tp.all_reduce(&mut v, ReduceOp::Sum)?;
     Ok(v[0] as f64)
 }
 
 /// Under sequence parallelism each rank computed the gradients of the replicated parameters
 /// (LayerNorm, row-parallel biases, positions) from its rows only: sums them over the group,
-/// in `g[range]`, so that the parameters stay identical on every rank.
-pub fn sum_replicated_grads(tp: &Tp, layout: &ParamLayout, g: &mut [f32], range: Range<usize>) -> Result<()> {
+/// in the `replicated` ranges of `g`, so that the parameters stay identical on every rank.
+pub fn sum_replicated_grads(tp: &Tp, g: &mut [f32], replicated: &[Range<usize>]) -> Result<()> {
     if !tp.sp {
         return Ok(());
     }
-    let rs = pieces(layout, &range, true);
-    let mut buf: Vec<f32> = rs.iter().flat_map(|r| g[r.clone()].iter().copied()).collect();
+    let mut buf: Vec<f32> = replicated.iter().flat_map(|r| g[r.clone()].iter().copied()).collect();
     tp.all_reduce(&mut buf, ReduceOp::Sum)?;
     let mut at = 0;
-    for r in rs {
+    for r in replicated {
         let n = r.len();
-        g[r].copy_from_slice(&buf[at..at + n]);
+        g[r.clone()].copy_from_slice(&buf[at..at + n]);
         at += n;
     }
     Ok(())

@@ -1,0 +1,143 @@
+//! The unit store of ZeRO-2 and ZeRO-3 for one micro-batch: each unit's gradient lives in a
+//! window only while backward fills it, then is reduce-scattered (asynchronously, while the
+//! earlier units run backward) into this rank's pieces; under ZeRO-3 each unit's parameters
+//! are gathered from the pieces just before forward or backward needs them, the next unit's
+//! gather already in flight, and dropped after. The embedding (tied to the LM head, used first
+//! and last) stays gathered for the whole micro-batch.
+
+use super::zero::{comm_err, Shards};
+use crate::error::Result;
+use crate::models::units::UnitStore;
+use brigade_comm::{Comm, Handle, ReduceOp};
+
+pub struct ShardStore<'a> {
+    shards: &'a Shards,
+    dp: &'a Comm,
+    /// ZeRO-2: the whole parameter buffer. ZeRO-3: `None`, units gathered from `pshard`.
+    full: Option<&'a [f32]>,
+    pshard: &'a [f32],
+    gshard: &'a mut [f32],
+    windows: Vec<Option<Vec<f32>>>,
+    prefetch: Vec<Option<Handle<Vec<f32>>>>,
+    grads: Vec<Option<Vec<f32>>>,
+    pending: Vec<(usize, Handle<Vec<f32>>)>,
+    /// Units whose parameters forward has asked for, and times backward asked for unit 0.
+    furthest: usize,
+    embedding_backward_calls: usize,
+}
+
+impl<'a> ShardStore<'a> {
+    /// `full`: the whole parameters (ZeRO-2) or `None` (ZeRO-3: from `pshard`); this rank's
+    /// summed gradient pieces are added into `gshard`.
+    pub fn new(
+        shards: &'a Shards,
+        dp: &'a Comm,
+        full: Option<&'a [f32]>,
+        pshard: &'a [f32],
+        gshard: &'a mut [f32],
+    ) -> Self {
+        let n = shards.units.len();
+        ShardStore {
+            shards,
+            dp,
+            full,
+            pshard,
+            gshard,
+            windows: (0..n).map(|_| None).collect(),
+            prefetch: (0..n).map(|_| None).collect(),
+            grads: (0..n).map(|_| None).collect(),
+            pending: Vec::new(),
+            furthest: 0,
+            embedding_backward_calls: 0,
+        }
+    }
+
+    fn last(&self) -> usize {
+        self.shards.units.len() - 1
+    }
+
+    /// Starts gathering unit `u`'s parameters, unless it is here or on its way.
+    fn start_gather(&mut self, u: usize) {
+        if self.full.is_none() && self.windows[u].is_none() && self.prefetch[u].is_none() {
+            let piece = self.pshard[self.shards.piece(u)].to_vec();
+            self.prefetch[u] = Some(self.dp.all_gather_async(piece, self.shards.units[u].len()));
+        }
+    }
+
+    /// Makes unit `u`'s parameters present (ZeRO-3), dropping the other blocks' (not the
+    /// embedding's) and prefetching `next`.
+    fn bring(&mut self, u: usize, next: Option<usize>) -> Result<()> {
+        if self.full.is_some() {
+            return Ok(());
+        }
+        self.start_gather(u);
+        if let Some(h) = self.prefetch[u].take() {
+            self.windows[u] = Some(h.wait().map_err(comm_err)?);
+        }
+        if u != 0 {
+            for (k, w) in self.windows.iter_mut().enumerate() {
+                if k != 0 && k != u {
+                    *w = None;
+                }
+            }
+        }
+        if let Some(n) = next {
+            self.start_gather(n);
+        }
+        Ok(())
+    }
+
+    fn params_of(&self, u: usize) -> &[f32] {
+        match self.full {
+            Some(p) => &p[self.shards.units[u].clone()],
+            None => self.windows[u].as_deref().expect("brought before use"),
+        }
+    }
+
+    /// Waits for every reduce-scatter and adds this rank's pieces into `gshard`.
+    pub fn finish(self) -> Result<()> {
+        for (u, h) in self.pending {
+            let mine = h.wait().map_err(comm_err)?;
+            let r = self.shards.piece(u);
+            self.gshard[r].iter_mut().zip(&mine).for_each(|(g, x)| *g += x);
+        }
+        Ok(())
+    }
+}
+
+impl UnitStore for ShardStore<'_> {
+    fn params(&mut self, u: usize) -> Result<&[f32]> {
+        // forward order: 0, 1, …, last, then 0 again for the LM head
+        let next = (u < self.last() && self.furthest <= u).then_some(u + 1);
+        self.furthest = self.furthest.max(u);
+        self.bring(u, next)?;
+        Ok(self.params_of(u))
+    }
+
+    fn params_grads(&mut self, u: usize) -> Result<(&[f32], &mut [f32])> {
+        // backward order: 0 (LM head), last, …, 1, then 0 again for the embedding
+        let next = match u {
+            0 => {
+                self.embedding_backward_calls += 1;
+                (self.embedding_backward_calls == 1).then(|| self.last())
+            }
+            1 => None,
+            k => Some(k - 1),
+        };
+        self.bring(u, next)?;
+        let len = self.shards.units[u].len();
+        let g = self.grads[u].get_or_insert_with(|| vec![0f32; len]);
+        let p = match self.full {
+            Some(p) => &p[self.shards.units[u].clone()],
+            None => self.windows[u].as_deref().expect("brought before use"),
+        };
+        Ok((p, g))
+    }
+
+    fn grads_done(&mut self, u: usize) -> Result<()> {
+        if let Some(g) = self.grads[u].take() {
+            self.pending.push((u, self.dp.reduce_scatter_async(g, ReduceOp::Sum)));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,150 @@
+//! ZeRO's shards (Rajbhandari et al. 2020): every unit of the flat buffers (the embedding, each
+//! block, the final LayerNorm) is cut into dp pieces (`chunk_range` of the unit) and each rank
+//! of the dp group keeps its piece of every unit, laid end to end in a compact buffer. ZeRO-1
+//! keeps the optimizer state only there, ZeRO-2 also the gradient, ZeRO-3 also the parameters.
+//! Cutting each unit (not the whole buffer) lets one unit's parameters be gathered, and its
+//! gradient be reduce-scattered, on its own, just when backward or forward reaches it.
+
+use crate::error::{Error, Result};
+use crate::params::{ParamLayout, Split};
+use brigade_comm::{chunk_range, Comm, ReduceOp};
+use std::ops::Range;
+
+pub(super) fn comm_err(e: brigade_comm::CommError) -> Error {
+    Error::Train(format!("data-parallel communication failed: {e}"))
+}
+
+/// This rank's pieces of every unit.
+#[derive(Clone, Debug)]
+pub struct Shards {
+    pub units: Vec<Range<usize>>,
+    /// This rank's piece of each unit, in the flat buffer.
+    pub pieces: Vec<Range<usize>>,
+    /// Where each piece starts in the compact buffer.
+    pub at: Vec<usize>,
+    /// Elements of the compact buffer.
+    pub len: usize,
+}
+
+impl Shards {
+    /// Pieces of `units` for rank `rank` of `dp` (whole units when not sharded).
+    pub fn new(units: &[Range<usize>], dp: usize, rank: usize, sharded: bool) -> Shards {
+        let pieces: Vec<Range<usize>> = units
+            .iter()
+            .map(|u| match sharded {
+                false => u.clone(),
+                true => {
+                    let c = chunk_range(u.len(), dp, rank);
+                    u.start + c.start..u.start + c.end
+                }
+            })
+            .collect();
+        let mut at = Vec::with_capacity(pieces.len());
+        let mut len = 0;
+        for p in &pieces {
+            at.push(len);
+            len += p.len();
+        }
+        Shards { units: units.to_vec(), pieces, at, len }
+    }
+
+    /// This rank's pieces copied out of a full buffer, end to end.
+    pub fn compact(&self, full: &[f32]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.len);
+        for p in &self.pieces {
+            out.extend_from_slice(&full[p.clone()]);
+        }
+        out
+    }
+
+    /// This rank's piece of unit `u` in the compact buffer.
+    pub fn piece(&self, u: usize) -> Range<usize> {
+        self.at[u]..self.at[u] + self.pieces[u].len()
+    }
+
+    /// Ranges of the compact buffer that hold parameters replicated across the tensor-parallel
+    /// group (`replicated`) or cut across it.
+    pub fn compact_ranges(&self, layout: &ParamLayout, replicated: bool) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        for (k, p) in self.pieces.iter().enumerate() {
+            for s in layout.specs.iter().filter(|s| (s.split == Split::Replicated) == replicated) {
+                let (lo, hi) = (s.view.offset.max(p.start), (s.view.offset + s.view.len).min(p.end));
+                if lo < hi {
+                    out.push(self.at[k] + lo - p.start..self.at[k] + hi - p.start);
+                }
+            }
+        }
+        out
+    }
+
+    /// The full buffer from every rank's compact pieces (collective over the dp group).
+    pub fn gather(&self, dp: &Comm, compact: &[f32], full: &mut [f32]) -> Result<()> {
+        for u in 0..self.units.len() {
+            let r = self.units[u].clone();
+            if dp.size() == 1 || self.pieces[u] == r {
+                full[r].copy_from_slice(&compact[self.piece(u)]);
+            } else {
+                dp.all_gather(&compact[self.piece(u)], &mut full[r]).map_err(comm_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The dp group's sum of the full gradient `full`, this rank's pieces of it written into
+    /// `compact` (added to what it holds when `accumulate`).
+    pub fn reduce_scatter(&self, dp: &Comm, full: &[f32], compact: &mut [f32], accumulate: bool) -> Result<()> {
+        for u in 0..self.units.len() {
+            let mine = self.piece(u);
+            let mut out = vec![0f32; mine.len()];
+            dp.reduce_scatter(&full[self.units[u].clone()], &mut out, ReduceOp::Sum).map_err(comm_err)?;
+            add_or_set(&mut compact[mine], &out, accumulate);
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn add_or_set(dst: &mut [f32], src: &[f32], accumulate: bool) {
+    if accumulate {
+        dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_unit_is_cut_on_its_own() {
+        // units of 5, 2 and 7 elements over 2 ranks: chunk_range of each
+        let units = [0..5, 5..7, 7..14];
+        let s = Shards::new(&units, 2, 1, true);
+        assert_eq!(s.pieces, vec![3..5, 6..7, 11..14]);
+        assert_eq!((s.at.clone(), s.len), (vec![0, 2, 3], 6));
+        let full: Vec<f32> = (0..14).map(|i| i as f32).collect();
+        assert_eq!(s.compact(&full), [3., 4., 6., 11., 12., 13.]);
+        let whole = Shards::new(&units, 2, 1, false);
+        assert_eq!((whole.pieces.clone(), whole.len), (units.to_vec(), 14));
+    }
+
+    #[test]
+    fn gather_and_reduce_scatter_invert_each_other() {
+        let units = [0..5, 5..7, 7..14];
+        let out = brigade_comm::local::run(3, |c| {
+            let s = Shards::new(&units, 3, c.rank(), true);
+            let full: Vec<f32> = (0..14).map(|i| (i * 10 + c.rank()) as f32).collect();
+            let mut mine = vec![0f32; s.len];
+            s.reduce_scatter(&c, &full, &mut mine, false)?;
+            let mut back = vec![0f32; 14];
+            s.gather(&c, &mine, &mut back)?;
+            Ok::<_, Error>(back)
+        })
+        .unwrap();
+        // the sum over ranks 0, 1, 2 of i·10 + rank, on every rank
+        let want: Vec<f32> = (0..14).map(|i| (i * 30 + 3) as f32).collect();
+        for b in out {
+            assert_eq!(b, want);
+        }
+    }
+}
