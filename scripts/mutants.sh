@@ -15,8 +15,8 @@ declare -A file=(
   [chunks]=crates/brigade-comm/src/chunks.rs
 )
 declare -A tests=(
-  [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test data_parallel"
-  [trainer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test generation --test data_parallel --test evaluation"
+  [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
+  [trainer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test generation --test equivalence --test evaluation"
   [generate]="--lib --test generation"
   [gpt]="--lib --test gradcheck --test hf_fixture --test generation --test micro_batching"
   [chunks]="--lib --test local"

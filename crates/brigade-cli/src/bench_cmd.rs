@@ -59,10 +59,15 @@ pub enum BenchCmd {
         model: String,
         #[arg(long, default_value_t = 256)]
         seq: usize,
-        /// Global batch in sequences.
+        /// Global batch in sequences (with --weak: per data-parallel replica).
         #[arg(long, default_value_t = 8)]
         batch: usize,
-        /// Layouts separated by ';', e.g. "dp=1;dp=2;dp=2,zero=1".
+        /// Weak scaling, as DDP benchmarks measure: each layout's global batch is --batch × dp,
+        /// so every replica runs the same work as the first layout's.
+        #[arg(long)]
+        weak: bool,
+        /// Layouts separated by ';', e.g. "dp=1;dp=2;dp=2,zero=1"; the first is the baseline of
+        /// the speedups.
         #[arg(long, default_value = "dp=1;dp=2")]
         layouts: String,
         /// Sequences per forward pass on a rank (default: the rank's whole share).
@@ -113,7 +118,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Comm { ranks, backend, op, min_bytes, max_bytes, json } => {
             crate::comm_bench::run(ranks, &backend, &op, min_bytes, max_bytes, json)
         }
-        BenchCmd::Parallel { model, seq, batch, layouts, micro_batch, threads, steps, warmup, json } => {
+        BenchCmd::Parallel { model, seq, batch, weak, layouts, micro_batch, threads, steps, warmup, json } => {
             crate::check_threads(threads, "--threads")?;
             if steps == 0 {
                 bail!("--steps must be at least 1");
@@ -150,7 +155,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let mut base = None;
             if !json {
                 outln!(
-                    "{model}, global batch {batch} × seq {seq}, {threads} thread(s) per rank, median of {steps} steps"
+                    "{model}, {} batch {batch} × seq {seq}, {threads} thread(s) per rank, median of {steps} steps",
+                    if weak { "per-replica" } else { "global" }
                 );
                 outln!(
                     "{:<16} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10}",
@@ -166,7 +172,9 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             }
             let mut rows = Vec::new();
             for (l, shape, dpc) in parsed {
-                let r = brigade::bench::parallel_step(cfg.clone(), shape, dpc, threads, warmup, steps)?;
+                let cfg =
+                    brigade::train::TrainConfig { batch: if weak { batch * shape.dp } else { batch }, ..cfg.clone() };
+                let r = brigade::bench::parallel_step(cfg, shape, dpc, threads, warmup, steps)?;
                 let speedup = r.tokens_per_s / *base.get_or_insert(r.tokens_per_s);
                 if json {
                     rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,
@@ -189,7 +197,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             if json {
                 outln!(
                     "{}",
-                    serde_json::json!({"bench": "parallel", "model": model, "batch": batch, "seq": seq, "rows": rows})
+                    serde_json::json!({"bench": "parallel", "model": model, "batch": batch, "weak": weak, "seq": seq, "rows": rows})
                 );
             }
             Ok(())
