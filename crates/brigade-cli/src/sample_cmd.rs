@@ -2,7 +2,8 @@ use anyhow::{bail, Result};
 use brigade::models::{generate, SampleOptions};
 use brigade::train::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
 use brigade::train::data::Tokenizer;
-use brigade::train::trainer::{saved_config, solve_addition};
+use brigade::train::evaluate::solve_addition;
+use brigade::train::trainer::saved_config;
 use clap::Args;
 use std::path::PathBuf;
 

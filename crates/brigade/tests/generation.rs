@@ -3,7 +3,8 @@
 
 use brigade::models::{Activations, Gpt, GptConfig};
 use brigade::train::checkpoint::load_model;
-use brigade::train::trainer::{saved_config, solve_addition};
+use brigade::train::evaluate::solve_addition;
+use brigade::train::trainer::saved_config;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;

@@ -1,3 +1,5 @@
+pub mod block;
+pub mod config;
 pub mod generate;
 pub mod gpt;
 pub mod units;

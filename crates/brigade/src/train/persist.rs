@@ -4,9 +4,10 @@
 use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use super::config::TrainConfig;
 use super::data::{Dataset, Fingerprint, Tokenizer};
+use super::metrics::StepStats;
 use super::optimizer::AdamW;
 use super::state::{Fingerprints, RunState};
-use super::trainer::{StepStats, Trainer};
+use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::parallel::data::zero::Shards;
 use crate::parallel::tensor::state::gather_full;

@@ -1,0 +1,121 @@
+//! One pre-LayerNorm transformer block, cut across a tensor-parallel group: attention by heads
+//! and the MLP by hidden units, the residual stream on this rank's rows.
+
+use super::config::GptConfig;
+use crate::error::Result;
+use crate::nn::{ensure, AttnStash, CausalSelfAttention, LayerNorm, LnStash, Mlp, MlpStash};
+use crate::parallel::tensor::Tp;
+use crate::params::ParamLayout;
+use crate::tensor::elementwise::residual_bias_forward;
+
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub ln_1: LayerNorm,
+    pub attn: CausalSelfAttention,
+    pub ln_2: LayerNorm,
+    pub mlp: Mlp,
+}
+
+#[derive(Default)]
+pub struct BlockStash {
+    ln1: LnStash,
+    attn: AttnStash,
+    /// The residual stream after attention (input of ln_2).
+    x2: Vec<f32>,
+    ln2: LnStash,
+    mlp: MlpStash,
+}
+
+/// Scratch reused across blocks and steps. Residual-stream buffers hold this rank's rows
+/// (all of them, or a block under sequence parallelism); `full`/`hfull`/`dfull` all rows.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// A layer input gathered across the group (forward), and again in backward.
+    pub(crate) full: Vec<f32>,
+    pub(crate) hfull: Vec<f32>,
+    /// A row-parallel layer's partial output, and its sum on this rank's rows.
+    pub(crate) part: Vec<f32>,
+    pub(crate) rows: Vec<f32>,
+    pub(crate) dresid: Vec<f32>,
+    pub(crate) dln: Vec<f32>,
+    /// A column-parallel layer's partial input gradient (all rows).
+    pub(crate) dpart: Vec<f32>,
+    /// An output gradient gathered across the group.
+    pub(crate) dfull: Vec<f32>,
+    pub(crate) dh: Vec<f32>,
+    pub(crate) datt: Vec<f32>,
+    pub(crate) dqkv: Vec<f32>,
+}
+
+impl Block {
+    pub(crate) fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig, tp: usize) -> Block {
+        let c = cfg.n_embd;
+        let std = 0.02;
+        // GPT-2 scales the projections into the residual stream by 1/sqrt(2·n_layer).
+        let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
+        Block {
+            ln_1: LayerNorm::new(layout, &format!("h.{i}.ln_1"), c),
+            attn: CausalSelfAttention::new(layout, &format!("h.{i}.attn"), c, cfg.n_head, tp, std, proj_std),
+            ln_2: LayerNorm::new(layout, &format!("h.{i}.ln_2"), c),
+            mlp: Mlp::new(layout, &format!("h.{i}.mlp"), c, tp, std, proj_std),
+        }
+    }
+
+    /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows: two
+    /// collectives forward (`g` after each row-parallel layer; under sp also two gathers).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        tp: &Tp,
+        p: &[f32],
+        x: &[f32],
+        (b, t): (usize, usize),
+        st: &mut BlockStash,
+        out: &mut [f32],
+        sc: &mut Scratch,
+    ) -> Result<()> {
+        let Scratch { full, part, rows, .. } = sc;
+        ensure(&mut st.x2, x.len());
+        self.ln_1.forward(p, x, &mut st.ln1);
+        let h = tp.enter(&st.ln1.out, full)?;
+        self.attn.forward(p, h, b, t, &mut st.attn, part);
+        let y = tp.exit(part, rows)?;
+        residual_bias_forward(&mut st.x2, x, y, self.attn.c_proj.bias(p));
+        self.ln_2.forward(p, &st.x2, &mut st.ln2);
+        let h = tp.enter(&st.ln2.out, full)?;
+        self.mlp.forward(p, h, &mut st.mlp, part);
+        let y = tp.exit(part, rows)?;
+        residual_bias_forward(out, &st.x2, y, self.mlp.c_proj.bias(p));
+        Ok(())
+    }
+
+    /// On entry `dresid` is the gradient of the block output; on return, of the block input.
+    /// Two collectives backward (`f` before each column-parallel layer).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn backward(
+        &self,
+        tp: &Tp,
+        p: &[f32],
+        g: &mut [f32],
+        x: &[f32],
+        (b, t): (usize, usize),
+        st: &BlockStash,
+        sc: &mut Scratch,
+    ) -> Result<()> {
+        let Scratch { dresid, dln, dpart, dfull, hfull, dh, datt, dqkv, .. } = sc;
+        // The residual add passes dresid unchanged to both branches.
+        self.mlp.c_proj.bias_backward(g, dresid);
+        let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
+        let h = tp.enter(&st.ln2.out, hfull)?;
+        self.mlp.backward(p, g, h, &st.mlp, dy, dpart, dh);
+        let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
+        self.ln_2.backward(p, g, &st.x2, &st.ln2, d, dresid);
+        self.attn.c_proj.bias_backward(g, dresid);
+        let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
+        let h = tp.enter(&st.ln1.out, hfull)?;
+        self.attn.backward(p, g, h, b, t, &st.attn, dy, dpart, datt, dqkv);
+        let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
+        self.ln_1.backward(p, g, x, &st.ln1, d, dresid);
+        Ok(())
+    }
+}

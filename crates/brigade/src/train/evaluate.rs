@@ -1,0 +1,141 @@
+//! Evaluation of a run: held-out accuracy on the addition task, validation loss on text, and
+//! the single-worker model it runs on (gathered from the ranks when the model is cut).
+
+use super::addition::Addition;
+use super::data::Dataset;
+use super::trainer::Trainer;
+use crate::error::Result;
+use crate::models::{generate, Gpt, SampleOptions};
+use crate::parallel::tensor::state as tp_state;
+
+#[derive(Clone, Debug)]
+pub enum EvalReport {
+    /// Exact-match accuracy on held-out problems, with a few (prompt, expected, model) rows.
+    Addition { correct: usize, total: usize, examples: Vec<(String, String, String)> },
+    /// Mean loss on the held-out tail of the text.
+    Text { val_loss: f32 },
+}
+
+impl std::fmt::Display for EvalReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            EvalReport::Addition { correct, total, .. } => {
+                write!(f, "held-out accuracy {:.1}% ({correct}/{total})", 100.0 * *correct as f64 / *total as f64)
+            }
+            EvalReport::Text { val_loss } => write!(f, "validation loss {val_loss:.4}"),
+        }
+    }
+}
+
+impl Trainer {
+    /// The full model's parameters gathered over the tensor-parallel group (and under ZeRO-3
+    /// the data-parallel one; every member must call it); `None` when this rank holds the whole
+    /// model already.
+    pub fn full_params(&self) -> Result<Option<Vec<f32>>> {
+        if self.holds_whole_model() {
+            return Ok(None);
+        }
+        tp_state::gather_full(&self.mesh.tp, &self.model.layout, &self.local_params()?).map(Some)
+    }
+
+    /// Whether `params` is the whole model (not cut across a tensor-parallel group, not left in
+    /// ZeRO-3 pieces).
+    fn holds_whole_model(&self) -> bool {
+        !self.model.layout.is_sharded() && self.dpc.zero < 3
+    }
+
+    /// The single-worker model and its parameters: this rank's own, or `full` from
+    /// `full_params` when the model is cut across ranks.
+    pub fn whole_model<'a>(&'a self, full: Option<&'a [f32]>) -> (&'a Gpt, &'a [f32]) {
+        match full {
+            Some(f) => (&self.full_model, f),
+            None => {
+                assert!(self.holds_whole_model(), "a model cut across ranks is evaluated from full_params");
+                (&self.model, &self.params)
+            }
+        }
+    }
+
+    /// Held-out accuracy (addition) or validation loss (text) of a model this rank holds whole.
+    pub fn evaluate(&mut self) -> EvalReport {
+        self.evaluate_with(None)
+    }
+
+    /// `evaluate` of the full parameters from `full_params` (or this rank's, when `None`).
+    pub fn evaluate_with(&mut self, full: Option<&[f32]>) -> EvalReport {
+        let (model, params) = match full {
+            Some(f) => (&self.full_model, f),
+            None => {
+                assert!(self.holds_whole_model(), "a model cut across ranks is evaluated from full_params");
+                (&self.model, &self.params[..])
+            }
+        };
+        match &self.data {
+            Dataset::Addition(a) => {
+                let a = *a;
+                let problems = a.eval_set(1000);
+                let answers = solve_addition(model, params, &a, &problems);
+                let mut correct = 0;
+                let mut examples = Vec::new();
+                for (&(x, y), got) in problems.iter().zip(&answers) {
+                    let ok = a.parse_answer(got) == Some(x + y);
+                    correct += ok as usize;
+                    if examples.len() < 8 {
+                        let shown = a.parse_answer(got).map(|v| v.to_string()).unwrap_or_else(|| format!("{got:?}"));
+                        examples.push((format!("{x}+{y}"), (x + y).to_string(), shown));
+                    }
+                }
+                EvalReport::Addition { correct, total: problems.len(), examples }
+            }
+            Dataset::Text(d) => {
+                let t = self.seq;
+                let n = 16;
+                let (x, y) = d.val_batch(n, t);
+                let mb = self.micro.min(n);
+                let mut sum = 0f64;
+                for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
+                    let bm = xm.len() / t;
+                    model.forward(params, xm, bm, t, &mut self.acts);
+                    sum += model.loss(ym, &mut self.acts).0;
+                }
+                EvalReport::Text { val_loss: (sum / y.len() as f64) as f32 }
+            }
+        }
+    }
+
+    /// The start of the validation text, used as a prompt to show what the model learned.
+    pub fn data_prompt(&self) -> String {
+        match &self.data {
+            Dataset::Text(d) => self.tokenizer.decode(&d.tokens[d.split..(d.split + 8).min(d.tokens.len())]),
+            Dataset::Addition(a) => a.prompt(482, 139),
+        }
+    }
+}
+
+/// Greedy answers of the model to addition problems, as text (reversed digits + newline).
+pub fn solve_addition(model: &Gpt, params: &[f32], a: &Addition, problems: &[(u64, u64)]) -> Vec<String> {
+    let prompts: Vec<Vec<u32>> =
+        problems.iter().map(|&(x, y)| a.prompt(x, y).bytes().map(u32::from).collect()).collect();
+    let opt =
+        SampleOptions { max_new_tokens: a.digits + 2, temperature: 0.0, top_k: 0, seed: 0, stop: Some(b'\n' as u32) };
+    generate(model, params, &prompts, &opt)
+        .iter()
+        .map(|ids| ids.iter().map(|&i| i.min(255) as u8 as char).collect::<String>())
+        .map(|s| match s.find('\n') {
+            Some(k) => s[..=k].to_string(),
+            None => s,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evaluation_reports_read_as_the_cli_prints_them() {
+        let a = EvalReport::Addition { correct: 999, total: 1000, examples: vec![] };
+        assert_eq!(a.to_string(), "held-out accuracy 99.9% (999/1000)");
+        assert_eq!(EvalReport::Text { val_loss: 1.23456 }.to_string(), "validation loss 1.2346");
+    }
+}

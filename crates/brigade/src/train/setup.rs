@@ -1,0 +1,139 @@
+//! Setting up one rank's trainer: everything that needs no peer is checked first (settings,
+//! tokenizer, data, the layout against the model and the batch), so that a bad setting starts
+//! no collective; then the rank builds its part of the model, its ZeRO pieces and optimizer.
+
+use super::config::TrainConfig;
+use super::data::{Dataset, TextData, Tokenizer};
+use super::metrics::StepClock;
+use super::optimizer::{AdamW, LrSchedule};
+use super::trainer::Trainer;
+use crate::error::{Error, Result};
+use crate::models::{Activations, Gpt};
+use crate::parallel::data::zero::Shards;
+use crate::parallel::{Mesh, MeshShape, Settings};
+
+/// A run checked before any rank communicates (see `Trainer::prepare`).
+pub(crate) struct Prepared {
+    cfg: TrainConfig,
+    tokenizer: Tokenizer,
+    mcfg: crate::models::GptConfig,
+    data: Dataset,
+    seq: usize,
+    mb: usize,
+    settings: Settings,
+}
+
+impl Trainer {
+    /// Everything about a run that needs no peer: settings, tokenizer, data, the layout
+    /// against the model and the batch.
+    pub(crate) fn prepare(mut cfg: TrainConfig, shape: MeshShape, settings: Settings) -> Result<Prepared> {
+        cfg.validate()?;
+        let Settings { data: dpc, sp } = settings;
+        dpc.validate()?;
+        let MeshShape { dp, pp, tp } = shape;
+        if pp > 1 {
+            return Err(Error::Config(format!(
+                "pp={pp}: pipeline parallelism is not implemented yet; use data (dp) and tensor (tp) parallelism"
+            )));
+        }
+        // Sequences per forward pass on one rank; unset: the rank's whole share of the batch.
+        let mb = cfg.micro_batch.unwrap_or(cfg.batch / dp).max(1);
+        if !cfg.batch.is_multiple_of(dp * mb) {
+            return Err(Error::Config(format!(
+                "the global batch of {} sequences does not split into dp={dp} shards of whole micro-batches of {mb}; make batch a multiple of dp × micro_batch = {}",
+                cfg.batch,
+                dp * mb
+            )));
+        }
+        // The checkpoint records where the data came from: absolute, so that a resume from
+        // another directory reads the same file.
+        if let Some(p) = &cfg.data {
+            cfg.data = Some(std::path::absolute(p).map_err(|e| Error::io(p, e))?);
+        }
+        let tokenizer = match &cfg.tokenizer {
+            Some(p) => Tokenizer::from_file(p)?,
+            None => Tokenizer::Bytes,
+        };
+        let mcfg = cfg.model_config(tokenizer.vocab_size())?;
+        crate::models::gpt::check_tp(&mcfg, tp)?;
+        let (data, seq) = match &cfg.data {
+            None => {
+                let a = cfg.addition().expect("no data file: the addition task");
+                let natural = a.seq_len() - 1;
+                if cfg.seq.is_some_and(|s| s != natural) {
+                    return Err(Error::Train(format!(
+                        "the addition task with {} digits has sequences of {natural} tokens; drop --seq or set it to {natural}",
+                        cfg.digits
+                    )));
+                }
+                (Dataset::Addition(a), natural)
+            }
+            Some(path) => {
+                let seq = cfg.seq.unwrap_or(mcfg.block_size.min(256));
+                (Dataset::Text(TextData::load(path, &tokenizer, seq)?), seq)
+            }
+        };
+        if seq == 0 || seq > mcfg.block_size {
+            return Err(Error::Train(format!(
+                "sequence length {seq} must be between 1 and the model's block_size {}; lower --seq or raise block_size",
+                mcfg.block_size
+            )));
+        }
+        if sp && !(mb * seq).is_multiple_of(tp) {
+            return Err(Error::Config(format!(
+                "sp=1 splits each micro-batch's {} tokens (micro-batch {mb} × seq {seq}) into tp={tp} blocks of rows, which does not divide; pick a micro-batch or seq whose product is a multiple of {tp}, or drop sp",
+                mb * seq
+            )));
+        }
+        let need = super::memory::training_memory(&mcfg, mb, seq);
+        super::memory::check_fits(&need, &format!("training {} at micro-batch {mb} × seq {seq}", cfg.model))?;
+        Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings })
+    }
+
+    /// This rank's trainer for a prepared run.
+    pub(crate) fn build(run: Prepared, mesh: Mesh) -> Result<Trainer> {
+        let Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings: Settings { data: dpc, sp } } = run;
+        let model = Gpt::shard(mcfg, mesh.coords.tp, mesh.shape.tp)?;
+        // tensor-parallel collectives run inside forward and backward: timed from their trace
+        mesh.tp.enable_tracing(mesh.tp.size() > 1);
+        let mut params = model.init_params(cfg.seed);
+        let shards = Shards::new(&model.units, mesh.dp.size(), mesh.dp.rank(), dpc.zero > 0);
+        let opt = AdamW::over(cfg.adamw, &model.layout, &shards.pieces);
+        // what each ZeRO stage keeps whole, and what only in pieces
+        let pshard = if dpc.zero >= 3 { shards.compact(&std::mem::take(&mut params)) } else { Vec::new() };
+        let gshard = if dpc.zero >= 1 { vec![0.0; shards.len] } else { Vec::new() };
+        let grads = if dpc.zero >= 2 { Vec::new() } else { vec![0.0; model.layout.total] };
+        let sched = LrSchedule {
+            max_lr: cfg.lr,
+            min_lr: cfg.min_lr.unwrap_or(cfg.lr / 10.0),
+            warmup: cfg.warmup.unwrap_or(cfg.steps / 20).max(1),
+            total: cfg.steps,
+        };
+        Ok(Trainer {
+            grads,
+            model,
+            params,
+            opt,
+            step: 0,
+            data,
+            tokenizer,
+            seq,
+            losses: Vec::new(),
+            grad_norms: Vec::new(),
+            acts: Activations::default(),
+            sched,
+            timeline: None,
+            cfg,
+            mesh,
+            dpc,
+            sp,
+            full_model: Gpt::new(mcfg)?,
+            shards,
+            pshard,
+            gshard,
+            micro: mb,
+            clock: StepClock::default(),
+            history: Vec::new(),
+        })
+    }
+}
