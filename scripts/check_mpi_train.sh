@@ -15,6 +15,14 @@ if "$bin" "${args[@]}" --backend mpi >/dev/null 2>"$tmp/err"; then
   echo "mpi: --backend mpi outside mpirun was accepted" >&2; exit 1
 fi
 grep -q "mpirun" "$tmp/err" || { echo "mpi: unclear error outside mpirun: $(cat "$tmp/err")" >&2; exit 1; }
+# a world that disagrees with the layout, and an impossible layout: one line, exit 1, no hang
+for bad in "2:dp=4:needs 4 ranks but 2 were started" "3:tp=3:tp=3 does not divide"; do
+  n=${bad%%:*}; bad=${bad#*:}
+  if timeout 60 mpirun -n "$n" --allow-run-as-root --oversubscribe "$bin" "${args[@]}" --backend mpi --layout "${bad%%:*}" >/dev/null 2>"$tmp/err"; then
+    echo "mpi: --layout ${bad%%:*} on $n ranks was accepted" >&2; exit 1
+  fi
+  grep -q "${bad#*:}" "$tmp/err" || { echo "mpi: unclear error for --layout ${bad%%:*}: $(cat "$tmp/err")" >&2; exit 1; }
+done
 run() {  # ranks layout dir [extra args]
   timeout 300 mpirun -n "$1" --allow-run-as-root --oversubscribe "$bin" "${args[@]}" --backend mpi --layout "$2" --out "$tmp/$3" "${@:4}" >/dev/null 2>"$tmp/$3.log" \
     || { echo "mpi: $2 failed:"; cat "$tmp/$3.log"; exit 1; } >&2

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("invalid model config: {0}")]
     Config(String),
+    #[error("invalid layout: {0}")]
+    Layout(String),
     #[error("invalid training setting: {0}")]
     Train(String),
     #[error("data: {0}")]

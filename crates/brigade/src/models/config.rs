@@ -86,7 +86,7 @@ pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
     if tp == 0 || !cfg.n_head.is_multiple_of(tp) {
         let fits: Vec<String> =
             (1..=cfg.n_head).filter(|d| cfg.n_head.is_multiple_of(*d)).map(|d| d.to_string()).collect();
-        return Err(Error::Config(format!(
+        return Err(Error::Layout(format!(
             "tp={tp} does not divide the model's {} attention heads; use tp among {} (or a model with more heads)",
             cfg.n_head,
             fits.join(", ")

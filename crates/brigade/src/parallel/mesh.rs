@@ -25,11 +25,11 @@ pub struct Coords {
 impl MeshShape {
     pub fn new(dp: usize, pp: usize, tp: usize) -> Result<MeshShape> {
         if dp == 0 || pp == 0 || tp == 0 {
-            return Err(Error::Config(format!("mesh dp={dp}, pp={pp}, tp={tp}: every degree must be at least 1")));
+            return Err(Error::Layout(format!("mesh dp={dp}, pp={pp}, tp={tp}: every degree must be at least 1")));
         }
         dp.checked_mul(pp)
             .and_then(|x| x.checked_mul(tp))
-            .ok_or_else(|| Error::Config(format!("mesh dp={dp}, pp={pp}, tp={tp} is too large")))?;
+            .ok_or_else(|| Error::Layout(format!("mesh dp={dp}, pp={pp}, tp={tp} is too large")))?;
         Ok(MeshShape { dp, pp, tp })
     }
 
@@ -40,7 +40,7 @@ impl MeshShape {
     /// Refuses a world of another size, saying what would fit.
     pub fn check_world(&self, world: usize) -> Result<()> {
         if self.world() != world {
-            return Err(Error::Config(format!(
+            return Err(Error::Layout(format!(
                 "the layout dp={} × pp={} × tp={} needs {} ranks but {world} were started; start {} ranks or change the layout so that dp·pp·tp = {world}",
                 self.dp,
                 self.pp,
@@ -83,7 +83,7 @@ impl Mesh {
     pub fn new(world: &Comm, shape: MeshShape) -> Result<Mesh> {
         shape.check_world(world.size())?;
         let c = shape.coords(world.rank());
-        let comm_err = |e: brigade_comm::CommError| Error::Config(format!("building the mesh: {e}"));
+        let comm_err = |e: brigade_comm::CommError| Error::Train(format!("building the mesh: {e}"));
         // Each group is the set of ranks that agree on the other two coordinates; within it,
         // ranks are ordered by their own coordinate on the axis.
         let (dp, tp) = (shape.dp as u32, shape.tp as u32);

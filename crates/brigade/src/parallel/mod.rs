@@ -23,14 +23,14 @@ pub struct Settings {
 pub fn training_layout(layout: &str, bucket_elems: usize) -> Result<(MeshShape, Settings)> {
     let f = crate::plan::Fixed::parse(layout)?;
     if f.v.is_some() || f.recompute.is_some() || f.schedule.is_some() || f.mb.is_some() {
-        return Err(Error::Config(format!(
+        return Err(Error::Layout(format!(
             "--layout for training takes dp, tp, pp, zero and sp, not '{layout}'; give the micro-batch with --micro-batch (v, recompute and schedule come with pipeline parallelism)"
         )));
     }
     let shape = MeshShape::new(f.dp.unwrap_or(1), f.pp.unwrap_or(1), f.tp.unwrap_or(1))?;
     let sp = f.sp.unwrap_or(false);
     if sp && shape.tp == 1 {
-        return Err(Error::Config(format!(
+        return Err(Error::Layout(format!(
             "sp=1 splits the sequence across the tensor-parallel group, but the layout '{layout}' has tp=1; add tp=2 or more, or drop sp"
         )));
     }

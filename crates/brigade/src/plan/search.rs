@@ -28,17 +28,17 @@ impl Fixed {
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = part
                 .split_once('=')
-                .ok_or_else(|| Error::Config(format!("layout field '{part}' needs the form key=value")))?;
+                .ok_or_else(|| Error::Layout(format!("layout field '{part}' needs the form key=value")))?;
             let (k, v) = (k.trim(), v.trim());
             if seen.contains(&k) {
-                return Err(Error::Config(format!("layout field '{k}' is given twice; give each field once")));
+                return Err(Error::Layout(format!("layout field '{k}' is given twice; give each field once")));
             }
             seen.push(k);
             let num = || {
                 v.parse::<usize>()
                     .ok()
                     .filter(|&n| n > 0)
-                    .ok_or_else(|| Error::Config(format!("layout field {k}={v}: expected a positive integer")))
+                    .ok_or_else(|| Error::Layout(format!("layout field {k}={v}: expected a positive integer")))
             };
             match k {
                 "tp" => f.tp = Some(num()?),
@@ -49,7 +49,7 @@ impl Fixed {
                 "recompute" => {
                     f.recompute = Some(
                         Recompute::parse(v)
-                            .ok_or_else(|| Error::Config(format!("recompute={v}: expected none, selective or full")))?,
+                            .ok_or_else(|| Error::Layout(format!("recompute={v}: expected none, selective or full")))?,
                     )
                 }
                 "schedule" => {
@@ -57,7 +57,7 @@ impl Fixed {
                         "gpipe" => "gpipe",
                         "1f1b" => "1f1b",
                         "interleaved" => "interleaved",
-                        _ => return Err(Error::Config(format!("schedule={v}: expected gpipe, 1f1b or interleaved"))),
+                        _ => return Err(Error::Layout(format!("schedule={v}: expected gpipe, 1f1b or interleaved"))),
                     })
                 }
                 "sp" => {
@@ -65,7 +65,7 @@ impl Fixed {
                         "0" => false,
                         "1" => true,
                         _ => {
-                            return Err(Error::Config(format!(
+                            return Err(Error::Layout(format!(
                                 "sp={v}: expected 0 or 1 (sequence parallelism off or on)"
                             )))
                         }
@@ -76,11 +76,11 @@ impl Fixed {
                         v.parse::<u8>()
                             .ok()
                             .filter(|&z| z <= 3)
-                            .ok_or_else(|| Error::Config(format!("zero={v}: expected a ZeRO stage 0, 1, 2 or 3")))?,
+                            .ok_or_else(|| Error::Layout(format!("zero={v}: expected a ZeRO stage 0, 1, 2 or 3")))?,
                     )
                 }
                 _ => {
-                    return Err(Error::Config(format!(
+                    return Err(Error::Layout(format!(
                         "unknown layout field '{k}'; known: tp, pp, dp, mb, v, recompute, zero, schedule, sp"
                     )))
                 }

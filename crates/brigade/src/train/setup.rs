@@ -32,14 +32,14 @@ impl Trainer {
         dpc.validate()?;
         let MeshShape { dp, pp, tp } = shape;
         if pp > 1 {
-            return Err(Error::Config(format!(
+            return Err(Error::Layout(format!(
                 "pp={pp}: pipeline parallelism is not implemented yet; use data (dp) and tensor (tp) parallelism"
             )));
         }
         // Sequences per forward pass on one rank; unset: the rank's whole share of the batch.
         let mb = cfg.micro_batch.unwrap_or(cfg.batch / dp).max(1);
         if !cfg.batch.is_multiple_of(dp * mb) {
-            return Err(Error::Config(format!(
+            return Err(Error::Layout(format!(
                 "the global batch of {} sequences does not split into dp={dp} shards of whole micro-batches of {mb}; make batch a multiple of dp × micro_batch = {}",
                 cfg.batch,
                 dp * mb
@@ -80,7 +80,7 @@ impl Trainer {
             )));
         }
         if sp && !(mb * seq).is_multiple_of(tp) {
-            return Err(Error::Config(format!(
+            return Err(Error::Layout(format!(
                 "sp=1 splits each micro-batch's {} tokens (micro-batch {mb} × seq {seq}) into tp={tp} blocks of rows, which does not divide; pick a micro-batch or seq whose product is a multiple of {tp}, or drop sp",
                 mb * seq
             )));

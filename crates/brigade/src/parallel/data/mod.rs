@@ -32,10 +32,10 @@ impl Default for DataParallel {
 impl DataParallel {
     pub fn validate(&self) -> Result<()> {
         if self.zero > 3 {
-            return Err(Error::Config(format!("zero={}: expected a ZeRO stage 0, 1, 2 or 3", self.zero)));
+            return Err(Error::Layout(format!("zero={}: expected a ZeRO stage 0, 1, 2 or 3", self.zero)));
         }
         if self.bucket_elems == 0 {
-            return Err(Error::Config("the gradient bucket must hold at least one element".into()));
+            return Err(Error::Layout("the gradient bucket must hold at least one element".into()));
         }
         Ok(())
     }
