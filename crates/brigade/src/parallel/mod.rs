@@ -3,6 +3,7 @@
 
 pub mod data;
 pub mod mesh;
+pub mod pipeline;
 pub mod tensor;
 
 pub use mesh::{Coords, Mesh, MeshShape};

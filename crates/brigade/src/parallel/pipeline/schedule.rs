@@ -1,0 +1,287 @@
+//! Pipeline schedules as data: a pure function turns (pp, micro-batches, schedule, virtual
+//! stages) into each rank's list of actions; one executor runs any list and the simulator
+//! (`simulate.rs`) checks every list.
+//!
+//! The model is cut into `pp · v` stages; stage `s` lives on rank `s % pp` as its chunk
+//! `s / pp` (Megatron's interleaving; with v = 1 rank r holds stage r). A forward of stage s
+//! needs stage s − 1's activation, a backward needs stage s + 1's gradient; when the two
+//! stages are on different ranks the value travels by a send and a receive.
+
+use crate::error::{Error, Result};
+
+/// The schedules `--layout schedule=…` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// All forwards, then all backwards (Huang et al. 2019).
+    GPipe,
+    /// One forward, one backward (PipeDream-Flush): at most pp micro-batches in flight.
+    OneFOneB,
+    /// 1F1B over v model chunks per rank (Narayanan et al. 2021): bubble (pp−1)/(v·m).
+    Interleaved,
+    /// ZB-H1 (Qi et al. 2023): backward split into its input-gradient part B and its
+    /// weight-gradient part W; W's wait to fill the bubbles, in-flight as in 1F1B.
+    ZeroBubble,
+}
+
+impl Kind {
+    pub fn parse(name: &str) -> Result<Kind> {
+        match name {
+            "gpipe" => Ok(Kind::GPipe),
+            "1f1b" => Ok(Kind::OneFOneB),
+            "interleaved" => Ok(Kind::Interleaved),
+            "zb" => Ok(Kind::ZeroBubble),
+            _ => Err(Error::Layout(format!("schedule={name}: expected gpipe, 1f1b, interleaved or zb"))),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kind::GPipe => "gpipe",
+            Kind::OneFOneB => "1f1b",
+            Kind::Interleaved => "interleaved",
+            Kind::ZeroBubble => "zb",
+        }
+    }
+}
+
+/// One step of a rank's list. `chunk` is the rank's model chunk (0 unless interleaved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    Forward {
+        mb: usize,
+        chunk: usize,
+    },
+    /// The whole backward: input and weight gradients.
+    Backward {
+        mb: usize,
+        chunk: usize,
+    },
+    /// The input-gradient half of a backward (zero-bubble schedules).
+    BackwardInput {
+        mb: usize,
+        chunk: usize,
+    },
+    /// The weight-gradient half, after its `BackwardInput`.
+    BackwardWeight {
+        mb: usize,
+        chunk: usize,
+    },
+    /// This chunk's output activation to `to`, which runs the next stage.
+    SendActivation {
+        mb: usize,
+        chunk: usize,
+        to: usize,
+    },
+    /// The previous stage's activation, from `from`, for this chunk's forward.
+    RecvActivation {
+        mb: usize,
+        chunk: usize,
+        from: usize,
+    },
+    /// This chunk's input gradient to `to`, which runs the previous stage.
+    SendGrad {
+        mb: usize,
+        chunk: usize,
+        to: usize,
+    },
+    /// The next stage's input gradient, from `from`, for this chunk's backward.
+    RecvGrad {
+        mb: usize,
+        chunk: usize,
+        from: usize,
+    },
+}
+
+/// Every rank's list of actions for one optimizer step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub kind: Kind,
+    pub pp: usize,
+    /// Micro-batches per step.
+    pub m: usize,
+    /// Model chunks per rank.
+    pub v: usize,
+    pub ranks: Vec<Vec<Action>>,
+}
+
+/// The compute actions of a rank, in order, before the sends and receives are put in.
+type Order = Vec<Action>;
+
+/// Builds every rank's list, refusing what a schedule cannot run with a line saying what would.
+pub fn build(kind: Kind, pp: usize, m: usize, v: usize) -> Result<Plan> {
+    if pp == 0 || m == 0 || v == 0 {
+        return Err(Error::Layout(format!("pp={pp}, {m} micro-batches, v={v}: each must be at least 1")));
+    }
+    if v > 1 && kind != Kind::Interleaved {
+        return Err(Error::Layout(format!(
+            "v={v} model chunks per rank needs schedule=interleaved; {} runs one chunk per rank (v=1)",
+            kind.name()
+        )));
+    }
+    if kind == Kind::Interleaved && !m.is_multiple_of(pp) {
+        return Err(Error::Layout(format!(
+            "schedule=interleaved sends micro-batches round the pipeline in groups of pp={pp}, so it needs a multiple of {pp} micro-batches, not {m}; use {} or {}",
+            (m / pp).max(1) * pp,
+            (m / pp + 1) * pp
+        )));
+    }
+    let orders: Vec<Order> = match kind {
+        Kind::GPipe => (0..pp).map(|_| gpipe(m)).collect(),
+        Kind::OneFOneB => (0..pp).map(|r| one_f_one_b(pp, m, r)).collect(),
+        // one chunk per rank: interleaving is 1F1B
+        Kind::Interleaved if v == 1 => (0..pp).map(|r| one_f_one_b(pp, m, r)).collect(),
+        Kind::Interleaved => (0..pp).map(|r| interleaved(pp, m, v, r)).collect(),
+        Kind::ZeroBubble => zero_bubble_h1(pp, m),
+    };
+    let ranks = orders.iter().enumerate().map(|(r, o)| with_transfers(o, r, pp, v)).collect();
+    Ok(Plan { kind, pp, m, v, ranks })
+}
+
+fn gpipe(m: usize) -> Order {
+    let f = (0..m).map(|mb| Action::Forward { mb, chunk: 0 });
+    f.chain((0..m).map(|mb| Action::Backward { mb, chunk: 0 })).collect()
+}
+
+/// Rank r runs pp − 1 − r forwards ahead, then alternates, then drains its backwards.
+fn one_f_one_b(pp: usize, m: usize, r: usize) -> Order {
+    let warm = (pp - 1 - r).min(m);
+    let mut o: Order = (0..warm).map(|mb| Action::Forward { mb, chunk: 0 }).collect();
+    for i in 0..m - warm {
+        o.push(Action::Forward { mb: warm + i, chunk: 0 });
+        o.push(Action::Backward { mb: i, chunk: 0 });
+    }
+    o.extend((m - warm..m).map(|mb| Action::Backward { mb, chunk: 0 }));
+    o
+}
+
+/// Megatron's interleaved 1F1B: forwards go through chunks in groups of pp micro-batches,
+/// backwards through the chunks in reverse; rank r runs (pp − 1 − r)·2 + (v − 1)·pp forwards
+/// ahead.
+fn interleaved(pp: usize, m: usize, v: usize, r: usize) -> Order {
+    let total = m * v;
+    let at = |k: usize, forward: bool| {
+        let group = k / pp % v;
+        let chunk = if forward { group } else { v - 1 - group };
+        (k / (pp * v) * pp + k % pp, chunk)
+    };
+    let warm = ((pp - 1 - r) * 2 + (v - 1) * pp).min(total);
+    let mut o: Order = (0..warm).map(|k| at(k, true)).map(|(mb, chunk)| Action::Forward { mb, chunk }).collect();
+    for i in 0..total - warm {
+        let (mb, chunk) = at(warm + i, true);
+        o.push(Action::Forward { mb, chunk });
+        let (mb, chunk) = at(i, false);
+        o.push(Action::Backward { mb, chunk });
+    }
+    o.extend((total - warm..total).map(|k| at(k, false)).map(|(mb, chunk)| Action::Backward { mb, chunk }));
+    o
+}
+
+/// ZB-H1, found by running the pipeline in unit time steps (F = B = W = 1) with each rank's
+/// rule: the input gradient B first (it is on the critical path), else a forward while fewer
+/// than pp micro-batches hold activations (1F1B's peak, on its first rank), else a deferred
+/// W, else wait.
+/// The order each rank followed is its list; it is valid for any timing since it was for one.
+fn zero_bubble_h1(pp: usize, m: usize) -> Vec<Order> {
+    let mut orders: Vec<Order> = vec![Vec::new(); pp];
+    // per rank: next forward, next B, W's pending (B done, W not), activations held
+    let mut next_f = vec![0usize; pp];
+    let mut next_b = vec![0usize; pp];
+    let mut pending_w: Vec<std::collections::VecDeque<usize>> = vec![Default::default(); pp];
+    let mut held = vec![0usize; pp];
+    // the step at which an activation / a gradient becomes available to rank r for a mb
+    let mut act_at = vec![vec![None::<usize>; m]; pp];
+    let mut grad_at = vec![vec![None::<usize>; m]; pp];
+    act_at[0].iter_mut().for_each(|a| *a = Some(0));
+    let mut t = 0;
+    while orders.iter().map(|o| o.len()).sum::<usize>() < 3 * m * pp {
+        let mut produced: Vec<(bool, usize, usize)> = Vec::new(); // (is_grad, rank, mb)
+        for r in 0..pp {
+            let b_ready = next_b[r] < next_f[r] && (r == pp - 1 || grad_at[r][next_b[r]].is_some_and(|at| at <= t));
+            let f_ready = next_f[r] < m && held[r] < pp && act_at[r][next_f[r]].is_some_and(|at| at <= t);
+            if b_ready {
+                let mb = next_b[r];
+                orders[r].push(Action::BackwardInput { mb, chunk: 0 });
+                pending_w[r].push_back(mb);
+                next_b[r] += 1;
+                if r > 0 {
+                    produced.push((true, r - 1, mb));
+                }
+            } else if f_ready {
+                let mb = next_f[r];
+                orders[r].push(Action::Forward { mb, chunk: 0 });
+                held[r] += 1;
+                next_f[r] += 1;
+                if r + 1 < pp {
+                    produced.push((false, r + 1, mb));
+                }
+            } else if let Some(mb) = pending_w[r].pop_front() {
+                orders[r].push(Action::BackwardWeight { mb, chunk: 0 });
+                held[r] -= 1;
+            }
+        }
+        t += 1;
+        for (is_grad, r, mb) in produced {
+            let slot = if is_grad { &mut grad_at[r][mb] } else { &mut act_at[r][mb] };
+            *slot = Some(t);
+        }
+    }
+    orders
+}
+
+/// Puts the receive before each compute action that needs another rank's value, and the send
+/// after each one that produces a value another rank needs.
+fn with_transfers(order: &Order, r: usize, pp: usize, v: usize) -> Vec<Action> {
+    let stages = pp * v;
+    let stage = |chunk: usize| chunk * pp + r;
+    let rank_of = |s: usize| s % pp;
+    let mut out = Vec::with_capacity(order.len() * 3);
+    for &a in order {
+        match a {
+            Action::Forward { mb, chunk } => {
+                let s = stage(chunk);
+                if s > 0 && rank_of(s - 1) != r {
+                    out.push(Action::RecvActivation { mb, chunk, from: rank_of(s - 1) });
+                }
+                out.push(a);
+                if s + 1 < stages && rank_of(s + 1) != r {
+                    out.push(Action::SendActivation { mb, chunk, to: rank_of(s + 1) });
+                }
+            }
+            Action::Backward { mb, chunk } | Action::BackwardInput { mb, chunk } => {
+                let s = stage(chunk);
+                if s + 1 < stages && rank_of(s + 1) != r {
+                    out.push(Action::RecvGrad { mb, chunk, from: rank_of(s + 1) });
+                }
+                out.push(a);
+                if s > 0 && rank_of(s - 1) != r {
+                    out.push(Action::SendGrad { mb, chunk, to: rank_of(s - 1) });
+                }
+            }
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
+/// The lists as a small text chart, a row per rank: `F3` forward of micro-batch 3, `B` backward,
+/// `b`/`w` its input- and weight-gradient halves, `.1` the chunk when interleaved.
+pub fn chart(plan: &Plan) -> String {
+    let mut s = format!("schedule {} · pp={} · {} micro-batches · v={}\n", plan.kind.name(), plan.pp, plan.m, plan.v);
+    for (r, list) in plan.ranks.iter().enumerate() {
+        let cells: Vec<String> = list
+            .iter()
+            .filter_map(|a| {
+                let (tag, mb, chunk) = match *a {
+                    Action::Forward { mb, chunk } => ("F", mb, chunk),
+                    Action::Backward { mb, chunk } => ("B", mb, chunk),
+                    Action::BackwardInput { mb, chunk } => ("b", mb, chunk),
+                    Action::BackwardWeight { mb, chunk } => ("w", mb, chunk),
+                    _ => return None,
+                };
+                Some(if plan.v > 1 { format!("{tag}{mb}.{chunk}") } else { format!("{tag}{mb}") })
+            })
+            .collect();
+        s += &format!("rank {r}: {}\n", cells.join(" "));
+    }
+    s
+}

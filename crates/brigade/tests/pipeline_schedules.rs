@@ -1,0 +1,130 @@
+//! Every schedule's lists, checked by the simulator: each send has its receive, nothing
+//! deadlocks, the activation peak per stage and the bubble against theory; and the simulator
+//! refuses broken lists.
+
+use brigade::parallel::pipeline::{build, chart, simulate, Action, Costs, Kind};
+
+const KINDS: [Kind; 4] = [Kind::GPipe, Kind::OneFOneB, Kind::Interleaved, Kind::ZeroBubble];
+
+/// (pp − 1) / (v·m + pp − 1): the idle share with a forward 1 and a backward 2 per chunk
+/// of 1/v of the model.
+fn theory(pp: usize, m: usize, v: usize) -> f64 {
+    (pp - 1) as f64 / ((v * m + pp - 1) as f64)
+}
+
+fn per_chunk(v: usize) -> Costs {
+    let k = 1.0 / v as f64;
+    Costs { forward: k, backward: 2.0 * k, backward_input: k, backward_weight: k, transfer: 0.0 }
+}
+
+#[test]
+fn every_schedule_runs_without_deadlock_at_its_theoretical_bubble() {
+    for pp in [1, 2, 3, 4, 8] {
+        for m in 1..=16 {
+            for kind in KINDS {
+                for v in [1, 2, 3] {
+                    let Ok(plan) = build(kind, pp, m, v) else { continue };
+                    let r =
+                        simulate(&plan, &per_chunk(v)).unwrap_or_else(|e| panic!("{kind:?} pp={pp} m={m} v={v}: {e}"));
+                    let what =
+                        format!("{kind:?} pp={pp} m={m} v={v}: bubble {:.4}, peaks {:?}", r.bubble, r.peak_activations);
+                    match kind {
+                        Kind::GPipe | Kind::OneFOneB => assert!((r.bubble - theory(pp, m, 1)).abs() < 1e-9, "{what}"),
+                        Kind::Interleaved => assert!((r.bubble - theory(pp, m, v)).abs() < 1e-9, "{what}"),
+                        Kind::ZeroBubble => {
+                            let one = simulate(&build(Kind::OneFOneB, pp, m, 1).unwrap(), &Costs::UNIT).unwrap();
+                            if m == 2 * pp {
+                                println!("{what}; 1F1B {:.4}, peaks {:?}", one.bubble, one.peak_activations);
+                            }
+                            assert!(r.bubble <= one.bubble + 1e-9, "{what} vs 1F1B {:.4}", one.bubble);
+                            if pp > 1 && m >= pp {
+                                assert!(
+                                    r.bubble < one.bubble - 1e-9,
+                                    "{what}: no better than 1F1B's {:.4}",
+                                    one.bubble
+                                );
+                            }
+                            // 1F1B's activation memory: no rank holds more than 1F1B's first rank
+                            let (z, o) = (r.peak_activations.iter().max(), one.peak_activations.iter().max());
+                            assert!(z <= o, "{what}: a rank holds {z:?} > 1F1B's peak {o:?}");
+                        }
+                    }
+                    // activations: GPipe holds every micro-batch, 1F1B at most pp − r on rank r
+                    for (rank, &p) in r.peak_activations.iter().enumerate() {
+                        match kind {
+                            Kind::GPipe => assert_eq!(p, m, "{what}"),
+                            Kind::OneFOneB => assert_eq!(p, (pp - rank).min(m), "{what}"),
+                            // Megatron's warm-up of (pp − 1 − r)·2 + (v − 1)·pp chunks, plus one
+                            Kind::Interleaved if v > 1 => {
+                                assert_eq!(p, ((pp - 1 - rank) * 2 + (v - 1) * pp + 1).min(m * v), "{what}")
+                            }
+                            _ => assert!(p <= pp.min(m), "{what}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn impossible_schedules_are_refused_with_what_would_work() {
+    let e = build(Kind::Interleaved, 4, 6, 2).unwrap_err().to_string();
+    assert!(e.contains("needs a multiple of 4 micro-batches, not 6; use 4 or 8"), "{e}");
+    let e = build(Kind::OneFOneB, 4, 8, 2).unwrap_err().to_string();
+    assert!(e.contains("needs schedule=interleaved"), "{e}");
+    assert!(build(Kind::GPipe, 0, 4, 1).is_err());
+    let e = Kind::parse("zb1").unwrap_err().to_string();
+    assert!(e.contains("expected gpipe, 1f1b, interleaved or zb"), "{e}");
+    for k in KINDS {
+        assert_eq!(Kind::parse(k.name()).unwrap(), k);
+    }
+}
+
+#[test]
+fn the_simulator_rejects_broken_lists() {
+    let good = build(Kind::OneFOneB, 4, 8, 1).unwrap();
+    assert!(simulate(&good, &Costs::UNIT).is_ok());
+    // a dropped receive: the forward lacks its input
+    let mut p = good.clone();
+    let i = p.ranks[2].iter().position(|a| matches!(a, Action::RecvActivation { .. })).unwrap();
+    p.ranks[2].remove(i);
+    let e = simulate(&p, &Costs::UNIT).unwrap_err();
+    assert!(e.contains("without the previous stage's activation"), "{e}");
+    // a dropped send: the receiver waits for ever
+    let mut p = good.clone();
+    let i = p.ranks[1].iter().position(|a| matches!(a, Action::SendGrad { .. })).unwrap();
+    p.ranks[1].remove(i);
+    let e = simulate(&p, &Costs::UNIT).unwrap_err();
+    assert!(e.contains("deadlock") && e.contains("RecvGrad"), "{e}");
+    // a swapped pair: two ranks each receive before they send what the other waits for
+    let mut p = good.clone();
+    let (a, b) = (p.ranks[3].iter().position(|a| matches!(a, Action::RecvActivation { .. })).unwrap(), 0);
+    let recv = p.ranks[3].remove(a);
+    p.ranks[3].insert(b, recv);
+    assert!(simulate(&p, &Costs::UNIT).is_ok(), "a receive moved earlier only waits");
+    let mut p = good.clone();
+    let f = p.ranks[0].iter().position(|a| matches!(a, Action::Backward { .. })).unwrap();
+    p.ranks[0].swap(f, f - 1);
+    let e = simulate(&p, &Costs::UNIT).unwrap_err();
+    assert!(e.contains("deadlock") || e.contains("without"), "{e}");
+    // a micro-batch computed twice
+    let mut p = good.clone();
+    p.ranks[0].push(Action::Forward { mb: 0, chunk: 0 });
+    assert!(simulate(&p, &Costs::UNIT).unwrap_err().contains("2 time(s) forward"));
+    // a send nobody receives
+    let mut p = good;
+    p.ranks[0].push(Action::SendActivation { mb: 7, chunk: 0, to: 2 });
+    assert!(simulate(&p, &Costs::UNIT).unwrap_err().contains("never receives it"));
+}
+
+#[test]
+fn the_chart_shows_each_rank_order() {
+    let c = chart(&build(Kind::OneFOneB, 2, 3, 1).unwrap());
+    assert_eq!(
+        c,
+        "schedule 1f1b · pp=2 · 3 micro-batches · v=1\nrank 0: F0 F1 B0 F2 B1 B2\nrank 1: F0 B0 F1 B1 F2 B2\n"
+    );
+    let z = chart(&build(Kind::ZeroBubble, 2, 2, 1).unwrap());
+    assert!(z.contains("rank 1: F0 b0") && z.contains(" w"), "{z}");
+}
