@@ -128,3 +128,22 @@ fn the_chart_shows_each_rank_order() {
     let z = chart(&build(Kind::ZeroBubble, 2, 2, 1).unwrap());
     assert!(z.contains("rank 1: F0 b0") && z.contains(" w"), "{z}");
 }
+
+/// The planner's memory model counts the first stage's in-flight micro-batches as the
+/// schedules really hold them.
+#[test]
+fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
+    use brigade::plan::cost::{in_flight, Layout, Recompute};
+    for pp in [2, 3, 4, 8] {
+        for m in 1..=16 {
+            for (kind, v) in [(Kind::GPipe, 1), (Kind::OneFOneB, 1), (Kind::Interleaved, 2), (Kind::Interleaved, 3)] {
+                let Ok(plan) = build(kind, pp, m, v) else { continue };
+                let r = simulate(&plan, &per_chunk(v)).unwrap();
+                let measured = *r.peak_activations.iter().max().unwrap() as f64 / v as f64;
+                let l = Layout { tp: 1, pp, dp: 1, mb: 1, v, recompute: Recompute::None, zero: 0, gpipe: kind == Kind::GPipe };
+                let planned = in_flight(&l, m);
+                assert!((planned - measured).abs() < 1e-9, "{kind:?} pp={pp} m={m} v={v}: planner {planned}, simulator {measured}");
+            }
+        }
+    }
+}

@@ -208,6 +208,20 @@ fn all_reduce_time(n: usize, bytes: f64, bw_gbps: f64, factor: f64) -> f64 {
     ring.min(tree)
 }
 
+/// Micro-batches whose activations the first stage holds at once, in units of a whole stage's
+/// layers: GPipe all `m`; 1F1B min(pp, m); interleaved 1F1B (Megatron's warm-up of
+/// 2(pp − 1) + (v − 1)·pp chunks, plus one) (pp·v + pp − 1) / v chunks of 1/v of the stage.
+/// The schedule simulator measures the same (`tests/pipeline_schedules.rs`).
+pub fn in_flight(l: &Layout, micro_batches: usize) -> f64 {
+    let (pp, m, v) = (l.pp as f64, micro_batches as f64, l.v as f64);
+    match (l.pp, l.v) {
+        (1, _) => 1.0,
+        _ if l.gpipe => m,
+        (_, 1) => pp.min(m),
+        _ => ((pp * v + pp - 1.0).min(m * v)) / v,
+    }
+}
+
 /// Memory per GPU (GiB) on the most loaded stage.
 pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
     let (per_layer, embed) = params(m);
@@ -230,15 +244,7 @@ pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
         Recompute::Full => t.precision.bytes() * tokens * m.hidden as f64 / tp, // the layer input only
         _ => per_layer_act,
     };
-    let micro_batches = (t.global_batch / (l.dp * l.mb)) as f64;
-    let pp = l.pp as f64;
-    // 1F1B keeps pp micro-batches in flight on the first stage; interleaving adds (pp−1)/(pp·v).
-    let in_flight = match (l.pp, l.v) {
-        (1, _) => 1.0,
-        _ if l.gpipe => micro_batches,
-        (_, 1) => pp.min(micro_batches),
-        (_, v) => (pp * (1.0 + (pp - 1.0) / (pp * v as f64))).min(micro_batches * v as f64),
-    };
+    let in_flight = in_flight(l, t.global_batch / (l.dp * l.mb));
     let recompute_working_set = if l.recompute == Recompute::Full { per_layer_act } else { 0.0 };
     let logits = tokens * m.vocab as f64 / tp * (t.precision.bytes() + 4.0); // logits + fp32 softmax, last stage
     let act = lps * stored * in_flight + recompute_working_set + logits;
