@@ -140,9 +140,21 @@ fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
                 let Ok(plan) = build(kind, pp, m, v) else { continue };
                 let r = simulate(&plan, &per_chunk(v)).unwrap();
                 let measured = *r.peak_activations.iter().max().unwrap() as f64 / v as f64;
-                let l = Layout { tp: 1, pp, dp: 1, mb: 1, v, recompute: Recompute::None, zero: 0, gpipe: kind == Kind::GPipe };
+                let l = Layout {
+                    tp: 1,
+                    pp,
+                    dp: 1,
+                    mb: 1,
+                    v,
+                    recompute: Recompute::None,
+                    zero: 0,
+                    gpipe: kind == Kind::GPipe,
+                };
                 let planned = in_flight(&l, m);
-                assert!((planned - measured).abs() < 1e-9, "{kind:?} pp={pp} m={m} v={v}: planner {planned}, simulator {measured}");
+                assert!(
+                    (planned - measured).abs() < 1e-9,
+                    "{kind:?} pp={pp} m={m} v={v}: planner {planned}, simulator {measured}"
+                );
             }
         }
     }
