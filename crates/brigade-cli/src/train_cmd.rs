@@ -71,6 +71,11 @@ pub struct TrainArgs {
     /// Data-parallel gradient bucket size in MB (all-reduced as soon as it is complete).
     #[arg(long, default_value_t = 25.0)]
     bucket_mb: f64,
+    /// Print the pipeline schedule of --layout (pp > 1; `schedule=gpipe|1f1b|interleaved|zb`,
+    /// `v=` chunks per rank) as a chart of each rank's actions, with its simulated bubble, and
+    /// exit.
+    #[arg(long)]
+    print_schedule: bool,
     /// Stop after this many steps in this process, saving a checkpoint (to test resuming).
     #[arg(long, hide = true)]
     stop_after: Option<usize>,
@@ -194,6 +199,9 @@ fn parse_layout(a: &TrainArgs) -> Result<(MeshShape, Settings)> {
 
 pub fn run(a: TrainArgs) -> Result<()> {
     crate::check_threads(a.threads, "--threads")?;
+    if a.print_schedule {
+        return print_schedule(&a);
+    }
     if a.save_every.is_some() && a.out.is_none() {
         bail!("--save-every needs --out DIR to write checkpoints to");
     }
@@ -289,6 +297,32 @@ fn run_rank(
     }
     let out = a.out.clone().or_else(|| a.resume.clone());
     brigade::with_threads(a.threads, || train_loop(&mut tr, a, out, stop, &world))?
+}
+
+/// `--print-schedule`: the lists each rank would run, and how they fare on paper (a forward 1,
+/// a backward 2, transfers free).
+fn print_schedule(a: &TrainArgs) -> Result<()> {
+    let cfg = a.config()?;
+    let plan = brigade::parallel::pipeline_plan(a.layout.as_deref().unwrap_or(""), cfg.batch, cfg.micro_batch)?;
+    outln!("{}", brigade::parallel::pipeline::chart(&plan).trim_end());
+    let k = 1.0 / plan.v as f64;
+    let unit = brigade::parallel::pipeline::Costs {
+        forward: k,
+        backward: 2.0 * k,
+        backward_input: k,
+        backward_weight: k,
+        transfer: 0.0,
+    };
+    let r = brigade::parallel::pipeline::simulate(&plan, &unit)
+        .map_err(|e| anyhow::anyhow!("the schedule is broken: {e}"))?;
+    let theory = (plan.pp - 1) as f64 / (plan.v * plan.m + plan.pp - 1) as f64;
+    outln!(
+        "simulated bubble {:.1}% ((pp−1)/(v·m+pp−1) = {:.1}%), micro-batch chunks holding activations per rank: {:?}",
+        100.0 * r.bubble,
+        100.0 * theory,
+        r.peak_activations
+    );
+    Ok(())
 }
 
 /// Every rank's seconds in compute, exposed communication and idle over the steps this process

@@ -378,3 +378,28 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     fails_with(&[&base[..], &["--backend", "mpi"]].concat(), p, "mpi");
     fails_with(&[&base[..], &["--backend", "nccl"]].concat(), p, "unknown --backend 'nccl'");
 }
+
+#[test]
+fn pipeline_schedules_print_as_charts_and_impossible_ones_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let out = ok(&["train", "--layout", "pp=2", "--batch", "3", "--micro-batch", "1", "--print-schedule"], p);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // 1F1B by default: rank 0 runs one forward ahead, rank 1 alternates
+    assert!(text.contains("schedule 1f1b · pp=2 · 3 micro-batches · v=1"), "{text}");
+    assert!(text.contains("rank 0: F0 F1 B0 F2 B1 B2\nrank 1: F0 B0 F1 B1 F2 B2"), "{text}");
+    assert!(text.contains("simulated bubble 25.0% ((pp−1)/(v·m+pp−1) = 25.0%)"), "{text}");
+    let out =
+        ok(&["train", "--layout", "pp=2,schedule=zb", "--batch", "4", "--micro-batch", "1", "--print-schedule"], p);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("rank 1: F0 b0"));
+    let base = ["train", "--batch", "6", "--micro-batch", "1", "--print-schedule", "--layout"];
+    fails_with(&[&base[..], &["pp=4,v=2"]].concat(), p, "needs a multiple of 4 micro-batches, not 6; use 4 or 8");
+    fails_with(&[&base[..], &["pp=2,v=2,schedule=1f1b"]].concat(), p, "needs schedule=interleaved");
+    fails_with(&[&base[..], &["pp=2,schedule=zb2"]].concat(), p, "expected gpipe, 1f1b, interleaved or zb");
+    fails_with(&[&base[..], &["dp=2"]].concat(), p, "no pipeline to schedule");
+    fails_with(
+        &["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--layout", "schedule=zb"],
+        p,
+        "does not model the zero-bubble",
+    );
+}

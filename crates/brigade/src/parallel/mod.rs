@@ -1,5 +1,6 @@
-//! Parallel training: the device mesh, and (to come, per DESIGN.md) tensor-parallel layers,
-//! pipeline schedules. Data parallelism (ZeRO-0/1) is here.
+//! Parallel training: the device mesh, data parallelism with ZeRO (`data`), tensor and
+//! sequence parallelism (`tensor`), and pipeline schedules with their simulator (`pipeline`;
+//! the executor is to come).
 
 pub mod data;
 pub mod mesh;
@@ -38,4 +39,27 @@ pub fn training_layout(layout: &str, bucket_elems: usize) -> Result<(MeshShape, 
     let data = data::DataParallel { zero: f.zero.unwrap_or(0), bucket_elems };
     data.validate()?;
     Ok((shape, Settings { data, sp }))
+}
+
+/// The pipeline schedule a `--layout` with pp > 1 would run (`schedule`, default 1F1B, or
+/// interleaved when v > 1), for a global batch of `batch` sequences in micro-batches of
+/// `micro_batch` (the layout's `mb`, else the whole share of a dp replica).
+pub fn pipeline_plan(layout: &str, batch: usize, micro_batch: Option<usize>) -> Result<pipeline::Plan> {
+    let f = crate::plan::Fixed::parse(layout)?;
+    let (pp, dp, v) = (f.pp.unwrap_or(1), f.dp.unwrap_or(1), f.v.unwrap_or(1));
+    if pp < 2 {
+        return Err(Error::Layout(format!("'{layout}' has no pipeline to schedule; give pp=2 or more")));
+    }
+    let mb = micro_batch.or(f.mb).unwrap_or(batch / dp).max(1);
+    if !batch.is_multiple_of(dp * mb) {
+        return Err(Error::Layout(format!(
+            "the global batch of {batch} sequences does not split into dp={dp} replicas of whole micro-batches of {mb}"
+        )));
+    }
+    let kind = match f.schedule {
+        Some(s) => pipeline::Kind::parse(s)?,
+        None if v > 1 => pipeline::Kind::Interleaved,
+        None => pipeline::Kind::OneFOneB,
+    };
+    pipeline::build(kind, pp, batch / (dp * mb), v)
 }

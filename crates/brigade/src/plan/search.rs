@@ -57,7 +57,10 @@ impl Fixed {
                         "gpipe" => "gpipe",
                         "1f1b" => "1f1b",
                         "interleaved" => "interleaved",
-                        _ => return Err(Error::Layout(format!("schedule={v}: expected gpipe, 1f1b or interleaved"))),
+                        "zb" => "zb",
+                        _ => {
+                            return Err(Error::Layout(format!("schedule={v}: expected gpipe, 1f1b, interleaved or zb")))
+                        }
                     })
                 }
                 "sp" => {
@@ -174,6 +177,11 @@ pub fn rank_all(m: &ModelShape, a: &Accelerator, gpus: usize, t: &Training, fixe
 
 /// The fitting layouts, fastest first. An error says why none qualifies.
 pub fn search(m: &ModelShape, a: &Accelerator, gpus: usize, t: &Training, fixed: &Fixed) -> Result<Vec<Estimate>> {
+    if fixed.schedule == Some("zb") {
+        return Err(Error::Layout(
+            "the planner does not model the zero-bubble schedule yet; plan with schedule=1f1b (its bubble is ZB-H1's upper bound)".into(),
+        ));
+    }
     let all = layouts(m, gpus, t, fixed);
     if all.is_empty() {
         return Err(Error::Config(format!(
