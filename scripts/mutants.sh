@@ -4,7 +4,8 @@
 # `cargo install cargo-mutants`. Results: target/mutants/<name>/mutants.out/{caught,missed,…}.txt;
 # every missed mutant is killed by a test or explained in docs/mutants.md.
 #   scripts/mutants.sh              all five files (about 40 minutes on 2 cores)
-#   scripts/mutants.sh optimizer    one of: optimizer trainer generate gpt chunks
+#   scripts/mutants.sh optimizer    one of: optimizer trainer generate gpt chunks, or the parallel
+#                                   files: tp_comm vocab tp_state zero store
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A file=(
@@ -13,6 +14,11 @@ declare -A file=(
   [generate]=crates/brigade/src/models/generate.rs
   [gpt]=crates/brigade/src/models/gpt.rs
   [chunks]=crates/brigade-comm/src/chunks.rs
+  [tp_comm]=crates/brigade/src/parallel/tensor/comm.rs
+  [vocab]=crates/brigade/src/parallel/tensor/vocab.rs
+  [tp_state]=crates/brigade/src/parallel/tensor/state.rs
+  [zero]=crates/brigade/src/parallel/data/zero.rs
+  [store]=crates/brigade/src/parallel/data/store.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -20,6 +26,11 @@ declare -A tests=(
   [generate]="--lib --test generation"
   [gpt]="--lib --test gradcheck --test hf_fixture --test generation --test micro_batching"
   [chunks]="--lib --test local"
+  [tp_comm]="--test equivalence"
+  [vocab]="--test equivalence"
+  [tp_state]="--test equivalence"
+  [zero]="--lib --test equivalence"
+  [store]="--test equivalence"
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(optimizer trainer generate gpt chunks)

@@ -177,11 +177,29 @@ fn interleaved(pp: usize, m: usize, v: usize, r: usize) -> Order {
 }
 
 /// ZB-H1, found by running the pipeline in unit time steps (F = B = W = 1) with each rank's
-/// rule: the input gradient B first (it is on the critical path), else a forward while fewer
-/// than pp micro-batches hold activations (1F1B's peak, on its first rank), else a deferred
-/// W, else wait.
+/// rule: the input gradient B first (it is on the critical path); then a deferred W if more
+/// than k wait; else a forward while fewer than pp micro-batches hold activations (1F1B's
+/// peak, on its first rank); else a W; else wait. Of k = 0…pp, the lists that run shortest
+/// on paper. (Measured bubble: pp=4, m=8: 14.3%, against 1F1B's 27.3% and the paper's
+/// hand-made ZB-H1, (pp−1)/(3m+pp−1) = 11.1%.)
 /// The order each rank followed is its list; it is valid for any timing since it was for one.
 fn zero_bubble_h1(pp: usize, m: usize) -> Vec<Order> {
+    // the rule below, with W's taking precedence over forwards once more than `k` wait; the
+    // k whose lists run shortest on paper
+    let mut best: Option<(f64, Vec<Order>)> = None;
+    for k in 0..=pp {
+        let orders = zero_bubble_with(pp, m, k);
+        let ranks = orders.iter().enumerate().map(|(r, o)| with_transfers(o, r, pp, 1)).collect();
+        let plan = Plan { kind: Kind::ZeroBubble, pp, m, v: 1, ranks };
+        let Ok(rep) = super::simulate::simulate(&plan, &super::simulate::Costs::UNIT) else { continue };
+        if best.as_ref().is_none_or(|(t, _)| rep.makespan < *t - 1e-9) {
+            best = Some((rep.makespan, orders));
+        }
+    }
+    best.expect("the rule never deadlocks").1
+}
+
+fn zero_bubble_with(pp: usize, m: usize, k: usize) -> Vec<Order> {
     let mut orders: Vec<Order> = vec![Vec::new(); pp];
     // per rank: next forward, next B, W's pending (B done, W not), activations held
     let mut next_f = vec![0usize; pp];
@@ -193,7 +211,9 @@ fn zero_bubble_h1(pp: usize, m: usize) -> Vec<Order> {
     let mut grad_at = vec![vec![None::<usize>; m]; pp];
     act_at[0].iter_mut().for_each(|a| *a = Some(0));
     let mut t = 0;
-    while orders.iter().map(|o| o.len()).sum::<usize>() < 3 * m * pp {
+    // (every step some rank can act, so this ends well before the bound; the bound keeps a
+    // rule that stalls from looping: its incomplete lists fail the simulator)
+    while orders.iter().map(|o| o.len()).sum::<usize>() < 3 * m * pp && t < 12 * (m + pp) {
         let mut produced: Vec<(bool, usize, usize)> = Vec::new(); // (is_grad, rank, mb)
         for r in 0..pp {
             let b_ready = next_b[r] < next_f[r] && (r == pp - 1 || grad_at[r][next_b[r]].is_some_and(|at| at <= t));
@@ -206,7 +226,12 @@ fn zero_bubble_h1(pp: usize, m: usize) -> Vec<Order> {
                 if r > 0 {
                     produced.push((true, r - 1, mb));
                 }
-            } else if f_ready {
+            } else if pending_w[r].len() > k || !f_ready {
+                if let Some(mb) = pending_w[r].pop_front() {
+                    orders[r].push(Action::BackwardWeight { mb, chunk: 0 });
+                    held[r] -= 1;
+                }
+            } else {
                 let mb = next_f[r];
                 orders[r].push(Action::Forward { mb, chunk: 0 });
                 held[r] += 1;
@@ -214,9 +239,6 @@ fn zero_bubble_h1(pp: usize, m: usize) -> Vec<Order> {
                 if r + 1 < pp {
                     produced.push((false, r + 1, mb));
                 }
-            } else if let Some(mb) = pending_w[r].pop_front() {
-                orders[r].push(Action::BackwardWeight { mb, chunk: 0 });
-                held[r] -= 1;
             }
         }
         t += 1;
