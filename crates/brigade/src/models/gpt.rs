@@ -28,6 +28,34 @@ pub struct Activations {
     scratch: Scratch,
 }
 
+/// What a part's forward starts from: the tokens (the first stage) or the previous stage's
+/// output rows.
+#[derive(Clone, Copy)]
+pub enum Input<'a> {
+    Tokens(&'a [u32]),
+    Hidden(&'a [f32]),
+}
+
+/// What a part's backward starts from: the loss (the last stage) or the gradient of the
+/// stage's output rows.
+#[derive(Clone, Copy)]
+pub enum Output<'a> {
+    Loss { targets: &'a [i32], scale: f32 },
+    Grad(&'a [f32]),
+}
+
+impl Activations {
+    /// A stage's output rows, after its forward (the next stage's input).
+    pub fn output(&self) -> &[f32] {
+        self.resid.last().expect("after a forward")
+    }
+
+    /// The gradient of a stage's input rows, after its backward (the previous stage's).
+    pub fn input_grad(&self) -> &[f32] {
+        &self.scratch.dresid
+    }
+}
+
 /// The one error a single worker's forward or backward cannot have: a collective failing.
 const SOLO: &str = "a single worker runs no collectives, which alone can fail";
 
@@ -44,6 +72,16 @@ pub struct Gpt {
     /// Where each unit's parameters lie in the flat buffer: 0 the embedding (wte, wpe), 1…L
     /// the blocks, L + 1 the final LayerNorm. Layers address parameters from their unit's start.
     pub units: Vec<std::ops::Range<usize>>,
+    /// Which units of the whole model this part holds (a pipeline stage; all of them when
+    /// there is no pipeline): whether it embeds the tokens (unit 0) and whether it ends in
+    /// the final LayerNorm, LM head and loss. The last stage without the embedding holds its
+    /// own copy of the tied token table in its final unit.
+    pub holds: std::ops::Range<usize>,
+    pub has_embedding: bool,
+    pub has_head: bool,
+    /// The local unit whose parameters hold the token table `wte` (and, with the embedding,
+    /// `wpe`).
+    pub table_unit: usize,
     /// Ranks in the tensor-parallel group this model part is cut for, and this part's rank.
     pub tp: usize,
     pub tp_rank: usize,
@@ -59,24 +97,48 @@ impl Gpt {
     /// attention by heads, the MLP by hidden units, the vocabulary by rows (padded to a
     /// multiple of tp). Refuses a `tp` that does not divide the heads.
     pub fn shard(cfg: GptConfig, rank: usize, tp: usize) -> Result<Gpt> {
+        Gpt::part(cfg, rank, tp, 0..cfg.n_layer + 2)
+    }
+
+    /// The units `holds` of the whole model (0 the embedding, 1…L the blocks, L + 1 the final
+    /// LayerNorm with the LM head), as a pipeline stage holds them, cut for tensor-parallel
+    /// rank `rank` of `tp`.
+    pub fn part(cfg: GptConfig, rank: usize, tp: usize, holds: std::ops::Range<usize>) -> Result<Gpt> {
         cfg.validate()?;
         check_tp(&cfg, tp)?;
+        let last = cfg.n_layer + 1;
+        if holds.is_empty() || holds.end > last + 1 {
+            return Err(Error::Layout(format!("units {holds:?} of a model with units 0..={last}")));
+        }
+        let (has_embedding, has_head) = (holds.start == 0, holds.end == last + 1);
+        let table = |unit: &mut ParamLayout| {
+            let shape = [cfg.vocab_size, cfg.n_embd];
+            unit.add_split("wte.weight", &shape, Split::Vocab, tp, Init::Normal(0.02), true)
+        };
         let mut layout = ParamLayout::default();
         let mut units = Vec::new();
-        let mut unit = ParamLayout::default();
-        let wte =
-            unit.add_split("wte.weight", &[cfg.vocab_size, cfg.n_embd], Split::Vocab, tp, Init::Normal(0.02), true);
-        let wpe = unit.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true);
-        units.push(layout.append(&unit));
+        let (mut wte, mut wpe) = (View { offset: 0, len: 0 }, View { offset: 0, len: 0 });
+        if has_embedding {
+            let mut unit = ParamLayout::default();
+            wte = table(&mut unit);
+            wpe = unit.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true);
+            units.push(layout.append(&unit));
+        }
         let mut blocks = Vec::new();
-        for i in 0..cfg.n_layer {
+        for i in holds.start.max(1) - 1..holds.end.min(last) - 1 {
             let mut unit = ParamLayout::default();
             blocks.push(Block::new(&mut unit, i, &cfg, tp));
             units.push(layout.append(&unit));
         }
         let mut unit = ParamLayout::default();
         let ln_f = LayerNorm::new(&mut unit, "ln_f", cfg.n_embd);
-        units.push(layout.append(&unit));
+        if has_head {
+            if !has_embedding {
+                wte = table(&mut unit);
+            }
+            units.push(layout.append(&unit));
+        }
+        let table_unit = if has_embedding { 0 } else { units.len().saturating_sub(1) };
         Ok(Gpt {
             cfg,
             layout,
@@ -85,10 +147,24 @@ impl Gpt {
             wpe,
             blocks,
             ln_f,
+            holds,
+            has_embedding,
+            has_head,
+            table_unit,
             tp,
             tp_rank: rank,
             vocab: VocabShard::of(cfg.vocab_size, rank, tp),
         })
+    }
+
+    /// The local unit of this part's `k`-th block.
+    fn block_unit(&self, k: usize) -> usize {
+        usize::from(self.has_embedding) + k
+    }
+
+    /// The local unit of the final LayerNorm (and the head's copy of the token table).
+    fn final_unit(&self) -> usize {
+        self.units.len() - 1
     }
 
     /// This rank's parameters at initialisation: the full tensors drawn from (seed, name) and
@@ -126,18 +202,20 @@ impl Gpt {
         assert_eq!(tp.size(), self.tp, "the model part is cut for tp={}, run on a group of {}", self.tp, tp.size());
     }
 
-    /// Runs the blocks and the final LayerNorm; this rank's rows of the hidden states are in
-    /// `acts.lnf.out`.
+    /// Runs this part: the embedding of `input`'s tokens (or, on a later stage, its hidden
+    /// rows), the blocks, and the final LayerNorm when the part ends the model (this rank's rows
+    /// of the hidden states are then in `acts.lnf.out`; otherwise the part's output is
+    /// `acts.output()`).
     fn forward_hidden(
         &self,
         tp: &Tp,
         store: &mut dyn UnitStore,
-        tokens: &[u32],
+        input: Input,
         (b, t): (usize, usize),
         acts: &mut Activations,
     ) -> Result<()> {
         self.check_group(tp);
-        let (c, l) = (self.cfg.n_embd, self.cfg.n_layer);
+        let (c, l) = (self.cfg.n_embd, self.blocks.len());
         let rows = tp.rows(b * t).len();
         acts.b = b;
         acts.t = t;
@@ -147,25 +225,24 @@ impl Gpt {
             ensure(r, rows * c);
         }
         let sc = &mut acts.scratch;
-        let p = store.params(0)?;
-        let (wte, wpe) = (self.wte.of(p), self.wpe.of(p));
-        vocab::embedding_forward(
-            tp,
-            &mut acts.resid[0],
-            wte,
-            wpe,
-            tokens,
-            self.vocab,
-            (t, c),
-            &mut sc.part,
-            &mut sc.rows,
-        )?;
+        match input {
+            Input::Tokens(tokens) => {
+                assert!(self.has_embedding, "a part without the embedding takes hidden rows");
+                let p = store.params(0)?;
+                let (wte, wpe) = (self.wte.of(p), self.wpe.of(p));
+                let out = &mut acts.resid[0];
+                vocab::embedding_forward(tp, out, wte, wpe, tokens, self.vocab, (t, c), &mut sc.part, &mut sc.rows)?;
+            }
+            Input::Hidden(x) => acts.resid[0].copy_from_slice(x),
+        }
         for (i, blk) in self.blocks.iter().enumerate() {
             let (done, rest) = acts.resid.split_at_mut(i + 1);
-            let p = store.params(i + 1)?;
+            let p = store.params(self.block_unit(i))?;
             blk.forward(tp, p, &done[i], (b, t), &mut acts.blocks[i], &mut rest[0], sc)?;
         }
-        self.ln_f.forward(store.params(l + 1)?, &acts.resid[l], &mut acts.lnf);
+        if self.has_head {
+            self.ln_f.forward(store.params(self.final_unit())?, &acts.resid[l], &mut acts.lnf);
+        }
         Ok(())
     }
 
@@ -200,12 +277,29 @@ impl Gpt {
         t: usize,
         acts: &mut Activations,
     ) -> Result<()> {
-        self.forward_hidden(tp, store, tokens, (b, t), acts)?;
+        self.forward_part(tp, store, Input::Tokens(tokens), b, t, acts)
+    }
+
+    /// Forward of this part (a pipeline stage) from `input`: on the last stage to this rank's
+    /// vocabulary block of the logits, else to the stage's output rows, `acts.output()`.
+    pub fn forward_part(
+        &self,
+        tp: &Tp,
+        store: &mut dyn UnitStore,
+        input: Input,
+        b: usize,
+        t: usize,
+        acts: &mut Activations,
+    ) -> Result<()> {
+        self.forward_hidden(tp, store, input, (b, t), acts)?;
+        if !self.has_head {
+            return Ok(());
+        }
         let (c, v, n) = (self.cfg.n_embd, self.vocab.rows, b * t);
         ensure(&mut acts.logits, n * v);
         // LM head tied to the token embedding: logits = h·wteᵀ, on this rank's vocabulary block.
         let h = tp.enter(&acts.lnf.out, &mut acts.scratch.full)?;
-        matmul(&mut acts.logits, h, self.wte.of(store.params(0)?), n, c, v, false, true, false);
+        matmul(&mut acts.logits, h, self.wte.of(store.params(self.table_unit)?), n, c, v, false, true, false);
         Ok(())
     }
 
@@ -214,7 +308,7 @@ impl Gpt {
     pub fn forward_last(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) -> Vec<f32> {
         let mut ready = |_: &[f32], _: usize| {};
         let mut store = Whole { units: &self.units, params: p, grads: &mut [], ready: &mut ready };
-        self.forward_hidden(&Tp::SOLO, &mut store, tokens, (b, t), acts).expect(SOLO);
+        self.forward_hidden(&Tp::SOLO, &mut store, Input::Tokens(tokens), (b, t), acts).expect(SOLO);
         let (c, v) = (self.cfg.n_embd, self.cfg.vocab_size);
         let mut h = Vec::with_capacity(b * c);
         for i in 0..b {
@@ -288,27 +382,50 @@ impl Gpt {
         scale: f32,
         acts: &mut Activations,
     ) -> Result<()> {
+        self.backward_part(tp, store, tokens, Output::Loss { targets, scale }, acts)
+    }
+
+    /// Backward of this part (a pipeline stage): from the loss on the last stage, else from
+    /// the gradient of the stage's output rows. A stage without the embedding leaves the
+    /// gradient of its input rows in `acts.input_grad()`.
+    pub fn backward_part(
+        &self,
+        tp: &Tp,
+        store: &mut dyn UnitStore,
+        tokens: &[u32],
+        from: Output,
+        acts: &mut Activations,
+    ) -> Result<()> {
         self.check_group(tp);
         let (b, t) = (acts.b, acts.t);
-        let (c, v, l, n) = (self.cfg.n_embd, self.vocab.rows, self.cfg.n_layer, b * t);
-        cross_entropy_backward(&mut acts.logits, &acts.lse, targets, self.vocab.window(), scale);
+        let (c, v, l, n) = (self.cfg.n_embd, self.vocab.rows, self.blocks.len(), b * t);
         let sc = &mut acts.scratch;
-        ensure(&mut sc.dpart, n * c);
         ensure(&mut sc.dresid, tp.rows(n).len() * c);
-        // LM head: dh = dlogits·wte (this block's part, summed by f), dwte += dlogitsᵀ·h
-        let h = tp.enter(&acts.lnf.out, &mut sc.hfull)?;
-        let (p, g) = store.params_grads(0)?;
-        matmul(&mut sc.dpart, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
-        matmul(self.wte.of_mut(g), &acts.logits, h, v, n, c, true, false, true);
-        let d = tp.enter_backward(&mut sc.dpart, &mut sc.dln)?;
-        sc.dresid.fill(0.0);
-        let (p, g) = store.params_grads(l + 1)?;
-        self.ln_f.backward(p, g, &acts.resid[l], &acts.lnf, d, &mut sc.dresid);
-        store.grads_done(l + 1)?;
+        match from {
+            Output::Loss { targets, scale } => {
+                assert!(self.has_head, "only the last stage has a loss");
+                cross_entropy_backward(&mut acts.logits, &acts.lse, targets, self.vocab.window(), scale);
+                ensure(&mut sc.dpart, n * c);
+                // LM head: dh = dlogits·wte (this block's part, summed by f), dwte += dlogitsᵀ·h
+                let h = tp.enter(&acts.lnf.out, &mut sc.hfull)?;
+                let (p, g) = store.params_grads(self.table_unit)?;
+                matmul(&mut sc.dpart, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
+                matmul(self.wte.of_mut(g), &acts.logits, h, v, n, c, true, false, true);
+                let d = tp.enter_backward(&mut sc.dpart, &mut sc.dln)?;
+                sc.dresid.fill(0.0);
+                let (p, g) = store.params_grads(self.final_unit())?;
+                self.ln_f.backward(p, g, &acts.resid[l], &acts.lnf, d, &mut sc.dresid);
+                store.grads_done(self.final_unit())?;
+            }
+            Output::Grad(dy) => sc.dresid.copy_from_slice(dy),
+        }
         for (i, blk) in self.blocks.iter().enumerate().rev() {
-            let (p, g) = store.params_grads(i + 1)?;
+            let (p, g) = store.params_grads(self.block_unit(i))?;
             blk.backward(tp, p, g, &acts.resid[i], (b, t), &acts.blocks[i], sc)?;
-            store.grads_done(i + 1)?;
+            store.grads_done(self.block_unit(i))?;
+        }
+        if !self.has_embedding {
+            return Ok(());
         }
         let (_, g) = store.params_grads(0)?;
         let (wo, po) = (self.wte, self.wpe);

@@ -4,4 +4,4 @@ pub mod generate;
 pub mod gpt;
 pub mod units;
 pub use generate::{generate, SampleOptions};
-pub use gpt::{Activations, Gpt, GptConfig, PRESETS};
+pub use gpt::{Activations, Gpt, GptConfig, Input, Output, PRESETS};
