@@ -28,7 +28,7 @@ declare -A tests=(
   [chunks]="--lib --test local"
   [tp_comm]="--test equivalence"
   [vocab]="--test equivalence"
-  [tp_state]="--test equivalence"
+  [tp_state]="--test equivalence --test adamw_fixture"
   [zero]="--lib --test equivalence"
   [store]="--test equivalence"
 )

@@ -25,6 +25,7 @@ bugs=(
   "sequence parallelism: replicated gradients not summed over the group@@crates/brigade/src/parallel/tensor/state.rs@@s/    if !tp.sp \{\n        return Ok\(\(\)\);/    if true {\n        return Ok(());/@@brigade"
   "vocabulary-parallel loss: row maximum not reduced@@crates/brigade/src/parallel/tensor/vocab.rs@@s/tp.all_reduce\(&mut mx, ReduceOp::Max\)\?;//@@brigade"
   "vocabulary-parallel loss: padding columns counted in the softmax@@crates/brigade/src/tensor/loss.rs@@s/let row = &row\[..w.valid\];/let row = \&row[..];/@@brigade"
+  "tensor parallelism: replicated parameters counted on every rank in the gradient norm@@crates/brigade/src/parallel/tensor/state.rs@@s/let replicated = if tp.rank\(\) == 0 \{ sq\(replicated\) \} else \{ 0.0 \};/let replicated = sq(replicated);/@@brigade"
   "chunk_range gives the remainder to the last ranks@@crates/brigade-comm/src/chunks.rs@@s/let start = rank \* base \+ rank.min\(rem\);\n    start..start \+ base \+ usize::from\(rank < rem\)/let first = size - rem;\n    let start = rank * base + rank.saturating_sub(first);\n    start..start + base + usize::from(rank >= first)/@@brigade-comm"
 )
 

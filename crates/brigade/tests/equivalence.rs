@@ -30,12 +30,24 @@ fn cfg(micro_batch: usize) -> TrainConfig {
     }
 }
 
-fn single_worker() -> (Vec<f32>, Vec<f32>) {
+/// What a run is compared on: the loss of every step, the final weights, and the gradient norm
+/// (before clipping) of each step this process took.
+struct Run {
+    losses: Vec<f32>,
+    weights: Vec<f32>,
+    norms: Vec<(usize, f32)>,
+}
+
+fn norms(tr: &Trainer) -> Vec<(usize, f32)> {
+    tr.history.iter().map(|s| (s.step, s.grad_norm)).collect()
+}
+
+fn single_worker() -> Run {
     let mut tr = Trainer::new(cfg(16)).unwrap();
     while !tr.done() {
         tr.train_step().unwrap();
     }
-    (tr.losses.clone(), tr.params.clone())
+    Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr) }
 }
 
 /// One layout of the matrix.
@@ -59,7 +71,7 @@ impl Case {
 /// optionally saving to `to`; returns the losses and the full weights, after checking that
 /// every rank agrees: replicas hold the same slices, replicated parameters are bitwise equal
 /// across each tensor-parallel group, and every rank gathers the same full model.
-fn run(c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, until: usize) -> (Vec<f32>, Vec<f32>) {
+fn run(c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, until: usize) -> Run {
     let shape = MeshShape::new(c.dp, 1, c.tp).unwrap();
     let out = brigade_comm::local::run(shape.world(), |world| {
         let mesh = Mesh::new(&world, shape)?;
@@ -79,7 +91,7 @@ fn run(c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, un
         }
         let local = tr.local_params()?.into_owned();
         let full = tr.full_params()?.unwrap_or_else(|| local.clone());
-        Ok::<_, brigade::Error>((tr.losses.clone(), full, local, tr.model.layout.clone()))
+        Ok::<_, brigade::Error>((tr.losses.clone(), full, local, tr.model.layout.clone(), norms(&tr)))
     })
     .unwrap();
     for (r, o) in out.iter().enumerate() {
@@ -91,8 +103,8 @@ fn run(c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, un
             assert_eq!(s.view.of(&o.2), s.view.of(&out[0].2), "{c:?}: replicated {} differs on rank {r}", s.name);
         }
     }
-    let (losses, full, _, _) = out.into_iter().next().unwrap();
-    (losses, full)
+    let (losses, weights, _, _, norms) = out.into_iter().next().unwrap();
+    Run { losses, weights, norms }
 }
 
 /// ‖a − b‖ / ‖b‖ over one parameter tensor. Adam divides each gradient by its own running
@@ -105,16 +117,23 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-60)).sqrt()
 }
 
-fn assert_equivalent(what: &str, got: &(Vec<f32>, Vec<f32>), want: &(Vec<f32>, Vec<f32>)) {
-    assert_eq!(got.0.len(), want.0.len(), "{what}: steps");
-    for (s, (g, w)) in got.0.iter().zip(&want.0).enumerate() {
+fn assert_equivalent(what: &str, got: &Run, want: &Run) {
+    assert_eq!(got.losses.len(), want.losses.len(), "{what}: steps");
+    for (s, (g, w)) in got.losses.iter().zip(&want.losses).enumerate() {
         let e = ((g - w) / w).abs();
         assert!(e < 1e-5, "{what}: loss at step {} is {g}, single worker {w} ({e:.1e})", s + 1);
+    }
+    // the global gradient norm (what clipping scales by), from shards, slices and replicas
+    assert!(!got.norms.is_empty(), "{what}: no steps taken");
+    for &(step, g) in &got.norms {
+        let w = want.norms[step - 1].1;
+        let e = ((g - w) / w).abs();
+        assert!(e < 1e-5, "{what}: gradient norm at step {step} is {g}, single worker {w} ({e:.1e})");
     }
     let model = Trainer::new(cfg(16)).unwrap().model;
     let mut worst = (0f64, String::new());
     for spec in &model.layout.specs {
-        let e = rel(spec.view.of(&got.1), spec.view.of(&want.1));
+        let e = rel(spec.view.of(&got.weights), spec.view.of(&want.weights));
         if e > worst.0 {
             worst = (e, spec.name.clone());
         }
@@ -194,7 +213,8 @@ fn a_checkpoint_resumes_under_another_layout() {
     while !tr.done() {
         tr.train_step().unwrap();
     }
-    assert_equivalent("→ single worker", &(tr.losses.clone(), tr.params.clone()), &want);
+    let got = Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr) };
+    assert_equivalent("→ single worker", &got, &want);
 }
 
 /// Every rank of a `shape` mesh builds a trainer for `c`; the first rank's result.
