@@ -18,6 +18,7 @@ mod bench_cmd;
 mod comm_bench;
 mod plan_cmd;
 mod sample_cmd;
+mod train_args;
 mod train_cmd;
 
 use clap::{Parser, Subcommand};

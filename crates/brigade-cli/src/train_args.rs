@@ -1,0 +1,146 @@
+//! The flags of `brigade train`, and the run settings they make.
+
+use anyhow::{Context, Result};
+use brigade::train::TrainConfig;
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// TOML file with any of the settings below (flags override it).
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
+    /// Model preset: tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl.
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// UTF-8 text file to train on (default: the built-in addition task).
+    #[arg(long)]
+    pub(crate) data: Option<PathBuf>,
+    /// Hugging Face tokenizer.json for --data (default: byte-level tokens).
+    #[arg(long)]
+    pub(crate) tokenizer: Option<PathBuf>,
+    /// Digits per operand of the built-in addition task.
+    #[arg(long)]
+    pub(crate) digits: Option<usize>,
+    #[arg(long)]
+    pub(crate) steps: Option<usize>,
+    /// Sequences per optimizer step.
+    #[arg(long)]
+    pub(crate) batch: Option<usize>,
+    /// Sequences per forward/backward pass (gradient accumulation).
+    #[arg(long)]
+    pub(crate) micro_batch: Option<usize>,
+    /// Tokens per sequence.
+    #[arg(long)]
+    pub(crate) seq: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    pub(crate) lr: Option<f32>,
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+    /// Evaluate every N steps (0: only at the end).
+    #[arg(long)]
+    pub(crate) eval_every: Option<usize>,
+    /// Intra-op threads (default: all cores).
+    #[arg(long, default_value_t = crate::default_threads())]
+    pub(crate) threads: usize,
+    /// Directory for the final checkpoint (and periodic ones with --save-every).
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    /// Save a checkpoint every N steps (needs --out).
+    #[arg(long)]
+    pub(crate) save_every: Option<usize>,
+    /// Continue the run saved in this checkpoint directory (may extend it with --steps).
+    #[arg(long)]
+    pub(crate) resume: Option<PathBuf>,
+    /// Write a Chrome trace-event timeline of the run to this file (open in Perfetto).
+    #[arg(long)]
+    pub(crate) trace: Option<PathBuf>,
+    /// Parallel layout, as `brigade plan --layout`: dp=2,zero=1 (unnamed axes are 1). With the
+    /// local backend the ranks are threads of this process, each with --threads threads.
+    #[arg(long)]
+    pub(crate) layout: Option<String>,
+    /// local (rank threads in this process) or mpi (this process is one rank; run under
+    /// mpirun; needs a build with --features mpi).
+    #[arg(long, default_value = "local")]
+    pub(crate) backend: String,
+    /// Data-parallel gradient bucket size in MB (all-reduced as soon as it is complete).
+    #[arg(long, default_value_t = 25.0)]
+    pub(crate) bucket_mb: f64,
+    /// Print the pipeline schedule of --layout (pp > 1; `schedule=gpipe|1f1b|interleaved|zb`,
+    /// `v=` chunks per rank) as a chart of each rank's actions, with its simulated bubble, and
+    /// exit.
+    #[arg(long)]
+    pub(crate) print_schedule: bool,
+    /// Stop after this many steps in this process, saving a checkpoint (to test resuming).
+    #[arg(long, hide = true)]
+    pub(crate) stop_after: Option<usize>,
+}
+
+impl TrainArgs {
+    /// Flags that change what the run computes, with their names (refused on --resume).
+    pub(crate) fn numeric_overrides(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        let mut on = |set: bool, n: &'static str| {
+            if set {
+                v.push(n)
+            }
+        };
+        on(self.config.is_some(), "--config");
+        on(self.model.is_some(), "--model");
+        on(self.data.is_some(), "--data");
+        on(self.tokenizer.is_some(), "--tokenizer");
+        on(self.digits.is_some(), "--digits");
+        on(self.batch.is_some(), "--batch");
+        on(self.micro_batch.is_some(), "--micro-batch");
+        on(self.seq.is_some(), "--seq");
+        on(self.lr.is_some(), "--lr");
+        on(self.seed.is_some(), "--seed");
+        v
+    }
+
+    pub(crate) fn config(&self) -> Result<TrainConfig> {
+        let mut c = match &self.config {
+            Some(p) => {
+                let text =
+                    std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
+                TrainConfig::from_toml(&text, &p.display().to_string())?
+            }
+            None => TrainConfig::default(),
+        };
+        if let Some(v) = &self.model {
+            c.model = v.clone();
+        }
+        if self.data.is_some() {
+            c.data = self.data.clone();
+        }
+        if self.tokenizer.is_some() {
+            c.tokenizer = self.tokenizer.clone();
+        }
+        if let Some(v) = self.digits {
+            c.digits = v;
+        }
+        if let Some(v) = self.steps {
+            c.steps = v;
+        }
+        if let Some(v) = self.batch {
+            c.batch = v;
+        }
+        if self.micro_batch.is_some() {
+            c.micro_batch = self.micro_batch;
+        }
+        if self.seq.is_some() {
+            c.seq = self.seq;
+        }
+        if let Some(v) = self.lr {
+            c.lr = v;
+        }
+        if let Some(v) = self.seed {
+            c.seed = v;
+        }
+        if let Some(v) = self.eval_every {
+            c.eval_every = v;
+        }
+        Ok(c)
+    }
+}
