@@ -8,7 +8,7 @@ use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::models::{Activations, Gpt};
 use crate::parallel::data::store::ShardStore;
-use crate::parallel::data::zero::Shards;
+use crate::parallel::data::zero::{Shards, UnitReducer};
 use crate::parallel::data::{self, DataParallel};
 use crate::parallel::tensor::{state as tp_state, Tp};
 use crate::parallel::{Mesh, MeshShape, Settings};
@@ -242,6 +242,15 @@ impl Trainer {
                 let (tl, clock) = (&mut self.timeline, &mut self.clock);
                 note(tl, clock, format!("backward mb{i}"), "compute", step, (t0, t1));
                 note(tl, clock, "gradient reduction (exposed)", "comm", step, (t1, Instant::now()));
+            } else if zero == 1 && dp.size() > 1 && i + 1 == n_micro {
+                // ZeRO-1: each unit's reduce-scatter while the earlier units run backward
+                let mut reducer = UnitReducer::new(&self.shards, dp);
+                model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |g, from| reducer.ready(g, from))?;
+                let t1 = Instant::now();
+                reducer.finish(grads, &mut self.gshard)?;
+                let (tl, clock) = (&mut self.timeline, &mut self.clock);
+                note(tl, clock, format!("backward mb{i}"), "compute", step, (t0, t1));
+                note(tl, clock, "gradient reduce-scatter (exposed)", "comm", step, (t1, Instant::now()));
             } else {
                 model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |_, _| {})?;
                 let span = (t0, Instant::now());
@@ -249,7 +258,7 @@ impl Trainer {
             }
         }
         let t0 = Instant::now();
-        if zero == 1 {
+        if zero == 1 && dp.size() == 1 {
             self.shards.reduce_scatter(dp, &self.grads, &mut self.gshard, false)?;
         }
         let g = if zero == 0 { &mut self.grads } else { &mut self.gshard };

@@ -103,6 +103,40 @@ impl Shards {
     }
 }
 
+/// ZeRO-1's reduce-scatter during the last micro-batch's backward: each unit's starts on the
+/// communicator's thread as soon as backward has finished that unit (`ready(g, from)`: the
+/// gradients of `g[from..]` are final), in the same order on every rank.
+pub struct UnitReducer<'a> {
+    shards: &'a Shards,
+    dp: &'a Comm,
+    launched: Vec<bool>,
+    pending: Vec<(usize, brigade_comm::Handle<Vec<f32>>)>,
+}
+
+impl<'a> UnitReducer<'a> {
+    pub fn new(shards: &'a Shards, dp: &'a Comm) -> UnitReducer<'a> {
+        UnitReducer { shards, dp, launched: vec![false; shards.units.len()], pending: Vec::new() }
+    }
+
+    pub fn ready(&mut self, g: &[f32], from: usize) {
+        for (u, r) in self.shards.units.iter().enumerate() {
+            if !self.launched[u] && r.start >= from {
+                self.launched[u] = true;
+                self.pending.push((u, self.dp.reduce_scatter_async(g[r.clone()].to_vec(), ReduceOp::Sum)));
+            }
+        }
+    }
+
+    /// Launches what is left, waits, and writes this rank's pieces of the sums into `compact`.
+    pub fn finish(mut self, g: &[f32], compact: &mut [f32]) -> Result<()> {
+        self.ready(g, 0);
+        for (u, h) in self.pending {
+            compact[self.shards.piece(u)].copy_from_slice(&h.wait().map_err(comm_err)?);
+        }
+        Ok(())
+    }
+}
+
 pub(super) fn add_or_set(dst: &mut [f32], src: &[f32], accumulate: bool) {
     if accumulate {
         dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
