@@ -155,7 +155,7 @@ pub fn parallel_step(
     warmup: usize,
     steps: usize,
 ) -> crate::Result<ParallelBench> {
-    use crate::train::{timeline::Timeline, Trainer};
+    use crate::train::Trainer;
     let per_rank = brigade_comm::local::run(shape.world(), |world| {
         crate::alloc::set_rank(Some(world.rank()));
         crate::alloc::reset_peak(world.rank());
@@ -165,9 +165,6 @@ pub fn parallel_step(
             for _ in 0..warmup {
                 tr.train_step()?;
             }
-            tr.timeline = Some(Timeline::new(world.rank()));
-            // tensor-parallel collectives run inside forward and backward, exposed: timed apart
-            tr.mesh.tp.enable_tracing(true);
             let mut times = Vec::new();
             for _ in 0..steps {
                 world.barrier().map_err(|e| crate::Error::Train(e.to_string()))?;
@@ -175,10 +172,10 @@ pub fn parallel_step(
                 tr.train_step()?;
                 times.push(t0.elapsed().as_secs_f64());
             }
-            let tl = tr.timeline.take().expect("set above");
-            let tp_s: f64 = tr.mesh.tp.take_trace().iter().map(|e| (e.end - e.start).as_secs_f64()).sum();
-            let per = |x: f64| x / steps as f64;
-            Ok((times, per(tl.seconds_in("compute") - tp_s), per(tl.seconds_in("comm") + tp_s)))
+            // the trainer's own account of each step (tensor-parallel collectives are comm)
+            let timed = &tr.history[tr.history.len() - steps..];
+            let per = |f: fn(&crate::train::StepStats) -> f64| timed.iter().map(f).sum::<f64>() / steps as f64;
+            Ok((times, per(|s| s.compute_s), per(|s| s.comm_s)))
         })?
         .map(|r| (r, crate::alloc::peak_bytes(world.rank())))
     })

@@ -47,8 +47,7 @@ fn stages_run_in_turn_equal_the_whole_model() {
         let mut hidden: Vec<f32> = Vec::new();
         for (k, part) in parts.iter().enumerate() {
             let input = if k == 0 { Input::Tokens(&tokens) } else { Input::Hidden(&hidden) };
-            let mut ready = |_: &[f32], _: usize| {};
-            let mut store = Whole { units: &part.units, params: &ps[k], grads: &mut [], ready: &mut ready };
+            let mut store = Whole::reading(&part.units, &ps[k]);
             part.forward_part(&Tp::SOLO, &mut store, input, b, t, &mut acts[k]).unwrap();
             hidden = acts[k].output().to_vec();
         }
@@ -58,8 +57,7 @@ fn stages_run_in_turn_equal_the_whole_model() {
         let mut dy: Vec<f32> = Vec::new();
         for (k, part) in parts.iter().enumerate().rev() {
             let from = if k == last { Output::Loss { targets: &targets, scale } } else { Output::Grad(&dy) };
-            let mut ready = |_: &[f32], _: usize| {};
-            let mut store = Whole { units: &part.units, params: &ps[k], grads: &mut gs[k], ready: &mut ready };
+            let mut store = Whole::new(&part.units, &ps[k], &mut gs[k]);
             part.backward_part(&Tp::SOLO, &mut store, &tokens, from, &mut acts[k]).unwrap();
             dy = acts[k].input_grad().to_vec();
         }

@@ -261,8 +261,7 @@ impl Gpt {
         t: usize,
         acts: &mut Activations,
     ) -> Result<()> {
-        let mut ready = |_: &[f32], _: usize| {};
-        let mut store = Whole { units: &self.units, params: p, grads: &mut [], ready: &mut ready };
+        let mut store = Whole::reading(&self.units, p);
         self.forward_units(tp, &mut store, tokens, b, t, acts)
     }
 
@@ -306,8 +305,7 @@ impl Gpt {
     /// Logits of the last position of each sequence only (`[b, vocab]`), for generation on a
     /// single worker.
     pub fn forward_last(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) -> Vec<f32> {
-        let mut ready = |_: &[f32], _: usize| {};
-        let mut store = Whole { units: &self.units, params: p, grads: &mut [], ready: &mut ready };
+        let mut store = Whole::reading(&self.units, p);
         self.forward_hidden(&Tp::SOLO, &mut store, Input::Tokens(tokens), (b, t), acts).expect(SOLO);
         let (c, v) = (self.cfg.n_embd, self.cfg.vocab_size);
         let mut h = Vec::with_capacity(b * c);
@@ -365,7 +363,7 @@ impl Gpt {
         acts: &mut Activations,
         ready: &mut dyn FnMut(&[f32], usize),
     ) -> Result<()> {
-        let mut store = Whole { units: &self.units, params: p, grads: g, ready };
+        let mut store = Whole::new(&self.units, p, g).on_ready(ready);
         self.backward_units(tp, &mut store, tokens, targets, scale, acts)
     }
 

@@ -17,13 +17,33 @@ pub trait UnitStore {
     fn grads_done(&mut self, u: usize) -> Result<()>;
 }
 
-/// The plain store: the whole parameter buffer and the whole gradient buffer; `ready(g, from)`
-/// hears that `g[from..]` holds final gradients (for data-parallel buckets).
+/// Hears that `g[from..]` holds final gradients.
+type Ready<'a> = &'a mut dyn FnMut(&[f32], usize);
+
+/// The plain store: the whole parameter buffer and the whole gradient buffer; `ready(g, from)`,
+/// when given, hears that `g[from..]` holds final gradients (for data-parallel buckets).
 pub struct Whole<'a> {
-    pub units: &'a [Range<usize>],
-    pub params: &'a [f32],
-    pub grads: &'a mut [f32],
-    pub ready: &'a mut dyn FnMut(&[f32], usize),
+    units: &'a [Range<usize>],
+    params: &'a [f32],
+    grads: &'a mut [f32],
+    ready: Option<Ready<'a>>,
+}
+
+impl<'a> Whole<'a> {
+    /// Parameters only, for a forward.
+    pub fn reading(units: &'a [Range<usize>], params: &'a [f32]) -> Whole<'a> {
+        Whole { units, params, grads: &mut [], ready: None }
+    }
+
+    /// Parameters and the gradient buffer, for a backward.
+    pub fn new(units: &'a [Range<usize>], params: &'a [f32], grads: &'a mut [f32]) -> Whole<'a> {
+        Whole { units, params, grads, ready: None }
+    }
+
+    /// Calls `ready(g, from)` each time a unit's gradients are final.
+    pub fn on_ready(self, ready: Ready<'a>) -> Whole<'a> {
+        Whole { ready: Some(ready), ..self }
+    }
 }
 
 impl UnitStore for Whole<'_> {
@@ -37,7 +57,9 @@ impl UnitStore for Whole<'_> {
     }
 
     fn grads_done(&mut self, u: usize) -> Result<()> {
-        (self.ready)(self.grads, self.units[u].start);
+        if let Some(ready) = self.ready.as_mut() {
+            ready(self.grads, self.units[u].start);
+        }
         Ok(())
     }
 }

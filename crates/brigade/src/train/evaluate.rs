@@ -5,7 +5,7 @@ use super::addition::Addition;
 use super::data::Dataset;
 use super::trainer::Trainer;
 use crate::error::Result;
-use crate::models::{generate, Gpt, SampleOptions};
+use crate::models::{generate, Activations, Gpt, SampleOptions};
 use crate::parallel::tensor::state as tp_state;
 
 #[derive(Clone, Debug)]
@@ -63,13 +63,15 @@ impl Trainer {
 
     /// `evaluate` of the full parameters from `full_params` (or this rank's, when `None`).
     pub fn evaluate_with(&mut self, full: Option<&[f32]>) -> EvalReport {
-        let (model, params) = match full {
-            Some(f) => (&self.full_model, f),
-            None => {
-                assert!(self.holds_whole_model(), "a model cut across ranks is evaluated from full_params");
-                (&self.model, &self.params[..])
-            }
-        };
+        // the activations are borrowed apart from the model they serve
+        let mut acts = std::mem::take(&mut self.acts);
+        let report = self.evaluate_on(full, &mut acts);
+        self.acts = acts;
+        report
+    }
+
+    fn evaluate_on(&self, full: Option<&[f32]>, acts: &mut Activations) -> EvalReport {
+        let (model, params) = self.whole_model(full);
         match &self.data {
             Dataset::Addition(a) => {
                 let a = *a;
@@ -95,8 +97,8 @@ impl Trainer {
                 let mut sum = 0f64;
                 for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
                     let bm = xm.len() / t;
-                    model.forward(params, xm, bm, t, &mut self.acts);
-                    sum += model.loss(ym, &mut self.acts).0;
+                    model.forward(params, xm, bm, t, acts);
+                    sum += model.loss(ym, acts).0;
                 }
                 EvalReport::Text { val_loss: (sum / y.len() as f64) as f32 }
             }

@@ -242,7 +242,7 @@ impl Trainer {
                 let (tl, clock) = (&mut self.timeline, &mut self.clock);
                 note(tl, clock, format!("backward mb{i}"), "compute", step, (t0, t1));
                 note(tl, clock, "gradient reduction (exposed)", "comm", step, (t1, Instant::now()));
-            } else if zero == 1 && dp.size() > 1 && i + 1 == n_micro {
+            } else if zero == 1 && i + 1 == n_micro {
                 // ZeRO-1: each unit's reduce-scatter while the earlier units run backward
                 let mut reducer = UnitReducer::new(&self.shards, dp);
                 model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |g, from| reducer.ready(g, from))?;
@@ -258,9 +258,6 @@ impl Trainer {
             }
         }
         let t0 = Instant::now();
-        if zero == 1 && dp.size() == 1 {
-            self.shards.reduce_scatter(dp, &self.grads, &mut self.gshard, false)?;
-        }
         let g = if zero == 0 { &mut self.grads } else { &mut self.gshard };
         tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.model.layout, true))?;
         let loss_sum = data::sum_scalar(dp, loss_sum)?;

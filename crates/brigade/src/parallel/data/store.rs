@@ -88,10 +88,7 @@ impl<'a> ShardStore<'a> {
     }
 
     fn params_of(&self, u: usize) -> &[f32] {
-        match self.full {
-            Some(p) => &p[self.shards.units[u].clone()],
-            None => self.windows[u].as_deref().expect("brought before use"),
-        }
+        unit_params(self.full, &self.windows, self.shards, u)
     }
 
     /// Waits for every reduce-scatter and adds this rank's pieces into `gshard`.
@@ -102,6 +99,15 @@ impl<'a> ShardStore<'a> {
             self.gshard[r].iter_mut().zip(&mine).for_each(|(g, x)| *g += x);
         }
         Ok(())
+    }
+}
+
+/// Unit `u`'s parameters: a slice of the whole buffer (ZeRO-2) or its gathered window (ZeRO-3).
+/// (Over the fields, so that a gradient window can be borrowed beside it.)
+fn unit_params<'s>(full: Option<&'s [f32]>, windows: &'s [Option<Vec<f32>>], shards: &Shards, u: usize) -> &'s [f32] {
+    match full {
+        Some(p) => &p[shards.units[u].clone()],
+        None => windows[u].as_deref().expect("brought before use"),
     }
 }
 
@@ -127,11 +133,7 @@ impl UnitStore for ShardStore<'_> {
         self.bring(u, next)?;
         let len = self.shards.units[u].len();
         let g = self.grads[u].get_or_insert_with(|| vec![0f32; len]);
-        let p = match self.full {
-            Some(p) => &p[self.shards.units[u].clone()],
-            None => self.windows[u].as_deref().expect("brought before use"),
-        };
-        Ok((p, g))
+        Ok((unit_params(self.full, &self.windows, self.shards, u), g))
     }
 
     fn grads_done(&mut self, u: usize) -> Result<()> {

@@ -89,18 +89,6 @@ impl Shards {
         }
         Ok(())
     }
-
-    /// The dp group's sum of the full gradient `full`, this rank's pieces of it written into
-    /// `compact` (added to what it holds when `accumulate`).
-    pub fn reduce_scatter(&self, dp: &Comm, full: &[f32], compact: &mut [f32], accumulate: bool) -> Result<()> {
-        for u in 0..self.units.len() {
-            let mine = self.piece(u);
-            let mut out = vec![0f32; mine.len()];
-            dp.reduce_scatter(&full[self.units[u].clone()], &mut out, ReduceOp::Sum).map_err(comm_err)?;
-            add_or_set(&mut compact[mine], &out, accumulate);
-        }
-        Ok(())
-    }
 }
 
 /// ZeRO-1's reduce-scatter during the last micro-batch's backward: each unit's starts on the
@@ -137,14 +125,6 @@ impl<'a> UnitReducer<'a> {
     }
 }
 
-pub(super) fn add_or_set(dst: &mut [f32], src: &[f32], accumulate: bool) {
-    if accumulate {
-        dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
-    } else {
-        dst.copy_from_slice(src);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,13 +143,13 @@ mod tests {
     }
 
     #[test]
-    fn gather_and_reduce_scatter_invert_each_other() {
+    fn unit_reduce_scatter_and_gather_invert_each_other() {
         let units = [0..5, 5..7, 7..14];
         let out = brigade_comm::local::run(3, |c| {
             let s = Shards::new(&units, 3, c.rank(), true);
             let full: Vec<f32> = (0..14).map(|i| (i * 10 + c.rank()) as f32).collect();
             let mut mine = vec![0f32; s.len];
-            s.reduce_scatter(&c, &full, &mut mine, false)?;
+            UnitReducer::new(&s, &c).finish(&full, &mut mine)?;
             let mut back = vec![0f32; 14];
             s.gather(&c, &mine, &mut back)?;
             Ok::<_, Error>(back)

@@ -84,8 +84,7 @@ pub fn run_step(plan: &Plan, pp: &Comm, tp: &Tp, chunks: &mut [Chunk], data: &Mi
                     hidden = stash.get(&(mb, chunk - 1)).expect("the previous chunk ran first").output().to_vec();
                     Input::Hidden(&hidden)
                 };
-                let mut ready = |_: &[f32], _: usize| {};
-                let mut store = Whole { units: &c.part.units, params: c.params, grads: &mut [], ready: &mut ready };
+                let mut store = Whole::reading(&c.part.units, c.params);
                 c.part.forward_part(tp, &mut store, input, b, t, &mut acts)?;
                 if c.part.has_head {
                     loss += c.part.loss_tp(tp, &data.targets[mb], &mut acts)?.0;
@@ -110,8 +109,7 @@ pub fn run_step(plan: &Plan, pp: &Comm, tp: &Tp, chunks: &mut [Chunk], data: &Mi
                 };
                 let mut acts = stash.remove(&(mb, chunk)).expect("backward after its forward");
                 let c = &mut chunks[chunk];
-                let mut ready = |_: &[f32], _: usize| {};
-                let mut store = Whole { units: &c.part.units, params: c.params, grads: c.grads, ready: &mut ready };
+                let mut store = Whole::new(&c.part.units, c.params, c.grads);
                 c.part.backward_part(tp, &mut store, &data.tokens[mb], from, &mut acts)?;
                 held -= 1;
                 // kept until its input gradient is sent, or read by the previous chunk on this rank
