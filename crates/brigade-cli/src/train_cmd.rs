@@ -186,21 +186,23 @@ fn print_schedule(a: &TrainArgs) -> Result<()> {
 }
 
 /// Every rank's seconds in compute, exposed communication and idle over the steps this process
-/// took (from `start`), on every rank.
-fn rank_times(tr: &Trainer, start: usize, world: &brigade_comm::Comm) -> Result<Vec<[f32; 3]>> {
-    let mut mine = [0f32; 3];
+/// took (from `start`), and its mean pipeline bubble, on every rank.
+fn rank_times(tr: &Trainer, start: usize, world: &brigade_comm::Comm) -> Result<Vec<[f32; 4]>> {
+    let mut mine = [0f32; 4];
+    let steps = tr.history.iter().filter(|s| s.step > start).count().max(1);
     for s in tr.history.iter().filter(|s| s.step > start) {
         mine[0] += s.compute_s as f32;
         mine[1] += s.comm_s as f32;
         mine[2] += s.idle_s as f32;
+        mine[3] += s.bubble as f32 / steps as f32;
     }
-    let mut all = vec![0f32; 3 * world.size()];
+    let mut all = vec![0f32; 4 * world.size()];
     if world.size() > 1 {
         world.all_gather(&mine, &mut all)?;
     } else {
         all.copy_from_slice(&mine);
     }
-    Ok(all.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
+    Ok(all.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect())
 }
 
 /// Whether any rank was asked to stop: every rank must stop after the same step.
@@ -324,10 +326,27 @@ fn train_loop(
     }
     if world.size() > 1 {
         eprintln!("seconds per rank over these steps (compute · exposed communication · idle):");
-        for (r, [compute, comm, idle]) in times.iter().enumerate() {
+        for (r, [compute, comm, idle, bubble]) in times.iter().enumerate() {
             let c = tr.mesh.shape.coords(r);
-            eprintln!("  rank {r} (dp {} tp {}): {compute:.2} · {comm:.2} · {idle:.2}", c.dp, c.tp);
+            let piped = match &tr.plan {
+                Some(_) => format!(" · pipeline bubble {:.1}%", 100.0 * bubble),
+                None => String::new(),
+            };
+            eprintln!("  rank {r} (dp {} pp {} tp {}): {compute:.2} · {comm:.2} · {idle:.2}{piped}", c.dp, c.pp, c.tp);
         }
+    }
+    if let Some(plan) = &tr.plan {
+        let theory = brigade::parallel::pipeline::simulate::bubble_theory(plan);
+        let mean = times.iter().map(|t| t[3] as f64).sum::<f64>() / times.len() as f64;
+        eprintln!(
+            "pipeline {} · pp={} · v={} · {} micro-batches: bubble measured {:.1}% (mean over ranks), theory {:.1}%",
+            plan.kind.name(),
+            plan.pp,
+            plan.v,
+            plan.m,
+            100.0 * mean,
+            100.0 * theory
+        );
     }
     if let (Some(path), Some(trace)) = (&a.trace, &trace) {
         brigade::train::timeline::write_trace(path, trace)?;

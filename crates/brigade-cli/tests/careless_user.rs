@@ -328,6 +328,21 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     ok(&[&base[..], &["--layout", "dp=2,zero=1", "--micro-batch", "2", "--out", "two"]].concat(), p);
     ok(&[&base[..], &["--layout", "dp=4,zero=3", "--out", "four"]].concat(), p);
     ok(&[&base[..], &["--layout", "dp=2,tp=2,sp=1", "--out", "mixed", "--trace", "mixed.json"]].concat(), p);
+    // the 3D mesh: 8 ranks, micro-batches of 1 through a 1F1B pipeline of 2 stages
+    let out = ok(
+        &[&base[..], &["--layout", "dp=2,pp=2,tp=2,zero=1,mb=1", "--out", "cube", "--trace", "cube.json"]].concat(),
+        p,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank 7 (dp 1 pp 1 tp 1)") && err.contains("pipeline bubble"), "{err}");
+    assert!(err.contains("pipeline 1f1b · pp=2 · v=1 · 4 micro-batches: bubble measured"), "{err}");
+    assert!(err.contains("theory 20.0%"), "{err}");
+    ok(&[&base[..], &["--layout", "pp=4,schedule=zb,recompute=full", "--micro-batch", "2", "--out", "zb"]].concat(), p);
+    let cube: serde_json::Value = serde_json::from_slice(&std::fs::read(p.join("cube.json")).unwrap()).unwrap();
+    let events = cube["traceEvents"].as_array().unwrap();
+    for name in ["wait for gradient mb0", "send activation mb3", "backward mb3 c0"] {
+        assert!(events.iter().any(|e| e["name"] == name && e["tid"] == 1), "no '{name}' on rank 1's track");
+    }
     // one trace, a track per rank, the tensor-parallel collectives on it
     let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(p.join("mixed.json")).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
@@ -341,7 +356,7 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     let losses = |d: &str| -> Vec<f64> {
         state(&p.join(d))["losses"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
     };
-    for d in ["two", "four", "mixed"] {
+    for d in ["two", "four", "mixed", "cube", "zb"] {
         for (a, b) in losses(d).iter().zip(losses("one")) {
             assert!(((a - b) / b).abs() < 1e-5, "{d}: loss {a} vs single worker {b}");
         }
@@ -349,6 +364,8 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     // the checkpoint is layout-free: the single worker resumes a dp=2 run, tp=4 a dp×tp run
     ok(&["train", "--resume", "two", "--steps", "6", "--threads", "1"], p);
     ok(&["train", "--resume", "mixed", "--steps", "6", "--threads", "1", "--layout", "tp=4"], p);
+    ok(&["train", "--resume", "cube", "--steps", "6", "--threads", "1", "--layout", "pp=4,schedule=gpipe"], p);
+    ok(&["train", "--resume", "two", "--steps", "6", "--threads", "1"], p);
     // the metrics of every step, the resumed ones included, and the loss curve
     let metrics = std::fs::read_to_string(p.join("mixed/metrics.jsonl")).unwrap();
     let steps: Vec<u64> = metrics
@@ -367,12 +384,26 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     ok(&["sample", "--checkpoint", "mixed", "--prompt", "12+34"], p);
     // impossible layouts: one line, before any rank starts
     fails_with(&[&base[..], &["--layout", "dp=3"]].concat(), p, "does not split into dp=3 shards");
-    fails_with(&[&base[..], &["--layout", "pp=2"]].concat(), p, "pp=2: pipeline parallelism is not implemented yet");
+    fails_with(
+        &[&base[..], &["--layout", "pp=5"]].concat(),
+        p,
+        "5 pipeline stages, but a model of 2 layers splits into only 4 units",
+    );
+    fails_with(&[&base[..], &["--layout", "pp=2,zero=2"]].concat(), p, "use zero=1");
+    fails_with(
+        &[&base[..], &["--layout", "pp=4,schedule=interleaved,mb=4"]].concat(),
+        p,
+        "needs a multiple of 4 micro-batches, not 2",
+    );
     fails_with(&[&base[..], &["--layout", "tp=3"]].concat(), p, "tp=3 does not divide the model's 4 attention heads");
     fails_with(&[&base[..], &["--layout", "sp=1"]].concat(), p, "has tp=1");
     fails_with(&[&base[..], &["--layout", "tp=2,sp=2"]].concat(), p, "sp=2: expected 0 or 1");
     fails_with(&[&base[..], &["--layout", "dp=2,zero=4"]].concat(), p, "zero=4: expected a ZeRO stage 0, 1, 2 or 3");
-    fails_with(&[&base[..], &["--layout", "dp=2,v=2"]].concat(), p, "--layout for training takes");
+    fails_with(
+        &[&base[..], &["--layout", "pp=2,schedule=pipedream"]].concat(),
+        p,
+        "expected gpipe, 1f1b, interleaved or zb",
+    );
     fails_with(&[&base[..], &["--layout", "dp=0"]].concat(), p, "positive integer");
     fails_with(&[&base[..], &["--layout", "dp=1000"]].concat(), p, "out of range");
     fails_with(&[&base[..], &["--backend", "mpi"]].concat(), p, "mpi");

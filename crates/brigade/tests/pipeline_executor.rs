@@ -45,59 +45,78 @@ fn every_schedule_executed_equals_the_whole_model() {
             (Kind::Interleaved, 1, 3),
         ] {
             let Ok(plan) = build(kind, pp, m, v) else { continue };
-            let cuts = partition(&vec![1.0; cfg.n_layer + 2], pp * v).unwrap();
-            let out = brigade_comm::local::run(pp, |comm| {
-                let r = comm.rank();
-                // rank r runs stages r, r + pp, … (one per chunk)
-                let parts: Vec<Gpt> = (0..v).map(|c| Gpt::part(cfg, 0, 1, cuts[c * pp + r].clone()).unwrap()).collect();
-                let ps: Vec<Vec<f32>> = parts
-                    .iter()
-                    .map(|part| {
-                        let mut p = vec![0f32; part.layout.total];
-                        for s in &part.layout.specs {
-                            s.view.of_mut(&mut p).copy_from_slice(whole.layout.get(&s.name).unwrap().view.of(&params));
+            let mut kept_bytes = Vec::new();
+            for recompute in [false, true] {
+                let cuts = partition(&vec![1.0; cfg.n_layer + 2], pp * v).unwrap();
+                let out = brigade_comm::local::run(pp, |comm| {
+                    let r = comm.rank();
+                    // rank r runs stages r, r + pp, … (one per chunk)
+                    let parts: Vec<Gpt> =
+                        (0..v).map(|c| Gpt::part(cfg, 0, 1, cuts[c * pp + r].clone()).unwrap()).collect();
+                    let ps: Vec<Vec<f32>> = parts
+                        .iter()
+                        .map(|part| {
+                            let mut p = vec![0f32; part.layout.total];
+                            for s in &part.layout.specs {
+                                s.view
+                                    .of_mut(&mut p)
+                                    .copy_from_slice(whole.layout.get(&s.name).unwrap().view.of(&params));
+                            }
+                            p
+                        })
+                        .collect();
+                    let mut gs: Vec<Vec<f32>> = parts.iter().map(|p| vec![0f32; p.layout.total]).collect();
+                    let mut chunks: Vec<Chunk> = parts
+                        .iter()
+                        .zip(&ps)
+                        .zip(gs.iter_mut())
+                        .map(|((part, params), grads)| Chunk { part, params, grads })
+                        .collect();
+                    let data = MicroBatches { tokens: &tokens, targets: &targets, b, t, scale };
+                    let ran = run_step(&plan, &comm, &Tp::SOLO, &mut chunks, &data, recompute)?;
+                    let (loss, peak) = (ran.loss, (ran.peak, ran.peak_bytes));
+                    // each tensor's gradient by name, for the check
+                    let named: Vec<(String, Vec<f32>)> = parts
+                        .iter()
+                        .zip(&gs)
+                        .flat_map(|(part, g)| {
+                            part.layout
+                                .specs
+                                .iter()
+                                .map(|s| (s.name.clone(), s.view.of(g).to_vec()))
+                                .collect::<Vec<_>>()
+                        })
+                        .collect();
+                    Ok::<_, brigade::Error>((loss, peak, named))
+                })
+                .unwrap();
+                let what = format!("{kind:?} pp={pp} v={v} m={m} recompute={recompute}");
+                let loss: f64 = out.iter().map(|o| o.0).sum();
+                assert!(((loss - want_loss) / want_loss).abs() < 1e-12, "{what}: loss {loss} vs {want_loss}");
+                for s in &whole.layout.specs {
+                    let mut got = vec![0f32; s.view.len];
+                    for (_, _, named) in &out {
+                        for (_, g) in named.iter().filter(|(n, _)| *n == s.name) {
+                            got.iter_mut().zip(g).for_each(|(a, b)| *a += b);
                         }
-                        p
-                    })
-                    .collect();
-                let mut gs: Vec<Vec<f32>> = parts.iter().map(|p| vec![0f32; p.layout.total]).collect();
-                let mut chunks: Vec<Chunk> = parts
-                    .iter()
-                    .zip(&ps)
-                    .zip(gs.iter_mut())
-                    .map(|((part, params), grads)| Chunk { part, params, grads })
-                    .collect();
-                let data = MicroBatches { tokens: &tokens, targets: &targets, b, t, scale };
-                let (loss, peak) = run_step(&plan, &comm, &Tp::SOLO, &mut chunks, &data)?;
-                // each tensor's gradient by name, for the check
-                let named: Vec<(String, Vec<f32>)> = parts
-                    .iter()
-                    .zip(&gs)
-                    .flat_map(|(part, g)| {
-                        part.layout.specs.iter().map(|s| (s.name.clone(), s.view.of(g).to_vec())).collect::<Vec<_>>()
-                    })
-                    .collect();
-                Ok::<_, brigade::Error>((loss, peak, named))
-            })
-            .unwrap();
-            let what = format!("{kind:?} pp={pp} v={v} m={m}");
-            let loss: f64 = out.iter().map(|o| o.0).sum();
-            assert!(((loss - want_loss) / want_loss).abs() < 1e-12, "{what}: loss {loss} vs {want_loss}");
-            for s in &whole.layout.specs {
-                let mut got = vec![0f32; s.view.len];
-                for (_, _, named) in &out {
-                    for (_, g) in named.iter().filter(|(n, _)| *n == s.name) {
-                        got.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+                    }
+                    let e = rel(&got, s.view.of(&want));
+                    assert!(e < 1e-6, "{what}: {} differs by {e:.1e}", s.name);
+                }
+                // the executor holds what the schedule says: 1F1B at most pp − r micro-batches
+                if kind == Kind::OneFOneB {
+                    for (r, o) in out.iter().enumerate() {
+                        assert!(o.1 .0 <= (pp - r).min(m), "{what}: rank {r} held {}", o.1 .0);
                     }
                 }
-                let e = rel(&got, s.view.of(&want));
-                assert!(e < 1e-6, "{what}: {} differs by {e:.1e}", s.name);
-            }
-            // the executor holds what the schedule says: 1F1B at most pp − r micro-batches
-            if kind == Kind::OneFOneB {
-                for (r, o) in out.iter().enumerate() {
-                    assert!(o.1 <= (pp - r).min(m), "{what}: rank {r} held {}", o.1);
+                // full recompute keeps each micro-batch's input only: a smaller stash on every rank
+                let bytes: Vec<usize> = out.iter().map(|o| o.1 .1).collect();
+                if recompute {
+                    for (r, (&with, &without)) in bytes.iter().zip(&kept_bytes).enumerate() {
+                        assert!(with < without, "{what}: rank {r} stashed {with} bytes, {without} without recompute");
+                    }
                 }
+                kept_bytes = bytes;
             }
         }
     }

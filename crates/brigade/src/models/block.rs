@@ -26,6 +26,22 @@ pub struct BlockStash {
     mlp: MlpStash,
 }
 
+impl BlockStash {
+    /// Bytes this stash holds for the block's backward.
+    pub(crate) fn bytes(&self) -> usize {
+        let ln = |l: &LnStash| l.out.len() + l.mean.len() + l.rstd.len();
+        let a = &self.attn;
+        4 * (ln(&self.ln1)
+            + a.qkv.len()
+            + a.probs.len()
+            + a.att.len()
+            + self.x2.len()
+            + ln(&self.ln2)
+            + self.mlp.fc.len()
+            + self.mlp.act.len())
+    }
+}
+
 /// Scratch reused across blocks and steps. Residual-stream buffers hold this rank's rows
 /// (all of them, or a block under sequence parallelism); `full`/`hfull`/`dfull` all rows.
 #[derive(Default)]

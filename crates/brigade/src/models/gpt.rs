@@ -50,6 +50,14 @@ impl Activations {
         self.resid.last().expect("after a forward")
     }
 
+    /// Bytes held for the backward (not the scratch space every pass reuses).
+    pub fn bytes(&self) -> usize {
+        let rows: usize = self.resid.iter().map(Vec::len).sum();
+        let lnf = self.lnf.out.len() + self.lnf.mean.len() + self.lnf.rstd.len();
+        let tail = self.logits.len() + self.lse.len() + self.losses.len();
+        4 * (rows + lnf + tail) + self.blocks.iter().map(BlockStash::bytes).sum::<usize>()
+    }
+
     /// The gradient of a stage's input rows, after its backward (the previous stage's).
     pub fn input_grad(&self) -> &[f32] {
         &self.scratch.dresid

@@ -7,8 +7,8 @@ impl Trainer {
     /// A non-finite loss, with what most likely caused it.
     pub(crate) fn explain_nonfinite_loss(&self, loss: f32, step: usize) -> String {
         // (under ZeRO-3 this rank holds only pieces: no parameter is named)
-        let bad_param = match self.params.len() == self.model.layout.total {
-            true => self.model.layout.specs.iter().find(|s| s.view.of(&self.params).iter().any(|v| !v.is_finite())),
+        let bad_param = match self.params.len() == self.parts.layout.total {
+            true => self.parts.layout.specs.iter().find(|s| s.view.of(&self.params).iter().any(|v| !v.is_finite())),
             false => None,
         };
         let lr = self.cfg.lr;

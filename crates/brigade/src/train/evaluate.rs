@@ -6,7 +6,6 @@ use super::data::Dataset;
 use super::trainer::Trainer;
 use crate::error::Result;
 use crate::models::{generate, Activations, Gpt, SampleOptions};
-use crate::parallel::tensor::state as tp_state;
 
 #[derive(Clone, Debug)]
 pub enum EvalReport {
@@ -28,20 +27,20 @@ impl std::fmt::Display for EvalReport {
 }
 
 impl Trainer {
-    /// The full model's parameters gathered over the tensor-parallel group (and under ZeRO-3
-    /// the data-parallel one; every member must call it); `None` when this rank holds the whole
+    /// The full model's parameters gathered over the tensor-parallel group and the pipeline's
+    /// stages (and under ZeRO-3 the data-parallel group; every member must call it); `None` when this rank holds the whole
     /// model already.
     pub fn full_params(&self) -> Result<Option<Vec<f32>>> {
         if self.holds_whole_model() {
             return Ok(None);
         }
-        tp_state::gather_full(&self.mesh.tp, &self.model.layout, &self.local_params()?).map(Some)
+        self.full_of_local(&self.local_params()?).map(Some)
     }
 
     /// Whether `params` is the whole model (not cut across a tensor-parallel group, not left in
     /// ZeRO-3 pieces).
     fn holds_whole_model(&self) -> bool {
-        !self.model.layout.is_sharded() && self.dpc.zero < 3
+        self.plan.is_none() && !self.model.layout.is_sharded() && self.dpc.zero < 3
     }
 
     /// The single-worker model and its parameters: this rank's own, or `full` from

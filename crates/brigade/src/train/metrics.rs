@@ -18,8 +18,11 @@ pub struct StepStats {
     /// This rank's seconds in collectives nothing overlapped (tensor-parallel ones, waits for
     /// gradient buckets, ZeRO gathers, scalar sums).
     pub comm_s: f64,
-    /// The rest of the step: data, bookkeeping.
+    /// The rest of the step: data, bookkeeping, waiting for another pipeline stage.
     pub idle_s: f64,
+    /// The share of the pipeline's time this rank waited for another stage (0 without one).
+    #[serde(default)]
+    pub bubble: f64,
 }
 
 /// Where this step's time went so far on this rank, in seconds.

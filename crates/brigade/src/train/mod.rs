@@ -10,6 +10,7 @@ pub mod memory;
 pub mod metrics;
 pub mod optimizer;
 pub mod persist;
+pub mod pipelined;
 pub mod plot;
 pub mod setup;
 pub mod state;

@@ -5,11 +5,9 @@ use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use super::config::TrainConfig;
 use super::data::{Dataset, Fingerprint, Tokenizer};
 use super::metrics::StepStats;
-use super::optimizer::AdamW;
 use super::state::{Fingerprints, RunState};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
-use crate::parallel::data::zero::Shards;
 use crate::parallel::tensor::state::gather_full;
 use crate::parallel::{Mesh, Settings};
 use std::collections::HashMap;
@@ -20,16 +18,16 @@ impl Trainer {
     /// Every rank of the mesh calls it (ZeRO shards of the moments are gathered first); the
     /// first rank writes. The files hold the full model whatever the layout.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let local = &self.model.layout;
-        // ZeRO pieces gathered over the dp group, then every rank of a tensor-parallel group
-        // holds a slice: the full tensors from all of them
+        let local = &self.parts.layout;
+        // ZeRO pieces gathered over the dp group, then the full tensors from the slices of the
+        // tensor-parallel group and the stages of the pipeline
         let (mut m, mut v) = (vec![0f32; local.total], vec![0f32; local.total]);
         self.shards.gather(&self.mesh.dp, &self.opt.m, &mut m)?;
         self.shards.gather(&self.mesh.dp, &self.opt.v, &mut v)?;
-        let params = gather_full(&self.mesh.tp, local, &self.local_params()?)?;
-        let mut m = gather_full(&self.mesh.tp, local, &m)?;
-        let v = gather_full(&self.mesh.tp, local, &v)?;
-        if self.mesh.dp.rank() != 0 || self.mesh.tp.rank() != 0 {
+        let params = self.full_of_local(&self.local_params()?)?;
+        let mut m = self.full_of_local(&m)?;
+        let v = self.full_of_local(&v)?;
+        if self.mesh.dp.rank() != 0 || self.mesh.tp.rank() != 0 || self.mesh.pp.rank() != 0 {
             return Ok(());
         }
         checkpoint::write_atomically(dir, |tmp| {
@@ -133,14 +131,13 @@ impl Trainer {
             return Err(Error::ckpt(dir, "config.json does not match the run's model settings"));
         }
         let full = checkpoint::load_tensors(&dir.join(checkpoint::MODEL_FILE), &tr.full_model.layout, "")?.0;
-        let (rank, tp) = (tr.model.tp_rank, tr.model.tp);
-        let local = tr.model.layout.slice_full(&full, rank, tp);
+        let local = tr.local_of_full(&full);
         if tr.dpc.zero >= 3 {
             tr.pshard = tr.shards.compact(&local);
         } else {
             tr.params = local;
         }
-        load_moments(dir, &tr.model.layout, (rank, tp), &mut tr.opt, &tr.shards)?;
+        load_moments(dir, &mut tr)?;
         if tr.opt.t != step as u64 {
             return Err(Error::ckpt(
                 dir.join(OPTIMIZER_FILE),
@@ -151,6 +148,33 @@ impl Trainer {
         tr.losses = losses;
         tr.history = read_metrics(dir, step);
         Ok(tr)
+    }
+}
+
+impl Trainer {
+    /// A buffer of the whole model (the single worker's layout) from this rank's `local` one
+    /// (in `parts.layout`): gathered over the tensor-parallel group, and over the pipeline's
+    /// stages. Every rank of both groups calls it and gets the whole buffer.
+    pub(crate) fn full_of_local(&self, local: &[f32]) -> Result<Vec<f32>> {
+        let mine = gather_full(&self.mesh.tp, &self.parts.layout, local)?;
+        if self.mesh.pp.size() == 1 && self.parts.chunks.len() == 1 {
+            return Ok(mine);
+        }
+        let mut full = self.parts.place_in(&self.full_model.layout, &mine);
+        if self.mesh.pp.size() > 1 {
+            // each tensor lives on one stage, zeros elsewhere: the sum is the model
+            self.mesh
+                .pp
+                .all_reduce(&mut full, brigade_comm::ReduceOp::Sum)
+                .map_err(|e| Error::Train(format!("gathering the model across the pipeline's stages failed: {e}")))?;
+        }
+        Ok(full)
+    }
+
+    /// This rank's buffer (in `parts.layout`) from one of the whole model.
+    pub(crate) fn local_of_full(&self, full: &[f32]) -> Vec<f32> {
+        let mine = self.parts.pick_from(&self.full_model.layout, full);
+        self.parts.layout.slice_full(&mine, self.model.tp_rank, self.model.tp)
     }
 }
 
@@ -188,20 +212,14 @@ pub fn saved_config(dir: &Path) -> Result<TrainConfig> {
 
 /// Reads the full moments and keeps this rank's slice (tensor-parallel rank `rank` of `tp`)
 /// and its ZeRO pieces of them.
-fn load_moments(
-    dir: &Path,
-    layout: &crate::params::ParamLayout,
-    (rank, tp): (usize, usize),
-    opt: &mut AdamW,
-    shards: &Shards,
-) -> Result<()> {
+fn load_moments(dir: &Path, tr: &mut Trainer) -> Result<()> {
     let path = dir.join(OPTIMIZER_FILE);
-    let full = layout.full();
-    let (buf, meta) = checkpoint::load_tensors(&path, &moments_layout(&full), "")?;
+    let full = &tr.full_model.layout;
+    let (buf, meta) = checkpoint::load_tensors(&path, &moments_layout(full), "")?;
     let (m, v) = buf.split_at(full.total);
-    opt.m = shards.compact(&layout.slice_full(m, rank, tp));
-    opt.v = shards.compact(&layout.slice_full(v, rank, tp));
-    opt.t = meta
+    tr.opt.m = tr.shards.compact(&tr.local_of_full(m));
+    tr.opt.v = tr.shards.compact(&tr.local_of_full(v));
+    tr.opt.t = meta
         .get("step")
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| Error::ckpt(&path, "missing the optimizer step in the metadata"))?;

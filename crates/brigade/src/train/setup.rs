@@ -10,6 +10,7 @@ use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::models::{Activations, Gpt};
 use crate::parallel::data::zero::Shards;
+use crate::parallel::pipeline::{self, stages::stage_units, RankModel};
 use crate::parallel::{Mesh, MeshShape, Settings};
 
 /// A run checked before any rank communicates (see `Trainer::prepare`).
@@ -21,6 +22,8 @@ pub(crate) struct Prepared {
     seq: usize,
     mb: usize,
     settings: Settings,
+    /// The pipeline's lists, when the rank runs the executor.
+    plan: Option<pipeline::Plan>,
 }
 
 impl Trainer {
@@ -28,13 +31,12 @@ impl Trainer {
     /// against the model and the batch.
     pub(crate) fn prepare(mut cfg: TrainConfig, shape: MeshShape, settings: Settings) -> Result<Prepared> {
         cfg.validate()?;
-        let Settings { data: dpc, sp } = settings;
+        let Settings { data: dpc, sp, pipe, micro_batch } = settings;
         dpc.validate()?;
         let MeshShape { dp, pp, tp } = shape;
-        if pp > 1 {
-            return Err(Error::Layout(format!(
-                "pp={pp}: pipeline parallelism is not implemented yet; use data (dp) and tensor (tp) parallelism"
-            )));
+        // the layout's `mb=` names the micro-batch as well as --micro-batch does
+        if micro_batch.is_some() {
+            cfg.micro_batch = micro_batch;
         }
         // Sequences per forward pass on one rank; unset: the rank's whole share of the batch.
         let mb = cfg.micro_batch.unwrap_or(cfg.batch / dp).max(1);
@@ -56,6 +58,10 @@ impl Trainer {
         };
         let mcfg = cfg.model_config(tokenizer.vocab_size())?;
         crate::models::gpt::check_tp(&mcfg, tp)?;
+        let plan = match pipe.runs_executor(pp) {
+            true => Some(pipeline::build(pipe.kind(), pp, cfg.batch / (dp * mb), pipe.v)?),
+            false => None,
+        };
         let (data, seq) = match &cfg.data {
             None => {
                 let a = cfg.addition().expect("no data file: the addition task");
@@ -85,24 +91,33 @@ impl Trainer {
                 mb * seq
             )));
         }
+        if plan.is_some() {
+            stage_units(&mcfg, pp, pipe.v, seq)?;
+        }
         let need = super::memory::training_memory(&mcfg, mb, seq);
         super::memory::check_fits(&need, &format!("training {} at micro-batch {mb} × seq {seq}", cfg.model))?;
-        Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings })
+        Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings, plan })
     }
 
     /// This rank's trainer for a prepared run.
     pub(crate) fn build(run: Prepared, mesh: Mesh) -> Result<Trainer> {
-        let Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings: Settings { data: dpc, sp } } = run;
-        let model = Gpt::shard(mcfg, mesh.coords.tp, mesh.shape.tp)?;
+        let Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings, plan } = run;
+        let (dpc, sp) = (settings.data, settings.sp);
+        let (tp, pp) = ((mesh.coords.tp, mesh.shape.tp), (mesh.coords.pp, mesh.shape.pp));
+        let parts = match plan {
+            Some(_) => RankModel::stage(mcfg, tp, pp, settings.pipe.v, seq)?,
+            None => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
+        };
+        let model = parts.first().clone();
         // tensor-parallel collectives run inside forward and backward: timed from their trace
         mesh.tp.enable_tracing(mesh.tp.size() > 1);
-        let mut params = model.init_params(cfg.seed);
-        let shards = Shards::new(&model.units, mesh.dp.size(), mesh.dp.rank(), dpc.zero > 0);
-        let opt = AdamW::over(cfg.adamw, &model.layout, &shards.pieces);
+        let mut params = parts.layout.init_shard(cfg.seed, tp.0, tp.1);
+        let shards = Shards::new(&parts.units, mesh.dp.size(), mesh.dp.rank(), dpc.zero > 0);
+        let opt = AdamW::over(cfg.adamw, &parts.layout, &shards.pieces);
         // what each ZeRO stage keeps whole, and what only in pieces
         let pshard = if dpc.zero >= 3 { shards.compact(&std::mem::take(&mut params)) } else { Vec::new() };
         let gshard = if dpc.zero >= 1 { vec![0.0; shards.len] } else { Vec::new() };
-        let grads = if dpc.zero >= 2 { Vec::new() } else { vec![0.0; model.layout.total] };
+        let grads = if dpc.zero >= 2 { Vec::new() } else { vec![0.0; parts.layout.total] };
         let sched = LrSchedule {
             max_lr: cfg.lr,
             min_lr: cfg.min_lr.unwrap_or(cfg.lr / 10.0),
@@ -111,6 +126,10 @@ impl Trainer {
         };
         Ok(Trainer {
             grads,
+            norm_layout: parts.counted_layout(),
+            parts,
+            plan,
+            recompute: settings.pipe.recompute,
             model,
             params,
             opt,
@@ -133,6 +152,7 @@ impl Trainer {
             gshard,
             micro: mb,
             clock: StepClock::default(),
+            pipeline: None,
             history: Vec::new(),
         })
     }

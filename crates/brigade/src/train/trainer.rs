@@ -4,21 +4,34 @@ use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};
 use super::metrics::{note, StepClock, StepStats};
 use super::optimizer::{clip_to, AdamW, LrSchedule};
+use super::pipelined::PipelineStats;
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::models::{Activations, Gpt};
 use crate::parallel::data::store::ShardStore;
 use crate::parallel::data::zero::{Shards, UnitReducer};
 use crate::parallel::data::{self, DataParallel};
+use crate::parallel::pipeline::{Plan, RankModel};
 use crate::parallel::tensor::{state as tp_state, Tp};
-use crate::parallel::{Mesh, MeshShape, Settings};
+use crate::parallel::{Mesh, MeshShape, Recompute, Settings};
+use crate::params::ParamLayout;
 use std::time::Instant;
 
 pub use super::persist::saved_config;
 
 pub struct Trainer {
     pub cfg: TrainConfig,
+    /// This rank's first model chunk: without a pipeline its whole model (cut for its
+    /// tensor-parallel slice); `parts` holds every chunk a pipeline rank runs.
     pub model: Gpt,
+    /// This rank's model chunks, their parameters end to end in `params`.
+    pub parts: RankModel,
+    /// `parts.layout` without the head's copy of the tied token table (for the gradient norm).
+    pub(crate) norm_layout: ParamLayout,
+    /// The pipeline's lists, when this rank runs the pipeline executor (pp > 1, model chunks,
+    /// or recompute).
+    pub plan: Option<Plan>,
+    pub(crate) recompute: Recompute,
     pub params: Vec<f32>,
     pub(crate) grads: Vec<f32>,
     pub(crate) opt: AdamW,
@@ -51,6 +64,8 @@ pub struct Trainer {
     /// Sequences per forward pass on this rank.
     pub(crate) micro: usize,
     pub(crate) clock: StepClock,
+    /// What the last step's pipeline did on this rank (pipeline ranks only).
+    pub pipeline: Option<PipelineStats>,
     /// Every step taken (also before a resume, as the checkpoint's metrics recorded them).
     pub history: Vec<StepStats>,
 }
@@ -116,12 +131,15 @@ impl Trainer {
         }
         let t0 = Instant::now();
         let tp = Tp::new(&self.mesh.tp, self.sp);
-        let layout = &self.model.layout;
+        // every parameter once: the head's copy of the tied table left out
+        let layout = &self.norm_layout;
         let (cut, replicated) = (self.shards.compact_ranges(layout, false), self.shards.compact_ranges(layout, true));
         // the summed gradient this rank updates from: the whole one, or its ZeRO pieces
         let g = if self.dpc.zero == 0 { &mut self.grads } else { &mut self.gshard };
         let sq = tp_state::grad_sq_norm(&tp, g, &cut, &replicated)?;
         let sq = data::sum_sharded(&self.mesh.dp, sq, &self.dpc)?;
+        // each stage holds its own layers
+        let sq = data::sum_scalar(&self.mesh.pp, sq)?;
         let grad_norm = sq.sqrt() as f32;
         clip_to(g, grad_norm, self.cfg.grad_clip);
         self.trace("clip", "optimizer", step, t0);
@@ -162,6 +180,7 @@ impl Trainer {
             compute_s,
             comm_s,
             idle_s: (wall - compute_s - comm_s).max(0.0),
+            bubble: self.pipeline.map_or(0.0, |p| p.bubble()),
         };
         self.history.push(s);
         Ok(s)
@@ -203,6 +222,10 @@ impl Trainer {
         let per_rank = (b / self.mesh.shape.dp) * t;
         let mine = self.mesh.coords.dp * per_rank..(self.mesh.coords.dp + 1) * per_rank;
         let (x, y) = (&x[mine.clone()], &y[mine]);
+        if self.plan.is_some() {
+            let loss_sum = self.accumulate_pipelined(x, y, t, scale)?;
+            return Ok((data::sum_scalar(&self.mesh.dp, loss_sum)?, count));
+        }
         let n_micro = x.len() / (mb * t);
         let overlap = data::overlaps(&self.mesh.dp, &self.dpc);
         let tp = Tp::new(&self.mesh.tp, self.sp);
@@ -259,7 +282,7 @@ impl Trainer {
         }
         let t0 = Instant::now();
         let g = if zero == 0 { &mut self.grads } else { &mut self.gshard };
-        tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.model.layout, true))?;
+        tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, true))?;
         let loss_sum = data::sum_scalar(dp, loss_sum)?;
         note(&mut self.timeline, &mut self.clock, "gradient reduction", "comm", step, (t0, Instant::now()));
         Ok((loss_sum, count))
@@ -277,7 +300,7 @@ impl Trainer {
         if self.dpc.zero < 3 {
             return Ok(std::borrow::Cow::Borrowed(&self.params));
         }
-        let mut full = vec![0f32; self.model.layout.total];
+        let mut full = vec![0f32; self.parts.layout.total];
         self.shards.gather(&self.mesh.dp, &self.pshard, &mut full)?;
         Ok(std::borrow::Cow::Owned(full))
     }

@@ -1,7 +1,8 @@
 //! Runs one rank's list of a pipeline plan for one optimizer step: forwards and backwards of
 //! its model chunks on each micro-batch, activations and gradients sent to and received from
 //! the neighbouring stages over the pipeline group, each micro-batch's stash kept only from
-//! its forward to its backward. Gradients accumulate into each chunk's buffer; the tied token
+//! its forward to its backward (under full recompute only its input, the forward run again
+//! just before the backward). Gradients accumulate into each chunk's buffer; the tied token
 //! table's two copies (first and last stage) are summed by the caller.
 
 use super::schedule::{Action, Plan};
@@ -11,6 +12,7 @@ use crate::models::{Activations, Gpt, Input, Output};
 use crate::parallel::tensor::Tp;
 use brigade_comm::Comm;
 use std::collections::HashMap;
+use std::time::Instant;
 
 /// One chunk of the model this rank runs: its part, parameters and gradient buffer.
 pub struct Chunk<'a> {
@@ -31,6 +33,26 @@ pub struct MicroBatches<'a> {
     pub scale: f32,
 }
 
+/// What one rank's run of its list did.
+#[derive(Debug, Default)]
+pub struct Ran {
+    /// The sum of the token losses this rank computed (the last stage's; 0 elsewhere).
+    pub loss: f64,
+    /// The most micro-batch chunks holding their stash at once.
+    pub peak: usize,
+    /// The most bytes of stashed activations held at once.
+    pub peak_bytes: usize,
+    /// Every action with when it started and ended.
+    pub spans: Vec<(Action, Instant, Instant)>,
+}
+
+impl Ran {
+    /// Seconds in forwards and backwards.
+    pub fn compute_s(&self) -> f64 {
+        self.spans.iter().filter(|(a, ..)| a.is_compute()).map(|(_, s, e)| (*e - *s).as_secs_f64()).sum()
+    }
+}
+
 fn comm_err(e: brigade_comm::CommError) -> Error {
     Error::Train(format!("pipeline communication failed: {e}"))
 }
@@ -41,19 +63,61 @@ fn tag(mb: usize, to_stage: usize, stages: usize, grad: bool) -> u32 {
     ((mb * stages + to_stage) * 2 + usize::from(grad)) as u32
 }
 
-/// Runs this rank's list of `plan` over `pp` (the pipeline group); returns the sum of the
-/// token losses this rank computed (the last stage's; 0 elsewhere) and its peak of
-/// micro-batch chunks between forward and backward.
-pub fn run_step(plan: &Plan, pp: &Comm, tp: &Tp, chunks: &mut [Chunk], data: &MicroBatches) -> Result<(f64, usize)> {
+/// A micro-batch chunk between its forward and its backward: everything its backward needs,
+/// or (full recompute) only its input, the forward's output kept until it is sent.
+enum Stash {
+    Kept(Box<Activations>),
+    Input { input: Option<Vec<f32>>, output: Option<Vec<f32>> },
+}
+
+impl Stash {
+    /// The forward's output, for the next stage (a copy of what a kept stash still needs; under
+    /// recompute the only copy, no longer counted in `bytes`).
+    fn take_output(&mut self, bytes: &mut usize) -> Vec<f32> {
+        match self {
+            Stash::Kept(acts) => acts.output().to_vec(),
+            Stash::Input { output, .. } => {
+                let out = output.take().expect("an output is read once");
+                *bytes -= 4 * out.len();
+                out
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Stash::Kept(a) => a.bytes(),
+            Stash::Input { input, output } => {
+                4 * (input.as_ref().map_or(0, Vec::len) + output.as_ref().map_or(0, Vec::len))
+            }
+        }
+    }
+}
+
+/// Runs this rank's list of `plan` over `pp` (the pipeline group). With `recompute`, each
+/// chunk's forward keeps only its input and runs again before its backward.
+pub fn run_step(
+    plan: &Plan,
+    pp: &Comm,
+    tp: &Tp,
+    chunks: &mut [Chunk],
+    data: &MicroBatches,
+    recompute: bool,
+) -> Result<Ran> {
     let rank = pp.rank();
     let (b, t) = (data.b, data.t);
     let stages = plan.pp * plan.v;
     let stage = |chunk: usize| chunk * plan.pp + rank;
     let width = |c: &Chunk| tp.rows(b * t).len() * c.part.cfg.n_embd;
-    let mut stash: HashMap<(usize, usize), Activations> = HashMap::new();
+    let mut stash: HashMap<(usize, usize), Stash> = HashMap::new();
+    // input gradients after a backward, until sent or read by the previous chunk on this rank
+    let mut dinputs: HashMap<(usize, usize), Vec<f32>> = HashMap::new();
     let mut received: HashMap<(usize, usize, bool), Vec<f32>> = HashMap::new();
-    let (mut loss, mut held, mut peak) = (0f64, 0usize, 0usize);
+    let mut pool: Vec<Activations> = Vec::new();
+    let mut ran = Ran::default();
+    let mut bytes = 0usize;
     for &a in &plan.ranks[rank] {
+        let start = Instant::now();
         match a {
             Action::RecvActivation { mb, chunk, from } | Action::RecvGrad { mb, chunk, from } => {
                 let grad = matches!(a, Action::RecvGrad { .. });
@@ -62,63 +126,97 @@ pub fn run_step(plan: &Plan, pp: &Comm, tp: &Tp, chunks: &mut [Chunk], data: &Mi
                 received.insert((mb, chunk, grad), buf);
             }
             Action::SendActivation { mb, chunk, to } => {
-                let out = stash.get(&(mb, chunk)).expect("sent after its forward").output();
-                pp.send(out, to, tag(mb, stage(chunk) + 1, stages, false)).map_err(comm_err)?;
+                let out = stash.get_mut(&(mb, chunk)).expect("sent after its forward").take_output(&mut bytes);
+                pp.send(&out, to, tag(mb, stage(chunk) + 1, stages, false)).map_err(comm_err)?;
             }
             Action::SendGrad { mb, chunk, to } => {
-                let g = stash.get(&(mb, chunk)).expect("sent after its backward").input_grad();
-                pp.send(g, to, tag(mb, stage(chunk) - 1, stages, true)).map_err(comm_err)?;
-                stash.remove(&(mb, chunk));
+                let g = dinputs.remove(&(mb, chunk)).expect("sent after its backward");
+                pp.send(&g, to, tag(mb, stage(chunk) - 1, stages, true)).map_err(comm_err)?;
             }
             Action::Forward { mb, chunk } => {
                 let c = &chunks[chunk];
-                let mut acts = Activations::default();
-                let hidden;
                 let input = if c.part.has_embedding {
-                    Input::Tokens(&data.tokens[mb])
+                    None
                 } else if let Some(h) = received.remove(&(mb, chunk, false)) {
-                    hidden = h;
-                    Input::Hidden(&hidden)
+                    Some(h)
                 } else {
                     // the previous stage on this same rank (one rank, several chunks)
-                    hidden = stash.get(&(mb, chunk - 1)).expect("the previous chunk ran first").output().to_vec();
-                    Input::Hidden(&hidden)
+                    Some(stash.get_mut(&(mb, chunk - 1)).expect("the previous chunk ran first").take_output(&mut bytes))
                 };
-                let mut store = Whole::reading(&c.part.units, c.params);
-                c.part.forward_part(tp, &mut store, input, b, t, &mut acts)?;
-                if c.part.has_head {
-                    loss += c.part.loss_tp(tp, &data.targets[mb], &mut acts)?.0;
-                }
-                stash.insert((mb, chunk), acts);
-                held += 1;
-                peak = peak.max(held);
+                let mut acts = pool.pop().unwrap_or_default();
+                forward(c, tp, data, mb, input.as_deref(), &mut acts, &mut ran.loss)?;
+                let s = if recompute {
+                    let output = (!c.part.has_head).then(|| acts.output().to_vec());
+                    pool.push(acts);
+                    Stash::Input { input, output }
+                } else {
+                    Stash::Kept(Box::new(acts))
+                };
+                bytes += s.bytes();
+                stash.insert((mb, chunk), s);
+                ran.peak = ran.peak.max(stash.len());
+                ran.peak_bytes = ran.peak_bytes.max(bytes);
             }
             Action::Backward { mb, chunk } | Action::BackwardInput { mb, chunk } => {
                 // (the executor runs a zero-bubble B as the whole backward and its W as nothing:
                 // the layers do not yet expose their weight-gradient half on its own)
-                let dy;
-                let from = if chunks[chunk].part.has_head {
-                    Output::Loss { targets: &data.targets[mb], scale: data.scale }
+                let dy = if chunks[chunk].part.has_head {
+                    None
                 } else if let Some(g) = received.remove(&(mb, chunk, true)) {
-                    dy = g;
-                    Output::Grad(&dy)
+                    Some(g)
                 } else {
-                    let next = stash.remove(&(mb, chunk + 1)).expect("the next chunk ran first");
-                    dy = next.input_grad().to_vec();
-                    Output::Grad(&dy)
+                    Some(dinputs.remove(&(mb, chunk + 1)).expect("the next chunk ran first"))
                 };
-                let mut acts = stash.remove(&(mb, chunk)).expect("backward after its forward");
+                let s = stash.remove(&(mb, chunk)).expect("backward after its forward");
+                bytes -= s.bytes();
+                let mut acts = match s {
+                    Stash::Kept(acts) => *acts,
+                    Stash::Input { input, .. } => {
+                        // full recompute: the forward again, from the stashed input
+                        let mut acts = pool.pop().unwrap_or_default();
+                        let mut unused = 0.0;
+                        forward(&chunks[chunk], tp, data, mb, input.as_deref(), &mut acts, &mut unused)?;
+                        acts
+                    }
+                };
                 let c = &mut chunks[chunk];
+                let from = match &dy {
+                    None => Output::Loss { targets: &data.targets[mb], scale: data.scale },
+                    Some(g) => Output::Grad(g),
+                };
                 let mut store = Whole::new(&c.part.units, c.params, c.grads);
                 c.part.backward_part(tp, &mut store, &data.tokens[mb], from, &mut acts)?;
-                held -= 1;
-                // kept until its input gradient is sent, or read by the previous chunk on this rank
                 if !c.part.has_embedding {
-                    stash.insert((mb, chunk), acts);
+                    dinputs.insert((mb, chunk), acts.input_grad().to_vec());
                 }
+                pool.push(acts);
             }
             Action::BackwardWeight { .. } => {}
         }
+        ran.spans.push((a, start, Instant::now()));
     }
-    Ok((loss, peak))
+    Ok(ran)
+}
+
+/// A chunk's forward of micro-batch `mb` from the tokens (first stage) or `input`, adding the
+/// last stage's token losses to `loss`.
+fn forward(
+    c: &Chunk,
+    tp: &Tp,
+    data: &MicroBatches,
+    mb: usize,
+    input: Option<&[f32]>,
+    acts: &mut Activations,
+    loss: &mut f64,
+) -> Result<()> {
+    let input = match input {
+        None => Input::Tokens(&data.tokens[mb]),
+        Some(h) => Input::Hidden(h),
+    };
+    let mut store = Whole::reading(&c.part.units, c.params);
+    c.part.forward_part(tp, &mut store, input, data.b, data.t, acts)?;
+    if c.part.has_head {
+        *loss += c.part.loss_tp(tp, &data.targets[mb], acts)?.0;
+    }
+    Ok(())
 }

@@ -92,6 +92,19 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// A forward or (part of) a backward, as opposed to a send or a receive.
+    pub fn is_compute(&self) -> bool {
+        matches!(
+            self,
+            Action::Forward { .. }
+                | Action::Backward { .. }
+                | Action::BackwardInput { .. }
+                | Action::BackwardWeight { .. }
+        )
+    }
+}
+
 /// Every rank's list of actions for one optimizer step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {

@@ -37,6 +37,15 @@ pub struct Report {
     pub peak_activations: Vec<usize>,
 }
 
+/// The bubble a plan has on paper with balanced stages: each chunk's forward 1/v, its
+/// backward 2/v (halves 1/v each), transfers free — (pp−1)/(v·m+pp−1) for GPipe, 1F1B and
+/// interleaving; less for ZB-H1, whose weight-gradient halves fill the bubble.
+pub fn bubble_theory(plan: &Plan) -> f64 {
+    let k = 1.0 / plan.v as f64;
+    let unit = Costs { forward: k, backward: 2.0 * k, backward_input: k, backward_weight: k, transfer: 0.0 };
+    simulate(plan, &unit).map_or(f64::NAN, |r| r.bubble)
+}
+
 /// A transfer in flight: (is a gradient, micro-batch, receiving stage, from, to).
 type Key = (bool, usize, usize, usize, usize);
 

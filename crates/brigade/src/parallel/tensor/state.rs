@@ -26,7 +26,7 @@ pub fn gather_full(tp: &Comm, layout: &ParamLayout, local: &[f32]) -> Result<Vec
 pub fn grad_sq_norm(tp: &Tp, g: &[f32], cut: &[Range<usize>], replicated: &[Range<usize>]) -> Result<f64> {
     let sq = |rs: &[Range<usize>]| rs.iter().map(|r| crate::train::optimizer::grad_sq_norm(&g[r.clone()])).sum::<f64>();
     if tp.size() == 1 {
-        return Ok(crate::train::optimizer::grad_sq_norm(g));
+        return Ok(sq(cut) + sq(replicated));
     }
     let replicated = if tp.rank() == 0 { sq(replicated) } else { 0.0 };
     let mut v = [(sq(cut) + replicated) as f32];

@@ -1,0 +1,93 @@
+//! A pipeline rank's share of a step: its micro-batches through its list of the plan (the
+//! executor), then the gradient sums the pipeline adds to data and tensor parallelism — the
+//! tied token table's two copies over the pipeline, the replicas over dp (all-reduce, or
+//! ZeRO-1's reduce-scatter), the replicated parameters over tp under sequence parallelism.
+
+use super::metrics::note;
+use super::trainer::Trainer;
+use crate::error::Result;
+use crate::parallel::data::zero::UnitReducer;
+use crate::parallel::data::{self, BucketReducer};
+use crate::parallel::pipeline::executor::{run_step, MicroBatches};
+use crate::parallel::pipeline::Action;
+use crate::parallel::tensor::{state as tp_state, Tp};
+use crate::parallel::Recompute;
+use std::time::Instant;
+
+/// What the last step's pipeline did on this rank.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PipelineStats {
+    /// Seconds from the first action of the list to its last.
+    pub wall_s: f64,
+    /// Seconds in forwards and backwards.
+    pub compute_s: f64,
+    /// The most micro-batch chunks holding their stash at once, and their bytes.
+    pub peak_stashed: usize,
+    pub peak_stash_bytes: usize,
+}
+
+impl PipelineStats {
+    /// The share of the pipeline's time this rank sat idle: 1 − compute / wall.
+    pub fn bubble(&self) -> f64 {
+        if self.wall_s <= 0.0 {
+            return 0.0;
+        }
+        (1.0 - self.compute_s / self.wall_s).max(0.0)
+    }
+}
+
+fn label(a: &Action) -> (String, &'static str) {
+    match *a {
+        Action::Forward { mb, chunk } => (format!("forward mb{mb} c{chunk}"), "compute"),
+        Action::Backward { mb, chunk } => (format!("backward mb{mb} c{chunk}"), "compute"),
+        Action::BackwardInput { mb, chunk } => (format!("backward (input) mb{mb} c{chunk}"), "compute"),
+        Action::BackwardWeight { mb, chunk } => (format!("backward (weight) mb{mb} c{chunk}"), "compute"),
+        Action::SendActivation { mb, .. } => (format!("send activation mb{mb}"), "comm"),
+        Action::SendGrad { mb, .. } => (format!("send gradient mb{mb}"), "comm"),
+        Action::RecvActivation { mb, .. } => (format!("wait for activation mb{mb}"), "bubble"),
+        Action::RecvGrad { mb, .. } => (format!("wait for gradient mb{mb}"), "bubble"),
+    }
+}
+
+impl Trainer {
+    /// This rank's share `x`, `y` of the batch (sequences of `t` tokens) through the pipeline;
+    /// leaves the summed gradient in `grads` (ZeRO-1: this rank's pieces in `gshard`) and
+    /// returns the sum of the token losses of this data-parallel replica.
+    pub(crate) fn accumulate_pipelined(&mut self, x: &[u32], y: &[i32], t: usize, scale: f32) -> Result<f64> {
+        let step = self.step + 1;
+        let mb = self.micro;
+        let tokens: Vec<Vec<u32>> = x.chunks(mb * t).map(<[u32]>::to_vec).collect();
+        let targets: Vec<Vec<i32>> = y.chunks(mb * t).map(<[i32]>::to_vec).collect();
+        let plan = self.plan.as_ref().expect("a pipeline rank has a plan");
+        let tp = Tp::new(&self.mesh.tp, self.sp);
+        let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale };
+        let started = Instant::now();
+        let mut chunks = self.parts.views(&self.params, &mut self.grads);
+        let ran = run_step(plan, &self.mesh.pp, &tp, &mut chunks, &data, self.recompute == Recompute::Full)?;
+        let wall_s = started.elapsed().as_secs_f64();
+        for (a, s, e) in &ran.spans {
+            let (name, cat) = label(a);
+            note(&mut self.timeline, &mut self.clock, name, cat, step, (*s, *e));
+        }
+        self.pipeline = Some(PipelineStats {
+            wall_s,
+            compute_s: ran.compute_s(),
+            peak_stashed: ran.peak,
+            peak_stash_bytes: ran.peak_bytes,
+        });
+        let t0 = Instant::now();
+        self.parts.tie_grads(&self.mesh.pp, &mut self.grads)?;
+        let dp = &self.mesh.dp;
+        match self.dpc.zero {
+            0 if dp.size() > 1 => BucketReducer::new(dp, self.grads.len(), &self.dpc).finish(&mut self.grads)?,
+            0 => {}
+            _ => UnitReducer::new(&self.shards, dp).finish(&self.grads, &mut self.gshard)?,
+        }
+        let g = if self.dpc.zero == 0 { &mut self.grads } else { &mut self.gshard };
+        tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, true))?;
+        // the last stage's losses, to every stage
+        let loss = data::sum_scalar(&self.mesh.pp, ran.loss)?;
+        note(&mut self.timeline, &mut self.clock, "gradient reduction", "comm", step, (t0, Instant::now()));
+        Ok(loss)
+    }
+}
