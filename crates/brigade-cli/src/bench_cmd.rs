@@ -159,7 +159,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                     if weak { "per-replica" } else { "global" }
                 );
                 outln!(
-                    "{:<16} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10}",
+                    "{:<34} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
                     "layout",
                     "ranks",
                     "tokens/s",
@@ -167,7 +167,9 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                     "compute s",
                     "exp.comm s",
                     "other s",
-                    "peak MiB"
+                    "peak MiB",
+                    "bubble",
+                    "theory"
                 );
             }
             let mut rows = Vec::new();
@@ -179,17 +181,21 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 if json {
                     rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,
                         "speedup": speedup, "compute_s": r.compute_s, "exposed_comm_s": r.exposed_comm_s,
-                        "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank}));
+                        "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank,
+                        "bubble_measured": r.bubble_measured, "bubble_theory": r.bubble_theory}));
                 } else {
+                    let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
                     outln!(
-                        "{l:<16} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3} {:>10.0}",
+                        "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3} {:>10.0} {:>7} {:>7}",
                         r.ranks,
                         r.tokens_per_s,
                         speedup,
                         r.compute_s,
                         r.exposed_comm_s,
                         r.other_s,
-                        r.peak_mib_per_rank.unwrap_or(f64::NAN)
+                        r.peak_mib_per_rank.unwrap_or(f64::NAN),
+                        pct(r.bubble_measured),
+                        pct(r.bubble_theory)
                     );
                 }
             }

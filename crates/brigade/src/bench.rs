@@ -143,6 +143,10 @@ pub struct ParallelBench {
     /// The most bytes any rank held at once (parameters, gradients, optimizer state,
     /// activations, buffers), counted by the allocator; `None` without `alloc::RankAlloc`.
     pub peak_mib_per_rank: Option<f64>,
+    /// With a pipeline: the share of the pipeline's time its ranks waited (mean over ranks and
+    /// steps, 0 to 1), and what its schedule has on paper with balanced stages.
+    pub bubble_measured: Option<f64>,
+    pub bubble_theory: Option<f64>,
 }
 
 /// Runs `steps` timed steps (after `warmup`) of `cfg` on a dp mesh of rank threads, each rank
@@ -161,7 +165,7 @@ pub fn parallel_step(
         crate::alloc::reset_peak(world.rank());
         let mesh = crate::parallel::Mesh::new(&world, shape)?;
         let mut tr = Trainer::on_mesh(cfg.clone(), mesh, settings)?;
-        crate::with_threads(threads, || -> crate::Result<(Vec<f64>, f64, f64)> {
+        crate::with_threads(threads, || -> crate::Result<(Vec<f64>, f64, f64, f64)> {
             for _ in 0..warmup {
                 tr.train_step()?;
             }
@@ -175,14 +179,22 @@ pub fn parallel_step(
             // the trainer's own account of each step (tensor-parallel collectives are comm)
             let timed = &tr.history[tr.history.len() - steps..];
             let per = |f: fn(&crate::train::StepStats) -> f64| timed.iter().map(f).sum::<f64>() / steps as f64;
-            Ok((times, per(|s| s.compute_s), per(|s| s.comm_s)))
+            Ok((times, per(|s| s.compute_s), per(|s| s.comm_s), per(|s| s.bubble)))
         })?
-        .map(|r| (r, crate::alloc::peak_bytes(world.rank())))
+        .map(|r| {
+            (
+                r,
+                crate::alloc::peak_bytes(world.rank()),
+                tr.plan.as_ref().map(crate::parallel::pipeline::simulate::bubble_theory),
+            )
+        })
     })
     .map_err(|e| crate::Error::Train(e.to_string()))?;
     // the largest peak of any rank (ranks of a layout hold the same amounts, give or take)
     let peak = per_rank.iter().map(|r| r.1).max().flatten();
+    let theory = per_rank[0].2;
     let per_rank: Vec<_> = per_rank.into_iter().map(|r| r.0).collect();
+    let bubble = per_rank.iter().map(|r| r.3).sum::<f64>() / per_rank.len() as f64;
     // a step ends when its slowest rank ends
     let step_times: Vec<f64> = (0..steps).map(|s| per_rank.iter().map(|r| r.0[s]).fold(0.0, f64::max)).collect();
     let slowest = per_rank.iter().max_by(|a, b| median(&a.0).total_cmp(&median(&b.0))).expect("at least one rank");
@@ -196,5 +208,7 @@ pub fn parallel_step(
         exposed_comm_s: slowest.2,
         other_s: (step_s - slowest.1 - slowest.2).max(0.0),
         peak_mib_per_rank: peak.map(|b| b as f64 / (1 << 20) as f64),
+        bubble_measured: theory.map(|_| bubble),
+        bubble_theory: theory,
     })
 }

@@ -3,7 +3,7 @@
 
 use super::config::GptConfig;
 use crate::error::Result;
-use crate::nn::{ensure, AttnStash, CausalSelfAttention, LayerNorm, LnStash, Mlp, MlpStash};
+use crate::nn::{ensure, AttnStash, CausalSelfAttention, LayerNorm, LnStash, Mlp, MlpStash, WeightGrads};
 use crate::parallel::tensor::Tp;
 use crate::params::ParamLayout;
 use crate::tensor::elementwise::residual_bias_forward;
@@ -117,19 +117,20 @@ impl Block {
         (b, t): (usize, usize),
         st: &BlockStash,
         sc: &mut Scratch,
+        dw: &mut WeightGrads,
     ) -> Result<()> {
         let Scratch { dresid, dln, dpart, dfull, hfull, dh, datt, dqkv, .. } = sc;
         // The residual add passes dresid unchanged to both branches.
         self.mlp.c_proj.bias_backward(g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln2.out, hfull)?;
-        self.mlp.backward(p, g, h, &st.mlp, dy, dpart, dh);
+        self.mlp.backward(p, g, h, &st.mlp, dy, dpart, dh, dw);
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
         self.ln_2.backward(p, g, &st.x2, &st.ln2, d, dresid);
         self.attn.c_proj.bias_backward(g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln1.out, hfull)?;
-        self.attn.backward(p, g, h, b, t, &st.attn, dy, dpart, datt, dqkv);
+        self.attn.backward(p, g, h, b, t, &st.attn, dy, dpart, datt, dqkv, dw);
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
         self.ln_1.backward(p, g, x, &st.ln1, d, dresid);
         Ok(())

@@ -5,7 +5,7 @@ use super::block::{Block, BlockStash, Scratch};
 pub use super::config::{check_tp, GptConfig, MAX_DIM, MAX_PARAMS, PRESETS};
 use super::units::{UnitStore, Whole};
 use crate::error::{Error, Result};
-use crate::nn::{ensure, LayerNorm, LnStash};
+use crate::nn::{ensure, LayerNorm, LnStash, WeightGrads};
 use crate::parallel::tensor::{vocab, Tp, VocabShard};
 use crate::params::{Init, ParamLayout, Split, View};
 use crate::tensor::loss::{cross_entropy_backward, IGNORE};
@@ -402,6 +402,21 @@ impl Gpt {
         from: Output,
         acts: &mut Activations,
     ) -> Result<()> {
+        self.backward_split(tp, store, tokens, from, acts, &mut WeightGrads::Now)
+    }
+
+    /// `backward_part` with the weight matrices' gradients to `dw`: at once, or (a zero-bubble
+    /// schedule's B) left for later, so that the input gradient is ready sooner. Biases,
+    /// LayerNorms and the embedding take their gradients here either way (they are cheap).
+    pub fn backward_split(
+        &self,
+        tp: &Tp,
+        store: &mut dyn UnitStore,
+        tokens: &[u32],
+        from: Output,
+        acts: &mut Activations,
+        dw: &mut WeightGrads,
+    ) -> Result<()> {
         self.check_group(tp);
         let (b, t) = (acts.b, acts.t);
         let (c, v, l, n) = (self.cfg.n_embd, self.vocab.rows, self.blocks.len(), b * t);
@@ -416,7 +431,15 @@ impl Gpt {
                 let h = tp.enter(&acts.lnf.out, &mut sc.hfull)?;
                 let (p, g) = store.params_grads(self.table_unit)?;
                 matmul(&mut sc.dpart, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
-                matmul(self.wte.of_mut(g), &acts.logits, h, v, n, c, true, false, true);
+                dw.set_unit(self.table_unit);
+                let dlogits = match dw {
+                    WeightGrads::Now => None,
+                    WeightGrads::Later { .. } => Some(std::mem::take(&mut acts.logits)),
+                };
+                match dlogits {
+                    Some(dl) => dw.add_owned(g, self.wte, dl, h, (v, n, c)),
+                    None => dw.add(g, self.wte, &acts.logits, h, v, n, c),
+                }
                 let d = tp.enter_backward(&mut sc.dpart, &mut sc.dln)?;
                 sc.dresid.fill(0.0);
                 let (p, g) = store.params_grads(self.final_unit())?;
@@ -427,7 +450,8 @@ impl Gpt {
         }
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             let (p, g) = store.params_grads(self.block_unit(i))?;
-            blk.backward(tp, p, g, &acts.resid[i], (b, t), &acts.blocks[i], sc)?;
+            dw.set_unit(self.block_unit(i));
+            blk.backward(tp, p, g, &acts.resid[i], (b, t), &acts.blocks[i], sc, dw)?;
             store.grads_done(self.block_unit(i))?;
         }
         if !self.has_embedding {

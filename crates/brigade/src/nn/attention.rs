@@ -2,7 +2,7 @@
 //! tensor-parallel group: `c_attn` is column-parallel (each rank computes q, k, v of its
 //! heads), `c_proj` row-parallel (each rank's heads give a partial output, summed by `g`).
 
-use super::ensure;
+use super::{ensure, WeightGrads};
 use crate::parallel::tensor::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
@@ -72,14 +72,15 @@ impl CausalSelfAttention {
         dx: &mut Vec<f32>,
         datt: &mut Vec<f32>,
         dqkv: &mut Vec<f32>,
+        dw: &mut WeightGrads,
     ) {
         let n = b * t;
         ensure(datt, n * self.c);
         ensure(dqkv, 3 * n * self.c);
         ensure(dx, x.len());
-        self.c_proj.backward(p, g, &st.att, dout, datt);
+        self.c_proj.backward(p, g, &st.att, dout, datt, dw);
         attention_backward(dqkv, datt, &st.qkv, &st.probs, self.shape(b, t));
-        self.c_attn.backward(p, g, x, dqkv, dx);
+        self.c_attn.backward(p, g, x, dqkv, dx, dw);
         // The key bias adds q·b_k to every score of a row, which softmax ignores: its gradient
         // is zero in exact arithmetic. Computed, it is rounding noise that Adam would scale up
         // to a ±lr step of arbitrary sign, different for every summation order (micro-batches,

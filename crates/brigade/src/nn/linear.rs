@@ -1,5 +1,6 @@
 //! `y = x·W + b` with `W` stored `[in, out]` (GPT-2's Conv1D layout, as Hugging Face keeps it).
 
+use super::WeightGrads;
 use crate::params::{Init, ParamLayout, View};
 use crate::tensor::matmul;
 
@@ -30,8 +31,21 @@ impl Linear {
 
     /// Accumulates `dW += xᵀ·dout`, `db += Σ dout`; overwrites `dx = dout·Wᵀ`.
     pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32]) {
+        self.backward_split(p, g, x, dout, dx, &mut WeightGrads::Now);
+    }
+
+    /// `backward` with `dW` to `dw` (at once, or left for later).
+    pub fn backward_split(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        x: &[f32],
+        dout: &[f32],
+        dx: &mut [f32],
+        dw: &mut WeightGrads,
+    ) {
         let n = x.len() / self.d_in;
-        matmul(self.w.of_mut(g), x, dout, self.d_in, n, self.d_out, true, false, true);
+        dw.add(g, self.w, x, dout, self.d_in, n, self.d_out);
         let db = self.b.of_mut(g);
         for row in dout.chunks_exact(self.d_out) {
             for (b, &d) in db.iter_mut().zip(row) {

@@ -2,7 +2,7 @@
 //! tensor-parallel group: `c_fc` column-parallel, `c_proj` row-parallel, so the GELU runs on
 //! each rank's block of the hidden units with no communication between the two.
 
-use super::ensure;
+use super::{ensure, WeightGrads};
 use crate::parallel::tensor::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::elementwise::{gelu_backward, gelu_forward};
@@ -49,11 +49,12 @@ impl Mlp {
         dout: &[f32],
         dx: &mut Vec<f32>,
         dh: &mut Vec<f32>,
+        dw: &mut WeightGrads,
     ) {
         ensure(dh, st.act.len());
         ensure(dx, x.len());
-        self.c_proj.backward(p, g, &st.act, dout, dh);
+        self.c_proj.backward(p, g, &st.act, dout, dh, dw);
         gelu_backward(dh, &st.fc);
-        self.c_fc.backward(p, g, x, dh, dx);
+        self.c_fc.backward(p, g, x, dh, dx, dw);
     }
 }

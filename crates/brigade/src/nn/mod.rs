@@ -6,11 +6,13 @@ pub mod attention;
 pub mod layernorm;
 pub mod linear;
 pub mod mlp;
+pub mod wgrad;
 
 pub use attention::{AttnStash, CausalSelfAttention};
 pub use layernorm::{LayerNorm, LnStash};
 pub use linear::Linear;
 pub use mlp::{Mlp, MlpStash};
+pub use wgrad::{Deferred, WeightGrads};
 
 /// Grows `v` to `n` elements (never shrinks, so stashes are reused across steps).
 pub fn ensure(v: &mut Vec<f32>, n: usize) {

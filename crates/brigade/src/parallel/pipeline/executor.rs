@@ -2,13 +2,15 @@
 //! its model chunks on each micro-batch, activations and gradients sent to and received from
 //! the neighbouring stages over the pipeline group, each micro-batch's stash kept only from
 //! its forward to its backward (under full recompute only its input, the forward run again
-//! just before the backward). Gradients accumulate into each chunk's buffer; the tied token
+//! just before the backward). A zero-bubble B computes the input gradient and keeps what the
+//! weight matrices' gradients need for its W. Gradients accumulate into each chunk's buffer; the tied token
 //! table's two copies (first and last stage) are summed by the caller.
 
 use super::schedule::{Action, Plan};
 use crate::error::{Error, Result};
 use crate::models::units::Whole;
 use crate::models::{Activations, Gpt, Input, Output};
+use crate::nn::{Deferred, WeightGrads};
 use crate::parallel::tensor::Tp;
 use brigade_comm::Comm;
 use std::collections::HashMap;
@@ -114,6 +116,8 @@ pub fn run_step(
     let mut dinputs: HashMap<(usize, usize), Vec<f32>> = HashMap::new();
     let mut received: HashMap<(usize, usize, bool), Vec<f32>> = HashMap::new();
     let mut pool: Vec<Activations> = Vec::new();
+    // the weight-gradient halves a zero-bubble B left for its W
+    let mut weights: HashMap<(usize, usize), Vec<Deferred>> = HashMap::new();
     let mut ran = Ran::default();
     let mut bytes = 0usize;
     for &a in &plan.ranks[rank] {
@@ -158,8 +162,11 @@ pub fn run_step(
                 ran.peak_bytes = ran.peak_bytes.max(bytes);
             }
             Action::Backward { mb, chunk } | Action::BackwardInput { mb, chunk } => {
-                // (the executor runs a zero-bubble B as the whole backward and its W as nothing:
-                // the layers do not yet expose their weight-gradient half on its own)
+                // a zero-bubble B leaves the weight matrices' gradients for its W
+                let mut dw = match a {
+                    Action::BackwardInput { .. } => WeightGrads::later(),
+                    _ => WeightGrads::Now,
+                };
                 let dy = if chunks[chunk].part.has_head {
                     None
                 } else if let Some(g) = received.remove(&(mb, chunk, true)) {
@@ -185,13 +192,25 @@ pub fn run_step(
                     Some(g) => Output::Grad(g),
                 };
                 let mut store = Whole::new(&c.part.units, c.params, c.grads);
-                c.part.backward_part(tp, &mut store, &data.tokens[mb], from, &mut acts)?;
+                c.part.backward_split(tp, &mut store, &data.tokens[mb], from, &mut acts, &mut dw)?;
                 if !c.part.has_embedding {
                     dinputs.insert((mb, chunk), acts.input_grad().to_vec());
                 }
                 pool.push(acts);
+                let later = dw.into_deferred();
+                if !later.is_empty() {
+                    bytes += later.iter().map(Deferred::bytes).sum::<usize>();
+                    ran.peak_bytes = ran.peak_bytes.max(bytes);
+                    weights.insert((mb, chunk), later);
+                }
             }
-            Action::BackwardWeight { .. } => {}
+            Action::BackwardWeight { mb, chunk } => {
+                let c = &mut chunks[chunk];
+                for d in weights.remove(&(mb, chunk)).unwrap_or_default() {
+                    d.run(&mut c.grads[c.part.units[d.unit].clone()]);
+                    bytes -= d.bytes();
+                }
+            }
         }
         ran.spans.push((a, start, Instant::now()));
     }

@@ -4,7 +4,7 @@
 //! partial sum (`g` after it) and its bias is added once, after the sum. On one rank they are
 //! the plain `Linear`.
 
-use crate::nn::Linear;
+use crate::nn::{Linear, WeightGrads};
 use crate::params::{Init, ParamLayout, Split, View};
 use crate::tensor::matmul;
 
@@ -38,8 +38,8 @@ impl ColumnParallelLinear {
 
     /// Accumulates the local weight and bias gradients; `dx` is this rank's part of the input
     /// gradient (summed over the group by `f` backward).
-    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32]) {
-        self.local.backward(p, g, x, dout, dx);
+    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32], dw: &mut WeightGrads) {
+        self.local.backward_split(p, g, x, dout, dx, dw);
     }
 }
 
@@ -72,9 +72,9 @@ impl RowParallelLinear {
     }
 
     /// Accumulates `dW += xᵀ·dout` and overwrites `dx = dout·Wᵀ` (the local input columns).
-    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32]) {
+    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32], dw: &mut WeightGrads) {
         let n = x.len() / self.d_in;
-        matmul(self.w.of_mut(g), x, dout, self.d_in, n, self.d_out, true, false, true);
+        dw.add(g, self.w, x, dout, self.d_in, n, self.d_out);
         matmul(dx, dout, self.w.of(p), n, self.d_out, self.d_in, false, true, false);
     }
 
