@@ -5,25 +5,37 @@ use clap::{Args, Subcommand};
 #[derive(Args, Debug)]
 pub struct StepArgs {
     #[arg(long, default_value = "gpt2-small")]
-    model: String,
+    pub(crate) model: String,
     #[arg(long, default_value_t = 256)]
-    seq: usize,
+    pub(crate) seq: usize,
     #[arg(long, default_value_t = 4)]
-    batch: usize,
+    pub(crate) batch: usize,
     #[arg(long, default_value_t = crate::default_threads())]
-    threads: usize,
+    pub(crate) threads: usize,
     /// Steps timed (the median is reported).
     #[arg(long, default_value_t = 5)]
-    steps: usize,
+    pub(crate) steps: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
-    /// The planner's local prediction of a training step beside a real run of it.
-    Plan(StepArgs),
+    /// The planner's local prediction of a training step beside a real run of it; with
+    /// --layout, of a parallel layout (rank threads, --threads each) from one rank's measured
+    /// work, the groups' measured all-reduces and the schedule's simulated pipeline.
+    Plan {
+        #[command(flatten)]
+        step: StepArgs,
+        /// A training layout, e.g. dp=2 or dp=2,pp=2,tp=2 or pp=2,schedule=zb,mb=1.
+        #[arg(long)]
+        layout: Option<String>,
+        /// Sequences per forward pass on a rank (default: the layout's mb, else the rank's
+        /// whole share).
+        #[arg(long)]
+        micro_batch: Option<usize>,
+    },
     /// Collective bandwidth and latency per message size, in nccl-tests' form, after a memcpy baseline.
     Comm {
         /// Ranks (threads) for the local backend; under mpirun the launcher decides.
@@ -94,7 +106,17 @@ pub enum BenchCmd {
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Plan(StepArgs { model, seq, batch, threads, steps, json }) => {
+        BenchCmd::Plan { step, layout: Some(layout), micro_batch } => crate::bench_plan::run(
+            &step.model,
+            step.seq,
+            step.batch,
+            step.threads,
+            step.steps,
+            step.json,
+            &layout,
+            micro_batch,
+        ),
+        BenchCmd::Plan { step: StepArgs { model, seq, batch, threads, steps, json }, .. } => {
             if steps == 0 {
                 bail!("--steps must be at least 1");
             }
@@ -133,25 +155,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             if parsed.is_empty() {
                 bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");
             }
-            // Random text, enough for any window: the step's cost does not depend on it.
-            let dir = tempfile_dir()?;
-            let data = dir.join("bench.txt");
-            let text: String = {
-                use rand::{Rng, SeedableRng};
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-                (0..20 * (seq + 1) + 1000).map(|_| rng.gen_range(b'a'..=b'z') as char).collect()
-            };
-            std::fs::write(&data, text)?;
-            let cfg = brigade::train::TrainConfig {
-                model: model.clone(),
-                data: Some(data),
-                seq: Some(seq),
-                batch,
-                micro_batch,
-                steps: warmup + steps + 1,
-                eval_every: 0,
-                ..Default::default()
-            };
+            let (cfg, dir) = text_run(&model, seq, batch, micro_batch, warmup + steps + 1)?;
             let mut base = None;
             if !json {
                 outln!(
@@ -260,6 +264,36 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
 }
 
 /// A fresh private directory under the system's temporary directory.
+/// A training run of `model` on random text (enough for any window: a step's cost does not
+/// depend on it), in a fresh directory the caller removes.
+pub(crate) fn text_run(
+    model: &str,
+    seq: usize,
+    batch: usize,
+    micro_batch: Option<usize>,
+    steps: usize,
+) -> Result<(brigade::train::TrainConfig, std::path::PathBuf)> {
+    let dir = tempfile_dir()?;
+    let data = dir.join("bench.txt");
+    let text: String = {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        (0..20 * (seq + 1) + 1000).map(|_| rng.gen_range(b'a'..=b'z') as char).collect()
+    };
+    std::fs::write(&data, text)?;
+    let cfg = brigade::train::TrainConfig {
+        model: model.to_string(),
+        data: Some(data),
+        seq: Some(seq),
+        batch,
+        micro_batch,
+        steps,
+        eval_every: 0,
+        ..Default::default()
+    };
+    Ok((cfg, dir))
+}
+
 fn tempfile_dir() -> Result<std::path::PathBuf> {
     let d = std::env::temp_dir().join(format!("brigade-bench-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;

@@ -198,7 +198,7 @@ pub fn local_prediction(
     threads: usize,
 ) -> Result<(brigade::models::GptConfig, brigade::plan::local::Machine, brigade::plan::local::LocalPrediction)> {
     let cfg = step_shape(model, batch, seq, threads)?;
-    let machine = brigade::with_threads(threads, || brigade::plan::local::measure(&cfg, batch, seq))?;
+    let machine = brigade::with_threads(threads, || brigade::bench::machine::measure(&cfg, batch, seq, 1))?;
     let p = brigade::plan::local::predict(&cfg, batch, seq, &machine);
     Ok((cfg, machine, p))
 }
@@ -209,7 +209,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         let seq = a.seq.unwrap_or(256);
         // Collectives first: rayon's workers spin for a while after the compute measurements
         // and would steal the cores the rank threads' barriers spin on.
-        let coll = brigade::plan::local::measure_collectives(2)?;
+        let coll = brigade::bench::machine::measure_collectives(2)?;
         let (_, machine, p) = local_prediction(&model, a.batch, seq, a.threads)?;
         if a.json {
             outln!(
@@ -291,7 +291,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         &m,
         &acc,
         &t,
-        &Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::Full, zero: 0, gpipe: false },
+        &Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::Full, zero: 0, gpipe: false, zb: false },
     );
     let one_train_s = a.tokens.map(|n| one.step_time_s * n / tokens_per_step);
     if a.json {

@@ -197,6 +197,36 @@ fn sizes_are_checked_before_anything_is_allocated() {
 }
 
 #[test]
+fn pipeline_benchmarks_report_their_bubble_and_the_planner_its_prediction() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let tiny = ["--model", "tiny", "--seq", "16", "--batch", "4", "--threads", "1", "--steps", "1"];
+    let layouts = "dp=1;pp=2,mb=1,schedule=zb;pp=2,mb=1,schedule=gpipe,recompute=selective";
+    let out = ok(&[&["bench", "parallel"][..], &tiny, &["--warmup", "0", "--layouts", layouts, "--json"]].concat(), p);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert!(rows[0]["bubble_measured"].is_null() && rows[0]["bubble_theory"].is_null(), "{v}");
+    for r in &rows[1..] {
+        for k in ["bubble_measured", "bubble_theory"] {
+            assert!(r[k].as_f64().is_some_and(|b| (0.0..=1.0).contains(&b)), "{k} in {r}");
+        }
+    }
+    // pp=2 with 4 micro-batches: GPipe's bubble on paper is 1/5
+    assert!((rows[2]["bubble_theory"].as_f64().unwrap() - 0.2).abs() < 1e-9, "{v}");
+    let out = ok(&[&["bench", "plan"][..], &tiny, &["--layout", "dp=2,pp=2,mb=1", "--json"]].concat(), p);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in ["predicted_step_s", "measured_step_s", "predicted_over_measured"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {v}");
+    }
+    assert!(v["parts"]["bubble"].as_f64().is_some_and(|b| b > 0.0), "{v}");
+    fails_with(
+        &[&["bench", "plan"][..], &tiny, &["--layout", "pp=8,mb=1"]].concat(),
+        p,
+        "8 pipeline stages, but a model of 2 layers",
+    );
+}
+
+#[test]
 fn settings_are_checked() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
@@ -428,9 +458,20 @@ fn pipeline_schedules_print_as_charts_and_impossible_ones_are_refused() {
     fails_with(&[&base[..], &["pp=2,v=2,schedule=1f1b"]].concat(), p, "needs schedule=interleaved");
     fails_with(&[&base[..], &["pp=2,schedule=zb2"]].concat(), p, "expected gpipe, 1f1b, interleaved or zb");
     fails_with(&[&base[..], &["dp=2"]].concat(), p, "no pipeline to schedule");
-    fails_with(
-        &["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--layout", "schedule=zb"],
+    // the planner costs zero-bubble pipelines too
+    let out = ok(
+        &[
+            "plan",
+            "--model",
+            "gpt3-175b",
+            "--gpus",
+            "1024",
+            "--global-batch",
+            "512",
+            "--layout",
+            "tp=8,pp=8,schedule=zb",
+        ],
         p,
-        "does not model the zero-bubble",
     );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" zb "), "{}", String::from_utf8_lossy(&out.stdout));
 }

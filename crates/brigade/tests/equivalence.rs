@@ -180,6 +180,9 @@ const ZB: Pipe = pipe(Kind::ZeroBubble, 1, Recompute::None);
 const ZB_FULL: Pipe = pipe(Kind::ZeroBubble, 1, Recompute::Full);
 const INTER: Pipe = pipe(Kind::Interleaved, 2, Recompute::None);
 const INTER_FULL: Pipe = pipe(Kind::Interleaved, 2, Recompute::Full);
+const F1B1_SEL: Pipe = pipe(Kind::OneFOneB, 1, Recompute::Selective);
+const ZB_SEL: Pipe = pipe(Kind::ZeroBubble, 1, Recompute::Selective);
+const INTER_SEL: Pipe = pipe(Kind::Interleaved, 2, Recompute::Selective);
 
 const SMALL: usize = 1000; // splits every layer's matrices over several buckets
 const BIG: usize = 25_000_000 / 4; // the whole model in one bucket
@@ -223,13 +226,13 @@ const MATRIX: &[Case] = &[
 
 /// Every factorisation of 2, 4 and 8 ranks into (dp, pp, tp) with pp > 1, and the pipeline
 /// executor on one stage: each schedule (GPipe, 1F1B, interleaved with v = 2, ZB-H1) meets
-/// dp, tp, sp, ZeRO-1 and full recompute, with 1 to 8 micro-batches per replica (fewer than
-/// pp too), stages of unequal cost (8 blocks beside the head on up to 8 stages).
+/// dp, tp, sp, ZeRO-1 and selective and full recompute, with 1 to 8 micro-batches per replica
+/// (fewer than pp too), stages of unequal cost (8 blocks beside the head on up to 8 stages).
 #[rustfmt::skip]
 const PIPELINES: &[Case] = &[
     Case { dp: 1, pp: 2, tp: 1, zero: 0, sp: false, mb: 2, bucket: BIG, pipe: GPIPE },
     Case { dp: 1, pp: 2, tp: 1, zero: 1, sp: false, mb: 16, bucket: SMALL, pipe: ZB_FULL },
-    Case { dp: 1, pp: 2, tp: 1, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: INTER },
+    Case { dp: 1, pp: 2, tp: 1, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: INTER_SEL },
     Case { dp: 1, pp: 4, tp: 1, zero: 1, sp: false, mb: 4, bucket: BIG, pipe: F1B1 },
     Case { dp: 1, pp: 4, tp: 1, zero: 0, sp: false, mb: 2, bucket: BIG, pipe: INTER_FULL },
     Case { dp: 2, pp: 2, tp: 1, zero: 1, sp: false, mb: 1, bucket: SMALL, pipe: F1B1 },
@@ -237,11 +240,12 @@ const PIPELINES: &[Case] = &[
     Case { dp: 1, pp: 2, tp: 2, zero: 0, sp: true, mb: 2, bucket: BIG, pipe: F1B1 },
     Case { dp: 1, pp: 2, tp: 2, zero: 1, sp: false, mb: 8, bucket: BIG, pipe: GPIPE_FULL },
     Case { dp: 1, pp: 8, tp: 1, zero: 0, sp: false, mb: 2, bucket: BIG, pipe: F1B1 },
-    Case { dp: 1, pp: 8, tp: 1, zero: 1, sp: false, mb: 4, bucket: BIG, pipe: ZB },
+    Case { dp: 1, pp: 8, tp: 1, zero: 1, sp: false, mb: 4, bucket: BIG, pipe: ZB_SEL },
     Case { dp: 2, pp: 4, tp: 1, zero: 1, sp: false, mb: 2, bucket: 7919, pipe: INTER },
     Case { dp: 4, pp: 2, tp: 1, zero: 1, sp: false, mb: 1, bucket: SMALL, pipe: GPIPE_FULL },
     Case { dp: 1, pp: 4, tp: 2, zero: 1, sp: true, mb: 2, bucket: BIG, pipe: ZB },
-    Case { dp: 2, pp: 2, tp: 2, zero: 1, sp: true, mb: 2, bucket: SMALL, pipe: F1B1 },
+    Case { dp: 2, pp: 2, tp: 2, zero: 1, sp: true, mb: 2, bucket: SMALL, pipe: F1B1_SEL },
+    Case { dp: 1, pp: 1, tp: 2, zero: 0, sp: true, mb: 4, bucket: BIG, pipe: F1B1_SEL },
     Case { dp: 2, pp: 2, tp: 2, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: INTER_FULL },
     Case { dp: 1, pp: 2, tp: 4, zero: 0, sp: true, mb: 4, bucket: BIG, pipe: GPIPE },
     Case { dp: 1, pp: 1, tp: 1, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: F1B1_FULL },

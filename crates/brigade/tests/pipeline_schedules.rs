@@ -129,14 +129,20 @@ fn the_chart_shows_each_rank_order() {
     assert!(z.contains("rank 1: F0 b0") && z.contains(" w"), "{z}");
 }
 
-/// The planner's memory model counts the first stage's in-flight micro-batches as the
-/// schedules really hold them.
+/// The planner's memory model counts each stage's in-flight micro-batches as the schedules
+/// really hold them.
 #[test]
 fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
-    use brigade::plan::cost::{in_flight, Layout, Recompute};
+    use brigade::plan::cost::{in_flight, in_flight_at, Layout, Recompute};
     for pp in [2, 3, 4, 8] {
         for m in 1..=16 {
-            for (kind, v) in [(Kind::GPipe, 1), (Kind::OneFOneB, 1), (Kind::Interleaved, 2), (Kind::Interleaved, 3)] {
+            for (kind, v) in [
+                (Kind::GPipe, 1),
+                (Kind::OneFOneB, 1),
+                (Kind::ZeroBubble, 1),
+                (Kind::Interleaved, 2),
+                (Kind::Interleaved, 3),
+            ] {
                 let Ok(plan) = build(kind, pp, m, v) else { continue };
                 let r = simulate(&plan, &per_chunk(v)).unwrap();
                 let measured = *r.peak_activations.iter().max().unwrap() as f64 / v as f64;
@@ -149,12 +155,23 @@ fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
                     recompute: Recompute::None,
                     zero: 0,
                     gpipe: kind == Kind::GPipe,
+                    zb: kind == Kind::ZeroBubble,
                 };
                 let planned = in_flight(&l, m);
                 assert!(
                     (planned - measured).abs() < 1e-9,
                     "{kind:?} pp={pp} m={m} v={v}: planner {planned}, simulator {measured}"
                 );
+                for (r, &peak) in r.peak_activations.iter().enumerate() {
+                    let planned = in_flight_at(&l, m, r);
+                    let measured = peak as f64 / v as f64;
+                    // ZB-H1's bound: exact on the first rank, never exceeded on the others
+                    let zb_bound = kind == Kind::ZeroBubble && measured <= planned;
+                    assert!(
+                        zb_bound || (planned - measured).abs() < 1e-9,
+                        "{kind:?} pp={pp} m={m} v={v} rank {r}: planner {planned}, simulator {measured}"
+                    );
+                }
             }
         }
     }

@@ -61,6 +61,10 @@ pub(crate) struct Scratch {
     pub(crate) dh: Vec<f32>,
     pub(crate) datt: Vec<f32>,
     pub(crate) dqkv: Vec<f32>,
+    /// Selective recompute: the softmax probabilities are not kept by the forward, and are
+    /// computed again here by the backward.
+    pub(crate) drop_scores: bool,
+    pub(crate) probs: Vec<f32>,
 }
 
 impl Block {
@@ -90,11 +94,11 @@ impl Block {
         out: &mut [f32],
         sc: &mut Scratch,
     ) -> Result<()> {
-        let Scratch { full, part, rows, .. } = sc;
+        let Scratch { full, part, rows, drop_scores, .. } = sc;
         ensure(&mut st.x2, x.len());
         self.ln_1.forward(p, x, &mut st.ln1);
         let h = tp.enter(&st.ln1.out, full)?;
-        self.attn.forward(p, h, b, t, &mut st.attn, part);
+        self.attn.forward(p, h, b, t, &mut st.attn, part, !*drop_scores);
         let y = tp.exit(part, rows)?;
         residual_bias_forward(&mut st.x2, x, y, self.attn.c_proj.bias(p));
         self.ln_2.forward(p, &st.x2, &mut st.ln2);
@@ -119,7 +123,7 @@ impl Block {
         sc: &mut Scratch,
         dw: &mut WeightGrads,
     ) -> Result<()> {
-        let Scratch { dresid, dln, dpart, dfull, hfull, dh, datt, dqkv, .. } = sc;
+        let Scratch { dresid, dln, dpart, dfull, hfull, dh, datt, dqkv, probs, .. } = sc;
         // The residual add passes dresid unchanged to both branches.
         self.mlp.c_proj.bias_backward(g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
@@ -130,7 +134,7 @@ impl Block {
         self.attn.c_proj.bias_backward(g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln1.out, hfull)?;
-        self.attn.backward(p, g, h, b, t, &st.attn, dy, dpart, datt, dqkv, dw);
+        self.attn.backward(p, g, h, b, t, &st.attn, dy, dpart, datt, dqkv, probs, dw);
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
         self.ln_1.backward(p, g, x, &st.ln1, d, dresid);
         Ok(())

@@ -50,6 +50,12 @@ impl Activations {
         self.resid.last().expect("after a forward")
     }
 
+    /// Selective recompute (Korthikanti et al. 2022): forwards keep no attention scores, and
+    /// backwards compute them again.
+    pub fn set_selective(&mut self, on: bool) {
+        self.scratch.drop_scores = on;
+    }
+
     /// Bytes held for the backward (not the scratch space every pass reuses).
     pub fn bytes(&self) -> usize {
         let rows: usize = self.resid.iter().map(Vec::len).sum();

@@ -45,7 +45,19 @@ impl CausalSelfAttention {
     }
 
     /// `part = attention(c_attn(x))·W_proj` for this rank's heads (no bias: added after `g`).
-    pub fn forward(&self, p: &[f32], x: &[f32], b: usize, t: usize, st: &mut AttnStash, part: &mut Vec<f32>) {
+    /// With `keep_scores` false (selective recompute) the softmax probabilities are not kept:
+    /// the backward computes them again from q and k.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        p: &[f32],
+        x: &[f32],
+        b: usize,
+        t: usize,
+        st: &mut AttnStash,
+        part: &mut Vec<f32>,
+        keep_scores: bool,
+    ) {
         let s = self.shape(b, t);
         let n = b * t;
         ensure(&mut st.qkv, 3 * n * self.c);
@@ -55,6 +67,9 @@ impl CausalSelfAttention {
         self.c_attn.forward(p, x, &mut st.qkv);
         attention_forward(&mut st.att, &mut st.probs, &st.qkv, s);
         self.c_proj.forward_partial(p, &st.att, part);
+        if !keep_scores {
+            st.probs = Vec::new();
+        }
     }
 
     /// From the output gradient `dout` (all rows), overwrites `dx` with this rank's part of
@@ -72,14 +87,25 @@ impl CausalSelfAttention {
         dx: &mut Vec<f32>,
         datt: &mut Vec<f32>,
         dqkv: &mut Vec<f32>,
+        probs: &mut Vec<f32>,
         dw: &mut WeightGrads,
     ) {
         let n = b * t;
+        let s = self.shape(b, t);
         ensure(datt, n * self.c);
         ensure(dqkv, 3 * n * self.c);
         ensure(dx, x.len());
+        let probs: &[f32] = if st.probs.is_empty() {
+            // selective recompute: the attention core again (its output lands in `datt`, which
+            // the projection's backward then overwrites)
+            ensure(probs, s.probs_len());
+            attention_forward(datt, probs, &st.qkv, s);
+            probs
+        } else {
+            &st.probs
+        };
         self.c_proj.backward(p, g, &st.att, dout, datt, dw);
-        attention_backward(dqkv, datt, &st.qkv, &st.probs, self.shape(b, t));
+        attention_backward(dqkv, datt, &st.qkv, probs, s);
         self.c_attn.backward(p, g, x, dqkv, dx, dw);
         // The key bias adds q·b_k to every score of a row, which softmax ignores: its gradient
         // is zero in exact arithmetic. Computed, it is rounding noise that Adam would scale up

@@ -80,12 +80,6 @@ pub fn training_layout(layout: &str, bucket_elems: usize) -> Result<(MeshShape, 
             data.zero, shape.pp
         )));
     }
-    if pipe.recompute == Recompute::Selective {
-        return Err(Error::Layout(
-            "recompute=selective is not implemented yet; use recompute=full (only each stage's input kept) or none"
-                .into(),
-        ));
-    }
     if pipe.runs_executor(shape.pp) && data.zero >= 2 {
         return Err(Error::Layout(format!("zero={} with v>1 or recompute: use zero=0 or 1 there", data.zero)));
     }

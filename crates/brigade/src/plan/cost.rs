@@ -37,7 +37,8 @@ impl Recompute {
 /// A 3D layout: tensor × pipeline × data parallel degrees, micro-batch size, virtual
 /// pipeline stages per GPU (1: 1F1B, more: interleaved 1F1B), recomputation, ZeRO stage, and
 /// `gpipe` for the all-forwards-then-all-backwards schedule (v = 1; same bubble as 1F1B,
-/// every micro-batch in flight).
+/// every micro-batch in flight), `zb` for zero-bubble ZB-H1 (v = 1; 1F1B's memory bound, the
+/// bubble filled by the deferred weight gradients).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Layout {
     pub tp: usize,
@@ -48,6 +49,7 @@ pub struct Layout {
     pub recompute: Recompute,
     pub zero: u8,
     pub gpipe: bool,
+    pub zb: bool,
 }
 
 impl Layout {
@@ -55,6 +57,7 @@ impl Layout {
     pub fn schedule(&self) -> &'static str {
         match (self.gpipe, self.v) {
             _ if self.pp == 1 => "none",
+            _ if self.zb => "zb",
             (true, _) => "gpipe",
             (false, 1) => "1f1b",
             _ => "interleaved",
@@ -186,8 +189,26 @@ fn activation_bytes_per_token(m: &ModelShape, t: &Training, rec: Recompute) -> f
     (attention + mlp + norms + scores) * t.precision.bytes() / 2.0
 }
 
+/// Layers on the busiest pipeline rank.
 fn layers_per_stage(m: &ModelShape, l: &Layout) -> usize {
-    m.layers.div_ceil(l.pp * l.v) * l.v
+    layers_per_rank(m, l).into_iter().max().unwrap_or(0)
+}
+
+/// Layers on each pipeline rank: the model's layers over pp·v stages as evenly as they go; when
+/// they do not divide, the first and last stages (which also hold the embedding and the LM
+/// head) take the fewer, as Llama 3 405B's 126 layers on 16 stages were split 7, 8 × 14, 7.
+/// Rank r holds stages r, r + pp, … (interleaving).
+pub fn layers_per_rank(m: &ModelShape, l: &Layout) -> Vec<usize> {
+    let stages = l.pp * l.v;
+    let mut per_stage = vec![m.layers / stages; stages];
+    let order: Vec<usize> = match stages {
+        1 => vec![0],
+        _ => (1..stages - 1).chain([stages - 1, 0]).collect(),
+    };
+    for &s in order.iter().take(m.layers % stages) {
+        per_stage[s] += 1;
+    }
+    (0..l.pp).map(|r| (0..l.v).map(|c| per_stage[c * l.pp + r]).sum()).collect()
 }
 
 /// Whether the layout's groups leave a node, with ranks ordered tp (innermost), dp, pp.
@@ -213,21 +234,38 @@ fn all_reduce_time(n: usize, bytes: f64, bw_gbps: f64, factor: f64) -> f64 {
 /// 2(pp − 1) + (v − 1)·pp chunks, plus one) (pp·v + pp − 1) / v chunks of 1/v of the stage.
 /// The schedule simulator measures the same (`tests/pipeline_schedules.rs`).
 pub fn in_flight(l: &Layout, micro_batches: usize) -> f64 {
-    let (pp, m, v) = (l.pp as f64, micro_batches as f64, l.v as f64);
+    in_flight_at(l, micro_batches, 0)
+}
+
+/// `in_flight` of pipeline rank `r`: GPipe `m`; 1F1B min(pp − r, m); interleaved
+/// min(2(pp − r − 1) + (v − 1)·pp + 1, m·v) chunks of 1/v of the rank's layers; ZB-H1 at most
+/// min(pp, m) on every rank (a micro-batch is held until its deferred weight gradients run).
+pub fn in_flight_at(l: &Layout, micro_batches: usize, r: usize) -> f64 {
+    let (pp, m, v, r) = (l.pp as f64, micro_batches as f64, l.v as f64, r as f64);
     match (l.pp, l.v) {
         (1, _) => 1.0,
         _ if l.gpipe => m,
-        (_, 1) => pp.min(m),
-        _ => ((pp * v + pp - 1.0).min(m * v)) / v,
+        _ if l.zb => pp.min(m),
+        (_, 1) => (pp - r).min(m),
+        _ => ((2.0 * (pp - r - 1.0) + (v - 1.0) * pp + 1.0).min(m * v)) / v,
     }
 }
 
-/// Memory per GPU (GiB) on the most loaded stage.
+/// Memory per GPU (GiB) on the most loaded pipeline rank: each rank's layers, its in-flight
+/// micro-batches (the first rank holds the most), and the embedding (first stage) or the LM
+/// head with its logits (last stage) where it holds them.
 pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
+    let layers = layers_per_rank(m, l);
+    (0..l.pp).map(|r| rank_memory_gib(m, t, l, r, layers[r])).fold(0.0, f64::max)
+}
+
+fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: usize) -> f64 {
     let (per_layer, embed) = params(m);
-    let lps = layers_per_stage(m, l) as f64;
+    let lps = layers as f64;
+    // rank 0 runs the first stage (embedding), rank pp − 1 the last (the tied head's copy)
+    let (first, last) = (r == 0, r == l.pp - 1);
     let tp = l.tp as f64;
-    let p = (lps * per_layer + embed) / tp;
+    let p = (lps * per_layer + if first || last { embed } else { 0.0 }) / tp;
     let dp = l.dp as f64;
     // 16 bytes/param either way: mixed precision keeps bf16 weights and grads (2 + 2) and
     // fp32 master weights and moments (12); fp32 keeps weights and grads (4 + 4) and moments (8).
@@ -244,9 +282,10 @@ pub fn memory_gib(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
         Recompute::Full => t.precision.bytes() * tokens * m.hidden as f64 / tp, // the layer input only
         _ => per_layer_act,
     };
-    let in_flight = in_flight(l, t.global_batch / (l.dp * l.mb));
+    let in_flight = in_flight_at(l, t.global_batch / (l.dp * l.mb), r);
     let recompute_working_set = if l.recompute == Recompute::Full { per_layer_act } else { 0.0 };
-    let logits = tokens * m.vocab as f64 / tp * (t.precision.bytes() + 4.0); // logits + fp32 softmax, last stage
+    // logits + fp32 softmax, on the last stage
+    let logits = if last { tokens * m.vocab as f64 / tp * (t.precision.bytes() + 4.0) } else { 0.0 };
     let act = lps * stored * in_flight + recompute_working_set + logits;
     (state + act) / (1u64 << 30) as f64 + RESERVED_GIB
 }
@@ -283,7 +322,11 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let tp_mb = lps * tp_per_layer;
     let stage_mb = compute_mb + tp_mb;
     let micro = (t.global_batch / (l.dp * l.mb)) as f64;
-    let bubble = (l.pp - 1) as f64 / l.v as f64 * stage_mb;
+    // ZB-H1 fills the bubble with the deferred weight-gradient halves: of a stage's forward F,
+    // input-gradient B and weight-gradient W (B = W = half the backward), (pp − 1)(F + B − W)
+    // stays idle instead of (pp − 1)(F + B + W) (Qi et al. 2023)
+    let zb = if l.zb { fwd / (fwd + bwd + rec) } else { 1.0 };
+    let bubble = (l.pp - 1) as f64 / l.v as f64 * stage_mb * zb;
     // Pipeline point-to-point: activations forward and gradients back, per chunk and micro-batch.
     let pp_bw = if l.tp * l.dp >= gpn { a.net_gbps } else { a.nvlink_gbps };
     let p2p = if l.pp > 1 { 2.0 * l.v as f64 * micro * (ALPHA_S + act_bytes / tp / (pp_bw * 1e9)) } else { 0.0 };

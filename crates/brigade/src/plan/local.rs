@@ -1,24 +1,31 @@
-//! `brigade plan --local`: this machine, measured through brigade's own kernels, and the step
-//! time of a single-worker `brigade train` configuration predicted from those measurements.
+//! `brigade plan --local`: the step time of a `brigade train` configuration on this machine,
+//! predicted from what `bench::machine` measured of it (a pure cost model: it measures
+//! nothing itself).
 //!
 //! The parts stay separate (matrix products, attention, memory-bound kernels, optimizer) so
-//! that parallel layouts can add collective and bubble terms from the same measurements.
+//! that parallel layouts add collective, point-to-point and bubble terms from the same
+//! measurements.
 
-use crate::bench::median;
 use crate::models::GptConfig;
-use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
-use crate::tensor::matmul;
 use serde::Serialize;
-use std::time::Instant;
 
 /// What was measured on this machine (on the caller's thread pool).
 #[derive(Clone, Debug, Serialize)]
 pub struct Machine {
     pub threads: usize,
+    /// The tensor-parallel degree whose rank's shapes were measured (1: the whole model).
+    pub tp: usize,
     /// Seconds of each matrix product of one training step, by layer kind, measured.
     pub matmul_s: Vec<(String, f64)>,
+    /// One block's matrix products on one micro-batch: forward, weight gradients, input
+    /// gradients (what a zero-bubble W and B each run).
+    pub block_matmul_s: [f64; 3],
+    /// The LM head's, likewise.
+    pub head_matmul_s: [f64; 3],
     /// Seconds of one layer's attention core, forward and backward, measured.
     pub attention_layer_s: f64,
+    pub attention_fwd_s: f64,
+    pub attention_bwd_s: f64,
     /// Memory bandwidth of a streaming copy on this pool, GB/s.
     pub mem_gbps: f64,
     /// f32 matmul rate at 2048³, GFLOP/s (for reference).
@@ -33,21 +40,6 @@ pub struct Collectives {
     pub latency_us: f64,
     /// Bus bandwidth of a 64 MiB all-reduce, GB/s (the β).
     pub busbw_gbps: f64,
-}
-
-/// Measures all-reduce latency and bandwidth among `ranks` rank threads.
-pub fn measure_collectives(ranks: usize) -> crate::Result<Collectives> {
-    use brigade_comm::bench::{sweep, Op};
-    let rows = |lo, hi| {
-        brigade_comm::local::run(ranks, |c| sweep(&c, Op::AllReduce, lo, hi, None))
-            .map_err(|e| crate::Error::Train(format!("collective measurement failed: {e}")))
-    };
-    // Latency: the fastest small all-reduce (8 B – 4 KiB) of one sweep, since the first calls
-    // of freshly started rank threads run cold.
-    let small = rows(8, 4096)?;
-    let large = rows(64 << 20, 64 << 20)?;
-    let latency_us = small[0].iter().map(|r| r.time_us).fold(f64::INFINITY, f64::min);
-    Ok(Collectives { ranks, latency_us, busbw_gbps: large[0][0].busbw_gbps })
 }
 
 impl Collectives {
@@ -71,78 +63,6 @@ pub struct LocalPrediction {
     /// Zero for one worker; parallel layouts fill these from brigade-comm's measurements.
     pub collective_s: f64,
     pub bubble_s: f64,
-}
-
-fn time_it(mut f: impl FnMut()) -> f64 {
-    f();
-    let v: Vec<f64> = (0..3)
-        .map(|_| {
-            let t0 = Instant::now();
-            f();
-            t0.elapsed().as_secs_f64()
-        })
-        .collect();
-    median(&v)
-}
-
-/// Forward, weight-gradient and input-gradient products of an `n × d_in → d_out` layer.
-fn linear_step_s(n: usize, d_in: usize, d_out: usize) -> f64 {
-    let x = vec![0.5f32; n * d_in];
-    let w = vec![0.25f32; d_in * d_out];
-    let mut y = vec![0f32; n * d_out];
-    let mut dw = vec![0f32; d_in * d_out];
-    let mut dx = vec![0f32; n * d_in];
-    time_it(|| matmul(&mut y, &x, &w, n, d_in, d_out, false, false, true))
-        + time_it(|| matmul(&mut dw, &x, &y, d_in, n, d_out, true, false, true))
-        + time_it(|| matmul(&mut dx, &y, &w, n, d_out, d_in, false, true, false))
-}
-
-/// Bytes per second of a streaming copy of `bytes`, split over the pool.
-pub fn copy_gbps(bytes: usize) -> f64 {
-    use rayon::prelude::*;
-    let src = vec![1f32; bytes / 4];
-    let mut dst = vec![0f32; bytes / 4];
-    let s =
-        time_it(|| dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s)));
-    bytes as f64 / s / 1e9
-}
-
-/// Measures the parts of a training step of `cfg` at `batch × seq` on the current pool.
-pub fn measure(cfg: &GptConfig, batch: usize, seq: usize) -> Machine {
-    let n = batch * seq;
-    let c = cfg.n_embd;
-    let mut matmul_s = vec![
-        ("attn.c_attn".to_string(), cfg.n_layer as f64 * linear_step_s(n, c, 3 * c)),
-        ("attn.c_proj".to_string(), cfg.n_layer as f64 * linear_step_s(n, c, c)),
-        ("mlp.c_fc".to_string(), cfg.n_layer as f64 * linear_step_s(n, c, 4 * c)),
-        ("mlp.c_proj".to_string(), cfg.n_layer as f64 * linear_step_s(n, 4 * c, c)),
-    ];
-    // the tied LM head: h·wteᵀ, dwte += dlogitsᵀ·h, dh = dlogits·wte
-    let v = cfg.vocab_size;
-    let h = vec![0.5f32; n * c];
-    let wte = vec![0.25f32; v * c];
-    let mut logits = vec![0f32; n * v];
-    let mut dwte = vec![0f32; v * c];
-    let mut dh = vec![0f32; n * c];
-    let head = time_it(|| matmul(&mut logits, &h, &wte, n, c, v, false, true, false))
-        + time_it(|| matmul(&mut dwte, &logits, &h, v, n, c, true, false, true))
-        + time_it(|| matmul(&mut dh, &logits, &wte, n, v, c, false, false, false));
-    matmul_s.push(("lm_head".to_string(), head));
-    drop((logits, dwte));
-    let s = AttnShape { b: batch, t: seq, c, heads: cfg.n_head };
-    let qkv = vec![0.1f32; 3 * n * c];
-    let mut out = vec![0f32; n * c];
-    let mut probs = vec![0f32; s.probs_len()];
-    let mut dqkv = vec![0f32; 3 * n * c];
-    let att = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s))
-        + time_it(|| attention_backward(&mut dqkv, &out, &qkv, &probs, s));
-    Machine {
-        threads: rayon::current_num_threads(),
-        matmul_s,
-        attention_layer_s: att,
-        mem_gbps: copy_gbps(256 << 20),
-        matmul_gflops: crate::bench::matmul_gflops(2048, 2048, 2048, 3),
-    }
 }
 
 /// Bytes the memory-bound kernels of one step move per token: LayerNorms, GELU, residual adds
@@ -177,4 +97,175 @@ pub fn predict(cfg: &GptConfig, batch: usize, seq: usize, m: &Machine) -> LocalP
         collective_s: 0.0,
         bubble_s: 0.0,
     }
+}
+
+/// A parallel run on this machine: its mesh and settings, batch shape, and the cores its rank
+/// threads share.
+#[derive(Clone, Copy, Debug)]
+pub struct LocalRun {
+    pub shape: crate::parallel::MeshShape,
+    pub settings: crate::parallel::Settings,
+    /// Global batch and micro-batch in sequences, and their length.
+    pub batch: usize,
+    pub micro_batch: usize,
+    pub seq: usize,
+    /// Threads per rank, and the machine's cores.
+    pub threads: usize,
+    pub cores: usize,
+}
+
+/// A parallel layout's step on this machine, predicted from one rank's measured work.
+#[derive(Clone, Debug, Serialize)]
+pub struct ParallelPrediction {
+    pub step_s: f64,
+    /// The slowest stage's forward, backward (its input-gradient part) and weight-gradient part
+    /// on one micro-batch, tensor-parallel collectives included.
+    pub stage_s: [f64; 3],
+    /// The slowest stage's tensor-parallel collectives over the step.
+    pub tp_comm_s: f64,
+    /// From the first forward to the last backward: the micro-batches' work and the bubble.
+    pub pipeline_s: f64,
+    pub bubble_s: f64,
+    /// The bubble's share of the pipeline's time.
+    pub bubble: f64,
+    /// One activation's transfer between stages.
+    pub p2p_s: f64,
+    pub dp_exposed_s: f64,
+    pub optimizer_s: f64,
+    /// With more rank threads than cores, the step is at least the work of all ranks over the
+    /// cores.
+    pub cores_floor_s: f64,
+}
+
+/// Forward, input-gradient and weight-gradient seconds of one unit on one micro-batch.
+type Work = [f64; 3];
+
+/// Bytes of memory-bound traffic per token of one block on a tensor-parallel rank: the
+/// LayerNorms and residual adds over whole rows, GELU and biases over its slice.
+fn block_bytes_per_token(c: f64, tp: f64) -> f64 {
+    4.0 * (2.0 * 6.0 * c + 6.0 * c + (20.0 * c + 9.0 * c + 8.0 * c) / tp)
+}
+
+/// Each unit's work (the embedding, each block, the head) on one micro-batch of `n` tokens.
+fn unit_work(cfg: &GptConfig, m: &Machine, n: f64, tp: &Collectives) -> Vec<Work> {
+    let (c, bw, tpn) = (cfg.n_embd as f64, m.mem_gbps * 1e9, m.tp as f64);
+    let mm = m.block_matmul_s;
+    let e = n * block_bytes_per_token(c, tpn) / bw;
+    // two all-reduces (or all-gather / reduce-scatter pairs) forward, two backward
+    let ar = tp.all_reduce_s(4.0 * n * c);
+    let block =
+        [mm[0] + m.attention_fwd_s + e / 3.0 + 2.0 * ar, mm[2] + m.attention_bwd_s + 2.0 * e / 3.0 + 2.0 * ar, mm[1]];
+    let hm = m.head_matmul_s;
+    // softmax cross-entropy: four passes over this rank's logits; its row max and sums, and the
+    // head's input gradient summed over the group
+    let ce = 16.0 * n * cfg.vocab_size as f64 / tpn / bw;
+    let head = [hm[0] + ce / 2.0 + 2.0 * tp.all_reduce_s(8.0 * n), hm[2] + ce / 2.0 + ar, hm[1]];
+    let embed = [n * 8.0 * c / bw, n * 8.0 * c / bw, 0.0];
+    let mut out = vec![embed];
+    out.extend(std::iter::repeat_n(block, cfg.n_layer));
+    out.push(head);
+    out
+}
+
+/// The step of `run` predicted from `m` (one rank's work at its micro-batch and tensor slice,
+/// measured) and the all-reduces of its tensor- and data-parallel groups.
+pub fn predict_parallel(
+    cfg: &GptConfig,
+    run: &LocalRun,
+    m: &Machine,
+    tp: &Collectives,
+    dp: &Collectives,
+) -> crate::Result<ParallelPrediction> {
+    use crate::parallel::pipeline::{self, stages};
+    let crate::parallel::MeshShape { dp: ndp, pp, tp: ntp } = run.shape;
+    let pipe = run.settings.pipe;
+    let n = (run.micro_batch * run.seq) as f64;
+    let micro = run.batch / (ndp * run.micro_batch);
+    let bw = m.mem_gbps * 1e9;
+    let work = unit_work(cfg, m, n, tp);
+    let executor = pipe.runs_executor(pp);
+    // the stages the trainer cuts (by FLOPs), each with its units' work
+    let cuts = match executor {
+        true => stages::stage_units(cfg, pp, pipe.v, run.seq)?,
+        false => std::iter::once(0..cfg.n_layer + 2).collect(),
+    };
+    let full = pipe.recompute == crate::parallel::Recompute::Full;
+    let stage_work: Vec<Work> = cuts
+        .iter()
+        .map(|r| {
+            let mut w = [0.0; 3];
+            for u in r.clone() {
+                w.iter_mut().zip(work[u]).for_each(|(a, b)| *a += b);
+            }
+            // full recompute runs each forward again before its backward
+            if full {
+                w[1] += w[0];
+            }
+            w
+        })
+        .collect();
+    let at = (0..stage_work.len())
+        .max_by(|&a, &b| stage_work[a].iter().sum::<f64>().total_cmp(&stage_work[b].iter().sum()))
+        .unwrap_or(0);
+    let slowest = stage_work[at];
+    let blocks = cuts[at].clone().filter(|&u| u >= 1 && u <= cfg.n_layer).count() as f64;
+    let per_mb: f64 = slowest.iter().sum();
+    let sp = run.settings.sp;
+    let p2p_s = 5e-6 + 4.0 * n * cfg.n_embd as f64 / if sp { ntp as f64 } else { 1.0 } / bw;
+    let pipeline_s = match executor {
+        false => micro as f64 * per_mb,
+        true => {
+            let plan = pipeline::build(pipe.kind(), pp, micro, pipe.v)?;
+            let costs = pipeline::Costs {
+                forward: slowest[0],
+                backward: slowest[1] + slowest[2],
+                backward_input: slowest[1],
+                backward_weight: slowest[2],
+                transfer: p2p_s,
+            };
+            pipeline::simulate(&plan, &costs).map_err(crate::Error::Train)?.makespan
+        }
+    };
+    let busy = micro as f64 * per_mb;
+    // each rank's parameters; the data-parallel reduction and the optimizer of the largest
+    let params = (0..pp)
+        .map(|r| match executor {
+            true => stages::RankModel::stage(*cfg, (0, ntp), (r, pp), pipe.v, run.seq).map(|p| p.layout.total),
+            false => crate::models::Gpt::shard(*cfg, 0, ntp).map(|g| g.num_params()),
+        })
+        .collect::<crate::Result<Vec<_>>>()?
+        .into_iter()
+        .max()
+        .unwrap_or(0) as f64;
+    let zero = run.settings.data.zero;
+    let grads = dp.all_reduce_s(4.0 * params);
+    let bucket = dp.all_reduce_s((4.0 * params).min(4.0 * run.settings.data.bucket_elems as f64));
+    // without a pipeline the last micro-batch's backward hides the reduction (ZeRO-1: the
+    // reduce-scatter, half an all-reduce's traffic; its all-gather after the step is exposed)
+    let window = if executor { 0.0 } else { work.iter().map(|w| w[1] + w[2]).sum::<f64>() };
+    let dp_exposed_s = match (ndp, zero) {
+        (1, _) => 0.0,
+        (_, 0) => (grads - window).max(bucket),
+        _ => (grads / 2.0 - window).max(bucket / 2.0) + grads / 2.0,
+    };
+    let optimizer_s = if zero >= 1 { (28.0 / ndp as f64 + 20.0) * params / bw } else { 48.0 * params / bw };
+    let critical = pipeline_s + dp_exposed_s + optimizer_s;
+    // every rank's work, on `threads` threads each, over the machine's cores
+    let all_work: f64 = stage_work.iter().map(|w| micro as f64 * w.iter().sum::<f64>()).sum::<f64>()
+        * (ndp * ntp) as f64
+        + (ndp * pp * ntp) as f64 * optimizer_s;
+    let cores_floor_s = all_work * run.threads as f64 / run.cores as f64;
+    let tp_comm_s = micro as f64 * 4.0 * blocks * tp.all_reduce_s(4.0 * n * cfg.n_embd as f64);
+    Ok(ParallelPrediction {
+        step_s: critical.max(cores_floor_s),
+        stage_s: slowest,
+        tp_comm_s,
+        pipeline_s,
+        bubble_s: pipeline_s - busy,
+        bubble: if pipeline_s > 0.0 { 1.0 - busy / pipeline_s } else { 0.0 },
+        p2p_s,
+        dp_exposed_s,
+        optimizer_s,
+        cores_floor_s,
+    })
 }

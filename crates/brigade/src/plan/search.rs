@@ -14,7 +14,7 @@ pub struct Fixed {
     pub v: Option<usize>,
     pub recompute: Option<Recompute>,
     pub zero: Option<u8>,
-    /// `gpipe`, `1f1b` (v = 1) or `interleaved` (v > 1).
+    /// `gpipe`, `1f1b`, `zb` (v = 1) or `interleaved` (v > 1).
     pub schedule: Option<&'static str>,
     /// Sequence parallelism beside tensor parallelism (`sp=1`); training only.
     pub sp: Option<bool>,
@@ -147,15 +147,16 @@ pub fn layouts(m: &ModelShape, gpus: usize, t: &Training, fixed: &Fixed) -> Vec<
                             if fixed.zero.is_some_and(|x| x != zero) || (dp == 1 && zero > 0 && fixed.zero.is_none()) {
                                 continue;
                             }
-                            for gpipe in [false, true] {
-                                let l = Layout { tp, pp, dp, mb, v, recompute, zero, gpipe };
-                                // GPipe only when asked for: it never beats 1F1B (same bubble, more memory).
+                            for (gpipe, zb) in [(false, false), (true, false), (false, true)] {
+                                let l = Layout { tp, pp, dp, mb, v, recompute, zero, gpipe, zb };
+                                // GPipe only when asked for: it never beats 1F1B (same bubble, more
+                                // memory); ZB-H1 too, as the published runs and Megatron-LM have none
                                 let wanted = match fixed.schedule {
                                     // without a pipeline any schedule is trivially met, once
-                                    Some(s) => l.schedule() == s || (l.pp == 1 && !gpipe),
-                                    None => !gpipe,
+                                    Some(s) => l.schedule() == s || (l.pp == 1 && !gpipe && !zb),
+                                    None => !gpipe && !zb,
                                 };
-                                if wanted && (!gpipe || v == 1) {
+                                if wanted && ((!gpipe && !zb) || v == 1) {
                                     out.push(l);
                                 }
                             }
@@ -177,11 +178,6 @@ pub fn rank_all(m: &ModelShape, a: &Accelerator, gpus: usize, t: &Training, fixe
 
 /// The fitting layouts, fastest first. An error says why none qualifies.
 pub fn search(m: &ModelShape, a: &Accelerator, gpus: usize, t: &Training, fixed: &Fixed) -> Result<Vec<Estimate>> {
-    if fixed.schedule == Some("zb") {
-        return Err(Error::Layout(
-            "the planner does not model the zero-bubble schedule yet; plan with schedule=1f1b (its bubble is ZB-H1's upper bound)".into(),
-        ));
-    }
     let all = layouts(m, gpus, t, fixed);
     if all.is_empty() {
         return Err(Error::Config(format!(

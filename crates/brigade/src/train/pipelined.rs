@@ -11,7 +11,6 @@ use crate::parallel::data::{self, BucketReducer};
 use crate::parallel::pipeline::executor::{run_step, MicroBatches};
 use crate::parallel::pipeline::Action;
 use crate::parallel::tensor::{state as tp_state, Tp};
-use crate::parallel::Recompute;
 use std::time::Instant;
 
 /// What the last step's pipeline did on this rank.
@@ -63,7 +62,7 @@ impl Trainer {
         let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale };
         let started = Instant::now();
         let mut chunks = self.parts.views(&self.params, &mut self.grads);
-        let ran = run_step(plan, &self.mesh.pp, &tp, &mut chunks, &data, self.recompute == Recompute::Full)?;
+        let ran = run_step(plan, &self.mesh.pp, &tp, &mut chunks, &data, self.recompute)?;
         let wall_s = started.elapsed().as_secs_f64();
         for (a, s, e) in &ran.spans {
             let (name, cat) = label(a);

@@ -12,6 +12,7 @@ use crate::models::units::Whole;
 use crate::models::{Activations, Gpt, Input, Output};
 use crate::nn::{Deferred, WeightGrads};
 use crate::parallel::tensor::Tp;
+use crate::parallel::Recompute;
 use brigade_comm::Comm;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -96,15 +97,16 @@ impl Stash {
     }
 }
 
-/// Runs this rank's list of `plan` over `pp` (the pipeline group). With `recompute`, each
-/// chunk's forward keeps only its input and runs again before its backward.
+/// Runs this rank's list of `plan` over `pp` (the pipeline group). Under full recompute each
+/// chunk's forward keeps only its input and runs again before its backward; under selective
+/// recompute the forwards keep no attention scores.
 pub fn run_step(
     plan: &Plan,
     pp: &Comm,
     tp: &Tp,
     chunks: &mut [Chunk],
     data: &MicroBatches,
-    recompute: bool,
+    recompute: Recompute,
 ) -> Result<Ran> {
     let rank = pp.rank();
     let (b, t) = (data.b, data.t);
@@ -148,8 +150,9 @@ pub fn run_step(
                     Some(stash.get_mut(&(mb, chunk - 1)).expect("the previous chunk ran first").take_output(&mut bytes))
                 };
                 let mut acts = pool.pop().unwrap_or_default();
+                acts.set_selective(recompute == Recompute::Selective);
                 forward(c, tp, data, mb, input.as_deref(), &mut acts, &mut ran.loss)?;
-                let s = if recompute {
+                let s = if recompute == Recompute::Full {
                     let output = (!c.part.has_head).then(|| acts.output().to_vec());
                     pool.push(acts);
                     Stash::Input { input, output }

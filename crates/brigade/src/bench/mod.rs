@@ -1,5 +1,7 @@
 //! Measurements behind `brigade bench …`: each returns figures, the CLI only prints them.
 
+pub mod machine;
+
 use crate::models::{Activations, Gpt, GptConfig};
 use crate::tensor::matmul;
 use crate::train::optimizer::{clip_grad_norm, AdamW, AdamWConfig};

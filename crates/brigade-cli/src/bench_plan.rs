@@ -1,0 +1,88 @@
+//! `brigade bench plan --layout …`: the planner's prediction of a parallel layout's step on
+//! this machine, beside a run of it. The prediction is built from measurements only: one
+//! rank's work at its micro-batch and tensor slice, the all-reduces of its groups, the memory
+//! bandwidth, and the schedule's simulated pipeline (`plan::local::predict_parallel`).
+
+use anyhow::{bail, Result};
+use brigade::plan::local::{Collectives, LocalRun};
+
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    model: &str,
+    seq: usize,
+    batch: usize,
+    threads: usize,
+    steps: usize,
+    json: bool,
+    layout: &str,
+    micro_batch: Option<usize>,
+) -> Result<()> {
+    if steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
+    let (shape, mut settings) = brigade::parallel::training_layout(layout, bucket)?;
+    crate::check_threads(shape.world() * threads, &format!("layout '{layout}': ranks × --threads"))?;
+    let mb = settings.micro_batch.or(micro_batch).unwrap_or(batch / shape.dp).max(1);
+    settings.micro_batch = Some(mb);
+    if !batch.is_multiple_of(shape.dp * mb) {
+        bail!("--batch {batch} does not split into dp={} replicas of micro-batches of {mb}", shape.dp);
+    }
+    let cfg = crate::plan_cmd::step_shape(model, mb, seq, threads)?;
+    // the groups' all-reduces first: rayon's workers spin for a while after compute and would
+    // steal the cores the rank threads' barriers spin on
+    let group = |n: usize| -> Result<Collectives> {
+        Ok(match n {
+            1 => Collectives { ranks: 1, latency_us: 0.0, busbw_gbps: 1.0 },
+            n => brigade::bench::machine::measure_collectives(n)?,
+        })
+    };
+    let (tp_coll, dp_coll) = (group(shape.tp)?, group(shape.dp)?);
+    let machine = brigade::with_threads(threads, || brigade::bench::machine::measure(&cfg, mb, seq, shape.tp))?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let run = LocalRun { shape, settings, batch, micro_batch: mb, seq, threads, cores };
+    let p = brigade::plan::local::predict_parallel(&cfg, &run, &machine, &tp_coll, &dp_coll)?;
+    let (train, dir) = crate::bench_cmd::text_run(model, seq, batch, Some(mb), steps + 2)?;
+    let r = brigade::bench::parallel_step(train, shape, settings, threads, 1, steps);
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = r?;
+    let ratio = p.step_s / r.step_s_median;
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"bench": "plan", "model": model, "layout": layout, "batch": batch, "micro_batch": mb,
+                "seq": seq, "threads": threads, "cores": cores, "predicted_step_s": p.step_s,
+                "measured_step_s": r.step_s_median, "predicted_over_measured": ratio,
+                "bubble_measured": r.bubble_measured, "parts": p})
+        );
+        return Ok(());
+    }
+    outln!(
+        "{model} {layout}, batch {batch} (micro-batches of {mb}) × seq {seq}, {threads} thread(s) per rank on {cores} cores: predicted {:.3} s, measured {:.3} s (median of {steps}) → predicted/measured {:.3}",
+        p.step_s,
+        r.step_s_median,
+        ratio
+    );
+    let pct = |x: f64| format!("{:.1}%", 100.0 * x);
+    outln!(
+        "  predicted: pipeline {:.3} s (stage forward {:.4} + backward {:.4} + weight gradients {:.4} per micro-batch; bubble {:.3} s = {}), tensor-parallel collectives {:.3} s, data-parallel exposed {:.3} s, optimizer {:.3} s, cores floor {:.3} s",
+        p.pipeline_s,
+        p.stage_s[0],
+        p.stage_s[1],
+        p.stage_s[2],
+        p.bubble_s,
+        pct(p.bubble),
+        p.tp_comm_s,
+        p.dp_exposed_s,
+        p.optimizer_s,
+        p.cores_floor_s
+    );
+    outln!(
+        "  measured: compute {:.3} s, exposed communication {:.3} s, other {:.3} s{}",
+        r.compute_s,
+        r.exposed_comm_s,
+        r.other_s,
+        r.bubble_measured.map_or(String::new(), |b| format!(", bubble {}", pct(b)))
+    );
+    Ok(())
+}

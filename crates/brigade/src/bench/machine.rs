@@ -1,0 +1,113 @@
+//! This machine, measured through brigade's own kernels and collectives: what `brigade plan
+//! --local` and `brigade bench plan` feed the planner's local cost model (`plan::local`).
+
+use super::median;
+use crate::models::GptConfig;
+use crate::plan::local::{Collectives, Machine};
+use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
+use crate::tensor::matmul;
+use std::time::Instant;
+
+/// Measures all-reduce latency and bandwidth among `ranks` rank threads.
+pub fn measure_collectives(ranks: usize) -> crate::Result<Collectives> {
+    use brigade_comm::bench::{sweep, Op};
+    let rows = |lo, hi| {
+        brigade_comm::local::run(ranks, |c| sweep(&c, Op::AllReduce, lo, hi, None))
+            .map_err(|e| crate::Error::Train(format!("collective measurement failed: {e}")))
+    };
+    // Latency: the fastest small all-reduce (8 B – 4 KiB) of one sweep, since the first calls
+    // of freshly started rank threads run cold.
+    let small = rows(8, 4096)?;
+    let large = rows(64 << 20, 64 << 20)?;
+    let latency_us = small[0].iter().map(|r| r.time_us).fold(f64::INFINITY, f64::min);
+    Ok(Collectives { ranks, latency_us, busbw_gbps: large[0][0].busbw_gbps })
+}
+
+fn time_it(mut f: impl FnMut()) -> f64 {
+    f();
+    let v: Vec<f64> = (0..3)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    median(&v)
+}
+
+/// Forward, weight-gradient and input-gradient products of an `n × d_in → d_out` layer.
+fn linear_parts_s(n: usize, d_in: usize, d_out: usize) -> [f64; 3] {
+    let x = vec![0.5f32; n * d_in];
+    let w = vec![0.25f32; d_in * d_out];
+    let mut y = vec![0f32; n * d_out];
+    let mut dw = vec![0f32; d_in * d_out];
+    let mut dx = vec![0f32; n * d_in];
+    [
+        time_it(|| matmul(&mut y, &x, &w, n, d_in, d_out, false, false, true)),
+        time_it(|| matmul(&mut dw, &x, &y, d_in, n, d_out, true, false, true)),
+        time_it(|| matmul(&mut dx, &y, &w, n, d_out, d_in, false, true, false)),
+    ]
+}
+
+/// Bytes per second of a streaming copy of `bytes`, split over the pool.
+pub fn copy_gbps(bytes: usize) -> f64 {
+    use rayon::prelude::*;
+    let src = vec![1f32; bytes / 4];
+    let mut dst = vec![0f32; bytes / 4];
+    let s =
+        time_it(|| dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s)));
+    bytes as f64 / s / 1e9
+}
+
+/// Measures the parts of a training step of `cfg` at `batch × seq` on the current pool, as
+/// one rank of a tensor-parallel group of `tp` runs them (its heads, hidden units and
+/// vocabulary block).
+pub fn measure(cfg: &GptConfig, batch: usize, seq: usize, tp: usize) -> Machine {
+    let n = batch * seq;
+    let c = cfg.n_embd;
+    let kinds = [
+        ("attn.c_attn", linear_parts_s(n, c, 3 * c / tp)),
+        ("attn.c_proj", linear_parts_s(n, c / tp, c)),
+        ("mlp.c_fc", linear_parts_s(n, c, 4 * c / tp)),
+        ("mlp.c_proj", linear_parts_s(n, 4 * c / tp, c)),
+    ];
+    let mut block_matmul_s = [0.0; 3];
+    for (_, parts) in &kinds {
+        block_matmul_s.iter_mut().zip(parts).for_each(|(a, b)| *a += b);
+    }
+    let mut matmul_s: Vec<(String, f64)> =
+        kinds.iter().map(|(k, p)| (k.to_string(), cfg.n_layer as f64 * p.iter().sum::<f64>())).collect();
+    // the tied LM head on this rank's vocabulary block: h·wteᵀ, dwte += dlogitsᵀ·h, dh = dlogits·wte
+    let v = cfg.vocab_size.div_ceil(tp);
+    let h = vec![0.5f32; n * c];
+    let wte = vec![0.25f32; v * c];
+    let mut logits = vec![0f32; n * v];
+    let mut dwte = vec![0f32; v * c];
+    let mut dh = vec![0f32; n * c];
+    let head_matmul_s = [
+        time_it(|| matmul(&mut logits, &h, &wte, n, c, v, false, true, false)),
+        time_it(|| matmul(&mut dwte, &logits, &h, v, n, c, true, false, true)),
+        time_it(|| matmul(&mut dh, &logits, &wte, n, v, c, false, false, false)),
+    ];
+    matmul_s.push(("lm_head".to_string(), head_matmul_s.iter().sum()));
+    drop((logits, dwte));
+    let s = AttnShape { b: batch, t: seq, c: c / tp, heads: cfg.n_head / tp };
+    let qkv = vec![0.1f32; 3 * n * s.c];
+    let mut out = vec![0f32; n * s.c];
+    let mut probs = vec![0f32; s.probs_len()];
+    let mut dqkv = vec![0f32; 3 * n * s.c];
+    let attention_fwd_s = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s));
+    let attention_bwd_s = time_it(|| attention_backward(&mut dqkv, &out, &qkv, &probs, s));
+    Machine {
+        threads: rayon::current_num_threads(),
+        tp,
+        matmul_s,
+        block_matmul_s,
+        head_matmul_s,
+        attention_layer_s: attention_fwd_s + attention_bwd_s,
+        attention_fwd_s,
+        attention_bwd_s,
+        mem_gbps: copy_gbps(256 << 20),
+        matmul_gflops: crate::bench::matmul_gflops(2048, 2048, 2048, 3),
+    }
+}
