@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Plants, one at a time, the bugs that a review found the suite blind to (issue 7) and the
-# missing reductions of tensor and sequence parallelism (issue 8), and checks
+# Plants, one at a time, the bugs that a review found the suite blind to (issue 7), the
+# missing reductions of tensor and sequence parallelism (issue 8) and of the pipeline (issue 9),
+# and checks
 # that `cargo test --release` now fails on each. Works on a copy of the tree (the checkout is
 # never modified); the copy builds in target/planted. Takes ~1–2 minutes per bug on 2 cores.
 #   scripts/planted_bugs.sh            all bugs
@@ -17,7 +18,7 @@ bugs=(
   "AdamW without the second-moment bias correction@@crates/brigade/src/train/optimizer.rs@@s/let bc2_sqrt = bc2.sqrt\(\) as f32;/let bc2_sqrt = 1.0f32;/@@brigade"
   "weight decay with the wrong sign@@crates/brigade/src/train/optimizer.rs@@s/1.0 - lr \* c.weight_decay/1.0 + lr * c.weight_decay/@@brigade"
   "weight decay on biases and LayerNorm too@@crates/brigade/src/train/optimizer.rs@@s/let shrink = if \*decay/let shrink = if true || *decay/@@brigade"
-  "gradient clipping disabled@@crates/brigade/src/train/trainer.rs@@s/clip_to\(&mut self.grads\[shard.clone\(\)\], grad_norm, self.cfg.grad_clip\)/clip_to(&mut self.grads[shard.clone()], grad_norm, 0.0)/@@brigade"
+  "gradient clipping disabled@@crates/brigade/src/train/trainer.rs@@s/clip_to\(g, grad_norm, self.cfg.grad_clip\)/clip_to(g, grad_norm, 0.0)/@@brigade"
   "each micro-batch averaged on its own@@crates/brigade/src/train/trainer.rs@@s/xm, ym, scale, acts/xm, ym, 1.0 \/ ym.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count().max(1) as f32, acts/g@@brigade"
   "forward_last reads position t-2@@crates/brigade/src/models/gpt.rs@@s/\(\(i \+ 1\) \* t - 1\) \* c/(((i + 1) * t).max(2) - 2) * c/@@brigade"
   "tensor parallelism: f backward without its all-reduce@@crates/brigade/src/parallel/tensor/comm.rs@@s/pub fn f_backward\(&self, dx: &mut \[f32\]\) -> Result<\(\)> \{\n        self.all_reduce\(dx, ReduceOp::Sum\)/pub fn f_backward(&self, _dx: &mut [f32]) -> Result<()> {\n        Ok(())/@@brigade"
@@ -27,6 +28,10 @@ bugs=(
   "vocabulary-parallel loss: padding columns counted in the softmax@@crates/brigade/src/tensor/loss.rs@@s/let row = &row\[..w.valid\];/let row = \&row[..];/@@brigade"
   "tensor parallelism: replicated parameters counted on every rank in the gradient norm@@crates/brigade/src/parallel/tensor/state.rs@@s/let replicated = if tp.rank\(\) == 0 \{ sq\(replicated\) \} else \{ 0.0 \};/let replicated = sq(replicated);/@@brigade"
   "chunk_range gives the remainder to the last ranks@@crates/brigade-comm/src/chunks.rs@@s/let start = rank \* base \+ rank.min\(rem\);\n    start..start \+ base \+ usize::from\(rank < rem\)/let first = size - rem;\n    let start = rank * base + rank.saturating_sub(first);\n    start..start + base + usize::from(rank >= first)/@@brigade-comm"
+  "pipeline: the tied token table's two copies not summed@@crates/brigade/src/parallel/pipeline/stages.rs@@s/pub fn tie_grads\(&self, pp: &Comm, g: &mut \[f32\]\) -> Result<\(\)> \{/pub fn tie_grads(&self, pp: &Comm, g: &mut [f32]) -> Result<()> {\n        if pp.size() > 0 {\n            return Ok(());\n        }/@@brigade"
+  "pipeline: the head's copy of the token table counted again in the gradient norm@@crates/brigade/src/parallel/pipeline/stages.rs@@s/l.specs.retain\(\|s\| s.view.offset != copy.start\);/let _ = copy;/@@brigade"
+  "zero-bubble: the deferred weight gradients never run@@crates/brigade/src/parallel/pipeline/executor.rs@@s/d.run\(&mut c.grads\[c.part.units\[d.unit\].clone\(\)\]\);/let _ = &c;/@@brigade"
+  "selective recompute: the backward reads the dropped scores@@crates/brigade/src/nn/attention.rs@@s/let probs: &\[f32\] = if st.probs.is_empty\(\) \{/let probs: \&[f32] = if false {/@@brigade"
 )
 
 only=("$@")

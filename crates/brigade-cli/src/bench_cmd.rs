@@ -163,7 +163,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                     if weak { "per-replica" } else { "global" }
                 );
                 outln!(
-                    "{:<34} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
+                    "{:<34} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>9} {:>7} {:>7}",
                     "layout",
                     "ranks",
                     "tokens/s",
@@ -172,6 +172,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                     "exp.comm s",
                     "other s",
                     "peak MiB",
+                    "stash MiB",
                     "bubble",
                     "theory"
                 );
@@ -186,11 +187,12 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                     rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,
                         "speedup": speedup, "compute_s": r.compute_s, "exposed_comm_s": r.exposed_comm_s,
                         "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank,
-                        "bubble_measured": r.bubble_measured, "bubble_theory": r.bubble_theory}));
+                        "bubble_measured": r.bubble_measured, "bubble_theory": r.bubble_theory,
+                        "stash_mib_per_rank": r.stash_mib}));
                 } else {
                     let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
                     outln!(
-                        "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3} {:>10.0} {:>7} {:>7}",
+                        "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3} {:>10.0} {:>9} {:>7} {:>7}",
                         r.ranks,
                         r.tokens_per_s,
                         speedup,
@@ -198,6 +200,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                         r.exposed_comm_s,
                         r.other_s,
                         r.peak_mib_per_rank.unwrap_or(f64::NAN),
+                        r.stash_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
                         pct(r.bubble_measured),
                         pct(r.bubble_theory)
                     );

@@ -149,6 +149,9 @@ pub struct ParallelBench {
     /// steps, 0 to 1), and what its schedule has on paper with balanced stages.
     pub bubble_measured: Option<f64>,
     pub bubble_theory: Option<f64>,
+    /// With a pipeline: the most bytes of micro-batch stashes (activations kept for backward,
+    /// zero-bubble W's inputs) any rank held at once in the last step, in MiB.
+    pub stash_mib: Option<f64>,
 }
 
 /// Runs `steps` timed steps (after `warmup`) of `cfg` on a dp mesh of rank threads, each rank
@@ -188,6 +191,7 @@ pub fn parallel_step(
                 r,
                 crate::alloc::peak_bytes(world.rank()),
                 tr.plan.as_ref().map(crate::parallel::pipeline::simulate::bubble_theory),
+                tr.pipeline.map(|p| p.peak_stash_bytes),
             )
         })
     })
@@ -195,6 +199,7 @@ pub fn parallel_step(
     // the largest peak of any rank (ranks of a layout hold the same amounts, give or take)
     let peak = per_rank.iter().map(|r| r.1).max().flatten();
     let theory = per_rank[0].2;
+    let stash = per_rank.iter().filter_map(|r| r.3).max();
     let per_rank: Vec<_> = per_rank.into_iter().map(|r| r.0).collect();
     let bubble = per_rank.iter().map(|r| r.3).sum::<f64>() / per_rank.len() as f64;
     // a step ends when its slowest rank ends
@@ -212,5 +217,6 @@ pub fn parallel_step(
         peak_mib_per_rank: peak.map(|b| b as f64 / (1 << 20) as f64),
         bubble_measured: theory.map(|_| bubble),
         bubble_theory: theory,
+        stash_mib: stash.map(|b| b as f64 / (1 << 20) as f64),
     })
 }

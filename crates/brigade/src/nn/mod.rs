@@ -12,7 +12,7 @@ pub use attention::{AttnStash, CausalSelfAttention};
 pub use layernorm::{LayerNorm, LnStash};
 pub use linear::Linear;
 pub use mlp::{Mlp, MlpStash};
-pub use wgrad::{Deferred, WeightGrads};
+pub use wgrad::{Deferred, Spare, WeightGrads};
 
 /// Grows `v` to `n` elements (never shrinks, so stashes are reused across steps).
 pub fn ensure(v: &mut Vec<f32>, n: usize) {

@@ -32,6 +32,45 @@ impl Deferred {
     pub fn bytes(&self) -> usize {
         4 * (self.x.len() + self.dout.len())
     }
+
+    /// Its two buffers, for reuse once it has run.
+    pub fn into_buffers(self) -> [Vec<f32>; 2] {
+        [self.x, self.dout]
+    }
+}
+
+/// Buffers kept for reuse by the deferred gradients' copies (fresh large allocations are
+/// page-faulted in on every use).
+#[derive(Debug, Default)]
+pub struct Spare(Vec<Vec<f32>>);
+
+impl Spare {
+    /// A copy of `src` in a kept buffer large enough, or a new one.
+    pub fn copy_of(&mut self, src: &[f32]) -> Vec<f32> {
+        let fit =
+            self.0.iter().enumerate().filter(|(_, b)| b.capacity() >= src.len()).min_by_key(|(_, b)| b.capacity());
+        let mut buf = match fit.map(|(i, _)| i) {
+            Some(i) => self.0.swap_remove(i),
+            None => Vec::with_capacity(src.len()),
+        };
+        buf.clear();
+        buf.extend_from_slice(src);
+        buf
+    }
+
+    /// A kept buffer of at least `n` elements' capacity, if there is one (emptied).
+    pub fn take(&mut self, n: usize) -> Option<Vec<f32>> {
+        let i = self.0.iter().position(|b| b.capacity() >= n)?;
+        let mut buf = self.0.swap_remove(i);
+        buf.clear();
+        Some(buf)
+    }
+
+    pub fn give(&mut self, buf: Vec<f32>) {
+        if buf.capacity() > 0 {
+            self.0.push(buf);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -39,13 +78,19 @@ pub enum WeightGrads {
     /// Into the gradient buffer as the backward goes.
     #[default]
     Now,
-    /// Kept for later; `unit` is the unit whose layers run now.
-    Later { unit: usize, queue: Vec<Deferred> },
+    /// Kept for later; `unit` is the unit whose layers run now; copies go into `spare`'s
+    /// buffers.
+    Later { unit: usize, queue: Vec<Deferred>, spare: Spare },
 }
 
 impl WeightGrads {
     pub fn later() -> WeightGrads {
-        WeightGrads::Later { unit: 0, queue: Vec::new() }
+        WeightGrads::later_with(Spare::default())
+    }
+
+    /// `later`, copying into `spare`'s buffers.
+    pub fn later_with(spare: Spare) -> WeightGrads {
+        WeightGrads::Later { unit: 0, queue: Vec::new(), spare }
     }
 
     /// The unit whose layers' gradients come next.
@@ -61,7 +106,10 @@ impl WeightGrads {
     pub fn add(&mut self, g: &mut [f32], w: View, x: &[f32], dout: &[f32], d_in: usize, n: usize, d_out: usize) {
         match self {
             WeightGrads::Now => matmul(w.of_mut(g), x, dout, d_in, n, d_out, true, false, true),
-            WeightGrads::Later { .. } => self.keep(w, x.to_vec(), dout, (d_in, n, d_out)),
+            WeightGrads::Later { spare, .. } => {
+                let x = spare.copy_of(x);
+                self.keep(w, x, dout, (d_in, n, d_out))
+            }
         }
     }
 
@@ -81,17 +129,17 @@ impl WeightGrads {
     }
 
     fn keep(&mut self, w: View, x: Vec<f32>, dout: &[f32], (d_in, n, d_out): (usize, usize, usize)) {
-        if let WeightGrads::Later { unit, queue } = self {
-            let (offset, len, dout) = (w.offset, w.len, dout.to_vec());
+        if let WeightGrads::Later { unit, queue, spare } = self {
+            let (offset, len, dout) = (w.offset, w.len, spare.copy_of(dout));
             queue.push(Deferred { unit: *unit, offset, len, x, dout, d_in, n, d_out });
         }
     }
 
-    /// The gradients left for later (none when computed at once).
-    pub fn into_deferred(self) -> Vec<Deferred> {
+    /// The gradients left for later (none when computed at once), and the spare buffers.
+    pub fn into_deferred(self) -> (Vec<Deferred>, Spare) {
         match self {
-            WeightGrads::Now => Vec::new(),
-            WeightGrads::Later { queue, .. } => queue,
+            WeightGrads::Now => (Vec::new(), Spare::default()),
+            WeightGrads::Later { queue, spare, .. } => (queue, spare),
         }
     }
 }

@@ -10,7 +10,7 @@ use super::schedule::{Action, Plan};
 use crate::error::{Error, Result};
 use crate::models::units::Whole;
 use crate::models::{Activations, Gpt, Input, Output};
-use crate::nn::{Deferred, WeightGrads};
+use crate::nn::{Deferred, Spare, WeightGrads};
 use crate::parallel::tensor::Tp;
 use crate::parallel::Recompute;
 use brigade_comm::Comm;
@@ -120,6 +120,7 @@ pub fn run_step(
     let mut pool: Vec<Activations> = Vec::new();
     // the weight-gradient halves a zero-bubble B left for its W
     let mut weights: HashMap<(usize, usize), Vec<Deferred>> = HashMap::new();
+    let mut spare = Spare::default();
     let mut ran = Ran::default();
     let mut bytes = 0usize;
     for &a in &plan.ranks[rank] {
@@ -150,6 +151,12 @@ pub fn run_step(
                     Some(stash.get_mut(&(mb, chunk - 1)).expect("the previous chunk ran first").take_output(&mut bytes))
                 };
                 let mut acts = pool.pop().unwrap_or_default();
+                if c.part.has_head && acts.logits.capacity() == 0 {
+                    // (a zero-bubble W took the last logits buffer; one comes back from it)
+                    if let Some(buf) = spare.take(data.b * data.t * c.part.vocab.rows) {
+                        acts.logits = buf;
+                    }
+                }
                 acts.set_selective(recompute == Recompute::Selective);
                 forward(c, tp, data, mb, input.as_deref(), &mut acts, &mut ran.loss)?;
                 let s = if recompute == Recompute::Full {
@@ -167,7 +174,7 @@ pub fn run_step(
             Action::Backward { mb, chunk } | Action::BackwardInput { mb, chunk } => {
                 // a zero-bubble B leaves the weight matrices' gradients for its W
                 let mut dw = match a {
-                    Action::BackwardInput { .. } => WeightGrads::later(),
+                    Action::BackwardInput { .. } => WeightGrads::later_with(std::mem::take(&mut spare)),
                     _ => WeightGrads::Now,
                 };
                 let dy = if chunks[chunk].part.has_head {
@@ -200,7 +207,8 @@ pub fn run_step(
                     dinputs.insert((mb, chunk), acts.input_grad().to_vec());
                 }
                 pool.push(acts);
-                let later = dw.into_deferred();
+                let (later, kept) = dw.into_deferred();
+                spare = kept;
                 if !later.is_empty() {
                     bytes += later.iter().map(Deferred::bytes).sum::<usize>();
                     ran.peak_bytes = ran.peak_bytes.max(bytes);
@@ -212,6 +220,7 @@ pub fn run_step(
                 for d in weights.remove(&(mb, chunk)).unwrap_or_default() {
                     d.run(&mut c.grads[c.part.units[d.unit].clone()]);
                     bytes -= d.bytes();
+                    d.into_buffers().into_iter().for_each(|b| spare.give(b));
                 }
             }
         }
