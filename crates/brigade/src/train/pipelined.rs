@@ -5,12 +5,12 @@
 
 use super::metrics::note;
 use super::trainer::Trainer;
-use crate::error::Result;
-use crate::parallel::data::zero::UnitReducer;
-use crate::parallel::data::{self, BucketReducer};
-use crate::parallel::pipeline::executor::{run_step, MicroBatches};
+use crate::error::{Error, Result};
+use crate::parallel::data::{self, zero::UnitReducer};
+use crate::parallel::pipeline::executor::{run_step_with, MicroBatches};
 use crate::parallel::pipeline::Action;
 use crate::parallel::tensor::{state as tp_state, Tp};
+use brigade_comm::ReduceOp;
 use std::time::Instant;
 
 /// What the last step's pipeline did on this rank.
@@ -62,7 +62,18 @@ impl Trainer {
         let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale };
         let started = Instant::now();
         let mut chunks = self.parts.views(&self.params, &mut self.grads);
-        let ran = run_step(plan, &self.mesh.pp, &tp, &mut chunks, &data, self.recompute)?;
+        // without ZeRO each chunk's gradient is all-reduced over dp as soon as the list has
+        // finished it, while the rest of the list runs (the tied table's two copies are summed
+        // after: a sum over dp of each copy, then of the two, is the same sum)
+        let dp = &self.mesh.dp;
+        let overlap = self.dpc.zero == 0 && dp.size() > 1;
+        let mut pending = Vec::new();
+        let mut done = |c: usize, g: &[f32]| {
+            if overlap {
+                pending.push((c, dp.all_reduce_async(g.to_vec(), ReduceOp::Sum)));
+            }
+        };
+        let ran = run_step_with(plan, &self.mesh.pp, &tp, &mut chunks, &data, self.recompute, &mut done)?;
         let wall_s = started.elapsed().as_secs_f64();
         for (a, s, e) in &ran.spans {
             let (name, cat) = label(a);
@@ -75,12 +86,14 @@ impl Trainer {
             peak_stash_bytes: ran.peak_bytes,
         });
         let t0 = Instant::now();
+        for (c, h) in pending {
+            let sum = h.wait().map_err(|e| Error::Train(format!("data-parallel communication failed: {e}")))?;
+            self.grads[self.parts.spans[c].clone()].copy_from_slice(&sum);
+        }
         self.parts.tie_grads(&self.mesh.pp, &mut self.grads)?;
         let dp = &self.mesh.dp;
-        match self.dpc.zero {
-            0 if dp.size() > 1 => BucketReducer::new(dp, self.grads.len(), &self.dpc).finish(&mut self.grads)?,
-            0 => {}
-            _ => UnitReducer::new(&self.shards, dp).finish(&self.grads, &mut self.gshard)?,
+        if self.dpc.zero >= 1 {
+            UnitReducer::new(&self.shards, dp).finish(&self.grads, &mut self.gshard)?;
         }
         let g = if self.dpc.zero == 0 { &mut self.grads } else { &mut self.gshard };
         tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, true))?;

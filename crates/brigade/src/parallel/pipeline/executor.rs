@@ -108,6 +108,21 @@ pub fn run_step(
     data: &MicroBatches,
     recompute: Recompute,
 ) -> Result<Ran> {
+    run_step_with(plan, pp, tp, chunks, data, recompute, &mut |_, _| {})
+}
+
+/// `run_step`, calling `done(chunk, grads)` as soon as a chunk's gradients are final for the
+/// step (after its last backward or weight-gradient action), so that their data-parallel
+/// reduction can run while the rest of the list does.
+pub fn run_step_with(
+    plan: &Plan,
+    pp: &Comm,
+    tp: &Tp,
+    chunks: &mut [Chunk],
+    data: &MicroBatches,
+    recompute: Recompute,
+    done: &mut dyn FnMut(usize, &[f32]),
+) -> Result<Ran> {
     let rank = pp.rank();
     let (b, t) = (data.b, data.t);
     let stages = plan.pp * plan.v;
@@ -123,7 +138,17 @@ pub fn run_step(
     let mut spare = Spare::default();
     let mut ran = Ran::default();
     let mut bytes = 0usize;
-    for &a in &plan.ranks[rank] {
+    // where each chunk's gradients become final: its last backward or weight-gradient action
+    let mut last = vec![None; chunks.len()];
+    for (i, a) in plan.ranks[rank].iter().enumerate() {
+        if let Action::Backward { chunk, .. }
+        | Action::BackwardInput { chunk, .. }
+        | Action::BackwardWeight { chunk, .. } = *a
+        {
+            last[chunk] = Some(i);
+        }
+    }
+    for (i, &a) in plan.ranks[rank].iter().enumerate() {
         let start = Instant::now();
         match a {
             Action::RecvActivation { mb, chunk, from } | Action::RecvGrad { mb, chunk, from } => {
@@ -225,6 +250,9 @@ pub fn run_step(
             }
         }
         ran.spans.push((a, start, Instant::now()));
+        if let Some(c) = last.iter().position(|&l| l == Some(i)) {
+            done(c, chunks[c].grads);
+        }
     }
     Ok(ran)
 }
