@@ -224,6 +224,14 @@ fn pipeline_benchmarks_report_their_bubble_and_the_planner_its_prediction() {
         p,
         "8 pipeline stages, but a model of 2 layers",
     );
+    // where a single worker's step goes, kernel by kernel
+    let out = ok(&[&["bench", "train"][..], &tiny, &["--breakdown", "--json"]].concat(), p);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["breakdown"].as_array().unwrap();
+    for k in ["mlp.c_fc weight grad", "attention backward", "LayerNorm forward", "cross-entropy forward", "AdamW"] {
+        let r = rows.iter().find(|r| r["kernel"].as_str().unwrap().starts_with(k)).unwrap_or_else(|| panic!("no {k}"));
+        assert!(r["seconds"].as_f64().unwrap() > 0.0 && r["rate"].as_f64().unwrap() > 0.0, "{r}");
+    }
 }
 
 #[test]

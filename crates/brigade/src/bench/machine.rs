@@ -23,7 +23,7 @@ pub fn measure_collectives(ranks: usize) -> crate::Result<Collectives> {
     Ok(Collectives { ranks, latency_us, busbw_gbps: large[0][0].busbw_gbps })
 }
 
-fn time_it(mut f: impl FnMut()) -> f64 {
+pub(super) fn time_it(mut f: impl FnMut()) -> f64 {
     f();
     let v: Vec<f64> = (0..3)
         .map(|_| {

@@ -1,5 +1,6 @@
 //! Measurements behind `brigade bench …`: each returns figures, the CLI only prints them.
 
+pub mod breakdown;
 pub mod machine;
 
 use crate::models::{Activations, Gpt, GptConfig};

@@ -1,0 +1,160 @@
+//! `brigade bench train --breakdown`: where a single-worker training step's time goes, kernel
+//! by kernel. Each kernel runs alone at the step's shapes (median of three), times the number of
+//! calls a step makes, and is reported with its rate: GFLOP/s for the matrix products and
+//! attention, GB/s of memory traffic for the memory-bound passes. Their sum is compared with
+//! the step as it really runs.
+
+use super::machine::time_it;
+use crate::models::GptConfig;
+use crate::nn::{LayerNorm, LnStash};
+use crate::params::ParamLayout;
+use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
+use crate::tensor::elementwise::{gelu_backward, gelu_forward, residual_bias_forward};
+use crate::tensor::loss::{cross_entropy_backward, cross_entropy_forward, VocabWindow};
+use crate::tensor::matmul;
+use crate::train::optimizer::{clip_grad_norm, AdamW, AdamWConfig};
+use serde::Serialize;
+
+/// One kernel's share of a step.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelRow {
+    pub kernel: String,
+    /// Calls per step.
+    pub calls: usize,
+    /// Seconds per step, all calls.
+    pub seconds: f64,
+    /// GFLOP/s (matrix products, attention) or GB/s (memory-bound passes).
+    pub rate: f64,
+    pub unit: &'static str,
+}
+
+fn row(kernel: impl Into<String>, calls: usize, once: f64, work: f64, unit: &'static str) -> KernelRow {
+    KernelRow { kernel: kernel.into(), calls, seconds: calls as f64 * once, rate: work / once / 1e9, unit }
+}
+
+/// The three products of an `n × d_in → d_out` layer: forward, weight gradient, input gradient.
+fn linear_rows(name: &str, calls: usize, n: usize, d_in: usize, d_out: usize) -> Vec<KernelRow> {
+    let x = vec![0.5f32; n * d_in];
+    let w = vec![0.25f32; d_in * d_out];
+    let mut y = vec![0f32; n * d_out];
+    let mut dw = vec![0f32; d_in * d_out];
+    let mut dx = vec![0f32; n * d_in];
+    let flops = 2.0 * (n * d_in * d_out) as f64;
+    let shape = format!("[{n}×{d_in}]·[{d_in}×{d_out}]");
+    vec![
+        row(
+            format!("{name} forward {shape}"),
+            calls,
+            time_it(|| matmul(&mut y, &x, &w, n, d_in, d_out, false, false, true)),
+            flops,
+            "GFLOP/s",
+        ),
+        row(
+            format!("{name} weight grad (xᵀ·dy)"),
+            calls,
+            time_it(|| matmul(&mut dw, &x, &y, d_in, n, d_out, true, false, true)),
+            flops,
+            "GFLOP/s",
+        ),
+        row(
+            format!("{name} input grad (dy·Wᵀ)"),
+            calls,
+            time_it(|| matmul(&mut dx, &y, &w, n, d_out, d_in, false, true, false)),
+            flops,
+            "GFLOP/s",
+        ),
+    ]
+}
+
+/// Every kernel of a training step of `cfg` at `batch × seq`, on the current pool.
+pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
+    let (n, c, v, l) = (batch * seq, cfg.n_embd, cfg.vocab_size, cfg.n_layer);
+    let mut rows = Vec::new();
+    rows.extend(linear_rows("attn.c_attn", l, n, c, 3 * c));
+    rows.extend(linear_rows("attn.c_proj", l, n, c, c));
+    rows.extend(linear_rows("mlp.c_fc", l, n, c, 4 * c));
+    rows.extend(linear_rows("mlp.c_proj", l, n, 4 * c, c));
+    // the tied LM head: logits = h·wteᵀ, dwte += dlogitsᵀ·h, dh = dlogits·wte
+    {
+        let h = vec![0.5f32; n * c];
+        let wte = vec![0.25f32; v * c];
+        let mut logits = vec![0f32; n * v];
+        let mut dwte = vec![0f32; v * c];
+        let mut dh = vec![0f32; n * c];
+        let flops = 2.0 * (n * c * v) as f64;
+        let f = time_it(|| matmul(&mut logits, &h, &wte, n, c, v, false, true, false));
+        rows.push(row(format!("lm_head forward [{n}×{c}]·[{c}×{v}]"), 1, f, flops, "GFLOP/s"));
+        let w = time_it(|| matmul(&mut dwte, &logits, &h, v, n, c, true, false, true));
+        rows.push(row("lm_head weight grad (dlogitsᵀ·h)", 1, w, flops, "GFLOP/s"));
+        let d = time_it(|| matmul(&mut dh, &logits, &wte, n, v, c, false, false, false));
+        rows.push(row("lm_head input grad (dlogits·wte)", 1, d, flops, "GFLOP/s"));
+        // softmax cross-entropy over the vocabulary: about two passes over the logits forward,
+        // a read and a write backward
+        let targets: Vec<i32> = (0..n).map(|i| (i * 7 % v) as i32).collect();
+        let (mut losses, mut lse) = (vec![0f32; n], vec![0f32; n]);
+        logits.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 13) as f32 * 0.1);
+        let bytes = 4.0 * (n * v) as f64;
+        let f = time_it(|| cross_entropy_forward(&mut losses, &mut lse, &logits, &targets, v));
+        rows.push(row("cross-entropy forward", 1, f, 2.0 * bytes, "GB/s"));
+        let mut dl = logits.clone();
+        let b = time_it(|| cross_entropy_backward(&mut dl, &lse, &targets, VocabWindow::whole(v), 1.0 / n as f32));
+        rows.push(row("cross-entropy backward", 1, b, 2.0 * bytes, "GB/s"));
+    }
+    let s = AttnShape { b: batch, t: seq, c, heads: cfg.n_head };
+    {
+        let qkv = vec![0.1f32; 3 * n * c];
+        let mut out = vec![0f32; n * c];
+        let mut probs = vec![0f32; s.probs_len()];
+        let mut dqkv = vec![0f32; 3 * n * c];
+        // q·kᵀ and p·v over the causal half of the t×t square
+        let flops = 2.0 * (batch * seq * seq * c) as f64;
+        let f = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s));
+        rows.push(row("attention forward (causal)", l, f, flops, "GFLOP/s"));
+        let b = time_it(|| attention_backward(&mut dqkv, &out, &qkv, &probs, s));
+        rows.push(row("attention backward", l, b, 2.0 * flops, "GFLOP/s"));
+    }
+    {
+        let mut layout = ParamLayout::default();
+        let ln = LayerNorm::new(&mut layout, "ln", c);
+        let p = layout.init(0);
+        let mut g = vec![0f32; layout.total];
+        let x: Vec<f32> = (0..n * c).map(|i| (i % 17) as f32 * 0.1).collect();
+        let mut st = LnStash::default();
+        let mut dx = vec![0f32; n * c];
+        let bytes = 4.0 * (n * c) as f64;
+        let f = time_it(|| ln.forward(&p, &x, &mut st));
+        rows.push(row("LayerNorm forward", 2 * l + 1, f, 2.0 * bytes, "GB/s"));
+        let b = time_it(|| ln.backward(&p, &mut g, &x, &st, &x, &mut dx));
+        rows.push(row("LayerNorm backward", 2 * l + 1, b, 4.0 * bytes, "GB/s"));
+        let mut out = vec![0f32; n * c];
+        let bias = vec![0.1f32; c];
+        let r = time_it(|| residual_bias_forward(&mut out, &x, &dx, &bias));
+        rows.push(row("residual + bias", 2 * l, r, 3.0 * bytes, "GB/s"));
+    }
+    {
+        let x: Vec<f32> = (0..4 * n * c).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
+        let mut out = vec![0f32; 4 * n * c];
+        let bytes = 4.0 * (4 * n * c) as f64;
+        let f = time_it(|| gelu_forward(&mut out, &x));
+        rows.push(row("GELU forward", l, f, 2.0 * bytes, "GB/s"));
+        let b = time_it(|| gelu_backward(&mut out, &x));
+        rows.push(row("GELU backward", l, b, 3.0 * bytes, "GB/s"));
+    }
+    {
+        let model = crate::models::Gpt::new(*cfg).expect("a valid preset");
+        let mut p = model.layout.init(0);
+        let mut g = vec![0.001f32; p.len()];
+        let mut opt = AdamW::new(AdamWConfig::default(), &model.layout);
+        let bytes = 4.0 * p.len() as f64;
+        let z = time_it(|| g.fill(0.0));
+        rows.push(row("zero the gradients", 1, z, bytes, "GB/s"));
+        let k = time_it(|| {
+            clip_grad_norm(&mut g, 1.0);
+        });
+        rows.push(row("clip (norm + scale)", 1, k, 3.0 * bytes, "GB/s"));
+        let a = time_it(|| opt.step(&mut p, &g, 3e-4));
+        rows.push(row("AdamW (p, g, m, v in; p, m, v out)", 1, a, 7.0 * bytes, "GB/s"));
+    }
+    rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    rows
+}
