@@ -74,6 +74,12 @@ fn impossible_schedules_are_refused_with_what_would_work() {
     let e = build(Kind::OneFOneB, 4, 8, 2).unwrap_err().to_string();
     assert!(e.contains("needs schedule=interleaved"), "{e}");
     assert!(build(Kind::GPipe, 0, 4, 1).is_err());
+    // found by fuzzing `--print-schedule`: a pipeline too large to list is refused before its
+    // lists are built
+    let e = build(Kind::OneFOneB, 333_666_666_666_666, 8, 1).unwrap_err().to_string();
+    assert!(e.contains("at most 4096 stages"), "{e}");
+    assert!(build(Kind::Interleaved, usize::MAX / 2, 8, 4).is_err());
+    assert!(build(Kind::GPipe, 2, 1 << 20, 1).is_err());
     let e = Kind::parse("zb1").unwrap_err().to_string();
     assert!(e.contains("expected gpipe, 1f1b, interleaved or zb"), "{e}");
     for k in KINDS {

@@ -120,10 +120,20 @@ pub struct Plan {
 /// The compute actions of a rank, in order, before the sends and receives are put in.
 type Order = Vec<Action>;
 
+/// The largest pipeline (stages pp·v) and micro-batch count a plan is built for.
+pub const MAX_STAGES: usize = 4096;
+pub const MAX_MICRO_BATCHES: usize = 1 << 16;
+
 /// Builds every rank's list, refusing what a schedule cannot run with a line saying what would.
 pub fn build(kind: Kind, pp: usize, m: usize, v: usize) -> Result<Plan> {
     if pp == 0 || m == 0 || v == 0 {
         return Err(Error::Layout(format!("pp={pp}, {m} micro-batches, v={v}: each must be at least 1")));
+    }
+    // every rank's list is built in memory: bound what is asked before building it
+    if pp.checked_mul(v).is_none_or(|s| s > MAX_STAGES) || m > MAX_MICRO_BATCHES {
+        return Err(Error::Layout(format!(
+            "pp={pp} × v={v} stages and {m} micro-batches: brigade schedules at most {MAX_STAGES} stages (pp·v) and {MAX_MICRO_BATCHES} micro-batches; lower them"
+        )));
     }
     if v > 1 && kind != Kind::Interleaved {
         return Err(Error::Layout(format!(
