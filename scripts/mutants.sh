@@ -5,7 +5,7 @@
 # every missed mutant is killed by a test or explained in docs/mutants.md.
 #   scripts/mutants.sh              all five files (about 40 minutes on 2 cores)
 #   scripts/mutants.sh optimizer    one of: optimizer trainer generate gpt chunks, or the parallel
-#                                   files: tp_comm vocab tp_state zero store
+#                                   files: tp_comm vocab tp_state zero store stages executor
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A file=(
@@ -19,6 +19,8 @@ declare -A file=(
   [tp_state]=crates/brigade/src/parallel/tensor/state.rs
   [zero]=crates/brigade/src/parallel/data/zero.rs
   [store]=crates/brigade/src/parallel/data/store.rs
+  [stages]=crates/brigade/src/parallel/pipeline/stages.rs
+  [executor]=crates/brigade/src/parallel/pipeline/executor.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -31,6 +33,8 @@ declare -A tests=(
   [tp_state]="--test equivalence --test adamw_fixture"
   [zero]="--lib --test equivalence"
   [store]="--test equivalence"
+  [stages]="--test equivalence --test pipeline_parts"
+  [executor]="--test pipeline_executor --test equivalence"
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(optimizer trainer generate gpt chunks)
