@@ -341,6 +341,7 @@ fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
     assert!(e.contains("tp=3 does not divide the model's 8 attention heads; use tp among 1, 2, 4, 8"), "{e}");
     assert_eq!(build(shape(1, 2, 1), unset.clone(), plain), Ok(16), "a pipeline's micro-batch is the replica's share");
     // pipelines the model or the batch cannot take, each refused before any rank communicates
+    assert_eq!(build(shape(1, 10, 1), cfg(1), plain), Ok(1), "as many stages as units: one unit each");
     let e = build(shape(1, 16, 1), cfg(1), plain).unwrap_err();
     assert!(e.contains("16 pipeline stages, but a model of 8 layers splits into only 10 units"), "{e}");
     let inter = |v| Settings { pipe: Pipe { v, ..NONE }, ..plain };
