@@ -165,14 +165,7 @@ fn print_schedule(a: &TrainArgs) -> Result<()> {
     let cfg = a.config()?;
     let plan = brigade::parallel::pipeline_plan(a.layout.as_deref().unwrap_or(""), cfg.batch, cfg.micro_batch)?;
     outln!("{}", brigade::parallel::pipeline::chart(&plan).trim_end());
-    let k = 1.0 / plan.v as f64;
-    let unit = brigade::parallel::pipeline::Costs {
-        forward: k,
-        backward: 2.0 * k,
-        backward_input: k,
-        backward_weight: k,
-        transfer: 0.0,
-    };
+    let unit = brigade::parallel::pipeline::Costs::per_chunk(plan.v);
     let r = brigade::parallel::pipeline::simulate(&plan, &unit)
         .map_err(|e| anyhow::anyhow!("the schedule is broken: {e}"))?;
     let theory = (plan.pp - 1) as f64 / (plan.v * plan.m + plan.pp - 1) as f64;

@@ -13,8 +13,7 @@ fn theory(pp: usize, m: usize, v: usize) -> f64 {
 }
 
 fn per_chunk(v: usize) -> Costs {
-    let k = 1.0 / v as f64;
-    Costs { forward: k, backward: 2.0 * k, backward_input: k, backward_weight: k, transfer: 0.0 }
+    Costs::per_chunk(v)
 }
 
 #[test]

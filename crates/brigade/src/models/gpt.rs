@@ -438,13 +438,12 @@ impl Gpt {
                 let (p, g) = store.params_grads(self.table_unit)?;
                 matmul(&mut sc.dpart, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
                 dw.set_unit(self.table_unit);
-                let dlogits = match dw {
-                    WeightGrads::Now => None,
-                    WeightGrads::Later { .. } => Some(std::mem::take(&mut acts.logits)),
-                };
-                match dlogits {
-                    Some(dl) => dw.add_owned(g, self.wte, dl, h, (v, n, c)),
-                    None => dw.add(g, self.wte, &acts.logits, h, v, n, c),
+                // a deferred W takes the logits' gradient as it is (no copy of n × vocab)
+                match dw {
+                    WeightGrads::Later { .. } => {
+                        dw.add_owned(g, self.wte, std::mem::take(&mut acts.logits), h, (v, n, c))
+                    }
+                    WeightGrads::Now => dw.add(g, self.wte, &acts.logits, h, v, n, c),
                 }
                 let d = tp.enter_backward(&mut sc.dpart, &mut sc.dln)?;
                 sc.dresid.fill(0.0);

@@ -22,6 +22,12 @@ impl Costs {
     /// The textbook unit: a forward 1, a backward 2 (its halves 1 and 1), transfers free.
     pub const UNIT: Costs =
         Costs { forward: 1.0, backward: 2.0, backward_input: 1.0, backward_weight: 1.0, transfer: 0.0 };
+
+    /// `UNIT` for one of `v` chunks of a stage: a stage's work split evenly over its chunks.
+    pub fn per_chunk(v: usize) -> Costs {
+        let k = 1.0 / v as f64;
+        Costs { forward: k, backward: 2.0 * k, backward_input: k, backward_weight: k, transfer: 0.0 }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -41,9 +47,7 @@ pub struct Report {
 /// backward 2/v (halves 1/v each), transfers free — (pp−1)/(v·m+pp−1) for GPipe, 1F1B and
 /// interleaving; less for ZB-H1, whose weight-gradient halves fill the bubble.
 pub fn bubble_theory(plan: &Plan) -> f64 {
-    let k = 1.0 / plan.v as f64;
-    let unit = Costs { forward: k, backward: 2.0 * k, backward_input: k, backward_weight: k, transfer: 0.0 };
-    simulate(plan, &unit).map_or(f64::NAN, |r| r.bubble)
+    simulate(plan, &Costs::per_chunk(plan.v)).map_or(f64::NAN, |r| r.bubble)
 }
 
 /// A transfer in flight: (is a gradient, micro-batch, receiving stage, from, to).
