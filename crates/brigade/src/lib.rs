@@ -3,6 +3,7 @@
 
 pub mod alloc;
 pub mod bench;
+pub mod embed;
 pub mod error;
 pub mod models;
 pub mod nn;

@@ -1,3 +1,4 @@
+pub mod bert;
 pub mod block;
 pub mod config;
 pub mod generate;

@@ -29,6 +29,25 @@ pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
+/// `erf(x)` as a rational function of x (the float approximation Eigen and XLA use), accurate
+/// to 3.3e-7 absolute (measured against libm) and branch-free so it vectorises; beyond |x| = 4, erf is ±1 in f32.
+#[inline(always)]
+pub fn erf(x: f32) -> f32 {
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = x2.mul_add(-2.726_142_3e-10, 2.770_681_4e-8);
+    p = x2.mul_add(p, -2.101_024e-6);
+    p = x2.mul_add(p, -5.692_506_4e-5);
+    p = x2.mul_add(p, -7.349_906_3e-4);
+    p = x2.mul_add(p, -2.954_6e-3);
+    p = x2.mul_add(p, -1.609_603_3e-2);
+    let mut q = x2.mul_add(-1.456_607_2e-5, -2.133_740_6e-4);
+    q = x2.mul_add(q, -1.682_827e-3);
+    q = x2.mul_add(q, -7.373_329e-3);
+    q = x2.mul_add(q, -1.426_473_9e-2);
+    x * p / q
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -52,5 +71,18 @@ mod tests {
             assert!(d < 2e-7, "tanh({x}) off by {d}");
             x += 0.0071;
         }
+    }
+
+    #[test]
+    fn erf_matches_libm() {
+        let mut worst = 0f64;
+        let mut x = -6.0f32;
+        while x < 6.0 {
+            let d = (super::erf(x) as f64 - libm::erf(x as f64)).abs();
+            worst = worst.max(d);
+            x += 0.00093;
+        }
+        eprintln!("erf worst {worst:e}");
+        assert!(worst < 4e-7, "erf absolute error {worst}");
     }
 }

@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod elementwise;
 pub mod embedding;
+pub mod encoder;
 pub mod layernorm;
 pub mod loss;
 pub mod math;

@@ -1,0 +1,9 @@
+//! Bulk embedding generation: a sentence-transformers encoder run over a corpus split into
+//! shards that workers (threads or MPI ranks) take one at a time, each shard written once,
+//! atomically, so a killed job resumes with nothing lost or doubled.
+
+pub mod encoder;
+pub mod npy;
+pub mod pooling;
+
+pub use encoder::{Encoder, Tokenized};
