@@ -17,6 +17,7 @@ static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
 mod bench_cmd;
 mod bench_plan;
 mod comm_bench;
+mod embed_cmd;
 mod plan_cmd;
 mod sample_cmd;
 mod train_args;
@@ -39,6 +40,8 @@ enum Cmd {
     Sample(sample_cmd::SampleArgs),
     /// Predict step time, memory and utilisation of 3D layouts on a cluster, and pick the best.
     Plan(Box<plan_cmd::PlanArgs>),
+    /// Embed a corpus with a sentence-transformers model, across workers, resumable.
+    Embed(Box<embed_cmd::EmbedArgs>),
     /// Measure speed, side by side with a baseline measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -88,6 +91,7 @@ fn main() {
         Cmd::Train(a) => train_cmd::run(*a),
         Cmd::Sample(a) => sample_cmd::run(a),
         Cmd::Plan(a) => plan_cmd::run(*a),
+        Cmd::Embed(a) => embed_cmd::run(*a),
         Cmd::Bench { what } => bench_cmd::run(what),
     };
     if let Err(e) = res {

@@ -14,6 +14,9 @@ pub enum Error {
     Data(String),
     #[error("checkpoint {}: {msg}", path.display())]
     Checkpoint { path: PathBuf, msg: String },
+    /// A message relayed from another rank, already worded for the user.
+    #[error("{0}")]
+    Relayed(String),
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
 }

@@ -2,8 +2,11 @@
 //! shards that workers (threads or MPI ranks) take one at a time, each shard written once,
 //! atomically, so a killed job resumes with nothing lost or doubled.
 
+pub mod corpus;
 pub mod encoder;
+pub mod job;
 pub mod npy;
+pub mod output;
 pub mod pooling;
 
 pub use encoder::{Encoder, Tokenized};

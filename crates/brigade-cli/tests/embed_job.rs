@@ -1,0 +1,323 @@
+//! `brigade embed` as its users run it: a corpus embedded across workers, killed at every
+//! step of a shard's commit and at random moments (SIGKILL), resumed with the same command,
+//! and compared byte for byte with an uninterrupted run; bad input refused with one line.
+//! Needs ../shared/models/all-MiniLM-L6-v2 (skips with a message when absent).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn model() -> Option<String> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/all-MiniLM-L6-v2");
+    if p.exists() {
+        Some(p.canonicalize().unwrap().display().to_string())
+    } else {
+        eprintln!("skipping: {} is absent", p.display());
+        None
+    }
+}
+
+fn cmd(args: &[&str], cwd: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_brigade"));
+    c.args(args).current_dir(cwd);
+    c
+}
+
+fn run(args: &[&str], cwd: &Path) -> Output {
+    cmd(args, cwd).output().expect("runs")
+}
+
+fn ok(args: &[&str], cwd: &Path) -> String {
+    let out = run(args, cwd);
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fails_with(args: &[&str], cwd: &Path, needle: &str) {
+    let out = run(args, cwd);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    let line =
+        err.lines().find(|l| l.starts_with("error")).unwrap_or_else(|| panic!("{args:?}: no error line in {err}"));
+    assert!(line.contains(needle), "{args:?}: expected '{needle}' in: {line}");
+}
+
+/// Pseudo-sentences of 3 to 40 words, some long enough to be truncated at 256 tokens.
+fn corpus(n: usize) -> String {
+    let words = [
+        "parallel", "shard", "vector", "the", "model", "naïve", "東京", "🙂", "resume", "kill", "token", "of", "A",
+        "encoder",
+    ];
+    let mut s = String::new();
+    for i in 0..n {
+        let k = if i % 97 == 5 { 400 } else { 3 + (i * 7) % 38 };
+        let line: Vec<&str> = (0..k).map(|j| words[(i * 31 + j * 17) % words.len()]).collect();
+        s.push_str(&line.join(" "));
+        s.push('\n');
+    }
+    s
+}
+
+/// Every file of a directory with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+        })
+        .collect()
+}
+
+fn job_args<'a>(model: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "embed",
+        "--model",
+        model,
+        "--input",
+        "a.txt",
+        "b.txt",
+        "--output",
+        out,
+        "--workers",
+        "2",
+        "--shard-size",
+        "20",
+        "--max-batch-tokens",
+        "300",
+    ]
+}
+
+fn setup(n: usize) -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let text = corpus(n);
+    let (a, b) = text.split_at(text[..text.len() / 2].rfind('\n').unwrap() + 1);
+    std::fs::write(d.path().join("a.txt"), a).unwrap();
+    std::fs::write(d.path().join("b.txt"), b).unwrap();
+    let p = d.path().to_path_buf();
+    (d, p)
+}
+
+#[test]
+fn killed_anywhere_and_resumed_gives_the_uninterrupted_bytes() {
+    let Some(m) = model() else { return };
+    let (_d, dir) = setup(300);
+    ok(&job_args(&m, "ref"), &dir);
+    let want = snapshot(&dir.join("ref"));
+    assert_eq!(want.len(), 1 + 2 * 15, "15 shards of 20 and the manifest: {:?}", want.keys());
+    ok(&["embed", "--verify", "ref"], &dir);
+
+    // a crash at each step of a shard's commit and of the manifest's
+    let points =
+        ["npy-written:3", "stats-written:5", "npy-renamed:7", "committed:2", "before-manifest:0", "manifest-written:0"];
+    for (k, point) in points.iter().enumerate() {
+        let out = format!("crash{k}");
+        let res = cmd(&job_args(&m, &out), &dir).env("BRIGADE_EMBED_CRASH", point).output().unwrap();
+        assert!(!res.status.success(), "{point}: the planted crash did not happen");
+        let left = snapshot(&dir.join(&out));
+        assert!(
+            left.len() < want.len() || left.keys().any(|n| !want.contains_key(n)) || left != want,
+            "{point}: nothing to resume"
+        );
+        let said = ok(&job_args(&m, &out), &dir);
+        assert_eq!(
+            snapshot(&dir.join(&out)),
+            want,
+            "{point}: resumed output differs from the uninterrupted run ({said})"
+        );
+        ok(&["embed", "--verify", &out], &dir);
+    }
+
+    // SIGKILL at moments of the run: right after start, after some shards, near the end
+    for (k, after) in [0usize, 3, 11].iter().enumerate() {
+        let out = format!("kill{k}");
+        let mut child = cmd(&job_args(&m, &out), &dir).stdout(std::process::Stdio::null()).spawn().unwrap();
+        let t0 = Instant::now();
+        loop {
+            let n = std::fs::read_dir(dir.join(&out))
+                .map(|r| r.filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".ids")).count())
+                .unwrap_or(0);
+            let started = dir.join(&out).join("manifest.json").exists();
+            if started && n >= *after || child.try_wait().unwrap().is_some() || t0.elapsed() > Duration::from_secs(120)
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        child.kill().ok();
+        child.wait().unwrap();
+        ok(&job_args(&m, &out), &dir);
+        assert_eq!(snapshot(&dir.join(&out)), want, "killed after {after} shards: resumed output differs");
+    }
+
+    // a finished job run again does nothing and changes nothing
+    let said = ok(&job_args(&m, "ref"), &dir);
+    assert!(said.contains("nothing to do"), "{said}");
+    assert_eq!(snapshot(&dir.join("ref")), want);
+}
+
+#[test]
+fn outputs_match_a_single_worker_and_keep_input_order() {
+    let Some(m) = model() else { return };
+    let (_d, dir) = setup(120);
+    ok(&job_args(&m, "two"), &dir);
+    ok(
+        &[
+            "embed",
+            "--model",
+            &m,
+            "--input",
+            "a.txt",
+            "b.txt",
+            "--output",
+            "one",
+            "--workers",
+            "1",
+            "--threads",
+            "2",
+            "--shard-size",
+            "20",
+            "--max-batch-tokens",
+            "300",
+        ],
+        &dir,
+    );
+    let (two, one) = (snapshot(&dir.join("two")), snapshot(&dir.join("one")));
+    assert_eq!(two, one, "worker and thread counts do not change a byte");
+    let ids = String::from_utf8(two["shard-00001.ids"].clone()).unwrap();
+    assert_eq!(ids.lines().collect::<Vec<_>>(), (20..40).map(|i| i.to_string()).collect::<Vec<_>>());
+    // each vector is the model's vector of that line embedded alone (other batch, no packing)
+    let lines: Vec<String> = corpus(120).lines().map(str::to_string).collect();
+    let enc = brigade_embed_alone(&m, &[&lines[25], &lines[5]]);
+    let (_, _, v) = brigade::embed::npy::read(&two["shard-00001.npy"]).unwrap();
+    let (_, _, v0) = brigade::embed::npy::read(&two["shard-00000.npy"]).unwrap();
+    for (got, want) in [(&v[5 * 384..6 * 384], &enc[..384]), (&v0[5 * 384..6 * 384], &enc[384..])] {
+        let d = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d < 1e-5, "vector differs from the document embedded alone by {d}");
+    }
+    let man: serde_json::Value = serde_json::from_slice(&two["manifest.json"]).unwrap();
+    assert_eq!(man["totals"]["documents"], 120);
+    assert_eq!(man["totals"]["truncated"], 2, "lines 5 and 102 have 400 words");
+}
+
+fn brigade_embed_alone(model: &str, texts: &[&str]) -> Vec<f32> {
+    let enc = brigade::embed::Encoder::load(Path::new(model)).unwrap();
+    texts.iter().flat_map(|t| enc.embed(&[t]).unwrap()).collect()
+}
+
+#[test]
+fn jsonl_input_errors_and_ids() {
+    let Some(m) = model() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    std::fs::write(
+        dir.join("c.jsonl"),
+        "{\"id\": \"doc-a\", \"text\": \"first\"}\n{\"id\": 17, \"text\": \"\"}\n{\"id\": \"doc-c\", \"text\": \n\n{\"id\": \"doc-d\", \"body\": \"x\"}\n{\"id\": \"doc-e\", \"text\": \"last\"}\n",
+    )
+    .unwrap();
+    let base = ["embed", "--model", &m, "--input", "c.jsonl", "--workers", "1"];
+    let with = |extra: &[&'static str]| -> Vec<String> {
+        base.iter().map(|s| s.to_string()).chain(extra.iter().map(|s| s.to_string())).collect()
+    };
+    let args = with(&["--output", "o1"]);
+    fails_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), dir, "c.jsonl:3: malformed JSON");
+    let args = with(&["--output", "o2", "--on-error", "skip"]);
+    let said = ok(&args.iter().map(String::as_str).collect::<Vec<_>>(), dir);
+    assert!(said.contains("skipped c.jsonl:3") && said.contains("skipped c.jsonl:5"), "{said}");
+    assert!(said.contains("1 empty"), "{said}");
+    let ids = std::fs::read_to_string(dir.join("o2/shard-00000.ids")).unwrap();
+    assert_eq!(ids, "doc-a\n17\ndoc-e\n");
+    let man: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("o2/manifest.json")).unwrap()).unwrap();
+    assert_eq!(man["skipped"].as_array().unwrap().len(), 2);
+    assert!(man["skipped"][1]["reason"].as_str().unwrap().contains("no 'text' field"));
+    ok(&["embed", "--verify", "o2"], dir);
+    // another job's output is refused, then replaced with --overwrite
+    std::fs::write(dir.join("d.jsonl"), "{\"id\": \"x\", \"text\": \"a\"}\n{\"id\": \"x\", \"text\": \"b\"}\n")
+        .unwrap();
+    fails_with(
+        &["embed", "--model", &m, "--input", "d.jsonl", "--output", "o3"],
+        dir,
+        "duplicate id \"x\": d.jsonl:1 and d.jsonl:2",
+    );
+    std::fs::write(dir.join("e.txt"), "one\ntwo\n").unwrap();
+    fails_with(
+        &["embed", "--model", &m, "--input", "e.txt", "--output", "o2"],
+        dir,
+        "holds another job's vectors (its input files, settings differ)",
+    );
+    ok(&["embed", "--model", &m, "--input", "e.txt", "--output", "o2", "--overwrite"], dir);
+    assert_eq!(std::fs::read_to_string(dir.join("o2/shard-00000.ids")).unwrap(), "0\n1\n");
+    ok(&["embed", "--verify", "o2"], dir);
+}
+
+#[test]
+fn bad_input_is_refused_with_one_line() {
+    let Some(m) = model() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    std::fs::write(dir.join("e.txt"), "").unwrap();
+    std::fs::write(dir.join("t.txt"), "hello\n").unwrap();
+    fails_with(&["embed", "--model", &m, "--input", "nope.txt", "--output", "o"], dir, "nope.txt");
+    fails_with(&["embed", "--model", &m, "--input", "e.txt", "--output", "o"], dir, "no documents");
+    fails_with(
+        &["embed", "--model", "no-model", "--input", "t.txt", "--output", "o"],
+        dir,
+        "model folder no-model not found",
+    );
+    fails_with(
+        &["embed", "--model", &m, "--input", "t.txt", "--output", "o", "--shard-size", "0"],
+        dir,
+        "--shard-size 0",
+    );
+    fails_with(&["embed", "--model", &m, "--output", "o"], dir, "--input");
+    fails_with(
+        &["embed", "--model", &m, "--input", "t.txt", "--output", "o", "--workers", "2", "--backend", "mpi"],
+        dir,
+        "--workers is for the local backend",
+    );
+    std::fs::create_dir(dir.join("mine")).unwrap();
+    std::fs::write(dir.join("mine/notes.txt"), "keep me").unwrap();
+    fails_with(
+        &["embed", "--model", &m, "--input", "t.txt", "--output", "mine", "--overwrite"],
+        dir,
+        "did not write (e.g. notes.txt)",
+    );
+    assert_eq!(std::fs::read_to_string(dir.join("mine/notes.txt")).unwrap(), "keep me");
+    // an unsupported pooling mode or architecture is named
+    let bad = dir.join("bad-model");
+    std::fs::create_dir_all(bad.join("1_Pooling")).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "modules.json", "sentence_bert_config.json"] {
+        std::os::unix::fs::symlink(Path::new(&m).join(f), bad.join(f)).unwrap();
+    }
+    std::fs::write(
+        bad.join("1_Pooling/config.json"),
+        "{\"word_embedding_dimension\": 384, \"pooling_mode_fancy\": true}",
+    )
+    .unwrap();
+    fails_with(
+        &["embed", "--model", "bad-model", "--input", "t.txt", "--output", "o"],
+        dir,
+        "pooling mode 'pooling_mode_fancy' is not supported; supported: pooling_mode_cls_token",
+    );
+    std::fs::remove_file(bad.join("config.json")).unwrap();
+    std::fs::write(bad.join("config.json"), "{\"model_type\": \"roberta\"}").unwrap();
+    fails_with(
+        &["embed", "--model", "bad-model", "--input", "t.txt", "--output", "o"],
+        dir,
+        "model_type 'roberta' is not supported",
+    );
+    // verify names what is wrong with a damaged output
+    ok(&["embed", "--model", &m, "--input", "t.txt", "--output", "good", "--workers", "1"], dir);
+    let npy = dir.join("good/shard-00000.npy");
+    let mut b = std::fs::read(&npy).unwrap();
+    let last = b.len() - 1;
+    b[last] ^= 1;
+    std::fs::write(&npy, b).unwrap();
+    fails_with(&["embed", "--verify", "good"], dir, "failed verification");
+    std::fs::remove_file(dir.join("good/shard-00000.ids")).unwrap();
+    let out = run(&["embed", "--verify", "good"], dir);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing"));
+}

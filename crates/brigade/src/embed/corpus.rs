@@ -1,0 +1,385 @@
+//! The corpus: input files read as documents (plain text lines or JSONL records), scanned once
+//! to validate every line, fingerprint the input and cut it into shards; then each worker reads
+//! only its shards' bytes.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// One document a line; its id is the 0-based line number across the input files.
+    Text,
+    /// One JSON object a line with an id field and a text field.
+    Jsonl,
+}
+
+impl Format {
+    /// `--format auto`: JSONL for `*.jsonl` files, plain text otherwise.
+    pub fn of(path: &Path) -> Format {
+        if path.extension().is_some_and(|e| e == "jsonl") {
+            Format::Jsonl
+        } else {
+            Format::Text
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    Fail,
+    Skip,
+}
+
+/// How to read the input files.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputSpec {
+    pub files: Vec<PathBuf>,
+    /// `None`: by each file's extension.
+    pub format: Option<Format>,
+    pub id_field: String,
+    pub text_field: String,
+    pub on_error: OnError,
+}
+
+impl InputSpec {
+    pub fn format_of(&self, file: usize) -> Format {
+        self.format.unwrap_or_else(|| Format::of(&self.files[file]))
+    }
+}
+
+/// One input file as scanned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    pub path: String,
+    pub format: Format,
+    pub bytes: u64,
+    pub lines: u64,
+    pub blake3: String,
+}
+
+/// A line left out under `--on-error skip`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub file: String,
+    /// 1-based, as editors count.
+    pub line: u64,
+    pub reason: String,
+}
+
+/// Where a shard's documents start and how many it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardSpan {
+    pub index: usize,
+    pub file: usize,
+    pub offset: u64,
+    /// 0-based line of `offset` in its file.
+    pub line: u64,
+    pub count: usize,
+}
+
+/// The scanned corpus: what every worker needs to find its shards.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Index {
+    pub files: Vec<FileInfo>,
+    pub shards: Vec<ShardSpan>,
+    pub documents: u64,
+    pub skipped: Vec<Skipped>,
+}
+
+/// One document: its id (as written to the `.ids` file) and text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Doc {
+    pub id: String,
+    pub text: String,
+}
+
+/// What a line holds: a document, nothing (a blank JSONL line), or a fault.
+enum Line {
+    Doc(Doc),
+    Blank,
+}
+
+/// Parses one line (without its line ending). `number` is the line's global 0-based number,
+/// the id of a plain-text document.
+fn parse(raw: &[u8], format: Format, spec: &InputSpec, number: u64) -> std::result::Result<Line, String> {
+    let text = std::str::from_utf8(raw).map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
+    match format {
+        Format::Text => Ok(Line::Doc(Doc { id: number.to_string(), text: text.to_string() })),
+        Format::Jsonl => {
+            if text.trim().is_empty() {
+                return Ok(Line::Blank);
+            }
+            let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("malformed JSON ({e})"))?;
+            let obj = v.as_object().ok_or("a JSONL line must be a JSON object")?;
+            let id = match obj.get(&spec.id_field) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+                Some(_) => return Err(format!("field '{}' must be a string or an integer", spec.id_field)),
+                None => return Err(format!("no '{}' field (choose the id field with --id-field)", spec.id_field)),
+            };
+            if id.is_empty() || id.contains(['\n', '\r']) {
+                return Err(format!("id {id:?} is empty or holds a line break"));
+            }
+            let text = match obj.get(&spec.text_field) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(_) => return Err(format!("field '{}' must be a string", spec.text_field)),
+                None => {
+                    return Err(format!("no '{}' field (choose the text field with --text-field)", spec.text_field))
+                }
+            };
+            Ok(Line::Doc(Doc { id, text }))
+        }
+    }
+}
+
+/// Reads the next line into `buf` (ending stripped); false at end of file.
+fn next_line(r: &mut impl BufRead, buf: &mut Vec<u8>, path: &Path) -> Result<Option<usize>> {
+    buf.clear();
+    let n = r.read_until(b'\n', buf).map_err(|e| Error::io(path, e))?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    }
+    Ok(Some(n))
+}
+
+/// Scans every input file once: validates each line, hashes the bytes, cuts shards of
+/// `shard_size` documents and refuses duplicate JSONL ids (naming both lines).
+pub fn scan(spec: &InputSpec, shard_size: usize) -> Result<Index> {
+    if spec.files.is_empty() {
+        return Err(Error::Data("no input files; give one or more with --input".into()));
+    }
+    assert!(shard_size > 0);
+    let mut files = Vec::new();
+    let mut shards: Vec<ShardSpan> = Vec::new();
+    let mut skipped = Vec::new();
+    let mut documents = 0u64;
+    let mut base = 0u64; // lines of the files before this one
+    let mut ids: Vec<(u128, u32, u64)> = Vec::new();
+    let mut buf = Vec::new();
+    for (fi, path) in spec.files.iter().enumerate() {
+        let name = path.display().to_string();
+        let f = File::open(path).map_err(|e| {
+            Error::Data(format!(
+                "cannot open input {name}: {e}{}",
+                if path.exists() { "" } else { " (check the path)" }
+            ))
+        })?;
+        if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+            return Err(Error::Data(format!("input {name} is a directory; give files")));
+        }
+        let format = spec.format_of(fi);
+        let mut r = BufReader::with_capacity(1 << 20, f);
+        let mut hasher = blake3::Hasher::new();
+        let (mut offset, mut line) = (0u64, 0u64);
+        while let Some(n) = next_line(&mut r, &mut buf, path)? {
+            hasher.update(&buf);
+            hasher.update(&b"\n"[..]);
+            match parse(&buf, format, spec, base + line) {
+                Ok(Line::Doc(d)) => {
+                    if documents.is_multiple_of(shard_size as u64) {
+                        shards.push(ShardSpan { index: shards.len(), file: fi, offset, line, count: 0 });
+                    }
+                    shards.last_mut().unwrap().count += 1;
+                    documents += 1;
+                    if format == Format::Jsonl {
+                        ids.push((
+                            u128::from_le_bytes(blake3::hash(d.id.as_bytes()).as_bytes()[..16].try_into().unwrap()),
+                            fi as u32,
+                            line,
+                        ));
+                    }
+                }
+                Ok(Line::Blank) => {}
+                Err(why) => {
+                    if spec.on_error == OnError::Fail {
+                        return Err(Error::Data(format!(
+                            "{name}:{}: {why}; fix the line, or pass --on-error skip to leave such lines out (they are listed in the manifest)",
+                            line + 1
+                        )));
+                    }
+                    skipped.push(Skipped { file: name.clone(), line: line + 1, reason: why });
+                }
+            }
+            offset += n as u64;
+            line += 1;
+        }
+        files.push(FileInfo {
+            path: name,
+            format,
+            bytes: offset,
+            lines: line,
+            blake3: hasher.finalize().to_hex().to_string(),
+        });
+        base += line;
+    }
+    if documents == 0 {
+        return Err(Error::Data(format!(
+            "the input holds no documents ({} lines, {} skipped); give non-empty files",
+            base,
+            skipped.len()
+        )));
+    }
+    check_unique(&mut ids, spec)?;
+    Ok(Index { files, shards, documents, skipped })
+}
+
+/// Refuses the first id that two lines share (ids compared by a 128-bit hash).
+fn check_unique(ids: &mut [(u128, u32, u64)], spec: &InputSpec) -> Result<()> {
+    ids.sort_unstable();
+    if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
+        let (a, b) = (w[0], w[1]);
+        let id = read_doc_at(spec, a.1 as usize, a.2).map(|d| d.id).unwrap_or_default();
+        return Err(Error::Data(format!(
+            "duplicate id {id:?}: {}:{} and {}:{}; every document needs its own id",
+            spec.files[a.1 as usize].display(),
+            a.2 + 1,
+            spec.files[b.1 as usize].display(),
+            b.2 + 1
+        )));
+    }
+    Ok(())
+}
+
+/// The document on 0-based `line` of file `fi` (for error messages).
+fn read_doc_at(spec: &InputSpec, fi: usize, line: u64) -> Option<Doc> {
+    let path = &spec.files[fi];
+    let mut r = BufReader::new(File::open(path).ok()?);
+    let mut buf = Vec::new();
+    for _ in 0..=line {
+        next_line(&mut r, &mut buf, path).ok()??;
+    }
+    match parse(&buf, spec.format_of(fi), spec, 0) {
+        Ok(Line::Doc(d)) => Some(d),
+        _ => None,
+    }
+}
+
+/// Reads shard `s`'s documents, in input order, from its files' bytes only. The input must be
+/// the one scanned (its files are checked against the index's sizes).
+pub fn read_shard(spec: &InputSpec, index: &Index, s: &ShardSpan) -> Result<Vec<Doc>> {
+    let mut docs = Vec::with_capacity(s.count);
+    let mut buf = Vec::new();
+    let (mut fi, mut offset, mut line) = (s.file, s.offset, s.line);
+    while docs.len() < s.count {
+        let path = spec.files.get(fi).ok_or_else(|| {
+            Error::Data(format!(
+                "shard {} runs past the last input file; did the input change during the job?",
+                s.index
+            ))
+        })?;
+        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len != index.files[fi].bytes {
+            return Err(Error::Data(format!(
+                "{} changed since the job started ({} bytes, was {}); start the job again",
+                path.display(),
+                len,
+                index.files[fi].bytes
+            )));
+        }
+        f.seek(SeekFrom::Start(offset)).map_err(|e| Error::io(path, e))?;
+        let base: u64 = index.files[..fi].iter().map(|f| f.lines).sum();
+        let mut r = BufReader::with_capacity(1 << 20, f);
+        let format = spec.format_of(fi);
+        while docs.len() < s.count {
+            if next_line(&mut r, &mut buf, path)?.is_none() {
+                break;
+            }
+            if let Ok(Line::Doc(d)) = parse(&buf, format, spec, base + line) {
+                docs.push(d);
+            }
+            line += 1;
+        }
+        (fi, offset, line) = (fi + 1, 0, 0);
+    }
+    Ok(docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn spec(files: Vec<PathBuf>, on_error: OnError) -> InputSpec {
+        InputSpec { files, format: None, id_field: "id".into(), text_field: "text".into(), on_error }
+    }
+
+    fn write(dir: &Path, name: &str, body: &[u8]) -> PathBuf {
+        let p = dir.join(name);
+        File::create(&p).unwrap().write_all(body).unwrap();
+        p
+    }
+
+    #[test]
+    fn shards_cover_every_document_once_across_files() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.txt", b"zero\none\r\n\nthree\n");
+        let b = write(d.path(), "b.jsonl", b"{\"id\": \"x\", \"text\": \"ex\"}\n\n{\"id\": 7, \"text\": \"seven\"}");
+        let c = write(d.path(), "c.txt", b"last, no newline");
+        let sp = spec(vec![a, b, c], OnError::Fail);
+        for size in 1..8 {
+            let idx = scan(&sp, size).unwrap();
+            assert_eq!(idx.documents, 7);
+            let docs: Vec<Doc> = idx.shards.iter().flat_map(|s| read_shard(&sp, &idx, s).unwrap()).collect();
+            let ids: Vec<&str> = docs.iter().map(|d| d.id.as_str()).collect();
+            // text ids are global line numbers: a.txt has lines 0..4, b.jsonl 4..7, c.txt 7
+            assert_eq!(ids, ["0", "1", "2", "3", "x", "7", "7"]);
+            assert_eq!(docs[1].text, "one");
+            assert_eq!(docs[2].text, "");
+            assert_eq!(docs[6].text, "last, no newline");
+            assert!(idx.shards.iter().all(|s| s.count <= size));
+        }
+    }
+
+    #[test]
+    fn faults_name_file_and_line_and_skip_lists_them() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(
+            d.path(),
+            "a.jsonl",
+            b"{\"id\": 1, \"text\": \"a\"}\n{\"id\": 2, \"text\": \n{\"id\": 3, \"txt\": \"c\"}\n",
+        );
+        let b = write(d.path(), "b.txt", b"ok\n\xff\xfebad\n");
+        let e = scan(&spec(vec![a.clone(), b.clone()], OnError::Fail), 10).unwrap_err().to_string();
+        assert!(e.contains("a.jsonl:2: malformed JSON"), "{e}");
+        let idx = scan(&spec(vec![a, b], OnError::Skip), 10).unwrap();
+        assert_eq!(idx.documents, 2);
+        let where_: Vec<(String, u64)> = idx
+            .skipped
+            .iter()
+            .map(|s| (Path::new(&s.file).file_name().unwrap().to_string_lossy().into_owned(), s.line))
+            .collect();
+        assert_eq!(where_, [("a.jsonl".into(), 2), ("a.jsonl".into(), 3), ("b.txt".into(), 2)]);
+        assert!(idx.skipped[1].reason.contains("no 'text' field"));
+        assert!(idx.skipped[2].reason.contains("invalid UTF-8"));
+    }
+
+    #[test]
+    fn duplicate_ids_are_refused_naming_both_lines() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.jsonl", b"{\"id\": \"p\", \"text\": \"a\"}\n{\"id\": \"q\", \"text\": \"b\"}\n");
+        let b = write(d.path(), "b.jsonl", b"{\"id\": \"r\", \"text\": \"a\"}\n{\"id\": \"q\", \"text\": \"b\"}\n");
+        let e = scan(&spec(vec![a, b], OnError::Skip), 10).unwrap_err().to_string();
+        assert!(e.contains("duplicate id \"q\"") && e.contains("a.jsonl:2") && e.contains("b.jsonl:2"), "{e}");
+    }
+
+    #[test]
+    fn empty_or_missing_input_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.txt", b"");
+        assert!(scan(&spec(vec![a], OnError::Fail), 10).unwrap_err().to_string().contains("no documents"));
+        let e = scan(&spec(vec![d.path().join("nope.txt")], OnError::Fail), 10).unwrap_err().to_string();
+        assert!(e.contains("nope.txt") && e.contains("check the path"), "{e}");
+    }
+}
