@@ -94,6 +94,23 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// `brigade embed` on a generated corpus (documents of 20–40 words) with 1 and 2 workers
+    /// of 1 thread and 1 worker of 2 threads, against the matrix-product rate at the
+    /// encoder's shapes; projects 100 million documents.
+    Embed {
+        /// sentence-transformers model folder.
+        #[arg(long)]
+        model: std::path::PathBuf,
+        #[arg(long, default_value_t = 10_000)]
+        docs: usize,
+        /// Documents per shard (default: a 40th of --docs, so two workers share the work).
+        #[arg(long)]
+        shard_size: Option<usize>,
+        #[arg(long, default_value_t = 8192)]
+        max_batch_tokens: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
     Train {
         #[command(flatten)]
@@ -141,6 +158,9 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 );
             }
             Ok(())
+        }
+        BenchCmd::Embed { model, docs, shard_size, max_batch_tokens, json } => {
+            crate::bench_embed::run(&model, docs, shard_size, max_batch_tokens, json)
         }
         BenchCmd::Comm { ranks, backend, op, min_bytes, max_bytes, json } => {
             crate::comm_bench::run(ranks, &backend, &op, min_bytes, max_bytes, json)

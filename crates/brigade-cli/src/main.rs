@@ -15,6 +15,7 @@ macro_rules! outln {
 static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
 
 mod bench_cmd;
+mod bench_embed;
 mod bench_plan;
 mod comm_bench;
 mod embed_cmd;

@@ -1,6 +1,7 @@
 //! Measurements behind `brigade bench …`: each returns figures, the CLI only prints them.
 
 pub mod breakdown;
+pub mod embed;
 pub mod machine;
 
 use crate::models::{Activations, Gpt, GptConfig};

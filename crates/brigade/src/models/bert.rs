@@ -7,8 +7,9 @@
 //! plain row-major `x · W` over all the tokens of a batch.
 
 use crate::tensor::encoder::{attention_packed, bias_gelu_inplace, layernorm_row, residual_layernorm_inplace};
-use crate::tensor::{gemm_into, Mat, Threads};
+use crate::tensor::{gemm_into, Mat, Threads, ROW_CHUNK};
 use crate::{Error, Result};
+use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -276,11 +277,13 @@ impl Bert {
         let mm = |out: &mut [f32], a: &[f32], w: &[f32], k: usize, m: usize| {
             gemm_into(out, Mat::rm(n, m), a, Mat::rm(n, k), w, Mat::rm(k, m), 1.0, false, Threads::Pool);
         };
+        // onto the bias already in `out`
+        let mm_acc = |out: &mut [f32], a: &[f32], w: &[f32], k: usize, m: usize| {
+            gemm_into(out, Mat::rm(n, m), a, Mat::rm(n, k), w, Mat::rm(k, m), 1.0, true, Threads::Pool);
+        };
         for ly in &self.layers {
-            mm(&mut qkv, &x, &ly.wqkv, c, 3 * c);
-            for r in qkv.chunks_exact_mut(3 * c) {
-                r.iter_mut().zip(&ly.bqkv).for_each(|(v, b)| *v += b);
-            }
+            qkv.par_chunks_mut(3 * c).with_min_len(ROW_CHUNK).for_each(|r| r.copy_from_slice(&ly.bqkv));
+            mm_acc(&mut qkv, &x, &ly.wqkv, c, 3 * c);
             attention_packed(&mut ctx, &qkv, lens, c, cfg.heads);
             mm(&mut y, &ctx, &ly.wo, c, c);
             residual_layernorm_inplace(&mut x, &y, &ly.bo, &ly.ln1.0, &ly.ln1.1, cfg.eps);

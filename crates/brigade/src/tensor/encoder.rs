@@ -5,12 +5,13 @@
 //! matrix product runs over all tokens at once, and attention runs per (sequence, head) over
 //! that sequence's own rows, which is what a padding mask computes, without the padded work.
 
-use super::matmul::{gemm_into, gemm_ptr, Mat, Threads};
-use super::{SendPtr, ROW_CHUNK};
+use super::matmul::{gemm_into, Mat, Threads};
+use super::ROW_CHUNK;
 use rayon::prelude::*;
 
 /// Where each packed sequence starts: `starts[i]..starts[i + 1]` are its rows.
-pub fn starts_of(lens: &[usize]) -> Vec<usize> {
+#[cfg(test)]
+fn starts_of(lens: &[usize]) -> Vec<usize> {
     let mut s = Vec::with_capacity(lens.len() + 1);
     s.push(0);
     for &l in lens {
@@ -21,51 +22,59 @@ pub fn starts_of(lens: &[usize]) -> Vec<usize> {
 
 /// `ctx[n, C] = softmax(q·kᵀ/√d)·v` per sequence and head, from the fused `qkv[n, 3C]`
 /// (q | k | v, heads side by side). Every token of a sequence attends to all of its tokens.
+/// One rayon task per sequence, looping over its heads: the sequence's rows are contiguous, so
+/// they come into cache once for all heads. (A hand-written register-blocked kernel for
+/// 32-wide heads measured slower than these two small gemm products: 205–275 vs 151–205 ms
+/// for 220 documents of 37 tokens × 6 layers.)
 pub fn attention_packed(ctx: &mut [f32], qkv: &[f32], lens: &[usize], c: usize, heads: usize) {
-    let starts = starts_of(lens);
-    let n = *starts.last().unwrap();
+    let n: usize = lens.iter().sum();
     assert!(ctx.len() == n * c && qkv.len() == 3 * n * c && c.is_multiple_of(heads));
     let hd = c / heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let out = SendPtr(ctx.as_mut_ptr());
-    (0..lens.len() * heads).into_par_iter().for_each_init(Vec::new, |scores: &mut Vec<f32>, task| {
-        let (s, h) = (task / heads, task % heads);
-        let (r0, l) = (starts[s], lens[s]);
-        if l == 0 {
-            return;
-        }
-        scores.resize(l * l, 0.0);
-        let q = r0 * 3 * c + h * hd;
-        let k = q + c;
-        let v = q + 2 * c;
+    let mut parts = Vec::with_capacity(lens.len());
+    let (mut rest, mut row) = (ctx, 0);
+    for &l in lens {
+        let (mine, tail) = rest.split_at_mut(l * c);
+        parts.push((mine, &qkv[row * 3 * c..(row + l) * 3 * c], l));
+        (rest, row) = (tail, row + l);
+    }
+    parts.into_par_iter().filter(|p| p.2 > 0).for_each_init(Vec::new, |buf: &mut Vec<f32>, (out, block, l)| {
+        buf.resize(l * l, 0.0);
         let head = Mat::strided(l, hd, 3 * c);
-        gemm_into(scores, Mat::rm(l, l), &qkv[q..], head, &qkv[k..], head.t(), scale, false, Threads::Single);
-        for row in scores.chunks_exact_mut(l) {
-            let mx = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-            let mut sum = 0f32;
-            for x in row.iter_mut() {
-                *x = super::math::exp(*x - mx);
-                sum += *x;
-            }
-            let inv = 1.0 / sum;
-            row.iter_mut().for_each(|x| *x *= inv);
+        for h in 0..heads {
+            let q = h * hd;
+            gemm_into(buf, Mat::rm(l, l), &block[q..], head, &block[q + c..], head.t(), scale, false, Threads::Single);
+            buf.chunks_exact_mut(l).for_each(softmax_row);
+            let om = Mat::strided(l, hd, c);
+            gemm_into(&mut out[q..], om, buf, Mat::rm(l, l), &block[q + 2 * c..], head, 1.0, false, Threads::Single);
         }
-        // SAFETY: task (s, h) writes rows r0..r0+l, columns h·hd..(h+1)·hd of `ctx` only; no
-        // two tasks share an element, and `ctx` outlives the parallel loop.
-        unsafe {
-            gemm_ptr(
-                out.at(r0 * c + h * hd),
-                Mat::strided(l, hd, c),
-                scores,
-                Mat::rm(l, l),
-                &qkv[v..],
-                head,
-                1.0,
-                false,
-                Threads::Single,
-            )
-        };
     });
+}
+
+/// Softmax of a row in place. Max and sum run over 8 lanes, so LLVM vectorises them (a plain
+/// float reduction stays scalar: its order may not change without fast-math), and the
+/// exponentials in a loop of their own.
+fn softmax_row(row: &mut [f32]) {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for t in 0..8 {
+            m[t] = m[t].max(c[t]);
+        }
+    }
+    let mx = chunks.remainder().iter().chain(&m).fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    for x in row.iter_mut() {
+        *x = super::math::exp(*x - mx);
+    }
+    let mut s = [0f32; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for t in 0..8 {
+            s[t] += c[t];
+        }
+    }
+    let inv = 1.0 / (s.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>());
+    row.iter_mut().for_each(|x| *x *= inv);
 }
 
 /// `x[i, :] = act(x[i, :] + bias)` with GELU in its exact form `x·(1 + erf(x/√2))/2`, or the
@@ -137,18 +146,19 @@ mod tests {
 
     #[test]
     fn packed_attention_matches_naive_per_sequence() {
-        let (c, heads) = (24, 3);
-        let lens = [5usize, 1, 0, 9, 3];
-        let n: usize = lens.iter().sum();
-        let qkv: Vec<f32> = (0..n * 3 * c).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 1.5).collect();
-        let mut ctx = vec![f32::NAN; n * c];
-        attention_packed(&mut ctx, &qkv, &lens, c, heads);
-        let starts = starts_of(&lens);
-        for (s, &l) in lens.iter().enumerate() {
-            let want = naive(&qkv, starts[s], l, c, heads);
-            for (i, w) in want.iter().enumerate() {
-                let got = ctx[starts[s] * c + i] as f64;
-                assert!((got - w).abs() < 1e-5, "sequence {s} element {i}: {got} vs {w}");
+        for (c, heads) in [(96, 3), (24, 3)] {
+            let lens = [5usize, 1, 0, 9, 100, 3, 64, 65, 129, 8, 4];
+            let n: usize = lens.iter().sum();
+            let qkv: Vec<f32> = (0..n * 3 * c).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 1.5).collect();
+            let mut ctx = vec![f32::NAN; n * c];
+            attention_packed(&mut ctx, &qkv, &lens, c, heads);
+            let starts = starts_of(&lens);
+            for (s, &l) in lens.iter().enumerate() {
+                let want = naive(&qkv, starts[s], l, c, heads);
+                for (i, w) in want.iter().enumerate() {
+                    let got = ctx[starts[s] * c + i] as f64;
+                    assert!((got - w).abs() < 1e-5, "c {c}: sequence {s} element {i}: {got} vs {w}");
+                }
             }
         }
     }

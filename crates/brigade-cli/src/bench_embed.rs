@@ -1,0 +1,126 @@
+//! `brigade bench embed`: the real job (scan, shards, files) on a generated corpus with 1 and
+//! 2 workers of 1 thread and 1 worker of 2 threads, in one run, against this machine's matrix
+//! product rate at the encoder's shapes.
+
+use anyhow::{bail, Result};
+use brigade::embed::corpus::{Format, InputSpec, OnError};
+use brigade::embed::job::{self, NoProgress, Settings};
+use brigade::embed::Encoder;
+use std::path::Path;
+
+pub fn run(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_tokens: usize, json: bool) -> Result<()> {
+    if docs == 0 || docs > 10_000_000 {
+        bail!("--docs {docs} is out of range: give 1 to 10000000");
+    }
+    let enc = Encoder::load(model)?;
+    let vocab = model.join("vocab.txt");
+    if !vocab.exists() {
+        bail!(
+            "{} not found: the benchmark builds its sentences from the model's WordPiece vocabulary",
+            vocab.display()
+        );
+    }
+    let texts = brigade::bench::embed::synthetic_corpus(&vocab, docs, 1234)?;
+    let tmp = tempfile_dir()?;
+    let input = tmp.join("corpus.txt");
+    std::fs::write(&input, texts.join("\n") + "\n")?;
+    // the work the corpus asks for
+    let cfg = &enc.bert.cfg;
+    let (mut tokens, mut flops) = (0u64, 0f64);
+    for t in &texts {
+        let n = enc.tokenize(t)?.ids.len();
+        tokens += n as u64;
+        flops += cfg.matmul_flops_per_token() * n as f64 + cfg.attention_flops(n);
+    }
+    let shard_size = shard_size.unwrap_or(docs.div_ceil(40).max(1));
+    let rate =
+        |threads: usize| brigade::with_threads(threads, || brigade::bench::embed::encoder_matmul_gflops(cfg, 2048));
+    // two cores: one product on 2 threads, or two single-threaded products at once
+    let (rate1, rate2_pool) = (rate(1)?, rate(2)?);
+    let rate2_pair = brigade::bench::embed::encoder_matmul_gflops_concurrent(cfg, 2048, 2);
+    let rate2 = rate2_pool.max(rate2_pair);
+    if !json {
+        outln!(
+            "{} documents of 20–40 words ({:.1} tokens each on average, {:.1} MFLOP per token), shards of {shard_size}",
+            docs,
+            tokens as f64 / docs as f64,
+            flops / tokens as f64 / 1e6
+        );
+        outln!(
+            "matrix products at the encoder's shapes: {rate1:.1} GFLOP/s on 1 thread; on 2 cores {rate2_pool:.1} (one product, 2 threads), {rate2_pair:.1} (two 1-thread products at once)"
+        );
+        outln!(
+            "{:<22} {:>11} {:>10} {:>9} {:>9} {:>9}",
+            "workers × threads",
+            "documents/s",
+            "tokens/s",
+            "GFLOP/s",
+            "of matmul",
+            "speedup"
+        );
+    }
+    let mut rows = Vec::new();
+    let mut base = None;
+    for (workers, threads) in [(1usize, 1usize), (2, 1), (1, 2)] {
+        let out = tmp.join(format!("out-{workers}x{threads}"));
+        let spec = InputSpec {
+            files: vec![input.clone()],
+            format: Some(Format::Text),
+            id_field: "id".into(),
+            text_field: "text".into(),
+            on_error: OnError::Fail,
+        };
+        let s = Settings { shard_size, max_batch_tokens, threads, overwrite: true };
+        let mut res = brigade_comm::local::run(workers, |comm| job::run(&comm, &spec, &enc, &out, &s, &NoProgress))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let r = res.swap_remove(0).expect("rank 0 reports");
+        std::fs::remove_dir_all(&out).ok();
+        let dps = docs as f64 / r.wall_s;
+        let gflops = flops / r.wall_s / 1e9;
+        let of = gflops / if workers * threads == 1 { rate1 } else { rate2 };
+        let speedup = dps / *base.get_or_insert(dps);
+        if !json {
+            outln!(
+                "{:<22} {:>11.1} {:>10.0} {:>9.1} {:>8.0}% {:>8.2}x",
+                format!("{workers} × {threads}"),
+                dps,
+                tokens as f64 / r.wall_s,
+                gflops,
+                100.0 * of,
+                speedup
+            );
+        }
+        rows.push(serde_json::json!({"workers": workers, "threads": threads, "documents_per_s": dps,
+            "tokens_per_s": tokens as f64 / r.wall_s, "gflops": gflops, "matmul_fraction": of,
+            "speedup": speedup, "wall_s": r.wall_s}));
+    }
+    std::fs::remove_dir_all(&tmp).ok();
+    let best = rows.iter().map(|r| r["documents_per_s"].as_f64().unwrap()).fold(0.0, f64::max);
+    let projection: Vec<serde_json::Value> = [1u64, 10, 100, 1000]
+        .iter()
+        .map(|&m| serde_json::json!({"machines": m, "hours": 1e8 / (best * m as f64) / 3600.0}))
+        .collect();
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"bench": "embed", "model": enc.name, "documents": docs, "tokens": tokens,
+                "shard_size": shard_size, "max_batch_tokens": max_batch_tokens,
+                "matmul_gflops_1_thread": rate1, "matmul_gflops_2_threads": rate2,
+                "matmul_gflops_2_threads_one_product": rate2_pool, "matmul_gflops_two_1_thread_products": rate2_pair, "rows": rows,
+                "projection_100m_documents": projection})
+        );
+    } else {
+        let p: Vec<String> = projection
+            .iter()
+            .map(|p| format!("{} machine(s): {:.1} h", p["machines"], p["hours"].as_f64().unwrap()))
+            .collect();
+        outln!("100 million such documents at {best:.1} documents/s per machine of this kind: {}", p.join(", "));
+    }
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("brigade-bench-embed-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}

@@ -1,0 +1,75 @@
+//! What `brigade bench embed` needs besides the job itself: a corpus like the
+//! sentence-transformers peer's (../shared/peers/bench_minilm.py) and this machine's matrix
+//! product rate at the encoder's shapes.
+
+use super::machine::time_it;
+use crate::models::bert::BertConfig;
+use crate::tensor::{gemm_into, Mat, Threads};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+
+/// `n` pseudo-sentences of 20–40 whole words from the model's `vocab.txt` (alphabetic ASCII,
+/// 3+ letters), commas every 5–9 words, capitalised, ending with a period — the peer's recipe.
+pub fn synthetic_corpus(vocab_txt: &Path, n: usize, seed: u64) -> crate::Result<Vec<String>> {
+    let text = std::fs::read_to_string(vocab_txt).map_err(|e| crate::Error::io(vocab_txt, e))?;
+    let words: Vec<&str> =
+        text.lines().filter(|w| w.len() >= 3 && w.bytes().all(|b| b.is_ascii_alphabetic())).collect();
+    if words.is_empty() {
+        return Err(crate::Error::Data(format!(
+            "{} holds no whole words to build sentences from",
+            vocab_txt.display()
+        )));
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    Ok((0..n)
+        .map(|_| {
+            let k = rng.gen_range(20..=40);
+            let mut ws: Vec<String> = (0..k).map(|_| words[rng.gen_range(0..words.len())].to_string()).collect();
+            let step = rng.gen_range(5..=9);
+            for j in (3..k - 1).step_by(step) {
+                ws[j].push(',');
+            }
+            let mut s = ws.join(" ");
+            s[..1].make_ascii_uppercase();
+            s.push('.');
+            s
+        })
+        .collect())
+}
+
+/// The products' GFLOP/s with `workers` threads each running its own single-threaded product
+/// at once, the way `embed --workers N --threads 1` uses the cores (summed over the workers).
+pub fn encoder_matmul_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> f64 {
+    let barrier = std::sync::Barrier::new(workers);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    crate::with_threads(1, || {
+                        barrier.wait();
+                        encoder_matmul_gflops(cfg, tokens)
+                    })
+                    .unwrap_or(0.0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+    })
+}
+
+/// GFLOP/s of one encoder layer's four products (qkv, attention output, MLP up and down) at
+/// `tokens` rows, on the current rayon pool.
+pub fn encoder_matmul_gflops(cfg: &BertConfig, tokens: usize) -> f64 {
+    let (c, i) = (cfg.hidden, cfg.intermediate);
+    let shapes = [(c, 3 * c), (c, c), (c, i), (i, c)];
+    let x = vec![0.5f32; tokens * i];
+    let w = vec![0.25f32; i * 3 * c];
+    let mut y = vec![0f32; tokens * i.max(3 * c)];
+    let s = time_it(|| {
+        for &(k, m) in &shapes {
+            gemm_into(&mut y, Mat::rm(tokens, m), &x, Mat::rm(tokens, k), &w, Mat::rm(k, m), 1.0, false, Threads::Pool);
+        }
+    });
+    let flops: f64 = shapes.iter().map(|&(k, m)| 2.0 * (tokens * k * m) as f64).sum();
+    flops / s / 1e9
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# all-MiniLM-L6-v2 embedding: brigade (`bench embed`: 1 and 2 workers × 1 thread, 1 worker × 2
+# threads, the real job with its files) vs sentence-transformers encode() on 2 threads
+# (../shared/peers/bench_minilm.py, batch 32 and 128), both on 10,000 generated documents of
+# 20–40 words, alternated ROUNDS times on an idle machine (runq.py waits for one).
+# Prints each run and the ratio of medians.
+# Usage: scripts/bench_embed_vs_st.sh   (env: ROUNDS=2, DOCS=10000, PEERS=../shared/peers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-2}
+DOCS=${DOCS:-10000}
+PEERS=$(realpath "${PEERS:-../shared/peers}")
+MODEL=$(realpath ../shared/models/all-MiniLM-L6-v2)
+LOG=$(mktemp -d)/embed.jsonl
+cargo build --release -q
+BRIGADE=$(realpath target/release/brigade)
+for _ in $(seq "$ROUNDS"); do
+  python3 "$PEERS/runq.py" --log "$LOG" --retries 2 -- "$BRIGADE" bench embed --model "$MODEL" --docs "$DOCS" --json
+  (cd "$PEERS" && HF_HUB_OFFLINE=1 python3 runq.py --log "$LOG" --retries 2 -- \
+    .venv/bin/python bench_minilm.py bench --n "$DOCS" --batch 32 128 --threads 2)
+done
+python3 - "$LOG" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+ours = [r for r in rows if r.get("bench") == "embed"]
+peer = [r for r in rows if r.get("bench") == "sentence_transformers_encode"]
+def row(r, w, t):
+    return next(x for x in r["rows"] if x["workers"] == w and x["threads"] == t)
+med = statistics.median
+one = med(row(r, 1, 1)["documents_per_s"] for r in ours)
+two = med(row(r, 2, 1)["documents_per_s"] for r in ours)
+thr = med(row(r, 1, 2)["documents_per_s"] for r in ours)
+st = max(med(p["sentences_per_s"] for p in peer if p["batch_size"] == b) for b in {p["batch_size"] for p in peer})
+print(json.dumps({"summary": "all-MiniLM-L6-v2 embedding, 2 cores", "documents": ours[0]["documents"],
+    "brigade_1x1_docs_per_s": round(one, 1), "brigade_2x1_docs_per_s": round(two, 1),
+    "brigade_1x2_docs_per_s": round(thr, 1), "two_workers_over_one": round(two / one, 3),
+    "sentence_transformers_docs_per_s": round(st, 1), "brigade_best_over_st": round(max(two, thr) / st, 3),
+    "brigade_2x1_matmul_fraction": round(med(row(r, 2, 1)["matmul_fraction"] for r in ours), 3),
+    "brigade_2x1_gflops": round(med(row(r, 2, 1)["gflops"] for r in ours), 1),
+    "matmul_gflops_2_threads": round(med(r["matmul_gflops_2_threads"] for r in ours), 1)}))
+PY
