@@ -103,10 +103,10 @@ pub enum BenchCmd {
         model: std::path::PathBuf,
         #[arg(long, default_value_t = 10_000)]
         docs: usize,
-        /// Documents per shard (default: a 40th of --docs, so two workers share the work).
+        /// Documents per shard (default: a 100th of --docs, so two workers finish together).
         #[arg(long)]
         shard_size: Option<usize>,
-        #[arg(long, default_value_t = 8192)]
+        #[arg(long, default_value_t = 2048)]
         max_batch_tokens: usize,
         #[arg(long)]
         json: bool,

@@ -32,7 +32,7 @@ pub fn run(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_token
         tokens += n as u64;
         flops += cfg.matmul_flops_per_token() * n as f64 + cfg.attention_flops(n);
     }
-    let shard_size = shard_size.unwrap_or(docs.div_ceil(40).max(1));
+    let shard_size = shard_size.unwrap_or(docs.div_ceil(100).max(1));
     let rate =
         |threads: usize| brigade::with_threads(threads, || brigade::bench::embed::encoder_matmul_gflops(cfg, 2048));
     // two cores: one product on 2 threads, or two single-threaded products at once

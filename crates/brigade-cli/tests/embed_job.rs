@@ -13,6 +13,11 @@ fn model() -> Option<String> {
     if p.exists() {
         Some(p.canonicalize().unwrap().display().to_string())
     } else {
+        assert!(
+            std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
+            "{} not found and BRIGADE_REQUIRE_SHARED is set",
+            p.display()
+        );
         eprintln!("skipping: {} is absent", p.display());
         None
     }

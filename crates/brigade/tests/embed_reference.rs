@@ -10,6 +10,11 @@ fn shared(rel: &str) -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
+        assert!(
+            std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
+            "{} not found and BRIGADE_REQUIRE_SHARED is set",
+            p.display()
+        );
         eprintln!("skipping: {} is absent", p.display());
         None
     }
