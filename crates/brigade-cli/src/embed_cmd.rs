@@ -187,9 +187,14 @@ fn run_mpi(a: &EmbedArgs, enc: &Encoder, out: &Path, bar: &Bar) -> Result<Option
     let world = brigade_comm::Comm::new(Box::new(brigade_comm::mpi::world(PEER_TIMEOUT)?));
     let quiet = Bar(ProgressBar::hidden());
     let res = job::run(&world, &a.spec(), enc, out, &a.settings(), if world.rank() == 0 { bar } else { &quiet });
+    let rank = world.rank();
     drop(world);
     brigade_comm::mpi::finalize();
-    Ok(res?)
+    match res {
+        // rank 0 says what went wrong; the others' copy of its message would only repeat it
+        Err(brigade::Error::Relayed(_)) if rank != 0 => std::process::exit(1),
+        r => Ok(r?),
+    }
 }
 
 #[cfg(not(feature = "mpi"))]

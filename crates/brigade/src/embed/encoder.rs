@@ -27,6 +27,9 @@ pub struct Encoder {
     pub normalize: bool,
     /// Tokens per text at most, special tokens included (sentence-transformers' max_seq_length).
     pub max_len: usize,
+    /// Tokens the tokenizer adds to every text ([CLS] and [SEP] for BERT): a text with no
+    /// more than these is empty to the model.
+    pub special_tokens: usize,
     lowercase: bool,
     tokenizer: tokenizers::Tokenizer,
 }
@@ -104,7 +107,16 @@ impl Encoder {
             .ok()
             .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
             .unwrap_or_else(|| dir.display().to_string());
-        Ok(Encoder { name, weights_hash, bert, pooling, normalize, max_len, lowercase, tokenizer })
+        let mut enc =
+            Encoder { name, weights_hash, bert, pooling, normalize, max_len, special_tokens: 0, lowercase, tokenizer };
+        enc.special_tokens = enc.tokenize("")?.ids.len();
+        if enc.special_tokens == 0 {
+            return Err(Error::Config(format!(
+                "{} adds no special tokens to a text, so an empty one has nothing to pool; brigade embed runs BERT tokenizers ([CLS] … [SEP])",
+                tok_path.display()
+            )));
+        }
+        Ok(enc)
     }
 
     /// Reads `modules.json`: the pooling folder and whether vectors are normalised. Without a

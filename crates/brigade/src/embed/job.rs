@@ -176,10 +176,10 @@ pub fn embed_docs(
         .iter()
         .map(|d| enc.tokenize(&d.text).map_err(|e| Error::Data(format!("document {}: {e}", d.id))))
         .collect::<Result<_>>()?;
-    for (t, d) in toks.iter().zip(docs) {
+    for t in &toks {
         stats.tokens += t.ids.len() as u64;
         stats.truncated += t.truncated as u64;
-        stats.empty += (t.ids.len() <= 2 && d.text.trim().is_empty()) as u64;
+        stats.empty += (t.ids.len() <= enc.special_tokens) as u64;
     }
     let mut order: Vec<usize> = (0..docs.len()).collect();
     order.sort_by_key(|&i| toks[i].ids.len());
