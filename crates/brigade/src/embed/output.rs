@@ -463,7 +463,7 @@ pub fn verify(dir: &Path) -> Result<Manifest> {
     // plain-text ids are line numbers: every line not skipped must be there
     if m.complete && m.job.input.iter().all(|f| f.format == super::corpus::Format::Text) {
         let lines: u64 = m.job.input.iter().map(|f| f.lines).sum();
-        let want = lines - m.skipped.len() as u64;
+        let want = lines.saturating_sub(m.skipped.len() as u64);
         if want != total {
             problems.push(format!("the input had {want} documents (lines not skipped), the shards hold {total}"));
         }
@@ -499,5 +499,5 @@ fn skipped_line_ids(m: &Manifest) -> std::collections::HashSet<String> {
         base.insert(f.path.clone(), acc);
         acc += f.lines;
     }
-    m.skipped.iter().map(|s| (base.get(&s.file).copied().unwrap_or(0) + s.line - 1).to_string()).collect()
+    m.skipped.iter().map(|s| (base.get(&s.file).copied().unwrap_or(0) + s.line.saturating_sub(1)).to_string()).collect()
 }
