@@ -11,6 +11,7 @@ pub mod layernorm;
 pub mod loss;
 pub mod math;
 pub mod matmul;
+pub mod rowwise;
 
 pub use matmul::{gemm_into, matmul, Mat, Threads};
 
