@@ -111,6 +111,23 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// The serving engine in this process (no HTTP yet): N requests generated at once on a
+    /// GPT-2 shape with random weights, output tokens/s per concurrency.
+    Engine {
+        #[arg(long, default_value = "gpt2-small")]
+        model: String,
+        /// Concurrent requests, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        concurrency: Vec<usize>,
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 64)]
+        output_len: usize,
+        #[arg(long, default_value_t = crate::default_threads())]
+        threads: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
     Train {
         #[command(flatten)]
@@ -158,6 +175,10 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 );
             }
             Ok(())
+        }
+        BenchCmd::Engine { model, concurrency, prompt_len, output_len, threads, json } => {
+            crate::check_threads(threads, "--threads")?;
+            crate::bench_engine::run(&model, &concurrency, prompt_len, output_len, threads, json)
         }
         BenchCmd::Embed { model, docs, shard_size, max_batch_tokens, json } => {
             crate::bench_embed::run(&model, docs, shard_size, max_batch_tokens, json)

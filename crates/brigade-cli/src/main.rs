@@ -16,6 +16,7 @@ static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
 
 mod bench_cmd;
 mod bench_embed;
+mod bench_engine;
 mod bench_plan;
 mod comm_bench;
 mod embed_cmd;

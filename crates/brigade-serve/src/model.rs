@@ -10,19 +10,19 @@
 
 use crate::kv::KvCache;
 use brigade::models::Gpt;
-use brigade::tensor::rowwise::matmul_rows;
+use brigade::tensor::rowwise::{matmul_rows, Packed};
 use rayon::prelude::*;
 
 struct Layer {
     ln1: (Vec<f32>, Vec<f32>),
-    wqkv: Vec<f32>, // [C, 3C]
+    wqkv: Packed, // [C, 3C]
     bqkv: Vec<f32>,
-    wproj: Vec<f32>, // [C, C]
+    wproj: Packed, // [C, C]
     bproj: Vec<f32>,
     ln2: (Vec<f32>, Vec<f32>),
-    wfc: Vec<f32>, // [C, 4C]
+    wfc: Packed, // [C, 4C]
     bfc: Vec<f32>,
-    wout: Vec<f32>, // [4C, C]
+    wout: Packed, // [4C, C]
     bout: Vec<f32>,
 }
 
@@ -33,8 +33,8 @@ pub struct Model {
     pub c: usize,
     pub vocab: usize,
     pub context: usize,
-    wte: Vec<f32>,   // [V, C] (embedding)
-    wte_t: Vec<f32>, // [C, V] (the tied head, as a product's right operand)
+    wte: Vec<f32>, // [V, C] (embedding)
+    head: Packed,  // wteᵀ: the tied head as a product's right operand
     wpe: Vec<f32>,
     layers: Vec<Layer>,
     lnf: (Vec<f32>, Vec<f32>),
@@ -59,23 +59,19 @@ impl Model {
         let ln = |p: &str| (get(&format!("{p}.weight")), get(&format!("{p}.bias")));
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
         let wte = get("wte.weight");
-        let mut wte_t = vec![0f32; c * v];
-        for t in 0..v {
-            for e in 0..c {
-                wte_t[e * v + t] = wte[t * c + e];
-            }
-        }
+        let head = Packed::from_transposed(&wte, v, c);
+        let pack = |name: String, k: usize, n: usize| Packed::new(&get(&name), k, n);
         let layers = (0..cfg.n_layer)
             .map(|i| Layer {
                 ln1: ln(&format!("h.{i}.ln_1")),
-                wqkv: get(&format!("h.{i}.attn.c_attn.weight")),
+                wqkv: pack(format!("h.{i}.attn.c_attn.weight"), c, 3 * c),
                 bqkv: get(&format!("h.{i}.attn.c_attn.bias")),
-                wproj: get(&format!("h.{i}.attn.c_proj.weight")),
+                wproj: pack(format!("h.{i}.attn.c_proj.weight"), c, c),
                 bproj: get(&format!("h.{i}.attn.c_proj.bias")),
                 ln2: ln(&format!("h.{i}.ln_2")),
-                wfc: get(&format!("h.{i}.mlp.c_fc.weight")),
+                wfc: pack(format!("h.{i}.mlp.c_fc.weight"), c, 4 * c),
                 bfc: get(&format!("h.{i}.mlp.c_fc.bias")),
-                wout: get(&format!("h.{i}.mlp.c_proj.weight")),
+                wout: pack(format!("h.{i}.mlp.c_proj.weight"), 4 * c, c),
                 bout: get(&format!("h.{i}.mlp.c_proj.bias")),
             })
             .collect();
@@ -86,7 +82,7 @@ impl Model {
             vocab: v,
             context: cfg.block_size,
             wte,
-            wte_t,
+            head,
             wpe: get("wpe.weight"),
             layers,
             lnf: ln("ln_f"),
@@ -117,7 +113,7 @@ impl Model {
         let mut f = vec![0f32; n * 4 * c];
         for (li, ly) in self.layers.iter().enumerate() {
             layernorm_rows(&mut h, &x, &ly.ln1, c);
-            matmul_rows(&mut qkv, &h, &ly.wqkv, n, c, 3 * c);
+            matmul_rows(&mut qkv, &h, &ly.wqkv, n);
             add_bias(&mut qkv, &ly.bqkv);
             for (r, &(wi, pos)) in rows.iter().enumerate() {
                 let w = &work[wi];
@@ -126,17 +122,17 @@ impl Model {
                 kv.slot_mut(b, li, 1, slot).copy_from_slice(&qkv[r * 3 * c + 2 * c..r * 3 * c + 3 * c]);
             }
             self.attention(&mut ctx, &qkv, &rows, work, kv, li);
-            matmul_rows(&mut y, &ctx, &ly.wproj, n, c, c);
+            matmul_rows(&mut y, &ctx, &ly.wproj, n);
             residual(&mut x, &y, &ly.bproj);
             layernorm_rows(&mut h, &x, &ly.ln2, c);
-            matmul_rows(&mut f, &h, &ly.wfc, n, c, 4 * c);
+            matmul_rows(&mut f, &h, &ly.wfc, n);
             add_bias(&mut f, &ly.bfc);
             f.par_chunks_mut(4 * c).for_each(|r| {
                 for v in r.iter_mut() {
                     *v = gelu(*v);
                 }
             });
-            matmul_rows(&mut y, &f, &ly.wout, n, 4 * c, c);
+            matmul_rows(&mut y, &f, &ly.wout, n);
             residual(&mut x, &y, &ly.bout);
         }
         // the last row of each work item that wants logits
@@ -152,7 +148,7 @@ impl Model {
         let mut hl = vec![0f32; m * c];
         layernorm_rows(&mut hl, &last, &self.lnf, c);
         let mut logits = vec![0f32; m * self.vocab];
-        matmul_rows(&mut logits, &hl, &self.wte_t, m, c, self.vocab);
+        matmul_rows(&mut logits, &hl, &self.head, m);
         logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect()
     }
 

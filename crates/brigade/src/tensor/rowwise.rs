@@ -1,62 +1,183 @@
 //! A matrix product whose every output row is computed the same way whatever the other rows
-//! are: element (i, j) is `fma` over k = 0, 1, …, K−1 in that order, from 0, in every tile
-//! shape and thread split. A request's tokens then come out bit-identical alone or inside any
-//! batch (batch invariance), which general gemm kernels do not promise (their blocking and
-//! split of the inner dimension depend on the matrix sizes).
+//! are: element (i, j) is an `fma` chain over k = 0, 1, …, K−1 in that order, from 0, in every
+//! tile shape and thread split. A request's tokens then come out bit-identical alone or inside
+//! any batch (batch invariance), which general gemm kernels do not promise (their blocking and
+//! split of the inner dimension may depend on the matrix sizes).
 //!
-//! Layout: `c[m, n] = a[m, k] · w[k, n]`, all row-major. Columns are cut into strips of 16;
-//! each strip of `w` (k × 16 floats) is read from memory once and reused from cache by every
-//! group of 4 rows, whose 4 × 16 sums stay in registers over k.
+//! The right operand is packed once (`Packed`): columns in strips of 16, each strip's `k × 16`
+//! values contiguous, so a strip streams from memory once and stays in cache while every
+//! group of rows uses it. Tiles: 4 rows × 16 columns, or for the last rows (a single decode
+//! row, say) 1 row × 64 columns — 8 vector accumulators either way, enough independent FMA
+//! chains to hide their latency.
 
 use super::SendPtr;
 use rayon::prelude::*;
 
-const COLS: usize = 16;
-const ROWS: usize = 4;
+const W: usize = 16;
+/// Strips per task (and per one-row tile).
+const GROUP: usize = 4;
 
-/// `c = a · w` (overwritten).
-pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &[f32], m: usize, k: usize, n: usize) {
-    assert!(a.len() == m * k && w.len() == k * n && c.len() == m * n);
-    let strips = n.div_ceil(COLS);
-    // each task computes whole column strips for every row: results do not depend on the split
+/// `w[k, n]` (row-major) packed for `matmul_rows`.
+pub struct Packed {
+    pub k: usize,
+    pub n: usize,
+    /// `[strip][k][16]`, the last strip zero-padded.
+    data: Vec<f32>,
+}
+
+impl Packed {
+    pub fn new(w: &[f32], k: usize, n: usize) -> Packed {
+        assert_eq!(w.len(), k * n);
+        let strips = n.div_ceil(W);
+        let mut data = vec![0f32; strips * k * W];
+        for s in 0..strips {
+            let width = W.min(n - s * W);
+            for kk in 0..k {
+                data[(s * k + kk) * W..(s * k + kk) * W + width]
+                    .copy_from_slice(&w[kk * n + s * W..kk * n + s * W + width]);
+            }
+        }
+        Packed { k, n, data }
+    }
+
+    /// From the transpose of a row-major `[n, k]` matrix (a tied embedding as the LM head).
+    pub fn from_transposed(wt: &[f32], n: usize, k: usize) -> Packed {
+        let mut w = vec![0f32; k * n];
+        for j in 0..n {
+            for kk in 0..k {
+                w[kk * n + j] = wt[j * k + kk];
+            }
+        }
+        Packed::new(&w, k, n)
+    }
+
+    fn strip(&self, s: usize) -> &[f32] {
+        &self.data[s * self.k * W..(s + 1) * self.k * W]
+    }
+}
+
+/// `c[m, n] = a[m, k] · w` (overwritten).
+pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
+    let (k, n) = (w.k, w.n);
+    assert!(a.len() == m * k && c.len() == m * n);
+    let strips = n.div_ceil(W);
     let cp = SendPtr(c.as_mut_ptr());
-    (0..strips).into_par_iter().with_min_len(4).for_each(|s| {
-        let j0 = s * COLS;
-        let width = COLS.min(n - j0);
+    (0..strips.div_ceil(GROUP)).into_par_iter().for_each(|g| {
+        let s0 = g * GROUP;
+        let s1 = (s0 + GROUP).min(strips);
         let mut i = 0;
+        // 4 rows × one strip at a time
+        while i + 4 <= m {
+            for s in s0..s1 {
+                let mut acc = [[0f32; W]; 4];
+                tile_4x16(&mut acc, &a[i * k..(i + 4) * k], k, w.strip(s));
+                for (r, accr) in acc.iter().enumerate() {
+                    store(cp, (i + r) * n, s, n, accr);
+                }
+            }
+            i += 4;
+        }
+        // the remaining rows one at a time × up to four strips
         while i < m {
-            let rows = ROWS.min(m - i);
-            let mut acc = [[0f32; COLS]; ROWS];
-            if width == COLS && rows == ROWS {
-                for kk in 0..k {
-                    let wv: &[f32; COLS] = w[kk * n + j0..kk * n + j0 + COLS].try_into().unwrap();
-                    for (r, accr) in acc.iter_mut().enumerate() {
-                        let av = a[(i + r) * k + kk];
-                        for t in 0..COLS {
-                            accr[t] = av.mul_add(wv[t], accr[t]);
-                        }
-                    }
-                }
-            } else {
-                for kk in 0..k {
-                    let wrow = &w[kk * n + j0..kk * n + j0 + width];
-                    for (r, accr) in acc.iter_mut().enumerate().take(rows) {
-                        let av = a[(i + r) * k + kk];
-                        for (t, &wt) in wrow.iter().enumerate() {
-                            accr[t] = av.mul_add(wt, accr[t]);
-                        }
-                    }
-                }
+            let mut acc = [[0f32; W]; GROUP];
+            let ar = &a[i * k..(i + 1) * k];
+            let ws: [&[f32]; GROUP] = std::array::from_fn(|q| w.strip((s0 + q).min(s1 - 1)));
+            tile_1x64(&mut acc, ar, ws);
+            for (q, s) in (s0..s1).enumerate() {
+                store(cp, i * n, s, n, &acc[q]);
             }
-            for (r, accr) in acc.iter().enumerate().take(rows) {
-                // SAFETY: strip s writes columns j0..j0+width of each row; strips are disjoint
-                // and `c` outlives the parallel loop.
-                let dst = unsafe { std::slice::from_raw_parts_mut(cp.at((i + r) * n + j0), width) };
-                dst.copy_from_slice(&accr[..width]);
-            }
-            i += rows;
+            i += 1;
         }
     });
+}
+
+/// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for 4 rows, each an fma chain over k in order.
+fn tile_4x16(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, strip: &[f32]) {
+    assert!(a.len() == 4 * k && strip.len() == k * W);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX and FMA (checked); the slices' lengths are checked above.
+        return unsafe { simd::tile_4x16(acc, a, k, strip) };
+    }
+    for kk in 0..k {
+        for (r, accr) in acc.iter_mut().enumerate() {
+            let av = a[r * k + kk];
+            for t in 0..W {
+                accr[t] = av.mul_add(strip[kk * W + t], accr[t]);
+            }
+        }
+    }
+}
+
+/// `acc[q][t] = Σ_k a[k]·strips[q][k, t]` for one row and four strips.
+fn tile_1x64(acc: &mut [[f32; W]; GROUP], a: &[f32], strips: [&[f32]; GROUP]) {
+    let k = a.len();
+    assert!(strips.iter().all(|s| s.len() == k * W));
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
+        // SAFETY: as above.
+        return unsafe { simd::tile_1x64(acc, a, strips) };
+    }
+    for (kk, &av) in a.iter().enumerate() {
+        for q in 0..GROUP {
+            for t in 0..W {
+                acc[q][t] = av.mul_add(strips[q][kk * W + t], acc[q][t]);
+            }
+        }
+    }
+}
+
+/// The tiles with AVX/FMA intrinsics: the accumulators in 8 ymm registers. Each lane does the
+/// same fused multiply-add chain as the portable loops, so results are bit-identical to them.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{GROUP, W};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx,fma")]
+    pub unsafe fn tile_4x16(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, strip: &[f32]) {
+        let mut c = [_mm256_setzero_ps(); 8];
+        let (ap, wp) = (a.as_ptr(), strip.as_ptr());
+        for kk in 0..k {
+            let w0 = _mm256_loadu_ps(wp.add(kk * W));
+            let w1 = _mm256_loadu_ps(wp.add(kk * W + 8));
+            for r in 0..4 {
+                let av = _mm256_broadcast_ss(&*ap.add(r * k + kk));
+                c[2 * r] = _mm256_fmadd_ps(av, w0, c[2 * r]);
+                c[2 * r + 1] = _mm256_fmadd_ps(av, w1, c[2 * r + 1]);
+            }
+        }
+        for r in 0..4 {
+            _mm256_storeu_ps(acc[r].as_mut_ptr(), c[2 * r]);
+            _mm256_storeu_ps(acc[r].as_mut_ptr().add(8), c[2 * r + 1]);
+        }
+    }
+
+    #[target_feature(enable = "avx,fma")]
+    pub unsafe fn tile_1x64(acc: &mut [[f32; W]; GROUP], a: &[f32], strips: [&[f32]; GROUP]) {
+        let mut c = [_mm256_setzero_ps(); 8];
+        let p: [*const f32; GROUP] = std::array::from_fn(|q| strips[q].as_ptr());
+        for (kk, av) in a.iter().enumerate() {
+            let av = _mm256_broadcast_ss(av);
+            for q in 0..GROUP {
+                c[2 * q] = _mm256_fmadd_ps(av, _mm256_loadu_ps(p[q].add(kk * W)), c[2 * q]);
+                c[2 * q + 1] = _mm256_fmadd_ps(av, _mm256_loadu_ps(p[q].add(kk * W + 8)), c[2 * q + 1]);
+            }
+        }
+        for q in 0..GROUP {
+            _mm256_storeu_ps(acc[q].as_mut_ptr(), c[2 * q]);
+            _mm256_storeu_ps(acc[q].as_mut_ptr().add(8), c[2 * q + 1]);
+        }
+    }
+}
+
+/// Writes strip `s`'s columns of the row starting at `row0` (the padding is not written).
+fn store(c: SendPtr, row0: usize, s: usize, n: usize, acc: &[f32; W]) {
+    let width = W.min(n - s * W);
+    // SAFETY: each task writes the columns of its own strips only, in rows below m; tasks'
+    // strips are disjoint and `c` outlives the parallel loop.
+    let dst = unsafe { std::slice::from_raw_parts_mut(c.at(row0 + s * W), width) };
+    dst.copy_from_slice(&acc[..width]);
 }
 
 #[cfg(test)]
@@ -67,30 +188,38 @@ mod tests {
     #[test]
     fn every_row_is_bitwise_the_same_alone_or_in_any_batch() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        for &(k, n) in &[(7, 5), (64, 48), (33, 100)] {
-            let w: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        for &(k, n) in &[(7, 5), (64, 48), (33, 100), (16, 200)] {
+            let wv: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let w = Packed::new(&wv, k, n);
             let a: Vec<f32> = (0..40 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let alone: Vec<Vec<f32>> = (0..40)
                 .map(|i| {
                     let mut c = vec![0f32; n];
-                    matmul_rows(&mut c, &a[i * k..(i + 1) * k], &w, 1, k, n);
+                    matmul_rows(&mut c, &a[i * k..(i + 1) * k], &w, 1);
                     c
                 })
                 .collect();
             for m in [2, 3, 4, 5, 17, 40] {
                 let mut c = vec![0f32; m * n];
-                matmul_rows(&mut c, &a[..m * k], &w, m, k, n);
+                matmul_rows(&mut c, &a[..m * k], &w, m);
                 for i in 0..m {
                     assert_eq!(c[i * n..(i + 1) * n], alone[i][..], "k {k} n {n}: row {i} of {m} differs from alone");
                 }
             }
-            // and the numbers are the product (f64 reference)
             for i in 0..40 {
                 for j in 0..n {
-                    let want: f64 = (0..k).map(|kk| a[i * k + kk] as f64 * w[kk * n + j] as f64).sum();
+                    let want: f64 = (0..k).map(|kk| a[i * k + kk] as f64 * wv[kk * n + j] as f64).sum();
                     assert!((alone[i][j] as f64 - want).abs() < 1e-4, "({i}, {j})");
                 }
             }
+            // the transposed constructor packs the same matrix
+            let mut wt = vec![0f32; n * k];
+            for j in 0..n {
+                for kk in 0..k {
+                    wt[j * k + kk] = wv[kk * n + j];
+                }
+            }
+            assert_eq!(Packed::from_transposed(&wt, n, k).data, w.data);
         }
     }
 }

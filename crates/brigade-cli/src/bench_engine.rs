@@ -1,0 +1,70 @@
+//! `brigade bench engine`: the serving engine in this process (no HTTP) on a GPT-2 shape with
+//! random weights — N requests at once, fixed prompt and output lengths, greedy, every token
+//! generated (stop tokens off) — output tokens/s and time per step, for each concurrency.
+
+use anyhow::{bail, Result};
+use brigade::models::{Gpt, GptConfig};
+use brigade_serve::engine::{Engine, Limits, Request, Sampling};
+use brigade_serve::model::Model;
+use std::time::Instant;
+
+pub fn run(
+    model: &str,
+    concurrency: &[usize],
+    prompt_len: usize,
+    output_len: usize,
+    threads: usize,
+    json: bool,
+) -> Result<()> {
+    let cfg = GptConfig::preset(model)?;
+    if prompt_len == 0 || prompt_len + output_len > cfg.block_size {
+        bail!("--prompt-len {prompt_len} + --output-len {output_len} must fit the context of {} tokens (and the prompt be non-empty)", cfg.block_size);
+    }
+    let gpt = Gpt::new(cfg)?;
+    let params = gpt.init_params(1);
+    let m = Model::new(&gpt, &params);
+    drop(params);
+    let mut engine = Engine::new(m, 1, 16, Limits { max_running: 1, max_step_tokens: 1 });
+    let mut rows = Vec::new();
+    for &n in concurrency {
+        let blocks = n * (prompt_len + output_len).div_ceil(16) + 1;
+        engine.kv = brigade_serve::kv::KvCache::new(blocks, 16, cfg.n_layer, cfg.n_embd);
+        engine.limits = Limits { max_running: n.max(1), max_step_tokens: (n * prompt_len).max(512) };
+        let t0 = Instant::now();
+        let mut first = None;
+        let made = brigade::with_threads(threads, || {
+            for i in 0..n {
+                let prompt: Vec<u32> =
+                    (0..prompt_len).map(|j| ((i * 7919 + j * 104_729) % cfg.vocab_size) as u32).collect();
+                let sampling =
+                    Sampling { temperature: 0.0, top_k: 0, seed: 0, max_tokens: output_len, stop_tokens: vec![] };
+                engine.add(Request { id: i as u64, prompt, sampling }).expect("fits");
+            }
+            let mut made = 0usize;
+            while engine.has_work() {
+                made += engine.step().len();
+                first.get_or_insert(t0.elapsed().as_secs_f64());
+            }
+            made
+        })?;
+        let wall = t0.elapsed().as_secs_f64();
+        let decode_steps = output_len.saturating_sub(1).max(1);
+        let tps = made as f64 / wall;
+        let per_step = (wall - first.unwrap_or(0.0)) / decode_steps as f64;
+        if !json {
+            outln!(
+                "{model}, {n} concurrent, prompt {prompt_len}, output {output_len}, {threads} threads: {tps:.1} output tokens/s; first token after {:.3} s (prefill of all), then {:.1} ms a step",
+                first.unwrap_or(0.0),
+                per_step * 1e3
+            );
+        }
+        rows.push(serde_json::json!({"concurrency": n, "output_tokens_per_s": tps, "first_step_s": first, "decode_step_ms": per_step * 1e3, "wall_s": wall}));
+    }
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"bench": "engine", "model": model, "threads": threads, "prompt_len": prompt_len, "output_len": output_len, "rows": rows})
+        );
+    }
+    Ok(())
+}
