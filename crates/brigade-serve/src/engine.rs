@@ -83,6 +83,21 @@ pub struct Stats {
     pub generated: u64,
 }
 
+/// `ln Σ exp(x)` over a row of logits, in a fixed order (8 lanes, then the lanes in order)
+/// with the vectorised `exp`: the log-probabilities are as batch-invariant as the logits.
+fn log_sum_exp(x: &[f32]) -> f32 {
+    let mx = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut acc = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for t in 0..8 {
+            acc[t] += brigade::tensor::math::exp(c[t] - mx);
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|&v| brigade::tensor::math::exp(v - mx)).sum();
+    mx + (acc.iter().sum::<f32>() + tail).ln()
+}
+
 pub struct Engine {
     pub model: Model,
     pub kv: KvCache,
@@ -281,8 +296,7 @@ impl Engine {
                 stop: None,
             };
             let tok = pick(&row, &opt, &mut s.rng);
-            let mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let lse = mx + row.iter().map(|&v| ((v - mx) as f64).exp()).sum::<f64>().ln() as f32;
+            let lse = log_sum_exp(&row);
             s.tokens.push(tok);
             s.generated += 1;
             self.stats.generated += 1;
