@@ -107,6 +107,9 @@ enum Line {
 /// Parses one line (without its line ending). `number` is the line's global 0-based number,
 /// the id of a plain-text document.
 fn parse(raw: &[u8], format: Format, spec: &InputSpec, number: u64) -> std::result::Result<Line, String> {
+    // a UTF-8 byte-order mark opening a line (Windows editors write one at the start of a
+    // file) is not text: JSON parsers refuse it and it is no part of a document
+    let raw = raw.strip_prefix(b"\xef\xbb\xbf").unwrap_or(raw);
     let text = std::str::from_utf8(raw).map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
     match format {
         Format::Text => Ok(Line::Doc(Doc { id: number.to_string(), text: text.to_string() })),
@@ -324,8 +327,12 @@ mod tests {
     #[test]
     fn shards_cover_every_document_once_across_files() {
         let d = tempfile::tempdir().unwrap();
-        let a = write(d.path(), "a.txt", b"zero\none\r\n\nthree\n");
-        let b = write(d.path(), "b.jsonl", b"{\"id\": \"x\", \"text\": \"ex\"}\n\n{\"id\": 7, \"text\": \"seven\"}");
+        let a = write(d.path(), "a.txt", b"\xef\xbb\xbfzero\none\r\n\nthree\n");
+        let b = write(
+            d.path(),
+            "b.jsonl",
+            b"\xef\xbb\xbf{\"id\": \"x\", \"text\": \"ex\"}\n\n{\"id\": 7, \"text\": \"seven\"}",
+        );
         let c = write(d.path(), "c.txt", b"last, no newline");
         let sp = spec(vec![a, b, c], OnError::Fail);
         for size in 1..8 {
@@ -335,6 +342,7 @@ mod tests {
             let ids: Vec<&str> = docs.iter().map(|d| d.id.as_str()).collect();
             // text ids are global line numbers: a.txt has lines 0..4, b.jsonl 4..7, c.txt 7
             assert_eq!(ids, ["0", "1", "2", "3", "x", "7", "7"]);
+            assert_eq!(docs[0].text, "zero", "the byte-order mark is dropped");
             assert_eq!(docs[1].text, "one");
             assert_eq!(docs[2].text, "");
             assert_eq!(docs[6].text, "last, no newline");
