@@ -17,6 +17,9 @@ pub fn run(
     json: bool,
 ) -> Result<()> {
     let cfg = GptConfig::preset(model)?;
+    if concurrency.is_empty() || concurrency.iter().any(|&n| n == 0 || n > 4096) {
+        bail!("--concurrency takes request counts from 1 to 4096, e.g. 1,8,32");
+    }
     if prompt_len == 0 || prompt_len + output_len > cfg.block_size {
         bail!("--prompt-len {prompt_len} + --output-len {output_len} must fit the context of {} tokens (and the prompt be non-empty)", cfg.block_size);
     }

@@ -278,6 +278,7 @@ fn bad_input_is_refused_with_one_line() {
         "--shard-size 0",
     );
     fails_with(&["embed", "--model", &m, "--output", "o"], dir, "--input");
+    fails_with(&["embed", "--verify", "o"], dir, "o is not a brigade embed output (no manifest.json)");
     fails_with(
         &["embed", "--model", &m, "--input", "t.txt", "--output", "o", "--workers", "2", "--backend", "mpi"],
         dir,

@@ -195,6 +195,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST);
+    if !path.is_file() {
+        return Err(Error::Data(format!(
+            "{} is not a brigade embed output (no manifest.json); give the --output directory of an embedding job",
+            dir.display()
+        )));
+    }
     let text = fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     serde_json::from_str(&text)
         .map_err(|e| Error::Data(format!("{}: not a brigade embed manifest ({e})", path.display())))
