@@ -66,6 +66,18 @@ struct Seq {
     rng: ChaCha8Rng,
 }
 
+impl Seq {
+    /// Gives back every block: nothing of the sequence is in the cache any more (its tokens
+    /// and sampler state stay), as for a sequence that never ran.
+    fn uncache(&mut self, kv: &mut KvCache) {
+        kv.release(&self.blocks);
+        self.blocks.clear();
+        self.computed = 0;
+        self.published = 0;
+        self.parent = None;
+    }
+}
+
 /// Bounds on one step.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -182,11 +194,7 @@ impl Engine {
     /// Preempts the newest running sequence: its blocks go back, it waits first in line.
     fn preempt_newest(&mut self) {
         let mut s = self.running.pop().expect("a running sequence to preempt");
-        self.kv.release(&s.blocks);
-        s.blocks.clear();
-        s.computed = 0;
-        s.published = 0;
-        s.parent = None;
+        s.uncache(&mut self.kv);
         self.waiting.push_front(s);
         self.stats.preemptions += 1;
     }
@@ -235,11 +243,7 @@ impl Engine {
             let n = (s.tokens.len() - s.computed).min(budget);
             let upto = s.computed + n;
             if !Self::grow(&mut self.kv, &mut s, upto) {
-                self.kv.release(&s.blocks);
-                s.blocks.clear();
-                s.computed = 0;
-                s.published = 0;
-                s.parent = None;
+                s.uncache(&mut self.kv);
                 self.waiting.push_front(s);
                 break;
             }
