@@ -129,7 +129,7 @@ impl Model {
             add_bias(&mut f, &ly.bfc);
             f.par_chunks_mut(4 * c).for_each(|r| {
                 for v in r.iter_mut() {
-                    *v = gelu(*v);
+                    *v = brigade::tensor::elementwise::gelu_tanh(*v);
                 }
             });
             matmul_rows(&mut y, &f, &ly.wout, n);
@@ -212,10 +212,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + brigade::tensor::math::tanh(0.797_884_6 * (x + 0.044_715 * x * x * x)))
-}
-
 fn add_bias(x: &mut [f32], b: &[f32]) {
     x.par_chunks_mut(b.len()).for_each(|r| r.iter_mut().zip(b).for_each(|(v, &bb)| *v += bb));
 }
@@ -233,6 +229,6 @@ fn residual(x: &mut [f32], y: &[f32], b: &[f32]) {
 fn layernorm_rows(out: &mut [f32], x: &[f32], (w, b): &(Vec<f32>, Vec<f32>), c: usize) {
     out.par_chunks_mut(c).zip(x.par_chunks(c)).for_each(|(o, x)| {
         o.copy_from_slice(x);
-        brigade::tensor::encoder::layernorm_row(o, w, b, brigade::tensor::layernorm::EPS);
+        brigade::tensor::layernorm::layernorm_row(o, w, b, brigade::tensor::layernorm::EPS);
     });
 }

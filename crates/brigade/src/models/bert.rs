@@ -6,7 +6,8 @@
 //! transposed once at load (`[in, out]`, q | k | v fused), so every product of the forward is a
 //! plain row-major `x · W` over all the tokens of a batch.
 
-use crate::tensor::encoder::{attention_packed, bias_gelu_inplace, layernorm_row, residual_layernorm_inplace};
+use crate::tensor::encoder::{attention_packed, bias_gelu_inplace, residual_layernorm_inplace};
+use crate::tensor::layernorm::layernorm_row;
 use crate::tensor::{gemm_into, Mat, Threads, ROW_CHUNK};
 use crate::{Error, Result};
 use rayon::prelude::*;

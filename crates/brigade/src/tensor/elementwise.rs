@@ -6,12 +6,18 @@ const CHUNK: usize = 1 << 14;
 const GELU_K: f32 = 0.797_884_6; // sqrt(2/pi)
 const GELU_C: f32 = 0.044_715;
 
+/// GELU's tanh approximation of one value (GPT-2's `gelu_new`).
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    let u = GELU_K * (x + GELU_C * x * x * x);
+    0.5 * x * (1.0 + super::math::tanh(u))
+}
+
 pub fn gelu_forward(out: &mut [f32], x: &[f32]) {
     assert_eq!(out.len(), x.len());
     out.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, x)| {
         for (o, &x) in o.iter_mut().zip(x) {
-            let u = GELU_K * (x + GELU_C * x * x * x);
-            *o = 0.5 * x * (1.0 + super::math::tanh(u));
+            *o = gelu_tanh(x);
         }
     });
 }

@@ -5,6 +5,7 @@
 //! matrix product runs over all tokens at once, and attention runs per (sequence, head) over
 //! that sequence's own rows, which is what a padding mask computes, without the padded work.
 
+use super::layernorm::layernorm_row;
 use super::matmul::{gemm_into, Mat, Threads};
 use super::ROW_CHUNK;
 use rayon::prelude::*;
@@ -86,7 +87,7 @@ pub fn bias_gelu_inplace(x: &mut [f32], bias: &[f32], tanh: bool) {
         for (v, &b) in row.iter_mut().zip(bias) {
             let u = *v + b;
             *v = if tanh {
-                0.5 * u * (1.0 + super::math::tanh(0.797_884_6 * (u + 0.044_715 * u * u * u)))
+                super::elementwise::gelu_tanh(u)
             } else {
                 0.5 * u * (1.0 + super::math::erf(u * std::f32::consts::FRAC_1_SQRT_2))
             };
@@ -104,17 +105,6 @@ pub fn residual_layernorm_inplace(x: &mut [f32], y: &[f32], bias: &[f32], w: &[f
         }
         layernorm_row(x, w, b, eps);
     });
-}
-
-/// LayerNorm of one row in place (statistics in f64, as the training kernel).
-pub fn layernorm_row(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
-    let c = x.len() as f64;
-    let mu = x.iter().map(|&v| v as f64).sum::<f64>() / c;
-    let var = x.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / c;
-    let (mu, rs) = (mu as f32, (1.0 / (var + eps as f64).sqrt()) as f32);
-    for ((x, &w), &b) in x.iter_mut().zip(w).zip(b) {
-        *x = (*x - mu) * rs * w + b;
-    }
 }
 
 #[cfg(test)]

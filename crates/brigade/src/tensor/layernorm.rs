@@ -22,16 +22,30 @@ pub fn layernorm_forward(
         .zip(mean.par_iter_mut().zip(rstd.par_iter_mut()))
         .with_min_len(ROW_CHUNK)
         .for_each(|((o, x), (m, r))| {
-            let mu = x.iter().map(|&v| v as f64).sum::<f64>() / c as f64;
-            let var = x.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / c as f64;
-            let rs = 1.0 / (var + EPS as f64).sqrt();
-            let (mu, rs) = (mu as f32, rs as f32);
+            let (mu, rs) = row_stats(x, EPS);
             for (((o, &x), &w), &b) in o.iter_mut().zip(x).zip(w).zip(b) {
                 *o = (x - mu) * rs * w + b;
             }
             *m = mu;
             *r = rs;
         });
+}
+
+/// Mean and `1/sqrt(var + eps)` of a row, summed in f64.
+#[inline]
+pub fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
+    let c = x.len() as f64;
+    let mu = x.iter().map(|&v| v as f64).sum::<f64>() / c;
+    let var = x.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / c;
+    (mu as f32, (1.0 / (var + eps as f64).sqrt()) as f32)
+}
+
+/// LayerNorm of one row in place, keeping no statistics (inference).
+pub fn layernorm_row(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let (mu, rs) = row_stats(x, eps);
+    for ((x, &w), &b) in x.iter_mut().zip(w).zip(b) {
+        *x = (*x - mu) * rs * w + b;
+    }
 }
 
 /// Accumulates into `dx` (the residual stream's gradient), `dw` and `db`.
