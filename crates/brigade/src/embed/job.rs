@@ -146,8 +146,14 @@ fn work(
     progress: &dyn Progress,
     st: &mut WorkerStats,
 ) -> Result<()> {
+    let mut done = vec![false; p.index.shards.len()];
+    p.done.iter().for_each(|&i| {
+        if let Some(d) = done.get_mut(i) {
+            *d = true;
+        }
+    });
     for shard in &p.index.shards {
-        if p.done.contains(&shard.index) || !output::claim(out, shard.index)? {
+        if done[shard.index] || !output::claim(out, shard.index)? {
             continue;
         }
         let t = Instant::now();

@@ -264,23 +264,17 @@ pub fn prepare(dir: &Path, job: &Job, overwrite: bool) -> Result<Start> {
     }
     // a shard is finished when its .ids, .npy and statistics are all there; clear the rest
     let names = entries(dir)?;
-    let has = |i: usize, f: fn(usize) -> String| names.contains(&f(i));
-    let mut done = Vec::new();
-    let mut partial = Vec::new();
+    let mut parts: std::collections::BTreeMap<usize, Vec<&str>> = std::collections::BTreeMap::new();
     for n in &names {
-        if let Kind::Shard(i, _) = kind(n) {
-            if has(i, ids_name) && has(i, npy_name) && has(i, stats_name) {
-                if !done.contains(&i) {
-                    done.push(i);
-                }
-            } else {
-                partial.push(i);
-            }
+        if let Kind::Shard(i, part) = kind(n) {
+            parts.entry(i).or_default().push(part);
         }
     }
+    let finished = |p: &Vec<&str>| ["ids", "npy", "stats"].iter().all(|f| p.contains(f));
+    let done: Vec<usize> = parts.iter().filter(|(_, p)| finished(p)).map(|(&i, _)| i).collect();
     clear(dir, &names, |k| match k {
         Kind::Temporary | Kind::Shard(_, "claim") => true,
-        Kind::Shard(i, _) => partial.contains(i),
+        Kind::Shard(i, _) => !finished(&parts[i]),
         _ => false,
     })?;
     let started = Manifest {
