@@ -1,23 +1,7 @@
 //! The `brigade` binary end to end: bad input gets a one-line error and a non-zero exit,
 //! never a panic; train → checkpoint → sample and train → interrupt → resume work.
-
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn brigade(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_brigade")).args(args).current_dir(cwd).output().expect("runs")
-}
-
-/// Asserts a clean failure whose message mentions `needle`.
-fn fails_with(args: &[&str], cwd: &Path, needle: &str) {
-    let out = brigade(args, cwd);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    let line =
-        err.lines().find(|l| l.starts_with("error")).unwrap_or_else(|| panic!("{args:?}: no error line in {err}"));
-    assert!(line.contains(needle), "{args:?}: expected '{needle}' in: {line}");
-}
+mod common;
+use common::{brigade, fails_with};
 
 const QUICK: &[&str] = &["--steps", "6", "--batch", "4", "--threads", "1", "--eval-every", "0"];
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn model() -> Option<String> {
@@ -29,24 +29,12 @@ fn cmd(args: &[&str], cwd: &Path) -> Command {
     c
 }
 
-fn run(args: &[&str], cwd: &Path) -> Output {
-    cmd(args, cwd).output().expect("runs")
-}
+mod common;
+use common::{brigade as run, fails_with};
 
+/// Standard output of a successful run.
 fn ok(args: &[&str], cwd: &Path) -> String {
-    let out = run(args, cwd);
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn fails_with(args: &[&str], cwd: &Path, needle: &str) {
-    let out = run(args, cwd);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    let line =
-        err.lines().find(|l| l.starts_with("error")).unwrap_or_else(|| panic!("{args:?}: no error line in {err}"));
-    assert!(line.contains(needle), "{args:?}: expected '{needle}' in: {line}");
+    String::from_utf8_lossy(&common::ok(args, cwd).stdout).into_owned()
 }
 
 /// Pseudo-sentences of 3 to 40 words, some long enough to be truncated at 256 tokens.

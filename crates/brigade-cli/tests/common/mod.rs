@@ -1,0 +1,28 @@
+//! Running the `brigade` binary as a user does, shared by the CLI test files.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+pub fn brigade(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_brigade")).args(args).current_dir(cwd).output().expect("runs")
+}
+
+pub fn ok(args: &[&str], cwd: &Path) -> Output {
+    let out = brigade(args, cwd);
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// A clean failure: non-zero exit, no panic, and a first error line that mentions `needle`.
+/// Returns standard error.
+pub fn fails_with(args: &[&str], cwd: &Path, needle: &str) -> String {
+    let out = brigade(args, cwd);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    let line =
+        err.lines().find(|l| l.starts_with("error")).unwrap_or_else(|| panic!("{args:?}: no error line in {err}"));
+    assert!(line.contains(needle), "{args:?}: expected '{needle}' in: {line}");
+    err
+}
