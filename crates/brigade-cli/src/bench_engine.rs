@@ -39,8 +39,15 @@ pub fn run(
             for i in 0..n {
                 let prompt: Vec<u32> =
                     (0..prompt_len).map(|j| ((i * 7919 + j * 104_729) % cfg.vocab_size) as u32).collect();
-                let sampling =
-                    Sampling { temperature: 0.0, top_k: 0, seed: 0, max_tokens: output_len, stop_tokens: vec![] };
+                let sampling = Sampling {
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    seed: 0,
+                    max_tokens: output_len,
+                    stop_tokens: vec![],
+                    top_logprobs: 0,
+                };
                 engine.add(Request { id: i as u64, prompt, sampling }).expect("fits");
             }
             let mut made = 0usize;

@@ -22,6 +22,7 @@ mod comm_bench;
 mod embed_cmd;
 mod plan_cmd;
 mod sample_cmd;
+mod serve_cmd;
 mod train_args;
 mod train_cmd;
 
@@ -44,6 +45,8 @@ enum Cmd {
     Plan(Box<plan_cmd::PlanArgs>),
     /// Embed a corpus with a sentence-transformers model, across workers, resumable.
     Embed(Box<embed_cmd::EmbedArgs>),
+    /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API, with continuous batching.
+    Serve(Box<serve_cmd::ServeArgs>),
     /// Measure speed, side by side with a baseline measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -94,6 +97,7 @@ fn main() {
         Cmd::Sample(a) => sample_cmd::run(a),
         Cmd::Plan(a) => plan_cmd::run(*a),
         Cmd::Embed(a) => embed_cmd::run(*a),
+        Cmd::Serve(a) => serve_cmd::run(*a),
         Cmd::Bench { what } => bench_cmd::run(what),
     };
     if let Err(e) = res {

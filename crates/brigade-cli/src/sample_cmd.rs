@@ -104,6 +104,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
         max_new_tokens: a.max_tokens.unwrap_or(64),
         temperature: a.temperature,
         top_k: a.top_k,
+        top_p: 1.0,
         seed: a.seed,
         stop: None,
     };

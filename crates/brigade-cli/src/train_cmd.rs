@@ -361,8 +361,14 @@ fn train_loop(
         }
         EvalReport::Text { .. } => {
             let prompt = tr.data_prompt();
-            let opt =
-                brigade::models::SampleOptions { max_new_tokens: 64, temperature: 0.8, top_k: 40, seed: 0, stop: None };
+            let opt = brigade::models::SampleOptions {
+                max_new_tokens: 64,
+                temperature: 0.8,
+                top_k: 40,
+                top_p: 1.0,
+                seed: 0,
+                stop: None,
+            };
             let ids = tr.tokenizer.encode(&prompt)?;
             let (model, params) = tr.whole_model(full.as_deref());
             let gen = brigade::models::generate(model, params, &[ids], &opt);

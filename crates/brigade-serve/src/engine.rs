@@ -19,10 +19,14 @@ pub struct Sampling {
     pub temperature: f32,
     /// 0: all tokens.
     pub top_k: usize,
+    /// 1: all tokens.
+    pub top_p: f32,
     pub seed: u64,
     pub max_tokens: usize,
     /// Generation ends after emitting one of these.
     pub stop_tokens: Vec<u32>,
+    /// How many of the most likely tokens to report with each generated one (0: none).
+    pub top_logprobs: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -49,6 +53,8 @@ pub struct Output {
     pub token: u32,
     /// Natural log of the token's probability under the model (before temperature).
     pub logprob: f32,
+    /// The `top_logprobs` most likely tokens and their log-probabilities, best first.
+    pub top: Vec<(u32, f32)>,
     pub finished: Option<Finish>,
 }
 
@@ -108,6 +114,22 @@ fn log_sum_exp(x: &[f32]) -> f32 {
     }
     let tail: f32 = chunks.remainder().iter().map(|&v| brigade::tensor::math::exp(v - mx)).sum();
     mx + (acc.iter().sum::<f32>() + tail).ln()
+}
+
+/// The `n` largest entries' indices, largest first (ties: lower index first).
+fn top_tokens(row: &[f32], n: usize) -> Vec<u32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+    let cmp = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    let n = n.min(idx.len());
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, cmp);
+        idx.truncate(n);
+    }
+    idx.sort_by(cmp);
+    idx
 }
 
 pub struct Engine {
@@ -296,6 +318,7 @@ impl Engine {
                 max_new_tokens: 0,
                 temperature: s.sampling.temperature,
                 top_k: s.sampling.top_k,
+                top_p: s.sampling.top_p,
                 seed: 0,
                 stop: None,
             };
@@ -313,7 +336,9 @@ impl Engine {
             } else {
                 None
             };
-            out.push(Output { id: s.id, token: tok, logprob: row[tok as usize] - lse, finished: fin });
+            let top =
+                top_tokens(&row, s.sampling.top_logprobs).into_iter().map(|t| (t, row[t as usize] - lse)).collect();
+            out.push(Output { id: s.id, token: tok, logprob: row[tok as usize] - lse, top, finished: fin });
             if fin.is_some() {
                 finished.push(i);
             }

@@ -1,7 +1,13 @@
 //! brigade-serve: batched GPT inference — a paged KV cache with prefix caching, one forward
 //! pass per step over every running sequence, iteration-level scheduling, batch-invariant
-//! outputs. (The HTTP API of issue 11 is built on this engine.)
+//! outputs — behind an OpenAI-compatible HTTP API (`brigade serve`).
 
+pub mod api;
 pub mod engine;
 pub mod kv;
+pub mod metrics;
 pub mod model;
+pub mod served;
+pub mod server;
+pub mod text;
+pub mod worker;

@@ -19,7 +19,7 @@ fn tiny() -> (Gpt, Vec<f32>) {
 }
 
 fn greedy(max_tokens: usize) -> Sampling {
-    Sampling { temperature: 0.0, top_k: 0, seed: 0, max_tokens, stop_tokens: vec![] }
+    Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens, stop_tokens: vec![], top_logprobs: 0 }
 }
 
 fn run(engine: &mut Engine, arrivals: Vec<(usize, Request)>) -> HashMap<u64, Vec<Output>> {
@@ -65,7 +65,7 @@ fn greedy_tokens_match_the_full_recompute_generator() {
 }
 
 fn want_seeded_sampling() -> Sampling {
-    Sampling { temperature: 0.8, top_k: 20, seed: 42, max_tokens: 40, stop_tokens: vec![] }
+    Sampling { temperature: 0.8, top_k: 20, top_p: 0.9, seed: 42, max_tokens: 40, stop_tokens: vec![], top_logprobs: 3 }
 }
 
 #[test]

@@ -63,7 +63,7 @@ fn generation_stops_at_the_stop_token() {
         *p += rng.gen_range(-0.5..0.5);
     }
     let prompts = vec![vec![1, 2, 3], vec![4, 5, 6]];
-    let free = SampleOptions { max_new_tokens: 12, temperature: 0.0, top_k: 0, seed: 0, stop: None };
+    let free = SampleOptions { max_new_tokens: 12, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, stop: None };
     let full = generate(&model, &params, &prompts, &free);
     // stop at the token the first sequence emits second
     let stop = full[0][1];

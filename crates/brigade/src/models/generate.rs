@@ -11,6 +11,9 @@ pub struct SampleOptions {
     pub temperature: f32,
     /// Keep only the k most likely tokens (0: all).
     pub top_k: usize,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities (after temperature
+    /// and top-k) add up to at least `top_p` (1: all).
+    pub top_p: f32,
     pub seed: u64,
     /// Stop after emitting this token.
     pub stop: Option<u32>,
@@ -36,7 +39,22 @@ pub fn pick(logits: &[f32], opt: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
         idx.truncate(opt.top_k);
     }
     let mx = idx.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
-    let w: Vec<f64> = idx.iter().map(|&i| (((logits[i] - mx) / opt.temperature) as f64).exp()).collect();
+    let mut w: Vec<f64> = idx.iter().map(|&i| (((logits[i] - mx) / opt.temperature) as f64).exp()).collect();
+    if opt.top_p < 1.0 {
+        // most likely first (ties by token id, so the order is fixed), then the shortest
+        // prefix whose mass reaches top_p
+        let mut order: Vec<usize> = (0..idx.len()).collect();
+        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(idx[a].cmp(&idx[b])));
+        let total: f64 = w.iter().sum();
+        let (mut acc, mut keep) = (0.0, 0);
+        while keep < order.len() && (keep == 0 || acc < opt.top_p as f64 * total) {
+            acc += w[order[keep]];
+            keep += 1;
+        }
+        order.truncate(keep);
+        idx = order.iter().map(|&k| idx[k]).collect();
+        w = order.iter().map(|&k| w[k]).collect();
+    }
     let mut u = rng.gen::<f64>() * w.iter().sum::<f64>();
     for (k, &wi) in w.iter().enumerate() {
         if u < wi {
@@ -77,22 +95,38 @@ mod tests {
     use super::*;
 
     fn opts(temperature: f32, top_k: usize) -> SampleOptions {
-        SampleOptions { max_new_tokens: 1, temperature, top_k, seed: 0, stop: None }
+        SampleOptions { max_new_tokens: 1, temperature, top_k, top_p: 1.0, seed: 0, stop: None }
     }
 
-    /// Sampled frequencies against softmax(logits / temperature) over the k best, written
-    /// out in f64: each within 4.5 standard deviations of its expectation.
+    /// Sampled frequencies against softmax(logits / temperature) over the k best, then over
+    /// the smallest most-likely set holding `top_p` of that mass, written out in f64: each
+    /// within 4.5 standard deviations of its expectation.
     fn check_frequencies(logits: &[f32], temperature: f32, top_k: usize) {
+        check_nucleus(logits, temperature, top_k, 1.0)
+    }
+
+    fn check_nucleus(logits: &[f32], temperature: f32, top_k: usize, top_p: f32) {
         let n = 40_000;
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let mut seen = vec![0usize; logits.len()];
+        let o = SampleOptions { top_p, ..opts(temperature, top_k) };
         for _ in 0..n {
-            seen[pick(logits, &opts(temperature, top_k), &mut rng) as usize] += 1;
+            seen[pick(logits, &o, &mut rng) as usize] += 1;
         }
         let mut order: Vec<usize> = (0..logits.len()).collect();
         order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        let kept = if top_k == 0 { logits.len() } else { top_k.min(logits.len()) };
-        let z: f64 = order[..kept].iter().map(|&i| (logits[i] as f64 / temperature as f64).exp()).sum();
+        let mut kept = if top_k == 0 { logits.len() } else { top_k.min(logits.len()) };
+        let e = |i: usize| (logits[i] as f64 / temperature as f64).exp();
+        let zk: f64 = order[..kept].iter().map(|&i| e(i)).sum();
+        let mut cum = 0.0;
+        for (r, &i) in order[..kept].iter().enumerate() {
+            cum += e(i) / zk;
+            if cum >= top_p as f64 - 1e-12 {
+                kept = r + 1;
+                break;
+            }
+        }
+        let z: f64 = order[..kept].iter().map(|&i| e(i)).sum();
         for (rank, &i) in order.iter().enumerate() {
             let p = if rank < kept { (logits[i] as f64 / temperature as f64).exp() / z } else { 0.0 };
             let (want, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
@@ -123,5 +157,14 @@ mod tests {
                                             // large logits must not overflow
         let big: Vec<f32> = logits.iter().map(|x| x + 500.0).collect();
         check_frequencies(&big, 0.8, 0);
+    }
+
+    #[test]
+    fn nucleus_sampling_keeps_the_smallest_set_reaching_top_p() {
+        let logits = [0.1, 3.0, 2.9, -1.0, 2.8, 0.0, 1.5];
+        check_nucleus(&logits, 1.0, 0, 0.5); // the two best
+        check_nucleus(&logits, 1.0, 0, 0.9);
+        check_nucleus(&logits, 0.6, 4, 0.7); // after top-k, on the tempered mass
+        check_nucleus(&logits, 2.0, 0, 0.01); // the best alone
     }
 }

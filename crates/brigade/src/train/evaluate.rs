@@ -117,8 +117,14 @@ impl Trainer {
 pub fn solve_addition(model: &Gpt, params: &[f32], a: &Addition, problems: &[(u64, u64)]) -> Vec<String> {
     let prompts: Vec<Vec<u32>> =
         problems.iter().map(|&(x, y)| a.prompt(x, y).bytes().map(u32::from).collect()).collect();
-    let opt =
-        SampleOptions { max_new_tokens: a.digits + 2, temperature: 0.0, top_k: 0, seed: 0, stop: Some(b'\n' as u32) };
+    let opt = SampleOptions {
+        max_new_tokens: a.digits + 2,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+        stop: Some(b'\n' as u32),
+    };
     generate(model, params, &prompts, &opt)
         .iter()
         .map(|ids| ids.iter().map(|&i| i.min(255) as u8 as char).collect::<String>())

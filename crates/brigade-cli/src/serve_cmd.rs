@@ -1,0 +1,102 @@
+//! `brigade serve`: the OpenAI-compatible completions server.
+
+use anyhow::{bail, Result};
+use brigade_serve::served::Source;
+use brigade_serve::server::{self, ServeOptions};
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Checkpoint directory: brigade's or a Hugging Face GPT-2 folder (config.json,
+    /// model.safetensors, tokenizer.json if prompts are text).
+    #[arg(long, conflicts_with = "model", required_unless_present = "model")]
+    checkpoint: Option<PathBuf>,
+    /// A preset shape with random weights instead (gpt2-small, …): prompts as token ids only.
+    #[arg(long)]
+    model: Option<String>,
+    /// The model name clients send (default: the checkpoint directory's name, or the preset).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0 picks a free port (printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Threads for the model's arithmetic.
+    #[arg(long, default_value_t = crate::default_threads())]
+    threads: usize,
+    /// Sequences in the running batch.
+    #[arg(long, default_value_t = 64)]
+    max_running: usize,
+    /// Sequences waiting beyond the running batch; past them requests get 503 + Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_queued: usize,
+    /// Tokens in one forward pass (decodes first, then prompt chunks).
+    #[arg(long, default_value_t = 512)]
+    max_step_tokens: usize,
+    /// Memory for the paged KV cache.
+    #[arg(long, default_value_t = 2048)]
+    kv_cache_mib: usize,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Seconds to finish in-flight requests after SIGTERM before exiting.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_timeout: f64,
+}
+
+pub fn options(a: ServeArgs) -> Result<ServeOptions> {
+    crate::check_threads(a.threads, "--threads")?;
+    if !(a.shutdown_timeout >= 0.0 && a.shutdown_timeout <= 86_400.0) {
+        bail!("--shutdown-timeout must be from 0 to 86400 seconds, got {}", a.shutdown_timeout);
+    }
+    if a.max_running == 0 || a.max_running > 4096 {
+        bail!("--max-running must be from 1 to 4096, got {}", a.max_running);
+    }
+    if a.max_queued > 1 << 20 {
+        bail!("--max-queued must be at most {}, got {}", 1 << 20, a.max_queued);
+    }
+    if a.block_size == 0 || a.block_size > 1024 {
+        bail!("--block-size must be from 1 to 1024 tokens, got {}", a.block_size);
+    }
+    if a.max_step_tokens == 0 || a.max_step_tokens > 1 << 16 {
+        bail!("--max-step-tokens must be from 1 to 65536, got {}", a.max_step_tokens);
+    }
+    if a.kv_cache_mib == 0 || a.kv_cache_mib > 1 << 20 {
+        bail!("--kv-cache-mib must be from 1 to 1048576, got {}", a.kv_cache_mib);
+    }
+    let source = match (a.checkpoint, a.model) {
+        (Some(dir), None) => Source::Checkpoint(dir),
+        (None, Some(m)) => Source::Preset(m),
+        _ => bail!("give --checkpoint DIR or --model PRESET"),
+    };
+    Ok(ServeOptions {
+        source,
+        name: a.served_model_name,
+        host: a.host,
+        port: a.port,
+        threads: a.threads,
+        max_running: a.max_running,
+        max_queued: a.max_queued,
+        max_step_tokens: a.max_step_tokens,
+        kv_cache_mib: a.kv_cache_mib,
+        block_size: a.block_size,
+        shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
+    })
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let o = options(a)?;
+    // a client that hangs up must not end the server: writes to its socket fail instead
+    #[cfg(unix)]
+    // SAFETY: sets one signal's disposition; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    server::run(o, |addr| {
+        // one line that scripts (and the tests) read for the port
+        println!("brigade serve: listening on http://{addr}");
+    })
+}

@@ -1,0 +1,396 @@
+//! `brigade serve` from outside, over HTTP, as a client would: a tiny model trained for a few
+//! steps with a byte-level BPE tokenizer (the fixture `bpe-tokenizer.json`), and the
+//! gpt2-small shape with random weights where a request must take a while (draining).
+//! References: the tokenizer's own decoding of the returned token ids, each request run alone
+//! (batch invariance), `brigade sample` (the full-recompute generator).
+
+mod common;
+
+use common::ok;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn fixture_tokenizer() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade-serve/tests/data/bpe-tokenizer.json")
+}
+
+/// A tiny checkpoint trained for 30 steps on the README with the BPE tokenizer (once per run).
+fn checkpoint() -> &'static Path {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+        let out = d.path().join("tiny-bpe");
+        ok(
+            &[
+                "train",
+                "--data",
+                readme.to_str().unwrap(),
+                "--tokenizer",
+                fixture_tokenizer().to_str().unwrap(),
+                "--steps",
+                "30",
+                "--threads",
+                "1",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            d.path(),
+        );
+        (d, out)
+    })
+    .1
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `brigade serve --port 0 ARGS` and waits for the port (not for readiness).
+fn start(args: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_brigade"))
+        .arg("serve")
+        .args(["--port", "0"])
+        .args(if args.contains(&"--threads") { &[][..] } else { &["--threads", "1"][..] })
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let url = line.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(url.starts_with("http://"), "no listening line: {line:?}");
+    Server { child, url }
+}
+
+impl Server {
+    async fn wait_ready(&self) {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(r) = reqwest::get(format!("{}/ready", self.url)).await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "not ready after 60 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn post(&self, body: Value) -> (u16, Value) {
+        let r = reqwest::Client::new().post(format!("{}/v1/completions", self.url)).json(&body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    /// The SSE events of a streamed completion, parsed, until `[DONE]`.
+    async fn stream(&self, body: Value) -> Vec<Value> {
+        let r = reqwest::Client::new().post(format!("{}/v1/completions", self.url)).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        let text = r.text().await.unwrap();
+        let mut events = Vec::new();
+        for block in text.split("\n\n").filter(|b| !b.is_empty()) {
+            let data = block.strip_prefix("data: ").unwrap_or_else(|| panic!("not an SSE data line: {block:?}"));
+            if data == "[DONE]" {
+                return events;
+            }
+            events.push(serde_json::from_str(data).unwrap());
+        }
+        panic!("the stream ended without [DONE]: {text}");
+    }
+
+    /// A metric's value, summed over its labels.
+    async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap();
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| l.split([' ', '{']).next() == Some(name))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(!values.is_empty(), "no metric {name} in:\n{text}");
+        values.iter().sum()
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn completions_are_the_tokenizers_text_whole_or_streamed() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    s.wait_ready().await;
+    let tok = brigade::train::data::Tokenizer::from_file(&fixture_tokenizer()).unwrap();
+    let prompt = "Data parallelism: every worker — naïve or not — 🚀";
+    // seeded sampling at temperature 1.2 wanders over the vocabulary, byte tokens included
+    for seed in 0..4 {
+        let body = json!({"model": "tiny-bpe", "prompt": prompt, "max_tokens": 20, "temperature": 1.2, "seed": seed,
+            "return_token_ids": true, "logprobs": 3});
+        let (st, whole) = s.post(body.clone()).await;
+        assert_eq!(st, 200, "{whole}");
+        let c = &whole["choices"][0];
+        let gen = ids(&c["token_ids"]);
+        assert_eq!(ids(&c["prompt_token_ids"]), tok.encode(prompt).unwrap());
+        // the text is the tokenizer's decoding of the tokens, less a final end-of-text
+        let eos = gen.last() == Some(&0);
+        let upto = if eos { gen.len() - 1 } else { gen.len() };
+        assert_eq!(c["text"].as_str().unwrap(), tok.decode(&gen[..upto]), "seed {seed}");
+        assert_eq!(c["finish_reason"], if eos { "stop" } else { "length" });
+        let lp = &c["logprobs"];
+        assert_eq!(lp["tokens"].as_array().unwrap().len(), gen.len());
+        for (k, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+            let top = top.as_object().unwrap();
+            assert!(top.len() <= 3 && !top.is_empty());
+            let best = top.values().map(|v| v.as_f64().unwrap()).fold(f64::MIN, f64::max);
+            let chosen = lp["token_logprobs"][k].as_f64().unwrap();
+            assert!(chosen <= best + 1e-6 && chosen < 0.0, "token {k}: logprob {chosen} above the best {best}");
+        }
+        assert_eq!(whole["usage"]["completion_tokens"], gen.len());
+        assert_eq!(whole["usage"]["prompt_tokens"], tok.encode(prompt).unwrap().len());
+        // the same request streamed: the same tokens, the pieces add up to the same text
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        sb["stream_options"] = json!({"include_usage": true});
+        let events = s.stream(sb).await;
+        let (usage, chunks) = events.split_last().unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"], whole["usage"]);
+        let streamed: Vec<u32> = chunks.iter().flat_map(|e| ids(&e["choices"][0]["token_ids"])).collect();
+        assert_eq!(streamed, gen, "seed {seed}");
+        let text: String = chunks.iter().map(|e| e["choices"][0]["text"].as_str().unwrap()).collect();
+        assert_eq!(text, c["text"].as_str().unwrap());
+        assert!(chunks.iter().all(|e| !e["choices"][0]["text"].as_str().unwrap().contains('\u{FFFD}')));
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], c["finish_reason"]);
+        assert!(chunks[..chunks.len() - 1].iter().all(|e| e["choices"][0]["finish_reason"].is_null()));
+    }
+    // greedy: what the full-recompute sampler writes
+    let (_, g) = s.post(json!({"prompt": "Tensor parallelism", "max_tokens": 12, "temperature": 0})).await;
+    let out = ok(
+        &[
+            "sample",
+            "--checkpoint",
+            checkpoint().to_str().unwrap(),
+            "--prompt",
+            "Tensor parallelism",
+            "--max-tokens",
+            "12",
+        ],
+        checkpoint(),
+    );
+    let sampled = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(format!("Tensor parallelism{}\n", g["choices"][0]["text"].as_str().unwrap()), sampled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stop_strings_n_and_seeds() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    s.wait_ready().await;
+    let tok = brigade::train::data::Tokenizer::from_file(&fixture_tokenizer()).unwrap();
+    let base = json!({"prompt": ["The mesh", "A pipeline"], "max_tokens": 25, "temperature": 1.0, "seed": 5, "n": 3, "return_token_ids": true});
+    let (st, r) = s.post(base.clone()).await;
+    assert_eq!(st, 200, "{r}");
+    let ch = r["choices"].as_array().unwrap();
+    assert_eq!(ch.len(), 6);
+    for (i, c) in ch.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(ids(&c["prompt_token_ids"]), tok.encode(["The mesh", "A pipeline"][i / 3]).unwrap());
+    }
+    // the choices of one prompt differ (their own seeds); the same request gives the same again
+    assert!(ch[0]["token_ids"] != ch[1]["token_ids"] || ch[1]["token_ids"] != ch[2]["token_ids"]);
+    assert_eq!(s.post(base.clone()).await.1["choices"], r["choices"]);
+    // a stop string: the text ends before its first occurrence in the unstopped text
+    let full = ch[0]["text"].as_str().unwrap().to_string();
+    let Some(stop) = full.chars().skip(3).find(|c| !c.is_whitespace()).map(|c| c.to_string()) else { return };
+    let mut b = base.clone();
+    b["n"] = json!(1);
+    b["stop"] = json!([stop.clone(), "@@never@@"]);
+    let (_, r2) = s.post(b).await;
+    let c = &r2["choices"][0];
+    let cut = full.find(&stop).unwrap();
+    assert_eq!(c["text"].as_str().unwrap(), &full[..cut], "stop {stop:?} in {full:?}");
+    assert_eq!(c["finish_reason"], "stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_gives_the_same_tokens_alone_and_in_a_crowd() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap(), "--max-step-tokens", "16", "--block-size", "2"]);
+    s.wait_ready().await;
+    let bodies: Vec<Value> = (0..16)
+        .map(|i| {
+            let prompt = ["The planner predicts", "The planner", "Inference batching shares", "x"][i % 4];
+            let t = if i % 2 == 0 { 0.0 } else { 0.9 };
+            json!({"prompt": prompt, "max_tokens": 10 + i * 2, "temperature": t, "seed": i, "top_k": 50, "top_p": 0.95,
+                "ignore_eos": true, "return_token_ids": true})
+        })
+        .collect();
+    let mut alone = Vec::new();
+    for b in &bodies {
+        alone.push(s.post(b.clone()).await.1["choices"][0]["token_ids"].clone());
+    }
+    let crowd = futures_util::future::join_all(bodies.iter().map(|b| s.post(b.clone()))).await;
+    for (i, (st, r)) in crowd.iter().enumerate() {
+        assert_eq!(*st, 200);
+        assert_eq!(r["choices"][0]["token_ids"], alone[i], "request {i} changed in the crowd");
+        assert_eq!(ids(&r["choices"][0]["token_ids"]).len(), 10 + i * 2, "ignore_eos: all max_tokens");
+    }
+    assert!(s.metric("brigade_prefix_cache_hits_total").await > 0.0);
+    assert_eq!(s.metric("brigade_requests_total").await, 32.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_requests_get_openai_errors() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    s.wait_ready().await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/completions", s.url);
+    for (body, status, param) in [
+        ("{not json", 400, None),
+        (r#"{"prompt": "x", "max_tokens": -1}"#, 400, Some("max_tokens")),
+        (r#"{"prompt": "x", "max_tokens": 1000000000000}"#, 400, Some("max_tokens")),
+        (r#"{"prompt": "x", "max_tokens": "many"}"#, 400, Some("max_tokens")),
+        (r#"{"prompt": "x", "temperature": "hot"}"#, 400, Some("temperature")),
+        (r#"{"prompt": [5, 100000]}"#, 400, Some("prompt")),
+        (r#"{"prompt": ""}"#, 400, Some("prompt")),
+        (r#"{"prompt": "x", "frequency_penalty": 1}"#, 400, Some("frequency_penalty")),
+        (r#"{"prompt": "x", "model": "gpt-4"}"#, 404, Some("model")),
+    ] {
+        let r = client.post(&url).header("content-type", "application/json").body(body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["param"].as_str(), param, "{body}: {e}");
+        assert!(e["error"]["message"].as_str().unwrap().len() > 10);
+    }
+    // a prompt longer than the context (64 tokens)
+    let long = "the model and the mesh ".repeat(40);
+    let (st, e) = s.post(json!({"prompt": long})).await;
+    assert_eq!(st, 400);
+    assert!(e["error"]["message"].as_str().unwrap().contains("maximum context length is 64"), "{e}");
+    assert_eq!(reqwest::get(format!("{}/health", s.url)).await.unwrap().status(), 200);
+    let models: Value = reqwest::get(format!("{}/v1/models", s.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny-bpe");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overload_is_refused_with_503_and_a_disconnect_frees_the_sequence() {
+    // one running, one queued: of four concurrent long requests at least two are refused
+    let s = start(&["--model", "gpt2-small", "--max-running", "1", "--max-queued", "1", "--threads", "2"]);
+    s.wait_ready().await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/completions", s.url);
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 40, "temperature": 0, "stream": true});
+    let mut streams = Vec::new();
+    let mut refused = 0;
+    for _ in 0..4 {
+        let r = client.post(&url).json(&body).send().await.unwrap();
+        if r.status() == 503 {
+            assert_eq!(r.headers()["retry-after"], "1");
+            let e: Value = r.json().await.unwrap();
+            assert!(e["error"]["message"].as_str().unwrap().contains("limit"));
+            refused += 1;
+        } else {
+            assert_eq!(r.status(), 200);
+            streams.push(r);
+        }
+    }
+    assert_eq!((streams.len(), refused), (2, 2));
+    // read one token of the first, then hang up on both
+    let mut first = streams.remove(0).bytes_stream();
+    first.next().await.unwrap().unwrap();
+    drop(first);
+    drop(streams);
+    let t0 = Instant::now();
+    while s.metric("brigade_running_sequences").await > 0.0
+        || s.metric("brigade_queue_depth").await > 0.0
+        || s.metric("brigade_kv_blocks_used").await > 0.0
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "hung-up requests still hold the engine");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "took {:?} to free", t0.elapsed());
+    // and the server takes new work
+    let (st, r) = s.post(json!({"prompt": [7, 8], "max_tokens": 3, "temperature": 0})).await;
+    assert_eq!(st, 200, "{r}");
+    assert!(s.metric("brigade_requests_total").await >= 5.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_drains_in_flight_requests_and_exits_0() {
+    let mut s = start(&["--model", "gpt2-small", "--threads", "2", "--shutdown-timeout", "60"]);
+    // not ready while gpt2-small loads (over a second), though alive
+    assert_eq!(reqwest::get(format!("{}/health", s.url)).await.unwrap().status(), 200);
+    assert_eq!(reqwest::get(format!("{}/ready", s.url)).await.unwrap().status(), 503);
+    s.wait_ready().await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/completions", s.url);
+    let r = client
+        .post(&url)
+        .json(
+            &json!({"prompt": [1, 2, 3], "max_tokens": 60, "temperature": 0, "stream": true, "return_token_ids": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let mut text = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    // new requests are refused while the stream finishes
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fresh = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    if let Ok(r) = fresh.post(&url).json(&json!({"prompt": [1], "max_tokens": 2})).send().await {
+        assert_eq!(r.status(), 503);
+    }
+    while let Some(b) = body.next().await {
+        text.push_str(std::str::from_utf8(&b.unwrap()).unwrap());
+    }
+    assert!(text.ends_with("data: [DONE]\n\n"), "the in-flight stream was cut: {text}");
+    assert_eq!(text.matches("\"token_ids\"").count(), 60);
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+
+    // with a short --shutdown-timeout, a long request is cut off and the server still exits 0
+    let mut s = start(&["--model", "gpt2-small", "--threads", "2", "--shutdown-timeout", "0.3"]);
+    s.wait_ready().await;
+    let r = client
+        .post(format!("{}/v1/completions", s.url))
+        .json(&json!({"prompt": [1, 2, 3], "max_tokens": 900, "temperature": 0, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    let t0 = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &s.child.id().to_string()]).status().unwrap().success());
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?} to stop", t0.elapsed());
+}
+
+#[test]
+fn bad_serve_flags_fail_cleanly() {
+    let d = tempfile::tempdir().unwrap();
+    common::fails_with(&["serve", "--checkpoint", "/no/such/dir"], d.path(), "cannot read");
+    common::fails_with(&["serve", "--model", "gpt2-huge"], d.path(), "gpt2-huge");
+    common::fails_with(&["serve", "--model", "tiny", "--max-running", "0"], d.path(), "--max-running");
+    common::fails_with(&["serve", "--model", "tiny", "--shutdown-timeout=-1"], d.path(), "--shutdown-timeout");
+    common::fails_with(&["serve", "--model", "tiny", "--kv-cache-mib", "0"], d.path(), "--kv-cache-mib");
+    // the port taken by another server
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    common::fails_with(&["serve", "--model", "tiny", "--port", &port], d.path(), "cannot listen");
+}

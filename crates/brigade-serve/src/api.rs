@@ -1,0 +1,381 @@
+//! The body of `POST /v1/completions`, read field by field so that every mistake gets a
+//! message naming the field (OpenAI's error format). Every parameter OpenAI's completions API
+//! defines is either honoured or refused when set to anything but its no-op value; unknown
+//! fields are refused — nothing is silently ignored.
+
+use serde_json::{Map, Value};
+
+/// An error as OpenAI's API returns it.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn bad(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.to_string()),
+            code: None,
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub model: Option<String>,
+    pub prompts: Vec<Prompt>,
+    /// `None`: 16, or what the context leaves if less.
+    pub max_tokens: Option<usize>,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0: all tokens.
+    pub top_k: usize,
+    pub stop: Vec<String>,
+    pub seed: Option<u64>,
+    pub n: usize,
+    /// Report each token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub ignore_eos: bool,
+    pub return_token_ids: bool,
+}
+
+/// The most choices one request may ask for.
+pub const MAX_N: usize = 64;
+/// The most alternatives `logprobs` may ask for (vLLM's bound; OpenAI's is 5).
+pub const MAX_LOGPROBS: usize = 20;
+
+const KNOWN: &[&str] = &[
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "seed",
+    "n",
+    "logprobs",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+    "return_token_ids",
+    "echo",
+    "best_of",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "suffix",
+    "user",
+];
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A field that is absent or null is `None`.
+fn field<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
+    o.get(k).filter(|v| !v.is_null())
+}
+
+fn bool_field(o: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
+    match field(o, k) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ApiError::bad(k, format!("'{k}' must be true or false, got {}", type_name(v)))),
+    }
+}
+
+fn int_field(o: &Map<String, Value>, k: &str) -> Result<Option<i64>, ApiError> {
+    match field(o, k) {
+        None => Ok(None),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(i) => Ok(Some(i)),
+            None => Err(ApiError::bad(k, format!("'{k}' must be an integer, got {n}"))),
+        },
+        Some(v) => Err(ApiError::bad(k, format!("'{k}' must be an integer, got {}", type_name(v)))),
+    }
+}
+
+fn num_field(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
+    match field(o, k) {
+        None => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(v) => Err(ApiError::bad(k, format!("'{k}' must be a number, got {}", type_name(v)))),
+    }
+}
+
+fn token_ids(v: &[Value]) -> Option<Vec<u32>> {
+    v.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+}
+
+fn prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
+    let bad = |m: &str| ApiError::bad("prompt", m.to_string());
+    let what = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids";
+    match v {
+        None => Err(bad("'prompt' is required")),
+        Some(Value::String(s)) => Ok(vec![Prompt::Text(s.clone())]),
+        Some(Value::Array(a)) if a.is_empty() => Err(bad("'prompt' is an empty list")),
+        Some(Value::Array(a)) => match &a[0] {
+            Value::String(_) => {
+                a.iter().map(|s| s.as_str().map(|s| Prompt::Text(s.to_string())).ok_or_else(|| bad(what))).collect()
+            }
+            Value::Number(_) => token_ids(a)
+                .map(|t| vec![Prompt::Ids(t)])
+                .ok_or_else(|| bad("'prompt' as token ids must hold integers from 0 to 4294967295 only")),
+            Value::Array(_) => a
+                .iter()
+                .map(|p| match p {
+                    Value::Array(p) if !p.is_empty() => token_ids(p)
+                        .map(Prompt::Ids)
+                        .ok_or_else(|| bad("'prompt' as lists of token ids must hold integers only")),
+                    _ => Err(bad(what)),
+                })
+                .collect(),
+            _ => Err(bad(what)),
+        },
+        Some(_) => Err(bad(what)),
+    }
+}
+
+/// Parses and checks a request body (limits that depend on the model are checked later).
+pub fn parse(body: &[u8]) -> Result<Completion, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError {
+        status: 400,
+        message: format!("the request body is not valid JSON: {e}"),
+        kind: "invalid_request_error",
+        param: None,
+        code: None,
+    })?;
+    let Value::Object(o) = v else {
+        return Err(ApiError::bad("body", format!("the request body must be a JSON object, got {}", type_name(&v))));
+    };
+    if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(ApiError::bad(k, format!("unsupported parameter '{k}'; this server takes {}", KNOWN.join(", "))));
+    }
+    let model = match field(&o, "model") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => return Err(ApiError::bad("model", format!("'model' must be a string, got {}", type_name(v)))),
+    };
+    let prompts = prompts(field(&o, "prompt"))?;
+    let max_tokens = match int_field(&o, "max_tokens")? {
+        None => None,
+        Some(m) if m < 1 => {
+            return Err(ApiError::bad("max_tokens", format!("'max_tokens' must be at least 1, got {m}")))
+        }
+        Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
+    };
+    let temperature = num_field(&o, "temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad("temperature", format!("'temperature' must be from 0 to 2, got {temperature}")));
+    }
+    let top_p = num_field(&o, "top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad("top_p", format!("'top_p' must be above 0 and at most 1, got {top_p}")));
+    }
+    let top_k = match int_field(&o, "top_k")? {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => k as usize,
+        Some(k) => {
+            return Err(ApiError::bad("top_k", format!("'top_k' must be -1 or 0 (all tokens) or positive, got {k}")))
+        }
+    };
+    let stop = match field(&o, "stop") {
+        None => vec![],
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= 4 => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::bad("stop", "'stop' must be a string or a list of up to 4 strings"))?,
+        Some(_) => return Err(ApiError::bad("stop", "'stop' must be a string or a list of up to 4 strings")),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad("stop", "'stop' strings must not be empty"));
+    }
+    let seed = int_field(&o, "seed")?.map(|s| s as u64);
+    let n = match int_field(&o, "n")? {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::bad("n", format!("'n' must be from 1 to {MAX_N}, got {n}"))),
+    };
+    let logprobs = match int_field(&o, "logprobs")? {
+        None => None,
+        Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::bad("logprobs", format!("'logprobs' must be from 0 to {MAX_LOGPROBS}, got {k}")))
+        }
+    };
+    let stream = bool_field(&o, "stream")?;
+    let include_usage = match field(&o, "stream_options") {
+        None => false,
+        Some(_) if !stream => {
+            return Err(ApiError::bad("stream_options", "'stream_options' is only allowed when 'stream' is true"))
+        }
+        Some(Value::Object(so)) => {
+            if let Some(k) = so.keys().find(|k| *k != "include_usage") {
+                return Err(ApiError::bad(
+                    "stream_options",
+                    format!("unsupported stream option '{k}'; this server takes include_usage"),
+                ));
+            }
+            bool_field(so, "include_usage")
+                .map_err(|_| ApiError::bad("stream_options", "'stream_options.include_usage' must be true or false"))?
+        }
+        Some(v) => {
+            return Err(ApiError::bad(
+                "stream_options",
+                format!("'stream_options' must be an object, got {}", type_name(v)),
+            ))
+        }
+    };
+    // OpenAI's parameters this server does not implement: only their no-op values pass
+    if bool_field(&o, "echo")? {
+        return Err(ApiError::bad("echo", "'echo' is not supported; leave it out or set it to false"));
+    }
+    match int_field(&o, "best_of")? {
+        None => {}
+        Some(b) if b == n as i64 => {}
+        Some(b) => {
+            return Err(ApiError::bad(
+                "best_of",
+                format!("'best_of' other than n is not supported (got {b}, n is {n})"),
+            ))
+        }
+    }
+    for k in ["presence_penalty", "frequency_penalty"] {
+        if let Some(p) = num_field(&o, k)? {
+            if p != 0.0 {
+                return Err(ApiError::bad(k, format!("'{k}' is not supported; leave it out or set it to 0")));
+            }
+        }
+    }
+    match field(&o, "logit_bias") {
+        None => {}
+        Some(Value::Object(m)) if m.is_empty() => {}
+        Some(_) => return Err(ApiError::bad("logit_bias", "'logit_bias' is not supported; leave it out")),
+    }
+    if field(&o, "suffix").is_some() {
+        return Err(ApiError::bad("suffix", "'suffix' is not supported; leave it out"));
+    }
+    if let Some(u) = field(&o, "user") {
+        if !u.is_string() {
+            return Err(ApiError::bad("user", format!("'user' must be a string, got {}", type_name(u))));
+        }
+    }
+    Ok(Completion {
+        model,
+        prompts,
+        max_tokens,
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        top_k,
+        stop,
+        seed,
+        n,
+        logprobs,
+        stream,
+        include_usage,
+        ignore_eos: bool_field(&o, "ignore_eos")?,
+        return_token_ids: bool_field(&o, "return_token_ids")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> ApiError {
+        parse(body.as_bytes()).expect_err(body)
+    }
+
+    #[test]
+    fn prompts_in_every_form() {
+        let p = |b: &str| parse(b.as_bytes()).unwrap().prompts;
+        assert_eq!(p(r#"{"prompt": "hi"}"#), [Prompt::Text("hi".into())]);
+        assert_eq!(p(r#"{"prompt": ["a", "b"]}"#), [Prompt::Text("a".into()), Prompt::Text("b".into())]);
+        assert_eq!(p(r#"{"prompt": [1, 2]}"#), [Prompt::Ids(vec![1, 2])]);
+        assert_eq!(p(r#"{"prompt": [[1], [2, 3]]}"#), [Prompt::Ids(vec![1]), Prompt::Ids(vec![2, 3])]);
+    }
+
+    #[test]
+    fn defaults_are_openais() {
+        let c = parse(br#"{"prompt": "x"}"#).unwrap();
+        assert_eq!((c.temperature, c.top_p, c.top_k, c.n, c.max_tokens), (1.0, 1.0, 0, 1, None));
+        assert!(!c.stream && c.logprobs.is_none() && c.stop.is_empty());
+    }
+
+    #[test]
+    fn mistakes_name_their_field() {
+        for (body, param) in [
+            ("{", None),
+            ("[1]", Some("body")),
+            (r#"{}"#, Some("prompt")),
+            (r#"{"prompt": []}"#, Some("prompt")),
+            (r#"{"prompt": [1, "a"]}"#, Some("prompt")),
+            (r#"{"prompt": [-1]}"#, Some("prompt")),
+            (r#"{"prompt": [[]]}"#, Some("prompt")),
+            (r#"{"prompt": 5}"#, Some("prompt")),
+            (r#"{"prompt": "x", "max_tokens": "10"}"#, Some("max_tokens")),
+            (r#"{"prompt": "x", "max_tokens": -5}"#, Some("max_tokens")),
+            (r#"{"prompt": "x", "max_tokens": 0}"#, Some("max_tokens")),
+            (r#"{"prompt": "x", "max_tokens": 1.5}"#, Some("max_tokens")),
+            (r#"{"prompt": "x", "temperature": 3}"#, Some("temperature")),
+            (r#"{"prompt": "x", "temperature": -0.1}"#, Some("temperature")),
+            (r#"{"prompt": "x", "top_p": 0}"#, Some("top_p")),
+            (r#"{"prompt": "x", "top_k": -2}"#, Some("top_k")),
+            (r#"{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}"#, Some("stop")),
+            (r#"{"prompt": "x", "stop": [""]}"#, Some("stop")),
+            (r#"{"prompt": "x", "n": 0}"#, Some("n")),
+            (r#"{"prompt": "x", "logprobs": 21}"#, Some("logprobs")),
+            (r#"{"prompt": "x", "stream": "yes"}"#, Some("stream")),
+            (r#"{"prompt": "x", "stream_options": {"include_usage": true}}"#, Some("stream_options")),
+            (r#"{"prompt": "x", "stream": true, "stream_options": {"other": 1}}"#, Some("stream_options")),
+            (r#"{"prompt": "x", "echo": true}"#, Some("echo")),
+            (r#"{"prompt": "x", "best_of": 3}"#, Some("best_of")),
+            (r#"{"prompt": "x", "presence_penalty": 0.5}"#, Some("presence_penalty")),
+            (r#"{"prompt": "x", "logit_bias": {"5": 1}}"#, Some("logit_bias")),
+            (r#"{"prompt": "x", "suffix": "y"}"#, Some("suffix")),
+            (r#"{"prompt": "x", "unknown_knob": 1}"#, Some("unknown_knob")),
+        ] {
+            let e = err(body);
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), param, "{body}: {}", e.message);
+            assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+        }
+    }
+
+    #[test]
+    fn no_op_values_of_unsupported_parameters_pass() {
+        parse(br#"{"prompt": "x", "echo": false, "best_of": 2, "n": 2, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "suffix": null, "user": "u1"}"#).unwrap();
+        let c = parse(br#"{"prompt": "x", "stream": true, "stream_options": {"include_usage": true}, "stop": "\n", "seed": 7, "logprobs": 2, "ignore_eos": true, "return_token_ids": true, "top_k": -1}"#).unwrap();
+        assert!(c.stream && c.include_usage && c.ignore_eos && c.return_token_ids);
+        assert_eq!((c.stop, c.seed, c.logprobs, c.top_k), (vec!["\n".to_string()], Some(7), Some(2), 0));
+    }
+}

@@ -1,0 +1,85 @@
+//! What `GET /metrics` reports, in Prometheus' text format: requests by status, queue depth,
+//! running batch size, KV blocks, prefix-cache hits, tokens, and latency histograms.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub requests: Family<Vec<(String, String)>, Counter>,
+    pub waiting: Gauge,
+    pub running: Gauge,
+    pub kv_blocks_used: Gauge,
+    pub kv_blocks_total: Gauge,
+    pub prefix_cache_hits: Counter,
+    pub preemptions: Counter,
+    pub generated_tokens: Counter,
+    pub prompt_tokens: Counter,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    registry: Arc<Registry>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::default();
+        let requests = Family::<Vec<(String, String)>, Counter>::default();
+        let (waiting, running, kv_blocks_used, kv_blocks_total) =
+            (Gauge::default(), Gauge::default(), Gauge::default(), Gauge::default());
+        let (prefix_cache_hits, preemptions, generated_tokens, prompt_tokens) =
+            (Counter::default(), Counter::default(), Counter::default(), Counter::default());
+        // 1 ms … 65 s
+        let ttft = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        // 0.5 ms … 8 s
+        let itl = Histogram::new(exponential_buckets(0.0005, 2.0, 15));
+        r.register("brigade_requests", "HTTP requests to /v1/completions, by status code", requests.clone());
+        r.register("brigade_queue_depth", "Sequences waiting to join the running batch", waiting.clone());
+        r.register("brigade_running_sequences", "Sequences in the running batch", running.clone());
+        r.register("brigade_kv_blocks_used", "KV-cache blocks held by sequences", kv_blocks_used.clone());
+        r.register("brigade_kv_blocks", "KV-cache blocks in all", kv_blocks_total.clone());
+        r.register(
+            "brigade_prefix_cache_hits",
+            "KV blocks reused from the prefix cache instead of computed",
+            prefix_cache_hits.clone(),
+        );
+        r.register("brigade_preemptions", "Sequences preempted when KV blocks ran out", preemptions.clone());
+        r.register("brigade_generation_tokens", "Tokens generated", generated_tokens.clone());
+        r.register("brigade_prompt_tokens", "Prompt tokens of accepted requests", prompt_tokens.clone());
+        r.register("brigade_time_to_first_token_seconds", "From a request's arrival to its first token", ttft.clone());
+        r.register("brigade_inter_token_latency_seconds", "Between consecutive tokens of a sequence", itl.clone());
+        Metrics {
+            requests,
+            waiting,
+            running,
+            kv_blocks_used,
+            kv_blocks_total,
+            prefix_cache_hits,
+            preemptions,
+            generated_tokens,
+            prompt_tokens,
+            ttft,
+            itl,
+            registry: Arc::new(r),
+        }
+    }
+
+    pub fn count_status(&self, code: u16) {
+        self.requests.get_or_create(&vec![("status".to_string(), code.to_string())]).inc();
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, &self.registry).expect("formatting into a String");
+        s
+    }
+}

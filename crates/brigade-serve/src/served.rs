@@ -1,0 +1,93 @@
+//! What `brigade serve` serves: a GPT-2 from a checkpoint directory (brigade's own, or a
+//! Hugging Face GPT-2 folder) or a preset shape with random weights (for benchmarks), and the
+//! tokenizer that goes with it.
+
+use crate::model::Model;
+use anyhow::{bail, Context, Result};
+use brigade::models::{Gpt, GptConfig};
+use brigade::train::checkpoint::{load_model, read_model_config, STATE_FILE, TOKENIZER_FILE};
+use brigade::train::data::Tokenizer;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug)]
+pub enum Source {
+    Checkpoint(PathBuf),
+    /// A preset shape (`gpt2-small`, …) with random weights: token ids in and out.
+    Preset(String),
+}
+
+pub struct Served {
+    pub model: Model,
+    /// `None`: prompts must be token ids; responses carry token ids and empty text.
+    pub tokenizer: Option<Tokenizer>,
+    /// Ends generation unless a request sets `ignore_eos`.
+    pub eos: Option<u32>,
+}
+
+impl Source {
+    /// The model's shape, read without loading weights (to refuse a bad path at once).
+    pub fn config(&self) -> Result<GptConfig> {
+        Ok(match self {
+            Source::Checkpoint(dir) => read_model_config(dir)?,
+            Source::Preset(name) => GptConfig::preset(name)?,
+        })
+    }
+
+    /// The name `/v1/models` lists: the directory's name or the preset's.
+    pub fn default_name(&self) -> String {
+        match self {
+            Source::Checkpoint(dir) => {
+                dir.canonicalize().ok().and_then(|d| d.file_name().map(|f| f.to_string_lossy().into_owned()))
+            }
+            Source::Preset(name) => Some(name.clone()),
+        }
+        .unwrap_or_else(|| "model".into())
+    }
+
+    pub fn load(&self) -> Result<Served> {
+        match self {
+            Source::Preset(name) => {
+                let gpt = Gpt::new(GptConfig::preset(name)?)?;
+                let params = gpt.init_params(1);
+                Ok(Served { model: Model::new(&gpt, &params), tokenizer: None, eos: None })
+            }
+            Source::Checkpoint(dir) => {
+                let (gpt, params) = load_model(dir)?;
+                let tokenizer = tokenizer_of(dir, gpt.cfg.vocab_size)?;
+                let eos = match &tokenizer {
+                    Some(Tokenizer::Hf(t, ..)) => t.token_to_id("<|endoftext|>"),
+                    _ => None,
+                };
+                Ok(Served { model: Model::new(&gpt, &params), tokenizer, eos })
+            }
+        }
+    }
+}
+
+/// The checkpoint's `tokenizer.json`; bytes for a brigade checkpoint trained without one; none
+/// for a Hugging Face folder that lacks it.
+fn tokenizer_of(dir: &Path, vocab: usize) -> Result<Option<Tokenizer>> {
+    let path = dir.join(TOKENIZER_FILE);
+    if path.exists() {
+        let t = Tokenizer::from_file(&path)?;
+        if t.vocab_size() > vocab {
+            bail!(
+                "{} has {} tokens but the model only {vocab}; use the tokenizer the model was trained with",
+                path.display(),
+                t.vocab_size()
+            );
+        }
+        return Ok(Some(t));
+    }
+    if dir.join(STATE_FILE).exists() {
+        let cfg = brigade::train::trainer::saved_config(dir).context("reading the checkpoint's training state")?;
+        if cfg.tokenizer.is_some() {
+            bail!(
+                "{} is missing: this checkpoint was trained with a Hugging Face tokenizer; copy that tokenizer.json into the checkpoint directory",
+                path.display()
+            );
+        }
+        return Ok(Some(Tokenizer::Bytes));
+    }
+    Ok(None)
+}

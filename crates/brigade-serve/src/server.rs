@@ -1,0 +1,574 @@
+//! `brigade serve`: the OpenAI-compatible HTTP API (axum on tokio) in front of the engine
+//! thread. `/health` answers from the moment the port is bound; `/ready` and completions
+//! answer 503 until the model is loaded and again while draining after SIGTERM.
+
+use crate::api::{self, ApiError, Completion, Prompt};
+use crate::engine::{Engine, Finish, Limits, Output, Request, Sampling};
+use crate::kv::KvCache;
+use crate::metrics::Metrics;
+use crate::served::{Served, Source};
+use crate::text::{token_text, Detok};
+use crate::worker::EngineHandle;
+use anyhow::{bail, Context, Result};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub source: Source,
+    pub name: Option<String>,
+    pub host: String,
+    /// 0: any free port (the one chosen is printed).
+    pub port: u16,
+    pub threads: usize,
+    pub max_running: usize,
+    pub max_queued: usize,
+    pub max_step_tokens: usize,
+    pub kv_cache_mib: usize,
+    pub block_size: usize,
+    pub shutdown_timeout: Duration,
+}
+
+/// The loaded model, as handlers see it.
+struct Loaded {
+    engine: EngineHandle,
+    tokenizer: Option<brigade::train::data::Tokenizer>,
+    eos: Option<u32>,
+    context: usize,
+    vocab: usize,
+    kv_blocks: usize,
+    block_size: usize,
+}
+
+struct App {
+    name: String,
+    loaded: OnceLock<Loaded>,
+    draining: AtomicBool,
+    metrics: Metrics,
+    /// Sequences accepted and not finished (running and waiting).
+    inflight: AtomicUsize,
+    /// `max_running + max_queued`: more in flight is refused with 503.
+    capacity: usize,
+    next_id: AtomicU64,
+}
+
+fn error(e: ApiError) -> Response {
+    let mut r =
+        (StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST), axum::Json(e.body())).into_response();
+    if e.status == 503 {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn unavailable(message: &str) -> ApiError {
+    ApiError { status: 503, message: message.into(), kind: "service_unavailable", param: None, code: None }
+}
+
+/// Binds, loads the model, serves until SIGTERM or Ctrl-C, then drains. `on_listen` gets the
+/// bound address (the benchmark and tests start the server on port 0).
+pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send + 'static) -> Result<()> {
+    if o.max_running == 0 || o.max_step_tokens == 0 || o.block_size == 0 || o.kv_cache_mib == 0 {
+        bail!("--max-running, --max-step-tokens, --block-size and --kv-cache-mib must be at least 1");
+    }
+    let cfg = o.source.config()?;
+    let per_block = KvCache::blocks_for_bytes(1 << 20, o.block_size, cfg.n_layer, cfg.n_embd);
+    let kv_blocks = KvCache::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, cfg.n_embd);
+    if kv_blocks == 0 {
+        bail!(
+            "--kv-cache-mib {} holds no block of {} tokens for this model; raise it (a block needs {:.1} MiB)",
+            o.kv_cache_mib,
+            o.block_size,
+            1.0 / per_block.max(1) as f64
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    rt.block_on(serve(o, kv_blocks, on_listen))
+}
+
+async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::net::SocketAddr)) -> Result<()> {
+    let addr = format!("{}:{}", o.host, o.port);
+    let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| {
+        format!("cannot listen on {addr}; is another server using the port? pick another with --port")
+    })?;
+    let local = listener.local_addr()?;
+    let app = Arc::new(App {
+        name: o.name.clone().unwrap_or_else(|| o.source.default_name()),
+        loaded: OnceLock::new(),
+        draining: AtomicBool::new(false),
+        metrics: Metrics::new(),
+        inflight: AtomicUsize::new(0),
+        capacity: o.max_running + o.max_queued,
+        next_id: AtomicU64::new(1),
+    });
+    on_listen(local);
+    // load in the background: /health answers meanwhile, /ready says 503
+    let loader = {
+        let (app, o) = (app.clone(), o.clone());
+        tokio::task::spawn_blocking(move || -> Result<std::thread::JoinHandle<()>> {
+            let Served { model, tokenizer, eos } = o.source.load()?;
+            let (context, vocab) = (model.context, model.vocab);
+            let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
+            let engine = Engine::new(model, kv_blocks, o.block_size, limits);
+            let (handle, join) = EngineHandle::start(engine, o.threads, app.metrics.clone());
+            let loaded = Loaded { engine: handle, tokenizer, eos, context, vocab, kv_blocks, block_size: o.block_size };
+            let _ = app.loaded.set(loaded);
+            eprintln!("brigade serve: {} loaded; ready", app.name);
+            Ok(join)
+        })
+    };
+    let router = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { "ok" }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(app.clone());
+    let draining = Arc::new(tokio::sync::Notify::new());
+    let signal = {
+        let (app, draining) = (app.clone(), draining.clone());
+        async move {
+            wait_for_signal().await;
+            app.draining.store(true, Ordering::SeqCst);
+            eprintln!(
+                "brigade serve: draining — no new requests; {} sequences in flight, up to {:?}",
+                app.inflight.load(Ordering::SeqCst),
+                o.shutdown_timeout
+            );
+            draining.notify_one();
+        }
+    };
+    let server = axum::serve(listener, router).with_graceful_shutdown(signal);
+    let load_failed = async {
+        match loader.await {
+            Ok(Ok(_join)) => std::future::pending::<Result<()>>().await,
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(anyhow::anyhow!("loading the model failed: {e}")),
+        }
+    };
+    let timeout = async {
+        draining.notified().await;
+        tokio::time::sleep(o.shutdown_timeout).await;
+    };
+    tokio::select! {
+        r = server => r.context("the HTTP server failed")?,
+        r = load_failed => return r,
+        _ = timeout => {
+            eprintln!(
+                "brigade serve: --shutdown-timeout passed with {} sequences unfinished; they were cut off",
+                app.inflight.load(Ordering::SeqCst)
+            );
+        }
+    }
+    if let Some(l) = app.loaded.get() {
+        l.engine.stop();
+    }
+    eprintln!("brigade serve: stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+async fn ready(State(app): State<Arc<App>>) -> Response {
+    if app.loaded.get().is_none() {
+        (StatusCode::SERVICE_UNAVAILABLE, "loading the model").into_response()
+    } else if app.draining.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+    } else {
+        "ready".into_response()
+    }
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], app.metrics.render())
+        .into_response()
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    let max = app.loaded.get().map(|l| l.context);
+    axum::Json(json!({"object": "list", "data": [{
+        "id": app.name, "object": "model", "created": unix_now(), "owned_by": "brigade", "max_model_len": max
+    }]}))
+    .into_response()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Gives back a request's place in flight and aborts what is still running of it, however
+/// the handler ends (finished, error, or dropped because its client went away).
+struct InFlight {
+    app: Arc<App>,
+    ids: Vec<u64>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(l) = self.app.loaded.get() {
+            for &id in &self.ids {
+                l.engine.abort(id);
+            }
+        }
+        self.app.inflight.fetch_sub(self.ids.len(), Ordering::SeqCst);
+    }
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let r = match accept(&app, &body) {
+        Ok((req, prompts, guard)) => {
+            if req.stream {
+                stream(app.clone(), req, prompts, guard, started)
+            } else {
+                whole(&app, req, prompts, guard, started).await
+            }
+        }
+        Err(e) => error(e),
+    };
+    app.metrics.count_status(r.status().as_u16());
+    r
+}
+
+/// Checks a request against the model and the limits and queues its sequences.
+fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Vec<u32>>, InFlight), ApiError> {
+    let Some(l) = app.loaded.get() else { return Err(unavailable("the model is still loading; retry shortly")) };
+    if app.draining.load(Ordering::SeqCst) {
+        return Err(unavailable("the server is shutting down"));
+    }
+    let mut req = api::parse(body)?;
+    if let Some(m) = &req.model {
+        if *m != app.name {
+            return Err(ApiError {
+                status: 404,
+                message: format!("the model '{m}' does not exist; this server serves '{}'", app.name),
+                kind: "invalid_request_error",
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            });
+        }
+    }
+    let mut prompts = Vec::new();
+    for p in &req.prompts {
+        let ids = match p {
+            Prompt::Ids(ids) => ids.clone(),
+            Prompt::Text(t) => match &l.tokenizer {
+                Some(tok) => tok.encode(t).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+                None => {
+                    return Err(ApiError::bad(
+                        "prompt",
+                        "this model has no tokenizer.json; send the prompt as token ids (a list of integers)",
+                    ))
+                }
+            },
+        };
+        if ids.is_empty() {
+            return Err(ApiError::bad("prompt", "the prompt is empty (no tokens)"));
+        }
+        if let Some(&t) = ids.iter().find(|&&t| t as usize >= l.vocab) {
+            return Err(ApiError::bad("prompt", format!("token {t} is outside the vocabulary (0..{})", l.vocab)));
+        }
+        let room = l.context.saturating_sub(ids.len());
+        let want = req.max_tokens.unwrap_or(16.min(room));
+        if want == 0 || ids.len() + want > l.context {
+            return Err(ApiError::bad(
+                if req.max_tokens.is_some() { "max_tokens" } else { "prompt" },
+                format!(
+                    "this model's maximum context length is {} tokens; the request asks for {} ({} in the prompt, {want} to generate); shorten the prompt or lower max_tokens",
+                    l.context,
+                    ids.len() + want,
+                    ids.len()
+                ),
+            ));
+        }
+        let blocks = (ids.len() + want).div_ceil(l.block_size);
+        if blocks > l.kv_blocks {
+            return Err(ApiError::bad(
+                "max_tokens",
+                format!(
+                    "the request needs {blocks} KV-cache blocks; the server holds {} (restart it with a larger --kv-cache-mib)",
+                    l.kv_blocks
+                ),
+            ));
+        }
+        prompts.push(ids);
+    }
+    let seqs = prompts.len() * req.n;
+    if seqs > app.capacity {
+        return Err(ApiError::bad(
+            "n",
+            format!("the request asks for {seqs} sequences; this server holds at most {} at once", app.capacity),
+        ));
+    }
+    let taken = app
+        .inflight
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| (f + seqs <= app.capacity).then_some(f + seqs));
+    if taken.is_err() {
+        return Err(unavailable("the server is at its limit of running and queued requests; retry shortly"));
+    }
+    let base = app.next_id.fetch_add(seqs as u64, Ordering::SeqCst);
+    let guard = InFlight { app: app.clone(), ids: (base..base + seqs as u64).collect() };
+    if req.seed.is_none() && req.temperature > 0.0 {
+        req.seed = Some(rand::random());
+    }
+    Ok((req, prompts, guard))
+}
+
+/// One choice being generated.
+struct Choice<'a> {
+    detok: Detok<'a>,
+    tokens: Vec<u32>,
+    finish: Option<&'static str>,
+    text: String,
+    lp_tokens: Vec<String>,
+    lp_values: Vec<f32>,
+    lp_top: Vec<Value>,
+    lp_offsets: Vec<usize>,
+    offset: usize,
+    last: Option<Instant>,
+}
+
+/// Sends the sequences to the engine; returns the receiver of their tokens.
+fn submit(
+    l: &Loaded,
+    req: &Completion,
+    prompts: &[Vec<u32>],
+    guard: &InFlight,
+    app: &App,
+) -> UnboundedReceiver<Result<Output, String>> {
+    let (tx, rx) = unbounded_channel();
+    let mut ids = guard.ids.iter();
+    for p in prompts {
+        app.metrics.prompt_tokens.inc_by(p.len() as u64);
+        for j in 0..req.n {
+            let id = *ids.next().expect("an id per sequence");
+            let sampling = Sampling {
+                temperature: req.temperature,
+                top_k: req.top_k,
+                top_p: req.top_p,
+                seed: req.seed.unwrap_or(0).wrapping_add((j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                max_tokens: req.max_tokens.unwrap_or(16.min(l.context - p.len())),
+                stop_tokens: if req.ignore_eos { vec![] } else { l.eos.into_iter().collect() },
+                top_logprobs: req.logprobs.unwrap_or(0),
+            };
+            l.engine.add(Request { id, prompt: p.clone(), sampling }, tx.clone());
+        }
+    }
+    rx
+}
+
+/// What one engine output changes in its choice: the text that became final and, if the
+/// choice ended, why.
+fn advance(c: &mut Choice, o: &Output, l: &Loaded, req: &Completion, app: &App, started: Instant) -> String {
+    let now = Instant::now();
+    match c.last {
+        None => app.metrics.ttft.observe((now - started).as_secs_f64()),
+        Some(t) => app.metrics.itl.observe((now - t).as_secs_f64()),
+    }
+    c.last = Some(now);
+    c.tokens.push(o.token);
+    let eos = o.finished == Some(Finish::Stop);
+    if req.logprobs.is_some() {
+        let tt = token_text(l.tokenizer.as_ref(), o.token);
+        c.lp_offsets.push(c.offset);
+        c.offset += tt.len();
+        c.lp_tokens.push(tt);
+        c.lp_values.push(o.logprob);
+        let top: serde_json::Map<String, Value> =
+            o.top.iter().map(|&(t, lp)| (token_text(l.tokenizer.as_ref(), t), json!(lp))).collect();
+        c.lp_top.push(Value::Object(top));
+    }
+    // the end-of-text token ends the text; it is not part of it
+    let mut piece = if eos { String::new() } else { c.detok.push(o.token) };
+    if c.detok.stopped {
+        c.finish = Some("stop");
+    } else if let Some(f) = o.finished {
+        piece.push_str(&c.detok.finish());
+        c.finish = Some(if f == Finish::Stop { "stop" } else { "length" });
+    }
+    c.text.push_str(&piece);
+    piece
+}
+
+fn logprobs_json(c: &Choice, from: usize) -> Value {
+    json!({
+        "tokens": c.lp_tokens[from..],
+        "token_logprobs": c.lp_values[from..],
+        "top_logprobs": c.lp_top[from..],
+        "text_offset": c.lp_offsets[from..],
+    })
+}
+
+fn new_choices<'a>(l: &'a Loaded, req: &'a Completion, seqs: usize) -> Vec<Choice<'a>> {
+    (0..seqs)
+        .map(|_| Choice {
+            detok: Detok::new(l.tokenizer.as_ref(), &req.stop),
+            tokens: Vec::new(),
+            finish: None,
+            text: String::new(),
+            lp_tokens: Vec::new(),
+            lp_values: Vec::new(),
+            lp_top: Vec::new(),
+            lp_offsets: Vec::new(),
+            offset: 0,
+            last: None,
+        })
+        .collect()
+}
+
+fn engine_failed(e: String) -> ApiError {
+    ApiError {
+        status: 500,
+        message: format!("the engine refused the request: {e}"),
+        kind: "server_error",
+        param: None,
+        code: None,
+    }
+}
+
+async fn whole(app: &Arc<App>, req: Completion, prompts: Vec<Vec<u32>>, guard: InFlight, started: Instant) -> Response {
+    let l = app.loaded.get().expect("accepted only once loaded");
+    let mut rx = submit(l, &req, &prompts, &guard, app);
+    let base = guard.ids[0];
+    let mut choices = new_choices(l, &req, guard.ids.len());
+    let mut open = choices.len();
+    while open > 0 {
+        let Some(msg) = rx.recv().await else { break };
+        let o = match msg {
+            Ok(o) => o,
+            Err(e) => return error(engine_failed(e)),
+        };
+        let c = &mut choices[(o.id - base) as usize];
+        if c.finish.is_some() {
+            continue;
+        }
+        advance(c, &o, l, &req, app, started);
+        if c.finish.is_some() {
+            open -= 1;
+            if o.finished.is_none() {
+                l.engine.abort(o.id);
+            }
+        }
+    }
+    let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let out: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({
+                "index": i, "text": c.text, "finish_reason": c.finish,
+                "logprobs": if req.logprobs.is_some() { logprobs_json(c, 0) } else { Value::Null },
+            });
+            if req.return_token_ids {
+                v["token_ids"] = json!(c.tokens);
+                v["prompt_token_ids"] = json!(prompts[i / req.n]);
+            }
+            v
+        })
+        .collect();
+    drop(guard);
+    axum::Json(json!({
+        "id": format!("cmpl-{base}"), "object": "text_completion", "created": unix_now(), "model": app.name,
+        "choices": out,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+    }))
+    .into_response()
+}
+
+/// Server-sent events: a chunk per generated token (the text that became final, its token id
+/// and log-probabilities as asked), the finish reason with the last, usage if asked, `[DONE]`.
+fn stream(app: Arc<App>, req: Completion, prompts: Vec<Vec<u32>>, guard: InFlight, started: Instant) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(256);
+    tokio::spawn(async move {
+        let l = app.loaded.get().expect("accepted only once loaded");
+        let mut engine_rx = submit(l, &req, &prompts, &guard, &app);
+        let base = guard.ids[0];
+        let (id, created) = (format!("cmpl-{base}"), unix_now());
+        let mut choices = new_choices(l, &req, guard.ids.len());
+        let mut open = choices.len();
+        let event = |v: &Value| Ok(Bytes::from(format!("data: {v}\n\n")));
+        while open > 0 {
+            let msg = tokio::select! {
+                m = engine_rx.recv() => m,
+                // the client went away (even before its first token): the guard aborts
+                _ = tx.closed() => return,
+            };
+            let Some(msg) = msg else { break };
+            let o = match msg {
+                Ok(o) => o,
+                Err(e) => {
+                    let _ = tx.send(event(&engine_failed(e).body())).await;
+                    return;
+                }
+            };
+            let i = (o.id - base) as usize;
+            let c = &mut choices[i];
+            if c.finish.is_some() {
+                continue;
+            }
+            let from = c.lp_tokens.len();
+            let piece = advance(c, &o, l, &req, &app, started);
+            let mut ch = json!({
+                "index": i, "text": piece, "finish_reason": c.finish,
+                "logprobs": if req.logprobs.is_some() { logprobs_json(c, from) } else { Value::Null },
+            });
+            if req.return_token_ids {
+                ch["token_ids"] = json!([o.token]);
+                if c.tokens.len() == 1 {
+                    ch["prompt_token_ids"] = json!(prompts[i / req.n]);
+                }
+            }
+            if c.finish.is_some() {
+                open -= 1;
+                if o.finished.is_none() {
+                    l.engine.abort(o.id);
+                }
+            }
+            let mut chunk =
+                json!({"id": id, "object": "text_completion", "created": created, "model": app.name, "choices": [ch]});
+            if req.include_usage {
+                chunk["usage"] = Value::Null;
+            }
+            if tx.send(event(&chunk)).await.is_err() {
+                return; // the client went away: the guard aborts what is left
+            }
+        }
+        if req.include_usage {
+            let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
+            let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+            let chunk = json!({"id": id, "object": "text_completion", "created": created, "model": app.name, "choices": [],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}});
+            let _ = tx.send(event(&chunk)).await;
+        }
+        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+        drop(guard);
+    });
+    let body =
+        Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) }));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .expect("a valid response")
+}
