@@ -128,6 +128,39 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// The HTTP server under load: `brigade serve` started in this process on loopback (or the
+    /// server at --url) and a load generator of streamed completions; vLLM's serving figures
+    /// per load, and the fraction of the weight-read and matmul limits measured in the run.
+    Serve {
+        /// Checkpoint directory to serve (default: --model's shape with random weights).
+        #[arg(long, conflicts_with = "model")]
+        checkpoint: Option<std::path::PathBuf>,
+        #[arg(long, default_value = "gpt2-small")]
+        model: String,
+        /// Drive this OpenAI-compatible server instead (e.g. http://127.0.0.1:8080 for
+        /// llama-server); the model shape still sets prompt token ids and the limits.
+        #[arg(long)]
+        url: Option<String>,
+        /// Concurrent requests, comma-separated: one row each.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32", conflicts_with = "rate")]
+        concurrency: Vec<usize>,
+        /// Poisson arrivals at this many requests a second instead.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Requests per load (default: 4 × concurrency, at least 8; 30 s of arrivals at --rate).
+        #[arg(long)]
+        requests: Option<usize>,
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 64)]
+        output_len: usize,
+        #[arg(long, default_value_t = crate::default_threads())]
+        threads: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
     Train {
         #[command(flatten)]
@@ -179,6 +212,34 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Engine { model, concurrency, prompt_len, output_len, threads, json } => {
             crate::check_threads(threads, "--threads")?;
             crate::bench_engine::run(&model, &concurrency, prompt_len, output_len, threads, json)
+        }
+        BenchCmd::Serve {
+            checkpoint,
+            model,
+            url,
+            concurrency,
+            rate,
+            requests,
+            prompt_len,
+            output_len,
+            threads,
+            seed,
+            json,
+        } => {
+            crate::check_threads(threads, "--threads")?;
+            crate::bench_serve::run(crate::bench_serve::Args {
+                checkpoint,
+                model,
+                url,
+                concurrency: if rate.is_some() { vec![] } else { concurrency },
+                rate,
+                requests,
+                prompt_len,
+                output_len,
+                threads,
+                seed,
+                json,
+            })
         }
         BenchCmd::Embed { model, docs, shard_size, max_batch_tokens, json } => {
             crate::bench_embed::run(&model, docs, shard_size, max_batch_tokens, json)

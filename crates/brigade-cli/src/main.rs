@@ -18,6 +18,7 @@ mod bench_cmd;
 mod bench_embed;
 mod bench_engine;
 mod bench_plan;
+mod bench_serve;
 mod comm_bench;
 mod embed_cmd;
 mod plan_cmd;

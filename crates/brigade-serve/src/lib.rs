@@ -5,6 +5,7 @@
 pub mod api;
 pub mod engine;
 pub mod kv;
+pub mod loadgen;
 pub mod metrics;
 pub mod model;
 pub mod served;

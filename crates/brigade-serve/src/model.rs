@@ -165,33 +165,42 @@ impl Model {
         let (c, heads) = (self.c, self.heads);
         let hd = c / heads;
         let scale = 1.0 / (hd as f32).sqrt();
-        ctx.par_chunks_mut(c).zip(rows.par_iter()).enumerate().for_each_init(Vec::new, |sc, (r, (out, &(wi, pos)))| {
-            let w = &work[wi];
-            let q = &qkv[r * 3 * c..r * 3 * c + c];
-            sc.resize(pos + 1, 0.0);
-            for h in 0..heads {
-                let qh = &q[h * hd..(h + 1) * hd];
-                for (p, s) in sc.iter_mut().enumerate() {
-                    let k = &kv.slot(w.blocks[p / kv.block_size], layer, 0, p % kv.block_size)[h * hd..(h + 1) * hd];
-                    *s = dot(qh, k) * scale;
-                }
-                let mx = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let mut sum = 0f32;
-                for s in sc.iter_mut() {
-                    *s = brigade::tensor::math::exp(*s - mx);
-                    sum += *s;
-                }
-                let o = &mut out[h * hd..(h + 1) * hd];
-                o.fill(0.0);
-                for (p, &s) in sc.iter().enumerate() {
-                    let v = &kv.slot(w.blocks[p / kv.block_size], layer, 1, p % kv.block_size)[h * hd..(h + 1) * hd];
-                    let wgt = s / sum;
-                    for (o, &vv) in o.iter_mut().zip(v) {
-                        *o = wgt.mul_add(vv, *o);
+        ctx.par_chunks_mut(c).zip(rows.par_iter()).enumerate().for_each_init(
+            || (Vec::new(), vec![0f32; heads]),
+            |(sc, inv), (r, (out, &(wi, pos)))| {
+                let w = &work[wi];
+                let q = &qkv[r * 3 * c..r * 3 * c + c];
+                let np = pos + 1;
+                // scores [head][position]: each cached key row is read once, for every head
+                sc.resize(heads * np, 0.0);
+                for p in 0..np {
+                    let k = kv.slot(w.blocks[p / kv.block_size], layer, 0, p % kv.block_size);
+                    for h in 0..heads {
+                        sc[h * np + p] = dot(&q[h * hd..(h + 1) * hd], &k[h * hd..(h + 1) * hd]) * scale;
                     }
                 }
-            }
-        });
+                for (h, s) in sc.chunks_exact_mut(np).enumerate() {
+                    let mx = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    let mut sum = 0f32;
+                    for v in s.iter_mut() {
+                        *v = brigade::tensor::math::exp(*v - mx);
+                        sum += *v;
+                    }
+                    inv[h] = sum;
+                }
+                // out[h] = Σ_p (s[h][p] / sum[h]) · v_p[h], over p in order: each value row read once
+                out.fill(0.0);
+                for p in 0..np {
+                    let v = kv.slot(w.blocks[p / kv.block_size], layer, 1, p % kv.block_size);
+                    for h in 0..heads {
+                        let wgt = sc[h * np + p] / inv[h];
+                        for (o, &vv) in out[h * hd..(h + 1) * hd].iter_mut().zip(&v[h * hd..(h + 1) * hd]) {
+                            *o = wgt.mul_add(vv, *o);
+                        }
+                    }
+                }
+            },
+        );
     }
 }
 

@@ -288,9 +288,18 @@ fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Vec<u32>>, InF
         if let Some(&t) = ids.iter().find(|&&t| t as usize >= l.vocab) {
             return Err(ApiError::bad("prompt", format!("token {t} is outside the vocabulary (0..{})", l.vocab)));
         }
-        let room = l.context.saturating_sub(ids.len());
-        let want = req.max_tokens.unwrap_or(16.min(room));
-        if want == 0 || ids.len() + want > l.context {
+        if ids.len() >= l.context {
+            return Err(ApiError::bad(
+                "prompt",
+                format!(
+                    "the prompt has {} tokens; this model's maximum context length is {} tokens, prompt and at least one generated token; shorten the prompt",
+                    ids.len(),
+                    l.context
+                ),
+            ));
+        }
+        let want = req.max_tokens.unwrap_or(16.min(l.context - ids.len()));
+        if ids.len() + want > l.context {
             return Err(ApiError::bad(
                 if req.max_tokens.is_some() { "max_tokens" } else { "prompt" },
                 format!(

@@ -59,6 +59,30 @@ pub fn copy_gbps(bytes: usize) -> f64 {
     bytes as f64 / s / 1e9
 }
 
+/// Bytes per second of reading `bytes` (a sum over them, split over the pool): what a
+/// decode step does with the weights.
+pub fn read_gbps(bytes: usize) -> f64 {
+    use rayon::prelude::*;
+    let src = vec![1f32; bytes / 4];
+    let mut total = 0f32;
+    let s = time_it(|| {
+        total = src
+            .par_chunks(1 << 16)
+            .map(|c| {
+                c.chunks_exact(16)
+                    .fold([0f32; 16], |mut a, x| {
+                        a.iter_mut().zip(x).for_each(|(a, x)| *a += x);
+                        a
+                    })
+                    .iter()
+                    .sum::<f32>()
+            })
+            .sum();
+    });
+    std::hint::black_box(total);
+    bytes as f64 / s / 1e9
+}
+
 /// Measures the parts of a training step of `cfg` at `batch × seq` on the current pool, as
 /// one rank of a tensor-parallel group of `tp` runs them (its heads, hidden units and
 /// vocabulary block).

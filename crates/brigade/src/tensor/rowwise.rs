@@ -6,9 +6,9 @@
 //!
 //! The right operand is packed once (`Packed`): columns in strips of 16, each strip's `k × 16`
 //! values contiguous, so a strip streams from memory once and stays in cache while every
-//! group of rows uses it. Tiles: 4 rows × 16 columns, or for the last rows (a single decode
-//! row, say) 1 row × 64 columns — 8 vector accumulators either way, enough independent FMA
-//! chains to hide their latency.
+//! group of rows uses it. Tiles: 6 rows × 16 columns (12 vector accumulators: 12 FMAs for 2
+//! loads of the strip and 6 broadcasts), then 4 × 16, and for the last rows (a single decode
+//! row, say) 1 row × 64 columns — enough independent FMA chains to hide their latency.
 
 use super::SendPtr;
 use rayon::prelude::*;
@@ -66,7 +66,22 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
         let s0 = g * GROUP;
         let s1 = (s0 + GROUP).min(strips);
         let mut i = 0;
-        // 4 rows × one strip at a time
+        // 6 rows × one strip at a time (12 vector accumulators), then 4, then single rows;
+        // one 6-row tile fewer when that leaves rows for two 4-row tiles instead of singles
+        let mut sixes = m / 6;
+        if sixes > 0 && matches!(m % 6, 2 | 3) {
+            sixes -= 1;
+        }
+        while i < sixes * 6 {
+            for s in s0..s1 {
+                let mut acc = [[0f32; W]; 6];
+                tile_6x16(&mut acc, &a[i * k..(i + 6) * k], k, w.strip(s));
+                for (r, accr) in acc.iter().enumerate() {
+                    store(cp, (i + r) * n, s, n, accr);
+                }
+            }
+            i += 6;
+        }
         while i + 4 <= m {
             for s in s0..s1 {
                 let mut acc = [[0f32; W]; 4];
@@ -89,6 +104,24 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
             i += 1;
         }
     });
+}
+
+/// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for 6 rows, each an fma chain over k in order.
+fn tile_6x16(acc: &mut [[f32; W]; 6], a: &[f32], k: usize, strip: &[f32]) {
+    assert!(a.len() == 6 * k && strip.len() == k * W);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX and FMA (checked); the slices' lengths are checked above.
+        return unsafe { simd::tile_6x16(acc, a, k, strip) };
+    }
+    for kk in 0..k {
+        for (r, accr) in acc.iter_mut().enumerate() {
+            let av = a[r * k + kk];
+            for t in 0..W {
+                accr[t] = av.mul_add(strip[kk * W + t], accr[t]);
+            }
+        }
+    }
 }
 
 /// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for 4 rows, each an fma chain over k in order.
@@ -133,6 +166,25 @@ fn tile_1x64(acc: &mut [[f32; W]; GROUP], a: &[f32], strips: [&[f32]; GROUP]) {
 mod simd {
     use super::{GROUP, W};
     use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx,fma")]
+    pub unsafe fn tile_6x16(acc: &mut [[f32; W]; 6], a: &[f32], k: usize, strip: &[f32]) {
+        let mut c = [_mm256_setzero_ps(); 12];
+        let (ap, wp) = (a.as_ptr(), strip.as_ptr());
+        for kk in 0..k {
+            let w0 = _mm256_loadu_ps(wp.add(kk * W));
+            let w1 = _mm256_loadu_ps(wp.add(kk * W + 8));
+            for r in 0..6 {
+                let av = _mm256_broadcast_ss(&*ap.add(r * k + kk));
+                c[2 * r] = _mm256_fmadd_ps(av, w0, c[2 * r]);
+                c[2 * r + 1] = _mm256_fmadd_ps(av, w1, c[2 * r + 1]);
+            }
+        }
+        for r in 0..6 {
+            _mm256_storeu_ps(acc[r].as_mut_ptr(), c[2 * r]);
+            _mm256_storeu_ps(acc[r].as_mut_ptr().add(8), c[2 * r + 1]);
+        }
+    }
 
     #[target_feature(enable = "avx,fma")]
     pub unsafe fn tile_4x16(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, strip: &[f32]) {
@@ -199,7 +251,15 @@ mod tests {
                     c
                 })
                 .collect();
-            for m in [2, 3, 4, 5, 17, 40] {
+            // alone, each element is the scalar fma chain over k in order, bit for bit
+            for (i, row) in alone.iter().enumerate() {
+                for j in 0..n {
+                    let chain = (0..k).fold(0f32, |acc, kk| a[i * k + kk].mul_add(wv[kk * n + j], acc));
+                    assert_eq!(row[j].to_bits(), chain.to_bits(), "k {k} n {n}: ({i}, {j})");
+                }
+            }
+            // every tiling of m rows (6-, 4-row tiles and single rows in their mixes)
+            for m in [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 32, 40] {
                 let mut c = vec![0f32; m * n];
                 matmul_rows(&mut c, &a[..m * k], &w, m);
                 for i in 0..m {

@@ -1,0 +1,195 @@
+//! `brigade bench serve`: starts `brigade serve` in this process on loopback (or drives the
+//! server at `--url`) and its load generator: streamed completions of fixed prompt and output
+//! lengths (random token ids, `ignore_eos`, greedy), at each concurrency or a Poisson rate.
+//! A row per load — requests/s, output tokens/s, TTFT and ITL p50/p99 — and the achieved
+//! fraction of the two limits measured in the same run: reading the weights once per step
+//! (one request) and the matmul rate (many).
+
+use anyhow::{bail, Context, Result};
+use brigade::models::GptConfig;
+use brigade_serve::loadgen::{self, Arrivals, Load, Row};
+use brigade_serve::served::Source;
+use brigade_serve::server::{self, ServeOptions};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub struct Args {
+    pub checkpoint: Option<PathBuf>,
+    pub model: String,
+    pub url: Option<String>,
+    pub concurrency: Vec<usize>,
+    pub rate: Option<f64>,
+    pub requests: Option<usize>,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    pub threads: usize,
+    pub seed: u64,
+    pub json: bool,
+}
+
+/// Weight bytes read per step and floating-point operations per generated token.
+fn costs(cfg: &GptConfig, context: usize) -> (f64, f64) {
+    let (l, c, v) = (cfg.n_layer as f64, cfg.n_embd as f64, cfg.vocab_size as f64);
+    let matrices = l * 12.0 * c * c + v * c;
+    // the products, then attention over `context` positions (q·k and p·v)
+    (matrices * 4.0, 2.0 * matrices + 4.0 * l * c * context as f64)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.concurrency.is_empty() && a.rate.is_none() || a.concurrency.iter().any(|&c| c == 0 || c > 4096) {
+        bail!("--concurrency takes request counts from 1 to 4096, e.g. 1,8,32");
+    }
+    if a.rate.is_some_and(|r| !(r > 0.0 && r <= 1e4)) {
+        bail!("--rate must be above 0 and at most 10000 requests a second");
+    }
+    if a.requests == Some(0) {
+        bail!("--requests must be at least 1");
+    }
+    let source = match &a.checkpoint {
+        Some(d) => Source::Checkpoint(d.clone()),
+        None => Source::Preset(a.model.clone()),
+    };
+    let cfg = source.config()?;
+    if a.prompt_len == 0 || a.output_len == 0 || a.prompt_len + a.output_len > cfg.block_size {
+        bail!(
+            "--prompt-len {} + --output-len {} must fit the context of {} tokens (both at least 1)",
+            a.prompt_len,
+            a.output_len,
+            cfg.block_size
+        );
+    }
+    // the limits, measured on a pool of the server's size before it starts
+    let (read_gbps, matmul_gflops) = brigade::with_threads(a.threads, || {
+        (brigade::bench::machine::read_gbps(512 << 20), brigade::bench::matmul_gflops(2048, 2048, 2048, 3))
+    })?;
+    let (weight_bytes, flops_per_token) = costs(&cfg, a.prompt_len + a.output_len / 2);
+    let read_limit = read_gbps * 1e9 / weight_bytes;
+    let compute_limit = matmul_gflops * 1e9 / flops_per_token;
+    let max_c = a.concurrency.iter().copied().max().unwrap_or(64);
+    let url = match &a.url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => start_server(source, a.threads, max_c)?,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let model = if a.url.is_some() { None } else { Some(model_name(&a)) };
+    let base = Load {
+        url: url.clone(),
+        model,
+        arrivals: Arrivals::Concurrency(1),
+        requests: 1,
+        prompt_len: a.prompt_len,
+        output_len: a.output_len.min(8),
+        vocab: cfg.vocab_size,
+        seed: a.seed,
+    };
+    rt.block_on(loadgen::run(&base)).context("the warm-up request failed")?;
+    let mut loads: Vec<Arrivals> = a.concurrency.iter().map(|&c| Arrivals::Concurrency(c)).collect();
+    if let Some(r) = a.rate {
+        loads = vec![Arrivals::Rate(r)];
+    }
+    let mut rows: Vec<serde_json::Value> = Vec::new();
+    for (i, arrivals) in loads.into_iter().enumerate() {
+        let requests = a.requests.unwrap_or(match arrivals {
+            Arrivals::Concurrency(c) => (4 * c).max(8),
+            Arrivals::Rate(r) => ((r * 30.0) as usize).clamp(8, 1000),
+        });
+        let load = Load { arrivals, requests, output_len: a.output_len, seed: a.seed + 1 + i as u64, ..base.clone() };
+        let row: Row = rt.block_on(loadgen::run(&load))?;
+        let (fr, fc) = (row.output_tokens_per_s / read_limit, row.output_tokens_per_s / compute_limit);
+        if !a.json {
+            let what = match arrivals {
+                Arrivals::Concurrency(c) => format!("{c} concurrent"),
+                Arrivals::Rate(r) => format!("{r} requests/s (Poisson)"),
+            };
+            outln!(
+                "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit, {:.0}% of the matmul limit",
+                row.requests,
+                row.failed,
+                row.wall_s,
+                row.requests_per_s,
+                row.output_tokens_per_s,
+                row.ttft_p50_ms,
+                row.ttft_p99_ms,
+                row.itl_p50_ms,
+                row.itl_p99_ms,
+                row.itl_p99_ms / row.itl_p50_ms,
+                100.0 * fr,
+                100.0 * fc
+            );
+        }
+        let mut v = serde_json::to_value(&row)?;
+        v["weight_read_limit_fraction"] = serde_json::json!(fr);
+        v["matmul_limit_fraction"] = serde_json::json!(fc);
+        rows.push(v);
+    }
+    let limits = serde_json::json!({"read_gbps": read_gbps, "weight_bytes": weight_bytes,
+        "weight_read_limit_tokens_per_s": read_limit, "matmul_gflops": matmul_gflops,
+        "flops_per_token": flops_per_token, "matmul_limit_tokens_per_s": compute_limit});
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::json!({"bench": "serve", "model": model_name(&a), "url": a.url, "threads": a.threads,
+                "prompt_len": a.prompt_len, "output_len": a.output_len, "limits": limits, "rows": rows})
+        );
+    } else {
+        outln!(
+            "limits ({} threads): weights {:.2} GB read at {read_gbps:.1} GB/s → {read_limit:.0} tokens/s for one sequence; {:.2} GFLOP a token at {matmul_gflops:.0} GFLOP/s → {compute_limit:.0} tokens/s",
+            a.threads,
+            weight_bytes / 1e9,
+            flops_per_token / 1e9
+        );
+    }
+    Ok(())
+}
+
+fn model_name(a: &Args) -> String {
+    match &a.checkpoint {
+        Some(d) => Source::Checkpoint(d.clone()).default_name(),
+        None => a.model.clone(),
+    }
+}
+
+/// `brigade serve` on a free loopback port, in this process; returns its URL once ready.
+fn start_server(source: Source, threads: usize, max_c: usize) -> Result<String> {
+    let o = ServeOptions {
+        source,
+        name: None,
+        host: "127.0.0.1".into(),
+        port: 0,
+        threads,
+        max_running: max_c.max(64),
+        max_queued: 4096,
+        max_step_tokens: 512,
+        kv_cache_mib: 2048,
+        block_size: 16,
+        shutdown_timeout: Duration::from_secs(1),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if let Err(e) = server::run(o, move |addr| {
+            let _ = tx.send(addr);
+        }) {
+            eprintln!("error: the server failed: {e:#}");
+            std::process::exit(1);
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(60)).context("the server did not start")?;
+    let url = format!("http://{addr}");
+    let t0 = Instant::now();
+    loop {
+        let ready = std::net::TcpStream::connect(addr).ok().and_then(|mut s| {
+            use std::io::{Read, Write};
+            s.write_all(b"GET /ready HTTP/1.0\r\n\r\n").ok()?;
+            let mut r = String::new();
+            s.read_to_string(&mut r).ok()?;
+            Some(r.starts_with("HTTP/1.0 200") || r.starts_with("HTTP/1.1 200"))
+        });
+        if ready == Some(true) {
+            return Ok(url);
+        }
+        if t0.elapsed() > Duration::from_secs(600) {
+            bail!("the server was not ready after 600 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

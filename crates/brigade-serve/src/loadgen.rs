@@ -1,0 +1,222 @@
+//! The load generator of `brigade bench serve`: streamed completions against an
+//! OpenAI-compatible server (ours, or any other — llama.cpp's `llama-server`, vLLM), at a fixed
+//! concurrency or with Poisson arrivals at a rate, and the figures vLLM's serving benchmark
+//! reports: request and output-token throughput, time to first token and inter-token latency.
+
+use anyhow::{bail, Context, Result};
+use futures_util::StreamExt;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug)]
+pub enum Arrivals {
+    /// This many requests in flight at all times.
+    Concurrency(usize),
+    /// Poisson arrivals at this many requests a second.
+    Rate(f64),
+}
+
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// The server's base URL (`http://host:port`).
+    pub url: String,
+    pub model: Option<String>,
+    pub arrivals: Arrivals,
+    pub requests: usize,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    /// Prompts are random token ids below this.
+    pub vocab: usize,
+    pub seed: u64,
+}
+
+/// One load's figures.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Row {
+    pub concurrency: Option<usize>,
+    pub rate: Option<f64>,
+    pub requests: usize,
+    pub failed: usize,
+    pub wall_s: f64,
+    pub requests_per_s: f64,
+    pub output_tokens_per_s: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub itl_p50_ms: f64,
+    pub itl_p99_ms: f64,
+}
+
+struct Sample {
+    ttft: f64,
+    gaps: Vec<f64>,
+    tokens: usize,
+}
+
+/// Nearest-rank percentile of sorted values (0 if none).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// One streamed request: the time to its first token and the gaps between the next ones.
+async fn one(client: &reqwest::Client, load: &Load, prompt: Vec<u32>) -> Result<Sample> {
+    let mut body = json!({"prompt": prompt, "max_tokens": load.output_len, "temperature": 0, "stream": true,
+        "ignore_eos": true});
+    if let Some(m) = &load.model {
+        body["model"] = json!(m);
+    }
+    let t0 = Instant::now();
+    let r = client.post(format!("{}/v1/completions", load.url)).json(&body).send().await?;
+    if !r.status().is_success() {
+        bail!("HTTP {}: {}", r.status(), r.text().await.unwrap_or_default());
+    }
+    let mut stream = r.bytes_stream();
+    let mut buf = Vec::new();
+    let (mut last, mut ttft, mut gaps, mut tokens) = (t0, None, Vec::new(), 0);
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk?);
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..end + 2).collect();
+            let line = String::from_utf8_lossy(&event);
+            let Some(data) = line.trim().strip_prefix("data:") else { continue };
+            let data = data.trim();
+            if data == "[DONE]" {
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).with_context(|| format!("bad event {data}"))?;
+            if v.get("error").is_some() {
+                bail!("the server failed mid-stream: {data}");
+            }
+            let generated = v["choices"].as_array().is_some_and(|c| !c.is_empty());
+            if !generated {
+                continue;
+            }
+            let now = Instant::now();
+            match ttft {
+                None => ttft = Some((now - t0).as_secs_f64()),
+                Some(_) => gaps.push((now - last).as_secs_f64()),
+            }
+            last = now;
+            tokens += 1;
+        }
+    }
+    Ok(Sample { ttft: ttft.context("no token came back")?, gaps, tokens })
+}
+
+fn prompt(rng: &mut ChaCha8Rng, load: &Load) -> Vec<u32> {
+    (0..load.prompt_len).map(|_| rng.gen_range(0..load.vocab as u32)).collect()
+}
+
+/// Runs one load against the server and measures it.
+pub async fn run(load: &Load) -> Result<Row> {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build()?;
+    let mut rng = ChaCha8Rng::seed_from_u64(load.seed);
+    let prompts: Vec<Vec<u32>> = (0..load.requests).map(|_| prompt(&mut rng, load)).collect();
+    let prompts = Arc::new(prompts);
+    let t0 = Instant::now();
+    let results: Vec<Result<Sample>> = match load.arrivals {
+        Arrivals::Concurrency(c) => {
+            let next = Arc::new(AtomicUsize::new(0));
+            let workers = (0..c.min(load.requests)).map(|_| {
+                let (client, load, next, prompts) = (client.clone(), load.clone(), next.clone(), prompts.clone());
+                tokio::spawn(async move {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= load.requests {
+                            return out;
+                        }
+                        out.push(one(&client, &load, prompts[i].clone()).await);
+                    }
+                })
+            });
+            let mut all = Vec::new();
+            for w in futures_util::future::join_all(workers).await {
+                all.extend(w?);
+            }
+            all
+        }
+        Arrivals::Rate(rate) => {
+            let mut tasks = Vec::new();
+            let mut at = 0.0;
+            for i in 0..load.requests {
+                // exponential gaps: a Poisson process
+                at += -(1.0 - rng.gen::<f64>()).ln() / rate;
+                let (client, load, prompts) = (client.clone(), load.clone(), prompts.clone());
+                let start = t0 + Duration::from_secs_f64(at);
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep_until(start.into()).await;
+                    one(&client, &load, prompts[i].clone()).await
+                }));
+            }
+            let mut all = Vec::new();
+            for t in futures_util::future::join_all(tasks).await {
+                all.push(t?);
+            }
+            all
+        }
+    };
+    let wall = t0.elapsed().as_secs_f64();
+    let mut failed = 0;
+    let (mut ttft, mut itl, mut tokens, mut ok) = (Vec::new(), Vec::new(), 0, 0);
+    let mut first_error = None;
+    for r in results {
+        match r {
+            Ok(s) => {
+                ttft.push(s.ttft);
+                itl.extend(s.gaps);
+                tokens += s.tokens;
+                ok += 1;
+            }
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if ok == 0 {
+        bail!("every request failed; the first: {:#}", first_error.expect("a failure"));
+    }
+    ttft.sort_by(f64::total_cmp);
+    itl.sort_by(f64::total_cmp);
+    let (concurrency, rate) = match load.arrivals {
+        Arrivals::Concurrency(c) => (Some(c), None),
+        Arrivals::Rate(r) => (None, Some(r)),
+    };
+    Ok(Row {
+        concurrency,
+        rate,
+        requests: ok,
+        failed,
+        wall_s: wall,
+        requests_per_s: ok as f64 / wall,
+        output_tokens_per_s: tokens as f64 / wall,
+        ttft_p50_ms: percentile(&ttft, 50.0) * 1e3,
+        ttft_p99_ms: percentile(&ttft, 99.0) * 1e3,
+        itl_p50_ms: percentile(&itl, 50.0) * 1e3,
+        itl_p99_ms: percentile(&itl, 99.0) * 1e3,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 100.0), 100.0);
+        assert_eq!(percentile(&[3.0], 99.0), 3.0);
+        assert_eq!(percentile(&[1.0, 2.0], 50.0), 1.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+}

@@ -1,0 +1,117 @@
+"""`brigade serve` driven by the official `openai` Python client, as a user would.
+
+Trains a tiny checkpoint with the BPE fixture tokenizer (30 steps), starts the server on a free
+port, and checks: /v1/models; completions greedy and seeded, whole and streamed (with usage),
+n, lists of prompts, token-id prompts, logprobs, stop, vLLM's ignore_eos / return_token_ids via
+extra_body; OpenAI errors raised as the client's exception classes. Exits non-zero on the
+first mismatch. CI runs it (after `pip install openai`).
+
+    python3 scripts/check_serve_openai.py [path/to/brigade]
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import openai
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BRIGADE = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/brigade")
+TOKENIZER = os.path.join(ROOT, "crates/brigade-serve/tests/data/bpe-tokenizer.json")
+
+
+def check(cond, what):
+    if not cond:
+        print("FAIL:", what, file=sys.stderr)
+        sys.exit(1)
+    print("ok:", what)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    ckpt = os.path.join(tmp, "tiny-bpe")
+    subprocess.run([BRIGADE, "train", "--data", os.path.join(ROOT, "README.md"), "--tokenizer", TOKENIZER,
+                    "--steps", "30", "--threads", "1", "--out", ckpt], check=True, capture_output=True)
+    srv = subprocess.Popen([BRIGADE, "serve", "--checkpoint", ckpt, "--port", "0", "--threads", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = srv.stdout.readline().strip().rsplit(" ", 1)[-1]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        for _ in range(600):
+            try:
+                if client.models.list().data:
+                    import urllib.request
+                    if urllib.request.urlopen(url + "/ready").status == 200:
+                        break
+            except Exception:
+                pass
+            time.sleep(0.05)
+        models = client.models.list().data
+        check([m.id for m in models] == ["tiny-bpe"], "models.list() names the checkpoint")
+
+        r = client.completions.create(model="tiny-bpe", prompt="The planner", max_tokens=12, temperature=0)
+        check(r.object == "text_completion" and len(r.choices) == 1, "a completion with one choice")
+        check(r.choices[0].finish_reason in ("length", "stop"), "finish_reason")
+        check(r.usage.completion_tokens <= 12 and r.usage.prompt_tokens > 0
+              and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, "usage adds up")
+
+        kw = dict(model="tiny-bpe", prompt="Data parallelism — naïve 🚀", max_tokens=20, temperature=1.1, seed=7,
+                  logprobs=2, extra_body={"return_token_ids": True})
+        whole = client.completions.create(**kw)
+        again = client.completions.create(**kw)
+        check(whole.choices[0].text == again.choices[0].text, "a seed makes sampling repeatable")
+        ids = whole.choices[0].model_extra["token_ids"]
+        check(len(ids) == whole.usage.completion_tokens, "return_token_ids gives every generated token")
+        lp = whole.choices[0].logprobs
+        check(len(lp.tokens) == len(ids) and len(lp.token_logprobs) == len(ids)
+              and all(1 <= len(t) <= 2 for t in lp.top_logprobs), "logprobs=2: a value and 2 alternatives per token")
+        text, streamed_ids, usage, finish = "", [], None, None
+        for chunk in client.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for c in chunk.choices:
+                text += c.text
+                streamed_ids += c.model_extra["token_ids"]
+                finish = c.finish_reason or finish
+        check(text == whole.choices[0].text, "the streamed pieces add up to the whole text")
+        check(streamed_ids == ids, "streamed tokens equal the whole response's")
+        check(usage is not None and usage.completion_tokens == whole.usage.completion_tokens, "stream usage chunk")
+        check(finish == whole.choices[0].finish_reason, "stream finish_reason")
+
+        r = client.completions.create(model="tiny-bpe", prompt=["The mesh", "A pipeline"], n=2, max_tokens=8,
+                                      temperature=1.0, seed=1)
+        check(sorted(c.index for c in r.choices) == [0, 1, 2, 3], "two prompts × n=2: four choices")
+        r = client.completions.create(model="tiny-bpe", prompt=[5, 6, 7, 8], max_tokens=16, temperature=0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+        check(len(r.choices[0].model_extra["token_ids"]) == 16 and r.choices[0].finish_reason == "length",
+              "token-id prompt with ignore_eos runs to max_tokens")
+        full = client.completions.create(model="tiny-bpe", prompt="The", max_tokens=24, temperature=1.0, seed=3)
+        t = full.choices[0].text
+        stop = next((ch for ch in t[2:] if not ch.isspace()), None)
+        if stop is not None:
+            r = client.completions.create(model="tiny-bpe", prompt="The", max_tokens=24, temperature=1.0, seed=3,
+                                          stop=[stop])
+            check(r.choices[0].text == t[:t.index(stop)] and r.choices[0].finish_reason == "stop",
+                  f"stop={stop!r} ends the text before it")
+
+        for what, call, exc in [
+            ("negative max_tokens", lambda: client.completions.create(model="tiny-bpe", prompt="x", max_tokens=-1),
+             openai.BadRequestError),
+            ("echo is refused", lambda: client.completions.create(model="tiny-bpe", prompt="x", echo=True),
+             openai.BadRequestError),
+            ("a prompt beyond the context", lambda: client.completions.create(model="tiny-bpe", prompt="x y " * 100),
+             openai.BadRequestError),
+            ("an unknown model", lambda: client.completions.create(model="gpt-9", prompt="x"),
+             openai.NotFoundError),
+        ]:
+            try:
+                call()
+                check(False, what)
+            except exc as e:
+                check(e.body is not None and "message" in e.body, f"{what}: {type(e).__name__}: {e.body['message']}")
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        rc = srv.wait(timeout=60)
+    check(rc == 0, "SIGTERM: the server exits 0")
+print("check_serve_openai: all passed")
