@@ -84,6 +84,11 @@ impl Seq {
     }
 }
 
+/// Prompt tokens a step may take beside its decodes, at the least.
+pub const MIN_PREFILL: usize = 32;
+/// Prompt tokens a step may take per decode in it.
+pub const PREFILL_PER_DECODE: usize = 2;
+
 /// Bounds on one step.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -241,6 +246,14 @@ impl Engine {
                 budget -= 1;
             }
             i += 1;
+        }
+        // Stall-free batching (as Sarathi-Serve): while sequences decode, a step takes at most
+        // PREFILL_PER_DECODE prompt tokens per decode (at least MIN_PREFILL), so a step with
+        // prompt work costs at most a few decode-only ones and running sequences' inter-token
+        // latency stays bounded; with nothing decoding, prompts get the whole budget.
+        let decodes: usize = plan.iter().sum();
+        if decodes > 0 {
+            budget = budget.min((PREFILL_PER_DECODE * decodes).max(MIN_PREFILL));
         }
         // 2. prompt chunks of running sequences
         for (i, s) in self.running.iter_mut().enumerate() {

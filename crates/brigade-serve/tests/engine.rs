@@ -114,3 +114,44 @@ fn outputs_do_not_depend_on_the_batch() {
     assert_eq!(got.len(), 34, "every request finished");
     assert_eq!(e.kv.free_blocks(), e.kv.total_blocks());
 }
+
+#[test]
+fn prompts_beside_running_decodes_come_in_bounded_chunks() {
+    use brigade_serve::engine::{MIN_PREFILL, PREFILL_PER_DECODE};
+    let cfg = GptConfig { n_layer: 1, n_head: 2, n_embd: 32, vocab_size: 50, block_size: 512 };
+    let gpt = Gpt::new(cfg).unwrap();
+    let p = gpt.init_params(1);
+    let mut e = Engine::new(Model::new(&gpt, &p), 512, 4, Limits { max_running: 64, max_step_tokens: 400 });
+    // distinct prompts: no prefix-cache hits
+    let req = |id: u64, len: u64| Request {
+        id,
+        prompt: (0..len).map(|i| ((i * (id + 3) + id) % 50) as u32).collect(),
+        sampling: greedy(200),
+    };
+    // nothing decoding: a long prompt takes the whole budget
+    e.add(req(1, 300)).unwrap();
+    e.step();
+    assert_eq!(e.stats.prompt_tokens_computed, 300);
+    // 1 decoding: another long prompt gets MIN_PREFILL a step, then 2 per decode as they grow
+    e.add(req(2, 300)).unwrap();
+    let mut before = e.stats.prompt_tokens_computed;
+    let mut steps = 0;
+    while e.stats.prompt_tokens_computed < 600 {
+        e.step();
+        let (took, left) = (e.stats.prompt_tokens_computed - before, 600 - before);
+        before = e.stats.prompt_tokens_computed;
+        assert_eq!(took as usize, (left as usize).min(MIN_PREFILL.max(PREFILL_PER_DECODE)));
+        steps += 1;
+    }
+    assert_eq!(steps, 300usize.div_ceil(MIN_PREFILL));
+    // 20 decoding: chunks of 2 × 20
+    for id in 10..30 {
+        e.add(req(id, 3)).unwrap();
+    }
+    e.step();
+    e.step();
+    e.add(req(3, 200)).unwrap();
+    let before = e.stats.prompt_tokens_computed;
+    e.step();
+    assert_eq!((e.stats.prompt_tokens_computed - before) as usize, PREFILL_PER_DECODE * 22);
+}
