@@ -156,6 +156,9 @@ pub enum BenchCmd {
         output_len: usize,
         #[arg(long, default_value_t = crate::default_threads())]
         threads: usize,
+        /// Tensor-parallel ranks of the server (threads split evenly over them).
+        #[arg(long, default_value_t = 1)]
+        tp: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
         #[arg(long)]
@@ -223,11 +226,13 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             prompt_len,
             output_len,
             threads,
+            tp,
             seed,
             json,
         } => {
             crate::check_threads(threads, "--threads")?;
             crate::bench_serve::run(crate::bench_serve::Args {
+                tp,
                 checkpoint,
                 model,
                 url,

@@ -23,6 +23,7 @@ pub struct Args {
     pub prompt_len: usize,
     pub output_len: usize,
     pub threads: usize,
+    pub tp: usize,
     pub seed: u64,
     pub json: bool,
 }
@@ -68,7 +69,7 @@ pub fn run(a: Args) -> Result<()> {
     let max_c = a.concurrency.iter().copied().max().unwrap_or(64);
     let url = match &a.url {
         Some(u) => u.trim_end_matches('/').to_string(),
-        None => start_server(source, a.threads, max_c)?,
+        None => start_server(source, a.threads, a.tp, max_c)?,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let model = if a.url.is_some() { None } else { Some(model_name(&a)) };
@@ -128,7 +129,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.json {
         outln!(
             "{}",
-            serde_json::json!({"bench": "serve", "model": model_name(&a), "url": a.url, "threads": a.threads,
+            serde_json::json!({"bench": "serve", "model": model_name(&a), "url": a.url, "threads": a.threads, "tp": a.tp,
                 "prompt_len": a.prompt_len, "output_len": a.output_len, "limits": limits, "rows": rows})
         );
     } else {
@@ -150,13 +151,14 @@ fn model_name(a: &Args) -> String {
 }
 
 /// `brigade serve` on a free loopback port, in this process; returns its URL once ready.
-fn start_server(source: Source, threads: usize, max_c: usize) -> Result<String> {
+fn start_server(source: Source, threads: usize, tp: usize, max_c: usize) -> Result<String> {
     let o = ServeOptions {
         source,
         name: None,
         host: "127.0.0.1".into(),
         port: 0,
         threads,
+        tp,
         max_running: max_c.max(64),
         max_queued: 4096,
         max_step_tokens: 512,

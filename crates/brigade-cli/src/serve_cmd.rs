@@ -24,9 +24,12 @@ pub struct ServeArgs {
     /// 0 picks a free port (printed at start).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Threads for the model's arithmetic.
+    /// Threads for the model's arithmetic (split evenly over the --tp ranks).
     #[arg(long, default_value_t = crate::default_threads())]
     threads: usize,
+    /// Shard the model over this many tensor-parallel ranks (threads): the same tokens as 1.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
     /// Sequences in the running batch.
     #[arg(long, default_value_t = 64)]
     max_running: usize,
@@ -49,6 +52,9 @@ pub struct ServeArgs {
 
 pub fn options(a: ServeArgs) -> Result<ServeOptions> {
     crate::check_threads(a.threads, "--threads")?;
+    if a.tp == 0 || a.tp > 64 {
+        bail!("--tp must be from 1 to 64, got {}", a.tp);
+    }
     if !(a.shutdown_timeout >= 0.0 && a.shutdown_timeout <= 86_400.0) {
         bail!("--shutdown-timeout must be from 0 to 86400 seconds, got {}", a.shutdown_timeout);
     }
@@ -78,6 +84,7 @@ pub fn options(a: ServeArgs) -> Result<ServeOptions> {
         host: a.host,
         port: a.port,
         threads: a.threads,
+        tp: a.tp,
         max_running: a.max_running,
         max_queued: a.max_queued,
         max_step_tokens: a.max_step_tokens,

@@ -253,6 +253,28 @@ async fn a_request_gives_the_same_tokens_alone_and_in_a_crowd() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tp_2_serves_the_same_tokens_and_logprobs_as_tp_1() {
+    let ck = checkpoint().to_str().unwrap();
+    let one = start(&["--checkpoint", ck, "--tp", "1", "--threads", "2"]);
+    let two = start(&["--checkpoint", ck, "--tp", "2", "--threads", "2"]);
+    one.wait_ready().await;
+    two.wait_ready().await;
+    let bodies: Vec<Value> = (0..8)
+        .map(|i| {
+            let prompt = ["The planner", "Tensor parallelism splits", "x"][i % 3];
+            json!({"prompt": prompt, "max_tokens": 12 + i,
+                "temperature": if i % 2 == 0 { 0.0 } else { 1.0 }, "seed": i, "logprobs": 2, "return_token_ids": true})
+        })
+        .collect();
+    let a = futures_util::future::join_all(bodies.iter().map(|b| one.post(b.clone()))).await;
+    let b = futures_util::future::join_all(bodies.iter().map(|b| two.post(b.clone()))).await;
+    for (i, ((sa, ra), (sb, rb))) in a.iter().zip(&b).enumerate() {
+        assert_eq!((*sa, *sb), (200, 200));
+        assert_eq!(ra["choices"], rb["choices"], "request {i}: --tp 2 differs from --tp 1");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_get_openai_errors() {
     let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
     s.wait_ready().await;
@@ -389,6 +411,12 @@ fn bad_serve_flags_fail_cleanly() {
     common::fails_with(&["serve", "--model", "tiny", "--max-running", "0"], d.path(), "--max-running");
     common::fails_with(&["serve", "--model", "tiny", "--shutdown-timeout=-1"], d.path(), "--shutdown-timeout");
     common::fails_with(&["serve", "--model", "tiny", "--kv-cache-mib", "0"], d.path(), "--kv-cache-mib");
+    common::fails_with(
+        &["serve", "--model", "tiny", "--tp", "3", "--threads", "3"],
+        d.path(),
+        "must divide the model's 4",
+    );
+    common::fails_with(&["serve", "--model", "tiny", "--tp", "2", "--threads", "1"], d.path(), "--tp 2 needs");
     // the port taken by another server
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port().to_string();

@@ -148,7 +148,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(model: Model, kv_blocks: usize, block_size: usize, limits: Limits) -> Engine {
-        let kv = KvCache::new(kv_blocks, block_size, model.layers_n, model.c);
+        let kv = KvCache::new(kv_blocks, block_size, model.layers_n, model.kv_width());
         Engine { model, kv, limits, waiting: VecDeque::new(), running: Vec::new(), stats: Stats::default() }
     }
 

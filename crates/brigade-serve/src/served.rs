@@ -2,7 +2,6 @@
 //! Hugging Face GPT-2 folder) or a preset shape with random weights (for benchmarks), and the
 //! tokenizer that goes with it.
 
-use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use brigade::models::{Gpt, GptConfig};
 use brigade::train::checkpoint::{load_model, read_model_config, STATE_FILE, TOKENIZER_FILE};
@@ -17,7 +16,8 @@ pub enum Source {
 }
 
 pub struct Served {
-    pub model: Model,
+    pub gpt: Gpt,
+    pub params: Vec<f32>,
     /// `None`: prompts must be token ids; responses carry token ids and empty text.
     pub tokenizer: Option<Tokenizer>,
     /// Ends generation unless a request sets `ignore_eos`.
@@ -49,7 +49,7 @@ impl Source {
             Source::Preset(name) => {
                 let gpt = Gpt::new(GptConfig::preset(name)?)?;
                 let params = gpt.init_params(1);
-                Ok(Served { model: Model::new(&gpt, &params), tokenizer: None, eos: None })
+                Ok(Served { gpt, params, tokenizer: None, eos: None })
             }
             Source::Checkpoint(dir) => {
                 let (gpt, params) = load_model(dir)?;
@@ -58,7 +58,7 @@ impl Source {
                     Some(Tokenizer::Hf(t, ..)) => t.token_to_id("<|endoftext|>"),
                     _ => None,
                 };
-                Ok(Served { model: Model::new(&gpt, &params), tokenizer, eos })
+                Ok(Served { gpt, params, tokenizer, eos })
             }
         }
     }

@@ -3,12 +3,12 @@
 //! answer 503 until the model is loaded and again while draining after SIGTERM.
 
 use crate::api::{self, ApiError, Completion, Prompt};
-use crate::engine::{Engine, Finish, Limits, Output, Request, Sampling};
+use crate::engine::{Finish, Limits, Output, Request, Sampling};
 use crate::kv::KvCache;
 use crate::metrics::Metrics;
 use crate::served::{Served, Source};
 use crate::text::{token_text, Detok};
-use crate::worker::EngineHandle;
+use crate::worker::{EngineHandle, Layout};
 use anyhow::{bail, Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -30,6 +30,8 @@ pub struct ServeOptions {
     /// 0: any free port (the one chosen is printed).
     pub port: u16,
     pub threads: usize,
+    /// Tensor-parallel ranks (threads) the model is sharded over.
+    pub tp: usize,
     pub max_running: usize,
     pub max_queued: usize,
     pub max_step_tokens: usize,
@@ -81,14 +83,21 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
         bail!("--max-running, --max-step-tokens, --block-size and --kv-cache-mib must be at least 1");
     }
     let cfg = o.source.config()?;
-    let per_block = KvCache::blocks_for_bytes(1 << 20, o.block_size, cfg.n_layer, cfg.n_embd);
-    let kv_blocks = KvCache::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, cfg.n_embd);
+    if o.tp == 0 || !cfg.n_head.is_multiple_of(o.tp) {
+        bail!("--tp {} must divide the model's {} attention heads (try 1 or 2)", o.tp, cfg.n_head);
+    }
+    if o.tp > o.threads {
+        bail!("--tp {} needs at least as many --threads (one per rank), got {}", o.tp, o.threads);
+    }
+    let block_mib = (o.block_size * cfg.n_layer * 2 * (cfg.n_embd / o.tp) * 4) as f64 / (1 << 20) as f64;
+    // each rank holds its heads' keys and values: the cache's MiB are per rank
+    let kv_blocks = KvCache::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, cfg.n_embd / o.tp);
     if kv_blocks == 0 {
         bail!(
             "--kv-cache-mib {} holds no block of {} tokens for this model; raise it (a block needs {:.1} MiB)",
             o.kv_cache_mib,
             o.block_size,
-            1.0 / per_block.max(1) as f64
+            block_mib
         );
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -119,11 +128,11 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
     let loader = {
         let (app, o) = (app.clone(), o.clone());
         tokio::task::spawn_blocking(move || -> Result<std::thread::JoinHandle<()>> {
-            let Served { model, tokenizer, eos } = o.source.load()?;
-            let (context, vocab) = (model.context, model.vocab);
+            let Served { gpt, params, tokenizer, eos } = o.source.load()?;
+            let (context, vocab) = (gpt.cfg.block_size, gpt.cfg.vocab_size);
             let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
-            let engine = Engine::new(model, kv_blocks, o.block_size, limits);
-            let (handle, join) = EngineHandle::start(engine, o.threads, app.metrics.clone());
+            let layout = Layout { kv_blocks, block_size: o.block_size, limits, tp: o.tp, threads: o.threads };
+            let (handle, join) = EngineHandle::start_model(gpt, params, layout, app.metrics.clone());
             let loaded = Loaded { engine: handle, tokenizer, eos, context, vocab, kv_blocks, block_size: o.block_size };
             let _ = app.loaded.set(loaded);
             eprintln!("brigade serve: {} loaded; ready", app.name);

@@ -3,11 +3,27 @@
 //! that goes away (its client disconnected) drops its receiver; the thread sees the closed
 //! channel and aborts the sequence, so its KV blocks are free at the next step.
 
-use crate::engine::{Engine, Output, Request};
+use crate::engine::{Engine, Limits, Output, Request};
+use crate::kv::KvCache;
 use crate::metrics::Metrics;
+use crate::model::Model;
+use brigade::models::Gpt;
 use std::collections::HashMap;
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
+
+/// How the engine is laid out: the cache and step limits, and the tensor-parallel degree.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub kv_blocks: usize,
+    pub block_size: usize,
+    pub limits: Limits,
+    /// Ranks the model is sharded over (threads of this process).
+    pub tp: usize,
+    /// Threads for arithmetic, split evenly over the ranks.
+    pub threads: usize,
+}
 
 enum Cmd {
     Add(Request, UnboundedSender<Result<Output, String>>),
@@ -34,6 +50,56 @@ impl EngineHandle {
         (EngineHandle { tx }, join)
     }
 
+    /// Starts the engine for `gpt`: on one thread, or with `--tp N` on N rank threads of a
+    /// local tensor-parallel group — rank 0 schedules and samples, every rank runs its share
+    /// of each step.
+    pub fn start_model(
+        gpt: Gpt,
+        params: Vec<f32>,
+        layout: Layout,
+        metrics: Metrics,
+    ) -> (EngineHandle, std::thread::JoinHandle<()>) {
+        let per_rank = (layout.threads / layout.tp).max(1);
+        let engine_of = move |model: Model| Engine::new(model, layout.kv_blocks, layout.block_size, layout.limits);
+        if layout.tp == 1 {
+            let engine = engine_of(Model::new(&gpt, &params));
+            drop(params);
+            return EngineHandle::start(engine, layout.threads, metrics);
+        }
+        let (tx, rx) = mpsc::channel();
+        let rx = Mutex::new(Some(rx));
+        let join = std::thread::Builder::new()
+            .name("brigade-tp".into())
+            .spawn(move || {
+                // an idle server waits on its followers for as long as it has no work
+                let cfg = brigade_comm::local::LocalConfig {
+                    timeout: Duration::from_secs(365 * 24 * 3600),
+                    ..Default::default()
+                };
+                let res = brigade_comm::local::run_with(cfg, layout.tp, |comm| -> Result<(), String> {
+                    let rank = comm.rank();
+                    let model = Model::shard(&gpt, &params, Some(comm))?;
+                    brigade::with_threads(per_rank, || {
+                        if rank == 0 {
+                            let rx = rx.lock().expect("one rank 0").take().expect("one rank 0");
+                            run(engine_of(model), rx, metrics.clone());
+                        } else {
+                            let mut kv =
+                                KvCache::new(layout.kv_blocks, layout.block_size, model.layers_n, model.kv_width());
+                            while model.follow(&mut kv) {}
+                        }
+                    })
+                    .map_err(|e| e.to_string())
+                });
+                if let Err(e) = res {
+                    eprintln!("error: the tensor-parallel engine failed: {e}");
+                    std::process::exit(1);
+                }
+            })
+            .expect("spawn the engine's rank threads");
+        (EngineHandle { tx }, join)
+    }
+
     /// Queues a request; its tokens (or an error) arrive on `out`.
     pub fn add(&self, r: Request, out: UnboundedSender<Result<Output, String>>) {
         let _ = self.tx.send(Cmd::Add(r, out));
@@ -49,7 +115,12 @@ impl EngineHandle {
     }
 }
 
-fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) {
+fn run(engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) {
+    let engine = serve_commands(engine, rx, metrics);
+    engine.model.stop_followers();
+}
+
+fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) -> Engine {
     let mut outs: HashMap<u64, UnboundedSender<Result<Output, String>>> = HashMap::new();
     let mut hits = engine.kv.hits;
     let mut preemptions = 0;
@@ -60,7 +131,7 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) {
         if !engine.has_work() {
             match rx.recv() {
                 Ok(c) => cmds.push(c),
-                Err(_) => return,
+                Err(_) => return engine,
             }
         }
         cmds.extend(rx.try_iter());
@@ -81,7 +152,7 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) {
                     engine.abort(id);
                     outs.remove(&id);
                 }
-                Cmd::Stop => return,
+                Cmd::Stop => return engine,
             }
         }
         // clients that went away before their next token
