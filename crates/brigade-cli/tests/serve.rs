@@ -422,3 +422,33 @@ fn bad_serve_flags_fail_cleanly() {
     let port = l.local_addr().unwrap().port().to_string();
     common::fails_with(&["serve", "--model", "tiny", "--port", &port], d.path(), "cannot listen");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_addition_checkpoint_answers_as_brigade_sample_does() {
+    // the README's checkpoint (byte tokens): served in one batch, each answer equals the one
+    // the full-recompute sampler gives for the problem alone
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/addition_ckpt");
+    let s = start(&["--checkpoint", dir.to_str().unwrap()]);
+    s.wait_ready().await;
+    let problems: Vec<(u64, u64)> = (0..12).map(|i| ((i * 83 + 17) % 1000, (i * 389 + 5) % 1000)).collect();
+    let prompts: Vec<String> = problems.iter().map(|(a, b)| format!("{a:03}+{b:03}=")).collect();
+    let (st, r) = s.post(json!({"prompt": prompts, "max_tokens": 6, "temperature": 0, "stop": "\n"})).await;
+    assert_eq!(st, 200, "{r}");
+    let mut right = 0;
+    for (i, (a, b)) in problems.iter().enumerate() {
+        let c = &r["choices"][i];
+        assert_eq!(c["finish_reason"], "stop", "{a}+{b}: {c}");
+        // the model writes the sum's 4 digits least significant first
+        let served: String = c["text"].as_str().unwrap().chars().rev().collect();
+        let out = ok(&["sample", "--checkpoint", dir.to_str().unwrap(), "--prompt", &format!("{a}+{b}")], &dir);
+        let sampled = String::from_utf8(out.stdout).unwrap();
+        let sampled = sampled.trim().rsplit('=').next().unwrap().to_string();
+        assert_eq!(
+            served.parse::<u64>().ok(),
+            sampled.parse::<u64>().ok(),
+            "{a}+{b}: served {served}, sampled {sampled}"
+        );
+        right += usize::from(served.parse::<u64>().ok() == Some(a + b));
+    }
+    assert!(right >= 10, "only {right} of 12 sums right: not the trained model's answers");
+}
