@@ -488,6 +488,9 @@ async fn whole(app: &Arc<App>, req: Completion, prompts: Vec<Vec<u32>>, guard: I
             }
         }
     }
+    if open > 0 {
+        return error(engine_failed("the engine stopped before the request finished".into()));
+    }
     let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let out: Vec<Value> = choices
@@ -532,7 +535,11 @@ fn stream(app: Arc<App>, req: Completion, prompts: Vec<Vec<u32>>, guard: InFligh
                 // the client went away (even before its first token): the guard aborts
                 _ = tx.closed() => return,
             };
-            let Some(msg) = msg else { break };
+            let Some(msg) = msg else {
+                let e = engine_failed("the engine stopped before the request finished".into());
+                let _ = tx.send(event(&e.body())).await;
+                return;
+            };
             let o = match msg {
                 Ok(o) => o,
                 Err(e) => {

@@ -44,7 +44,14 @@ impl EngineHandle {
         let join = std::thread::Builder::new()
             .name("brigade-engine".into())
             .spawn(move || {
-                brigade::with_threads(threads, || run(engine, rx, metrics)).expect("engine thread pool");
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    brigade::with_threads(threads, || run(engine, rx, metrics))
+                }));
+                if !matches!(ran, Ok(Ok(()))) {
+                    // a server whose engine is gone must not keep accepting requests
+                    eprintln!("error: the engine thread failed; stopping the server");
+                    std::process::exit(1);
+                }
             })
             .expect("spawn the engine thread");
         (EngineHandle { tx }, join)
