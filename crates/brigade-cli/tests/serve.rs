@@ -154,6 +154,12 @@ async fn completions_are_the_tokenizers_text_whole_or_streamed() {
         assert_eq!(c["finish_reason"], if eos { "stop" } else { "length" });
         let lp = &c["logprobs"];
         assert_eq!(lp["tokens"].as_array().unwrap().len(), gen.len());
+        // text_offset: where each token's text starts, in characters (as OpenAI counts)
+        let mut at = 0;
+        for (k, t) in lp["tokens"].as_array().unwrap().iter().enumerate() {
+            assert_eq!(lp["text_offset"][k], at, "token {k}");
+            at += t.as_str().unwrap().chars().count();
+        }
         for (k, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
             let top = top.as_object().unwrap();
             assert!(top.len() <= 3 && !top.is_empty());

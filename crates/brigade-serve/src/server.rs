@@ -319,7 +319,9 @@ fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Vec<u32>>, InF
                 ),
             ));
         }
-        let blocks = (ids.len() + want).div_ceil(l.block_size);
+        // what the engine asks of a sequence: its blocks at the end, and at admission the
+        // prompt's blocks and one more
+        let blocks = (ids.len() + want).div_ceil(l.block_size).max(ids.len().div_ceil(l.block_size) + 1);
         if blocks > l.kv_blocks {
             return Err(ApiError::bad(
                 "max_tokens",
@@ -409,7 +411,8 @@ fn advance(c: &mut Choice, o: &Output, l: &Loaded, req: &Completion, app: &App, 
     if req.logprobs.is_some() {
         let tt = token_text(l.tokenizer.as_ref(), o.token);
         c.lp_offsets.push(c.offset);
-        c.offset += tt.len();
+        // OpenAI counts characters, not bytes
+        c.offset += tt.chars().count();
         c.lp_tokens.push(tt);
         c.lp_values.push(o.logprob);
         let top: serde_json::Map<String, Value> =
