@@ -40,15 +40,22 @@ impl Packed {
         Packed { k, n, data }
     }
 
-    /// From the transpose of a row-major `[n, k]` matrix (a tied embedding as the LM head).
+    /// From the transpose of a row-major `[n, k]` matrix (a tied embedding as the LM head),
+    /// packed straight from it: strip s reads its 16 rows of `wt` side by side.
     pub fn from_transposed(wt: &[f32], n: usize, k: usize) -> Packed {
-        let mut w = vec![0f32; k * n];
-        for j in 0..n {
-            for kk in 0..k {
-                w[kk * n + j] = wt[j * k + kk];
+        assert_eq!(wt.len(), k * n);
+        let strips = n.div_ceil(W);
+        let mut data = vec![0f32; strips * k * W];
+        data.par_chunks_mut(k * W).enumerate().for_each(|(s, strip)| {
+            let width = W.min(n - s * W);
+            for t in 0..width {
+                let row = &wt[(s * W + t) * k..(s * W + t + 1) * k];
+                for (kk, &v) in row.iter().enumerate() {
+                    strip[kk * W + t] = v;
+                }
             }
-        }
-        Packed::new(&w, k, n)
+        });
+        Packed { k, n, data }
     }
 
     fn strip(&self, s: usize) -> &[f32] {
