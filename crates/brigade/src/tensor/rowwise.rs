@@ -72,31 +72,19 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
     (0..strips.div_ceil(GROUP)).into_par_iter().for_each(|g| {
         let s0 = g * GROUP;
         let s1 = (s0 + GROUP).min(strips);
-        let mut i = 0;
         // 6 rows × one strip at a time (12 vector accumulators), then 4, then single rows;
         // one 6-row tile fewer when that leaves rows for two 4-row tiles instead of singles
         let mut sixes = m / 6;
         if sixes > 0 && matches!(m % 6, 2 | 3) {
             sixes -= 1;
         }
+        let mut i = 0;
         while i < sixes * 6 {
-            for s in s0..s1 {
-                let mut acc = [[0f32; W]; 6];
-                tile_6x16(&mut acc, &a[i * k..(i + 6) * k], k, w.strip(s));
-                for (r, accr) in acc.iter().enumerate() {
-                    store(cp, (i + r) * n, s, n, accr);
-                }
-            }
+            rows_by_strips::<6>(cp, a, w, i, s0..s1);
             i += 6;
         }
         while i + 4 <= m {
-            for s in s0..s1 {
-                let mut acc = [[0f32; W]; 4];
-                tile_4x16(&mut acc, &a[i * k..(i + 4) * k], k, w.strip(s));
-                for (r, accr) in acc.iter().enumerate() {
-                    store(cp, (i + r) * n, s, n, accr);
-                }
-            }
+            rows_by_strips::<4>(cp, a, w, i, s0..s1);
             i += 4;
         }
         // the remaining rows one at a time × up to four strips
@@ -113,31 +101,25 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
     });
 }
 
-/// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for 6 rows, each an fma chain over k in order.
-fn tile_6x16(acc: &mut [[f32; W]; 6], a: &[f32], k: usize, strip: &[f32]) {
-    assert!(a.len() == 6 * k && strip.len() == k * W);
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
-        // SAFETY: the CPU has AVX and FMA (checked); the slices' lengths are checked above.
-        return unsafe { simd::tile_6x16(acc, a, k, strip) };
-    }
-    for kk in 0..k {
-        for (r, accr) in acc.iter_mut().enumerate() {
-            let av = a[r * k + kk];
-            for t in 0..W {
-                accr[t] = av.mul_add(strip[kk * W + t], accr[t]);
-            }
+/// Rows `i..i + R` of `c` in the columns of strips `ss`, one R × 16 tile per strip.
+fn rows_by_strips<const R: usize>(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::ops::Range<usize>) {
+    let (k, n) = (w.k, w.n);
+    for s in ss {
+        let mut acc = [[0f32; W]; R];
+        tile_rows(&mut acc, &a[i * k..(i + R) * k], k, w.strip(s));
+        for (r, accr) in acc.iter().enumerate() {
+            store(cp, (i + r) * n, s, n, accr);
         }
     }
 }
 
-/// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for 4 rows, each an fma chain over k in order.
-fn tile_4x16(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, strip: &[f32]) {
-    assert!(a.len() == 4 * k && strip.len() == k * W);
+/// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for R rows, each an fma chain over k in order.
+fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32]) {
+    assert!(a.len() == R * k && strip.len() == k * W);
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
         // SAFETY: the CPU has AVX and FMA (checked); the slices' lengths are checked above.
-        return unsafe { simd::tile_4x16(acc, a, k, strip) };
+        return unsafe { simd::tile_rows(acc, a, k, strip) };
     }
     for kk in 0..k {
         for (r, accr) in acc.iter_mut().enumerate() {
@@ -174,41 +156,23 @@ mod simd {
     use super::{GROUP, W};
     use std::arch::x86_64::*;
 
+    /// R rows × 16 columns: 2R accumulators (R = 6: 12 of the 16 ymm registers).
     #[target_feature(enable = "avx,fma")]
-    pub unsafe fn tile_6x16(acc: &mut [[f32; W]; 6], a: &[f32], k: usize, strip: &[f32]) {
-        let mut c = [_mm256_setzero_ps(); 12];
+    pub unsafe fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32]) {
+        let mut c = [[_mm256_setzero_ps(); 2]; R];
         let (ap, wp) = (a.as_ptr(), strip.as_ptr());
         for kk in 0..k {
             let w0 = _mm256_loadu_ps(wp.add(kk * W));
             let w1 = _mm256_loadu_ps(wp.add(kk * W + 8));
-            for r in 0..6 {
+            for (r, cr) in c.iter_mut().enumerate() {
                 let av = _mm256_broadcast_ss(&*ap.add(r * k + kk));
-                c[2 * r] = _mm256_fmadd_ps(av, w0, c[2 * r]);
-                c[2 * r + 1] = _mm256_fmadd_ps(av, w1, c[2 * r + 1]);
+                cr[0] = _mm256_fmadd_ps(av, w0, cr[0]);
+                cr[1] = _mm256_fmadd_ps(av, w1, cr[1]);
             }
         }
-        for r in 0..6 {
-            _mm256_storeu_ps(acc[r].as_mut_ptr(), c[2 * r]);
-            _mm256_storeu_ps(acc[r].as_mut_ptr().add(8), c[2 * r + 1]);
-        }
-    }
-
-    #[target_feature(enable = "avx,fma")]
-    pub unsafe fn tile_4x16(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, strip: &[f32]) {
-        let mut c = [_mm256_setzero_ps(); 8];
-        let (ap, wp) = (a.as_ptr(), strip.as_ptr());
-        for kk in 0..k {
-            let w0 = _mm256_loadu_ps(wp.add(kk * W));
-            let w1 = _mm256_loadu_ps(wp.add(kk * W + 8));
-            for r in 0..4 {
-                let av = _mm256_broadcast_ss(&*ap.add(r * k + kk));
-                c[2 * r] = _mm256_fmadd_ps(av, w0, c[2 * r]);
-                c[2 * r + 1] = _mm256_fmadd_ps(av, w1, c[2 * r + 1]);
-            }
-        }
-        for r in 0..4 {
-            _mm256_storeu_ps(acc[r].as_mut_ptr(), c[2 * r]);
-            _mm256_storeu_ps(acc[r].as_mut_ptr().add(8), c[2 * r + 1]);
+        for (accr, cr) in acc.iter_mut().zip(&c) {
+            _mm256_storeu_ps(accr.as_mut_ptr(), cr[0]);
+            _mm256_storeu_ps(accr.as_mut_ptr().add(8), cr[1]);
         }
     }
 
