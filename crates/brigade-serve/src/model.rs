@@ -211,12 +211,13 @@ impl Model {
     }
 
     /// `[n, full]` from every rank's `[n, w]` block of columns (rank r's are columns r·w…),
-    /// dropping columns past `full` (the vocabulary's padding). A copy on one worker.
-    fn gather_cols(&self, local: Vec<f32>, n: usize, w: usize, full: usize) -> Vec<f32> {
+    /// dropping columns past `full` (the vocabulary's padding), in `out`; on one worker,
+    /// `local` itself.
+    fn gather_cols<'a>(&self, local: &'a [f32], n: usize, w: usize, full: usize, out: &'a mut Vec<f32>) -> &'a [f32] {
         let Some(comm) = &self.comm else { return local };
         let mut all = vec![0f32; self.tp * n * w];
-        comm.all_gather(&local, &mut all).expect("the tensor-parallel group is alive");
-        let mut out = vec![0f32; n * full];
+        comm.all_gather(local, &mut all).expect("the tensor-parallel group is alive");
+        out.resize(n * full, 0.0);
         for r in 0..self.tp {
             let cols = w.min(full.saturating_sub(r * w));
             for i in 0..n {
@@ -245,6 +246,11 @@ impl Model {
         }
         let mut h = vec![0f32; n * c];
         let mut qkv = vec![0f32; n * 3 * cl];
+        let mut ctx = vec![0f32; n * cl];
+        let mut y = vec![0f32; n * cl];
+        let mut f = vec![0f32; n * 4 * cl];
+        // the gathered (whole-width) inputs and outputs under tensor parallelism
+        let (mut ctx_all, mut y_all, mut f_all) = (Vec::new(), Vec::new(), Vec::new());
         for (li, ly) in self.layers.iter().enumerate() {
             layernorm_rows(&mut h, &x, &ly.ln1, c);
             matmul_rows(&mut qkv, &h, &ly.wqkv, n);
@@ -255,15 +261,11 @@ impl Model {
                 kv.slot_mut(b, li, 0, slot).copy_from_slice(&qkv[r * 3 * cl + cl..r * 3 * cl + 2 * cl]);
                 kv.slot_mut(b, li, 1, slot).copy_from_slice(&qkv[r * 3 * cl + 2 * cl..r * 3 * cl + 3 * cl]);
             }
-            let mut ctx = vec![0f32; n * cl];
             self.attention(&mut ctx, &qkv, &rows, work, kv, li);
-            let ctx = self.gather_cols(ctx, n, cl, c);
-            let mut y = vec![0f32; n * cl];
-            matmul_rows(&mut y, &ctx, &ly.wproj, n);
-            let y = self.gather_cols(y, n, cl, c);
-            residual(&mut x, &y, &ly.bproj);
+            let ctx = self.gather_cols(&ctx, n, cl, c, &mut ctx_all);
+            matmul_rows(&mut y, ctx, &ly.wproj, n);
+            residual(&mut x, self.gather_cols(&y, n, cl, c, &mut y_all), &ly.bproj);
             layernorm_rows(&mut h, &x, &ly.ln2, c);
-            let mut f = vec![0f32; n * 4 * cl];
             matmul_rows(&mut f, &h, &ly.wfc, n);
             add_bias(&mut f, &ly.bfc);
             f.par_chunks_mut(4 * cl).for_each(|r| {
@@ -271,11 +273,8 @@ impl Model {
                     *v = brigade::tensor::elementwise::gelu_tanh(*v);
                 }
             });
-            let f = self.gather_cols(f, n, 4 * cl, 4 * c);
-            let mut y = vec![0f32; n * cl];
-            matmul_rows(&mut y, &f, &ly.wout, n);
-            let y = self.gather_cols(y, n, cl, c);
-            residual(&mut x, &y, &ly.bout);
+            matmul_rows(&mut y, self.gather_cols(&f, n, 4 * cl, 4 * c, &mut f_all), &ly.wout, n);
+            residual(&mut x, self.gather_cols(&y, n, cl, c, &mut y_all), &ly.bout);
         }
         // the last row of each work item that wants logits
         let mut last = Vec::new();
@@ -292,7 +291,8 @@ impl Model {
         let vl = self.head.n;
         let mut logits = vec![0f32; m * vl];
         matmul_rows(&mut logits, &hl, &self.head, m);
-        let logits = self.gather_cols(logits, m, vl, self.vocab);
+        let mut all = Vec::new();
+        let logits = self.gather_cols(&logits, m, vl, self.vocab, &mut all);
         logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect()
     }
 

@@ -259,8 +259,14 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
     r
 }
 
+/// A prompt as tokens, and how many tokens to generate for it (`max_tokens`, or its default).
+struct Prompted {
+    ids: Vec<u32>,
+    max_tokens: usize,
+}
+
 /// Checks a request against the model and the limits and queues its sequences.
-fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Vec<u32>>, InFlight), ApiError> {
+fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Prompted>, InFlight), ApiError> {
     let Some(l) = app.loaded.get() else { return Err(unavailable("the model is still loading; retry shortly")) };
     if app.draining.load(Ordering::SeqCst) {
         return Err(unavailable("the server is shutting down"));
@@ -331,7 +337,7 @@ fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Vec<u32>>, InF
                 ),
             ));
         }
-        prompts.push(ids);
+        prompts.push(Prompted { ids, max_tokens: want });
     }
     let seqs = prompts.len() * req.n;
     if seqs > app.capacity {
@@ -359,7 +365,6 @@ struct Choice<'a> {
     detok: Detok<'a>,
     tokens: Vec<u32>,
     finish: Option<&'static str>,
-    text: String,
     lp_tokens: Vec<String>,
     lp_values: Vec<f32>,
     lp_top: Vec<Value>,
@@ -372,14 +377,14 @@ struct Choice<'a> {
 fn submit(
     l: &Loaded,
     req: &Completion,
-    prompts: &[Vec<u32>],
+    prompts: &[Prompted],
     guard: &InFlight,
     app: &App,
 ) -> UnboundedReceiver<Result<Output, String>> {
     let (tx, rx) = unbounded_channel();
     let mut ids = guard.ids.iter();
     for p in prompts {
-        app.metrics.prompt_tokens.inc_by(p.len() as u64);
+        app.metrics.prompt_tokens.inc_by(p.ids.len() as u64);
         for j in 0..req.n {
             let id = *ids.next().expect("an id per sequence");
             let sampling = Sampling {
@@ -387,74 +392,113 @@ fn submit(
                 top_k: req.top_k,
                 top_p: req.top_p,
                 seed: req.seed.unwrap_or(0).wrapping_add((j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                max_tokens: req.max_tokens.unwrap_or(16.min(l.context - p.len())),
+                max_tokens: p.max_tokens,
                 stop_tokens: if req.ignore_eos { vec![] } else { l.eos.into_iter().collect() },
                 top_logprobs: req.logprobs.unwrap_or(0),
             };
-            l.engine.add(Request { id, prompt: p.clone(), sampling }, tx.clone());
+            l.engine.add(Request { id, prompt: p.ids.clone(), sampling }, tx.clone());
         }
     }
     rx
 }
 
-/// What one engine output changes in its choice: the text that became final and, if the
-/// choice ended, why.
-fn advance(c: &mut Choice, o: &Output, l: &Loaded, req: &Completion, app: &App, started: Instant) -> String {
-    let now = Instant::now();
-    match c.last {
-        None => app.metrics.ttft.observe((now - started).as_secs_f64()),
-        Some(t) => app.metrics.itl.observe((now - t).as_secs_f64()),
-    }
-    c.last = Some(now);
-    c.tokens.push(o.token);
-    let eos = o.finished == Some(Finish::Stop);
-    if req.logprobs.is_some() {
-        let tt = token_text(l.tokenizer.as_ref(), o.token);
-        c.lp_offsets.push(c.offset);
-        // OpenAI counts characters, not bytes
-        c.offset += tt.chars().count();
-        c.lp_tokens.push(tt);
-        c.lp_values.push(o.logprob);
-        let top: serde_json::Map<String, Value> =
-            o.top.iter().map(|&(t, lp)| (token_text(l.tokenizer.as_ref(), t), json!(lp))).collect();
-        c.lp_top.push(Value::Object(top));
-    }
-    // the end-of-text token ends the text; it is not part of it
-    let mut piece = if eos { String::new() } else { c.detok.push(o.token) };
-    if c.detok.stopped {
-        c.finish = Some("stop");
-    } else if let Some(f) = o.finished {
-        piece.push_str(&c.detok.finish());
-        c.finish = Some(if f == Finish::Stop { "stop" } else { "length" });
-    }
-    c.text.push_str(&piece);
-    piece
+/// The choices of one request (sequence ids `base..`), as their tokens arrive.
+struct Choices<'a> {
+    list: Vec<Choice<'a>>,
+    /// Choices not finished yet.
+    open: usize,
+    base: u64,
+    l: &'a Loaded,
+    req: &'a Completion,
+    started: Instant,
 }
 
-fn logprobs_json(c: &Choice, from: usize) -> Value {
-    json!({
-        "tokens": c.lp_tokens[from..],
-        "token_logprobs": c.lp_values[from..],
-        "top_logprobs": c.lp_top[from..],
-        "text_offset": c.lp_offsets[from..],
-    })
-}
+impl<'a> Choices<'a> {
+    fn new(l: &'a Loaded, req: &'a Completion, guard: &InFlight, started: Instant) -> Choices<'a> {
+        let list: Vec<Choice> = guard
+            .ids
+            .iter()
+            .map(|_| Choice {
+                detok: Detok::new(l.tokenizer.as_ref(), &req.stop),
+                tokens: Vec::new(),
+                finish: None,
+                lp_tokens: Vec::new(),
+                lp_values: Vec::new(),
+                lp_top: Vec::new(),
+                lp_offsets: Vec::new(),
+                offset: 0,
+                last: None,
+            })
+            .collect();
+        Choices { open: list.len(), list, base: guard.ids[0], l, req, started }
+    }
 
-fn new_choices<'a>(l: &'a Loaded, req: &'a Completion, seqs: usize) -> Vec<Choice<'a>> {
-    (0..seqs)
-        .map(|_| Choice {
-            detok: Detok::new(l.tokenizer.as_ref(), &req.stop),
-            tokens: Vec::new(),
-            finish: None,
-            text: String::new(),
-            lp_tokens: Vec::new(),
-            lp_values: Vec::new(),
-            lp_top: Vec::new(),
-            lp_offsets: Vec::new(),
-            offset: 0,
-            last: None,
+    /// Takes one engine output into its choice: the choice's index and the text that became
+    /// final, or `None` for a choice that already ended (at a stop string). A choice that ends
+    /// here before the engine finished it is aborted in the engine.
+    fn take(&mut self, o: &Output, metrics: &Metrics) -> Option<(usize, String)> {
+        let (l, req) = (self.l, self.req);
+        let i = (o.id - self.base) as usize;
+        let c = &mut self.list[i];
+        if c.finish.is_some() {
+            return None;
+        }
+        let now = Instant::now();
+        match c.last {
+            None => metrics.ttft.observe((now - self.started).as_secs_f64()),
+            Some(t) => metrics.itl.observe((now - t).as_secs_f64()),
+        }
+        c.last = Some(now);
+        c.tokens.push(o.token);
+        if req.logprobs.is_some() {
+            let tt = token_text(l.tokenizer.as_ref(), o.token);
+            c.lp_offsets.push(c.offset);
+            // OpenAI counts characters, not bytes
+            c.offset += tt.chars().count();
+            c.lp_tokens.push(tt);
+            c.lp_values.push(o.logprob);
+            let top: serde_json::Map<String, Value> =
+                o.top.iter().map(|&(t, lp)| (token_text(l.tokenizer.as_ref(), t), json!(lp))).collect();
+            c.lp_top.push(Value::Object(top));
+        }
+        // the end-of-text token ends the text; it is not part of it
+        let eos = o.finished == Some(Finish::Stop);
+        let mut piece = if eos { String::new() } else { c.detok.push(o.token) };
+        if c.detok.stopped {
+            c.finish = Some("stop");
+        } else if let Some(f) = o.finished {
+            piece.push_str(&c.detok.finish());
+            c.finish = Some(if f == Finish::Stop { "stop" } else { "length" });
+        }
+        if c.finish.is_some() {
+            self.open -= 1;
+            if o.finished.is_none() {
+                l.engine.abort(o.id);
+            }
+        }
+        Some((i, piece))
+    }
+
+    /// Log-probabilities of choice `i`'s tokens from `from` on, in OpenAI's layout.
+    fn logprobs(&self, i: usize, from: usize) -> Value {
+        if self.req.logprobs.is_none() {
+            return Value::Null;
+        }
+        let c = &self.list[i];
+        json!({
+            "tokens": c.lp_tokens[from..],
+            "token_logprobs": c.lp_values[from..],
+            "top_logprobs": c.lp_top[from..],
+            "text_offset": c.lp_offsets[from..],
         })
-        .collect()
+    }
+
+    /// Prompt tokens (each prompt once, whatever n) and generated tokens.
+    fn usage(&self, prompts: &[Prompted]) -> Value {
+        let completion_tokens: usize = self.list.iter().map(|c| c.tokens.len()).sum();
+        let prompt_tokens: usize = prompts.iter().map(|p| p.ids.len()).sum();
+        json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+    }
 }
 
 fn engine_failed(e: String) -> ApiError {
@@ -467,110 +511,83 @@ fn engine_failed(e: String) -> ApiError {
     }
 }
 
-async fn whole(app: &Arc<App>, req: Completion, prompts: Vec<Vec<u32>>, guard: InFlight, started: Instant) -> Response {
+fn engine_stopped() -> ApiError {
+    engine_failed("the engine stopped before the request finished".into())
+}
+
+async fn whole(app: &Arc<App>, req: Completion, prompts: Vec<Prompted>, guard: InFlight, started: Instant) -> Response {
     let l = app.loaded.get().expect("accepted only once loaded");
     let mut rx = submit(l, &req, &prompts, &guard, app);
-    let base = guard.ids[0];
-    let mut choices = new_choices(l, &req, guard.ids.len());
-    let mut open = choices.len();
-    while open > 0 {
-        let Some(msg) = rx.recv().await else { break };
-        let o = match msg {
-            Ok(o) => o,
-            Err(e) => return error(engine_failed(e)),
-        };
-        let c = &mut choices[(o.id - base) as usize];
-        if c.finish.is_some() {
-            continue;
-        }
-        advance(c, &o, l, &req, app, started);
-        if c.finish.is_some() {
-            open -= 1;
-            if o.finished.is_none() {
-                l.engine.abort(o.id);
+    let mut choices = Choices::new(l, &req, &guard, started);
+    while choices.open > 0 {
+        match rx.recv().await {
+            Some(Ok(o)) => {
+                choices.take(&o, &app.metrics);
             }
+            Some(Err(e)) => return error(engine_failed(e)),
+            None => return error(engine_stopped()),
         }
     }
-    if open > 0 {
-        return error(engine_failed("the engine stopped before the request finished".into()));
-    }
-    let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
-    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let out: Vec<Value> = choices
+        .list
         .iter()
         .enumerate()
         .map(|(i, c)| {
             let mut v = json!({
-                "index": i, "text": c.text, "finish_reason": c.finish,
-                "logprobs": if req.logprobs.is_some() { logprobs_json(c, 0) } else { Value::Null },
+                "index": i, "text": c.detok.text(), "finish_reason": c.finish, "logprobs": choices.logprobs(i, 0),
             });
             if req.return_token_ids {
                 v["token_ids"] = json!(c.tokens);
-                v["prompt_token_ids"] = json!(prompts[i / req.n]);
+                v["prompt_token_ids"] = json!(prompts[i / req.n].ids);
             }
             v
         })
         .collect();
+    let body = json!({
+        "id": format!("cmpl-{}", choices.base), "object": "text_completion", "created": unix_now(), "model": app.name,
+        "choices": out, "usage": choices.usage(&prompts),
+    });
     drop(guard);
-    axum::Json(json!({
-        "id": format!("cmpl-{base}"), "object": "text_completion", "created": unix_now(), "model": app.name,
-        "choices": out,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
-    }))
-    .into_response()
+    axum::Json(body).into_response()
 }
 
 /// Server-sent events: a chunk per generated token (the text that became final, its token id
 /// and log-probabilities as asked), the finish reason with the last, usage if asked, `[DONE]`.
-fn stream(app: Arc<App>, req: Completion, prompts: Vec<Vec<u32>>, guard: InFlight, started: Instant) -> Response {
+fn stream(app: Arc<App>, req: Completion, prompts: Vec<Prompted>, guard: InFlight, started: Instant) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(256);
     tokio::spawn(async move {
         let l = app.loaded.get().expect("accepted only once loaded");
         let mut engine_rx = submit(l, &req, &prompts, &guard, &app);
-        let base = guard.ids[0];
-        let (id, created) = (format!("cmpl-{base}"), unix_now());
-        let mut choices = new_choices(l, &req, guard.ids.len());
-        let mut open = choices.len();
+        let mut choices = Choices::new(l, &req, &guard, started);
+        let (id, created) = (format!("cmpl-{}", choices.base), unix_now());
         let event = |v: &Value| Ok(Bytes::from(format!("data: {v}\n\n")));
-        while open > 0 {
+        while choices.open > 0 {
             let msg = tokio::select! {
                 m = engine_rx.recv() => m,
                 // the client went away (even before its first token): the guard aborts
                 _ = tx.closed() => return,
             };
-            let Some(msg) = msg else {
-                let e = engine_failed("the engine stopped before the request finished".into());
-                let _ = tx.send(event(&e.body())).await;
-                return;
-            };
             let o = match msg {
-                Ok(o) => o,
-                Err(e) => {
+                Some(Ok(o)) => o,
+                Some(Err(e)) => {
                     let _ = tx.send(event(&engine_failed(e).body())).await;
                     return;
                 }
+                None => {
+                    let _ = tx.send(event(&engine_stopped().body())).await;
+                    return;
+                }
             };
-            let i = (o.id - base) as usize;
-            let c = &mut choices[i];
-            if c.finish.is_some() {
-                continue;
-            }
-            let from = c.lp_tokens.len();
-            let piece = advance(c, &o, l, &req, &app, started);
+            let from = choices.list[(o.id - choices.base) as usize].lp_tokens.len();
+            let Some((i, piece)) = choices.take(&o, &app.metrics) else { continue };
+            let c = &choices.list[i];
             let mut ch = json!({
-                "index": i, "text": piece, "finish_reason": c.finish,
-                "logprobs": if req.logprobs.is_some() { logprobs_json(c, from) } else { Value::Null },
+                "index": i, "text": piece, "finish_reason": c.finish, "logprobs": choices.logprobs(i, from),
             });
             if req.return_token_ids {
                 ch["token_ids"] = json!([o.token]);
                 if c.tokens.len() == 1 {
-                    ch["prompt_token_ids"] = json!(prompts[i / req.n]);
-                }
-            }
-            if c.finish.is_some() {
-                open -= 1;
-                if o.finished.is_none() {
-                    l.engine.abort(o.id);
+                    ch["prompt_token_ids"] = json!(prompts[i / req.n].ids);
                 }
             }
             let mut chunk =
@@ -583,10 +600,8 @@ fn stream(app: Arc<App>, req: Completion, prompts: Vec<Vec<u32>>, guard: InFligh
             }
         }
         if req.include_usage {
-            let completion_tokens: usize = choices.iter().map(|c| c.tokens.len()).sum();
-            let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-            let chunk = json!({"id": id, "object": "text_completion", "created": created, "model": app.name, "choices": [],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}});
+            let chunk = json!({"id": id, "object": "text_completion", "created": created, "model": app.name,
+                "choices": [], "usage": choices.usage(&prompts)});
             let _ = tx.send(event(&chunk)).await;
         }
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;

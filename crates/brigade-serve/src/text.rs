@@ -75,9 +75,9 @@ impl<'a> Detok<'a> {
         s
     }
 
-    /// Tokens pushed before generation stopped (the stop string's tokens included).
-    pub fn tokens(&self) -> usize {
-        self.ids.len()
+    /// The text handed out so far (all of it once finished).
+    pub fn text(&self) -> &str {
+        &self.text[..self.sent]
     }
 }
 

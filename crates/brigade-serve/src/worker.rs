@@ -39,7 +39,7 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// Starts the engine on its own thread, its products on a pool of `threads`.
-    pub fn start(engine: Engine, threads: usize, metrics: Metrics) -> (EngineHandle, std::thread::JoinHandle<()>) {
+    fn start(engine: Engine, threads: usize, metrics: Metrics) -> (EngineHandle, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let join = std::thread::Builder::new()
             .name("brigade-engine".into())
