@@ -20,6 +20,26 @@ pub struct StepArgs {
     pub(crate) json: bool,
 }
 
+/// The generation load a serving benchmark runs: a model shape, concurrent requests, prompt
+/// and output lengths (shared by `bench engine` and `bench serve`).
+#[derive(Args, Debug)]
+pub struct LoadArgs {
+    /// Model preset (random weights).
+    #[arg(long, default_value = "gpt2-small")]
+    pub(crate) model: String,
+    /// Concurrent requests, comma-separated: one row each.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub(crate) concurrency: Vec<usize>,
+    #[arg(long, default_value_t = 32)]
+    pub(crate) prompt_len: usize,
+    #[arg(long, default_value_t = 64)]
+    pub(crate) output_len: usize,
+    #[arg(long, default_value_t = crate::default_threads())]
+    pub(crate) threads: usize,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
     /// The planner's local prediction of a training step beside a real run of it; with
@@ -111,58 +131,36 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
-    /// The serving engine in this process (no HTTP yet): N requests generated at once on a
+    /// The serving engine alone in this process (no HTTP): N requests generated at once on a
     /// GPT-2 shape with random weights, output tokens/s per concurrency.
     Engine {
-        #[arg(long, default_value = "gpt2-small")]
-        model: String,
-        /// Concurrent requests, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
-        concurrency: Vec<usize>,
-        #[arg(long, default_value_t = 32)]
-        prompt_len: usize,
-        #[arg(long, default_value_t = 64)]
-        output_len: usize,
-        #[arg(long, default_value_t = crate::default_threads())]
-        threads: usize,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        load: LoadArgs,
     },
     /// The HTTP server under load: `brigade serve` started in this process on loopback (or the
     /// server at --url) and a load generator of streamed completions; vLLM's serving figures
     /// per load, and the fraction of the weight-read and matmul limits measured in the run.
     Serve {
+        #[command(flatten)]
+        load: LoadArgs,
         /// Checkpoint directory to serve (default: --model's shape with random weights).
         #[arg(long, conflicts_with = "model")]
         checkpoint: Option<std::path::PathBuf>,
-        #[arg(long, default_value = "gpt2-small")]
-        model: String,
         /// Drive this OpenAI-compatible server instead (e.g. http://127.0.0.1:8080 for
         /// llama-server); the model shape still sets prompt token ids and the limits.
         #[arg(long)]
         url: Option<String>,
-        /// Concurrent requests, comma-separated: one row each.
-        #[arg(long, value_delimiter = ',', default_value = "1,8,32", conflicts_with = "rate")]
-        concurrency: Vec<usize>,
-        /// Poisson arrivals at this many requests a second instead.
-        #[arg(long)]
+        /// Poisson arrivals at this many requests a second instead of --concurrency.
+        #[arg(long, conflicts_with = "concurrency")]
         rate: Option<f64>,
         /// Requests per load (default: 4 × concurrency, at least 8; 30 s of arrivals at --rate).
         #[arg(long)]
         requests: Option<usize>,
-        #[arg(long, default_value_t = 32)]
-        prompt_len: usize,
-        #[arg(long, default_value_t = 64)]
-        output_len: usize,
-        #[arg(long, default_value_t = crate::default_threads())]
-        threads: usize,
         /// Tensor-parallel ranks of the server (threads split evenly over them).
         #[arg(long, default_value_t = 1)]
         tp: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        #[arg(long)]
-        json: bool,
     },
     /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
     Train {
@@ -212,38 +210,25 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             }
             Ok(())
         }
-        BenchCmd::Engine { model, concurrency, prompt_len, output_len, threads, json } => {
-            crate::check_threads(threads, "--threads")?;
-            crate::bench_engine::run(&model, &concurrency, prompt_len, output_len, threads, json)
+        BenchCmd::Engine { load: l } => {
+            crate::check_threads(l.threads, "--threads")?;
+            crate::bench_engine::run(&l.model, &l.concurrency, l.prompt_len, l.output_len, l.threads, l.json)
         }
-        BenchCmd::Serve {
-            checkpoint,
-            model,
-            url,
-            concurrency,
-            rate,
-            requests,
-            prompt_len,
-            output_len,
-            threads,
-            tp,
-            seed,
-            json,
-        } => {
-            crate::check_threads(threads, "--threads")?;
+        BenchCmd::Serve { load: l, checkpoint, url, rate, requests, tp, seed } => {
+            crate::check_threads(l.threads, "--threads")?;
             crate::bench_serve::run(crate::bench_serve::Args {
                 tp,
                 checkpoint,
-                model,
+                model: l.model,
                 url,
-                concurrency: if rate.is_some() { vec![] } else { concurrency },
+                concurrency: if rate.is_some() { vec![] } else { l.concurrency },
                 rate,
                 requests,
-                prompt_len,
-                output_len,
-                threads,
+                prompt_len: l.prompt_len,
+                output_len: l.output_len,
+                threads: l.threads,
                 seed,
-                json,
+                json: l.json,
             })
         }
         BenchCmd::Embed { model, docs, shard_size, max_batch_tokens, json } => {
