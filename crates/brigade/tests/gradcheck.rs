@@ -61,10 +61,20 @@ fn check(name: &str, x: &[f32], analytic: &[f32], eps: f32, samples: usize, tol:
 #[test]
 fn matmul_matches_naive_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    // down to single elements, and past 256 rows with ragged sizes
-    for &(m, k, n) in
-        &[(1, 1, 1), (3, 5, 7), (17, 33, 9), (64, 80, 96), (130, 70, 65), (256, 16, 16), (263, 77, 101), (300, 129, 40)]
-    {
+    // down to single elements, past 256 rows with ragged sizes, and across the blocks of
+    // brigade's kernel (more than 144 rows, 256 deep, 4080 wide)
+    for &(m, k, n) in &[
+        (1, 1, 1),
+        (3, 5, 7),
+        (17, 33, 9),
+        (64, 80, 96),
+        (130, 70, 65),
+        (256, 16, 16),
+        (263, 77, 101),
+        (300, 129, 40),
+        (151, 530, 37),
+        (7, 21, 4100),
+    ] {
         for ta in [false, true] {
             for tb in [false, true] {
                 let a = randn(&mut rng, m * k, 1.0);

@@ -5,7 +5,7 @@ pub mod embed;
 pub mod machine;
 
 use crate::models::{Activations, Gpt, GptConfig};
-use crate::tensor::matmul;
+use crate::tensor::{matmul_on, Backend};
 use crate::train::optimizer::{clip_grad_norm, AdamW, AdamWConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -51,19 +51,36 @@ pub const MATMUL_SHAPES: &[(usize, usize, usize, bool, bool)] = &[
 
 /// As [`matmul_gflops`] with transposed operands.
 pub fn matmul_gflops_t(m: usize, k: usize, n: usize, ta: bool, tb: bool, reps: usize) -> f64 {
+    matmul_gflops_on(&[Backend::Auto], m, k, n, ta, tb, reps)[0]
+}
+
+/// Median GFLOP/s of each kernel in `backends` on one shape, their runs alternating so that
+/// they share the machine's state (clock, neighbours) as evenly as possible.
+pub fn matmul_gflops_on(
+    backends: &[Backend],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+    reps: usize,
+) -> Vec<f64> {
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let a: Vec<f32> = (0..m * k).map(|_| rng.gen::<f32>() - 0.5).collect();
     let b: Vec<f32> = (0..k * n).map(|_| rng.gen::<f32>() - 0.5).collect();
     let mut c = vec![0f32; m * n];
-    matmul(&mut c, &a, &b, m, k, n, ta, tb, false); // warm up caches and gemm's buffers
-    let rates: Vec<f64> = (0..reps)
-        .map(|_| {
+    for &be in backends {
+        matmul_on(be, &mut c, &a, &b, m, k, n, ta, tb, false); // warm up caches and buffers
+    }
+    let mut rates = vec![Vec::new(); backends.len()];
+    for _ in 0..reps {
+        for (r, &be) in rates.iter_mut().zip(backends) {
             let t0 = Instant::now();
-            matmul(&mut c, &a, &b, m, k, n, ta, tb, false);
-            2.0 * (m * k * n) as f64 / t0.elapsed().as_secs_f64() / 1e9
-        })
-        .collect();
-    median(&rates)
+            matmul_on(be, &mut c, &a, &b, m, k, n, ta, tb, false);
+            r.push(2.0 * (m * k * n) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+    rates.iter().map(|r| median(r)).collect()
 }
 
 #[derive(Clone, Debug, serde::Serialize)]

@@ -1,7 +1,9 @@
-//! Matrix multiplication through the `gemm` crate (row-major views with explicit strides).
+//! Matrix multiplication on row-major views with explicit strides.
 //!
-//! `gemm` was chosen over BLAS by benchmark (see README): it dispatches AVX-512 kernels at
-//! run time and parallelises over the caller's rayon pool, so `--threads` controls it.
+//! Two kernels, picked per machine at run time by benchmark (see README): on x86-64 with AVX2
+//! and FMA but no AVX-512, brigade's own BLIS-style kernel ([`super::sgemm`]); elsewhere the
+//! `gemm` crate, which dispatches AVX-512 kernels at run time. Both parallelise over the
+//! caller's rayon pool, so `--threads` controls them.
 
 use gemm::Parallelism;
 
@@ -57,6 +59,35 @@ fn parallelism(t: Threads, flops: usize) -> Parallelism {
     }
 }
 
+/// Which kernel runs a product: [`Backend::Auto`] is the machine's faster one; the others exist
+/// so that benchmarks can run both side by side.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Backend {
+    Auto,
+    Brigade,
+    GemmCrate,
+}
+
+impl Backend {
+    /// The kernel `Auto` resolves to on this machine: brigade's where it runs, unless the
+    /// environment variable `BRIGADE_MATMUL=gemm-crate` asks for the `gemm` crate (to compare
+    /// whole training steps on both).
+    pub fn resolve(self) -> Backend {
+        static AUTO: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
+        match self {
+            Backend::Auto => *AUTO.get_or_init(|| {
+                let forced = std::env::var("BRIGADE_MATMUL").is_ok_and(|v| v == "gemm-crate");
+                if super::sgemm::available() && !forced {
+                    Backend::Brigade
+                } else {
+                    Backend::GemmCrate
+                }
+            }),
+            b => b,
+        }
+    }
+}
+
 /// `c = beta·c + alpha·a·b` where `beta` is 0 (overwrite) or 1 (`accumulate`).
 ///
 /// Panics if a view reaches outside its slice: shapes are the caller's invariant, not user input.
@@ -98,6 +129,26 @@ pub unsafe fn gemm_ptr(
     accumulate: bool,
     threads: Threads,
 ) {
+    unsafe { gemm_ptr_on(Backend::Auto, c, cm, a, am, b, bm, alpha, accumulate, threads) }
+}
+
+/// As [`gemm_ptr`] on a chosen kernel.
+///
+/// # Safety
+/// As [`gemm_ptr`]; `Backend::Brigade` also needs [`super::sgemm::available`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_ptr_on(
+    backend: Backend,
+    c: *mut f32,
+    cm: Mat,
+    a: &[f32],
+    am: Mat,
+    b: &[f32],
+    bm: Mat,
+    alpha: f32,
+    accumulate: bool,
+    threads: Threads,
+) {
     assert_eq!(am.rows, cm.rows, "matmul: rows of a and c differ");
     assert_eq!(bm.cols, cm.cols, "matmul: cols of b and c differ");
     assert_eq!(am.cols, bm.rows, "matmul: inner dimensions differ");
@@ -114,6 +165,17 @@ pub unsafe fn gemm_ptr(
                 }
             }
         }
+        return;
+    }
+    let par = parallelism(threads, m * n * k);
+    if backend.resolve() == Backend::Brigade {
+        assert!(super::sgemm::available(), "matmul: brigade's kernel needs AVX2 and FMA");
+        let t = match par {
+            Parallelism::Rayon(t) => t,
+            _ => 1,
+        };
+        // SAFETY: as below; the CPU features are checked.
+        unsafe { super::sgemm::sgemm(c, cm, a.as_ptr(), am, b.as_ptr(), bm, alpha, accumulate, t) };
         return;
     }
     // SAFETY: the asserts keep every read inside `a` and `b`; the caller vouches for `c`.
@@ -137,7 +199,7 @@ pub unsafe fn gemm_ptr(
             false,
             false,
             false,
-            parallelism(threads, m * n * k),
+            par,
         );
     }
 }
@@ -146,9 +208,29 @@ pub unsafe fn gemm_ptr(
 /// or `b` as `[n,k]`.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize, ta: bool, tb: bool, accumulate: bool) {
+    matmul_on(Backend::Auto, c, a, b, m, k, n, ta, tb, accumulate);
+}
+
+/// As [`matmul`] on a chosen kernel (panics if `Backend::Brigade` is not available here).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_on(
+    backend: Backend,
+    c: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+    accumulate: bool,
+) {
     let am = if ta { Mat::rm_t(m, k) } else { Mat::rm(m, k) };
     let bm = if tb { Mat::rm_t(k, n) } else { Mat::rm(k, n) };
-    gemm_into(c, Mat::rm(m, n), a, am, b, bm, 1.0, accumulate, Threads::Pool);
+    let cm = Mat::rm(m, n);
+    assert!(cm.span() <= c.len());
+    // SAFETY: `c` is a unique borrow covering the whole view.
+    unsafe { gemm_ptr_on(backend, c.as_mut_ptr(), cm, a, am, b, bm, 1.0, accumulate, Threads::Pool) }
 }
 
 /// Naive triple loop in f64, the reference the tests compare `matmul` against.

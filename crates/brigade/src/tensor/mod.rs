@@ -12,8 +12,9 @@ pub mod loss;
 pub mod math;
 pub mod matmul;
 pub mod rowwise;
+pub mod sgemm;
 
-pub use matmul::{gemm_into, matmul, Mat, Threads};
+pub use matmul::{gemm_into, matmul, matmul_on, Backend, Mat, Threads};
 
 /// Rows handled per rayon task in row-parallel kernels. Fixed (not derived from the thread
 /// count) so that reductions over rows add in the same order whatever `--threads` is.
