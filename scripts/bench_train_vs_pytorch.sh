@@ -39,6 +39,7 @@ print(json.dumps({"summary": "gpt2-small train step", "threads": ours[0]["thread
                   "brigade_tokens_per_s": round(b, 1), "pytorch_tokens_per_s": round(p, 1),
                   "ratio": round(b / p, 3), **extra, "brigade_mfu": round(med(ours, "mfu"), 3),
                   "brigade_matmul_gflops": round(med(ours, "matmul_gflops_per_s"), 1),
+                  "brigade_matmul_kernel": ours[0].get("matmul_kernel"),
                   "pytorch_model_gflops": round(med(peer, "model_gflops_per_s"), 1),
                   "max_foreign_cpu_frac": round(max(r.get("foreign_cpu_frac", 0) for r in rows), 3)}))
 PY

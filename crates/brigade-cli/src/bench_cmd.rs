@@ -388,7 +388,12 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 }
                 outln!("{v}");
             } else {
-                outln!("matmul 2048x2048x2048 f32, {} threads: {:.1} GFLOP/s", r.threads, r.matmul_gflops_per_s);
+                outln!(
+                    "matmul 2048x2048x2048 f32, {} threads: {:.1} GFLOP/s ({} kernel)",
+                    r.threads,
+                    r.matmul_gflops_per_s,
+                    r.matmul_kernel
+                );
                 outln!(
                     "{model} training step, batch {batch} x seq {seq} ({:.1}M params): median {:.3} s over {} steps",
                     r.params as f64 / 1e6,

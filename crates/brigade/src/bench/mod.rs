@@ -94,6 +94,8 @@ pub struct TrainBench {
     pub tokens_per_s: f64,
     pub model_gflops_per_s: f64,
     pub matmul_gflops_per_s: f64,
+    /// The matrix-product kernel that ran: "brigade" or "gemm-crate".
+    pub matmul_kernel: &'static str,
     pub mfu: f64,
     pub loss_first: f32,
     pub loss_last: f32,
@@ -140,6 +142,7 @@ pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps
         tokens_per_s: tokens / med,
         model_gflops_per_s: model_gflops,
         matmul_gflops_per_s: matmul_rate,
+        matmul_kernel: Backend::Auto.resolve().name(),
         mfu: model_gflops / matmul_rate,
         loss_first: losses[0],
         loss_last: *losses.last().unwrap(),

@@ -86,6 +86,14 @@ impl Backend {
             b => b,
         }
     }
+
+    /// How reports name the kernel `self` resolves to.
+    pub fn name(self) -> &'static str {
+        match self.resolve() {
+            Backend::Brigade => "brigade",
+            _ => "gemm-crate",
+        }
+    }
 }
 
 /// `c = beta·c + alpha·a·b` where `beta` is 0 (overwrite) or 1 (`accumulate`).
