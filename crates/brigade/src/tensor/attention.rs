@@ -70,14 +70,7 @@ pub fn attention_forward(out: &mut [f32], probs: &mut [f32], qkv: &[f32], s: Att
             for i in r0..r1 {
                 let row = &mut p[i * t..(i + 1) * t];
                 let (live, masked) = row.split_at_mut(i + 1);
-                let mx = live.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
-                let mut sum = 0f32;
-                for v in live.iter_mut() {
-                    *v = super::math::exp(*v - mx);
-                    sum += *v;
-                }
-                let inv = 1.0 / sum;
-                live.iter_mut().for_each(|v| *v *= inv);
+                super::math::softmax_row(live);
                 masked.fill(0.0);
             }
             let (obo, obm) = rows(oo, om, r0, r1);
@@ -112,7 +105,7 @@ pub fn attention_backward(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[
             for i in r0..r1 {
                 let pr = &p[i * t..(i + 1) * t];
                 let dr = &mut ds[i * t..(i + 1) * t];
-                let dot: f32 = pr[..=i].iter().zip(&dr[..=i]).map(|(a, b)| a * b).sum();
+                let dot = super::math::dot(&pr[..=i], &dr[..=i]);
                 for j in 0..=i {
                     dr[j] = pr[j] * (dr[j] - dot);
                 }

@@ -45,37 +45,11 @@ pub fn attention_packed(ctx: &mut [f32], qkv: &[f32], lens: &[usize], c: usize, 
         for h in 0..heads {
             let q = h * hd;
             gemm_into(buf, Mat::rm(l, l), &block[q..], head, &block[q + c..], head.t(), scale, false, Threads::Single);
-            buf.chunks_exact_mut(l).for_each(softmax_row);
+            buf.chunks_exact_mut(l).for_each(super::math::softmax_row);
             let om = Mat::strided(l, hd, c);
             gemm_into(&mut out[q..], om, buf, Mat::rm(l, l), &block[q + 2 * c..], head, 1.0, false, Threads::Single);
         }
     });
-}
-
-/// Softmax of a row in place. Max and sum run over 8 lanes, so LLVM vectorises them (a plain
-/// float reduction stays scalar: its order may not change without fast-math), and the
-/// exponentials in a loop of their own.
-fn softmax_row(row: &mut [f32]) {
-    let mut m = [f32::NEG_INFINITY; 8];
-    let mut chunks = row.chunks_exact(8);
-    for c in &mut chunks {
-        for t in 0..8 {
-            m[t] = m[t].max(c[t]);
-        }
-    }
-    let mx = chunks.remainder().iter().chain(&m).fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-    for x in row.iter_mut() {
-        *x = super::math::exp(*x - mx);
-    }
-    let mut s = [0f32; 8];
-    let mut chunks = row.chunks_exact(8);
-    for c in &mut chunks {
-        for t in 0..8 {
-            s[t] += c[t];
-        }
-    }
-    let inv = 1.0 / (s.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>());
-    row.iter_mut().for_each(|x| *x *= inv);
 }
 
 /// `x[i, :] = act(x[i, :] + bias)` with GELU in its exact form `x·(1 + erf(x/√2))/2`, or the

@@ -22,6 +22,46 @@ pub fn exp(x: f32) -> f32 {
     y * scale
 }
 
+/// Softmax of a row in place. Max and sum run over 8 lanes, so LLVM vectorises them (a plain
+/// float reduction stays scalar: its order may not change without fast-math), and the
+/// exponentials in a loop of their own.
+pub fn softmax_row(row: &mut [f32]) {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for t in 0..8 {
+            m[t] = m[t].max(c[t]);
+        }
+    }
+    let mx = chunks.remainder().iter().chain(&m).fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    for x in row.iter_mut() {
+        *x = exp(*x - mx);
+    }
+    let mut s = [0f32; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for t in 0..8 {
+            s[t] += c[t];
+        }
+    }
+    let inv = 1.0 / (s.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>());
+    row.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// `Σ a[i]·b[i]` over 8 lanes (vectorised, the same rounding on every call).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let mut s = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for t in 0..8 {
+            s[t] = x[t].mul_add(y[t], s[t]);
+        }
+    }
+    s.iter().sum::<f32>() + tail
+}
+
 /// `tanh(x)` via `exp`, accurate to a few ulp of 1 (enough for GELU, whose output is
 /// dominated by the `0.5·x` term where tanh is small).
 #[inline(always)]
