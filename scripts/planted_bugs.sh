@@ -32,7 +32,7 @@ bugs=(
   "pipeline: the head's copy of the token table counted again in the gradient norm@@crates/brigade/src/parallel/pipeline/stages.rs@@s/l.specs.retain\(\|s\| s.view.offset != copy.start\);/let _ = copy;/@@brigade"
   "zero-bubble: the deferred weight gradients never run@@crates/brigade/src/parallel/pipeline/executor.rs@@s/d.run\(&mut c.grads\[c.part.units\[d.unit\].clone\(\)\]\);/let _ = &c;/@@brigade"
   "matmul kernel: only the last 256-deep block of the inner dimension kept@@crates/brigade/src/tensor/sgemm.rs@@s/let beta = accumulate \|\| pc > 0;/let beta = accumulate;/@@brigade"
-  "matmul kernel: transposed b packed from the first strip's columns@@crates/brigade/src/tensor/sgemm.rs@@s/let col = b.wrapping_add\(pc \* rs \+ \(jc \+ s \* NR \+ t\) \* cs\);/let col = b.wrapping_add(pc * rs + (jc + t) * cs);/@@brigade"
+  "matmul kernel: every panel packed from the first panel's rows@@crates/brigade/src/tensor/sgemm.rs@@s/let row = x.wrapping_add\(\(i0 \+ i\) \* rs \+ pc\);/let row = x.wrapping_add((i0 + i % W) * rs + pc);/@@brigade"
   "selective recompute: the backward reads the dropped scores@@crates/brigade/src/nn/attention.rs@@s/let probs: &\[f32\] = if st.probs.is_empty\(\) \{/let probs: \&[f32] = if false {/@@brigade"
 )
 

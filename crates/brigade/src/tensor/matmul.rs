@@ -111,12 +111,26 @@ pub fn gemm_into(
     accumulate: bool,
     threads: Threads,
 ) {
-    assert_eq!(am.rows, cm.rows, "matmul: rows of a and c differ");
-    assert_eq!(bm.cols, cm.cols, "matmul: cols of b and c differ");
-    assert_eq!(am.cols, bm.rows, "matmul: inner dimensions differ");
+    gemm_into_on(Backend::Auto, c, cm, a, am, b, bm, alpha, accumulate, threads)
+}
+
+/// As [`gemm_into`] on a chosen kernel (panics if `Backend::Brigade` is not available here).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_into_on(
+    backend: Backend,
+    c: &mut [f32],
+    cm: Mat,
+    a: &[f32],
+    am: Mat,
+    b: &[f32],
+    bm: Mat,
+    alpha: f32,
+    accumulate: bool,
+    threads: Threads,
+) {
     assert!(cm.span() <= c.len());
-    // SAFETY: `c` is a unique borrow covering the whole view.
-    unsafe { gemm_ptr(c.as_mut_ptr(), cm, a, am, b, bm, alpha, accumulate, threads) }
+    // SAFETY: `c` is a unique borrow covering the whole view; the shapes are checked there.
+    unsafe { gemm_ptr_on(backend, c.as_mut_ptr(), cm, a, am, b, bm, alpha, accumulate, threads) }
 }
 
 /// As [`gemm_into`], writing through a raw pointer so that parallel tasks can fill disjoint
@@ -235,10 +249,7 @@ pub fn matmul_on(
 ) {
     let am = if ta { Mat::rm_t(m, k) } else { Mat::rm(m, k) };
     let bm = if tb { Mat::rm_t(k, n) } else { Mat::rm(k, n) };
-    let cm = Mat::rm(m, n);
-    assert!(cm.span() <= c.len());
-    // SAFETY: `c` is a unique borrow covering the whole view.
-    unsafe { gemm_ptr_on(backend, c.as_mut_ptr(), cm, a, am, b, bm, 1.0, accumulate, Threads::Pool) }
+    gemm_into_on(backend, c, Mat::rm(m, n), a, am, b, bm, 1.0, accumulate, Threads::Pool);
 }
 
 /// Naive triple loop in f64, the reference the tests compare `matmul` against.

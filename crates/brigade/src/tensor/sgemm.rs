@@ -151,12 +151,12 @@ unsafe fn serial(c: *mut f32, cm: Mat, a: *const f32, am: Mat, b: *const f32, bm
                     let beta = accumulate || pc > 0;
                     let packed_b = bbuf.get(strips * kc * NR);
                     // SAFETY (here and below): the blocks lie inside the caller's views.
-                    unsafe { pack_b(packed_b, b, bm, pc, kc, jc, nc) };
+                    unsafe { pack::<NR>(packed_b, b, bm.t(), jc, nc, pc, kc) };
                     for ic in (0..m).step_by(MC) {
                         let rows = MC.min(m - ic);
                         let panels = rows.div_ceil(MR);
                         let packed_a = abuf.get(panels * kc * MR);
-                        unsafe { pack_a(packed_a, a, am, ic, rows, pc, kc) };
+                        unsafe { pack::<MR>(packed_a, a, am, ic, rows, pc, kc) };
                         for s in 0..strips {
                             let bs = &packed_b[s * kc * NR..(s + 1) * kc * NR];
                             let (j, cols) = (jc + s * NR, NR.min(nc - s * NR));
@@ -189,81 +189,46 @@ fn prefetch(p: *const f32, len: usize) {
 /// How many rows ahead the packing loops prefetch.
 const AHEAD: usize = 4;
 
-/// Packs b's rows `pc..pc+kc` × columns `jc..jc+nc` as strips of 16 columns, each strip's
-/// `kc × 16` values contiguous (row p of the strip at `p·16`), the last strip zero-padded.
-/// Reads go along b's contiguous dimension, a row (or a column) at a time.
-unsafe fn pack_b(dst: &mut [f32], b: *const f32, bm: Mat, pc: usize, kc: usize, jc: usize, nc: usize) {
-    let strips = nc.div_ceil(NR);
-    let full = nc / NR;
-    let tail = nc - full * NR;
-    let (rs, cs) = (bm.rs, bm.cs);
-    if cs == 1 {
-        for p in 0..kc {
-            let row = b.wrapping_add((pc + p) * rs + jc);
-            prefetch(row.wrapping_add(AHEAD * rs), nc);
-            // SAFETY: row pc+p, columns jc..jc+nc lie inside the view.
-            let src = unsafe { std::slice::from_raw_parts(row, nc) };
-            for (s, chunk) in src.chunks_exact(NR).enumerate() {
-                let at = s * kc * NR + p * NR;
-                dst[at..at + NR].copy_from_slice(chunk);
-            }
-            if tail > 0 {
-                let at = full * kc * NR + p * NR;
-                dst[at..at + tail].copy_from_slice(&src[full * NR..]);
-                dst[at + tail..at + NR].fill(0.0);
-            }
-        }
-        return;
-    }
-    for s in 0..strips {
-        let strip = &mut dst[s * kc * NR..(s + 1) * kc * NR];
-        let width = NR.min(nc - s * NR);
-        if width < NR {
-            strip.fill(0.0);
-        }
-        for t in 0..width {
-            let col = b.wrapping_add(pc * rs + (jc + s * NR + t) * cs);
-            if rs == 1 {
-                prefetch(col.wrapping_add(AHEAD * cs), kc);
-            }
-            for p in 0..kc {
-                // SAFETY: rows pc..pc+kc of column jc+s·16+t lie inside the view.
-                strip[p * NR + t] = unsafe { *col.add(p * rs) };
-            }
-        }
-    }
-}
-
-/// Packs a's rows `i0..i0+rows` × columns `pc..pc+kc` as panels of 6 rows, each panel's
-/// `kc × 6` values contiguous (column p of the panel at `p·6`), the last panel zero-padded.
-/// Reads go along a's contiguous dimension.
-unsafe fn pack_a(dst: &mut [f32], a: *const f32, am: Mat, i0: usize, rows: usize, pc: usize, kc: usize) {
-    let (rs, cs) = (am.rs, am.cs);
-    if !rows.is_multiple_of(MR) {
-        let last = rows / MR;
-        dst[last * kc * MR..].fill(0.0);
+/// Packs x's rows `i0..i0+rows` × columns `pc..pc+kc` as panels of W rows, each panel's
+/// `kc × W` values contiguous (column p of the panel at `p·W`), the last panel zero-padded.
+/// a is packed with W = 6 (its row panels); b as its transpose with W = 16 (its column strips).
+/// Reads go along x's contiguous dimension.
+unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, xm: Mat, i0: usize, rows: usize, pc: usize, kc: usize) {
+    let (rs, cs) = (xm.rs, xm.cs);
+    if !rows.is_multiple_of(W) {
+        dst[(rows / W) * kc * W..].fill(0.0);
     }
     if cs == 1 {
+        // a row at a time, scattered into its panel
         for i in 0..rows {
-            let row = a.wrapping_add((i0 + i) * rs + pc);
+            let row = x.wrapping_add((i0 + i) * rs + pc);
             prefetch(row.wrapping_add(AHEAD * rs), kc);
             // SAFETY: row i0+i, columns pc..pc+kc lie inside the view.
             let src = unsafe { std::slice::from_raw_parts(row, kc) };
-            let panel = &mut dst[(i / MR) * kc * MR..(i / MR + 1) * kc * MR];
+            let panel = &mut dst[(i / W) * kc * W..(i / W + 1) * kc * W];
             for (p, &v) in src.iter().enumerate() {
-                panel[p * MR + i % MR] = v;
+                panel[p * W + i % W] = v;
             }
         }
-        return;
-    }
-    for p in 0..kc {
-        let col = a.wrapping_add(i0 * rs + (pc + p) * cs);
-        if rs == 1 {
+    } else if rs == 1 {
+        // a column at a time, W contiguous values into each panel
+        for p in 0..kc {
+            let col = x.wrapping_add(i0 + (pc + p) * cs);
             prefetch(col.wrapping_add(AHEAD * cs), rows);
-        }
-        for i in 0..rows {
             // SAFETY: rows i0..i0+rows of column pc+p lie inside the view.
-            dst[(i / MR) * kc * MR + p * MR + i % MR] = unsafe { *col.add(i * rs) };
+            let src = unsafe { std::slice::from_raw_parts(col, rows) };
+            for (q, chunk) in src.chunks(W).enumerate() {
+                let at = q * kc * W + p * W;
+                dst[at..at + chunk.len()].copy_from_slice(chunk);
+            }
+        }
+    } else {
+        for p in 0..kc {
+            let col = x.wrapping_add(i0 * rs + (pc + p) * cs);
+            for i in 0..rows {
+                // SAFETY: as above.
+                dst[(i / W) * kc * W + p * W + i % W] = unsafe { *col.add(i * rs) };
+            }
         }
     }
 }
