@@ -142,6 +142,8 @@ fn attention_backward_matches_finite_differences() {
     // short sequences, and one spanning several causal blocks of 64 rows (with a ragged end)
     attention_gradcheck(4, AttnShape { b: 2, t: 7, c: 12, heads: 3 });
     attention_gradcheck(40, AttnShape { b: 1, t: 150, c: 8, heads: 2 });
+    // a head wider than one 16-column strip of the kernel, with a ragged one (hd = 20)
+    attention_gradcheck(41, AttnShape { b: 1, t: 23, c: 40, heads: 2 });
 }
 
 fn attention_gradcheck(seed: u64, s: AttnShape) {
@@ -164,6 +166,8 @@ fn attention_gradcheck(seed: u64, s: AttnShape) {
 fn attention_forward_matches_naive_reference() {
     attention_reference(AttnShape { b: 2, t: 6, c: 8, heads: 2 });
     attention_reference(AttnShape { b: 1, t: 137, c: 8, heads: 2 });
+    // GPT-2's head width (64: four strips of the kernel), rows past 256, a ragged last panel
+    attention_reference(AttnShape { b: 2, t: 263, c: 128, heads: 2 });
 }
 
 fn attention_reference(s: AttnShape) {

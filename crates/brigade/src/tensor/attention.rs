@@ -1,12 +1,33 @@
 //! Causal multi-head self-attention core: `softmax(q·kᵀ/√d + mask)·v` per (batch, head).
 //!
 //! Input is the fused projection `qkv[b,t,0..3C]` (q | k | v, heads side by side, as GPT-2's
-//! `c_attn` produces it); heads are addressed with strides, never copied out. Each
-//! (batch, head) pair is one rayon task doing single-threaded products.
+//! `c_attn` produces it). Each (batch, head) pair is one rayon task. A task packs its head's
+//! operands once, in the panels brigade's matrix kernel streams (`sgemm::pack`), then walks
+//! the rows six at a time: scores, softmax and `P·V` for six query rows are done while they
+//! sit in L1, with only the 6 × 16 tiles on or left of the diagonal computed. The products
+//! are that kernel's micro-kernel (`sgemm::kernel`), so no product pays for packing twice.
 
-use super::matmul::{gemm_into, gemm_ptr, Mat, Threads};
+use super::matmul::Mat;
+use super::sgemm::{kernel, pack, Buf, MR, NR};
 use super::SendPtr;
 use rayon::prelude::*;
+use std::cell::RefCell;
+
+thread_local! {
+    /// Each thread's packed operands and scratch, reused from task to task and step to step.
+    static BUFS: RefCell<Vec<Buf>> = RefCell::default();
+}
+
+/// Runs `f` with this thread's buffers (taken out while in use: a task that rayon starts on
+/// this thread inside `f` gets fresh ones instead of a double borrow).
+fn with_bufs<R>(f: impl FnOnce(&mut [Buf; 7]) -> R) -> R {
+    let mut v = BUFS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    v.resize_with(7, Buf::default);
+    let bufs: &mut [Buf; 7] = (&mut v[..]).try_into().expect("seven buffers");
+    let r = f(bufs);
+    BUFS.with(|b| *b.borrow_mut() = v);
+    r
+}
 
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -26,108 +47,213 @@ impl AttnShape {
     }
 }
 
-/// A view of one head's rows inside a `[b, t, width]` buffer (width = 3C for qkv, C for out).
-fn head_view(s: &AttnShape, width: usize, b: usize, col: usize) -> (usize, Mat) {
-    (b * s.t * width + col, Mat::strided(s.t, s.hd(), width))
+/// Where one head's q, k, v (in `qkv`) and output (in a `[b, t, C]` buffer) start, and their
+/// `t × hd` views.
+struct Head {
+    q: usize,
+    k: usize,
+    v: usize,
+    o: usize,
+    /// A `t × hd` view inside `qkv` (row stride 3C), and inside the output (row stride C).
+    in3: Mat,
+    out: Mat,
 }
 
-/// Rows per causal block: products skip the tiles above the diagonal at this granularity.
-const BLOCK: usize = 64;
-
-/// `(start, end)` of each block of `BLOCK` rows (or columns) out of `t`.
-fn blocks(t: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..t.div_ceil(BLOCK)).map(move |i| (i * BLOCK, ((i + 1) * BLOCK).min(t)))
+impl Head {
+    fn new(s: &AttnShape, bh: usize) -> Head {
+        let (b, h, t, c, hd) = (bh / s.heads, bh % s.heads, s.t, s.c, s.hd());
+        let q = b * t * 3 * c + h * hd;
+        Head {
+            q,
+            k: q + c,
+            v: q + 2 * c,
+            o: b * t * c + h * hd,
+            in3: Mat::strided(t, hd, 3 * c),
+            out: Mat::strided(t, hd, c),
+        }
+    }
 }
 
-/// Rows `r0..r1`, columns `0..cols` of a dense `t × t` matrix.
-fn tile(t: usize, r0: usize, r1: usize, c0: usize, c1: usize) -> (usize, Mat) {
-    (r0 * t + c0, Mat::strided(r1 - r0, c1 - c0, t))
+/// x (a `t × hd` view at `at`) packed as the right operand `xᵀ` (`hd × t`): 16-row strips of
+/// x, `hd` deep. Used where the product runs over the head dimension (`q·kᵀ`, `dO·vᵀ`).
+fn strips_over_rows<'a>(buf: &'a mut Buf, x: &[f32], at: usize, m: Mat) -> &'a [f32] {
+    let (t, hd) = (m.rows, m.cols);
+    let dst = buf.get(t.div_ceil(NR) * hd * NR);
+    // SAFETY: rows 0..t, columns 0..hd of the view lie inside x (checked by the callers' asserts).
+    unsafe { pack::<NR>(dst, x.as_ptr().wrapping_add(at), m, 0, t, 0, hd) };
+    dst
 }
 
-/// Rows `r0..r1` of a head view.
-fn rows(off: usize, m: Mat, r0: usize, r1: usize) -> (usize, Mat) {
-    (off + r0 * m.rs, Mat { rows: r1 - r0, ..m })
+/// x (a `t × hd` view at `at`) packed as the right operand x: 16-column strips over the head
+/// dimension, `t` deep. Used where the product runs over positions (`P·v`, `dS·k`, `Pᵀ·dO`).
+fn strips_over_cols<'a>(buf: &'a mut Buf, x: &[f32], at: usize, m: Mat) -> &'a [f32] {
+    let (t, hd) = (m.rows, m.cols);
+    let dst = buf.get(hd.div_ceil(NR) * t * NR);
+    // SAFETY: as above.
+    unsafe { pack::<NR>(dst, x.as_ptr().wrapping_add(at), m.t(), 0, hd, 0, t) };
+    dst
+}
+
+/// x (a `t × hd` view at `at`) packed as the left operand: 6-row panels, `hd` deep.
+fn panels<'a>(buf: &'a mut Buf, x: &[f32], at: usize, m: Mat) -> &'a [f32] {
+    let (t, hd) = (m.rows, m.cols);
+    let dst = buf.get(t.div_ceil(MR) * hd * MR);
+    // SAFETY: as above.
+    unsafe { pack::<MR>(dst, x.as_ptr().wrapping_add(at), m, 0, t, 0, hd) };
+    dst
+}
+
+/// Rows `i0..i0+rows`, columns `c0..c0+kc` of a view packed as one 6-row panel into `dst`.
+fn panel_of<'a>(dst: &'a mut [f32], x: &[f32], m: Mat, i0: usize, rows: usize, c0: usize, kc: usize) -> &'a [f32] {
+    let dst = &mut dst[..kc * MR];
+    assert!(i0 + rows <= m.rows && c0 + kc <= m.cols && x.len() > (m.rows - 1) * m.rs + (m.cols - 1) * m.cs);
+    // SAFETY: checked just above.
+    unsafe { pack::<MR>(dst, x.as_ptr(), m, i0, rows, c0, kc) };
+    dst
+}
+
+/// Rows `i0..i0 + rows` of a `t × t` block `sq_rows` (starting at row i0), columns 0..live
+/// (rounded up to whole strips, clipped to t): `alpha · a_panel · xᵀ` over the head dimension,
+/// with x packed by `strips_over_rows` (the scores `q·kᵀ`, or `dO·vᵀ`). Overwritten.
+#[allow(clippy::too_many_arguments)]
+fn left_of_diagonal(
+    sq_rows: &mut [f32],
+    t: usize,
+    rows: usize,
+    live: usize,
+    a: &[f32],
+    x: &[f32],
+    hd: usize,
+    alpha: f32,
+) {
+    assert!(sq_rows.len() >= rows * t);
+    for (st, j0) in (0..live).step_by(NR).enumerate() {
+        // SAFETY: rows 0..rows, columns j0..j0 + 16 clipped to t lie inside `sq_rows` (checked).
+        unsafe {
+            kernel(
+                hd,
+                &a[..hd * MR],
+                &x[st * hd * NR..][..hd * NR],
+                sq_rows.as_mut_ptr().add(j0),
+                Mat::rm(t, t),
+                rows,
+                NR.min(t - j0),
+                alpha,
+                false,
+            )
+        };
+    }
+}
+
+/// `c[rows × hd] = alpha · a_panel · x[from..from + kc, ..]` with x packed by
+/// `strips_over_cols` (`t` deep): a panel of P or dS times v, k, dO or q. Overwritten.
+///
+/// # Safety
+/// The `rows × cm.cols` block at `c` (strides of `cm`) must be this task's alone to write.
+#[allow(clippy::too_many_arguments)]
+unsafe fn times_head(
+    c: *mut f32,
+    cm: Mat,
+    rows: usize,
+    a: &[f32],
+    x: &[f32],
+    t: usize,
+    from: usize,
+    kc: usize,
+    alpha: f32,
+) {
+    let hd = cm.cols;
+    for (sd, d0) in (0..hd).step_by(NR).enumerate() {
+        let strip = &x[(sd * t + from) * NR..][..kc * NR];
+        // SAFETY: the caller vouches for the block; columns d0..d0 + 16 clipped to hd lie in it.
+        unsafe { kernel(kc, &a[..kc * MR], strip, c.add(d0), cm, rows, NR.min(hd - d0), alpha, false) };
+    }
 }
 
 /// Writes `out[b,t,C]` and saves the attention probabilities `probs[b,h,t,t]` for backward.
 pub fn attention_forward(out: &mut [f32], probs: &mut [f32], qkv: &[f32], s: AttnShape) {
-    let (t, c, hd) = (s.t, s.c, s.hd());
-    assert!(out.len() == s.b * t * c && qkv.len() == 3 * out.len() && probs.len() == s.probs_len());
+    let (t, hd) = (s.t, s.hd());
+    assert!(out.len() == s.b * t * s.c && qkv.len() == 3 * out.len() && probs.len() == s.probs_len());
     let scale = 1.0 / (hd as f32).sqrt();
     let outp = SendPtr(out.as_mut_ptr());
+    let sq = Mat::rm(t, t);
     probs.par_chunks_mut(t * t).enumerate().for_each(|(bh, p)| {
-        let (b, h) = (bh / s.heads, bh % s.heads);
-        let (qo, qm) = head_view(&s, 3 * c, b, h * hd);
-        let (ko, km) = head_view(&s, 3 * c, b, c + h * hd);
-        let (vo, vm) = head_view(&s, 3 * c, b, 2 * c + h * hd);
-        let (oo, om) = head_view(&s, c, b, h * hd);
-        for (r0, r1) in blocks(t) {
-            // scores of rows r0..r1 against keys 0..r1 (later keys are masked anyway)
-            let (so, sm) = tile(t, r0, r1, 0, r1);
-            let (qbo, qbm) = rows(qo, qm, r0, r1);
-            let (kbo, kbm) = rows(ko, km, 0, r1);
-            gemm_into(&mut p[so..], sm, &qkv[qbo..], qbm, &qkv[kbo..], kbm.t(), scale, false, Threads::Single);
-            for i in r0..r1 {
-                let row = &mut p[i * t..(i + 1) * t];
-                let (live, masked) = row.split_at_mut(i + 1);
-                super::math::softmax_row(live);
-                masked.fill(0.0);
+        let hv = Head::new(&s, bh);
+        with_bufs(|[qb, kb, vb, pb, ..]| {
+            let q = panels(qb, qkv, hv.q, hv.in3);
+            let k = strips_over_rows(kb, qkv, hv.k, hv.in3);
+            let v = strips_over_cols(vb, qkv, hv.v, hv.in3);
+            let pp = pb.get(t * MR);
+            for (pnl, i0) in (0..t).step_by(MR).enumerate() {
+                let rows = MR.min(t - i0);
+                let live = i0 + rows; // keys 0..live reach these rows
+                let qa = &q[pnl * hd * MR..(pnl + 1) * hd * MR];
+                left_of_diagonal(&mut p[i0 * t..], t, rows, live, qa, k, hd, scale);
+                for i in i0..live {
+                    let row = &mut p[i * t..(i + 1) * t];
+                    let (seen, masked) = row.split_at_mut(i + 1);
+                    super::math::softmax_row(seen);
+                    masked.fill(0.0);
+                }
+                let pa = panel_of(pp, p, sq, i0, rows, 0, live);
+                // SAFETY: task (b, h) writes only rows of batch b, columns h·hd..(h+1)·hd of
+                // `out`; no two tasks share an element, and `out` outlives the parallel loop.
+                unsafe { times_head(outp.at(hv.o + i0 * s.c), hv.out, rows, pa, v, t, 0, live, 1.0) };
             }
-            let (obo, obm) = rows(oo, om, r0, r1);
-            let (vbo, vbm) = rows(vo, vm, 0, r1);
-            // SAFETY: task (b, h) writes only rows of batch b, columns h·hd..(h+1)·hd of `out`;
-            // no two tasks share an element, and `out` outlives the parallel loop.
-            unsafe { gemm_ptr(outp.at(obo), obm, &p[so..], sm, &qkv[vbo..], vbm, 1.0, false, Threads::Single) };
-        }
+        })
     });
 }
 
 /// From `dout[b,t,C]`, writes `dqkv[b,t,3C]` (overwritten, not accumulated).
 pub fn attention_backward(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32], s: AttnShape) {
-    let (t, c, hd) = (s.t, s.c, s.hd());
-    assert!(dout.len() == s.b * t * c && qkv.len() == 3 * dout.len() && dqkv.len() == qkv.len());
+    let (t, hd) = (s.t, s.hd());
+    assert!(dout.len() == s.b * t * s.c && qkv.len() == 3 * dout.len() && dqkv.len() == qkv.len());
     let scale = 1.0 / (hd as f32).sqrt();
     let dp = SendPtr(dqkv.as_mut_ptr());
+    let sq = Mat::rm(t, t);
     probs.par_chunks(t * t).enumerate().for_each(|(bh, p)| {
-        let (b, h) = (bh / s.heads, bh % s.heads);
-        let (qo, qm) = head_view(&s, 3 * c, b, h * hd);
-        let (ko, km) = head_view(&s, 3 * c, b, c + h * hd);
-        let (vo, vm) = head_view(&s, 3 * c, b, 2 * c + h * hd);
-        let (oo, om) = head_view(&s, c, b, h * hd);
-        let mut ds = vec![0f32; t * t];
-        for (r0, r1) in blocks(t) {
-            // dP = dO·vᵀ on the live tiles, then the softmax backward:
-            // dS = P ⊙ (dP − rowsum(dP ⊙ P)), zero above the diagonal
-            let (so, sm) = tile(t, r0, r1, 0, r1);
-            let (obo, obm) = rows(oo, om, r0, r1);
-            let (vbo, vbm) = rows(vo, vm, 0, r1);
-            gemm_into(&mut ds[so..], sm, &dout[obo..], obm, &qkv[vbo..], vbm.t(), 1.0, false, Threads::Single);
-            for i in r0..r1 {
-                let pr = &p[i * t..(i + 1) * t];
-                let dr = &mut ds[i * t..(i + 1) * t];
-                let dot = super::math::dot(&pr[..=i], &dr[..=i]);
-                for j in 0..=i {
-                    dr[j] = pr[j] * (dr[j] - dot);
+        let hv = Head::new(&s, bh);
+        with_bufs(|[b0, b1, b2, b3, b4, b5, b6]| {
+            let doa = panels(b0, dout, hv.o, hv.out);
+            let vt = strips_over_rows(b1, qkv, hv.v, hv.in3);
+            let kd = strips_over_cols(b2, qkv, hv.k, hv.in3);
+            let qd = strips_over_cols(b3, qkv, hv.q, hv.in3);
+            let dod = strips_over_cols(b4, dout, hv.o, hv.out);
+            let pp = b5.get(t * MR);
+            // every element of a row of dS that pass 2 reads is written in pass 1
+            let ds = b6.get(t * t);
+            // Query rows, six at a time: dP = dO·vᵀ on the tiles left of the diagonal, the softmax
+            // backward dS = P ⊙ (dP − rowsum(dP ⊙ P)) (zero above the diagonal), dQ = dS·k·scale.
+            for (pnl, i0) in (0..t).step_by(MR).enumerate() {
+                let rows = MR.min(t - i0);
+                let live = i0 + rows;
+                let da = &doa[pnl * hd * MR..(pnl + 1) * hd * MR];
+                left_of_diagonal(&mut ds[i0 * t..], t, rows, live, da, vt, hd, 1.0);
+                for i in i0..live {
+                    let pr = &p[i * t..(i + 1) * t];
+                    let dr = &mut ds[i * t..(i + 1) * t];
+                    let dot = super::math::dot(&pr[..=i], &dr[..=i]);
+                    for j in 0..=i {
+                        dr[j] = pr[j] * (dr[j] - dot);
+                    }
+                    dr[i + 1..].fill(0.0);
                 }
-                dr[i + 1..].fill(0.0);
+                let a = panel_of(pp, ds, sq, i0, rows, 0, live);
+                // SAFETY: task (b, h) alone writes its head's q, k and v columns of batch b.
+                unsafe { times_head(dp.at(hv.q + i0 * 3 * s.c), hv.in3, rows, a, kd, t, 0, live, scale) };
             }
-            // dQ[rows] = dS[rows, 0..r1]·k[0..r1]·scale
-            let (qbo, qbm) = rows(qo, qm, r0, r1);
-            let (kbo, kbm) = rows(ko, km, 0, r1);
-            // SAFETY: as in forward, task (b, h) alone writes its head's q, k and v columns of batch b.
-            unsafe { gemm_ptr(dp.at(qbo), qbm, &ds[so..], sm, &qkv[kbo..], kbm, scale, false, Threads::Single) };
-        }
-        for (c0, c1) in blocks(t) {
-            // Columns c0..c1 receive from rows c0..t only (causal): dV = Pᵀ·dO, dK = dSᵀ·q·scale
-            let (to, tm) = tile(t, c0, t, c0, c1);
-            let (vbo, vbm) = rows(vo, vm, c0, c1);
-            let (kbo, kbm) = rows(ko, km, c0, c1);
-            let (obo, obm) = rows(oo, om, c0, t);
-            let (qbo, qbm) = rows(qo, qm, c0, t);
-            unsafe {
-                gemm_ptr(dp.at(vbo), vbm, &p[to..], tm.t(), &dout[obo..], obm, 1.0, false, Threads::Single);
-                gemm_ptr(dp.at(kbo), kbm, &ds[to..], tm.t(), &qkv[qbo..], qbm, scale, false, Threads::Single);
+            // Key rows, six at a time: they receive from query rows j0..t only (causal):
+            // dV = Pᵀ·dO, dK = dSᵀ·q·scale.
+            for j0 in (0..t).step_by(MR) {
+                let rows = MR.min(t - j0);
+                let kq = t - j0;
+                let a = panel_of(pp, p, sq.t(), j0, rows, j0, kq);
+                // SAFETY: as above.
+                unsafe { times_head(dp.at(hv.v + j0 * 3 * s.c), hv.in3, rows, a, dod, t, j0, kq, 1.0) };
+                let a = panel_of(pp, ds, sq.t(), j0, rows, j0, kq);
+                // SAFETY: as above.
+                unsafe { times_head(dp.at(hv.k + j0 * 3 * s.c), hv.in3, rows, a, qd, t, j0, kq, scale) };
             }
-        }
+        })
     });
 }

@@ -4,11 +4,20 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 
-/// `e^x` to about 2 ulp (Cephes `expf` polynomial), branch-free so it vectorises.
+/// 1.5·2²³: adding it to a float of magnitude below 2²² rounds that float to the nearest
+/// integer (ties to even), which then sits in the low bits of the sum's mantissa.
+const ROUNDER: f32 = 12_582_912.0;
+
+/// `e^x` to about 2 ulp (Cephes `expf` polynomial), branch-free so it vectorises. The power of
+/// two is built from the rounded exponent's bits with integer operations: a float-to-int `as`
+/// cast would saturate and map NaN to 0 lane by lane, which LLVM does not vectorise.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E).round_ties_even();
+    // n = round_ties_even(x·log2 e), |n| ≤ 127, as a float and as an integer
+    let shifted = x * LOG2E + ROUNDER;
+    let n = shifted - ROUNDER;
+    let ni = (shifted.to_bits() as i32).wrapping_sub(ROUNDER.to_bits() as i32);
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
     let z = r * r;
     let mut p = 1.987_569_1e-4f32;
@@ -18,7 +27,7 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 5.0e-1);
     let y = p.mul_add(z, r) + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let scale = f32::from_bits((ni.wrapping_add(127) as u32) << 23);
     y * scale
 }
 
@@ -101,6 +110,20 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst < 3e-7, "exp relative error {worst}");
+    }
+
+    #[test]
+    fn exp_rounds_its_exponent_as_round_ties_even() {
+        // the integer trick must pick the same power of two as rounding x·log2 e
+        let mut x = -90.0f32;
+        while x < 90.0 {
+            let c = x.clamp(-87.0, 88.0);
+            let n = (c * super::LOG2E).round_ties_even();
+            let shifted = c * super::LOG2E + super::ROUNDER;
+            assert_eq!(shifted - super::ROUNDER, n, "x = {x}");
+            assert_eq!((shifted.to_bits() as i32).wrapping_sub(super::ROUNDER.to_bits() as i32), n as i32, "x = {x}");
+            x += 0.000_37;
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use gemm::Parallelism;
 
 /// A strided matrix operand: element (i, j) is at `data[i * rs + j * cs]`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Mat {
     pub rows: usize,
     pub cols: usize,

@@ -41,12 +41,13 @@ pub fn available() -> bool {
     }
 }
 
-/// A reusable 64-byte-aligned f32 buffer (packed panels), kept per thread.
+/// A reusable 64-byte-aligned f32 buffer (packed panels): the micro-kernel loads b's strips
+/// with aligned loads, so a strip must start on a 32-byte boundary.
 #[derive(Default)]
-struct Buf(Vec<f32>);
+pub(crate) struct Buf(Vec<f32>);
 
 impl Buf {
-    fn get(&mut self, len: usize) -> &mut [f32] {
+    pub(crate) fn get(&mut self, len: usize) -> &mut [f32] {
         if self.0.len() < len + 16 {
             self.0 = vec![0f32; len + 16];
         }
@@ -193,20 +194,44 @@ const AHEAD: usize = 4;
 /// `kc × W` values contiguous (column p of the panel at `p·W`), the last panel zero-padded.
 /// a is packed with W = 6 (its row panels); b as its transpose with W = 16 (its column strips).
 /// Reads go along x's contiguous dimension.
-unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, xm: Mat, i0: usize, rows: usize, pc: usize, kc: usize) {
+///
+/// # Safety
+/// Rows `i0..i0+rows` and columns `pc..pc+kc` of `xm` must lie inside memory valid for reads
+/// from `x`; `dst` must hold `rows.div_ceil(W) · kc · W` values.
+pub(crate) unsafe fn pack<const W: usize>(
+    dst: &mut [f32],
+    x: *const f32,
+    xm: Mat,
+    i0: usize,
+    rows: usize,
+    pc: usize,
+    kc: usize,
+) {
     let (rs, cs) = (xm.rs, xm.cs);
     if !rows.is_multiple_of(W) {
         dst[(rows / W) * kc * W..].fill(0.0);
     }
     if cs == 1 {
-        // a row at a time, scattered into its panel
+        // rows scattered into their panels: blocks of 8 columns of the full panels transposed
+        // in registers where AVX2 runs, the rest one value at a time
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && (W == MR || W == NR) {
+            // SAFETY: the feature is present; the reads are rows i0.. of the caller's block.
+            unsafe { avx2::pack_rows::<W>(dst, x, rs, i0, rows / W, pc, kc) };
+            done = kc / 8 * 8;
+        }
         for i in 0..rows {
+            if i < rows / W * W && done == kc {
+                continue;
+            }
+            let from = if i < rows / W * W { done } else { 0 };
             let row = x.wrapping_add((i0 + i) * rs + pc);
             prefetch(row.wrapping_add(AHEAD * rs), kc);
             // SAFETY: row i0+i, columns pc..pc+kc lie inside the view.
             let src = unsafe { std::slice::from_raw_parts(row, kc) };
             let panel = &mut dst[(i / W) * kc * W..(i / W + 1) * kc * W];
-            for (p, &v) in src.iter().enumerate() {
+            for (p, &v) in src.iter().enumerate().skip(from) {
                 panel[p * W + i % W] = v;
             }
         }
@@ -217,9 +242,17 @@ unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, xm: Mat, i0: usiz
             prefetch(col.wrapping_add(AHEAD * cs), rows);
             // SAFETY: rows i0..i0+rows of column pc+p lie inside the view.
             let src = unsafe { std::slice::from_raw_parts(col, rows) };
-            for (q, chunk) in src.chunks(W).enumerate() {
+            let mut chunks = src.chunks_exact(W);
+            // whole panels as fixed-size copies (register moves, not a memcpy call each)
+            for (q, chunk) in (&mut chunks).enumerate() {
                 let at = q * kc * W + p * W;
-                dst[at..at + chunk.len()].copy_from_slice(chunk);
+                let to: &mut [f32; W] = (&mut dst[at..at + W]).try_into().expect("W values");
+                *to = chunk.try_into().expect("W values");
+            }
+            let rest = chunks.remainder();
+            if !rest.is_empty() {
+                let at = rows / W * kc * W + p * W;
+                dst[at..at + rest.len()].copy_from_slice(rest);
             }
         }
     } else {
@@ -234,9 +267,16 @@ unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, xm: Mat, i0: usiz
 }
 
 /// One 6 × 16 tile: `c[i, j] = (beta ? c[i, j] : 0) + alpha · Σ_p a[i, p]·b[p, j]` for the
-/// `rows × cols` corner that lies inside c.
+/// `rows × cols` corner that lies inside c, from a packed 6-row panel of a and a packed
+/// 16-column strip of b (starting on a 32-byte boundary). Each sum is one `fma` chain over
+/// `p` in order, on every machine: the AVX2 kernel where it runs, the same chain in plain
+/// Rust elsewhere (bit for bit the same).
+///
+/// # Safety
+/// The `rows × cols` corner of c at `c` (strides of `cm`) must be valid for writes (and reads
+/// when `beta`), and touched by no other thread during the call.
 #[allow(clippy::too_many_arguments)]
-unsafe fn kernel(
+pub(crate) unsafe fn kernel(
     kc: usize,
     a: &[f32],
     b: &[f32],
@@ -248,19 +288,124 @@ unsafe fn kernel(
     beta: bool,
 ) {
     debug_assert!(a.len() == kc * MR && b.len() == kc * NR);
+    debug_assert!(b.as_ptr().align_offset(32) == 0, "b's strip must be 32-byte aligned");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `sgemm` runs only where `available()` (AVX2 and FMA) holds.
-    unsafe {
-        avx2::kernel(kc, a.as_ptr(), b.as_ptr(), c, cm, rows, cols, alpha, beta)
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: the features are present; the caller vouches for c.
+        return unsafe { avx2::kernel(kc, a.as_ptr(), b.as_ptr(), c, cm, rows, cols, alpha, beta) };
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("sgemm runs on x86-64 only ({kc}, {a:?}, {b:?}, {c:?}, {rows}, {cols}, {alpha}, {beta})");
+    let acc = portable_sums(kc, a, b);
+    for (r, accr) in acc.iter().enumerate().take(rows) {
+        for (j, &v) in accr.iter().enumerate().take(cols) {
+            // SAFETY: (r, j) lies in the corner the caller vouches for.
+            let cij = unsafe { c.add(r * cm.rs + j * cm.cs) };
+            unsafe { *cij = if beta { alpha.mul_add(v, *cij) } else { alpha * v } };
+        }
+    }
+}
+
+/// The micro-kernel's sums in plain Rust, for machines without AVX2 (`mul_add` is the same
+/// fused operation, in the same order).
+fn portable_sums(kc: usize, a: &[f32], b: &[f32]) -> [[f32; NR]; MR] {
+    let mut acc = [[0f32; NR]; MR];
+    for p in 0..kc {
+        let bp = &b[p * NR..(p + 1) * NR];
+        for (r, accr) in acc.iter_mut().enumerate() {
+            let av = a[p * MR + r];
+            for (x, &bv) in accr.iter_mut().zip(bp) {
+                *x = av.mul_add(bv, *x);
+            }
+        }
+    }
+    acc
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Mat, MR, NR};
     use std::arch::x86_64::*;
+
+    /// `pack`'s row-major case for the first `panels` full panels of W rows (W = 6 or 16) and
+    /// columns `pc..pc + kc/8·8`: each 8 × 8 block (6 × 8 for W = 6) is loaded a row at a time,
+    /// transposed in registers and stored a column at a time, instead of 64 scalar stores.
+    ///
+    /// # Safety
+    /// AVX2 must be present; rows `i0..i0 + panels·W`, columns `pc..pc + kc` at `x` (row
+    /// stride `rs`) valid for reads; `dst` holds at least `panels · kc · W` values.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn pack_rows<const W: usize>(
+        dst: &mut [f32],
+        x: *const f32,
+        rs: usize,
+        i0: usize,
+        panels: usize,
+        pc: usize,
+        kc: usize,
+    ) {
+        assert!(dst.len() >= panels * kc * W && (W == MR || W == NR));
+        let d = dst.as_mut_ptr();
+        for q in 0..panels {
+            for g in (0..W).step_by(8) {
+                let nr = (W - g).min(8);
+                let row = |r: usize| x.wrapping_add((i0 + q * W + g + r) * rs + pc);
+                for p0 in (0..kc / 8 * 8).step_by(8) {
+                    let mut v = [_mm256_setzero_ps(); 8];
+                    for (r, vr) in v.iter_mut().enumerate().take(nr) {
+                        *vr = unsafe { _mm256_loadu_ps(row(r).add(p0)) };
+                    }
+                    let c = transpose8(v);
+                    // column p0+j of these rows: W·(p0+j) + g into the panel
+                    let at = |j: usize| unsafe { d.add(q * kc * W + (p0 + j) * W + g) };
+                    for (j, &cj) in c.iter().enumerate() {
+                        if nr == 8 {
+                            unsafe { _mm256_storeu_ps(at(j), cj) };
+                        } else {
+                            let lo = _mm256_castps256_ps128(cj);
+                            let hi = _mm256_extractf128_ps::<1>(cj);
+                            unsafe {
+                                _mm_storeu_ps(at(j), lo);
+                                _mm_store_sd(at(j).add(4) as *mut f64, _mm_castps_pd(hi));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The transpose of an 8 × 8 block held as eight rows.
+    #[inline(always)]
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        // SAFETY: register shuffles only; AVX2 is enabled in the caller.
+        unsafe {
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ]
+        }
+    }
 
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
@@ -328,6 +473,61 @@ mod tests {
     use super::super::matmul::{gemm_into, matmul_on, matmul_reference, Backend, Mat, Threads};
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// `pack`'s layout written out one value at a time: panel `i / W`, column p at `p·W + i % W`,
+    /// the rows past the last full panel zero.
+    fn pack_reference<const W: usize>(x: &[f32], xm: Mat, i0: usize, rows: usize, pc: usize, kc: usize) -> Vec<f32> {
+        let mut want = vec![0f32; rows.div_ceil(W) * kc * W];
+        for i in 0..rows {
+            for p in 0..kc {
+                want[(i / W) * kc * W + p * W + i % W] = x[(i0 + i) * xm.rs + (pc + p) * xm.cs];
+            }
+        }
+        want
+    }
+
+    fn check_pack<const W: usize>(rng: &mut rand::rngs::StdRng) {
+        // row-major (the transposing path), transposed and strided views; ragged rows and columns
+        for &(rows, kc) in &[(1, 1), (W, 8), (W, 13), (3 * W + 1, 37), (2 * W, 256), (W - 1, 20), (5, 7)] {
+            let (i0, pc) = (rng.gen_range(0..3), rng.gen_range(0..5));
+            let (r, c) = (i0 + rows, pc + kc);
+            let x: Vec<f32> = (0..(r + 2) * (c + 3)).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            for xm in [Mat::strided(r, c, c + 3), Mat::rm_t(r, c), Mat { rows: r, cols: c, rs: 2, cs: 2 * r + 1 }] {
+                if xm.rs == 2 && (r - 1) * 2 + (c - 1) * (2 * r + 1) >= x.len() {
+                    continue;
+                }
+                let mut got = vec![f32::NAN; rows.div_ceil(W) * kc * W];
+                // SAFETY: the block lies inside x.
+                unsafe { pack::<W>(&mut got, x.as_ptr(), xm, i0, rows, pc, kc) };
+                let want = pack_reference::<W>(&x, xm, i0, rows, pc, kc);
+                assert_eq!(got, want, "W={W} rows={rows} kc={kc} view {xm:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_portable_sums_are_the_avx2_kernels_bit_for_bit() {
+        if unavailable() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+        let kc = 77;
+        let a: Vec<f32> = (0..kc * MR).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut b = Buf::default();
+        let b = b.get(kc * NR);
+        b.iter_mut().for_each(|x| *x = rng.gen_range(-1.0..1.0));
+        let mut c = vec![0f32; MR * NR];
+        // SAFETY: c is a whole 6 × 16 tile.
+        unsafe { kernel(kc, &a, b, c.as_mut_ptr(), Mat::rm(MR, NR), MR, NR, 1.0, false) };
+        assert_eq!(c, portable_sums(kc, &a, b).concat());
+    }
+
+    #[test]
+    fn packing_matches_the_layout_written_out() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        check_pack::<MR>(&mut rng);
+        check_pack::<NR>(&mut rng);
+    }
 
     fn rand_vec(rng: &mut impl Rng, n: usize) -> Vec<f32> {
         (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
