@@ -18,7 +18,7 @@ bugs=(
   "AdamW without the second-moment bias correction@@crates/brigade/src/train/optimizer.rs@@s/let bc2_sqrt = bc2.sqrt\(\) as f32;/let bc2_sqrt = 1.0f32;/@@brigade"
   "weight decay with the wrong sign@@crates/brigade/src/train/optimizer.rs@@s/1.0 - lr \* c.weight_decay/1.0 + lr * c.weight_decay/@@brigade"
   "weight decay on biases and LayerNorm too@@crates/brigade/src/train/optimizer.rs@@s/let shrink = if \*decay/let shrink = if true || *decay/@@brigade"
-  "gradient clipping disabled@@crates/brigade/src/train/trainer.rs@@s/clip_to\(g, grad_norm, self.cfg.grad_clip\)/clip_to(g, grad_norm, 0.0)/@@brigade"
+  "gradient clipping disabled@@crates/brigade/src/train/trainer.rs@@s/clip_factor\(grad_norm, self.cfg.grad_clip\)/clip_factor(grad_norm, 0.0)/@@brigade"
   "each micro-batch averaged on its own@@crates/brigade/src/train/trainer.rs@@s/xm, ym, scale, acts/xm, ym, 1.0 \/ ym.iter().filter(|&&v| v != crate::tensor::loss::IGNORE).count().max(1) as f32, acts/g@@brigade"
   "forward_last reads position t-2@@crates/brigade/src/models/gpt.rs@@s/\(\(i \+ 1\) \* t - 1\) \* c/(((i + 1) * t).max(2) - 2) * c/@@brigade"
   "tensor parallelism: f backward without its all-reduce@@crates/brigade/src/parallel/tensor/comm.rs@@s/pub fn f_backward\(&self, dx: &mut \[f32\]\) -> Result<\(\)> \{\n        self.all_reduce\(dx, ReduceOp::Sum\)/pub fn f_backward(&self, _dx: &mut [f32]) -> Result<()> {\n        Ok(())/@@brigade"

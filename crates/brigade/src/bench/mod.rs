@@ -6,7 +6,7 @@ pub mod machine;
 
 use crate::models::{Activations, Gpt, GptConfig};
 use crate::tensor::{matmul_on, Backend};
-use crate::train::optimizer::{clip_grad_norm, AdamW, AdamWConfig};
+use crate::train::optimizer::{clip_factor, grad_norm, AdamW, AdamWConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::Instant;
@@ -121,8 +121,8 @@ pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps
         grads.fill(0.0);
         let (l, n) =
             model.forward_backward(&params, &mut grads, &x, &y, batch, seq, 1.0 / (batch * seq) as f32, &mut acts);
-        clip_grad_norm(&mut grads, 1.0);
-        opt.step(&mut params, &grads, 3e-4);
+        let clip = clip_factor(grad_norm(&grads), 1.0);
+        opt.step(&mut params, &grads, clip, 3e-4);
         let dt = t0.elapsed().as_secs_f64();
         losses.push((l / n as f64) as f32);
         if i >= warmup {

@@ -73,7 +73,10 @@ impl AdamW {
         AdamW { cfg, m: vec![0.0; at], v: vec![0.0; at], t: 0, groups }
     }
 
-    pub fn step(&mut self, params: &mut [f32], grads: &[f32], lr: f32) {
+    /// One AdamW step from `grads · grad_scale`: the clipping factor (`clip_factor`) is applied
+    /// here, as each gradient is read, instead of in a pass of its own over the gradient
+    /// (the same products, so the same bits as scaling first).
+    pub fn step(&mut self, params: &mut [f32], grads: &[f32], grad_scale: f32, lr: f32) {
         self.t += 1;
         let c = self.cfg;
         let bc1 = 1.0 - (c.beta1 as f64).powi(self.t as i32);
@@ -88,8 +91,9 @@ impl AdamW {
                 .zip(self.m[r.clone()].par_chunks_mut(CHUNK).zip(self.v[r.clone()].par_chunks_mut(CHUNK)))
                 .for_each(|((p, g), (m, v))| {
                     for i in 0..p.len() {
-                        m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * g[i];
-                        v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * g[i] * g[i];
+                        let g = g[i] * grad_scale;
+                        m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * g;
+                        v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * g * g;
                         let denom = v[i].sqrt() / bc2_sqrt + c.eps;
                         p[i] = p[i] * shrink - step_size * m[i] / denom;
                     }
@@ -110,20 +114,15 @@ pub fn grad_norm(grads: &[f32]) -> f32 {
     grad_sq_norm(grads).sqrt() as f32
 }
 
-/// Scales `grads` (the whole gradient, or a shard of it) by `max_norm / norm` when the global
-/// `norm` exceeds `max_norm` (0: no clipping), as `torch.nn.utils.clip_grad_norm_` does.
-pub fn clip_to(grads: &mut [f32], norm: f32, max_norm: f32) {
+/// The factor a gradient of global `norm` is scaled by so that its norm is at most
+/// `max_norm` (0: no clipping), as `torch.nn.utils.clip_grad_norm_` computes it: 1 at or
+/// below the threshold, `max_norm / (norm + 1e-6)` above. `AdamW::step` applies it.
+pub fn clip_factor(norm: f32, max_norm: f32) -> f32 {
     if max_norm > 0.0 && norm > max_norm {
-        let s = max_norm / (norm + 1e-6);
-        grads.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|g| *g *= s));
+        max_norm / (norm + 1e-6)
+    } else {
+        1.0
     }
-}
-
-/// Scales `grads` so that their global norm is at most `max_norm`; returns the norm before.
-pub fn clip_grad_norm(grads: &mut [f32], max_norm: f32) -> f32 {
-    let norm = grad_norm(grads);
-    clip_to(grads, norm, max_norm);
-    norm
 }
 
 /// Linear warmup to `max_lr`, then cosine decay to `min_lr` at `total` steps.
@@ -155,20 +154,35 @@ mod tests {
     /// above it scaled by max_norm / (norm + 1e-6).
     #[test]
     fn clipping_follows_torch() {
-        let mut g = vec![3.0f32, 4.0];
-        assert_eq!(clip_grad_norm(&mut g, 0.0), 5.0);
-        assert_eq!(g, [3.0, 4.0], "max_norm 0 turns clipping off");
-        let mut g = vec![1.0f32, 0.0];
-        assert_eq!(clip_grad_norm(&mut g, 1.0), 1.0);
-        assert_eq!(g, [1.0, 0.0], "a norm equal to the threshold is not clipped");
-        let mut g = vec![0.006f32, 0.008];
-        let norm = clip_grad_norm(&mut g, 0.005);
+        assert_eq!(grad_norm(&[3.0, 4.0]), 5.0);
+        assert_eq!(clip_factor(5.0, 0.0), 1.0, "max_norm 0 turns clipping off");
+        assert_eq!(clip_factor(1.0, 1.0), 1.0, "a norm equal to the threshold is not clipped");
+        let norm = grad_norm(&[0.006, 0.008]);
         assert!((norm - 0.01).abs() < 1e-9);
-        let s = 0.005f64 / (norm as f64 + 1e-6);
-        for (got, x) in g.iter().zip([0.006f32, 0.008]) {
-            let want = x as f64 * s;
-            assert!((*got as f64 - want).abs() < 3e-7 * want, "{got} vs {want}");
+        let want = 0.005f64 / (norm as f64 + 1e-6);
+        assert!((clip_factor(norm, 0.005) as f64 - want).abs() < 3e-7 * want);
+    }
+
+    /// The factor applied inside the step gives the bits of a step on the gradient scaled first.
+    #[test]
+    fn a_step_with_the_clip_factor_equals_one_on_clipped_gradients() {
+        let mut layout = ParamLayout::default();
+        layout.add("w", &[7, 5], crate::params::Init::Normal(0.5), true);
+        layout.add("b", &[5], crate::params::Init::Zeros, false);
+        let p0 = layout.init(3);
+        let g: Vec<f32> = (0..layout.total).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173).collect();
+        let s = clip_factor(grad_norm(&g), 0.5);
+        assert!(s < 1.0, "the test gradient is clipped");
+        let scaled: Vec<f32> = g.iter().map(|x| x * s).collect();
+        let (mut a, mut b) = (p0.clone(), p0);
+        let (mut oa, mut ob) =
+            (AdamW::new(AdamWConfig::default(), &layout), AdamW::new(AdamWConfig::default(), &layout));
+        for _ in 0..3 {
+            oa.step(&mut a, &g, s, 1e-2);
+            ob.step(&mut b, &scaled, 1.0, 1e-2);
         }
+        assert_eq!(a, b);
+        assert_eq!((oa.m, oa.v), (ob.m, ob.v));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};
 use super::metrics::{note, StepClock, StepStats};
-use super::optimizer::{clip_to, AdamW, LrSchedule};
+use super::optimizer::{clip_factor, AdamW, LrSchedule};
 use super::pipelined::PipelineStats;
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
@@ -141,20 +141,21 @@ impl Trainer {
         // each stage holds its own layers
         let sq = data::sum_scalar(&self.mesh.pp, sq)?;
         let grad_norm = sq.sqrt() as f32;
-        clip_to(g, grad_norm, self.cfg.grad_clip);
+        // clipping is the factor AdamW applies as it reads each gradient
+        let clip = clip_factor(grad_norm, self.cfg.grad_clip);
         self.trace("clip", "optimizer", step, t0);
         let t0 = Instant::now();
         match self.dpc.zero {
-            0 => self.opt.step(&mut self.params, &self.grads, lr),
+            0 => self.opt.step(&mut self.params, &self.grads, clip, lr),
             1 | 2 => {
                 let mut mine = self.shards.compact(&self.params);
-                self.opt.step(&mut mine, &self.gshard, lr);
+                self.opt.step(&mut mine, &self.gshard, clip, lr);
                 self.trace("adamw", "optimizer", step, t0);
                 let t0 = Instant::now();
                 self.shards.gather(&self.mesh.dp, &mine, &mut self.params)?;
                 self.trace("parameter all-gather (ZeRO)", "comm", step, t0);
             }
-            _ => self.opt.step(&mut self.pshard, &self.gshard, lr),
+            _ => self.opt.step(&mut self.pshard, &self.gshard, clip, lr),
         }
         if self.dpc.zero != 1 && self.dpc.zero != 2 {
             self.trace("adamw", "optimizer", step, t0);
@@ -288,8 +289,8 @@ impl Trainer {
         Ok((loss_sum, count))
     }
 
-    /// The gradient left by the last `accumulate_gradients` (or, after a step, clipped), on a
-    /// rank without ZeRO (with ZeRO it is summed only in this rank's pieces).
+    /// The gradient left by the last `accumulate_gradients` (a step leaves it as it was: the
+    /// clipping factor is applied inside AdamW), on a rank without ZeRO (with ZeRO it is summed only in this rank's pieces).
     pub fn grads(&self) -> &[f32] {
         &self.grads
     }
