@@ -2,7 +2,9 @@
 
 use super::WeightGrads;
 use crate::params::{Init, ParamLayout, View};
-use crate::tensor::matmul;
+use crate::tensor::elementwise::add_column_sums;
+use crate::tensor::{matmul, ROW_CHUNK};
+use rayon::prelude::*;
 
 #[derive(Clone, Debug)]
 pub struct Linear {
@@ -23,9 +25,7 @@ impl Linear {
     pub fn forward(&self, p: &[f32], x: &[f32], out: &mut [f32]) {
         let n = x.len() / self.d_in;
         let bias = self.b.of(p);
-        for row in out.chunks_exact_mut(self.d_out) {
-            row.copy_from_slice(bias);
-        }
+        out.par_chunks_mut(self.d_out).with_min_len(ROW_CHUNK).for_each(|row| row.copy_from_slice(bias));
         matmul(out, x, self.w.of(p), n, self.d_in, self.d_out, false, false, true);
     }
 
@@ -46,12 +46,7 @@ impl Linear {
     ) {
         let n = x.len() / self.d_in;
         dw.add(g, self.w, x, dout, self.d_in, n, self.d_out);
-        let db = self.b.of_mut(g);
-        for row in dout.chunks_exact(self.d_out) {
-            for (b, &d) in db.iter_mut().zip(row) {
-                *b += d;
-            }
-        }
+        add_column_sums(self.b.of_mut(g), dout);
         matmul(dx, dout, self.w.of(p), n, self.d_out, self.d_in, false, true, false);
     }
 }

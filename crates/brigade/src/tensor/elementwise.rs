@@ -60,3 +60,18 @@ pub fn residual_bias_forward(out: &mut [f32], a: &[f32], b: &[f32], bias: &[f32]
         },
     );
 }
+
+/// `acc[j] += Σ_i rows[i, j]` (a bias gradient), the rows added in order for each column, so
+/// the result does not depend on the thread count; threads take blocks of columns.
+pub fn add_column_sums(acc: &mut [f32], rows: &[f32]) {
+    let w = acc.len();
+    assert!(w > 0 && rows.len().is_multiple_of(w));
+    const COLS: usize = 64;
+    acc.par_chunks_mut(COLS).enumerate().for_each(|(blk, a)| {
+        for row in rows.chunks_exact(w) {
+            for (x, &d) in a.iter_mut().zip(&row[blk * COLS..]) {
+                *x += d;
+            }
+        }
+    });
+}

@@ -35,9 +35,24 @@ pub fn layernorm_forward(
 #[inline]
 pub fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
     let c = x.len() as f64;
-    let mu = x.iter().map(|&v| v as f64).sum::<f64>() / c;
-    let var = x.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / c;
+    let mu = sum8(x, |v| v as f64) / c;
+    let var = sum8(x, |v| (v as f64 - mu).powi(2)) / c;
     (mu as f32, (1.0 / (var + eps as f64).sqrt()) as f32)
+}
+
+/// `Σ f(x[i])` in f64 over 8 lanes (LLVM keeps an in-order float sum scalar), the lanes then
+/// the tail added in a fixed order: the same rounding on every call.
+#[inline(always)]
+fn sum8(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut s = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for ch in chunks {
+        for k in 0..8 {
+            s[k] += f(ch[k]);
+        }
+    }
+    s.iter().sum::<f64>() + tail
 }
 
 /// LayerNorm of one row in place, keeping no statistics (inference).
@@ -75,18 +90,26 @@ pub fn layernorm_backward(
             for (r, ((dx, d), x)) in dxb.chunks_mut(c).zip(db_.chunks(c)).zip(xb.chunks(c)).enumerate() {
                 let row = blk * ROW_CHUNK + r;
                 let (mu, rs) = (mean[row], rstd[row]);
-                let mut sum_g = 0f32;
-                let mut sum_gx = 0f32;
-                for j in 0..c {
+                // the row sums over 8 lanes (vectorised), the lanes then the tail in order
+                let (mut sum_g, mut sum_gx) = ([0f32; 9], [0f32; 9]);
+                let mut each = |j: usize, lane: usize| {
                     let xhat = (x[j] - mu) * rs;
                     let g = d[j] * w[j];
-                    sum_g += g;
-                    sum_gx += g * xhat;
+                    sum_g[lane] += g;
+                    sum_gx[lane] += g * xhat;
                     pw[j] += d[j] * xhat;
                     pb[j] += d[j];
+                };
+                for j0 in (0..c / 8 * 8).step_by(8) {
+                    for k in 0..8 {
+                        each(j0 + k, k);
+                    }
                 }
-                let mg = sum_g / c as f32;
-                let mgx = sum_gx / c as f32;
+                for j in c / 8 * 8..c {
+                    each(j, 8);
+                }
+                let mg = sum_g.iter().sum::<f32>() / c as f32;
+                let mgx = sum_gx.iter().sum::<f32>() / c as f32;
                 for j in 0..c {
                     let xhat = (x[j] - mu) * rs;
                     dx[j] += rs * (d[j] * w[j] - mg - xhat * mgx);

@@ -81,11 +81,6 @@ impl RowParallelLinear {
     /// Accumulates the bias gradient from this rank's rows of the output gradient (all rows,
     /// or under sequence parallelism a block, summed over the group later).
     pub fn bias_backward(&self, g: &mut [f32], drows: &[f32]) {
-        let db = self.b.of_mut(g);
-        for row in drows.chunks_exact(self.d_out) {
-            for (b, &d) in db.iter_mut().zip(row) {
-                *b += d;
-            }
-        }
+        crate::tensor::elementwise::add_column_sums(self.b.of_mut(g), drows);
     }
 }
