@@ -1,5 +1,6 @@
 //! LayerNorm over the last dimension.
 
+use super::math::sum8_f64;
 use super::ROW_CHUNK;
 use rayon::prelude::*;
 
@@ -35,24 +36,9 @@ pub fn layernorm_forward(
 #[inline]
 pub fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
     let c = x.len() as f64;
-    let mu = sum8(x, |v| v as f64) / c;
-    let var = sum8(x, |v| (v as f64 - mu).powi(2)) / c;
+    let mu = sum8_f64(x, |v| v as f64) / c;
+    let var = sum8_f64(x, |v| (v as f64 - mu).powi(2)) / c;
     (mu as f32, (1.0 / (var + eps as f64).sqrt()) as f32)
-}
-
-/// `Σ f(x[i])` in f64 over 8 lanes (LLVM keeps an in-order float sum scalar), the lanes then
-/// the tail added in a fixed order: the same rounding on every call.
-#[inline(always)]
-fn sum8(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut s = [0f64; 8];
-    let chunks = x.chunks_exact(8);
-    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
-    for ch in chunks {
-        for k in 0..8 {
-            s[k] += f(ch[k]);
-        }
-    }
-    s.iter().sum::<f64>() + tail
 }
 
 /// LayerNorm of one row in place, keeping no statistics (inference).

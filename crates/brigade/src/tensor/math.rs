@@ -71,6 +71,21 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s.iter().sum::<f32>() + tail
 }
 
+/// `Σ f(x[i])` in f64 over 8 lanes (LLVM keeps an in-order float sum scalar), the lanes then
+/// the tail added in a fixed order: the same rounding on every call.
+#[inline(always)]
+pub fn sum8_f64(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut s = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for ch in chunks {
+        for k in 0..8 {
+            s[k] += f(ch[k]);
+        }
+    }
+    s.iter().sum::<f64>() + tail
+}
+
 /// `tanh(x)` via `exp`, accurate to a few ulp of 1 (enough for GELU, whose output is
 /// dominated by the `0.5·x` term where tanh is small).
 #[inline(always)]
