@@ -227,9 +227,13 @@ thread_local! {
 /// 128×3072×768 53 / 101 / 150; strides that are not such multiples (k = 2304, 1152, 1500) ran
 /// as fast as the row-major layout, and there the copy only cost. The copy reads and writes
 /// `k·n` floats once (≈ 1.6 ms for 3072 × 768 on 2 threads) against the product's `2·m·k·n`
-/// flops, so it pays from tens of rows up; decoding's few rows never take it.
+/// flops, so it pays from tens of rows up; decoding's few rows never take it. The copy stays
+/// in a buffer of the calling thread (one per rank thread), so operands past `MAX_COPY` floats
+/// (16 MiB), beyond the shapes measured — a tied LM head of width 1024 would hold 206 MB per
+/// thread — are left as they are.
 fn wants_row_major_b(bm: Mat, m: usize) -> bool {
-    bm.rs == 1 && bm.cs.is_multiple_of(512) && m >= 64
+    const MAX_COPY: usize = 4 << 20;
+    bm.rs == 1 && bm.cs.is_multiple_of(512) && m >= 64 && bm.rows * bm.cols <= MAX_COPY
 }
 
 /// `out = b` as a dense row-major `b.rows × b.cols` matrix, for a `b` stored column by column
@@ -243,7 +247,6 @@ fn transpose_into(out: &mut Vec<f32>, b: &[f32], bm: Mat, parallel: bool) {
     let (k, n, cs) = (bm.rows, bm.cols, bm.cs);
     // Every element is written below, so a reused buffer needs no clearing.
     out.resize(k * n, 0.0);
-    out.truncate(k * n);
     let rows = |(t, block): (usize, &mut [f32])| {
         let r0 = t * ROWS;
         let nr = block.len() / n;
@@ -396,6 +399,8 @@ mod tests {
     /// same product on a row-major b, and agrees with the f64 reference.
     #[test]
     fn gemm_crate_with_a_copied_b_gives_the_row_major_products_bits() {
+        let lm_head_1024 = Mat { rows: 1024, cols: 50257, rs: 1, cs: 1024 };
+        assert!(!wants_row_major_b(lm_head_1024, 1024), "no 206 MB copy held per thread");
         for &(m, k, n, cs) in &[(64, 512, 24, 512), (100, 1024, 37, 1024), (70, 300, 21, 1536), (63, 512, 8, 512)] {
             let a = values(m * k, 1);
             let b = values(cs * n, 2);
