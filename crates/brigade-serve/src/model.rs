@@ -20,7 +20,7 @@
 
 use crate::kv::KvCache;
 use brigade::models::Gpt;
-use brigade::parallel::tensor::Split;
+use brigade::params::Split;
 use brigade::tensor::rowwise::{matmul_rows, Packed};
 use brigade_comm::Comm;
 use rayon::prelude::*;

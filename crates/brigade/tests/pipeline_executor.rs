@@ -2,10 +2,10 @@
 //! loss and gradients, summed over the micro-batches.
 
 use brigade::models::{Activations, Gpt, GptConfig};
+use brigade::nn::tp::Tp;
 use brigade::parallel::pipeline::executor::{run_step, Chunk, MicroBatches};
 use brigade::parallel::pipeline::partition::partition;
 use brigade::parallel::pipeline::{build, Kind};
-use brigade::parallel::tensor::Tp;
 use brigade::parallel::Recompute;
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {

@@ -4,7 +4,7 @@
 
 use brigade::models::units::Whole;
 use brigade::models::{Activations, Gpt, GptConfig, Input, Output};
-use brigade::parallel::tensor::Tp;
+use brigade::nn::tp::Tp;
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();

@@ -3,8 +3,8 @@
 
 use super::config::GptConfig;
 use crate::error::Result;
+use crate::nn::tp::Tp;
 use crate::nn::{ensure, AttnStash, CausalSelfAttention, LayerNorm, LnStash, Mlp, MlpStash, WeightGrads};
-use crate::parallel::tensor::Tp;
 use crate::params::ParamLayout;
 use crate::tensor::elementwise::residual_bias_forward;
 

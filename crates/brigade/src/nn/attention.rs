@@ -3,7 +3,7 @@
 //! heads), `c_proj` row-parallel (each rank's heads give a partial output, summed by `g`).
 
 use super::{ensure, WeightGrads};
-use crate::parallel::tensor::{ColumnParallelLinear, RowParallelLinear};
+use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
 

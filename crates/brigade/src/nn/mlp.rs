@@ -3,7 +3,7 @@
 //! each rank's block of the hidden units with no communication between the two.
 
 use super::{ensure, WeightGrads};
-use crate::parallel::tensor::{ColumnParallelLinear, RowParallelLinear};
+use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::elementwise::{gelu_backward, gelu_forward};
 

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod layernorm;
 pub mod linear;
 pub mod mlp;
+pub mod tp;
 pub mod wgrad;
 
 pub use attention::{AttnStash, CausalSelfAttention};

@@ -1,11 +1,10 @@
-//! Parallel training: the device mesh, data parallelism with ZeRO (`data`), tensor and
-//! sequence parallelism (`tensor`), and pipeline parallelism with schedules as data
-//! (`pipeline`).
+//! What spans ranks in training: the device mesh, data parallelism with ZeRO (`data`), and
+//! pipeline parallelism with schedules as data (`pipeline`). Tensor and sequence parallelism
+//! live inside the layers (`nn::tp`).
 
 pub mod data;
 pub mod mesh;
 pub mod pipeline;
-pub mod tensor;
 
 pub use mesh::{Coords, Mesh, MeshShape};
 

@@ -112,6 +112,14 @@ pub fn erf(x: f32) -> f32 {
     x * p / q
 }
 
+/// Squared L2 norm of a gradient (or of one shard of it), accumulated in f64 over chunks of
+/// 2^14 in a fixed order (the same sum for any thread count).
+pub fn grad_sq_norm(grads: &[f32]) -> f64 {
+    use rayon::prelude::*;
+    let parts: Vec<f64> = grads.par_chunks(1 << 14).map(|c| sum8_f64(c, |g| g as f64 * g as f64)).collect();
+    parts.iter().sum::<f64>()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -102,12 +102,7 @@ impl AdamW {
     }
 }
 
-/// Squared L2 norm of a gradient (or of one shard of it), accumulated in f64 in fixed chunk order.
-pub fn grad_sq_norm(grads: &[f32]) -> f64 {
-    let parts: Vec<f64> =
-        grads.par_chunks(CHUNK).map(|c| crate::tensor::math::sum8_f64(c, |g| g as f64 * g as f64)).collect();
-    parts.iter().sum::<f64>()
-}
+pub use crate::tensor::math::grad_sq_norm;
 
 /// Global L2 norm of the gradient.
 pub fn grad_norm(grads: &[f32]) -> f32 {

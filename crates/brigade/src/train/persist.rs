@@ -8,7 +8,7 @@ use super::metrics::StepStats;
 use super::state::{Fingerprints, RunState};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
-use crate::parallel::tensor::state::gather_full;
+use crate::nn::tp::state::gather_full;
 use crate::parallel::{Mesh, Settings};
 use std::collections::HashMap;
 use std::path::Path;

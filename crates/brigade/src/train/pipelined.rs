@@ -6,10 +6,10 @@
 use super::metrics::note;
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
+use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::{self, zero::UnitReducer};
 use crate::parallel::pipeline::executor::{run_step_with, MicroBatches};
 use crate::parallel::pipeline::Action;
-use crate::parallel::tensor::{state as tp_state, Tp};
 use brigade_comm::ReduceOp;
 use std::time::Instant;
 

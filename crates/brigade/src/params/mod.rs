@@ -8,7 +8,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 
-pub use crate::parallel::tensor::shard::Split;
+pub mod split;
+pub use split::Split;
 
 /// Where a parameter lives in the flat buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -24,7 +24,7 @@ pub fn gather_full(tp: &Comm, layout: &ParamLayout, local: &[f32]) -> Result<Vec
 /// hold parameters cut across the group and `replicated` parameters every rank holds: the cut
 /// ones' squares summed over the group, the replicated ones (equal on every rank) counted once.
 pub fn grad_sq_norm(tp: &Tp, g: &[f32], cut: &[Range<usize>], replicated: &[Range<usize>]) -> Result<f64> {
-    let sq = |rs: &[Range<usize>]| rs.iter().map(|r| crate::train::optimizer::grad_sq_norm(&g[r.clone()])).sum::<f64>();
+    let sq = |rs: &[Range<usize>]| rs.iter().map(|r| crate::tensor::math::grad_sq_norm(&g[r.clone()])).sum::<f64>();
     if tp.size() == 1 {
         return Ok(sq(cut) + sq(replicated));
     }
