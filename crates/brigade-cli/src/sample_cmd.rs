@@ -1,7 +1,7 @@
 use anyhow::{bail, Result};
+use brigade::models::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
+use brigade::models::tokenizer::Tokenizer;
 use brigade::models::{generate, SampleOptions};
-use brigade::train::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
-use brigade::train::data::Tokenizer;
 use brigade::train::evaluate::solve_addition;
 use brigade::train::trainer::saved_config;
 use clap::Args;

@@ -30,7 +30,7 @@ fn check_trace_path(path: &std::path::Path) -> Result<()> {
     if !parent.is_dir() {
         bail!("--trace {}: the directory {} does not exist", path.display(), parent.display());
     }
-    brigade::train::checkpoint::check_writable_dir(parent).with_context(|| format!("--trace {}", path.display()))?;
+    brigade::models::checkpoint::check_writable_dir(parent).with_context(|| format!("--trace {}", path.display()))?;
     if path.exists() && std::fs::OpenOptions::new().append(true).open(path).is_err() {
         bail!("--trace {}: the file exists and is not writable", path.display());
     }
@@ -68,7 +68,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let (shape, dpc) = parse_layout(&a)?;
     // where checkpoints go: --out, or back into the --resume directory
     if let Some(dir) = a.out.as_ref().or(a.resume.as_ref()) {
-        brigade::train::checkpoint::check_output_dir(dir)?;
+        brigade::models::checkpoint::check_output_dir(dir)?;
     }
     if let Some(path) = &a.trace {
         check_trace_path(path)?;

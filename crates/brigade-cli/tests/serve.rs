@@ -135,7 +135,7 @@ fn ids(v: &Value) -> Vec<u32> {
 async fn completions_are_the_tokenizers_text_whole_or_streamed() {
     let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
     s.wait_ready().await;
-    let tok = brigade::train::data::Tokenizer::from_file(&fixture_tokenizer()).unwrap();
+    let tok = brigade::models::tokenizer::Tokenizer::from_file(&fixture_tokenizer()).unwrap();
     let prompt = "Data parallelism: every worker — naïve or not — 🚀";
     // seeded sampling at temperature 1.2 wanders over the vocabulary, byte tokens included
     let mut invalid = 0;
@@ -214,7 +214,7 @@ async fn completions_are_the_tokenizers_text_whole_or_streamed() {
 async fn stop_strings_n_and_seeds() {
     let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
     s.wait_ready().await;
-    let tok = brigade::train::data::Tokenizer::from_file(&fixture_tokenizer()).unwrap();
+    let tok = brigade::models::tokenizer::Tokenizer::from_file(&fixture_tokenizer()).unwrap();
     let base = json!({"prompt": ["The mesh", "A pipeline"], "max_tokens": 25, "temperature": 1.0, "seed": 5, "n": 3, "return_token_ids": true});
     let (st, r) = s.post(base.clone()).await;
     assert_eq!(st, 200, "{r}");

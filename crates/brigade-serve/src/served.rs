@@ -3,9 +3,9 @@
 //! tokenizer that goes with it.
 
 use anyhow::{bail, Context, Result};
+use brigade::models::checkpoint::{load_model, read_model_config, trained_with_tokenizer_file, TOKENIZER_FILE};
+use brigade::models::tokenizer::Tokenizer;
 use brigade::models::{Gpt, GptConfig};
-use brigade::train::checkpoint::{load_model, read_model_config, STATE_FILE, TOKENIZER_FILE};
-use brigade::train::data::Tokenizer;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug)]
@@ -79,15 +79,12 @@ fn tokenizer_of(dir: &Path, vocab: usize) -> Result<Option<Tokenizer>> {
         }
         return Ok(Some(t));
     }
-    if dir.join(STATE_FILE).exists() {
-        let cfg = brigade::train::trainer::saved_config(dir).context("reading the checkpoint's training state")?;
-        if cfg.tokenizer.is_some() {
-            bail!(
-                "{} is missing: this checkpoint was trained with a Hugging Face tokenizer; copy that tokenizer.json into the checkpoint directory",
-                path.display()
-            );
-        }
-        return Ok(Some(Tokenizer::Bytes));
+    match trained_with_tokenizer_file(dir).context("reading the checkpoint's training state")? {
+        Some(true) => bail!(
+            "{} is missing: this checkpoint was trained with a Hugging Face tokenizer; copy that tokenizer.json into the checkpoint directory",
+            path.display()
+        ),
+        Some(false) => Ok(Some(Tokenizer::Bytes)),
+        None => Ok(None),
     }
-    Ok(None)
 }

@@ -43,7 +43,7 @@ pub struct ServeOptions {
 /// The loaded model, as handlers see it.
 struct Loaded {
     engine: EngineHandle,
-    tokenizer: Option<brigade::train::data::Tokenizer>,
+    tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
     eos: Option<u32>,
     context: usize,
     vocab: usize,

@@ -3,7 +3,7 @@
 //! its end could be the start of a stop string — and generation stops at the first stop
 //! string, which is not part of the text (OpenAI's `stop`).
 
-use brigade::train::data::Tokenizer;
+use brigade::models::tokenizer::Tokenizer;
 
 pub struct Detok<'a> {
     /// `None`: the model has no tokenizer; text stays empty (clients read token ids).

@@ -4,8 +4,8 @@
 //! with ragged ignored targets. From the same weights and batches, brigade's trainer must give
 //! the same learning rate, gradient norm, loss and weights after every one of six steps.
 
+use brigade::models::checkpoint::load_model;
 use brigade::tensor::loss::IGNORE;
-use brigade::train::checkpoint::load_model;
 use brigade::train::optimizer::AdamWConfig;
 use brigade::train::{TrainConfig, Trainer};
 use safetensors::SafeTensors;

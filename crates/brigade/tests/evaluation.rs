@@ -2,8 +2,8 @@
 //! accuracy of the README's addition checkpoint, a text run's validation loss against one
 //! direct forward pass, the prompt it samples from, and the settings a checkpoint records.
 
+use brigade::models::checkpoint::load_model;
 use brigade::models::Activations;
-use brigade::train::checkpoint::load_model;
 use brigade::train::trainer::saved_config;
 use brigade::train::{EvalReport, TrainConfig, Trainer};
 use std::path::Path;

@@ -1,8 +1,8 @@
 //! Generation: the last-position path (`forward_last`, used by `sample` and the evaluation)
 //! against the full forward, and a trained addition checkpoint answering as the README says.
 
+use brigade::models::checkpoint::load_model;
 use brigade::models::{Activations, Gpt, GptConfig};
-use brigade::train::checkpoint::load_model;
 use brigade::train::evaluate::solve_addition;
 use brigade::train::trainer::saved_config;
 use rand::{Rng, SeedableRng};

@@ -1,9 +1,9 @@
 //! brigade's GPT-2 against Hugging Face `transformers` (fixture made by
 //! scripts/make_gpt2_fixture.py): same weights, same input → same logits, loss and gradients.
 
+use brigade::models::checkpoint::load_model;
 use brigade::models::Activations;
 use brigade::tensor::loss::IGNORE;
-use brigade::train::checkpoint::load_model;
 use safetensors::SafeTensors;
 use std::path::Path;
 

@@ -69,7 +69,7 @@ fn failed_checkpoint_write_keeps_the_previous_one() {
     tr.train_step().unwrap();
     tr.save(&ck).unwrap();
     let before = std::fs::read(ck.join("model.safetensors")).unwrap();
-    let err = brigade::train::checkpoint::write_atomically(&ck, |tmp| {
+    let err = brigade::models::checkpoint::write_atomically(&ck, |tmp| {
         std::fs::write(tmp.join("model.safetensors"), b"half").unwrap();
         Err(brigade::Error::Train("simulated crash".into()))
     });
@@ -86,7 +86,7 @@ fn checkpoint_round_trips_weights_exactly() {
     let mut tr = Trainer::new(cfg(None)).unwrap();
     tr.train_step().unwrap();
     tr.save(&ck).unwrap();
-    let (model, params) = brigade::train::checkpoint::load_model(&ck).unwrap();
+    let (model, params) = brigade::models::checkpoint::load_model(&ck).unwrap();
     assert_eq!(model.cfg, tr.model.cfg);
     assert_eq!(bits(&params), bits(&tr.params));
 }

@@ -1,8 +1,10 @@
 pub mod bert;
 pub mod block;
+pub mod checkpoint;
 pub mod config;
 pub mod generate;
 pub mod gpt;
+pub mod tokenizer;
 pub mod units;
 pub use generate::{generate, SampleOptions};
 pub use gpt::{Activations, Gpt, GptConfig, Input, Output, PRESETS};

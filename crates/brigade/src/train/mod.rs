@@ -1,7 +1,6 @@
 //! Single-worker training: data, optimizer, schedule, checkpoints and the loop.
 
 pub mod addition;
-pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod diagnose;

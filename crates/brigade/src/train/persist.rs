@@ -1,13 +1,13 @@
 //! A trainer's checkpoint: written from any layout as the full model (ZeRO shards gathered),
 //! and resumed under any layout after everything the checkpoint says is cross-checked.
 
-use super::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use super::config::TrainConfig;
 use super::data::{Dataset, Fingerprint, Tokenizer};
 use super::metrics::StepStats;
 use super::state::{Fingerprints, RunState};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
+use crate::models::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use crate::nn::tp::state::gather_full;
 use crate::parallel::{Mesh, Settings};
 use std::collections::HashMap;

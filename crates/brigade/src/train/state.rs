@@ -2,10 +2,10 @@
 //! the files it reads), parsed and cross-checked as one value, so that a contradictory or
 //! foreign file is refused before anything is built from it.
 
-use super::checkpoint::STATE_FILE;
 use super::config::TrainConfig;
 use super::data::Fingerprint;
 use crate::error::{Error, Result};
+use crate::models::checkpoint::STATE_FILE;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

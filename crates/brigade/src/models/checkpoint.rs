@@ -316,3 +316,21 @@ pub fn write_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> R
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
 }
+
+/// Whether the run that wrote brigade checkpoint `dir` tokenized with a Hugging Face
+/// `tokenizer.json` (its `trainer_state.json` names one) rather than bytes; `None` when `dir`
+/// holds no trainer state (a Hugging Face folder). Serving needs only this of the trainer's
+/// state.
+pub fn trained_with_tokenizer_file(dir: &Path) -> Result<Option<bool>> {
+    let path = dir.join(STATE_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::ckpt(&path, format!("not valid JSON: {e}")))?;
+    match v.get("config").and_then(|c| c.get("tokenizer")) {
+        Some(t) => Ok(Some(!t.is_null())),
+        None => Err(Error::ckpt(&path, "has no config.tokenizer entry; it was not written by brigade train")),
+    }
+}
