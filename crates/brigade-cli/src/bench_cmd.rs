@@ -244,10 +244,10 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             }
             let mut parsed = Vec::new();
             for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
-                let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
-                let (shape, settings) = brigade::parallel::training_layout(l, bucket)?;
-                crate::check_threads(shape.world() * threads, &format!("layout '{l}': ranks × --threads"))?;
-                parsed.push((l.to_string(), shape, settings));
+                let layout = brigade::layout::Layout::parse(l)?;
+                layout.check_training()?;
+                crate::check_threads(layout.world() * threads, &format!("layout '{l}': ranks × --threads"))?;
+                parsed.push((l.to_string(), layout));
             }
             if parsed.is_empty() {
                 bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");
@@ -275,10 +275,11 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 );
             }
             let mut rows = Vec::new();
-            for (l, shape, dpc) in parsed {
+            let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
+            for (l, layout) in parsed {
                 let cfg =
-                    brigade::train::TrainConfig { batch: if weak { batch * shape.dp } else { batch }, ..cfg.clone() };
-                let r = brigade::bench::parallel_step(cfg, shape, dpc, threads, warmup, steps)?;
+                    brigade::train::TrainConfig { batch: if weak { batch * layout.dp } else { batch }, ..cfg.clone() };
+                let r = brigade::bench::parallel_step(cfg, &layout, bucket, threads, warmup, steps)?;
                 let speedup = r.tokens_per_s / *base.get_or_insert(r.tokens_per_s);
                 if json {
                     rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,

@@ -21,13 +21,11 @@ pub fn run(
         bail!("--steps must be at least 1");
     }
     let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
-    let (shape, mut settings) = brigade::parallel::training_layout(layout, bucket)?;
-    crate::check_threads(shape.world() * threads, &format!("layout '{layout}': ranks × --threads"))?;
-    let mb = settings.micro_batch.or(micro_batch).unwrap_or(batch / shape.dp).max(1);
-    settings.micro_batch = Some(mb);
-    if !batch.is_multiple_of(shape.dp * mb) {
-        bail!("--batch {batch} does not split into dp={} replicas of micro-batches of {mb}", shape.dp);
-    }
+    let mut l = brigade::layout::Layout::parse(layout)?;
+    l.check_training()?;
+    crate::check_threads(l.world() * threads, &format!("layout '{layout}': ranks × --threads"))?;
+    let mb = l.micro_batch(batch, micro_batch)?;
+    l.mb = Some(mb);
     let cfg = crate::plan_cmd::step_shape(model, mb, seq, threads)?;
     // the groups' all-reduces first: rayon's workers spin for a while after compute and would
     // steal the cores the rank threads' barriers spin on
@@ -37,13 +35,13 @@ pub fn run(
             n => brigade::bench::machine::measure_collectives(n)?,
         })
     };
-    let (tp_coll, dp_coll) = (group(shape.tp)?, group(shape.dp)?);
-    let machine = brigade::with_threads(threads, || brigade::bench::machine::measure(&cfg, mb, seq, shape.tp))?;
+    let (tp_coll, dp_coll) = (group(l.tp)?, group(l.dp)?);
+    let machine = brigade::with_threads(threads, || brigade::bench::machine::measure(&cfg, mb, seq, l.tp))?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let run = LocalRun { shape, settings, batch, micro_batch: mb, seq, threads, cores };
+    let run = LocalRun { layout: l, bucket_elems: bucket, batch, micro_batch: mb, seq, threads, cores };
     let p = brigade::plan::local::predict_parallel(&cfg, &run, &machine, &tp_coll, &dp_coll)?;
     let (train, dir) = crate::bench_cmd::text_run(model, seq, batch, Some(mb), steps + 2)?;
-    let r = brigade::bench::parallel_step(train, shape, settings, threads, 1, steps);
+    let r = brigade::bench::parallel_step(train, &l, bucket, threads, 1, steps);
     let _ = std::fs::remove_dir_all(&dir);
     let r = r?;
     let ratio = p.step_s / r.step_s_median;

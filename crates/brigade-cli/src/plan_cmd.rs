@@ -1,9 +1,10 @@
 //! `brigade plan`: predicts the cost of 3D layouts of a model on a cluster and picks the best.
 
 use anyhow::{bail, Result};
+use brigade::layout::{Layout, Recompute, Spec};
 use brigade::models::gpt::MAX_DIM;
 use brigade::plan::catalog::{accelerator, model, ModelShape};
-use brigade::plan::{estimate, search, Estimate, Fixed, Layout, Recompute, Training};
+use brigade::plan::{estimate, search, Estimate, Training};
 use clap::Args;
 
 #[derive(Args, Debug)]
@@ -156,7 +157,7 @@ fn layout_json(e: &Estimate) -> serde_json::Value {
     let l = e.layout;
     serde_json::json!({
         "tp": l.tp, "pp": l.pp, "dp": l.dp, "mb": l.mb, "v": l.v, "recompute": l.recompute, "zero": l.zero,
-        "schedule": l.schedule(),
+        "schedule": l.schedule_name(),
         "step_time_s": e.step_time_s, "model_tflops_per_gpu": e.model_tflops_per_gpu,
         "hw_tflops_per_gpu": e.hw_tflops_per_gpu, "mfu": e.mfu, "memory_gib_per_gpu": e.memory_gib_per_gpu,
         "fits": e.fits, "breakdown": e.breakdown,
@@ -270,8 +271,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
         }
     }
     let fixed = match &a.layout {
-        Some(s) => Fixed::parse(s)?,
-        None => Fixed::default(),
+        Some(s) => Spec::parse(s)?,
+        None => Spec::default(),
     };
     let product = fixed.tp.unwrap_or(1) * fixed.pp.unwrap_or(1) * fixed.dp.unwrap_or(1);
     if !gpus.is_multiple_of(product)
@@ -287,12 +288,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let tokens_per_step = (global_batch * m.seq) as f64;
     let train_s = a.tokens.map(|n| best.step_time_s * n / tokens_per_step);
     // The same job on one GPU: gradient accumulation of micro-batches of 1, full recompute.
-    let one = estimate(
-        &m,
-        &acc,
-        &t,
-        &Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::Full, zero: 0, gpipe: false, zb: false },
-    );
+    let one = estimate(&m, &acc, &t, &Layout { mb: Some(1), recompute: Recompute::Full, ..Layout::default() });
     let one_train_s = a.tokens.map(|n| one.step_time_s * n / tokens_per_step);
     if a.json {
         let v = serde_json::json!({
@@ -347,9 +343,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
             l.tp,
             l.pp,
             l.dp,
-            l.mb,
+            l.mb.map_or("-".to_string(), |m| m.to_string()),
             l.v,
-            l.schedule(),
+            l.schedule_name(),
             format!("{:?}", l.recompute).to_lowercase(),
             l.zero,
             e.step_time_s,

@@ -1,7 +1,6 @@
 pub use crate::train_args::TrainArgs;
 use anyhow::{bail, Context, Result};
-use brigade::parallel::MeshShape;
-use brigade::parallel::Settings;
+use brigade::layout::Layout;
 use brigade::train::{EvalReport, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -48,13 +47,19 @@ fn interrupt_flag() -> Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
-/// The mesh shape and data-parallel settings of `--layout`, checked before any rank starts.
-fn parse_layout(a: &TrainArgs) -> Result<(MeshShape, Settings)> {
+/// `--layout`, checked before any rank starts.
+fn parse_layout(a: &TrainArgs) -> Result<Layout> {
+    let layout = Layout::parse(a.layout.as_deref().unwrap_or(""))?;
+    layout.check_training()?;
+    Ok(layout)
+}
+
+/// `--bucket-mb` in gradient elements.
+fn bucket_elems(a: &TrainArgs) -> Result<usize> {
     if !(a.bucket_mb.is_finite() && a.bucket_mb > 0.0 && a.bucket_mb <= 1e6) {
         bail!("--bucket-mb must be a positive size in MB (at most 1e6), got {}", a.bucket_mb);
     }
-    let bucket_elems = ((a.bucket_mb * 1e6 / 4.0) as usize).max(1);
-    Ok(brigade::parallel::training_layout(a.layout.as_deref().unwrap_or(""), bucket_elems)?)
+    Ok(((a.bucket_mb * 1e6 / 4.0) as usize).max(1))
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
@@ -65,7 +70,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if a.save_every.is_some() && a.out.is_none() {
         bail!("--save-every needs --out DIR to write checkpoints to");
     }
-    let (shape, dpc) = parse_layout(&a)?;
+    let layout = parse_layout(&a)?;
+    bucket_elems(&a)?;
     // where checkpoints go: --out, or back into the --resume directory
     if let Some(dir) = a.out.as_ref().or(a.resume.as_ref()) {
         brigade::models::checkpoint::check_output_dir(dir)?;
@@ -83,15 +89,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let stop = interrupt_flag()?;
     match a.backend.as_str() {
         "local" => {
-            let world = shape.world();
+            let world = layout.world();
             crate::check_threads(world, "the layout's rank count")?;
             crate::check_threads(world * a.threads, "ranks × --threads")?;
             if world == 1 {
-                return run_rank(brigade_comm::local::solo(), shape, dpc, cfg, &a, &stop);
+                return run_rank(brigade_comm::local::solo(), &layout, cfg, &a, &stop);
             }
-            brigade_comm::local::run(world, |comm| run_rank(comm, shape, dpc, cfg.clone(), &a, &stop))
-                .map(|_| ())
-                .map_err(|e| {
+            brigade_comm::local::run(world, |comm| run_rank(comm, &layout, cfg.clone(), &a, &stop)).map(|_| ()).map_err(
+                |e| {
                     // every rank refuses a bad setting alike: say it once
                     let first = e.failures[0].1.clone();
                     if first.starts_with("interrupted") {
@@ -101,30 +106,31 @@ pub fn run(a: TrainArgs) -> Result<()> {
                     } else {
                         anyhow::anyhow!("{e}")
                     }
-                })
+                },
+            )
         }
-        "mpi" => run_mpi(shape, dpc, cfg, &a, &stop),
+        "mpi" => run_mpi(&layout, cfg, &a, &stop),
         other => bail!("unknown --backend '{other}'; use local or mpi"),
     }
 }
 
 #[cfg(feature = "mpi")]
-fn run_mpi(shape: MeshShape, dpc: Settings, cfg: Option<TrainConfig>, a: &TrainArgs, stop: &AtomicBool) -> Result<()> {
+fn run_mpi(layout: &Layout, cfg: Option<TrainConfig>, a: &TrainArgs, stop: &AtomicBool) -> Result<()> {
     if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_SIZE").is_none() {
         bail!(
             "--backend mpi needs to be started by mpirun or srun (e.g. mpirun -n {} brigade train --backend mpi …)",
-            shape.world()
+            layout.world()
         );
     }
     let world = brigade_comm::Comm::new(Box::new(brigade_comm::mpi::world(std::time::Duration::from_secs(300))?));
-    shape.check_world(world.size())?;
-    let r = run_rank(world, shape, dpc, cfg, a, stop);
+    layout.check_world(world.size())?;
+    let r = run_rank(world, layout, cfg, a, stop);
     brigade_comm::mpi::finalize();
     r
 }
 
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_: MeshShape, _: Settings, _: Option<TrainConfig>, _: &TrainArgs, _: &AtomicBool) -> Result<()> {
+fn run_mpi(_: &Layout, _: Option<TrainConfig>, _: &TrainArgs, _: &AtomicBool) -> Result<()> {
     bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and start it under mpirun")
 }
 
@@ -132,8 +138,7 @@ fn run_mpi(_: MeshShape, _: Settings, _: Option<TrainConfig>, _: &TrainArgs, _: 
 /// and writes the files.
 fn run_rank(
     world: brigade_comm::Comm,
-    shape: MeshShape,
-    dpc: Settings,
+    layout: &Layout,
     cfg: Option<TrainConfig>,
     a: &TrainArgs,
     stop: &AtomicBool,
@@ -141,15 +146,16 @@ fn run_rank(
     let lead = world.rank() == 0;
     let mut tr = match (&a.resume, cfg) {
         (Some(dir), _) => {
-            let tr = Trainer::resume_on_world(dir, a.steps, &world, shape, dpc)?;
+            let tr = Trainer::resume_on_world(dir, a.steps, &world, layout)?;
             if lead {
                 eprintln!("resuming {} at step {} of {}", dir.display(), tr.step, tr.cfg.steps);
             }
             tr
         }
-        (None, Some(cfg)) => Trainer::on_world(cfg, &world, shape, dpc)?,
+        (None, Some(cfg)) => Trainer::on_world(cfg, &world, layout)?,
         (None, None) => unreachable!("a config without --resume"),
     };
+    tr.set_bucket_elems(bucket_elems(a)?)?;
     if a.trace.is_some() {
         // every rank records its track; their clocks start together
         world.barrier()?;
@@ -163,7 +169,12 @@ fn run_rank(
 /// a backward 2, transfers free).
 fn print_schedule(a: &TrainArgs) -> Result<()> {
     let cfg = a.config()?;
-    let plan = brigade::parallel::pipeline_plan(a.layout.as_deref().unwrap_or(""), cfg.batch, cfg.micro_batch)?;
+    let l = parse_layout(a)?;
+    if l.pp < 2 {
+        bail!("'{l}' has no pipeline to schedule; give pp=2 or more");
+    }
+    let mb = l.micro_batch(cfg.batch, cfg.micro_batch)?;
+    let plan = brigade::parallel::pipeline::build(l.schedule, l.pp, l.micro_batches(cfg.batch, mb), l.v)?;
     outln!("{}", brigade::parallel::pipeline::chart(&plan).trim_end());
     let unit = brigade::parallel::pipeline::Costs::per_chunk(plan.v);
     let r = brigade::parallel::pipeline::simulate(&plan, &unit)

@@ -1,10 +1,11 @@
 //! brigade: parallel training and inference of transformer models.
-//! See DESIGN.md for the layout of the library.
+//! The floors of the library and what may import what: docs/architecture.md.
 
 pub mod alloc;
 pub mod bench;
 pub mod embed;
 pub mod error;
+pub mod layout;
 pub mod models;
 pub mod nn;
 pub mod parallel;

@@ -4,9 +4,9 @@
 //! same global batch (relative 1e-5), and a checkpoint saved under one layout resumes under
 //! another on the single worker's loss sequence.
 
+use brigade::layout::{Layout, Recompute, Schedule as Kind};
 use brigade::parallel::data::DataParallel;
-use brigade::parallel::pipeline::Kind;
-use brigade::parallel::{Mesh, MeshShape, Pipe, Recompute, Settings};
+use brigade::parallel::{Mesh, MeshShape};
 use brigade::params::Split;
 use brigade::train::{TrainConfig, Trainer};
 
@@ -67,10 +67,19 @@ struct Case {
     bucket: usize,
 }
 
+/// A case's pipeline: its schedule (unset: the layout's default), chunks per rank, recompute.
+#[derive(Clone, Copy, Debug)]
+struct Pipe {
+    schedule: Option<Kind>,
+    v: usize,
+    recompute: Recompute,
+}
+
 impl Case {
-    fn settings(&self) -> Settings {
-        let data = DataParallel { zero: self.zero, bucket_elems: self.bucket };
-        Settings { data, sp: self.sp, pipe: self.pipe, micro_batch: None }
+    fn layout(&self) -> Layout {
+        let Pipe { schedule, v, recompute } = self.pipe;
+        let schedule = schedule.unwrap_or(Kind::default_for(v));
+        Layout { dp: self.dp, pp: self.pp, tp: self.tp, mb: None, v, schedule, recompute, zero: self.zero, sp: self.sp }
     }
 }
 
@@ -79,13 +88,14 @@ impl Case {
 /// every rank agrees: replicas hold the same slices, replicated parameters are bitwise equal
 /// across each tensor-parallel group, and every rank gathers the same full model.
 fn run(c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, until: usize) -> Run {
-    let shape = MeshShape::new(c.dp, c.pp, c.tp).unwrap();
-    let out = brigade_comm::local::run(shape.world(), |world| {
-        let mesh = Mesh::new(&world, shape)?;
+    let layout = c.layout();
+    let out = brigade_comm::local::run(layout.world(), |world| {
+        let mesh = Mesh::new(&world, MeshShape::of(&layout))?;
         let mut tr = match from {
-            Some(dir) => Trainer::resume_on(dir, None, mesh, c.settings())?,
-            None => Trainer::on_mesh(cfg(c.mb), mesh, c.settings())?,
+            Some(dir) => Trainer::resume_on(dir, None, mesh, &layout)?,
+            None => Trainer::on_mesh(cfg(c.mb), mesh, &layout)?,
         };
+        tr.set_bucket_elems(c.bucket)?;
         // each rank runs on one thread, as a worker of a real run would
         brigade::with_threads(1, || -> brigade::Result<()> {
             while tr.step < until {
@@ -317,9 +327,9 @@ fn a_pipeline_checkpoint_resumes_under_another_layout() {
 }
 
 /// Every rank of a `shape` mesh builds a trainer for `c`; the first rank's result.
-fn build(shape: MeshShape, c: TrainConfig, settings: Settings) -> Result<usize, String> {
-    brigade_comm::local::run(shape.world(), |world| {
-        Trainer::on_world(c.clone(), &world, shape, settings).map(|t| t.micro_batch())
+fn build(layout: Layout, c: TrainConfig) -> Result<usize, String> {
+    brigade_comm::local::run(layout.world(), |world| {
+        Trainer::on_world(c.clone(), &world, &layout).map(|t| t.micro_batch())
     })
     .map(|v| v[0])
     .map_err(|e| e.failures[0].1.clone())
@@ -328,40 +338,39 @@ fn build(shape: MeshShape, c: TrainConfig, settings: Settings) -> Result<usize, 
 #[test]
 fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
     let unset = TrainConfig { micro_batch: None, ..cfg(1) };
-    let plain = Settings::default();
-    let shape = |dp, pp, tp| MeshShape::new(dp, pp, tp).unwrap();
-    assert_eq!(build(shape(2, 1, 1), unset.clone(), plain), Ok(8));
-    assert_eq!(build(shape(4, 1, 1), unset.clone(), plain), Ok(4));
-    assert_eq!(build(shape(2, 1, 2), unset.clone(), plain), Ok(8), "tp ranks share their data shard");
-    let e = build(shape(3, 1, 1), unset.clone(), plain).unwrap_err();
+    let shape = |dp, pp, tp| Layout { dp, pp, tp, ..Layout::default() };
+    assert_eq!(build(shape(2, 1, 1), unset.clone()), Ok(8));
+    assert_eq!(build(shape(4, 1, 1), unset.clone()), Ok(4));
+    assert_eq!(build(shape(2, 1, 2), unset.clone()), Ok(8), "tp ranks share their data shard");
+    let e = build(shape(3, 1, 1), unset.clone()).unwrap_err();
     assert!(e.contains("does not split into dp=3 shards"), "{e}");
-    let e = build(shape(2, 1, 1), TrainConfig { micro_batch: Some(3), ..cfg(1) }, plain).unwrap_err();
+    let e = build(shape(2, 1, 1), TrainConfig { micro_batch: Some(3), ..cfg(1) }).unwrap_err();
     assert!(e.contains("multiple of micro_batch (3)"), "{e}");
-    let e = build(shape(1, 1, 3), unset.clone(), plain).unwrap_err();
+    let e = build(shape(1, 1, 3), unset.clone()).unwrap_err();
     assert!(e.contains("tp=3 does not divide the model's 8 attention heads; use tp among 1, 2, 4, 8"), "{e}");
-    assert_eq!(build(shape(1, 2, 1), unset.clone(), plain), Ok(16), "a pipeline's micro-batch is the replica's share");
+    assert_eq!(build(shape(1, 2, 1), unset.clone()), Ok(16), "a pipeline's micro-batch is the replica's share");
     // pipelines the model or the batch cannot take, each refused before any rank communicates
-    assert_eq!(build(shape(1, 10, 1), cfg(1), plain), Ok(1), "as many stages as units: one unit each");
-    let e = build(shape(1, 16, 1), cfg(1), plain).unwrap_err();
+    assert_eq!(build(shape(1, 10, 1), cfg(1)), Ok(1), "as many stages as units: one unit each");
+    let e = build(shape(1, 16, 1), cfg(1)).unwrap_err();
     assert!(e.contains("16 pipeline stages, but a model of 8 layers splits into only 10 units"), "{e}");
-    let inter = |v| Settings { pipe: Pipe { v, ..NONE }, ..plain };
-    let e = build(shape(1, 4, 1), cfg(1), inter(4)).unwrap_err();
+    let inter = |l: Layout, v| Layout { v, schedule: Kind::Interleaved, ..l };
+    let e = build(inter(shape(1, 4, 1), 4), cfg(1)).unwrap_err();
     assert!(e.contains("pp=4 × v=4 = 16 pipeline stages"), "{e}");
-    let e = build(shape(1, 4, 1), cfg(8), inter(2)).unwrap_err();
+    let e = build(inter(shape(1, 4, 1), 2), cfg(8)).unwrap_err();
     assert!(e.contains("needs a multiple of 4 micro-batches, not 2"), "{e}");
-    let zb_v2 = Settings { pipe: Pipe { schedule: Some(Kind::ZeroBubble), v: 2, ..NONE }, ..plain };
-    let e = build(shape(1, 2, 1), cfg(1), zb_v2).unwrap_err();
+    let zb_v2 = Layout { schedule: Kind::ZeroBubble, v: 2, ..shape(1, 2, 1) };
+    let e = build(zb_v2, cfg(1)).unwrap_err();
     assert!(e.contains("v=2 model chunks per rank needs schedule=interleaved"), "{e}");
-    let layout = |l: &str| brigade::parallel::training_layout(l, 1).unwrap_err().to_string();
+    let layout = |l: &str| Layout::parse(l).and_then(|l| l.check_training()).unwrap_err().to_string();
     assert!(layout("pp=2,schedule=pipedream").contains("expected gpipe, 1f1b, interleaved or zb"));
     assert!(layout("pp=2,zero=2").contains("use zero=1"));
     assert!(layout("pp=2,recompute=sometimes").contains("recompute"));
     // sequence parallelism cuts a micro-batch's 1 × 12 tokens into 8 blocks: it does not divide
-    let sp = Settings { sp: true, ..plain };
-    let e = build(shape(1, 1, 8), TrainConfig { micro_batch: Some(1), ..cfg(1) }, sp).unwrap_err();
+    let sp = Layout { sp: true, ..shape(1, 1, 8) };
+    let e = build(sp, TrainConfig { micro_batch: Some(1), ..cfg(1) }).unwrap_err();
     assert!(e.contains("into tp=8 blocks of rows, which does not divide"), "{e}");
-    assert_eq!(build(shape(1, 1, 8), TrainConfig { micro_batch: Some(2), ..cfg(1) }, sp), Ok(2));
-    let e = brigade::parallel::training_layout("dp=2,sp=1", 1).unwrap_err().to_string();
+    assert_eq!(build(sp, TrainConfig { micro_batch: Some(2), ..cfg(1) }), Ok(2));
+    let e = Layout::parse("dp=2,sp=1").and_then(|l| l.check_training()).unwrap_err().to_string();
     assert!(e.contains("has tp=1"), "{e}");
     assert!(DataParallel { zero: 3, ..DataParallel::default() }.validate().is_ok());
     assert!(DataParallel { zero: 4, ..DataParallel::default() }.validate().is_err());

@@ -1,12 +1,12 @@
 //! The executor runs every schedule's lists on rank threads and computes the whole model's
 //! loss and gradients, summed over the micro-batches.
 
+use brigade::layout::{Recompute, Schedule};
 use brigade::models::{Activations, Gpt, GptConfig};
 use brigade::nn::tp::Tp;
+use brigade::parallel::pipeline::build;
 use brigade::parallel::pipeline::executor::{run_step, Chunk, MicroBatches};
 use brigade::parallel::pipeline::partition::partition;
-use brigade::parallel::pipeline::{build, Kind};
-use brigade::parallel::Recompute;
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
@@ -37,13 +37,13 @@ fn every_schedule_executed_equals_the_whole_model() {
             whole.backward(&params, &mut want, &tokens[k], &targets[k], scale, &mut acts);
         }
         for (kind, pp, v) in [
-            (Kind::GPipe, 2, 1),
-            (Kind::OneFOneB, 2, 1),
-            (Kind::OneFOneB, 4, 1),
-            (Kind::ZeroBubble, 3, 1),
-            (Kind::Interleaved, 2, 2),
-            (Kind::Interleaved, 4, 2),
-            (Kind::Interleaved, 1, 3),
+            (Schedule::GPipe, 2, 1),
+            (Schedule::OneFOneB, 2, 1),
+            (Schedule::OneFOneB, 4, 1),
+            (Schedule::ZeroBubble, 3, 1),
+            (Schedule::Interleaved, 2, 2),
+            (Schedule::Interleaved, 4, 2),
+            (Schedule::Interleaved, 1, 3),
         ] {
             let Ok(plan) = build(kind, pp, m, v) else { continue };
             let mut kept_bytes = Vec::new();
@@ -105,7 +105,7 @@ fn every_schedule_executed_equals_the_whole_model() {
                     assert!(e < 1e-6, "{what}: {} differs by {e:.1e}", s.name);
                 }
                 // the executor holds what the schedule says: 1F1B at most pp − r micro-batches
-                if kind == Kind::OneFOneB {
+                if kind == Schedule::OneFOneB {
                     for (r, o) in out.iter().enumerate() {
                         assert!(o.1 .0 <= (pp - r).min(m), "{what}: rank {r} held {}", o.1 .0);
                     }

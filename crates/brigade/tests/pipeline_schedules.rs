@@ -2,9 +2,10 @@
 //! deadlocks, the activation peak per stage and the bubble against theory; and the simulator
 //! refuses broken lists.
 
-use brigade::parallel::pipeline::{build, chart, simulate, Action, Costs, Kind};
+use brigade::layout::Schedule;
+use brigade::parallel::pipeline::{build, chart, simulate, Action, Costs};
 
-const KINDS: [Kind; 4] = [Kind::GPipe, Kind::OneFOneB, Kind::Interleaved, Kind::ZeroBubble];
+const KINDS: [Schedule; 4] = [Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZeroBubble];
 
 /// (pp − 1) / (v·m + pp − 1): the idle share with a forward 1 and a backward 2 per chunk
 /// of 1/v of the model.
@@ -28,10 +29,12 @@ fn every_schedule_runs_without_deadlock_at_its_theoretical_bubble() {
                     let what =
                         format!("{kind:?} pp={pp} m={m} v={v}: bubble {:.4}, peaks {:?}", r.bubble, r.peak_activations);
                     match kind {
-                        Kind::GPipe | Kind::OneFOneB => assert!((r.bubble - theory(pp, m, 1)).abs() < 1e-9, "{what}"),
-                        Kind::Interleaved => assert!((r.bubble - theory(pp, m, v)).abs() < 1e-9, "{what}"),
-                        Kind::ZeroBubble => {
-                            let one = simulate(&build(Kind::OneFOneB, pp, m, 1).unwrap(), &Costs::UNIT).unwrap();
+                        Schedule::GPipe | Schedule::OneFOneB => {
+                            assert!((r.bubble - theory(pp, m, 1)).abs() < 1e-9, "{what}")
+                        }
+                        Schedule::Interleaved => assert!((r.bubble - theory(pp, m, v)).abs() < 1e-9, "{what}"),
+                        Schedule::ZeroBubble => {
+                            let one = simulate(&build(Schedule::OneFOneB, pp, m, 1).unwrap(), &Costs::UNIT).unwrap();
                             if m == 2 * pp {
                                 println!("{what}; 1F1B {:.4}, peaks {:?}", one.bubble, one.peak_activations);
                             }
@@ -51,10 +54,10 @@ fn every_schedule_runs_without_deadlock_at_its_theoretical_bubble() {
                     // activations: GPipe holds every micro-batch, 1F1B at most pp − r on rank r
                     for (rank, &p) in r.peak_activations.iter().enumerate() {
                         match kind {
-                            Kind::GPipe => assert_eq!(p, m, "{what}"),
-                            Kind::OneFOneB => assert_eq!(p, (pp - rank).min(m), "{what}"),
+                            Schedule::GPipe => assert_eq!(p, m, "{what}"),
+                            Schedule::OneFOneB => assert_eq!(p, (pp - rank).min(m), "{what}"),
                             // Megatron's warm-up of (pp − 1 − r)·2 + (v − 1)·pp chunks, plus one
-                            Kind::Interleaved if v > 1 => {
+                            Schedule::Interleaved if v > 1 => {
                                 assert_eq!(p, ((pp - 1 - rank) * 2 + (v - 1) * pp + 1).min(m * v), "{what}")
                             }
                             _ => assert!(p <= pp.min(m), "{what}"),
@@ -68,27 +71,27 @@ fn every_schedule_runs_without_deadlock_at_its_theoretical_bubble() {
 
 #[test]
 fn impossible_schedules_are_refused_with_what_would_work() {
-    let e = build(Kind::Interleaved, 4, 6, 2).unwrap_err().to_string();
+    let e = build(Schedule::Interleaved, 4, 6, 2).unwrap_err().to_string();
     assert!(e.contains("needs a multiple of 4 micro-batches, not 6; use 4 or 8"), "{e}");
-    let e = build(Kind::OneFOneB, 4, 8, 2).unwrap_err().to_string();
+    let e = build(Schedule::OneFOneB, 4, 8, 2).unwrap_err().to_string();
     assert!(e.contains("needs schedule=interleaved"), "{e}");
-    assert!(build(Kind::GPipe, 0, 4, 1).is_err());
+    assert!(build(Schedule::GPipe, 0, 4, 1).is_err());
     // found by fuzzing `--print-schedule`: a pipeline too large to list is refused before its
     // lists are built
-    let e = build(Kind::OneFOneB, 333_666_666_666_666, 8, 1).unwrap_err().to_string();
+    let e = build(Schedule::OneFOneB, 333_666_666_666_666, 8, 1).unwrap_err().to_string();
     assert!(e.contains("at most 4096 stages"), "{e}");
-    assert!(build(Kind::Interleaved, usize::MAX / 2, 8, 4).is_err());
-    assert!(build(Kind::GPipe, 2, 1 << 20, 1).is_err());
-    let e = Kind::parse("zb1").unwrap_err().to_string();
+    assert!(build(Schedule::Interleaved, usize::MAX / 2, 8, 4).is_err());
+    assert!(build(Schedule::GPipe, 2, 1 << 20, 1).is_err());
+    let e = Schedule::parse("zb1").unwrap_err().to_string();
     assert!(e.contains("expected gpipe, 1f1b, interleaved or zb"), "{e}");
     for k in KINDS {
-        assert_eq!(Kind::parse(k.name()).unwrap(), k);
+        assert_eq!(Schedule::parse(k.name()).unwrap(), k);
     }
 }
 
 #[test]
 fn the_simulator_rejects_broken_lists() {
-    let good = build(Kind::OneFOneB, 4, 8, 1).unwrap();
+    let good = build(Schedule::OneFOneB, 4, 8, 1).unwrap();
     assert!(simulate(&good, &Costs::UNIT).is_ok());
     // a dropped receive: the forward lacks its input
     let mut p = good.clone();
@@ -125,12 +128,12 @@ fn the_simulator_rejects_broken_lists() {
 
 #[test]
 fn the_chart_shows_each_rank_order() {
-    let c = chart(&build(Kind::OneFOneB, 2, 3, 1).unwrap());
+    let c = chart(&build(Schedule::OneFOneB, 2, 3, 1).unwrap());
     assert_eq!(
         c,
         "schedule 1f1b · pp=2 · 3 micro-batches · v=1\nrank 0: F0 F1 B0 F2 B1 B2\nrank 1: F0 B0 F1 B1 F2 B2\n"
     );
-    let z = chart(&build(Kind::ZeroBubble, 2, 2, 1).unwrap());
+    let z = chart(&build(Schedule::ZeroBubble, 2, 2, 1).unwrap());
     assert!(z.contains("rank 1: F0 b0") && z.contains(" w"), "{z}");
 }
 
@@ -142,11 +145,11 @@ fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
     for pp in [2, 3, 4, 8] {
         for m in 1..=16 {
             for (kind, v) in [
-                (Kind::GPipe, 1),
-                (Kind::OneFOneB, 1),
-                (Kind::ZeroBubble, 1),
-                (Kind::Interleaved, 2),
-                (Kind::Interleaved, 3),
+                (Schedule::GPipe, 1),
+                (Schedule::OneFOneB, 1),
+                (Schedule::ZeroBubble, 1),
+                (Schedule::Interleaved, 2),
+                (Schedule::Interleaved, 3),
             ] {
                 let Ok(plan) = build(kind, pp, m, v) else { continue };
                 let r = simulate(&plan, &per_chunk(v)).unwrap();
@@ -155,12 +158,12 @@ fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
                     tp: 1,
                     pp,
                     dp: 1,
-                    mb: 1,
+                    mb: Some(1),
                     v,
                     recompute: Recompute::None,
                     zero: 0,
-                    gpipe: kind == Kind::GPipe,
-                    zb: kind == Kind::ZeroBubble,
+                    schedule: kind,
+                    sp: false,
                 };
                 let planned = in_flight(&l, m);
                 assert!(
@@ -171,7 +174,7 @@ fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
                     let planned = in_flight_at(&l, m, r);
                     let measured = peak as f64 / v as f64;
                     // ZB-H1's bound: exact on the first rank, never exceeded on the others
-                    let zb_bound = kind == Kind::ZeroBubble && measured <= planned;
+                    let zb_bound = kind == Schedule::ZeroBubble && measured <= planned;
                     assert!(
                         zb_bound || (planned - measured).abs() < 1e-9,
                         "{kind:?} pp={pp} m={m} v={v} rank {r}: planner {planned}, simulator {measured}"

@@ -7,8 +7,9 @@
 //! memory model says cannot fit in any completion of its layout is a known failure, listed by
 //! name below; the test fails if the list is wrong in either direction.
 
+use brigade::layout::{Recompute, Spec as Fixed};
 use brigade::plan::catalog::{accelerator, ModelShape};
-use brigade::plan::{search, Fixed, Recompute, Training};
+use brigade::plan::{search, Training};
 use std::collections::HashMap;
 
 const TSV: &str = "../../../shared/anchors/published_runs.tsv";

@@ -1,7 +1,8 @@
 //! The planner's formulas against the closed forms of the papers it follows.
 
+use brigade::layout::{Layout, Recompute, Schedule, Spec as Fixed};
 use brigade::plan::catalog::{accelerator, model, ModelShape};
-use brigade::plan::{estimate, memory_gib, search, step_flops, Fixed, Layout, Recompute, Training};
+use brigade::plan::{estimate, memory_gib, search, step_flops, Training};
 
 fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
     ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab }
@@ -32,7 +33,17 @@ fn activation_memory_matches_korthikanti_with_tensor_and_sequence_parallelism() 
         (4, Recompute::None, 34.0 + 5.0 * 32.0 * 2048.0 / 4096.0),
         (8, Recompute::Selective, 34.0),
     ] {
-        let l = Layout { tp, pp: 1, dp: 1, mb: 1, v: 1, recompute: rec, zero: 0, gpipe: false, zb: false };
+        let l = Layout {
+            tp,
+            pp: 1,
+            dp: 1,
+            mb: Some(1),
+            v: 1,
+            recompute: rec,
+            zero: 0,
+            schedule: Schedule::OneFOneB,
+            sp: false,
+        };
         let total = memory_gib(&m, &t, &l) * gib;
         let (pl, pe) = brigade::plan::cost::params(&m);
         let state = 16.0 * (4.0 * pl + pe) / tp as f64;
@@ -52,9 +63,19 @@ fn more_gpus_never_slow_down_the_best_layout_and_bubbles_follow_theory() {
     let t256 = search(&m, &a, 256, &t, &Fixed::default()).unwrap()[0].step_time_s;
     assert!(t256 < t64);
     // bubble = (p−1)/(v·m) of the ideal per-micro-batch time
-    let l = Layout { tp: 8, pp: 4, dp: 2, mb: 1, v: 1, recompute: Recompute::None, zero: 0, gpipe: false, zb: false };
+    let l = Layout {
+        tp: 8,
+        pp: 4,
+        dp: 2,
+        mb: Some(1),
+        v: 1,
+        recompute: Recompute::None,
+        zero: 0,
+        schedule: Schedule::OneFOneB,
+        sp: false,
+    };
     let e1 = estimate(&m, &a, &t, &l);
-    let e2 = estimate(&m, &a, &t, &Layout { v: 2, ..l });
+    let e2 = estimate(&m, &a, &t, &Layout { v: 2, schedule: Schedule::Interleaved, ..l });
     let micro = 512.0 / 2.0;
     let ideal1 = (e1.breakdown.compute_s + e1.breakdown.tp_comm_s) / micro;
     assert!((e1.breakdown.pp_bubble_s / ideal1 - 3.0).abs() < 1e-9);
@@ -75,7 +96,17 @@ fn fp32_doubles_activations_and_runs_at_the_tf32_peak() {
     use brigade::plan::cost::Precision;
     let m = gpt(4, 4096, 32, 2048, 8);
     let a = accelerator("a100-80gb").unwrap();
-    let l = Layout { tp: 1, pp: 1, dp: 1, mb: 1, v: 1, recompute: Recompute::None, zero: 0, gpipe: false, zb: false };
+    let l = Layout {
+        tp: 1,
+        pp: 1,
+        dp: 1,
+        mb: Some(1),
+        v: 1,
+        recompute: Recompute::None,
+        zero: 0,
+        schedule: Schedule::OneFOneB,
+        sp: false,
+    };
     let bf = Training { global_batch: 1, ..Training::default() };
     let fp = Training { precision: Precision::Fp32, ..bf };
     let state = 16.0 * {
@@ -95,8 +126,18 @@ fn fp32_doubles_activations_and_runs_at_the_tf32_peak() {
 fn gpipe_keeps_every_micro_batch_in_flight_and_1f1b_only_pp() {
     let m = model("gpt3-13b").unwrap();
     let a = accelerator("a100-80gb").unwrap();
-    let l = Layout { tp: 8, pp: 4, dp: 2, mb: 1, v: 1, recompute: Recompute::None, zero: 1, gpipe: false, zb: false };
-    let g = Layout { gpipe: true, ..l };
+    let l = Layout {
+        tp: 8,
+        pp: 4,
+        dp: 2,
+        mb: Some(1),
+        v: 1,
+        recompute: Recompute::None,
+        zero: 1,
+        schedule: Schedule::OneFOneB,
+        sp: false,
+    };
+    let g = Layout { schedule: Schedule::GPipe, ..l };
     let batch = |b| Training { global_batch: b, ..Training::default() };
     // same bubble, same time
     assert_eq!(estimate(&m, &a, &batch(256), &l).step_time_s, estimate(&m, &a, &batch(256), &g).step_time_s);
@@ -109,7 +150,7 @@ fn gpipe_keeps_every_micro_batch_in_flight_and_1f1b_only_pp() {
     let t = Training { global_batch: 256, ..Training::default() };
     let fixed = Fixed::parse("tp=8,pp=4,schedule=gpipe,recompute=full").unwrap();
     let r = search(&m, &a, 64, &t, &fixed).unwrap();
-    assert!(r.iter().all(|e| e.layout.gpipe && e.layout.v == 1));
+    assert!(r.iter().all(|e| e.layout.schedule == Schedule::GPipe && e.layout.v == 1));
     assert!(Fixed::parse("schedule=zigzag").is_err());
 }
 
@@ -118,12 +159,22 @@ fn uneven_stages_take_fewer_layers_first_and_last_and_memory_is_the_busiest_rank
     use brigade::plan::cost::layers_per_rank;
     // Llama 3 405B: 126 layers on 16 stages, split 7, 8 × 14, 7 (Dubey et al. 2024, §3.3.2)
     let m = model("llama3-405b").unwrap();
-    let l = Layout { tp: 8, pp: 16, dp: 64, mb: 1, v: 1, recompute: Recompute::None, zero: 1, gpipe: false, zb: false };
+    let l = Layout {
+        tp: 8,
+        pp: 16,
+        dp: 64,
+        mb: Some(1),
+        v: 1,
+        recompute: Recompute::None,
+        zero: 1,
+        schedule: Schedule::OneFOneB,
+        sp: false,
+    };
     let mut want = vec![8; 16];
     (want[0], want[15]) = (7, 7);
     assert_eq!(layers_per_rank(&m, &l), want);
     // with two chunks a rank: 32 stages of 3 or 4 layers, the first and last of 3
-    let per_rank = layers_per_rank(&m, &Layout { v: 2, ..l });
+    let per_rank = layers_per_rank(&m, &Layout { v: 2, schedule: Schedule::Interleaved, ..l });
     assert_eq!(per_rank.iter().sum::<usize>(), 126);
     assert_eq!((per_rank[0], per_rank[1], per_rank[15]), (7, 8, 7));
     // and it fits, without recompute, on 80 GB (1F1B: the second rank's 8 layers × 15
@@ -142,8 +193,18 @@ fn zero_bubble_leaves_a_third_of_the_1f1b_bubble_within_its_memory_bound() {
     let m = model("gpt3-13b").unwrap();
     let a = accelerator("a100-80gb").unwrap();
     let t = Training { global_batch: 256, ..Training::default() };
-    let l = Layout { tp: 8, pp: 4, dp: 2, mb: 1, v: 1, recompute: Recompute::None, zero: 1, gpipe: false, zb: false };
-    let z = Layout { zb: true, ..l };
+    let l = Layout {
+        tp: 8,
+        pp: 4,
+        dp: 2,
+        mb: Some(1),
+        v: 1,
+        recompute: Recompute::None,
+        zero: 1,
+        schedule: Schedule::OneFOneB,
+        sp: false,
+    };
+    let z = Layout { schedule: Schedule::ZeroBubble, ..l };
     let (e1, ez) = (estimate(&m, &a, &t, &l), estimate(&m, &a, &t, &z));
     // a forward 1, a backward 2 split into B 1 and W 1: (pp − 1)(F + B − W) of (pp − 1)(F + B + W)
     assert!((ez.breakdown.pp_bubble_s / e1.breakdown.pp_bubble_s - 1.0 / 3.0).abs() < 1e-9);
@@ -151,5 +212,5 @@ fn zero_bubble_leaves_a_third_of_the_1f1b_bubble_within_its_memory_bound() {
     // every rank may hold pp micro-batches (1F1B: pp − r): never less than 1F1B
     assert!(memory_gib(&m, &t, &z) >= memory_gib(&m, &t, &l));
     let r = search(&m, &a, 64, &t, &Fixed::parse("tp=8,pp=4,schedule=zb").unwrap()).unwrap();
-    assert!(r.iter().all(|e| e.layout.zb && e.layout.v == 1));
+    assert!(r.iter().all(|e| e.layout.schedule == Schedule::ZeroBubble && e.layout.v == 1));
 }

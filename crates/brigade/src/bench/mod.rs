@@ -180,18 +180,18 @@ pub struct ParallelBench {
 /// on `threads` threads, and measures them.
 pub fn parallel_step(
     cfg: crate::train::TrainConfig,
-    shape: crate::parallel::MeshShape,
-    settings: crate::parallel::Settings,
+    layout: &crate::layout::Layout,
+    bucket_elems: usize,
     threads: usize,
     warmup: usize,
     steps: usize,
 ) -> crate::Result<ParallelBench> {
     use crate::train::Trainer;
-    let per_rank = brigade_comm::local::run(shape.world(), |world| {
+    let per_rank = brigade_comm::local::run(layout.world(), |world| {
         crate::alloc::set_rank(Some(world.rank()));
         crate::alloc::reset_peak(world.rank());
-        let mesh = crate::parallel::Mesh::new(&world, shape)?;
-        let mut tr = Trainer::on_mesh(cfg.clone(), mesh, settings)?;
+        let mut tr = Trainer::on_world(cfg.clone(), &world, layout)?;
+        tr.set_bucket_elems(bucket_elems)?;
         crate::with_threads(threads, || -> crate::Result<(Vec<f64>, f64, f64, f64)> {
             for _ in 0..warmup {
                 tr.train_step()?;
@@ -230,7 +230,7 @@ pub fn parallel_step(
     let step_s = median(&step_times);
     let tokens = (cfg.batch * cfg.seq.unwrap_or(0)) as f64;
     Ok(ParallelBench {
-        ranks: shape.world(),
+        ranks: layout.world(),
         step_s_median: step_s,
         tokens_per_s: tokens / step_s,
         compute_s: slowest.1,

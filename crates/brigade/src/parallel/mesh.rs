@@ -4,6 +4,7 @@
 //! stages outermost: rank = (pp_rank · dp + dp_rank) · tp + tp_rank.
 
 use crate::error::{Error, Result};
+use crate::layout::Layout;
 use brigade_comm::Comm;
 
 /// The shape of a mesh, validated before any rank is started.
@@ -23,6 +24,11 @@ pub struct Coords {
 }
 
 impl MeshShape {
+    /// The mesh of a layout (its three degrees; the layout checked them already).
+    pub fn of(l: &Layout) -> MeshShape {
+        MeshShape { dp: l.dp, pp: l.pp, tp: l.tp }
+    }
+
     pub fn new(dp: usize, pp: usize, tp: usize) -> Result<MeshShape> {
         if dp == 0 || pp == 0 || tp == 0 {
             return Err(Error::Layout(format!("mesh dp={dp}, pp={pp}, tp={tp}: every degree must be at least 1")));

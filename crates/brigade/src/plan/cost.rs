@@ -2,6 +2,8 @@
 //! for every model, cluster and layout; the constants below are global (not per run).
 
 use super::catalog::{Accelerator, ModelShape};
+use crate::layout::Schedule;
+pub use crate::layout::{Layout, Recompute};
 use serde::Serialize;
 
 /// Matrix products whose smallest per-GPU dimension is `x` run at `x / (x + SHAPE_X0)` of the
@@ -14,56 +16,6 @@ const ELEMENTWISE_TRAFFIC: f64 = 8.0;
 const ALPHA_S: f64 = 5e-6;
 /// Framework overhead per GPU (CUDA context, workspaces, fragmentation), GiB.
 const RESERVED_GIB: f64 = 2.0;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord, Hash)]
-#[serde(rename_all = "lowercase")]
-pub enum Recompute {
-    None,
-    Selective,
-    Full,
-}
-
-impl Recompute {
-    pub fn parse(s: &str) -> Option<Recompute> {
-        match s {
-            "none" => Some(Recompute::None),
-            "selective" => Some(Recompute::Selective),
-            "full" => Some(Recompute::Full),
-            _ => None,
-        }
-    }
-}
-
-/// A 3D layout: tensor × pipeline × data parallel degrees, micro-batch size, virtual
-/// pipeline stages per GPU (1: 1F1B, more: interleaved 1F1B), recomputation, ZeRO stage, and
-/// `gpipe` for the all-forwards-then-all-backwards schedule (v = 1; same bubble as 1F1B,
-/// every micro-batch in flight), `zb` for zero-bubble ZB-H1 (v = 1; 1F1B's memory bound, the
-/// bubble filled by the deferred weight gradients).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Layout {
-    pub tp: usize,
-    pub pp: usize,
-    pub dp: usize,
-    pub mb: usize,
-    pub v: usize,
-    pub recompute: Recompute,
-    pub zero: u8,
-    pub gpipe: bool,
-    pub zb: bool,
-}
-
-impl Layout {
-    /// The pipeline schedule's name ("none" without pipeline parallelism).
-    pub fn schedule(&self) -> &'static str {
-        match (self.gpipe, self.v) {
-            _ if self.pp == 1 => "none",
-            _ if self.zb => "zb",
-            (true, _) => "gpipe",
-            (false, 1) => "1f1b",
-            _ => "interleaved",
-        }
-    }
-}
 
 /// Number format of the run's matrix products, activations and communication.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -141,6 +93,12 @@ pub struct Estimate {
     pub mfu: f64,
     pub memory_gib_per_gpu: f64,
     pub fits: bool,
+}
+
+/// The layout's micro-batch; unset, a dp replica's whole share of the global batch (the rule
+/// `Layout::micro_batch` applies to a run).
+fn micro_batch(t: &Training, l: &Layout) -> usize {
+    l.mb.unwrap_or(t.global_batch / l.dp).max(1)
 }
 
 /// FLOPs per token of one layer's forward pass: (matrix products, attention core).
@@ -244,8 +202,8 @@ pub fn in_flight_at(l: &Layout, micro_batches: usize, r: usize) -> f64 {
     let (pp, m, v, r) = (l.pp as f64, micro_batches as f64, l.v as f64, r as f64);
     match (l.pp, l.v) {
         (1, _) => 1.0,
-        _ if l.gpipe => m,
-        _ if l.zb => pp.min(m),
+        _ if l.schedule == Schedule::GPipe => m,
+        _ if l.schedule == Schedule::ZeroBubble => pp.min(m),
         (_, 1) => (pp - r).min(m),
         _ => ((2.0 * (pp - r - 1.0) + (v - 1.0) * pp + 1.0).min(m * v)) / v,
     }
@@ -276,13 +234,13 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
         2 => w + (16.0 - w) / dp,
         _ => 16.0 / dp,
     } * p;
-    let tokens = (l.mb * m.seq) as f64;
+    let tokens = (micro_batch(t, l) * m.seq) as f64;
     let per_layer_act = tokens * activation_bytes_per_token(m, t, l.recompute) / tp; // sequence parallel
     let stored = match l.recompute {
         Recompute::Full => t.precision.bytes() * tokens * m.hidden as f64 / tp, // the layer input only
         _ => per_layer_act,
     };
-    let in_flight = in_flight_at(l, t.global_batch / (l.dp * l.mb), r);
+    let in_flight = in_flight_at(l, t.global_batch / (l.dp * micro_batch(t, l)), r);
     let recompute_working_set = if l.recompute == Recompute::Full { per_layer_act } else { 0.0 };
     // logits + fp32 softmax, on the last stage
     let logits = if last { tokens * m.vocab as f64 / tp * (t.precision.bytes() + 4.0) } else { 0.0 };
@@ -295,7 +253,7 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let (lin, att) = layer_flops_per_token(m);
     let peak = t.peak(a);
     let tp = l.tp as f64;
-    let tokens = (l.mb * m.seq) as f64;
+    let tokens = (micro_batch(t, l) * m.seq) as f64;
     let x = m.hidden as f64 / tp;
     let gemm_eff = a.gemm_efficiency * x / (x + SHAPE_X0);
     let t_lin = tokens * lin / tp / (peak * gemm_eff);
@@ -321,11 +279,11 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let compute_mb = lps * (fwd + bwd + rec) + head;
     let tp_mb = lps * tp_per_layer;
     let stage_mb = compute_mb + tp_mb;
-    let micro = (t.global_batch / (l.dp * l.mb)) as f64;
+    let micro = (t.global_batch / (l.dp * micro_batch(t, l))) as f64;
     // ZB-H1 fills the bubble with the deferred weight-gradient halves: of a stage's forward F,
     // input-gradient B and weight-gradient W (B = W = half the backward), (pp − 1)(F + B − W)
     // stays idle instead of (pp − 1)(F + B + W) (Qi et al. 2023)
-    let zb = if l.zb { fwd / (fwd + bwd + rec) } else { 1.0 };
+    let zb = if l.schedule == Schedule::ZeroBubble { fwd / (fwd + bwd + rec) } else { 1.0 };
     let bubble = (l.pp - 1) as f64 / l.v as f64 * stage_mb * zb;
     // Pipeline point-to-point: activations forward and gradients back, per chunk and micro-batch.
     let pp_bw = if l.tp * l.dp >= gpn { a.net_gbps } else { a.nvlink_gbps };

@@ -99,12 +99,13 @@ pub fn predict(cfg: &GptConfig, batch: usize, seq: usize, m: &Machine) -> LocalP
     }
 }
 
-/// A parallel run on this machine: its mesh and settings, batch shape, and the cores its rank
-/// threads share.
+/// A parallel run on this machine: its layout and gradient bucket, batch shape, and the cores
+/// its rank threads share.
 #[derive(Clone, Copy, Debug)]
 pub struct LocalRun {
-    pub shape: crate::parallel::MeshShape,
-    pub settings: crate::parallel::Settings,
+    pub layout: crate::layout::Layout,
+    /// Gradient elements per data-parallel all-reduce bucket.
+    pub bucket_elems: usize,
     /// Global batch and micro-batch in sequences, and their length.
     pub batch: usize,
     pub micro_batch: usize,
@@ -177,19 +178,19 @@ pub fn predict_parallel(
     dp: &Collectives,
 ) -> crate::Result<ParallelPrediction> {
     use crate::parallel::pipeline::{self, stages};
-    let crate::parallel::MeshShape { dp: ndp, pp, tp: ntp } = run.shape;
-    let pipe = run.settings.pipe;
+    let l = run.layout;
+    let (ndp, pp, ntp) = (l.dp, l.pp, l.tp);
     let n = (run.micro_batch * run.seq) as f64;
     let micro = run.batch / (ndp * run.micro_batch);
     let bw = m.mem_gbps * 1e9;
     let work = unit_work(cfg, m, n, tp);
-    let executor = pipe.runs_executor(pp);
+    let executor = l.runs_executor();
     // the stages the trainer cuts (by FLOPs), each with its units' work
     let cuts = match executor {
-        true => stages::stage_units(cfg, pp, pipe.v, run.seq)?,
+        true => stages::stage_units(cfg, pp, l.v, run.seq)?,
         false => std::iter::once(0..cfg.n_layer + 2).collect(),
     };
-    let full = pipe.recompute == crate::parallel::Recompute::Full;
+    let full = l.recompute == crate::layout::Recompute::Full;
     let stage_work: Vec<Work> = cuts
         .iter()
         .map(|r| {
@@ -210,12 +211,12 @@ pub fn predict_parallel(
     let slowest = stage_work[at];
     let blocks = cuts[at].clone().filter(|&u| u >= 1 && u <= cfg.n_layer).count() as f64;
     let per_mb: f64 = slowest.iter().sum();
-    let sp = run.settings.sp;
+    let sp = l.sp;
     let p2p_s = 5e-6 + 4.0 * n * cfg.n_embd as f64 / if sp { ntp as f64 } else { 1.0 } / bw;
     let pipeline_s = match executor {
         false => micro as f64 * per_mb,
         true => {
-            let plan = pipeline::build(pipe.kind(), pp, micro, pipe.v)?;
+            let plan = pipeline::build(l.schedule, pp, micro, l.v)?;
             let costs = pipeline::Costs {
                 forward: slowest[0],
                 backward: slowest[1] + slowest[2],
@@ -230,16 +231,16 @@ pub fn predict_parallel(
     // each rank's parameters; the data-parallel reduction and the optimizer of the largest
     let params = (0..pp)
         .map(|r| match executor {
-            true => stages::RankModel::stage(*cfg, (0, ntp), (r, pp), pipe.v, run.seq).map(|p| p.layout.total),
+            true => stages::RankModel::stage(*cfg, (0, ntp), (r, pp), l.v, run.seq).map(|p| p.layout.total),
             false => crate::models::Gpt::shard(*cfg, 0, ntp).map(|g| g.num_params()),
         })
         .collect::<crate::Result<Vec<_>>>()?
         .into_iter()
         .max()
         .unwrap_or(0) as f64;
-    let zero = run.settings.data.zero;
+    let zero = l.zero;
     let grads = dp.all_reduce_s(4.0 * params);
-    let bucket = dp.all_reduce_s((4.0 * params).min(4.0 * run.settings.data.bucket_elems as f64));
+    let bucket = dp.all_reduce_s((4.0 * params).min(4.0 * run.bucket_elems as f64));
     // without a pipeline the last micro-batch's backward hides the reduction (ZeRO-1: the
     // reduce-scatter, half an all-reduce's traffic; its all-gather after the step is exposed)
     let window = if executor { 0.0 } else { work.iter().map(|w| w[1] + w[2]).sum::<f64>() };

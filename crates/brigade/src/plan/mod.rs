@@ -6,6 +6,7 @@ pub mod cost;
 pub mod local;
 pub mod search;
 
+pub use crate::layout::Spec;
 pub use catalog::{Accelerator, ModelShape};
 pub use cost::{estimate, memory_gib, step_flops, Breakdown, Estimate, Layout, Recompute, Training};
-pub use search::{rank_all, search, Fixed};
+pub use search::{rank_all, search};

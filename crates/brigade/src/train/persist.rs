@@ -7,9 +7,10 @@ use super::metrics::StepStats;
 use super::state::{Fingerprints, RunState};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
+use crate::layout::Layout;
 use crate::models::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use crate::nn::tp::state::gather_full;
-use crate::parallel::{Mesh, Settings};
+use crate::parallel::Mesh;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -79,13 +80,13 @@ impl Trainer {
     /// is cross-checked first: its format, its step against its losses and the optimizer's
     /// step, and the data and tokenizer against their recorded fingerprints.
     pub fn resume(dir: &Path, steps: Option<usize>) -> Result<Trainer> {
-        Trainer::resume_on(dir, steps, Mesh::solo()?, Settings::default())
+        Trainer::resume_on(dir, steps, Mesh::solo()?, &Layout::default())
     }
 
     /// `resume` as one rank of a mesh: a checkpoint holds no layout, so any layout resumes it.
-    pub fn resume_on(dir: &Path, steps: Option<usize>, mesh: Mesh, settings: Settings) -> Result<Trainer> {
+    pub fn resume_on(dir: &Path, steps: Option<usize>, mesh: Mesh, layout: &Layout) -> Result<Trainer> {
         let (cfg, state) = resumed_config(dir, steps)?;
-        let tr = Trainer::on_mesh(cfg, mesh, settings)?;
+        let tr = Trainer::on_mesh(cfg, mesh, layout)?;
         tr.continue_from(dir, state)
     }
 
@@ -95,11 +96,10 @@ impl Trainer {
         dir: &Path,
         steps: Option<usize>,
         world: &brigade_comm::Comm,
-        shape: crate::parallel::MeshShape,
-        settings: Settings,
+        layout: &Layout,
     ) -> Result<Trainer> {
         let (cfg, state) = resumed_config(dir, steps)?;
-        let tr = Trainer::on_world(cfg, world, shape, settings)?;
+        let tr = Trainer::on_world(cfg, world, layout)?;
         tr.continue_from(dir, state)
     }
 

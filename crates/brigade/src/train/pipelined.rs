@@ -58,7 +58,7 @@ impl Trainer {
         let tokens: Vec<Vec<u32>> = x.chunks(mb * t).map(<[u32]>::to_vec).collect();
         let targets: Vec<Vec<i32>> = y.chunks(mb * t).map(<[i32]>::to_vec).collect();
         let plan = self.plan.as_ref().expect("a pipeline rank has a plan");
-        let tp = Tp::new(&self.mesh.tp, self.sp);
+        let tp = Tp::new(&self.mesh.tp, self.layout.sp);
         let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale };
         let started = Instant::now();
         let mut chunks = self.parts.views(&self.params, &mut self.grads);
@@ -73,7 +73,7 @@ impl Trainer {
                 pending.push((c, dp.all_reduce_async(g.to_vec(), ReduceOp::Sum)));
             }
         };
-        let ran = run_step_with(plan, &self.mesh.pp, &tp, &mut chunks, &data, self.recompute, &mut done)?;
+        let ran = run_step_with(plan, &self.mesh.pp, &tp, &mut chunks, &data, self.layout.recompute, &mut done)?;
         let wall_s = started.elapsed().as_secs_f64();
         for (a, s, e) in &ran.spans {
             let (name, cat) = label(a);

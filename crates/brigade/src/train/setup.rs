@@ -8,10 +8,12 @@ use super::metrics::StepClock;
 use super::optimizer::{AdamW, LrSchedule};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
+use crate::layout::Layout;
 use crate::models::{Activations, Gpt};
 use crate::parallel::data::zero::Shards;
+use crate::parallel::data::DataParallel;
 use crate::parallel::pipeline::{self, stages::stage_units, RankModel};
-use crate::parallel::{Mesh, MeshShape, Settings};
+use crate::parallel::Mesh;
 
 /// A run checked before any rank communicates (see `Trainer::prepare`).
 pub(crate) struct Prepared {
@@ -21,7 +23,7 @@ pub(crate) struct Prepared {
     data: Dataset,
     seq: usize,
     mb: usize,
-    settings: Settings,
+    layout: Layout,
     /// The pipeline's lists, when the rank runs the executor.
     plan: Option<pipeline::Plan>,
 }
@@ -29,24 +31,16 @@ pub(crate) struct Prepared {
 impl Trainer {
     /// Everything about a run that needs no peer: settings, tokenizer, data, the layout
     /// against the model and the batch.
-    pub(crate) fn prepare(mut cfg: TrainConfig, shape: MeshShape, settings: Settings) -> Result<Prepared> {
+    pub(crate) fn prepare(mut cfg: TrainConfig, layout: &Layout) -> Result<Prepared> {
         cfg.validate()?;
-        let Settings { data: dpc, sp, pipe, micro_batch } = settings;
-        dpc.validate()?;
-        let MeshShape { dp, pp, tp } = shape;
+        layout.check_training()?;
+        let Layout { pp, tp, sp, .. } = *layout;
         // the layout's `mb=` names the micro-batch as well as --micro-batch does
-        if micro_batch.is_some() {
-            cfg.micro_batch = micro_batch;
+        if layout.mb.is_some() {
+            cfg.micro_batch = layout.mb;
         }
         // Sequences per forward pass on one rank; unset: the rank's whole share of the batch.
-        let mb = cfg.micro_batch.unwrap_or(cfg.batch / dp).max(1);
-        if !cfg.batch.is_multiple_of(dp * mb) {
-            return Err(Error::Layout(format!(
-                "the global batch of {} sequences does not split into dp={dp} shards of whole micro-batches of {mb}; make batch a multiple of dp × micro_batch = {}",
-                cfg.batch,
-                dp * mb
-            )));
-        }
+        let mb = layout.micro_batch(cfg.batch, cfg.micro_batch)?;
         // The checkpoint records where the data came from: absolute, so that a resume from
         // another directory reads the same file.
         if let Some(p) = &cfg.data {
@@ -58,8 +52,8 @@ impl Trainer {
         };
         let mcfg = cfg.model_config(tokenizer.vocab_size())?;
         crate::models::gpt::check_tp(&mcfg, tp)?;
-        let plan = match pipe.runs_executor(pp) {
-            true => Some(pipeline::build(pipe.kind(), pp, cfg.batch / (dp * mb), pipe.v)?),
+        let plan = match layout.runs_executor() {
+            true => Some(pipeline::build(layout.schedule, pp, layout.micro_batches(cfg.batch, mb), layout.v)?),
             false => None,
         };
         let (data, seq) = match &cfg.data {
@@ -92,20 +86,20 @@ impl Trainer {
             )));
         }
         if plan.is_some() {
-            stage_units(&mcfg, pp, pipe.v, seq)?;
+            stage_units(&mcfg, pp, layout.v, seq)?;
         }
         let need = super::memory::training_memory(&mcfg, mb, seq);
         super::memory::check_fits(&need, &format!("training {} at micro-batch {mb} × seq {seq}", cfg.model))?;
-        Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings, plan })
+        Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout: *layout, plan })
     }
 
     /// This rank's trainer for a prepared run.
     pub(crate) fn build(run: Prepared, mesh: Mesh) -> Result<Trainer> {
-        let Prepared { cfg, tokenizer, mcfg, data, seq, mb, settings, plan } = run;
-        let (dpc, sp) = (settings.data, settings.sp);
+        let Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout, plan } = run;
+        let dpc = DataParallel { zero: layout.zero, ..DataParallel::default() };
         let (tp, pp) = ((mesh.coords.tp, mesh.shape.tp), (mesh.coords.pp, mesh.shape.pp));
         let parts = match plan {
-            Some(_) => RankModel::stage(mcfg, tp, pp, settings.pipe.v, seq)?,
+            Some(_) => RankModel::stage(mcfg, tp, pp, layout.v, seq)?,
             None => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
         };
         let model = parts.first().clone();
@@ -129,7 +123,6 @@ impl Trainer {
             norm_layout: parts.counted_layout(),
             parts,
             plan,
-            recompute: settings.pipe.recompute,
             model,
             params,
             opt,
@@ -145,7 +138,7 @@ impl Trainer {
             cfg,
             mesh,
             dpc,
-            sp,
+            layout,
             full_model: Gpt::new(mcfg)?,
             shards,
             pshard,

@@ -7,13 +7,14 @@ use super::optimizer::{clip_factor, AdamW, LrSchedule};
 use super::pipelined::PipelineStats;
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
+use crate::layout::Layout;
 use crate::models::{Activations, Gpt};
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::store::ShardStore;
 use crate::parallel::data::zero::{Shards, UnitReducer};
 use crate::parallel::data::{self, DataParallel};
 use crate::parallel::pipeline::{Plan, RankModel};
-use crate::parallel::{Mesh, MeshShape, Recompute, Settings};
+use crate::parallel::{Mesh, MeshShape};
 use crate::params::ParamLayout;
 use std::time::Instant;
 
@@ -31,7 +32,6 @@ pub struct Trainer {
     /// The pipeline's lists, when this rank runs the pipeline executor (pp > 1, model chunks,
     /// or recompute).
     pub plan: Option<Plan>,
-    pub(crate) recompute: Recompute,
     pub params: Vec<f32>,
     pub(crate) grads: Vec<f32>,
     pub(crate) opt: AdamW,
@@ -57,8 +57,8 @@ pub struct Trainer {
     pub(crate) pshard: Vec<f32>,
     /// ZeRO ≥ 1: this rank's pieces of the summed gradient (ZeRO ≥ 2: `grads` is empty).
     pub(crate) gshard: Vec<f32>,
-    /// Sequence parallelism inside the tensor-parallel group.
-    pub(crate) sp: bool,
+    /// How this run splits its work over ranks.
+    pub layout: Layout,
     /// The single-worker model (the full layout), for evaluation and checkpoints.
     pub(crate) full_model: Gpt,
     /// Sequences per forward pass on this rank.
@@ -73,25 +73,33 @@ pub struct Trainer {
 impl Trainer {
     /// The single worker: the same trainer on the 1×1×1 mesh.
     pub fn new(cfg: TrainConfig) -> Result<Trainer> {
-        Trainer::on_mesh(cfg, Mesh::solo()?, Settings::default())
+        Trainer::on_mesh(cfg, Mesh::solo()?, &Layout::default())
     }
 
-    /// One rank of a parallel run: every rank of the mesh calls this with the same `cfg`.
-    pub fn on_mesh(cfg: TrainConfig, mesh: Mesh, settings: Settings) -> Result<Trainer> {
-        let run = Trainer::prepare(cfg, mesh.shape, settings)?;
+    /// One rank of a parallel run: every rank of the mesh calls this with the same `cfg` and
+    /// `layout` (whose degrees are the mesh's).
+    pub fn on_mesh(cfg: TrainConfig, mesh: Mesh, layout: &Layout) -> Result<Trainer> {
+        if MeshShape::of(layout) != mesh.shape {
+            return Err(Error::Layout(format!("the layout '{layout}' is not the mesh's {:?}", mesh.shape)));
+        }
+        let run = Trainer::prepare(cfg, layout)?;
         Trainer::build(run, mesh)
     }
 
     /// `on_mesh` from the world communicator: the run's settings, data and layout are checked
     /// before the mesh's groups are built, so that a bad setting starts no collective.
-    pub fn on_world(
-        cfg: TrainConfig,
-        world: &brigade_comm::Comm,
-        shape: MeshShape,
-        settings: Settings,
-    ) -> Result<Trainer> {
-        let run = Trainer::prepare(cfg, shape, settings)?;
-        Trainer::build(run, Mesh::new(world, shape)?)
+    pub fn on_world(cfg: TrainConfig, world: &brigade_comm::Comm, layout: &Layout) -> Result<Trainer> {
+        let run = Trainer::prepare(cfg, layout)?;
+        Trainer::build(run, Mesh::new(world, MeshShape::of(layout))?)
+    }
+
+    /// Gradient elements per data-parallel all-reduce bucket (ZeRO-0; default 25 MB of f32,
+    /// as PyTorch DDP's).
+    pub fn set_bucket_elems(&mut self, elems: usize) -> Result<()> {
+        let dpc = DataParallel { bucket_elems: elems, ..self.dpc };
+        dpc.validate()?;
+        self.dpc = dpc;
+        Ok(())
     }
 
     pub fn done(&self) -> bool {
@@ -130,7 +138,7 @@ impl Trainer {
             return Err(Error::Train(self.explain_nonfinite_loss(loss, step)));
         }
         let t0 = Instant::now();
-        let tp = Tp::new(&self.mesh.tp, self.sp);
+        let tp = Tp::new(&self.mesh.tp, self.layout.sp);
         // every parameter once: the head's copy of the tied table left out
         let layout = &self.norm_layout;
         let (cut, replicated) = (self.shards.compact_ranges(layout, false), self.shards.compact_ranges(layout, true));
@@ -229,7 +237,7 @@ impl Trainer {
         }
         let n_micro = x.len() / (mb * t);
         let overlap = data::overlaps(&self.mesh.dp, &self.dpc);
-        let tp = Tp::new(&self.mesh.tp, self.sp);
+        let tp = Tp::new(&self.mesh.tp, self.layout.sp);
         let (dp, zero) = (&self.mesh.dp, self.dpc.zero);
         for (i, (xm, ym)) in x.chunks(mb * t).zip(y.chunks(mb * t)).enumerate() {
             let t0 = Instant::now();

@@ -8,11 +8,11 @@
 
 use super::schedule::{Action, Plan};
 use crate::error::{Error, Result};
+use crate::layout::Recompute;
 use crate::models::units::Whole;
 use crate::models::{Activations, Gpt, Input, Output};
 use crate::nn::tp::Tp;
 use crate::nn::{Deferred, Spare, WeightGrads};
-use crate::parallel::Recompute;
 use brigade_comm::Comm;
 use std::collections::HashMap;
 use std::time::Instant;

@@ -7,6 +7,6 @@ pub mod schedule;
 pub mod simulate;
 pub mod stages;
 
-pub use schedule::{build, chart, Action, Kind, Plan};
+pub use schedule::{build, chart, Action, Plan};
 pub use simulate::{simulate, Costs, Report};
 pub use stages::RankModel;

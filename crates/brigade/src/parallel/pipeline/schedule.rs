@@ -8,41 +8,7 @@
 //! stages are on different ranks the value travels by a send and a receive.
 
 use crate::error::{Error, Result};
-
-/// The schedules `--layout schedule=…` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// All forwards, then all backwards (Huang et al. 2019).
-    GPipe,
-    /// One forward, one backward (PipeDream-Flush): at most pp micro-batches in flight.
-    OneFOneB,
-    /// 1F1B over v model chunks per rank (Narayanan et al. 2021): bubble (pp−1)/(v·m).
-    Interleaved,
-    /// ZB-H1 (Qi et al. 2023): backward split into its input-gradient part B and its
-    /// weight-gradient part W; W's wait to fill the bubbles, in-flight as in 1F1B.
-    ZeroBubble,
-}
-
-impl Kind {
-    pub fn parse(name: &str) -> Result<Kind> {
-        match name {
-            "gpipe" => Ok(Kind::GPipe),
-            "1f1b" => Ok(Kind::OneFOneB),
-            "interleaved" => Ok(Kind::Interleaved),
-            "zb" => Ok(Kind::ZeroBubble),
-            _ => Err(Error::Layout(format!("schedule={name}: expected gpipe, 1f1b, interleaved or zb"))),
-        }
-    }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Kind::GPipe => "gpipe",
-            Kind::OneFOneB => "1f1b",
-            Kind::Interleaved => "interleaved",
-            Kind::ZeroBubble => "zb",
-        }
-    }
-}
+use crate::layout::Schedule;
 
 /// One step of a rank's list. `chunk` is the rank's model chunk (0 unless interleaved).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,7 +74,7 @@ impl Action {
 /// Every rank's list of actions for one optimizer step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
-    pub kind: Kind,
+    pub kind: Schedule,
     pub pp: usize,
     /// Micro-batches per step.
     pub m: usize,
@@ -125,7 +91,7 @@ pub const MAX_STAGES: usize = 4096;
 pub const MAX_MICRO_BATCHES: usize = 1 << 16;
 
 /// Builds every rank's list, refusing what a schedule cannot run with a line saying what would.
-pub fn build(kind: Kind, pp: usize, m: usize, v: usize) -> Result<Plan> {
+pub fn build(kind: Schedule, pp: usize, m: usize, v: usize) -> Result<Plan> {
     if pp == 0 || m == 0 || v == 0 {
         return Err(Error::Layout(format!("pp={pp}, {m} micro-batches, v={v}: each must be at least 1")));
     }
@@ -135,13 +101,13 @@ pub fn build(kind: Kind, pp: usize, m: usize, v: usize) -> Result<Plan> {
             "pp={pp} × v={v} stages and {m} micro-batches: brigade schedules at most {MAX_STAGES} stages (pp·v) and {MAX_MICRO_BATCHES} micro-batches; lower them"
         )));
     }
-    if v > 1 && kind != Kind::Interleaved {
+    if v > 1 && kind != Schedule::Interleaved {
         return Err(Error::Layout(format!(
             "v={v} model chunks per rank needs schedule=interleaved; {} runs one chunk per rank (v=1)",
             kind.name()
         )));
     }
-    if kind == Kind::Interleaved && !m.is_multiple_of(pp) {
+    if kind == Schedule::Interleaved && !m.is_multiple_of(pp) {
         return Err(Error::Layout(format!(
             "schedule=interleaved sends micro-batches round the pipeline in groups of pp={pp}, so it needs a multiple of {pp} micro-batches, not {m}; use {} or {}",
             (m / pp).max(1) * pp,
@@ -149,12 +115,12 @@ pub fn build(kind: Kind, pp: usize, m: usize, v: usize) -> Result<Plan> {
         )));
     }
     let orders: Vec<Order> = match kind {
-        Kind::GPipe => (0..pp).map(|_| gpipe(m)).collect(),
-        Kind::OneFOneB => (0..pp).map(|r| one_f_one_b(pp, m, r)).collect(),
+        Schedule::GPipe => (0..pp).map(|_| gpipe(m)).collect(),
+        Schedule::OneFOneB => (0..pp).map(|r| one_f_one_b(pp, m, r)).collect(),
         // one chunk per rank: interleaving is 1F1B
-        Kind::Interleaved if v == 1 => (0..pp).map(|r| one_f_one_b(pp, m, r)).collect(),
-        Kind::Interleaved => (0..pp).map(|r| interleaved(pp, m, v, r)).collect(),
-        Kind::ZeroBubble => zero_bubble_h1(pp, m),
+        Schedule::Interleaved if v == 1 => (0..pp).map(|r| one_f_one_b(pp, m, r)).collect(),
+        Schedule::Interleaved => (0..pp).map(|r| interleaved(pp, m, v, r)).collect(),
+        Schedule::ZeroBubble => zero_bubble_h1(pp, m),
     };
     let ranks = orders.iter().enumerate().map(|(r, o)| with_transfers(o, r, pp, v)).collect();
     Ok(Plan { kind, pp, m, v, ranks })
@@ -213,7 +179,7 @@ fn zero_bubble_h1(pp: usize, m: usize) -> Vec<Order> {
     for k in 0..=pp {
         let orders = zero_bubble_with(pp, m, k);
         let ranks = orders.iter().enumerate().map(|(r, o)| with_transfers(o, r, pp, 1)).collect();
-        let plan = Plan { kind: Kind::ZeroBubble, pp, m, v: 1, ranks };
+        let plan = Plan { kind: Schedule::ZeroBubble, pp, m, v: 1, ranks };
         let Ok(rep) = super::simulate::simulate(&plan, &super::simulate::Costs::UNIT) else { continue };
         if best.as_ref().is_none_or(|(t, _)| rep.makespan < *t - 1e-9) {
             best = Some((rep.makespan, orders));
