@@ -1,12 +1,11 @@
 pub use crate::train_args::TrainArgs;
 use anyhow::{bail, Context, Result};
 use brigade::layout::Layout;
-use brigade::train::{EvalReport, TrainConfig, Trainer};
+use brigade::train::run::{self as job, JobOptions, JobReport, Observer, Outcome};
+use brigade::train::{EvalReport, StepStats, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// A run ended early by SIGINT or SIGTERM (after saving, where it could): exit status 130.
 #[derive(Debug)]
@@ -161,8 +160,23 @@ fn run_rank(
         world.barrier()?;
         tr.timeline = Some(brigade::train::timeline::Timeline::new(world.rank()));
     }
-    let out = a.out.clone().or_else(|| a.resume.clone());
-    brigade::with_threads(a.threads, || train_loop(&mut tr, a, out, stop, &world))?
+    let opts = JobOptions {
+        out: a.out.clone().or_else(|| a.resume.clone()),
+        save_every: a.save_every,
+        stop_after: a.stop_after,
+        trace: a.trace.clone(),
+    };
+    let mut bar = Bar::new(world.rank() == 0, a);
+    let outcome = brigade::with_threads(a.threads, || job::run(&mut tr, &opts, stop, &world, &mut bar))??;
+    if let Some(msg) = outcome.interrupted_message() {
+        return Err(Interrupted(msg).into());
+    }
+    if world.rank() == 0 {
+        if let Outcome::Finished(report) = outcome {
+            print_report(&tr, &report)?;
+        }
+    }
+    Ok(())
 }
 
 /// `--print-schedule`: the lists each rank would run, and how they fare on paper (a forward 1,
@@ -189,159 +203,95 @@ fn print_schedule(a: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// Every rank's seconds in compute, exposed communication and idle over the steps this process
-/// took (from `start`), and its mean pipeline bubble, on every rank.
-fn rank_times(tr: &Trainer, start: usize, world: &brigade_comm::Comm) -> Result<Vec<[f32; 4]>> {
-    let mut mine = [0f32; 4];
-    let steps = tr.history.iter().filter(|s| s.step > start).count().max(1);
-    for s in tr.history.iter().filter(|s| s.step > start) {
-        mine[0] += s.compute_s as f32;
-        mine[1] += s.comm_s as f32;
-        mine[2] += s.idle_s as f32;
-        mine[3] += s.bubble as f32 / steps as f32;
-    }
-    let mut all = vec![0f32; 4 * world.size()];
-    if world.size() > 1 {
-        world.all_gather(&mine, &mut all)?;
-    } else {
-        all.copy_from_slice(&mine);
-    }
-    Ok(all.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect())
+/// Rank 0's progress bar and lines; the other ranks' is hidden.
+struct Bar {
+    lead: bool,
+    bar: ProgressBar,
+    threads: usize,
+    layout: String,
 }
 
-/// Whether any rank was asked to stop: every rank must stop after the same step.
-fn any_rank_stopping(world: &brigade_comm::Comm, stop: &AtomicBool) -> Result<bool> {
-    let mut v = [stop.load(Ordering::Relaxed) as u8 as f32];
-    if world.size() > 1 {
-        world.all_reduce(&mut v, brigade_comm::ReduceOp::Max)?;
-    }
-    Ok(v[0] > 0.0)
-}
-
-fn train_loop(
-    tr: &mut Trainer,
-    a: &TrainArgs,
-    out: Option<PathBuf>,
-    stop: &AtomicBool,
-    world: &brigade_comm::Comm,
-) -> Result<()> {
-    let lead = world.rank() == 0;
-    let m = &tr.model.cfg;
-    let layout = match world.size() {
-        1 => String::new(),
-        n => format!(" · {n} ranks ({})", a.layout.as_deref().unwrap_or_default()),
-    };
-    if lead {
-        eprintln!(
-            "model {} ({} layers, {} heads, {} wide, vocab {}, {:.2}M params) · {} · batch {} × seq {} · {} steps · {} threads{layout}",
-            tr.cfg.model,
-            m.n_layer,
-            m.n_head,
-            m.n_embd,
-            m.vocab_size,
-            tr.model.num_params() as f64 / 1e6,
-            match &tr.cfg.data {
-                Some(p) => format!("data {}", p.display()),
-                None => format!("built-in task: {}-digit addition", tr.cfg.digits),
-            },
-            tr.cfg.batch,
-            tr.seq,
-            tr.cfg.steps,
-            a.threads
+impl Bar {
+    fn new(lead: bool, a: &TrainArgs) -> Bar {
+        let bar = if lead { ProgressBar::new(0) } else { ProgressBar::hidden() };
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise} eta {eta}]")
+                .expect("valid template"),
         );
+        Bar { lead, bar, threads: a.threads, layout: a.layout.clone().unwrap_or_default() }
     }
-    let bar = if lead { ProgressBar::new(tr.cfg.steps as u64) } else { ProgressBar::hidden() };
-    bar.set_position(tr.step as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise} eta {eta}]")
-            .expect("valid template"),
-    );
-    let t0 = Instant::now();
-    let start_step = tr.step;
-    let stop_at = a.stop_after.map(|s| s.min(tr.cfg.steps)).unwrap_or(tr.cfg.steps);
-    while tr.step < stop_at {
-        let s = tr.train_step()?;
-        let rate = (tr.step - start_step) as f64 * tr.tokens_per_step() as f64 / t0.elapsed().as_secs_f64();
-        bar.set_position(s.step as u64);
-        bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
-        if tr.cfg.eval_every > 0 && s.step % tr.cfg.eval_every == 0 && s.step < tr.cfg.steps {
-            // the model cut across a tensor-parallel group is gathered by its ranks; rank 0 evaluates
-            let full = tr.full_params()?;
-            if lead {
-                let t0 = Instant::now();
-                let r = tr.evaluate_with(full.as_deref());
-                tr.trace("evaluate", "eval", s.step, t0);
-                let line = format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss);
-                if bar.is_hidden() {
-                    eprintln!("{line}");
-                } else {
-                    bar.println(line);
-                }
-            }
+}
+
+impl Observer for Bar {
+    fn start(&mut self, tr: &Trainer) {
+        let m = &tr.model.cfg;
+        let layout = match tr.mesh.shape.world() {
+            1 => String::new(),
+            n => format!(" · {n} ranks ({})", self.layout),
+        };
+        if self.lead {
+            eprintln!(
+                "model {} ({} layers, {} heads, {} wide, vocab {}, {:.2}M params) · {} · batch {} × seq {} · {} steps · {} threads{layout}",
+                tr.cfg.model,
+                m.n_layer,
+                m.n_head,
+                m.n_embd,
+                m.vocab_size,
+                tr.model.num_params() as f64 / 1e6,
+                match &tr.cfg.data {
+                    Some(p) => format!("data {}", p.display()),
+                    None => format!("built-in task: {}-digit addition", tr.cfg.digits),
+                },
+                tr.cfg.batch,
+                tr.seq,
+                tr.cfg.steps,
+                self.threads
+            );
         }
-        if let (Some(dir), Some(every)) = (&out, a.save_every) {
-            if every > 0 && s.step % every == 0 {
-                let t0 = Instant::now();
-                tr.save(dir)?;
-                tr.trace("checkpoint", "io", s.step, t0);
-            }
-        }
-        if any_rank_stopping(world, stop)? && tr.step < tr.cfg.steps {
-            bar.finish_and_clear();
-            let msg = match &out {
-                Some(dir) => {
-                    tr.save(dir)?;
-                    format!(
-                        "interrupted after step {} of {}; checkpoint written to {}: continue with --resume {}",
-                        tr.step,
-                        tr.cfg.steps,
-                        dir.display(),
-                        dir.display()
-                    )
-                }
-                None => format!("interrupted after step {} of {}; nothing saved (no --out)", tr.step, tr.cfg.steps),
-            };
-            return Err(Interrupted(msg).into());
+        self.bar.set_length(tr.cfg.steps as u64);
+        self.bar.set_position(tr.step as u64);
+    }
+
+    fn step(&mut self, s: &StepStats, rate: f64) {
+        self.bar.set_position(s.step as u64);
+        self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
+    }
+
+    fn evaluated(&mut self, s: &StepStats, r: &EvalReport) {
+        let line = format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss);
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
         }
     }
-    bar.finish_and_clear();
-    let secs = t0.elapsed().as_secs_f64();
-    if let Some(dir) = &out {
-        tr.save(dir)?;
+
+    fn stepped(&mut self) {
+        self.bar.finish_and_clear();
     }
-    let full = if tr.step < tr.cfg.steps { None } else { tr.full_params()? };
-    let trace = match &tr.timeline {
-        Some(tl) => tl.gather(world)?,
-        None => None,
-    };
-    let times = rank_times(tr, start_step, world)?;
-    if !lead {
-        return Ok(());
-    }
-    eprintln!(
-        "{} steps in {:.1}s ({:.0} tokens/s), final loss {:.4}",
-        tr.step - start_step,
-        secs,
-        (tr.step - start_step) as f64 * tr.tokens_per_step() as f64 / secs,
-        tr.losses.last().copied().unwrap_or(f32::NAN)
-    );
-    if let Some(dir) = &out {
+}
+
+/// Rank 0's summary of a finished job.
+fn print_report(tr: &Trainer, r: &JobReport) -> Result<()> {
+    eprintln!("{} steps in {:.1}s ({:.0} tokens/s), final loss {:.4}", r.steps, r.secs, r.tokens_per_s, r.final_loss);
+    if let Some(dir) = &r.saved {
         eprintln!("checkpoint written to {}", dir.display());
     }
-    if world.size() > 1 {
+    if r.ranks.len() > 1 {
         eprintln!("seconds per rank over these steps (compute · exposed communication · idle):");
-        for (r, [compute, comm, idle, bubble]) in times.iter().enumerate() {
-            let c = tr.mesh.shape.coords(r);
+        for (i, t) in r.ranks.iter().enumerate() {
+            let c = tr.mesh.shape.coords(i);
             let piped = match &tr.plan {
-                Some(_) => format!(" · pipeline bubble {:.1}%", 100.0 * bubble),
+                Some(_) => format!(" · pipeline bubble {:.1}%", 100.0 * t.bubble),
                 None => String::new(),
             };
-            eprintln!("  rank {r} (dp {} pp {} tp {}): {compute:.2} · {comm:.2} · {idle:.2}{piped}", c.dp, c.pp, c.tp);
+            eprintln!(
+                "  rank {i} (dp {} pp {} tp {}): {:.2} · {:.2} · {:.2}{piped}",
+                c.dp, c.pp, c.tp, t.compute_s, t.comm_s, t.idle_s
+            );
         }
     }
-    if let Some(plan) = &tr.plan {
-        let theory = brigade::parallel::pipeline::simulate::bubble_theory(plan);
-        let mean = times.iter().map(|t| t[3] as f64).sum::<f64>() / times.len() as f64;
+    if let (Some(plan), Some((mean, theory))) = (&tr.plan, r.bubble) {
         eprintln!(
             "pipeline {} · pp={} · v={} · {} micro-batches: bubble measured {:.1}% (mean over ranks), theory {:.1}%",
             plan.kind.name(),
@@ -352,39 +302,20 @@ fn train_loop(
             100.0 * theory
         );
     }
-    if let (Some(path), Some(trace)) = (&a.trace, &trace) {
-        brigade::train::timeline::write_trace(path, trace)?;
-        let spans = trace["traceEvents"].as_array().map_or(0, |e| e.len());
+    if let Some((path, spans)) = &r.trace {
         eprintln!("timeline ({spans} spans, a track per rank) written to {}", path.display());
     }
-    if tr.step < tr.cfg.steps {
-        return Ok(());
-    }
-    let report = tr.evaluate_with(full.as_deref());
+    let Some(report) = &r.eval else { return Ok(()) };
     outln!("{report}");
-    match &report {
-        EvalReport::Addition { examples, .. } => {
-            outln!("held-out problems (model's answer):");
-            for (q, want, got) in examples {
-                let mark = if want == got { "ok" } else { "WRONG" };
-                outln!("  {q} = {got:<6} {mark}");
-            }
+    if let EvalReport::Addition { examples, .. } = report {
+        outln!("held-out problems (model's answer):");
+        for (q, want, got) in examples {
+            let mark = if want == got { "ok" } else { "WRONG" };
+            outln!("  {q} = {got:<6} {mark}");
         }
-        EvalReport::Text { .. } => {
-            let prompt = tr.data_prompt();
-            let opt = brigade::models::SampleOptions {
-                max_new_tokens: 64,
-                temperature: 0.8,
-                top_k: 40,
-                top_p: 1.0,
-                seed: 0,
-                stop: None,
-            };
-            let ids = tr.tokenizer.encode(&prompt)?;
-            let (model, params) = tr.whole_model(full.as_deref());
-            let gen = brigade::models::generate(model, params, &[ids], &opt);
-            outln!("sample: {}{}", prompt, tr.tokenizer.decode(&gen[0]));
-        }
+    }
+    if let Some(sample) = &r.sample {
+        outln!("sample: {sample}");
     }
     Ok(())
 }

@@ -104,6 +104,17 @@ impl Trainer {
         }
     }
 
+    /// What the model writes after the start of the validation text (sampled at temperature
+    /// 0.8, top-k 40, seed 0; the prompt included), to show what it learned.
+    pub fn sample_text(&self, full: Option<&[f32]>) -> Result<String> {
+        let prompt = self.data_prompt();
+        let opt = SampleOptions { max_new_tokens: 64, temperature: 0.8, top_k: 40, top_p: 1.0, seed: 0, stop: None };
+        let ids = self.tokenizer.encode(&prompt)?;
+        let (model, params) = self.whole_model(full);
+        let gen = generate(model, params, &[ids], &opt);
+        Ok(format!("{prompt}{}", self.tokenizer.decode(&gen[0])))
+    }
+
     /// The start of the validation text, used as a prompt to show what the model learned.
     pub fn data_prompt(&self) -> String {
         match &self.data {

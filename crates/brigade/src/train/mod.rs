@@ -1,4 +1,7 @@
-//! Single-worker training: data, optimizer, schedule, checkpoints and the loop.
+//! Training on any layout: the run's settings (`config`) and data, the trainer of one rank
+//! (`setup` builds it, `trainer` steps it, `pipelined` runs a pipeline rank's share, `persist`
+//! saves and resumes it, `evaluate` measures it), the optimizer, and the job that steps it
+//! to the end with its cadence of evaluations and checkpoints (`run`).
 
 pub mod addition;
 pub mod config;
@@ -11,6 +14,7 @@ pub mod optimizer;
 pub mod persist;
 pub mod pipelined;
 pub mod plot;
+pub mod run;
 pub mod setup;
 pub mod state;
 pub mod timeline;
