@@ -179,16 +179,9 @@ pub enum BenchCmd {
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
-        BenchCmd::Plan { step, layout: Some(layout), micro_batch } => crate::bench_plan::run(
-            &step.model,
-            step.seq,
-            step.batch,
-            step.threads,
-            step.steps,
-            step.json,
-            &layout,
-            micro_batch,
-        ),
+        BenchCmd::Plan { step, layout: Some(layout), micro_batch } => {
+            crate::bench_plan::run(&step, &layout, micro_batch)
+        }
         BenchCmd::Plan { step: StepArgs { model, seq, batch, threads, steps, json }, .. } => {
             if steps == 0 {
                 bail!("--steps must be at least 1");

@@ -6,17 +6,9 @@
 use anyhow::{bail, Result};
 use brigade::plan::local::{Collectives, LocalRun};
 
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    model: &str,
-    seq: usize,
-    batch: usize,
-    threads: usize,
-    steps: usize,
-    json: bool,
-    layout: &str,
-    micro_batch: Option<usize>,
-) -> Result<()> {
+pub fn run(step: &crate::bench_cmd::StepArgs, layout: &str, micro_batch: Option<usize>) -> Result<()> {
+    let crate::bench_cmd::StepArgs { model, seq, batch, threads, steps, json } = step;
+    let (model, seq, batch, threads, steps, json) = (model.as_str(), *seq, *batch, *threads, *steps, *json);
     if steps == 0 {
         bail!("--steps must be at least 1");
     }

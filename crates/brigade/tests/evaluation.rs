@@ -60,8 +60,8 @@ fn text_validation_loss_is_the_mean_over_the_held_out_windows() {
     let brigade::train::data::Dataset::Text(data) = &tr.data else { panic!("text data") };
     let (x, y) = data.val_batch(16, 24);
     let mut acts = Activations::default();
-    tr.model.forward(&tr.params, &x, 16, 24, &mut acts);
-    let (sum, n) = tr.model.loss(&y, &mut acts);
+    tr.model.logits(&tr.params, &x, (16, 24), &mut acts);
+    let (sum, n) = tr.model.loss(&brigade::nn::tp::Tp::SOLO, &y, &mut acts).unwrap();
     let want = sum / n as f64;
     assert!((got - want).abs() < 1e-5 * want, "validation loss {got} vs one pass {want}");
     // the prompt is the start of the held-out text

@@ -26,7 +26,7 @@ fn forward_last_is_the_last_row_of_the_full_logits() {
         let mut acts = Activations::default();
         let last = model.forward_last(&params, &tokens, b, t, &mut acts);
         let mut acts = Activations::default();
-        model.forward(&params, &tokens, b, t, &mut acts);
+        model.logits(&params, &tokens, (b, t), &mut acts);
         for i in 0..b {
             let want = &acts.logits[((i + 1) * t - 1) * v..][..v];
             let got = &last[i * v..(i + 1) * v];

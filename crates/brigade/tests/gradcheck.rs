@@ -5,6 +5,7 @@
 //! ‖fd − analytic‖ / ‖fd‖ must be below a tolerance set near the measured error (see below).
 
 use brigade::models::{Activations, Gpt, GptConfig};
+use brigade::nn::tp::Tp;
 use brigade::tensor::attention::{attention_backward, attention_forward, AttnShape};
 use brigade::tensor::elementwise::{gelu_backward, gelu_forward};
 use brigade::tensor::embedding::{
@@ -270,12 +271,12 @@ fn gpt_gradient_matches_finite_differences() {
     let count = targets.iter().filter(|&&x| x != IGNORE).count();
     let loss = |p: &[f32]| {
         let mut acts = Activations::default();
-        model.forward(p, &tokens, b, t, &mut acts);
-        model.loss(&targets, &mut acts).0 / count as f64
+        model.logits(p, &tokens, (b, t), &mut acts);
+        model.loss(&Tp::SOLO, &targets, &mut acts).unwrap().0 / count as f64
     };
     let mut grads = vec![0f32; model.layout.total];
     let mut acts = Activations::default();
-    model.forward_backward(&params, &mut grads, &tokens, &targets, b, t, 1.0 / count as f32, &mut acts);
+    model.forward_backward((&params, &mut grads), (&tokens, &targets), (b, t), 1.0 / count as f32, &mut acts);
     for spec in &model.layout.specs {
         let v = spec.view;
         let sub_p = v.of(&params).to_vec();

@@ -2,7 +2,10 @@
 //! scripts/make_gpt2_fixture.py): same weights, same input → same logits, loss and gradients.
 
 use brigade::models::checkpoint::load_model;
+use brigade::models::units::Whole;
 use brigade::models::Activations;
+use brigade::models::{Output, Pass};
+use brigade::nn::tp::Tp;
 use brigade::tensor::loss::IGNORE;
 use safetensors::SafeTensors;
 use std::path::Path;
@@ -37,19 +40,21 @@ fn matches_hugging_face_gpt2() {
     let count = targets.iter().filter(|&&x| x != IGNORE).count();
 
     let mut acts = Activations::default();
-    model.forward(&params, &ids, b, t, &mut acts);
+    model.logits(&params, &ids, (b, t), &mut acts);
     let logits = acts.logits.clone();
     let e = rel_err(&logits, &f32s(&st, "logits"));
     assert!(e < 1e-4, "logits differ from Hugging Face by {e:.2e} (relative)");
 
-    let (sum, n) = model.loss(&targets, &mut acts);
+    let (sum, n) = model.loss(&Tp::SOLO, &targets, &mut acts).unwrap();
     assert_eq!(n, count);
     let loss = sum / n as f64;
     let want = f32s(&st, "loss")[0] as f64;
     assert!(((loss - want) / want).abs() < 1e-5, "loss {loss} vs Hugging Face {want}");
 
     let mut grads = vec![0f32; model.layout.total];
-    model.backward(&params, &mut grads, &ids, &targets, 1.0 / count as f32, &mut acts);
+    let mut store = Whole::new(&model.units, &params, &mut grads);
+    let from = Output::Loss { targets: &targets, scale: 1.0 / count as f32 };
+    model.backward(&mut Pass::new(&Tp::SOLO, &mut store), &ids, from, &mut acts).unwrap();
     let mut checked = 0;
     for name in st.names() {
         if let Some(ours) = name.strip_prefix("grad.") {
@@ -67,7 +72,7 @@ fn matches_hugging_face_gpt2() {
     assert!(t > 64);
     let ids: Vec<u32> = long.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
     let want = f32s(&st, "long_logits");
-    model.forward(&params, &ids, b, t, &mut acts);
+    model.logits(&params, &ids, (b, t), &mut acts);
     let e = rel_err(&acts.logits, &want);
     assert!(e < 1e-4, "logits of a {t}-token prompt differ from Hugging Face by {e:.2e} (relative)");
     let last = model.forward_last(&params, &ids, b, t, &mut acts);

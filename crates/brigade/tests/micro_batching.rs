@@ -34,7 +34,8 @@ fn accumulated_gradient_equals_the_one_batch_gradient() {
     let model = &probe.model;
     let mut want = vec![0f32; model.layout.total];
     let mut acts = Activations::default();
-    let (sum, n) = model.forward_backward(&probe.params, &mut want, &x, &y, batch, t, 1.0 / count as f32, &mut acts);
+    let (sum, n) =
+        model.forward_backward((&probe.params, &mut want), (&x, &y), (batch, t), 1.0 / count as f32, &mut acts);
     assert_eq!(n, count);
 
     for m in [1, 2, 4] {

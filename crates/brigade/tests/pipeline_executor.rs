@@ -32,9 +32,8 @@ fn every_schedule_executed_equals_the_whole_model() {
         let (mut want, mut want_loss) = (vec![0f32; whole.layout.total], 0f64);
         let mut acts = Activations::default();
         for k in 0..m {
-            whole.forward(&params, &tokens[k], b, t, &mut acts);
-            want_loss += whole.loss(&targets[k], &mut acts).0;
-            whole.backward(&params, &mut want, &tokens[k], &targets[k], scale, &mut acts);
+            want_loss +=
+                whole.forward_backward((&params, &mut want), (&tokens[k], &targets[k]), (b, t), scale, &mut acts).0;
         }
         for (kind, pp, v) in [
             (Schedule::GPipe, 2, 1),

@@ -3,7 +3,7 @@
 //! seam the pipeline executor is built on.
 
 use brigade::models::units::Whole;
-use brigade::models::{Activations, Gpt, GptConfig, Input, Output};
+use brigade::models::{Activations, Gpt, GptConfig, Input, Output, Pass};
 use brigade::nn::tp::Tp;
 
 fn rel(a: &[f32], b: &[f32]) -> f64 {
@@ -25,9 +25,7 @@ fn stages_run_in_turn_equal_the_whole_model() {
     let scale = 1.0 / counted as f32;
     let mut acts = Activations::default();
     let mut want = vec![0f32; whole.layout.total];
-    whole.forward(&params, &tokens, b, t, &mut acts);
-    let want_loss = whole.loss(&targets, &mut acts).0;
-    whole.backward(&params, &mut want, &tokens, &targets, scale, &mut acts);
+    let want_loss = whole.forward_backward((&params, &mut want), (&tokens, &targets), (b, t), scale, &mut acts).0;
     let grad_of = |name: &str| whole.layout.get(name).unwrap().view.of(&want).to_vec();
 
     // units 0 (embedding), 1–4 (blocks), 5 (ln_f + head)
@@ -48,17 +46,17 @@ fn stages_run_in_turn_equal_the_whole_model() {
         for (k, part) in parts.iter().enumerate() {
             let input = if k == 0 { Input::Tokens(&tokens) } else { Input::Hidden(&hidden) };
             let mut store = Whole::reading(&part.units, &ps[k]);
-            part.forward_part(&Tp::SOLO, &mut store, input, b, t, &mut acts[k]).unwrap();
+            part.forward(&mut Pass::new(&Tp::SOLO, &mut store), input, (b, t), &mut acts[k]).unwrap();
             hidden = acts[k].output().to_vec();
         }
         let last = parts.len() - 1;
-        let loss = parts[last].loss(&targets, &mut acts[last]).0;
+        let loss = parts[last].loss(&Tp::SOLO, &targets, &mut acts[last]).unwrap().0;
         assert_eq!(loss, want_loss, "{cuts:?}: the loss");
         let mut dy: Vec<f32> = Vec::new();
         for (k, part) in parts.iter().enumerate().rev() {
             let from = if k == last { Output::Loss { targets: &targets, scale } } else { Output::Grad(&dy) };
             let mut store = Whole::new(&part.units, &ps[k], &mut gs[k]);
-            part.backward_part(&Tp::SOLO, &mut store, &tokens, from, &mut acts[k]).unwrap();
+            part.backward(&mut Pass::new(&Tp::SOLO, &mut store), &tokens, from, &mut acts[k]).unwrap();
             dy = acts[k].input_grad().to_vec();
         }
         // every tensor's gradient; the token table's from its two copies summed

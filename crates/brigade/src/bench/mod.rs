@@ -119,8 +119,13 @@ pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps
     for i in 0..warmup + steps {
         let t0 = Instant::now();
         grads.fill(0.0);
-        let (l, n) =
-            model.forward_backward(&params, &mut grads, &x, &y, batch, seq, 1.0 / (batch * seq) as f32, &mut acts);
+        let (l, n) = model.forward_backward(
+            (&params, &mut grads),
+            (&x, &y),
+            (batch, seq),
+            1.0 / (batch * seq) as f32,
+            &mut acts,
+        );
         let clip = clip_factor(grad_norm(&grads), 1.0);
         opt.step(&mut params, &grads, clip, 3e-4);
         let dt = t0.elapsed().as_secs_f64();

@@ -4,7 +4,7 @@
 use super::config::GptConfig;
 use crate::error::Result;
 use crate::nn::tp::Tp;
-use crate::nn::{ensure, AttnStash, CausalSelfAttention, LayerNorm, LnStash, Mlp, MlpStash, WeightGrads};
+use crate::nn::{ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, LayerNorm, LnStash, Mlp, MlpStash};
 use crate::params::ParamLayout;
 use crate::tensor::elementwise::residual_bias_forward;
 
@@ -59,12 +59,10 @@ pub(crate) struct Scratch {
     /// An output gradient gathered across the group.
     pub(crate) dfull: Vec<f32>,
     pub(crate) dh: Vec<f32>,
-    pub(crate) datt: Vec<f32>,
-    pub(crate) dqkv: Vec<f32>,
     /// Selective recompute: the softmax probabilities are not kept by the forward, and are
-    /// computed again here by the backward.
+    /// computed again by the backward (in `attn`).
     pub(crate) drop_scores: bool,
-    pub(crate) probs: Vec<f32>,
+    pub(crate) attn: AttnScratch,
 }
 
 impl Block {
@@ -75,30 +73,29 @@ impl Block {
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
         Block {
             ln_1: LayerNorm::new(layout, &format!("h.{i}.ln_1"), c),
-            attn: CausalSelfAttention::new(layout, &format!("h.{i}.attn"), c, cfg.n_head, tp, std, proj_std),
+            attn: CausalSelfAttention::new(layout, &format!("h.{i}.attn"), (c, cfg.n_head), tp, (std, proj_std)),
             ln_2: LayerNorm::new(layout, &format!("h.{i}.ln_2"), c),
-            mlp: Mlp::new(layout, &format!("h.{i}.mlp"), c, tp, std, proj_std),
+            mlp: Mlp::new(layout, &format!("h.{i}.mlp"), c, tp, (std, proj_std)),
         }
     }
 
-    /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows: two
-    /// collectives forward (`g` after each row-parallel layer; under sp also two gathers).
-    #[allow(clippy::too_many_arguments)]
+    /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows of `b`
+    /// sequences of `t` tokens: two collectives forward (`g` after each row-parallel layer;
+    /// under sp also two gathers).
     pub(crate) fn forward(
         &self,
         tp: &Tp,
         p: &[f32],
-        x: &[f32],
-        (b, t): (usize, usize),
+        (x, out): (&[f32], &mut [f32]),
+        bt: (usize, usize),
         st: &mut BlockStash,
-        out: &mut [f32],
         sc: &mut Scratch,
     ) -> Result<()> {
         let Scratch { full, part, rows, drop_scores, .. } = sc;
         ensure(&mut st.x2, x.len());
         self.ln_1.forward(p, x, &mut st.ln1);
         let h = tp.enter(&st.ln1.out, full)?;
-        self.attn.forward(p, h, b, t, &mut st.attn, part, !*drop_scores);
+        self.attn.forward(p, h, bt, &mut st.attn, part, !*drop_scores);
         let y = tp.exit(part, rows)?;
         residual_bias_forward(&mut st.x2, x, y, self.attn.c_proj.bias(p));
         self.ln_2.forward(p, &st.x2, &mut st.ln2);
@@ -111,32 +108,21 @@ impl Block {
 
     /// On entry `dresid` is the gradient of the block output; on return, of the block input.
     /// Two collectives backward (`f` before each column-parallel layer).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn backward(
-        &self,
-        tp: &Tp,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        (b, t): (usize, usize),
-        st: &BlockStash,
-        sc: &mut Scratch,
-        dw: &mut WeightGrads,
-    ) -> Result<()> {
-        let Scratch { dresid, dln, dpart, dfull, hfull, dh, datt, dqkv, probs, .. } = sc;
+    pub(crate) fn backward(&self, tp: &Tp, gr: &mut Grads, x: &[f32], st: &BlockStash, sc: &mut Scratch) -> Result<()> {
+        let Scratch { dresid, dln, dpart, dfull, hfull, dh, attn, .. } = sc;
         // The residual add passes dresid unchanged to both branches.
-        self.mlp.c_proj.bias_backward(g, dresid);
+        self.mlp.c_proj.bias_backward(gr.g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln2.out, hfull)?;
-        self.mlp.backward(p, g, h, &st.mlp, dy, dpart, dh, dw);
+        self.mlp.backward(gr, h, &st.mlp, dy, dpart, dh);
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
-        self.ln_2.backward(p, g, &st.x2, &st.ln2, d, dresid);
-        self.attn.c_proj.bias_backward(g, dresid);
+        self.ln_2.backward(gr.p, gr.g, &st.x2, &st.ln2, d, dresid);
+        self.attn.c_proj.bias_backward(gr.g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln1.out, hfull)?;
-        self.attn.backward(p, g, h, b, t, &st.attn, dy, dpart, datt, dqkv, probs, dw);
+        self.attn.backward(gr, h, &st.attn, dy, dpart, attn);
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
-        self.ln_1.backward(p, g, x, &st.ln1, d, dresid);
+        self.ln_1.backward(gr.p, gr.g, x, &st.ln1, d, dresid);
         Ok(())
     }
 }

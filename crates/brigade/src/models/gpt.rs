@@ -3,10 +3,11 @@
 
 use super::block::{Block, BlockStash, Scratch};
 pub use super::config::{check_tp, GptConfig, MAX_DIM, MAX_PARAMS, PRESETS};
-use super::units::{UnitStore, Whole};
+pub use super::pass::{Input, Output, Pass};
+use super::units::Whole;
 use crate::error::{Error, Result};
 use crate::nn::tp::{vocab, Tp, VocabShard};
-use crate::nn::{ensure, LayerNorm, LnStash, WeightGrads};
+use crate::nn::{ensure, Grads, LayerNorm, LnStash, WeightGrads};
 use crate::params::{Init, ParamLayout, Split, View};
 use crate::tensor::loss::{cross_entropy_backward, IGNORE};
 use crate::tensor::matmul;
@@ -26,22 +27,6 @@ pub struct Activations {
     lse: Vec<f32>,
     losses: Vec<f32>,
     scratch: Scratch,
-}
-
-/// What a part's forward starts from: the tokens (the first stage) or the previous stage's
-/// output rows.
-#[derive(Clone, Copy)]
-pub enum Input<'a> {
-    Tokens(&'a [u32]),
-    Hidden(&'a [f32]),
-}
-
-/// What a part's backward starts from: the loss (the last stage) or the gradient of the
-/// stage's output rows.
-#[derive(Clone, Copy)]
-pub enum Output<'a> {
-    Loss { targets: &'a [i32], scale: f32 },
-    Grad(&'a [f32]),
 }
 
 impl Activations {
@@ -222,12 +207,12 @@ impl Gpt {
     /// `acts.output()`).
     fn forward_hidden(
         &self,
-        tp: &Tp,
-        store: &mut dyn UnitStore,
+        pass: &mut Pass,
         input: Input,
         (b, t): (usize, usize),
         acts: &mut Activations,
     ) -> Result<()> {
+        let (tp, store) = (pass.tp, &mut *pass.store);
         self.check_group(tp);
         let (c, l) = (self.cfg.n_embd, self.blocks.len());
         let rows = tp.rows(b * t).len();
@@ -243,16 +228,16 @@ impl Gpt {
             Input::Tokens(tokens) => {
                 assert!(self.has_embedding, "a part without the embedding takes hidden rows");
                 let p = store.params(0)?;
-                let (wte, wpe) = (self.wte.of(p), self.wpe.of(p));
+                let tables = (self.wte.of(p), self.wpe.of(p));
                 let out = &mut acts.resid[0];
-                vocab::embedding_forward(tp, out, wte, wpe, tokens, self.vocab, (t, c), &mut sc.part, &mut sc.rows)?;
+                vocab::embedding_forward(tp, out, tables, tokens, self.vocab, (t, c), (&mut sc.part, &mut sc.rows))?;
             }
             Input::Hidden(x) => acts.resid[0].copy_from_slice(x),
         }
         for (i, blk) in self.blocks.iter().enumerate() {
             let (done, rest) = acts.resid.split_at_mut(i + 1);
             let p = store.params(self.block_unit(i))?;
-            blk.forward(tp, p, &done[i], (b, t), &mut acts.blocks[i], &mut rest[0], sc)?;
+            blk.forward(tp, p, (&done[i], &mut rest[0]), (b, t), &mut acts.blocks[i], sc)?;
         }
         if self.has_head {
             self.ln_f.forward(store.params(self.final_unit())?, &acts.resid[l], &mut acts.lnf);
@@ -260,59 +245,19 @@ impl Gpt {
         Ok(())
     }
 
-    /// Full forward to logits `[b·t, vocab]` in `acts.logits` (single worker).
-    pub fn forward(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) {
-        self.forward_tp(&Tp::SOLO, p, tokens, b, t, acts).expect(SOLO)
-    }
-
-    /// Forward as one rank of a tensor-parallel group, from the whole parameter buffer.
-    pub fn forward_tp(
-        &self,
-        tp: &Tp,
-        p: &[f32],
-        tokens: &[u32],
-        b: usize,
-        t: usize,
-        acts: &mut Activations,
-    ) -> Result<()> {
-        let mut store = Whole::reading(&self.units, p);
-        self.forward_units(tp, &mut store, tokens, b, t, acts)
-    }
-
-    /// Forward as one rank of a tensor-parallel group, each unit's parameters from `store`:
-    /// this rank's vocabulary block of the logits, `[b·t, vocab.rows]`, in `acts.logits`.
-    pub fn forward_units(
-        &self,
-        tp: &Tp,
-        store: &mut dyn UnitStore,
-        tokens: &[u32],
-        b: usize,
-        t: usize,
-        acts: &mut Activations,
-    ) -> Result<()> {
-        self.forward_part(tp, store, Input::Tokens(tokens), b, t, acts)
-    }
-
-    /// Forward of this part (a pipeline stage) from `input`: on the last stage to this rank's
-    /// vocabulary block of the logits, else to the stage's output rows, `acts.output()`.
-    pub fn forward_part(
-        &self,
-        tp: &Tp,
-        store: &mut dyn UnitStore,
-        input: Input,
-        b: usize,
-        t: usize,
-        acts: &mut Activations,
-    ) -> Result<()> {
-        self.forward_hidden(tp, store, input, (b, t), acts)?;
+    /// Forward of this part over `b` sequences of `t` tokens, from `input`: on the last stage
+    /// to this rank's vocabulary block of the logits, `[b·t, vocab.rows]` in `acts.logits`,
+    /// else to the stage's output rows, `acts.output()`.
+    pub fn forward(&self, pass: &mut Pass, input: Input, (b, t): (usize, usize), acts: &mut Activations) -> Result<()> {
+        self.forward_hidden(pass, input, (b, t), acts)?;
         if !self.has_head {
             return Ok(());
         }
         let (c, v, n) = (self.cfg.n_embd, self.vocab.rows, b * t);
         ensure(&mut acts.logits, n * v);
         // LM head tied to the token embedding: logits = h·wteᵀ, on this rank's vocabulary block.
-        let h = tp.enter(&acts.lnf.out, &mut acts.scratch.full)?;
-        matmul(&mut acts.logits, h, self.wte.of(store.params(self.table_unit)?), n, c, v, false, true, false);
+        let h = pass.tp.enter(&acts.lnf.out, &mut acts.scratch.full)?;
+        matmul(&mut acts.logits, h, self.wte.of(pass.store.params(self.table_unit)?), n, c, v, false, true, false);
         Ok(())
     }
 
@@ -320,7 +265,8 @@ impl Gpt {
     /// single worker.
     pub fn forward_last(&self, p: &[f32], tokens: &[u32], b: usize, t: usize, acts: &mut Activations) -> Vec<f32> {
         let mut store = Whole::reading(&self.units, p);
-        self.forward_hidden(&Tp::SOLO, &mut store, Input::Tokens(tokens), (b, t), acts).expect(SOLO);
+        let mut pass = Pass::new(&Tp::SOLO, &mut store);
+        self.forward_hidden(&mut pass, Input::Tokens(tokens), (b, t), acts).expect(SOLO);
         let (c, v) = (self.cfg.n_embd, self.cfg.vocab_size);
         let mut h = Vec::with_capacity(b * c);
         for i in 0..b {
@@ -331,14 +277,10 @@ impl Gpt {
         out
     }
 
-    /// Mean cross-entropy over targets that are not `IGNORE`, after `forward`.
+    /// The cross-entropy of the targets that are not `IGNORE`, after a forward of the last
+    /// stage, from this rank's block of the logits (every rank of the group gets the loss).
     /// Returns (sum of token losses in f64, number of counted tokens).
-    pub fn loss(&self, targets: &[i32], acts: &mut Activations) -> (f64, usize) {
-        self.loss_tp(&Tp::SOLO, targets, acts).expect(SOLO)
-    }
-
-    /// `loss` from this rank's block of the logits (every rank of the group gets the loss).
-    pub fn loss_tp(&self, tp: &Tp, targets: &[i32], acts: &mut Activations) -> Result<(f64, usize)> {
+    pub fn loss(&self, tp: &Tp, targets: &[i32], acts: &mut Activations) -> Result<(f64, usize)> {
         let n = targets.len();
         ensure(&mut acts.lse, n);
         ensure(&mut acts.losses, n);
@@ -347,82 +289,18 @@ impl Gpt {
         Ok((sum, targets.iter().filter(|&&x| x != IGNORE).count()))
     }
 
-    /// Backward from the loss, accumulating into `g`. `scale` is 1 / (counted tokens of the
-    /// whole global batch), so that micro-batches sum to the gradient of the batch mean.
-    pub fn backward(
-        &self,
-        p: &[f32],
-        g: &mut [f32],
-        tokens: &[u32],
-        targets: &[i32],
-        scale: f32,
-        acts: &mut Activations,
-    ) {
-        self.backward_tp(&Tp::SOLO, p, g, tokens, targets, scale, acts, &mut |_, _| {}).expect(SOLO)
-    }
-
-    /// `backward` as one rank of a tensor-parallel group, calling `ready(g, from)` each time
-    /// the gradients of `g[from..]` are final (after ln_f, after each block, from the last
-    /// block down, and 0 at the end), so that data-parallel buckets can be reduced while the
-    /// earlier layers still run backward.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_tp(
-        &self,
-        tp: &Tp,
-        p: &[f32],
-        g: &mut [f32],
-        tokens: &[u32],
-        targets: &[i32],
-        scale: f32,
-        acts: &mut Activations,
-        ready: &mut dyn FnMut(&[f32], usize),
-    ) -> Result<()> {
-        let mut store = Whole::new(&self.units, p, g).on_ready(ready);
-        self.backward_units(tp, &mut store, tokens, targets, scale, acts)
-    }
-
-    /// Backward from the loss as one rank of a tensor-parallel group, each unit's parameters
-    /// and gradient buffer from `store`, which hears when each unit's gradients are final.
-    /// Under sequence parallelism the gradients of the replicated parameters are partial sums
-    /// over the group (`tensor::state::sum_replicated_grads`).
-    pub fn backward_units(
-        &self,
-        tp: &Tp,
-        store: &mut dyn UnitStore,
-        tokens: &[u32],
-        targets: &[i32],
-        scale: f32,
-        acts: &mut Activations,
-    ) -> Result<()> {
-        self.backward_part(tp, store, tokens, Output::Loss { targets, scale }, acts)
-    }
-
-    /// Backward of this part (a pipeline stage): from the loss on the last stage, else from
-    /// the gradient of the stage's output rows. A stage without the embedding leaves the
-    /// gradient of its input rows in `acts.input_grad()`.
-    pub fn backward_part(
-        &self,
-        tp: &Tp,
-        store: &mut dyn UnitStore,
-        tokens: &[u32],
-        from: Output,
-        acts: &mut Activations,
-    ) -> Result<()> {
-        self.backward_split(tp, store, tokens, from, acts, &mut WeightGrads::Now)
-    }
-
-    /// `backward_part` with the weight matrices' gradients to `dw`: at once, or (a zero-bubble
-    /// schedule's B) left for later, so that the input gradient is ready sooner. Biases,
-    /// LayerNorms and the embedding take their gradients here either way (they are cheap).
-    pub fn backward_split(
-        &self,
-        tp: &Tp,
-        store: &mut dyn UnitStore,
-        tokens: &[u32],
-        from: Output,
-        acts: &mut Activations,
-        dw: &mut WeightGrads,
-    ) -> Result<()> {
+    /// Backward of this part after its forward: from the loss on the last stage (`scale` is 1
+    /// / the counted tokens of the whole global batch, so that micro-batches sum to the
+    /// gradient of the batch mean), else from the gradient of the stage's output rows. The
+    /// pass's store hears as each unit's gradients become final (the last unit first); a
+    /// stage without the embedding leaves the gradient of its input rows in
+    /// `acts.input_grad()`. The weight matrices' gradients go to `pass.dw` (biases,
+    /// LayerNorms and the embedding take theirs here either way: they are cheap). Under
+    /// sequence parallelism the gradients of the replicated parameters are partial sums over
+    /// the group (`nn::tp::state::sum_replicated_grads`).
+    pub fn backward(&self, pass: &mut Pass, tokens: &[u32], from: Output, acts: &mut Activations) -> Result<()> {
+        let Pass { tp, store, dw } = pass;
+        let tp: &Tp = tp;
         self.check_group(tp);
         let (b, t) = (acts.b, acts.t);
         let (c, v, l, n) = (self.cfg.n_embd, self.vocab.rows, self.blocks.len(), b * t);
@@ -443,7 +321,7 @@ impl Gpt {
                     WeightGrads::Later { .. } => {
                         dw.add_owned(g, self.wte, std::mem::take(&mut acts.logits), h, (v, n, c))
                     }
-                    WeightGrads::Now => dw.add(g, self.wte, &acts.logits, h, v, n, c),
+                    WeightGrads::Now => dw.add(g, self.wte, &acts.logits, h, (v, n, c)),
                 }
                 let d = tp.enter_backward(&mut sc.dpart, &mut sc.dln)?;
                 sc.dresid.fill(0.0);
@@ -456,7 +334,7 @@ impl Gpt {
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             let (p, g) = store.params_grads(self.block_unit(i))?;
             dw.set_unit(self.block_unit(i));
-            blk.backward(tp, p, g, &acts.resid[i], (b, t), &acts.blocks[i], sc, dw)?;
+            blk.backward(tp, &mut Grads { p, g, dw }, &acts.resid[i], &acts.blocks[i], sc)?;
             store.grads_done(self.block_unit(i))?;
         }
         if !self.has_embedding {
@@ -465,28 +343,34 @@ impl Gpt {
         let (_, g) = store.params_grads(0)?;
         let (wo, po) = (self.wte, self.wpe);
         assert_eq!(po.offset, wo.offset + wo.len, "wte and wpe are adjacent in the layout");
-        let (dwte, dwpe) = g[wo.offset..po.offset + po.len].split_at_mut(wo.len);
-        vocab::embedding_backward(tp, dwte, dwpe, &sc.dresid, tokens, self.vocab, (t, c), &mut sc.dfull)?;
+        let tables = g[wo.offset..po.offset + po.len].split_at_mut(wo.len);
+        vocab::embedding_backward(tp, tables, &sc.dresid, tokens, self.vocab, (t, c), &mut sc.dfull)?;
         store.grads_done(0)
     }
 
-    /// Forward, loss and backward of one micro-batch; returns (loss sum, counted tokens).
-    #[allow(clippy::too_many_arguments)]
+    /// The single worker's forward, loss and backward of `b` sequences of `t` tokens over the
+    /// whole buffers, accumulating into `g` (`scale` as in `backward`); returns (loss sum,
+    /// counted tokens).
     pub fn forward_backward(
         &self,
-        p: &[f32],
-        g: &mut [f32],
-        tokens: &[u32],
-        targets: &[i32],
-        b: usize,
-        t: usize,
+        (p, g): (&[f32], &mut [f32]),
+        (tokens, targets): (&[u32], &[i32]),
+        (b, t): (usize, usize),
         scale: f32,
         acts: &mut Activations,
     ) -> (f64, usize) {
-        self.forward(p, tokens, b, t, acts);
-        let out = self.loss(targets, acts);
-        self.backward(p, g, tokens, targets, scale, acts);
+        let mut store = Whole::new(&self.units, p, g);
+        let mut pass = Pass::new(&Tp::SOLO, &mut store);
+        self.forward(&mut pass, Input::Tokens(tokens), (b, t), acts).expect(SOLO);
+        let out = self.loss(&Tp::SOLO, targets, acts).expect(SOLO);
+        self.backward(&mut pass, tokens, Output::Loss { targets, scale }, acts).expect(SOLO);
         out
+    }
+
+    /// The single worker's forward to logits `[b·t, vocab]` in `acts.logits`.
+    pub fn logits(&self, p: &[f32], tokens: &[u32], (b, t): (usize, usize), acts: &mut Activations) {
+        let mut store = Whole::reading(&self.units, p);
+        self.forward(&mut Pass::new(&Tp::SOLO, &mut store), Input::Tokens(tokens), (b, t), acts).expect(SOLO)
     }
 }
 

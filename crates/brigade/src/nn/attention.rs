@@ -2,10 +2,19 @@
 //! tensor-parallel group: `c_attn` is column-parallel (each rank computes q, k, v of its
 //! heads), `c_proj` row-parallel (each rank's heads give a partial output, summed by `g`).
 
-use super::{ensure, WeightGrads};
+use super::{ensure, Grads};
 use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
+
+/// The backward's working space, reused across layers and steps: the gradients of the
+/// attention output and of q, k, v, and (selective recompute) the probabilities again.
+#[derive(Default)]
+pub struct AttnScratch {
+    pub datt: Vec<f32>,
+    pub dqkv: Vec<f32>,
+    pub probs: Vec<f32>,
+}
 
 #[derive(Clone, Debug)]
 pub struct CausalSelfAttention {
@@ -19,21 +28,21 @@ pub struct CausalSelfAttention {
 
 #[derive(Default)]
 pub struct AttnStash {
+    /// Sequences and their length, as the forward ran.
+    pub bt: (usize, usize),
     pub qkv: Vec<f32>,
     pub probs: Vec<f32>,
     pub att: Vec<f32>,
 }
 
 impl CausalSelfAttention {
-    #[allow(clippy::too_many_arguments)]
+    /// `std` and `proj_std`: the initial scale of `c_attn` and of `c_proj`.
     pub fn new(
         layout: &mut ParamLayout,
         prefix: &str,
-        c: usize,
-        heads: usize,
+        (c, heads): (usize, usize),
         tp: usize,
-        std: f32,
-        proj_std: f32,
+        (std, proj_std): (f32, f32),
     ) -> Self {
         let c_attn = ColumnParallelLinear::new(layout, &format!("{prefix}.c_attn"), c, 3 * c, 3, tp, std);
         let c_proj = RowParallelLinear::new(layout, &format!("{prefix}.c_proj"), c, c, tp, proj_std);
@@ -47,17 +56,16 @@ impl CausalSelfAttention {
     /// `part = attention(c_attn(x))·W_proj` for this rank's heads (no bias: added after `g`).
     /// With `keep_scores` false (selective recompute) the softmax probabilities are not kept:
     /// the backward computes them again from q and k.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         p: &[f32],
         x: &[f32],
-        b: usize,
-        t: usize,
+        (b, t): (usize, usize),
         st: &mut AttnStash,
         part: &mut Vec<f32>,
         keep_scores: bool,
     ) {
+        st.bt = (b, t);
         let s = self.shape(b, t);
         let n = b * t;
         ensure(&mut st.qkv, 3 * n * self.c);
@@ -73,23 +81,20 @@ impl CausalSelfAttention {
     }
 
     /// From the output gradient `dout` (all rows), overwrites `dx` with this rank's part of
-    /// the input gradient; `datt` and `dqkv` are scratch.
-    #[allow(clippy::too_many_arguments)]
+    /// the input gradient.
     pub fn backward(
         &self,
-        p: &[f32],
-        g: &mut [f32],
+        gr: &mut Grads,
         x: &[f32],
-        b: usize,
-        t: usize,
         st: &AttnStash,
         dout: &[f32],
         dx: &mut Vec<f32>,
-        datt: &mut Vec<f32>,
-        dqkv: &mut Vec<f32>,
-        probs: &mut Vec<f32>,
-        dw: &mut WeightGrads,
+        sc: &mut AttnScratch,
     ) {
+        let (b, t) = st.bt;
+        let AttnScratch { datt, dqkv, probs } = sc;
+        let Grads { p, g, dw } = gr;
+        let (p, g) = (*p, &mut **g);
         let n = b * t;
         let s = self.shape(b, t);
         ensure(datt, n * self.c);

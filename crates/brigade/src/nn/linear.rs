@@ -45,7 +45,7 @@ impl Linear {
         dw: &mut WeightGrads,
     ) {
         let n = x.len() / self.d_in;
-        dw.add(g, self.w, x, dout, self.d_in, n, self.d_out);
+        dw.add(g, self.w, x, dout, (self.d_in, n, self.d_out));
         add_column_sums(self.b.of_mut(g), dout);
         matmul(dx, dout, self.w.of(p), n, self.d_out, self.d_in, false, true, false);
     }

@@ -2,7 +2,7 @@
 //! tensor-parallel group: `c_fc` column-parallel, `c_proj` row-parallel, so the GELU runs on
 //! each rank's block of the hidden units with no communication between the two.
 
-use super::{ensure, WeightGrads};
+use super::{ensure, Grads};
 use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::elementwise::{gelu_backward, gelu_forward};
@@ -20,7 +20,7 @@ pub struct MlpStash {
 }
 
 impl Mlp {
-    pub fn new(layout: &mut ParamLayout, prefix: &str, c: usize, tp: usize, std: f32, proj_std: f32) -> Mlp {
+    pub fn new(layout: &mut ParamLayout, prefix: &str, c: usize, tp: usize, (std, proj_std): (f32, f32)) -> Mlp {
         let c_fc = ColumnParallelLinear::new(layout, &format!("{prefix}.c_fc"), c, 4 * c, 1, tp, std);
         let c_proj = RowParallelLinear::new(layout, &format!("{prefix}.c_proj"), 4 * c, c, tp, proj_std);
         Mlp { c_fc, c_proj }
@@ -39,18 +39,17 @@ impl Mlp {
 
     /// Overwrites `dx` with this rank's part of the input gradient; `dh` is scratch of the
     /// local hidden width.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
-        p: &[f32],
-        g: &mut [f32],
+        gr: &mut Grads,
         x: &[f32],
         st: &MlpStash,
         dout: &[f32],
         dx: &mut Vec<f32>,
         dh: &mut Vec<f32>,
-        dw: &mut WeightGrads,
     ) {
+        let Grads { p, g, dw } = gr;
+        let (p, g) = (*p, &mut **g);
         ensure(dh, st.act.len());
         ensure(dx, x.len());
         self.c_proj.backward(p, g, &st.act, dout, dh, dw);

@@ -9,11 +9,20 @@ pub mod mlp;
 pub mod tp;
 pub mod wgrad;
 
-pub use attention::{AttnStash, CausalSelfAttention};
+pub use attention::{AttnScratch, AttnStash, CausalSelfAttention};
 pub use layernorm::{LayerNorm, LnStash};
 pub use linear::Linear;
 pub use mlp::{Mlp, MlpStash};
 pub use wgrad::{Deferred, Spare, WeightGrads};
+
+/// What a layer's backward reads and writes beside its activations: the unit's parameters,
+/// the buffer their gradients accumulate into, and where the weight matrices' gradients go
+/// (now, or deferred to a zero-bubble schedule's W).
+pub struct Grads<'a> {
+    pub p: &'a [f32],
+    pub g: &'a mut [f32],
+    pub dw: &'a mut WeightGrads,
+}
 
 /// Grows `v` to `n` elements (never shrinks, so stashes are reused across steps).
 pub fn ensure(v: &mut Vec<f32>, n: usize) {

@@ -102,8 +102,7 @@ impl WeightGrads {
 
     /// `w`'s gradient in `g` (the unit's buffer) `+= xᵀ·dout`, `x` `[n, d_in]`, `dout`
     /// `[n, d_out]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn add(&mut self, g: &mut [f32], w: View, x: &[f32], dout: &[f32], d_in: usize, n: usize, d_out: usize) {
+    pub fn add(&mut self, g: &mut [f32], w: View, x: &[f32], dout: &[f32], (d_in, n, d_out): (usize, usize, usize)) {
         match self {
             WeightGrads::Now => matmul(w.of_mut(g), x, dout, d_in, n, d_out, true, false, true),
             WeightGrads::Later { spare, .. } => {

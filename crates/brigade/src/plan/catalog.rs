@@ -23,13 +23,11 @@ const fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usiz
     ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A Llama-family decoder: `(heads, kv)` query and key/value heads, a SwiGLU MLP `ffn` wide.
 const fn llama(
     layers: usize,
-    hidden: usize,
-    heads: usize,
-    kv: usize,
-    ffn: usize,
+    (hidden, ffn): (usize, usize),
+    (heads, kv): (usize, usize),
     seq: usize,
     vocab: usize,
 ) -> ModelShape {
@@ -62,12 +60,12 @@ pub const MODELS: &[(&str, ModelShape)] = &[
     ("megatron-529.6b", gpt(105, 20480, 128, 2048, 51200)),
     ("megatron-1t", gpt(128, 25600, 160, 2048, 51200)),
     // Llama 2 (Touvron et al. 2023) and Llama 3 (Dubey et al. 2024)
-    ("llama2-7b", llama(32, 4096, 32, 32, 11008, 4096, 32000)),
-    ("llama2-13b", llama(40, 5120, 40, 40, 13824, 4096, 32000)),
-    ("llama2-70b", llama(80, 8192, 64, 8, 28672, 4096, 32000)),
-    ("llama3-8b", llama(32, 4096, 32, 8, 14336, 8192, 128256)),
-    ("llama3-70b", llama(80, 8192, 64, 8, 28672, 8192, 128256)),
-    ("llama3-405b", llama(126, 16384, 128, 8, 53248, 8192, 128256)),
+    ("llama2-7b", llama(32, (4096, 11008), (32, 32), 4096, 32000)),
+    ("llama2-13b", llama(40, (5120, 13824), (40, 40), 4096, 32000)),
+    ("llama2-70b", llama(80, (8192, 28672), (64, 8), 4096, 32000)),
+    ("llama3-8b", llama(32, (4096, 14336), (32, 8), 8192, 128256)),
+    ("llama3-70b", llama(80, (8192, 28672), (64, 8), 8192, 128256)),
+    ("llama3-405b", llama(126, (16384, 53248), (128, 8), 8192, 128256)),
 ];
 
 /// One accelerator and the node it sits in.

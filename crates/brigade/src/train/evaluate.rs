@@ -6,6 +6,7 @@ use super::data::Dataset;
 use super::trainer::Trainer;
 use crate::error::Result;
 use crate::models::{generate, Activations, Gpt, SampleOptions};
+use crate::nn::tp::Tp;
 
 #[derive(Clone, Debug)]
 pub enum EvalReport {
@@ -96,8 +97,8 @@ impl Trainer {
                 let mut sum = 0f64;
                 for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
                     let bm = xm.len() / t;
-                    model.forward(params, xm, bm, t, acts);
-                    sum += model.loss(ym, acts).0;
+                    model.logits(params, xm, (bm, t), acts);
+                    sum += model.loss(&Tp::SOLO, ym, acts).expect("a single worker runs no collectives").0;
                 }
                 EvalReport::Text { val_loss: (sum / y.len() as f64) as f32 }
             }

@@ -8,7 +8,8 @@ use super::pipelined::PipelineStats;
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::models::{Activations, Gpt};
+use crate::models::units::Whole;
+use crate::models::{Activations, Gpt, Input, Output, Pass};
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::store::ShardStore;
 use crate::parallel::data::zero::{Shards, UnitReducer};
@@ -247,10 +248,11 @@ impl Trainer {
                 // finishes it; under ZeRO-3 each unit's parameters gathered when needed
                 let full = (zero == 2).then_some(&self.params[..]);
                 let mut store = ShardStore::new(&self.shards, dp, full, &self.pshard, &mut self.gshard);
-                model.forward_units(&tp, &mut store, xm, mb, t, acts)?;
-                loss_sum += model.loss_tp(&tp, ym, acts)?.0;
+                let mut pass = Pass::new(&tp, &mut store);
+                model.forward(&mut pass, Input::Tokens(xm), (mb, t), acts)?;
+                loss_sum += model.loss(&tp, ym, acts)?.0;
                 let t1 = Instant::now();
-                model.backward_units(&tp, &mut store, xm, ym, scale, acts)?;
+                model.backward(&mut pass, xm, Output::Loss { targets: ym, scale }, acts)?;
                 let t2 = Instant::now();
                 store.finish()?;
                 let (tl, clock) = (&mut self.timeline, &mut self.clock);
@@ -259,8 +261,10 @@ impl Trainer {
                 note(tl, clock, "gradient reduce-scatter (exposed)", "comm", step, (t2, Instant::now()));
                 continue;
             }
-            model.forward_tp(&tp, &self.params, xm, mb, t, acts)?;
-            loss_sum += model.loss_tp(&tp, ym, acts)?.0;
+            let mut store = Whole::reading(&model.units, &self.params);
+            model.forward(&mut Pass::new(&tp, &mut store), Input::Tokens(xm), (mb, t), acts)?;
+            loss_sum += model.loss(&tp, ym, acts)?.0;
+            let from = Output::Loss { targets: ym, scale };
             note(&mut self.timeline, &mut self.clock, format!("forward mb{i}"), "compute", step, (t0, Instant::now()));
             let t0 = Instant::now();
             let (params, grads) = (&self.params, &mut self.grads);
@@ -268,7 +272,9 @@ impl Trainer {
                 // The last micro-batch completes each layer's gradient: its buckets are
                 // all-reduced while the earlier layers run backward.
                 let mut reducer = data::BucketReducer::new(dp, grads.len(), &self.dpc);
-                model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |g, from| reducer.ready(g, from))?;
+                let mut ready = |g: &[f32], from: usize| reducer.ready(g, from);
+                let mut store = Whole::new(&model.units, params, grads).on_ready(&mut ready);
+                model.backward(&mut Pass::new(&tp, &mut store), xm, from, acts)?;
                 let t1 = Instant::now();
                 reducer.finish(grads)?;
                 let (tl, clock) = (&mut self.timeline, &mut self.clock);
@@ -277,14 +283,17 @@ impl Trainer {
             } else if zero == 1 && i + 1 == n_micro {
                 // ZeRO-1: each unit's reduce-scatter while the earlier units run backward
                 let mut reducer = UnitReducer::new(&self.shards, dp);
-                model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |g, from| reducer.ready(g, from))?;
+                let mut ready = |g: &[f32], from: usize| reducer.ready(g, from);
+                let mut store = Whole::new(&model.units, params, grads).on_ready(&mut ready);
+                model.backward(&mut Pass::new(&tp, &mut store), xm, from, acts)?;
                 let t1 = Instant::now();
                 reducer.finish(grads, &mut self.gshard)?;
                 let (tl, clock) = (&mut self.timeline, &mut self.clock);
                 note(tl, clock, format!("backward mb{i}"), "compute", step, (t0, t1));
                 note(tl, clock, "gradient reduce-scatter (exposed)", "comm", step, (t1, Instant::now()));
             } else {
-                model.backward_tp(&tp, params, grads, xm, ym, scale, acts, &mut |_, _| {})?;
+                let mut store = Whole::new(&model.units, params, grads);
+                model.backward(&mut Pass::new(&tp, &mut store), xm, from, acts)?;
                 let span = (t0, Instant::now());
                 note(&mut self.timeline, &mut self.clock, format!("backward mb{i}"), "compute", step, span);
             }

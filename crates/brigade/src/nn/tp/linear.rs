@@ -74,7 +74,7 @@ impl RowParallelLinear {
     /// Accumulates `dW += xᵀ·dout` and overwrites `dx = dout·Wᵀ` (the local input columns).
     pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32], dw: &mut WeightGrads) {
         let n = x.len() / self.d_in;
-        dw.add(g, self.w, x, dout, self.d_in, n, self.d_out);
+        dw.add(g, self.w, x, dout, (self.d_in, n, self.d_out));
         matmul(dx, dout, self.w.of(p), n, self.d_out, self.d_in, false, true, false);
     }
 

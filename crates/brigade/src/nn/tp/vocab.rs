@@ -35,17 +35,15 @@ impl VocabShard {
 
 /// This rank's rows of `embedding(tokens) + positions`: each rank embeds the tokens of its
 /// block (zero rows for the others), `g` sums them, positions are added on this rank's rows.
-#[allow(clippy::too_many_arguments)]
+/// `part` and `rows` are scratch.
 pub fn embedding_forward(
     tp: &Tp,
     out: &mut [f32],
-    wte: &[f32],
-    wpe: &[f32],
+    (wte, wpe): (&[f32], &[f32]),
     tokens: &[u32],
     sh: VocabShard,
     (t, c): (usize, usize),
-    part: &mut Vec<f32>,
-    rows: &mut Vec<f32>,
+    (part, rows): (&mut Vec<f32>, &mut Vec<f32>),
 ) -> Result<()> {
     ensure(part, tokens.len() * c);
     token_embedding_forward(part, wte, tokens, sh.lo, c);
@@ -55,11 +53,9 @@ pub fn embedding_forward(
 }
 
 /// Backward of `embedding_forward` from this rank's rows of the gradient `drows`.
-#[allow(clippy::too_many_arguments)]
 pub fn embedding_backward(
     tp: &Tp,
-    dwte: &mut [f32],
-    dwpe: &mut [f32],
+    (dwte, dwpe): (&mut [f32], &mut [f32]),
     drows: &[f32],
     tokens: &[u32],
     sh: VocabShard,

@@ -10,7 +10,7 @@ use super::schedule::{Action, Plan};
 use crate::error::{Error, Result};
 use crate::layout::Recompute;
 use crate::models::units::Whole;
-use crate::models::{Activations, Gpt, Input, Output};
+use crate::models::{Activations, Gpt, Input, Output, Pass};
 use crate::nn::tp::Tp;
 use crate::nn::{Deferred, Spare, WeightGrads};
 use brigade_comm::Comm;
@@ -198,7 +198,7 @@ pub fn run_step_with(
             }
             Action::Backward { mb, chunk } | Action::BackwardInput { mb, chunk } => {
                 // a zero-bubble B leaves the weight matrices' gradients for its W
-                let mut dw = match a {
+                let dw = match a {
                     Action::BackwardInput { .. } => WeightGrads::later_with(std::mem::take(&mut spare)),
                     _ => WeightGrads::Now,
                 };
@@ -227,7 +227,9 @@ pub fn run_step_with(
                     Some(g) => Output::Grad(g),
                 };
                 let mut store = Whole::new(&c.part.units, c.params, c.grads);
-                c.part.backward_split(tp, &mut store, &data.tokens[mb], from, &mut acts, &mut dw)?;
+                let mut pass = Pass::new(tp, &mut store).deferring(dw);
+                c.part.backward(&mut pass, &data.tokens[mb], from, &mut acts)?;
+                let dw = pass.dw;
                 if !c.part.has_embedding {
                     dinputs.insert((mb, chunk), acts.input_grad().to_vec());
                 }
@@ -273,9 +275,9 @@ fn forward(
         Some(h) => Input::Hidden(h),
     };
     let mut store = Whole::reading(&c.part.units, c.params);
-    c.part.forward_part(tp, &mut store, input, data.b, data.t, acts)?;
+    c.part.forward(&mut Pass::new(tp, &mut store), input, (data.b, data.t), acts)?;
     if c.part.has_head {
-        *loss += c.part.loss_tp(tp, &data.targets[mb], acts)?.0;
+        *loss += c.part.loss(tp, &data.targets[mb], acts)?.0;
     }
     Ok(())
 }

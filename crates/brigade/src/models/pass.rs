@@ -1,0 +1,44 @@
+//! One call shape for every model pass: a forward or backward of a model part takes its
+//! input, its activations and one [`Pass`] — this rank's tensor-parallel group, where each
+//! unit's parameters are and where their gradients go (the whole buffer, or ZeRO-3's gathered
+//! windows), and whether the weight matrices' gradients are taken now or deferred. The single
+//! worker is the pass on `Tp::SOLO` over its whole buffer.
+
+use super::units::UnitStore;
+use crate::nn::tp::Tp;
+use crate::nn::WeightGrads;
+
+pub struct Pass<'a> {
+    pub tp: &'a Tp<'a>,
+    pub store: &'a mut dyn UnitStore,
+    /// The weight matrices' gradients: at once, or (a zero-bubble schedule's B) kept for its W.
+    pub dw: WeightGrads,
+}
+
+impl<'a> Pass<'a> {
+    /// A pass that takes every gradient at once.
+    pub fn new(tp: &'a Tp<'a>, store: &'a mut dyn UnitStore) -> Pass<'a> {
+        Pass { tp, store, dw: WeightGrads::Now }
+    }
+
+    /// The same pass with the weight matrices' gradients going to `dw`.
+    pub fn deferring(self, dw: WeightGrads) -> Pass<'a> {
+        Pass { dw, ..self }
+    }
+}
+
+/// What a part's forward starts from: the tokens (the first stage) or the previous stage's
+/// output rows.
+#[derive(Clone, Copy)]
+pub enum Input<'a> {
+    Tokens(&'a [u32]),
+    Hidden(&'a [f32]),
+}
+
+/// What a part's backward starts from: the loss (the last stage) or the gradient of the
+/// stage's output rows.
+#[derive(Clone, Copy)]
+pub enum Output<'a> {
+    Loss { targets: &'a [i32], scale: f32 },
+    Grad(&'a [f32]),
+}
