@@ -14,12 +14,7 @@ macro_rules! outln {
 #[global_allocator]
 static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
 
-mod bench_cmd;
-mod bench_embed;
-mod bench_engine;
-mod bench_plan;
-mod bench_serve;
-mod comm_bench;
+mod bench;
 mod embed_cmd;
 mod plan_cmd;
 mod sample_cmd;
@@ -51,7 +46,7 @@ enum Cmd {
     /// Measure speed, side by side with a baseline measured in the same run.
     Bench {
         #[command(subcommand)]
-        what: bench_cmd::BenchCmd,
+        what: bench::BenchCmd,
     },
 }
 
@@ -99,7 +94,7 @@ fn main() {
         Cmd::Plan(a) => plan_cmd::run(*a),
         Cmd::Embed(a) => embed_cmd::run(*a),
         Cmd::Serve(a) => serve_cmd::run(*a),
-        Cmd::Bench { what } => bench_cmd::run(what),
+        Cmd::Bench { what } => bench::run(what),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -3,7 +3,7 @@ use brigade::models::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
 use brigade::models::tokenizer::Tokenizer;
 use brigade::models::{generate, SampleOptions};
 use brigade::train::evaluate::solve_addition;
-use brigade::train::trainer::saved_config;
+use brigade::train::persist::saved_config;
 use clap::Args;
 use std::path::PathBuf;
 

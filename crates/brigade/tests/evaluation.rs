@@ -4,7 +4,7 @@
 
 use brigade::models::checkpoint::load_model;
 use brigade::models::Activations;
-use brigade::train::trainer::saved_config;
+use brigade::train::persist::saved_config;
 use brigade::train::{EvalReport, TrainConfig, Trainer};
 use std::path::Path;
 

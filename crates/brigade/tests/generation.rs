@@ -4,7 +4,7 @@
 use brigade::models::checkpoint::load_model;
 use brigade::models::{Activations, Gpt, GptConfig};
 use brigade::train::evaluate::solve_addition;
-use brigade::train::trainer::saved_config;
+use brigade::train::persist::saved_config;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;

@@ -7,7 +7,7 @@
 //! sit in L1, with only the 6 × 16 tiles on or left of the diagonal computed. The products
 //! are that kernel's micro-kernel (`sgemm::kernel`), so no product pays for packing twice.
 
-use super::matmul::Mat;
+use super::mat::Mat;
 use super::sgemm::{kernel, pack, Buf, MR, NR};
 use super::SendPtr;
 use rayon::prelude::*;

@@ -9,6 +9,7 @@ pub mod embedding;
 pub mod encoder;
 pub mod layernorm;
 pub mod loss;
+pub mod mat;
 pub mod math;
 pub mod matmul;
 pub mod rowwise;

@@ -17,7 +17,7 @@
 //! for each kc block in order, an `fma` chain over that block from 0, added to what `c` held.
 //! The block depth KC is a constant, so results do not depend on `--threads` either.
 
-use super::matmul::Mat;
+use super::mat::Mat;
 use super::SendPtr;
 use rayon::prelude::*;
 use std::cell::RefCell;

@@ -51,3 +51,25 @@ pub(crate) fn note(
         tl.record_until(name, cat, step, start, end);
     }
 }
+
+/// What the last step's pipeline did on this rank.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PipelineStats {
+    /// Seconds from the first action of the list to its last.
+    pub wall_s: f64,
+    /// Seconds in forwards and backwards.
+    pub compute_s: f64,
+    /// The most micro-batch chunks holding their stash at once, and their bytes.
+    pub peak_stashed: usize,
+    pub peak_stash_bytes: usize,
+}
+
+impl PipelineStats {
+    /// The share of the pipeline's time this rank sat idle: 1 − compute / wall.
+    pub fn bubble(&self) -> f64 {
+        if self.wall_s <= 0.0 {
+            return 0.0;
+        }
+        (1.0 - self.compute_s / self.wall_s).max(0.0)
+    }
+}

@@ -4,6 +4,7 @@
 //! ZeRO-1's reduce-scatter), the replicated parameters over tp under sequence parallelism.
 
 use super::metrics::note;
+pub use super::metrics::PipelineStats;
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::nn::tp::{state as tp_state, Tp};
@@ -12,28 +13,6 @@ use crate::parallel::pipeline::executor::{run_step_with, MicroBatches};
 use crate::parallel::pipeline::Action;
 use brigade_comm::ReduceOp;
 use std::time::Instant;
-
-/// What the last step's pipeline did on this rank.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PipelineStats {
-    /// Seconds from the first action of the list to its last.
-    pub wall_s: f64,
-    /// Seconds in forwards and backwards.
-    pub compute_s: f64,
-    /// The most micro-batch chunks holding their stash at once, and their bytes.
-    pub peak_stashed: usize,
-    pub peak_stash_bytes: usize,
-}
-
-impl PipelineStats {
-    /// The share of the pipeline's time this rank sat idle: 1 − compute / wall.
-    pub fn bubble(&self) -> f64 {
-        if self.wall_s <= 0.0 {
-            return 0.0;
-        }
-        (1.0 - self.compute_s / self.wall_s).max(0.0)
-    }
-}
 
 fn label(a: &Action) -> (String, &'static str) {
     match *a {

@@ -2,9 +2,8 @@
 
 use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};
-use super::metrics::{note, StepClock, StepStats};
+use super::metrics::{note, PipelineStats, StepClock, StepStats};
 use super::optimizer::{clip_factor, AdamW, LrSchedule};
-use super::pipelined::PipelineStats;
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
@@ -18,8 +17,6 @@ use crate::parallel::pipeline::{Plan, RankModel};
 use crate::parallel::{Mesh, MeshShape};
 use crate::params::ParamLayout;
 use std::time::Instant;
-
-pub use super::persist::saved_config;
 
 pub struct Trainer {
     pub cfg: TrainConfig,

@@ -6,7 +6,7 @@
 //! weight matrices' gradients need for its W. Gradients accumulate into each chunk's buffer; the tied token
 //! table's two copies (first and last stage) are summed by the caller.
 
-use super::schedule::{Action, Plan};
+use super::plan::{Action, Plan};
 use crate::error::{Error, Result};
 use crate::layout::Recompute;
 use crate::models::units::Whole;

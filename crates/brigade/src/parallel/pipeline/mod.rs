@@ -3,10 +3,12 @@
 
 pub mod executor;
 pub mod partition;
+pub mod plan;
 pub mod schedule;
 pub mod simulate;
 pub mod stages;
 
-pub use schedule::{build, chart, Action, Plan};
+pub use plan::{Action, Plan};
+pub use schedule::{build, chart};
 pub use simulate::{simulate, Costs, Report};
 pub use stages::RankModel;

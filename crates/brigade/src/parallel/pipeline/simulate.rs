@@ -3,7 +3,7 @@
 //! leaves a send unreceived, or deadlocks, and reports the step's length, each rank's busy
 //! time, the bubble and each rank's peak of micro-batches holding activations.
 
-use super::schedule::{Action, Plan};
+use super::plan::{Action, Plan};
 use std::collections::HashMap;
 
 /// Seconds (or any unit) per action.

@@ -2,13 +2,27 @@
 //! random weights — N requests at once, fixed prompt and output lengths, greedy, every token
 //! generated (stop tokens off) — output tokens/s and time per step, for each concurrency.
 
+use super::args::LoadArgs;
 use anyhow::{bail, Result};
 use brigade::models::{Gpt, GptConfig};
 use brigade_serve::engine::{Engine, Limits, Request, Sampling};
 use brigade_serve::model::Model;
+use clap::Args;
 use std::time::Instant;
 
-pub fn run(
+#[derive(Args, Debug)]
+pub struct Flags {
+    #[command(flatten)]
+    pub(crate) load: LoadArgs,
+}
+
+pub fn run(f: Flags) -> Result<()> {
+    let l = f.load;
+    crate::check_threads(l.threads, "--threads")?;
+    measure(&l.model, &l.concurrency, l.prompt_len, l.output_len, l.threads, l.json)
+}
+
+fn measure(
     model: &str,
     concurrency: &[usize],
     prompt_len: usize,

@@ -2,10 +2,35 @@
 
 use anyhow::{bail, Result};
 use brigade_comm::bench::{memcpy_gbps, sweep, Op, Row};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct Flags {
+    /// Ranks (threads) for the local backend; under mpirun the launcher decides.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) ranks: usize,
+    /// local (threads sharing memory) or mpi (run under mpirun; needs --features mpi).
+    #[arg(long, default_value = "local")]
+    pub(crate) backend: String,
+    /// all_reduce, reduce_scatter, all_gather or broadcast.
+    #[arg(long, default_value = "all_reduce")]
+    pub(crate) op: String,
+    #[arg(long, default_value_t = 8)]
+    pub(crate) min_bytes: usize,
+    #[arg(long, default_value_t = 256 << 20)]
+    pub(crate) max_bytes: usize,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
 
 const MEMCPY_BYTES: usize = 256 << 20;
 
-pub fn run(ranks: usize, backend: &str, op: &str, min_bytes: usize, max_bytes: usize, json: bool) -> Result<()> {
+pub fn run(f: Flags) -> Result<()> {
+    let Flags { ranks, backend, op, min_bytes, max_bytes, json } = f;
+    measure(ranks, &backend, &op, min_bytes, max_bytes, json)
+}
+
+fn measure(ranks: usize, backend: &str, op: &str, min_bytes: usize, max_bytes: usize, json: bool) -> Result<()> {
     let Some(op_kind) = Op::parse(op) else {
         bail!("unknown --op '{op}'; use all_reduce, reduce_scatter, all_gather or broadcast");
     };

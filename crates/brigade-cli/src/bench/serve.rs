@@ -5,27 +5,74 @@
 //! fraction of the two limits measured in the same run: reading the weights once per step
 //! (one request) and the matmul rate (many).
 
+use super::args::LoadArgs;
 use anyhow::{bail, Context, Result};
 use brigade::models::GptConfig;
 use brigade_serve::loadgen::{self, Arrivals, Load, Row};
 use brigade_serve::served::Source;
 use brigade_serve::server::{self, ServeOptions};
+use clap::Args;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub struct Args {
-    pub checkpoint: Option<PathBuf>,
-    pub model: String,
-    pub url: Option<String>,
-    pub concurrency: Vec<usize>,
-    pub rate: Option<f64>,
-    pub requests: Option<usize>,
-    pub prompt_len: usize,
-    pub output_len: usize,
-    pub threads: usize,
-    pub tp: usize,
-    pub seed: u64,
-    pub json: bool,
+#[derive(Args, Debug)]
+pub struct Flags {
+    #[command(flatten)]
+    pub(crate) load: LoadArgs,
+    /// Checkpoint directory to serve (default: --model's shape with random weights).
+    #[arg(long, conflicts_with = "model")]
+    pub(crate) checkpoint: Option<std::path::PathBuf>,
+    /// Drive this OpenAI-compatible server instead (e.g. http://127.0.0.1:8080 for
+    /// llama-server); the model shape still sets prompt token ids and the limits.
+    #[arg(long)]
+    pub(crate) url: Option<String>,
+    /// Poisson arrivals at this many requests a second instead of --concurrency.
+    #[arg(long, conflicts_with = "concurrency")]
+    pub(crate) rate: Option<f64>,
+    /// Requests per load (default: 4 × concurrency, at least 8; 30 s of arrivals at --rate).
+    #[arg(long)]
+    pub(crate) requests: Option<usize>,
+    /// Tensor-parallel ranks of the server (threads split evenly over them).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) tp: usize,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+}
+
+pub fn run(f: Flags) -> Result<()> {
+    let Flags { load: l, checkpoint, url, rate, requests, tp, seed } = f;
+
+    crate::check_threads(l.threads, "--threads")?;
+    measure(Run {
+        tp,
+        checkpoint,
+        model: l.model,
+        url,
+        concurrency: if rate.is_some() { vec![] } else { l.concurrency },
+        rate,
+        requests,
+        prompt_len: l.prompt_len,
+        output_len: l.output_len,
+        threads: l.threads,
+        seed,
+        json: l.json,
+    })
+}
+
+/// One `bench serve` run, its flags checked.
+struct Run {
+    checkpoint: Option<PathBuf>,
+    model: String,
+    url: Option<String>,
+    concurrency: Vec<usize>,
+    rate: Option<f64>,
+    requests: Option<usize>,
+    prompt_len: usize,
+    output_len: usize,
+    threads: usize,
+    tp: usize,
+    seed: u64,
+    json: bool,
 }
 
 /// Weight bytes read per step and floating-point operations per generated token.
@@ -36,7 +83,7 @@ fn costs(cfg: &GptConfig, context: usize) -> (f64, f64) {
     (matrices * 4.0, 2.0 * matrices + 4.0 * l * c * context as f64)
 }
 
-pub fn run(a: Args) -> Result<()> {
+fn measure(a: Run) -> Result<()> {
     if a.concurrency.is_empty() && a.rate.is_none() || a.concurrency.iter().any(|&c| c == 0 || c > 4096) {
         bail!("--concurrency takes request counts from 1 to 4096, e.g. 1,8,32");
     }
@@ -143,7 +190,7 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-fn model_name(a: &Args) -> String {
+fn model_name(a: &Run) -> String {
     match &a.checkpoint {
         Some(d) => Source::Checkpoint(d.clone()).default_name(),
         None => a.model.clone(),

@@ -1,13 +1,56 @@
-//! `brigade bench plan --layout …`: the planner's prediction of a parallel layout's step on
+//! `brigade bench plan`: the planner's local prediction of a training step beside a real run
+//! of it. With `--layout …`: the planner's prediction of a parallel layout's step on
 //! this machine, beside a run of it. The prediction is built from measurements only: one
 //! rank's work at its micro-batch and tensor slice, the all-reduces of its groups, the memory
 //! bandwidth, and the schedule's simulated pipeline (`plan::local::predict_parallel`).
 
+use super::args::StepArgs;
 use anyhow::{bail, Result};
 use brigade::plan::local::{Collectives, LocalRun};
+use clap::Args;
 
-pub fn run(step: &crate::bench_cmd::StepArgs, layout: &str, micro_batch: Option<usize>) -> Result<()> {
-    let crate::bench_cmd::StepArgs { model, seq, batch, threads, steps, json } = step;
+#[derive(Args, Debug)]
+pub struct Flags {
+    #[command(flatten)]
+    pub(crate) step: StepArgs,
+    /// A training layout, e.g. dp=2 or dp=2,pp=2,tp=2 or pp=2,schedule=zb,mb=1.
+    #[arg(long)]
+    pub(crate) layout: Option<String>,
+    /// Sequences per forward pass on a rank (default: the layout's mb, else the rank's
+    /// whole share).
+    #[arg(long)]
+    pub(crate) micro_batch: Option<usize>,
+}
+
+pub fn run(f: Flags) -> Result<()> {
+    if let Some(layout) = &f.layout {
+        return run_layout(&f.step, layout, f.micro_batch);
+    }
+    let StepArgs { model, seq, batch, threads, steps, json } = f.step;
+
+    if steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let (cfg, _, p) = crate::plan_cmd::local_prediction(&model, batch, seq, threads)?;
+    let r = brigade::with_threads(threads, || brigade::bench::train_step(cfg, batch, seq, 1, steps))??;
+    let ratio = p.step_s / r.step_s_median;
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"bench": "plan", "model": model, "batch": batch, "seq": seq, "threads": threads,
+            "predicted_step_s": p.step_s, "measured_step_s": r.step_s_median, "predicted_over_measured": ratio, "parts": p})
+        );
+    } else {
+        outln!(
+            "{model}, batch {batch} × seq {seq}, {threads} threads: predicted {:.4} s, measured {:.4} s (median of {steps}) → predicted/measured {:.3}",
+            p.step_s, r.step_s_median, ratio
+        );
+    }
+    Ok(())
+}
+
+fn run_layout(step: &StepArgs, layout: &str, micro_batch: Option<usize>) -> Result<()> {
+    let StepArgs { model, seq, batch, threads, steps, json } = step;
     let (model, seq, batch, threads, steps, json) = (model.as_str(), *seq, *batch, *threads, *steps, *json);
     if steps == 0 {
         bail!("--steps must be at least 1");
@@ -32,7 +75,7 @@ pub fn run(step: &crate::bench_cmd::StepArgs, layout: &str, micro_batch: Option<
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let run = LocalRun { layout: l, bucket_elems: bucket, batch, micro_batch: mb, seq, threads, cores };
     let p = brigade::plan::local::predict_parallel(&cfg, &run, &machine, &tp_coll, &dp_coll)?;
-    let (train, dir) = crate::bench_cmd::text_run(model, seq, batch, Some(mb), steps + 2)?;
+    let (train, dir) = super::args::text_run(model, seq, batch, Some(mb), steps + 2)?;
     let r = brigade::bench::parallel_step(train, &l, bucket, threads, 1, steps);
     let _ = std::fs::remove_dir_all(&dir);
     let r = r?;

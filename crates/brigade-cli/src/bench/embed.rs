@@ -6,9 +6,31 @@ use anyhow::{bail, Result};
 use brigade::embed::corpus::{Format, InputSpec, OnError};
 use brigade::embed::job::{self, NoProgress, Settings};
 use brigade::embed::Encoder;
+use clap::Args;
 use std::path::Path;
 
-pub fn run(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_tokens: usize, json: bool) -> Result<()> {
+#[derive(Args, Debug)]
+pub struct Flags {
+    /// sentence-transformers model folder.
+    #[arg(long)]
+    pub(crate) model: std::path::PathBuf,
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) docs: usize,
+    /// Documents per shard (default: a 100th of --docs, so two workers finish together).
+    #[arg(long)]
+    pub(crate) shard_size: Option<usize>,
+    #[arg(long, default_value_t = 2048)]
+    pub(crate) max_batch_tokens: usize,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+pub fn run(f: Flags) -> Result<()> {
+    let Flags { model, docs, shard_size, max_batch_tokens, json } = f;
+    measure(&model, docs, shard_size, max_batch_tokens, json)
+}
+
+fn measure(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_tokens: usize, json: bool) -> Result<()> {
     if docs == 0 || docs > 10_000_000 {
         bail!("--docs {docs} is out of range: give 1 to 10000000");
     }
@@ -21,7 +43,7 @@ pub fn run(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_token
         );
     }
     let texts = brigade::bench::embed::synthetic_corpus(&vocab, docs, 1234)?;
-    let tmp = tempfile_dir()?;
+    let tmp = super::args::tempfile_dir()?;
     let input = tmp.join("corpus.txt");
     std::fs::write(&input, texts.join("\n") + "\n")?;
     // the work the corpus asks for
@@ -117,10 +139,4 @@ pub fn run(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_token
         outln!("100 million such documents at {best:.1} documents/s per machine of this kind: {}", p.join(", "));
     }
     Ok(())
-}
-
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let d = std::env::temp_dir().join(format!("brigade-bench-embed-{}", std::process::id()));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
 }

@@ -1,0 +1,113 @@
+//! `brigade bench parallel`: training throughput of parallel layouts run side by side in this
+//! process, with where each step's time goes and the pipeline's bubble.
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct Flags {
+    #[arg(long, default_value = "gpt2-small")]
+    pub(crate) model: String,
+    #[arg(long, default_value_t = 256)]
+    pub(crate) seq: usize,
+    /// Global batch in sequences (with --weak: per data-parallel replica).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) batch: usize,
+    /// Weak scaling, as DDP benchmarks measure: each layout's global batch is --batch × dp,
+    /// so every replica runs the same work as the first layout's.
+    #[arg(long)]
+    pub(crate) weak: bool,
+    /// Layouts separated by ';', e.g. "dp=1;dp=2;dp=2,zero=1"; the first is the baseline of
+    /// the speedups.
+    #[arg(long, default_value = "dp=1;dp=2")]
+    pub(crate) layouts: String,
+    /// Sequences per forward pass on a rank (default: the rank's whole share).
+    #[arg(long)]
+    pub(crate) micro_batch: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
+    #[arg(long, default_value_t = 3)]
+    pub(crate) steps: usize,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) warmup: usize,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+pub fn run(f: Flags) -> Result<()> {
+    let Flags { model, seq, batch, weak, layouts, micro_batch, threads, steps, warmup, json } = f;
+
+    crate::check_threads(threads, "--threads")?;
+    if steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let mut parsed = Vec::new();
+    for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
+        let layout = brigade::layout::Layout::parse(l)?;
+        layout.check_training()?;
+        crate::check_threads(layout.world() * threads, &format!("layout '{l}': ranks × --threads"))?;
+        parsed.push((l.to_string(), layout));
+    }
+    if parsed.is_empty() {
+        bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");
+    }
+    let (cfg, dir) = super::args::text_run(&model, seq, batch, micro_batch, warmup + steps + 1)?;
+    let mut base = None;
+    if !json {
+        outln!(
+            "{model}, {} batch {batch} × seq {seq}, {threads} thread(s) per rank, median of {steps} steps",
+            if weak { "per-replica" } else { "global" }
+        );
+        outln!(
+            "{:<34} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>9} {:>7} {:>7}",
+            "layout",
+            "ranks",
+            "tokens/s",
+            "speedup",
+            "compute s",
+            "exp.comm s",
+            "other s",
+            "peak MiB",
+            "stash MiB",
+            "bubble",
+            "theory"
+        );
+    }
+    let mut rows = Vec::new();
+    let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
+    for (l, layout) in parsed {
+        let cfg = brigade::train::TrainConfig { batch: if weak { batch * layout.dp } else { batch }, ..cfg.clone() };
+        let r = brigade::bench::parallel_step(cfg, &layout, bucket, threads, warmup, steps)?;
+        let speedup = r.tokens_per_s / *base.get_or_insert(r.tokens_per_s);
+        if json {
+            rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,
+                "speedup": speedup, "compute_s": r.compute_s, "exposed_comm_s": r.exposed_comm_s,
+                "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank,
+                "bubble_measured": r.bubble_measured, "bubble_theory": r.bubble_theory,
+                "stash_mib_per_rank": r.stash_mib}));
+        } else {
+            let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
+            outln!(
+                "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3} {:>10.0} {:>9} {:>7} {:>7}",
+                r.ranks,
+                r.tokens_per_s,
+                speedup,
+                r.compute_s,
+                r.exposed_comm_s,
+                r.other_s,
+                r.peak_mib_per_rank.unwrap_or(f64::NAN),
+                r.stash_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
+                pct(r.bubble_measured),
+                pct(r.bubble_theory)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"bench": "parallel", "model": model, "batch": batch, "weak": weak, "seq": seq, "rows": rows})
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! `brigade bench train`: training-step throughput and model FLOP utilisation against this
+//! machine's matmul rate, optionally with every kernel of the step timed alone.
+
+use super::args::StepArgs;
+use anyhow::{bail, Result};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct Flags {
+    #[command(flatten)]
+    pub(crate) step: StepArgs,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) warmup: usize,
+    /// Also time every kernel of the step alone at its shapes (matrix products by shape
+    /// and transposition, attention, LayerNorm, GELU, cross-entropy, optimizer) with its
+    /// GFLOP/s or GB/s.
+    #[arg(long)]
+    pub(crate) breakdown: bool,
+}
+
+pub fn run(f: Flags) -> Result<()> {
+    let Flags { step: StepArgs { model, seq, batch, threads, steps, json }, warmup, breakdown } = f;
+
+    if steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let cfg = crate::plan_cmd::step_shape(&model, batch, seq, threads)?;
+    let r = brigade::with_threads(threads, || brigade::bench::train_step(cfg, batch, seq, warmup, steps))??;
+    // a streaming copy reads and writes its bytes: its traffic is twice its size, as the
+    // kernels' rates count theirs
+    let kernels = match breakdown {
+        true => Some(brigade::with_threads(threads, || {
+            (
+                brigade::bench::breakdown::breakdown(&cfg, batch, seq),
+                2.0 * brigade::bench::machine::copy_gbps(256 << 20),
+            )
+        })?),
+        false => None,
+    };
+    if json {
+        let mut v = serde_json::to_value(&r)?;
+        v["bench"] = "train".into();
+        v["model"] = model.into();
+        if let Some((rows, mem)) = &kernels {
+            v["breakdown"] = serde_json::to_value(rows)?;
+            v["memory_gbps"] = (*mem).into();
+        }
+        outln!("{v}");
+    } else {
+        outln!(
+            "matmul 2048x2048x2048 f32, {} threads: {:.1} GFLOP/s ({} kernel)",
+            r.threads,
+            r.matmul_gflops_per_s,
+            r.matmul_kernel
+        );
+        outln!(
+            "{model} training step, batch {batch} x seq {seq} ({:.1}M params): median {:.3} s over {} steps",
+            r.params as f64 / 1e6,
+            r.step_s_median,
+            r.steps_measured
+        );
+        outln!(
+            "  {:.1} tokens/s, {:.1} model GFLOP/s = {:.1}% of the matmul rate (loss {:.3} -> {:.3})",
+            r.tokens_per_s,
+            r.model_gflops_per_s,
+            100.0 * r.mfu,
+            r.loss_first,
+            r.loss_last
+        );
+        if let Some((rows, mem)) = &kernels {
+            print_breakdown(rows, *mem, r.matmul_gflops_per_s, r.step_s_median)?;
+        }
+    }
+    Ok(())
+}
+
+/// The kernels of a step, slowest first, against the machine's matmul rate and memory
+/// bandwidth, and their sum against the step as it ran.
+fn print_breakdown(
+    rows: &[brigade::bench::breakdown::KernelRow],
+    mem_gbps: f64,
+    matmul: f64,
+    step_s: f64,
+) -> Result<()> {
+    let total: f64 = rows.iter().map(|r| r.seconds).sum();
+    outln!("kernels of the step, each timed alone at its shapes (against a 256 MiB streaming copy's {mem_gbps:.1} GB/s of traffic and the {matmul:.1} GFLOP/s of a 2048³ matmul):");
+    outln!("  {:<52} {:>5} {:>9} {:>6} {:>14} {:>8}", "kernel", "calls", "s/step", "share", "rate", "of peak");
+    for r in rows {
+        let peak = if r.unit == "GB/s" { mem_gbps } else { matmul };
+        outln!(
+            "  {:<52} {:>5} {:>9.4} {:>5.1}% {:>8.1} {:<7} {:>5.0}%",
+            r.kernel,
+            r.calls,
+            r.seconds,
+            100.0 * r.seconds / total,
+            r.rate,
+            r.unit,
+            100.0 * r.rate / peak
+        );
+    }
+    outln!(
+        "  sum of the kernels {total:.3} s; the step as it ran {step_s:.3} s ({:.0}% of it in these kernels)",
+        100.0 * total / step_s
+    );
+    Ok(())
+}
