@@ -3,6 +3,8 @@
 //! outputs — behind an OpenAI-compatible HTTP API (`brigade serve`).
 
 pub mod api;
+mod app;
+mod completions;
 pub mod engine;
 pub mod kv;
 pub mod loadgen;

@@ -13,9 +13,9 @@ use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// How the engine is laid out: the cache and step limits, and the tensor-parallel degree.
+/// How the engine is set up: the cache and step limits, and the tensor-parallel degree.
 #[derive(Clone, Copy, Debug)]
-pub struct Layout {
+pub struct EngineSetup {
     pub kv_blocks: usize,
     pub block_size: usize,
     pub limits: Limits,
@@ -63,15 +63,15 @@ impl EngineHandle {
     pub fn start_model(
         gpt: Gpt,
         params: Vec<f32>,
-        layout: Layout,
+        setup: EngineSetup,
         metrics: Metrics,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
-        let per_rank = (layout.threads / layout.tp).max(1);
-        let engine_of = move |model: Model| Engine::new(model, layout.kv_blocks, layout.block_size, layout.limits);
-        if layout.tp == 1 {
+        let per_rank = (setup.threads / setup.tp).max(1);
+        let engine_of = move |model: Model| Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
+        if setup.tp == 1 {
             let engine = engine_of(Model::new(&gpt, &params));
             drop(params);
-            return EngineHandle::start(engine, layout.threads, metrics);
+            return EngineHandle::start(engine, setup.threads, metrics);
         }
         let (tx, rx) = mpsc::channel();
         let rx = Mutex::new(Some(rx));
@@ -83,7 +83,7 @@ impl EngineHandle {
                     timeout: Duration::from_secs(365 * 24 * 3600),
                     ..Default::default()
                 };
-                let res = brigade_comm::local::run_with(cfg, layout.tp, |comm| -> Result<(), String> {
+                let res = brigade_comm::local::run_with(cfg, setup.tp, |comm| -> Result<(), String> {
                     let rank = comm.rank();
                     let model = Model::shard(&gpt, &params, Some(comm))?;
                     brigade::with_threads(per_rank, || {
@@ -92,7 +92,7 @@ impl EngineHandle {
                             run(engine_of(model), rx, metrics.clone());
                         } else {
                             let mut kv =
-                                KvCache::new(layout.kv_blocks, layout.block_size, model.layers_n, model.kv_width());
+                                KvCache::new(setup.kv_blocks, setup.block_size, model.layers_n, model.kv_width());
                             while model.follow(&mut kv) {}
                         }
                     })

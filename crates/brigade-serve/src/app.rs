@@ -1,0 +1,69 @@
+//! The server's state as its handlers share it: the loaded model (once loaded), whether it is
+//! draining, its metrics, the requests in flight; and the error responses every handler gives.
+
+use crate::api::ApiError;
+use crate::metrics::Metrics;
+use crate::worker::EngineHandle;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
+
+/// The loaded model, as handlers see it.
+pub(crate) struct Loaded {
+    pub(crate) engine: EngineHandle,
+    pub(crate) tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
+    pub(crate) eos: Option<u32>,
+    pub(crate) context: usize,
+    pub(crate) vocab: usize,
+    pub(crate) kv_blocks: usize,
+    pub(crate) block_size: usize,
+}
+
+pub(crate) struct App {
+    pub(crate) name: String,
+    pub(crate) loaded: OnceLock<Loaded>,
+    pub(crate) draining: AtomicBool,
+    pub(crate) metrics: Metrics,
+    /// Sequences accepted and not finished (running and waiting).
+    pub(crate) inflight: AtomicUsize,
+    /// `max_running + max_queued`: more in flight is refused with 503.
+    pub(crate) capacity: usize,
+    pub(crate) next_id: AtomicU64,
+}
+
+pub(crate) fn error(e: ApiError) -> Response {
+    let mut r =
+        (StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST), axum::Json(e.body())).into_response();
+    if e.status == 503 {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+pub(crate) fn unavailable(message: &str) -> ApiError {
+    ApiError { status: 503, message: message.into(), kind: "service_unavailable", param: None, code: None }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Gives back a request's place in flight and aborts what is still running of it, however
+/// the handler ends (finished, error, or dropped because its client went away).
+pub(crate) struct InFlight {
+    pub(crate) app: Arc<App>,
+    pub(crate) ids: Vec<u64>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(l) = self.app.loaded.get() {
+            for &id in &self.ids {
+                l.engine.abort(id);
+            }
+        }
+        self.app.inflight.fetch_sub(self.ids.len(), Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,392 @@
+//! `/v1/completions`: a request parsed and validated (a 4xx names the field), its prompts
+//! tokenized and admitted to the engine, the engine's outputs assembled into one response or
+//! streamed as server-sent events, aborted if the client goes away.
+
+use crate::api::{self, ApiError, Completion, Prompt};
+use crate::app::{error, unavailable, unix_now, App, InFlight, Loaded};
+use crate::engine::{Finish, Output, Request, Sampling};
+use crate::metrics::Metrics;
+use crate::text::{token_text, Detok};
+use anyhow::Result;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+pub(crate) async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let r = match accept(&app, &body) {
+        Ok((req, prompts, guard)) => {
+            if req.stream {
+                stream(app.clone(), req, prompts, guard, started)
+            } else {
+                whole(&app, req, prompts, guard, started).await
+            }
+        }
+        Err(e) => error(e),
+    };
+    app.metrics.count_status(r.status().as_u16());
+    r
+}
+
+/// A prompt as tokens, and how many tokens to generate for it (`max_tokens`, or its default).
+struct Prompted {
+    ids: Vec<u32>,
+    max_tokens: usize,
+}
+
+/// Checks a request against the model and the limits and queues its sequences.
+fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Prompted>, InFlight), ApiError> {
+    let Some(l) = app.loaded.get() else { return Err(unavailable("the model is still loading; retry shortly")) };
+    if app.draining.load(Ordering::SeqCst) {
+        return Err(unavailable("the server is shutting down"));
+    }
+    let mut req = api::parse(body)?;
+    if let Some(m) = &req.model {
+        if *m != app.name {
+            return Err(ApiError {
+                status: 404,
+                message: format!("the model '{m}' does not exist; this server serves '{}'", app.name),
+                kind: "invalid_request_error",
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            });
+        }
+    }
+    let mut prompts = Vec::new();
+    for p in &req.prompts {
+        let ids = match p {
+            Prompt::Ids(ids) => ids.clone(),
+            Prompt::Text(t) => match &l.tokenizer {
+                Some(tok) => tok.encode(t).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+                None => {
+                    return Err(ApiError::bad(
+                        "prompt",
+                        "this model has no tokenizer.json; send the prompt as token ids (a list of integers)",
+                    ))
+                }
+            },
+        };
+        if ids.is_empty() {
+            return Err(ApiError::bad("prompt", "the prompt is empty (no tokens)"));
+        }
+        if let Some(&t) = ids.iter().find(|&&t| t as usize >= l.vocab) {
+            return Err(ApiError::bad("prompt", format!("token {t} is outside the vocabulary (0..{})", l.vocab)));
+        }
+        if ids.len() >= l.context {
+            return Err(ApiError::bad(
+                "prompt",
+                format!(
+                    "the prompt has {} tokens; this model's maximum context length is {} tokens, prompt and at least one generated token; shorten the prompt",
+                    ids.len(),
+                    l.context
+                ),
+            ));
+        }
+        let want = req.max_tokens.unwrap_or(16.min(l.context - ids.len()));
+        if ids.len() + want > l.context {
+            return Err(ApiError::bad(
+                if req.max_tokens.is_some() { "max_tokens" } else { "prompt" },
+                format!(
+                    "this model's maximum context length is {} tokens; the request asks for {} ({} in the prompt, {want} to generate); shorten the prompt or lower max_tokens",
+                    l.context,
+                    ids.len() + want,
+                    ids.len()
+                ),
+            ));
+        }
+        // what the engine asks of a sequence: its blocks at the end, and at admission the
+        // prompt's blocks and one more
+        let blocks = (ids.len() + want).div_ceil(l.block_size).max(ids.len().div_ceil(l.block_size) + 1);
+        if blocks > l.kv_blocks {
+            return Err(ApiError::bad(
+                "max_tokens",
+                format!(
+                    "the request needs {blocks} KV-cache blocks; the server holds {} (restart it with a larger --kv-cache-mib)",
+                    l.kv_blocks
+                ),
+            ));
+        }
+        prompts.push(Prompted { ids, max_tokens: want });
+    }
+    let seqs = prompts.len() * req.n;
+    if seqs > app.capacity {
+        return Err(ApiError::bad(
+            "n",
+            format!("the request asks for {seqs} sequences; this server holds at most {} at once", app.capacity),
+        ));
+    }
+    let taken = app
+        .inflight
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| (f + seqs <= app.capacity).then_some(f + seqs));
+    if taken.is_err() {
+        return Err(unavailable("the server is at its limit of running and queued requests; retry shortly"));
+    }
+    let base = app.next_id.fetch_add(seqs as u64, Ordering::SeqCst);
+    let guard = InFlight { app: app.clone(), ids: (base..base + seqs as u64).collect() };
+    if req.seed.is_none() && req.temperature > 0.0 {
+        req.seed = Some(rand::random());
+    }
+    Ok((req, prompts, guard))
+}
+
+/// One choice being generated.
+struct Choice<'a> {
+    detok: Detok<'a>,
+    tokens: Vec<u32>,
+    finish: Option<&'static str>,
+    lp_tokens: Vec<String>,
+    lp_values: Vec<f32>,
+    lp_top: Vec<Value>,
+    lp_offsets: Vec<usize>,
+    offset: usize,
+    last: Option<Instant>,
+}
+
+/// Sends the sequences to the engine; returns the receiver of their tokens.
+fn submit(
+    l: &Loaded,
+    req: &Completion,
+    prompts: &[Prompted],
+    guard: &InFlight,
+    app: &App,
+) -> UnboundedReceiver<Result<Output, String>> {
+    let (tx, rx) = unbounded_channel();
+    let mut ids = guard.ids.iter();
+    for p in prompts {
+        app.metrics.prompt_tokens.inc_by(p.ids.len() as u64);
+        for j in 0..req.n {
+            let id = *ids.next().expect("an id per sequence");
+            let sampling = Sampling {
+                temperature: req.temperature,
+                top_k: req.top_k,
+                top_p: req.top_p,
+                seed: req.seed.unwrap_or(0).wrapping_add((j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                max_tokens: p.max_tokens,
+                stop_tokens: if req.ignore_eos { vec![] } else { l.eos.into_iter().collect() },
+                top_logprobs: req.logprobs.unwrap_or(0),
+            };
+            l.engine.add(Request { id, prompt: p.ids.clone(), sampling }, tx.clone());
+        }
+    }
+    rx
+}
+
+/// The choices of one request (sequence ids `base..`), as their tokens arrive.
+struct Choices<'a> {
+    list: Vec<Choice<'a>>,
+    /// Choices not finished yet.
+    open: usize,
+    base: u64,
+    l: &'a Loaded,
+    req: &'a Completion,
+    started: Instant,
+}
+
+impl<'a> Choices<'a> {
+    fn new(l: &'a Loaded, req: &'a Completion, guard: &InFlight, started: Instant) -> Choices<'a> {
+        let list: Vec<Choice> = guard
+            .ids
+            .iter()
+            .map(|_| Choice {
+                detok: Detok::new(l.tokenizer.as_ref(), &req.stop),
+                tokens: Vec::new(),
+                finish: None,
+                lp_tokens: Vec::new(),
+                lp_values: Vec::new(),
+                lp_top: Vec::new(),
+                lp_offsets: Vec::new(),
+                offset: 0,
+                last: None,
+            })
+            .collect();
+        Choices { open: list.len(), list, base: guard.ids[0], l, req, started }
+    }
+
+    /// Takes one engine output into its choice: the choice's index and the text that became
+    /// final, or `None` for a choice that already ended (at a stop string). A choice that ends
+    /// here before the engine finished it is aborted in the engine.
+    fn take(&mut self, o: &Output, metrics: &Metrics) -> Option<(usize, String)> {
+        let (l, req) = (self.l, self.req);
+        let i = (o.id - self.base) as usize;
+        let c = &mut self.list[i];
+        if c.finish.is_some() {
+            return None;
+        }
+        let now = Instant::now();
+        match c.last {
+            None => metrics.ttft.observe((now - self.started).as_secs_f64()),
+            Some(t) => metrics.itl.observe((now - t).as_secs_f64()),
+        }
+        c.last = Some(now);
+        c.tokens.push(o.token);
+        if req.logprobs.is_some() {
+            let tt = token_text(l.tokenizer.as_ref(), o.token);
+            c.lp_offsets.push(c.offset);
+            // OpenAI counts characters, not bytes
+            c.offset += tt.chars().count();
+            c.lp_tokens.push(tt);
+            c.lp_values.push(o.logprob);
+            let top: serde_json::Map<String, Value> =
+                o.top.iter().map(|&(t, lp)| (token_text(l.tokenizer.as_ref(), t), json!(lp))).collect();
+            c.lp_top.push(Value::Object(top));
+        }
+        // the end-of-text token ends the text; it is not part of it
+        let eos = o.finished == Some(Finish::Stop);
+        let mut piece = if eos { String::new() } else { c.detok.push(o.token) };
+        if c.detok.stopped {
+            c.finish = Some("stop");
+        } else if let Some(f) = o.finished {
+            piece.push_str(&c.detok.finish());
+            c.finish = Some(if f == Finish::Stop { "stop" } else { "length" });
+        }
+        if c.finish.is_some() {
+            self.open -= 1;
+            if o.finished.is_none() {
+                l.engine.abort(o.id);
+            }
+        }
+        Some((i, piece))
+    }
+
+    /// Log-probabilities of choice `i`'s tokens from `from` on, in OpenAI's layout.
+    fn logprobs(&self, i: usize, from: usize) -> Value {
+        if self.req.logprobs.is_none() {
+            return Value::Null;
+        }
+        let c = &self.list[i];
+        json!({
+            "tokens": c.lp_tokens[from..],
+            "token_logprobs": c.lp_values[from..],
+            "top_logprobs": c.lp_top[from..],
+            "text_offset": c.lp_offsets[from..],
+        })
+    }
+
+    /// Prompt tokens (each prompt once, whatever n) and generated tokens.
+    fn usage(&self, prompts: &[Prompted]) -> Value {
+        let completion_tokens: usize = self.list.iter().map(|c| c.tokens.len()).sum();
+        let prompt_tokens: usize = prompts.iter().map(|p| p.ids.len()).sum();
+        json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+    }
+}
+
+fn engine_failed(e: String) -> ApiError {
+    ApiError {
+        status: 500,
+        message: format!("the engine refused the request: {e}"),
+        kind: "server_error",
+        param: None,
+        code: None,
+    }
+}
+
+fn engine_stopped() -> ApiError {
+    engine_failed("the engine stopped before the request finished".into())
+}
+
+async fn whole(app: &Arc<App>, req: Completion, prompts: Vec<Prompted>, guard: InFlight, started: Instant) -> Response {
+    let l = app.loaded.get().expect("accepted only once loaded");
+    let mut rx = submit(l, &req, &prompts, &guard, app);
+    let mut choices = Choices::new(l, &req, &guard, started);
+    while choices.open > 0 {
+        match rx.recv().await {
+            Some(Ok(o)) => {
+                choices.take(&o, &app.metrics);
+            }
+            Some(Err(e)) => return error(engine_failed(e)),
+            None => return error(engine_stopped()),
+        }
+    }
+    let out: Vec<Value> = choices
+        .list
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({
+                "index": i, "text": c.detok.text(), "finish_reason": c.finish, "logprobs": choices.logprobs(i, 0),
+            });
+            if req.return_token_ids {
+                v["token_ids"] = json!(c.tokens);
+                v["prompt_token_ids"] = json!(prompts[i / req.n].ids);
+            }
+            v
+        })
+        .collect();
+    let body = json!({
+        "id": format!("cmpl-{}", choices.base), "object": "text_completion", "created": unix_now(), "model": app.name,
+        "choices": out, "usage": choices.usage(&prompts),
+    });
+    drop(guard);
+    axum::Json(body).into_response()
+}
+
+/// Server-sent events: a chunk per generated token (the text that became final, its token id
+/// and log-probabilities as asked), the finish reason with the last, usage if asked, `[DONE]`.
+fn stream(app: Arc<App>, req: Completion, prompts: Vec<Prompted>, guard: InFlight, started: Instant) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(256);
+    tokio::spawn(async move {
+        let l = app.loaded.get().expect("accepted only once loaded");
+        let mut engine_rx = submit(l, &req, &prompts, &guard, &app);
+        let mut choices = Choices::new(l, &req, &guard, started);
+        let (id, created) = (format!("cmpl-{}", choices.base), unix_now());
+        let event = |v: &Value| Ok(Bytes::from(format!("data: {v}\n\n")));
+        while choices.open > 0 {
+            let msg = tokio::select! {
+                m = engine_rx.recv() => m,
+                // the client went away (even before its first token): the guard aborts
+                _ = tx.closed() => return,
+            };
+            let o = match msg {
+                Some(Ok(o)) => o,
+                Some(Err(e)) => {
+                    let _ = tx.send(event(&engine_failed(e).body())).await;
+                    return;
+                }
+                None => {
+                    let _ = tx.send(event(&engine_stopped().body())).await;
+                    return;
+                }
+            };
+            let from = choices.list[(o.id - choices.base) as usize].lp_tokens.len();
+            let Some((i, piece)) = choices.take(&o, &app.metrics) else { continue };
+            let c = &choices.list[i];
+            let mut ch = json!({
+                "index": i, "text": piece, "finish_reason": c.finish, "logprobs": choices.logprobs(i, from),
+            });
+            if req.return_token_ids {
+                ch["token_ids"] = json!([o.token]);
+                if c.tokens.len() == 1 {
+                    ch["prompt_token_ids"] = json!(prompts[i / req.n].ids);
+                }
+            }
+            let mut chunk =
+                json!({"id": id, "object": "text_completion", "created": created, "model": app.name, "choices": [ch]});
+            if req.include_usage {
+                chunk["usage"] = Value::Null;
+            }
+            if tx.send(event(&chunk)).await.is_err() {
+                return; // the client went away: the guard aborts what is left
+            }
+        }
+        if req.include_usage {
+            let chunk = json!({"id": id, "object": "text_completion", "created": created, "model": app.name,
+                "choices": [], "usage": choices.usage(&prompts)});
+            let _ = tx.send(event(&chunk)).await;
+        }
+        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+        drop(guard);
+    });
+    let body =
+        Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) }));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .expect("a valid response")
+}
