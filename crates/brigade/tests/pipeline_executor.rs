@@ -73,7 +73,7 @@ fn every_schedule_executed_equals_the_whole_model() {
                         .map(|((part, params), grads)| Chunk { part, params, grads })
                         .collect();
                     let data = MicroBatches { tokens: &tokens, targets: &targets, b, t, scale };
-                    let ran = run_step(&plan, &comm, &Tp::SOLO, &mut chunks, &data, recompute)?;
+                    let ran = run_step(&plan, (&comm, &Tp::SOLO), &mut chunks, &data, recompute, &mut Vec::new())?;
                     let (loss, peak) = (ran.loss, (ran.peak, ran.peak_bytes));
                     // each tensor's gradient by name, for the check
                     let named: Vec<(String, Vec<f32>)> = parts

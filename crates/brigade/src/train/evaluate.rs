@@ -64,9 +64,9 @@ impl Trainer {
     /// `evaluate` of the full parameters from `full_params` (or this rank's, when `None`).
     pub fn evaluate_with(&mut self, full: Option<&[f32]>) -> EvalReport {
         // the activations are borrowed apart from the model they serve
-        let mut acts = std::mem::take(&mut self.acts);
+        let mut acts = self.pool.pop().unwrap_or_default();
         let report = self.evaluate_on(full, &mut acts);
-        self.acts = acts;
+        self.pool.push(acts);
         report
     }
 

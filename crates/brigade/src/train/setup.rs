@@ -8,8 +8,8 @@ use super::metrics::StepClock;
 use super::optimizer::{AdamW, LrSchedule};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
-use crate::layout::Layout;
-use crate::models::{Activations, Gpt};
+use crate::layout::{Layout, Schedule};
+use crate::models::Gpt;
 use crate::parallel::data::zero::Shards;
 use crate::parallel::data::DataParallel;
 use crate::parallel::pipeline::{self, stages::stage_units, RankModel};
@@ -98,6 +98,11 @@ impl Trainer {
         let Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout, plan } = run;
         let dpc = DataParallel { zero: layout.zero, ..DataParallel::default() };
         let (tp, pp) = ((mesh.coords.tp, mesh.shape.tp), (mesh.coords.pp, mesh.shape.pp));
+        // without a pipeline the executor runs one stage's 1F1B over the micro-batches
+        let list = match &plan {
+            Some(p) => p.clone(),
+            None => pipeline::build(Schedule::OneFOneB, 1, layout.micro_batches(cfg.batch, mb), 1)?,
+        };
         let parts = match plan {
             Some(_) => RankModel::stage(mcfg, tp, pp, layout.v, seq)?,
             None => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
@@ -123,6 +128,8 @@ impl Trainer {
             norm_layout: parts.counted_layout(),
             parts,
             plan,
+            list,
+            pool: Vec::new(),
             model,
             params,
             opt,
@@ -132,7 +139,6 @@ impl Trainer {
             seq,
             losses: Vec::new(),
             grad_norms: Vec::new(),
-            acts: Activations::default(),
             sched,
             timeline: None,
             cfg,

@@ -7,11 +7,9 @@ use super::optimizer::{clip_factor, AdamW, LrSchedule};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::models::units::Whole;
-use crate::models::{Activations, Gpt, Input, Output, Pass};
+use crate::models::{Activations, Gpt};
 use crate::nn::tp::{state as tp_state, Tp};
-use crate::parallel::data::store::ShardStore;
-use crate::parallel::data::zero::{Shards, UnitReducer};
+use crate::parallel::data::zero::Shards;
 use crate::parallel::data::{self, DataParallel};
 use crate::parallel::pipeline::{Plan, RankModel};
 use crate::parallel::{Mesh, MeshShape};
@@ -27,9 +25,13 @@ pub struct Trainer {
     pub parts: RankModel,
     /// `parts.layout` without the head's copy of the tied token table (for the gradient norm).
     pub(crate) norm_layout: ParamLayout,
-    /// The pipeline's lists, when this rank runs the pipeline executor (pp > 1, model chunks,
-    /// or recompute).
+    /// The pipeline's lists, when the layout runs a pipeline (pp > 1, model chunks, or
+    /// recompute).
     pub plan: Option<Plan>,
+    /// The lists every step runs: the pipeline's, or one stage's 1F1B over the micro-batches.
+    pub(crate) list: Plan,
+    /// Activations of the micro-batches in flight, kept for the next step.
+    pub(crate) pool: Vec<Activations>,
     pub params: Vec<f32>,
     pub(crate) grads: Vec<f32>,
     pub(crate) opt: AdamW,
@@ -42,7 +44,6 @@ pub struct Trainer {
     pub losses: Vec<f32>,
     /// Gradient norm (before clipping) of every step taken in this process.
     pub grad_norms: Vec<f32>,
-    pub(crate) acts: Activations,
     pub(crate) sched: LrSchedule,
     /// Set to record a Chrome trace of the run (`brigade train --trace`).
     pub timeline: Option<Timeline>,
@@ -217,90 +218,17 @@ impl Trainer {
         if count == 0 {
             return Err(Error::Data("a batch has no target tokens".into()));
         }
-        let step = self.step + 1;
         self.grads.fill(0.0);
         self.gshard.fill(0.0);
-        let mb = self.micro;
         // Every target of the global batch counts once: the gradients of the dp ranks then sum
         // to the single worker's.
         let scale = 1.0 / count as f32;
-        let mut loss_sum = 0f64;
         // This rank's share of the global batch: a contiguous block of whole sequences.
         let per_rank = (b / self.mesh.shape.dp) * t;
         let mine = self.mesh.coords.dp * per_rank..(self.mesh.coords.dp + 1) * per_rank;
         let (x, y) = (&x[mine.clone()], &y[mine]);
-        if self.plan.is_some() {
-            let loss_sum = self.accumulate_pipelined(x, y, t, scale)?;
-            return Ok((data::sum_scalar(&self.mesh.dp, loss_sum)?, count));
-        }
-        let n_micro = x.len() / (mb * t);
-        let overlap = data::overlaps(&self.mesh.dp, &self.dpc);
-        let tp = Tp::new(&self.mesh.tp, self.layout.sp);
-        let (dp, zero) = (&self.mesh.dp, self.dpc.zero);
-        for (i, (xm, ym)) in x.chunks(mb * t).zip(y.chunks(mb * t)).enumerate() {
-            let t0 = Instant::now();
-            let (model, acts) = (&self.model, &mut self.acts);
-            if zero >= 2 {
-                // each unit's gradient reduce-scattered into this rank's pieces as backward
-                // finishes it; under ZeRO-3 each unit's parameters gathered when needed
-                let full = (zero == 2).then_some(&self.params[..]);
-                let mut store = ShardStore::new(&self.shards, dp, full, &self.pshard, &mut self.gshard);
-                let mut pass = Pass::new(&tp, &mut store);
-                model.forward(&mut pass, Input::Tokens(xm), (mb, t), acts)?;
-                loss_sum += model.loss(&tp, ym, acts)?.0;
-                let t1 = Instant::now();
-                model.backward(&mut pass, xm, Output::Loss { targets: ym, scale }, acts)?;
-                let t2 = Instant::now();
-                store.finish()?;
-                let (tl, clock) = (&mut self.timeline, &mut self.clock);
-                note(tl, clock, format!("forward mb{i}"), "compute", step, (t0, t1));
-                note(tl, clock, format!("backward mb{i}"), "compute", step, (t1, t2));
-                note(tl, clock, "gradient reduce-scatter (exposed)", "comm", step, (t2, Instant::now()));
-                continue;
-            }
-            let mut store = Whole::reading(&model.units, &self.params);
-            model.forward(&mut Pass::new(&tp, &mut store), Input::Tokens(xm), (mb, t), acts)?;
-            loss_sum += model.loss(&tp, ym, acts)?.0;
-            let from = Output::Loss { targets: ym, scale };
-            note(&mut self.timeline, &mut self.clock, format!("forward mb{i}"), "compute", step, (t0, Instant::now()));
-            let t0 = Instant::now();
-            let (params, grads) = (&self.params, &mut self.grads);
-            if overlap && i + 1 == n_micro {
-                // The last micro-batch completes each layer's gradient: its buckets are
-                // all-reduced while the earlier layers run backward.
-                let mut reducer = data::BucketReducer::new(dp, grads.len(), &self.dpc);
-                let mut ready = |g: &[f32], from: usize| reducer.ready(g, from);
-                let mut store = Whole::new(&model.units, params, grads).on_ready(&mut ready);
-                model.backward(&mut Pass::new(&tp, &mut store), xm, from, acts)?;
-                let t1 = Instant::now();
-                reducer.finish(grads)?;
-                let (tl, clock) = (&mut self.timeline, &mut self.clock);
-                note(tl, clock, format!("backward mb{i}"), "compute", step, (t0, t1));
-                note(tl, clock, "gradient reduction (exposed)", "comm", step, (t1, Instant::now()));
-            } else if zero == 1 && i + 1 == n_micro {
-                // ZeRO-1: each unit's reduce-scatter while the earlier units run backward
-                let mut reducer = UnitReducer::new(&self.shards, dp);
-                let mut ready = |g: &[f32], from: usize| reducer.ready(g, from);
-                let mut store = Whole::new(&model.units, params, grads).on_ready(&mut ready);
-                model.backward(&mut Pass::new(&tp, &mut store), xm, from, acts)?;
-                let t1 = Instant::now();
-                reducer.finish(grads, &mut self.gshard)?;
-                let (tl, clock) = (&mut self.timeline, &mut self.clock);
-                note(tl, clock, format!("backward mb{i}"), "compute", step, (t0, t1));
-                note(tl, clock, "gradient reduce-scatter (exposed)", "comm", step, (t1, Instant::now()));
-            } else {
-                let mut store = Whole::new(&model.units, params, grads);
-                model.backward(&mut Pass::new(&tp, &mut store), xm, from, acts)?;
-                let span = (t0, Instant::now());
-                note(&mut self.timeline, &mut self.clock, format!("backward mb{i}"), "compute", step, span);
-            }
-        }
-        let t0 = Instant::now();
-        let g = if zero == 0 { &mut self.grads } else { &mut self.gshard };
-        tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, true))?;
-        let loss_sum = data::sum_scalar(dp, loss_sum)?;
-        note(&mut self.timeline, &mut self.clock, "gradient reduction", "comm", step, (t0, Instant::now()));
-        Ok((loss_sum, count))
+        let loss_sum = self.accumulate_share(x, y, t, scale)?;
+        Ok((data::sum_scalar(&self.mesh.dp, loss_sum)?, count))
     }
 
     /// The gradient left by the last `accumulate_gradients` (a step leaves it as it was: the

@@ -16,7 +16,6 @@ pub struct ShardStore<'a> {
     /// ZeRO-2: the whole parameter buffer. ZeRO-3: `None`, units gathered from `pshard`.
     full: Option<&'a [f32]>,
     pshard: &'a [f32],
-    gshard: &'a mut [f32],
     windows: Vec<Option<Vec<f32>>>,
     prefetch: Vec<Option<Handle<Vec<f32>>>>,
     grads: Vec<Option<Vec<f32>>>,
@@ -27,22 +26,14 @@ pub struct ShardStore<'a> {
 }
 
 impl<'a> ShardStore<'a> {
-    /// `full`: the whole parameters (ZeRO-2) or `None` (ZeRO-3: from `pshard`); this rank's
-    /// summed gradient pieces are added into `gshard`.
-    pub fn new(
-        shards: &'a Shards,
-        dp: &'a Comm,
-        full: Option<&'a [f32]>,
-        pshard: &'a [f32],
-        gshard: &'a mut [f32],
-    ) -> Self {
+    /// `full`: the whole parameters (ZeRO-2) or `None` (ZeRO-3: from `pshard`).
+    pub fn new(shards: &'a Shards, dp: &'a Comm, full: Option<&'a [f32]>, pshard: &'a [f32]) -> Self {
         let n = shards.units.len();
         ShardStore {
             shards,
             dp,
             full,
             pshard,
-            gshard,
             windows: (0..n).map(|_| None).collect(),
             prefetch: (0..n).map(|_| None).collect(),
             grads: (0..n).map(|_| None).collect(),
@@ -92,11 +83,11 @@ impl<'a> ShardStore<'a> {
     }
 
     /// Waits for every reduce-scatter and adds this rank's pieces into `gshard`.
-    pub fn finish(self) -> Result<()> {
+    pub fn finish(self, gshard: &mut [f32]) -> Result<()> {
         for (u, h) in self.pending {
             let mine = h.wait().map_err(comm_err)?;
             let r = self.shards.piece(u);
-            self.gshard[r].iter_mut().zip(&mine).for_each(|(g, x)| *g += x);
+            gshard[r].iter_mut().zip(&mine).for_each(|(g, x)| *g += x);
         }
         Ok(())
     }

@@ -1,15 +1,18 @@
-//! Runs one rank's list of a pipeline plan for one optimizer step: forwards and backwards of
+//! Runs one rank's list of a plan for one optimizer step — every rank's, the single worker's
+//! included (its plan is one stage, 1F1B over the micro-batches): forwards and backwards of
 //! its model chunks on each micro-batch, activations and gradients sent to and received from
 //! the neighbouring stages over the pipeline group, each micro-batch's stash kept only from
 //! its forward to its backward (under full recompute only its input, the forward run again
 //! just before the backward). A zero-bubble B computes the input gradient and keeps what the
-//! weight matrices' gradients need for its W. Gradients accumulate into each chunk's buffer; the tied token
-//! table's two copies (first and last stage) are summed by the caller.
+//! weight matrices' gradients need for its W. Where each pass finds its parameters and puts
+//! its gradients is the caller's [`ChunkStores`] (whole buffers, or a data-parallel rank's
+//! reducing or sharded stores); the tied token table's two copies (first and last stage) are
+//! summed by the caller.
 
 use super::plan::{Action, Plan};
 use crate::error::{Error, Result};
 use crate::layout::Recompute;
-use crate::models::units::Whole;
+use crate::models::units::{UnitStore, Whole};
 use crate::models::{Activations, Gpt, Input, Output, Pass};
 use crate::nn::tp::Tp;
 use crate::nn::{Deferred, Spare, WeightGrads};
@@ -22,6 +25,50 @@ pub struct Chunk<'a> {
     pub part: &'a Gpt,
     pub params: &'a [f32],
     pub grads: &'a mut [f32],
+}
+
+/// Which pass of a micro-batch a store serves: a forward, or a backward (`last`: the chunk's
+/// last backward of the step, after which its gradients are final).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Forward,
+    Backward { last: bool },
+}
+
+/// The passing of a pass to its store: `f` gets the chunk's part and the unit store to run on.
+pub type OnStore<'f> = &'f mut dyn FnMut(&Gpt, &mut dyn UnitStore) -> Result<()>;
+
+/// Where each of a rank's chunks finds its parameters and puts its gradients, pass by pass.
+pub trait ChunkStores {
+    /// Chunk `c`'s model part.
+    fn part(&self, c: usize) -> &Gpt;
+    /// Runs `f` on chunk `c`'s part and the store of its `stage` pass over micro-batch `mb`.
+    fn with(&mut self, c: usize, mb: usize, stage: Stage, f: OnStore) -> Result<()>;
+    /// Chunk `c`'s gradient buffer (a zero-bubble W adds the weight gradients into it).
+    fn grads(&mut self, c: usize) -> &mut [f32];
+    /// Chunk `c`'s gradients are final for the step (after its last backward or W).
+    fn done(&mut self, _c: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Whole buffers: each chunk's own parameters and gradient buffer.
+impl ChunkStores for Vec<Chunk<'_>> {
+    fn part(&self, c: usize) -> &Gpt {
+        self[c].part
+    }
+
+    fn with(&mut self, c: usize, _mb: usize, stage: Stage, f: OnStore) -> Result<()> {
+        let Chunk { part, params, grads } = &mut self[c];
+        match stage {
+            Stage::Forward => f(part, &mut Whole::reading(&part.units, params)),
+            Stage::Backward { .. } => f(part, &mut Whole::new(&part.units, params, grads)),
+        }
+    }
+
+    fn grads(&mut self, c: usize) -> &mut [f32] {
+        self[c].grads
+    }
 }
 
 /// The micro-batches of the step: every stage knows them (the data is a pure function of the
@@ -97,49 +144,36 @@ impl Stash {
     }
 }
 
-/// Runs this rank's list of `plan` over `pp` (the pipeline group). Under full recompute each
-/// chunk's forward keeps only its input and runs again before its backward; under selective
-/// recompute the forwards keep no attention scores.
+/// Runs this rank's list of `plan` over `pp` (the pipeline group), each pass on its store from
+/// `chunks`, activations reused from `pool` (and left there for the next step). Under full
+/// recompute each chunk's forward keeps only its input and runs again before its backward;
+/// under selective recompute the forwards keep no attention scores. `chunks.done(c)` hears as
+/// soon as a chunk's gradients are final for the step, so that their data-parallel reduction
+/// can run while the rest of the list does.
 pub fn run_step(
     plan: &Plan,
-    pp: &Comm,
-    tp: &Tp,
-    chunks: &mut [Chunk],
+    (pp, tp): (&Comm, &Tp),
+    chunks: &mut dyn ChunkStores,
     data: &MicroBatches,
     recompute: Recompute,
-) -> Result<Ran> {
-    run_step_with(plan, pp, tp, chunks, data, recompute, &mut |_, _| {})
-}
-
-/// `run_step`, calling `done(chunk, grads)` as soon as a chunk's gradients are final for the
-/// step (after its last backward or weight-gradient action), so that their data-parallel
-/// reduction can run while the rest of the list does.
-pub fn run_step_with(
-    plan: &Plan,
-    pp: &Comm,
-    tp: &Tp,
-    chunks: &mut [Chunk],
-    data: &MicroBatches,
-    recompute: Recompute,
-    done: &mut dyn FnMut(usize, &[f32]),
+    pool: &mut Vec<Activations>,
 ) -> Result<Ran> {
     let rank = pp.rank();
     let (b, t) = (data.b, data.t);
     let stages = plan.pp * plan.v;
     let stage = |chunk: usize| chunk * plan.pp + rank;
-    let width = |c: &Chunk| tp.rows(b * t).len() * c.part.cfg.n_embd;
+    let width = tp.rows(b * t).len() * chunks.part(0).cfg.n_embd;
     let mut stash: HashMap<(usize, usize), Stash> = HashMap::new();
     // input gradients after a backward, until sent or read by the previous chunk on this rank
     let mut dinputs: HashMap<(usize, usize), Vec<f32>> = HashMap::new();
     let mut received: HashMap<(usize, usize, bool), Vec<f32>> = HashMap::new();
-    let mut pool: Vec<Activations> = Vec::new();
     // the weight-gradient halves a zero-bubble B left for its W
     let mut weights: HashMap<(usize, usize), Vec<Deferred>> = HashMap::new();
     let mut spare = Spare::default();
     let mut ran = Ran::default();
     let mut bytes = 0usize;
     // where each chunk's gradients become final: its last backward or weight-gradient action
-    let mut last = vec![None; chunks.len()];
+    let mut last = vec![None; plan.v];
     for (i, a) in plan.ranks[rank].iter().enumerate() {
         if let Action::Backward { chunk, .. }
         | Action::BackwardInput { chunk, .. }
@@ -153,7 +187,7 @@ pub fn run_step_with(
         match a {
             Action::RecvActivation { mb, chunk, from } | Action::RecvGrad { mb, chunk, from } => {
                 let grad = matches!(a, Action::RecvGrad { .. });
-                let mut buf = vec![0f32; width(&chunks[chunk])];
+                let mut buf = vec![0f32; width];
                 pp.recv(&mut buf, from, tag(mb, stage(chunk), stages, grad)).map_err(comm_err)?;
                 received.insert((mb, chunk, grad), buf);
             }
@@ -166,8 +200,11 @@ pub fn run_step_with(
                 pp.send(&g, to, tag(mb, stage(chunk) - 1, stages, true)).map_err(comm_err)?;
             }
             Action::Forward { mb, chunk } => {
-                let c = &chunks[chunk];
-                let input = if c.part.has_embedding {
+                let (has_embedding, has_head, vocab_rows) = {
+                    let p = chunks.part(chunk);
+                    (p.has_embedding, p.has_head, p.vocab.rows)
+                };
+                let input = if has_embedding {
                     None
                 } else if let Some(h) = received.remove(&(mb, chunk, false)) {
                     Some(h)
@@ -176,16 +213,16 @@ pub fn run_step_with(
                     Some(stash.get_mut(&(mb, chunk - 1)).expect("the previous chunk ran first").take_output(&mut bytes))
                 };
                 let mut acts = pool.pop().unwrap_or_default();
-                if c.part.has_head && acts.logits.capacity() == 0 {
+                if has_head && acts.logits.capacity() == 0 {
                     // (a zero-bubble W took the last logits buffer; one comes back from it)
-                    if let Some(buf) = spare.take(data.b * data.t * c.part.vocab.rows) {
+                    if let Some(buf) = spare.take(data.b * data.t * vocab_rows) {
                         acts.logits = buf;
                     }
                 }
                 acts.set_selective(recompute == Recompute::Selective);
-                forward(c, tp, data, mb, input.as_deref(), &mut acts, &mut ran.loss)?;
+                forward(chunks, (chunk, mb), (tp, data), input.as_deref(), &mut acts, &mut ran.loss)?;
                 let s = if recompute == Recompute::Full {
-                    let output = (!c.part.has_head).then(|| acts.output().to_vec());
+                    let output = (!has_head).then(|| acts.output().to_vec());
                     pool.push(acts);
                     Stash::Input { input, output }
                 } else {
@@ -202,7 +239,8 @@ pub fn run_step_with(
                     Action::BackwardInput { .. } => WeightGrads::later_with(std::mem::take(&mut spare)),
                     _ => WeightGrads::Now,
                 };
-                let dy = if chunks[chunk].part.has_head {
+                let (has_embedding, has_head) = (chunks.part(chunk).has_embedding, chunks.part(chunk).has_head);
+                let dy = if has_head {
                     None
                 } else if let Some(g) = received.remove(&(mb, chunk, true)) {
                     Some(g)
@@ -217,20 +255,25 @@ pub fn run_step_with(
                         // full recompute: the forward again, from the stashed input
                         let mut acts = pool.pop().unwrap_or_default();
                         let mut unused = 0.0;
-                        forward(&chunks[chunk], tp, data, mb, input.as_deref(), &mut acts, &mut unused)?;
+                        forward(chunks, (chunk, mb), (tp, data), input.as_deref(), &mut acts, &mut unused)?;
                         acts
                     }
                 };
-                let c = &mut chunks[chunk];
                 let from = match &dy {
                     None => Output::Loss { targets: &data.targets[mb], scale: data.scale },
                     Some(g) => Output::Grad(g),
                 };
-                let mut store = Whole::new(&c.part.units, c.params, c.grads);
-                let mut pass = Pass::new(tp, &mut store).deferring(dw);
-                c.part.backward(&mut pass, &data.tokens[mb], from, &mut acts)?;
-                let dw = pass.dw;
-                if !c.part.has_embedding {
+                // a whole backward that is the chunk's last: its gradients are final as it ends
+                let stage = Stage::Backward { last: matches!(a, Action::Backward { .. }) && last[chunk] == Some(i) };
+                let mut dw = Some(dw);
+                chunks.with(chunk, mb, stage, &mut |part, store| {
+                    let mut pass = Pass::new(tp, store).deferring(dw.take().expect("one backward per pass"));
+                    let r = part.backward(&mut pass, &data.tokens[mb], from, &mut acts);
+                    dw = Some(pass.dw);
+                    r
+                })?;
+                let dw = dw.expect("the backward gives the weight gradients back");
+                if !has_embedding {
                     dinputs.insert((mb, chunk), acts.input_grad().to_vec());
                 }
                 pool.push(acts);
@@ -243,9 +286,9 @@ pub fn run_step_with(
                 }
             }
             Action::BackwardWeight { mb, chunk } => {
-                let c = &mut chunks[chunk];
                 for d in weights.remove(&(mb, chunk)).unwrap_or_default() {
-                    d.run(&mut c.grads[c.part.units[d.unit].clone()]);
+                    let unit = chunks.part(chunk).units[d.unit].clone();
+                    d.run(&mut chunks.grads(chunk)[unit]);
                     bytes -= d.bytes();
                     d.into_buffers().into_iter().for_each(|b| spare.give(b));
                 }
@@ -253,19 +296,18 @@ pub fn run_step_with(
         }
         ran.spans.push((a, start, Instant::now()));
         if let Some(c) = last.iter().position(|&l| l == Some(i)) {
-            done(c, chunks[c].grads);
+            chunks.done(c)?;
         }
     }
     Ok(ran)
 }
 
-/// A chunk's forward of micro-batch `mb` from the tokens (first stage) or `input`, adding the
-/// last stage's token losses to `loss`.
+/// Chunk `c`'s forward of micro-batch `mb` from the tokens (first stage) or `input`, adding
+/// the last stage's token losses to `loss`.
 fn forward(
-    c: &Chunk,
-    tp: &Tp,
-    data: &MicroBatches,
-    mb: usize,
+    chunks: &mut dyn ChunkStores,
+    (c, mb): (usize, usize),
+    (tp, data): (&Tp, &MicroBatches),
     input: Option<&[f32]>,
     acts: &mut Activations,
     loss: &mut f64,
@@ -274,10 +316,11 @@ fn forward(
         None => Input::Tokens(&data.tokens[mb]),
         Some(h) => Input::Hidden(h),
     };
-    let mut store = Whole::reading(&c.part.units, c.params);
-    c.part.forward(&mut Pass::new(tp, &mut store), input, (data.b, data.t), acts)?;
-    if c.part.has_head {
-        *loss += c.part.loss(tp, &data.targets[mb], acts)?.0;
-    }
-    Ok(())
+    chunks.with(c, mb, Stage::Forward, &mut |part, store| {
+        part.forward(&mut Pass::new(tp, store), input, (data.b, data.t), acts)?;
+        if part.has_head {
+            *loss += part.loss(tp, &data.targets[mb], acts)?.0;
+        }
+        Ok(())
+    })
 }

@@ -1,0 +1,225 @@
+//! A rank's share of a step's gradient, the same path for every layout: its micro-batches
+//! through its list of the plan (the executor; without a pipeline the list is one stage, 1F1B
+//! over the micro-batches), each pass on the store its data parallelism asks for, then the
+//! sums the layout adds — the replicas over dp (all-reduce by buckets during the last
+//! backward, or chunk by chunk; ZeRO-1's reduce-scatter; ZeRO-2/3's per-unit reduce-scatter
+//! in every backward), the tied token table's two copies over the pipeline, the replicated
+//! parameters over tp under sequence parallelism.
+
+use super::metrics::{note, PipelineStats};
+use super::trainer::Trainer;
+use crate::error::{Error, Result};
+use crate::models::units::Whole;
+use crate::models::Gpt;
+use crate::nn::tp::{state as tp_state, Tp};
+use crate::parallel::data::store::ShardStore;
+use crate::parallel::data::zero::{Shards, UnitReducer};
+use crate::parallel::data::{self, BucketReducer};
+use crate::parallel::pipeline::executor::{run_step, ChunkStores, MicroBatches, OnStore, Stage};
+use crate::parallel::pipeline::{Action, RankModel};
+use brigade_comm::{Comm, Handle, ReduceOp};
+use std::time::Instant;
+
+/// A span's name on the timeline: a pipeline's names its chunk (`forward mb3 c0`), the one
+/// stage without a pipeline does not (`forward mb3`).
+fn label(a: &Action, pipelined: bool) -> (String, &'static str) {
+    let c = |chunk: usize| if pipelined { format!(" c{chunk}") } else { String::new() };
+    match *a {
+        Action::Forward { mb, chunk } => (format!("forward mb{mb}{}", c(chunk)), "compute"),
+        Action::Backward { mb, chunk } => (format!("backward mb{mb}{}", c(chunk)), "compute"),
+        Action::BackwardInput { mb, chunk } => (format!("backward (input) mb{mb}{}", c(chunk)), "compute"),
+        Action::BackwardWeight { mb, chunk } => (format!("backward (weight) mb{mb}{}", c(chunk)), "compute"),
+        Action::SendActivation { mb, .. } => (format!("send activation mb{mb}"), "comm"),
+        Action::SendGrad { mb, .. } => (format!("send gradient mb{mb}"), "comm"),
+        Action::RecvActivation { mb, .. } => (format!("wait for activation mb{mb}"), "bubble"),
+        Action::RecvGrad { mb, .. } => (format!("wait for gradient mb{mb}"), "bubble"),
+    }
+}
+
+/// How a rank's gradients reach the rest of its dp group.
+enum Sync<'a> {
+    /// Nothing to reduce (dp = 1 without ZeRO), or ZeRO-1 reduce-scattered after the list.
+    After,
+    /// ZeRO-0, one chunk: buckets all-reduced as the last backward finishes them.
+    Buckets(BucketReducer<'a>),
+    /// ZeRO-0, several chunks: each chunk all-reduced as soon as it is final.
+    Chunks(Vec<(usize, Handle<Vec<f32>>)>),
+    /// ZeRO-1, one chunk and no tied copy to sum first: each unit reduce-scattered as the
+    /// last backward finishes it.
+    Units(UnitReducer<'a>),
+    /// ZeRO-2/3: a store per micro-batch reduce-scatters each unit's gradient into this rank's
+    /// pieces (ZeRO-3: and gathers each unit's parameters) — `open` from a forward to the end of
+    /// its backward.
+    Sharded { open: Option<ShardStore<'a>>, full: Option<&'a [f32]>, pshard: &'a [f32] },
+}
+
+/// The stores of a data-parallel rank's chunks.
+struct RankStores<'a, 'b> {
+    parts: &'a RankModel,
+    params: &'a [f32],
+    grads: &'b mut [f32],
+    /// ZeRO ≥ 2: this rank's pieces of the summed gradient.
+    gshard: &'b mut [f32],
+    shards: &'a Shards,
+    dp: &'a Comm,
+    sync: Sync<'a>,
+    /// Seconds spent finishing ZeRO-2/3 stores after each backward (communication nothing hid).
+    exposed_s: f64,
+}
+
+impl ChunkStores for RankStores<'_, '_> {
+    fn part(&self, c: usize) -> &Gpt {
+        &self.parts.chunks[c]
+    }
+
+    fn with(&mut self, c: usize, _mb: usize, stage: Stage, f: OnStore) -> Result<()> {
+        let part = &self.parts.chunks[c];
+        let span = self.parts.spans[c].clone();
+        match (&mut self.sync, stage) {
+            (Sync::Sharded { open, full, pshard }, _) => {
+                if stage == Stage::Forward {
+                    *open = Some(ShardStore::new(self.shards, self.dp, *full, pshard));
+                }
+                let store = open.as_mut().expect("a backward after its forward");
+                f(part, store)?;
+                if stage != Stage::Forward {
+                    let t0 = Instant::now();
+                    open.take().expect("opened by the forward").finish(self.gshard)?;
+                    self.exposed_s += t0.elapsed().as_secs_f64();
+                }
+                Ok(())
+            }
+            (_, Stage::Forward) => f(part, &mut Whole::reading(&part.units, &self.params[span])),
+            (Sync::Buckets(r), Stage::Backward { last: true }) => {
+                let mut ready = |g: &[f32], from: usize| r.ready(g, from);
+                f(
+                    part,
+                    &mut Whole::new(&part.units, &self.params[span.clone()], &mut self.grads[span])
+                        .on_ready(&mut ready),
+                )
+            }
+            (Sync::Units(r), Stage::Backward { last: true }) => {
+                let mut ready = |g: &[f32], from: usize| r.ready(g, from);
+                f(
+                    part,
+                    &mut Whole::new(&part.units, &self.params[span.clone()], &mut self.grads[span])
+                        .on_ready(&mut ready),
+                )
+            }
+            _ => f(part, &mut Whole::new(&part.units, &self.params[span.clone()], &mut self.grads[span])),
+        }
+    }
+
+    fn grads(&mut self, c: usize) -> &mut [f32] {
+        &mut self.grads[self.parts.spans[c].clone()]
+    }
+
+    fn done(&mut self, c: usize) -> Result<()> {
+        // (ZeRO-2/3 keep no whole gradient buffer: their stores reduced everything already)
+        let span = self.parts.spans[c].clone();
+        let g = || &self.grads[span.clone()];
+        match &mut self.sync {
+            // what the last backward did not launch (a zero-bubble W finished the chunk)
+            Sync::Buckets(r) => r.ready(g(), 0),
+            Sync::Units(r) => r.ready(g(), 0),
+            Sync::Chunks(pending) => pending.push((c, self.dp.all_reduce_async(g().to_vec(), ReduceOp::Sum))),
+            Sync::After | Sync::Sharded { .. } => {}
+        }
+        Ok(())
+    }
+}
+
+fn dp_err(e: brigade_comm::CommError) -> Error {
+    Error::Train(format!("data-parallel communication failed: {e}"))
+}
+
+impl Trainer {
+    /// This rank's share `x`, `y` of the batch (sequences of `t` tokens) through its list;
+    /// leaves the summed gradient in `grads` (ZeRO ≥ 1: this rank's pieces in `gshard`) and
+    /// returns the sum of the token losses of this data-parallel replica.
+    pub(crate) fn accumulate_share(&mut self, x: &[u32], y: &[i32], t: usize, scale: f32) -> Result<f64> {
+        let step = self.step + 1;
+        let mb = self.micro;
+        let tokens: Vec<Vec<u32>> = x.chunks(mb * t).map(<[u32]>::to_vec).collect();
+        let targets: Vec<Vec<i32>> = y.chunks(mb * t).map(<[i32]>::to_vec).collect();
+        let tp = Tp::new(&self.mesh.tp, self.layout.sp);
+        let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale };
+        let (dp, zero) = (&self.mesh.dp, self.dpc.zero);
+        let one_chunk = self.parts.chunks.len() == 1;
+        // the tied table's copies are summed over the pipeline before ZeRO-1 cuts the sum
+        let untied = self.mesh.pp.size() == 1 && one_chunk;
+        let sync = match zero {
+            _ if zero >= 2 => {
+                Sync::Sharded { open: None, full: (zero == 2).then_some(&self.params[..]), pshard: &self.pshard }
+            }
+            0 if dp.size() == 1 => Sync::After,
+            0 if one_chunk => Sync::Buckets(BucketReducer::new(dp, self.grads.len(), &self.dpc)),
+            0 => Sync::Chunks(Vec::new()),
+            _ if untied => Sync::Units(UnitReducer::new(&self.shards, dp)),
+            _ => Sync::After,
+        };
+        let mut stores = RankStores {
+            parts: &self.parts,
+            params: &self.params,
+            grads: &mut self.grads,
+            gshard: &mut self.gshard,
+            shards: &self.shards,
+            dp,
+            sync,
+            exposed_s: 0.0,
+        };
+        let started = Instant::now();
+        let comms = (&self.mesh.pp, &tp);
+        let ran = run_step(&self.list, comms, &mut stores, &data, self.layout.recompute, &mut self.pool)?;
+        let wall_s = started.elapsed().as_secs_f64();
+        let RankStores { sync, exposed_s, .. } = stores;
+        for (a, s, e) in &ran.spans {
+            let (name, cat) = label(a, self.plan.is_some());
+            note(&mut self.timeline, &mut self.clock, name, cat, step, (*s, *e));
+        }
+        // the per-micro-batch reduce-scatters' waits were inside the backwards' spans
+        self.clock.compute -= exposed_s;
+        self.clock.comm += exposed_s;
+        if self.plan.is_some() {
+            self.pipeline = Some(PipelineStats {
+                wall_s,
+                compute_s: ran.compute_s(),
+                peak_stashed: ran.peak,
+                peak_stash_bytes: ran.peak_bytes,
+            });
+        }
+        let t0 = Instant::now();
+        let exposed = match sync {
+            Sync::Buckets(r) => {
+                r.finish(&mut self.grads)?;
+                Some("gradient reduction (exposed)")
+            }
+            Sync::Units(r) => {
+                r.finish(&self.grads, &mut self.gshard)?;
+                Some("gradient reduce-scatter (exposed)")
+            }
+            Sync::Chunks(pending) => {
+                for (c, h) in pending {
+                    let sum = h.wait().map_err(dp_err)?;
+                    self.grads[self.parts.spans[c].clone()].copy_from_slice(&sum);
+                }
+                Some("gradient reduction (exposed)")
+            }
+            Sync::After | Sync::Sharded { .. } => None,
+        };
+        if let Some(name) = exposed {
+            note(&mut self.timeline, &mut self.clock, name, "comm", step, (t0, Instant::now()));
+        }
+        let t0 = Instant::now();
+        self.parts.tie_grads(&self.mesh.pp, &mut self.grads)?;
+        if zero == 1 && !untied {
+            UnitReducer::new(&self.shards, dp).finish(&self.grads, &mut self.gshard)?;
+        }
+        let g = if zero == 0 { &mut self.grads } else { &mut self.gshard };
+        tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, true))?;
+        // the last stage's losses, to every stage
+        let loss = data::sum_scalar(&self.mesh.pp, ran.loss)?;
+        note(&mut self.timeline, &mut self.clock, "gradient reduction", "comm", step, (t0, Instant::now()));
+        Ok(loss)
+    }
+}
