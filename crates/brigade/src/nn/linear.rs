@@ -29,21 +29,9 @@ impl Linear {
         matmul(out, x, self.w.of(p), n, self.d_in, self.d_out, false, false, true);
     }
 
-    /// Accumulates `dW += xᵀ·dout`, `db += Σ dout`; overwrites `dx = dout·Wᵀ`.
-    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32]) {
-        self.backward_split(p, g, x, dout, dx, &mut WeightGrads::Now);
-    }
-
-    /// `backward` with `dW` to `dw` (at once, or left for later).
-    pub fn backward_split(
-        &self,
-        p: &[f32],
-        g: &mut [f32],
-        x: &[f32],
-        dout: &[f32],
-        dx: &mut [f32],
-        dw: &mut WeightGrads,
-    ) {
+    /// Accumulates `db += Σ dout` and `dW += xᵀ·dout` through `dw` (at once, or left for a
+    /// zero-bubble W); overwrites `dx = dout·Wᵀ`.
+    pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32], dw: &mut WeightGrads) {
         let n = x.len() / self.d_in;
         dw.add(g, self.w, x, dout, (self.d_in, n, self.d_out));
         add_column_sums(self.b.of_mut(g), dout);

@@ -1,7 +1,8 @@
 //! Training on any layout: the run's settings (`config`) and data, the trainer of one rank
-//! (`setup` builds it, `trainer` steps it, `pipelined` runs a pipeline rank's share, `persist`
-//! saves and resumes it, `evaluate` measures it), the optimizer, and the job that steps it
-//! to the end with its cadence of evaluations and checkpoints (`run`).
+//! (`setup` builds it, `trainer` steps it, `gradients` runs a rank's share of a step through
+//! the executor for every layout, `persist` saves and resumes it, `evaluate` measures it), the
+//! optimizer, and the job that steps it to the end with its cadence of evaluations and
+//! checkpoints (`run`).
 
 pub mod addition;
 pub mod config;

@@ -1,4 +1,7 @@
-//! The training loop: batch → micro-batches → forward/backward → clip → AdamW.
+//! One rank's optimizer step on any layout: its share of the global batch → the gradient
+//! (`gradients.rs`: micro-batches through the executor, the layout's sums) → the global norm
+//! and clipping factor → AdamW on what this rank holds (whole, or its ZeRO pieces). The job
+//! that repeats it is `run.rs`.
 
 use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};

@@ -39,7 +39,7 @@ impl ColumnParallelLinear {
     /// Accumulates the local weight and bias gradients; `dx` is this rank's part of the input
     /// gradient (summed over the group by `f` backward).
     pub fn backward(&self, p: &[f32], g: &mut [f32], x: &[f32], dout: &[f32], dx: &mut [f32], dw: &mut WeightGrads) {
-        self.local.backward_split(p, g, x, dout, dx, dw);
+        self.local.backward(p, g, x, dout, dx, dw);
     }
 }
 

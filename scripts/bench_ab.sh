@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A benchmark of two binaries of brigade, before and after a change, alternating them so that
+# they share the machine's state, each run under ../shared/peers/runq.py (which waits for an
+# idle machine and reports the CPU other processes used). Prints each run's tokens/s, then the
+# medians and their ratio.
+#   scripts/bench_ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [-- BENCH ARGS...]
+# BENCH ARGS default to the single worker's step as `bench train` times it (the model's pass,
+# clipping and AdamW): train --model gpt2-small --seq 256 --batch 4 --threads 2. The trainer's
+# own step (data, the executor, the gradient's sums, the optimizer) is
+#   parallel --model gpt2-small --seq 256 --batch 4 --threads 2 --layouts dp=1 --steps 5
+set -euo pipefail
+old=$1 new=$2 rounds=${3:-3}
+shift $(( $# >= 3 ? 3 : $# ))
+[ "${1:-}" = "--" ] && shift
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(train --model gpt2-small --seq 256 --batch 4 --threads 2)
+runq="$(cd "$(dirname "$0")" && pwd)/../../shared/peers/runq.py"
+log=$(mktemp)
+for _ in $(seq "$rounds"); do
+  for which in old new; do
+    bin=$old; [ "$which" = new ] && bin=$new
+    line=$(python3 "$runq" --wait-quiet 300 -- "$bin" bench "${args[@]}" --json | tail -1)
+    echo "$which $line" | tee -a "$log"
+  done
+done
+python3 - "$log" <<'PY'
+import json, statistics, sys
+tps = {"old": [], "new": []}
+for l in open(sys.argv[1]):
+    which, j = l.split(" ", 1)
+    v = json.loads(j)
+    tps[which].append(v["rows"][0]["tokens_per_s"] if "rows" in v else v["tokens_per_s"])
+o, n = statistics.median(tps["old"]), statistics.median(tps["new"])
+print(json.dumps({"old_tokens_per_s": [round(x, 1) for x in tps["old"]],
+                  "new_tokens_per_s": [round(x, 1) for x in tps["new"]],
+                  "old_median": round(o, 1), "new_median": round(n, 1), "new_over_old": round(n / o, 3)}))
+PY
