@@ -84,7 +84,7 @@ pub fn options(a: ServeArgs) -> Result<ServeOptions> {
         host: a.host,
         port: a.port,
         threads: a.threads,
-        tp: a.tp,
+        layout: brigade::layout::Layout { tp: a.tp, ..Default::default() },
         max_running: a.max_running,
         max_queued: a.max_queued,
         max_step_tokens: a.max_step_tokens,

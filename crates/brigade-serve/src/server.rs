@@ -16,6 +16,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use brigade::layout::Layout;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -29,8 +30,9 @@ pub struct ServeOptions {
     /// 0: any free port (the one chosen is printed).
     pub port: u16,
     pub threads: usize,
-    /// Tensor-parallel ranks (threads) the model is sharded over.
-    pub tp: usize,
+    /// How the model is split: over `layout.tp` tensor-parallel ranks (threads); serving takes
+    /// no other axis.
+    pub layout: Layout,
     pub max_running: usize,
     pub max_queued: usize,
     pub max_step_tokens: usize,
@@ -45,16 +47,21 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
     if o.max_running == 0 || o.max_step_tokens == 0 || o.block_size == 0 || o.kv_cache_mib == 0 {
         bail!("--max-running, --max-step-tokens, --block-size and --kv-cache-mib must be at least 1");
     }
+    let l = o.layout;
+    if (l.dp, l.pp, l.v, l.zero, l.sp) != (1, 1, 1, 0, false) {
+        bail!("serving splits the model over tensor-parallel ranks only; give --tp N, not the layout '{l}'");
+    }
+    let tp = l.tp;
     let cfg = o.source.config()?;
-    if o.tp == 0 || !cfg.n_head.is_multiple_of(o.tp) {
-        bail!("--tp {} must divide the model's {} attention heads (try 1 or 2)", o.tp, cfg.n_head);
+    if tp == 0 || !cfg.n_head.is_multiple_of(tp) {
+        bail!("--tp {} must divide the model's {} attention heads (try 1 or 2)", tp, cfg.n_head);
     }
-    if o.tp > o.threads {
-        bail!("--tp {} needs at least as many --threads (one per rank), got {}", o.tp, o.threads);
+    if tp > o.threads {
+        bail!("--tp {} needs at least as many --threads (one per rank), got {}", tp, o.threads);
     }
-    let block_mib = (o.block_size * cfg.n_layer * 2 * (cfg.n_embd / o.tp) * 4) as f64 / (1 << 20) as f64;
+    let block_mib = (o.block_size * cfg.n_layer * 2 * (cfg.n_embd / tp) * 4) as f64 / (1 << 20) as f64;
     // each rank holds its heads' keys and values: the cache's MiB are per rank
-    let kv_blocks = KvCache::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, cfg.n_embd / o.tp);
+    let kv_blocks = KvCache::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, cfg.n_embd / tp);
     if kv_blocks == 0 {
         bail!(
             "--kv-cache-mib {} holds no block of {} tokens for this model; raise it (a block needs {:.1} MiB)",
@@ -94,7 +101,8 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
             let Served { gpt, params, tokenizer, eos } = o.source.load()?;
             let (context, vocab) = (gpt.cfg.block_size, gpt.cfg.vocab_size);
             let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
-            let setup = EngineSetup { kv_blocks, block_size: o.block_size, limits, tp: o.tp, threads: o.threads };
+            let setup =
+                EngineSetup { kv_blocks, block_size: o.block_size, limits, tp: o.layout.tp, threads: o.threads };
             let (handle, join) = EngineHandle::start_model(gpt, params, setup, app.metrics.clone());
             let loaded = Loaded { engine: handle, tokenizer, eos, context, vocab, kv_blocks, block_size: o.block_size };
             let _ = app.loaded.set(loaded);

@@ -205,7 +205,7 @@ fn start_server(source: Source, threads: usize, tp: usize, max_c: usize) -> Resu
         host: "127.0.0.1".into(),
         port: 0,
         threads,
-        tp,
+        layout: brigade::layout::Layout { tp, ..Default::default() },
         max_running: max_c.max(64),
         max_queued: 4096,
         max_step_tokens: 512,
