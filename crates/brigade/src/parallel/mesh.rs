@@ -43,19 +43,9 @@ impl MeshShape {
         self.dp * self.pp * self.tp
     }
 
-    /// Refuses a world of another size, saying what would fit.
+    /// Refuses a world of another size, saying what would fit (as `Layout::check_world`).
     pub fn check_world(&self, world: usize) -> Result<()> {
-        if self.world() != world {
-            return Err(Error::Layout(format!(
-                "the layout dp={} × pp={} × tp={} needs {} ranks but {world} were started; start {} ranks or change the layout so that dp·pp·tp = {world}",
-                self.dp,
-                self.pp,
-                self.tp,
-                self.world(),
-                self.world()
-            )));
-        }
-        Ok(())
+        Layout { dp: self.dp, pp: self.pp, tp: self.tp, ..Layout::default() }.check_world(world)
     }
 
     pub fn coords(&self, rank: usize) -> Coords {
