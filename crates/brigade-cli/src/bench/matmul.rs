@@ -22,12 +22,12 @@ pub fn run(f: Flags) -> Result<()> {
     if reps == 0 {
         bail!("--reps must be at least 1");
     }
-    // brigade's kernel beside the gemm crate where both run (AVX2 without AVX-512)
+    // brigade's kernel beside the gemm crate where both run (AVX2 + FMA)
     use brigade::tensor::Backend;
-    let both = brigade::tensor::sgemm::available();
+    let both = brigade::tensor::sgemm::runs_here();
     let backends: &[Backend] = if both { &[Backend::Brigade, Backend::GemmCrate] } else { &[Backend::GemmCrate] };
     if !both && !json {
-        outln!("(this CPU runs the gemm crate only: brigade's kernel needs AVX2 + FMA without AVX-512)");
+        outln!("(this CPU runs the gemm crate only: brigade's kernel needs AVX2 + FMA)");
     }
     let mut ratios = Vec::new();
     for &(m, k, n, ta, tb) in brigade::bench::MATMUL_SHAPES {

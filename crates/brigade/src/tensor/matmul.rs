@@ -43,7 +43,7 @@ impl Backend {
         match self {
             Backend::Auto => *AUTO.get_or_init(|| {
                 let forced = std::env::var("BRIGADE_MATMUL").is_ok_and(|v| v == "gemm-crate");
-                if super::sgemm::available() && !forced {
+                if super::sgemm::preferred() && !forced {
                     Backend::Brigade
                 } else {
                     Backend::GemmCrate
@@ -123,7 +123,7 @@ pub unsafe fn gemm_ptr(
 /// As [`gemm_ptr`] on a chosen kernel.
 ///
 /// # Safety
-/// As [`gemm_ptr`]; `Backend::Brigade` also needs [`super::sgemm::available`].
+/// As [`gemm_ptr`]; `Backend::Brigade` also needs [`super::sgemm::runs_here`].
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_ptr_on(
     backend: Backend,
@@ -157,7 +157,7 @@ pub unsafe fn gemm_ptr_on(
     }
     let par = parallelism(threads, m * n * k);
     if backend.resolve() == Backend::Brigade {
-        assert!(super::sgemm::available(), "matmul: brigade's kernel needs AVX2 and FMA");
+        assert!(super::sgemm::runs_here(), "matmul: brigade's kernel needs AVX2 and FMA");
         let t = match par {
             Parallelism::Rayon(t) => t,
             _ => 1,

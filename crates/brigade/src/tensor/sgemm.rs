@@ -28,12 +28,25 @@ const KC: usize = 256;
 const MC: usize = 144;
 const NC: usize = 4080;
 
-/// Whether this machine runs brigade's kernel: x86-64 with AVX2 and FMA. Machines with
-/// AVX-512 keep the `gemm` crate, whose 512-bit kernels are faster there.
-pub fn available() -> bool {
+/// Whether this machine can run brigade's kernel: x86-64 with AVX2 and FMA (its tests run
+/// wherever it can).
+pub fn runs_here() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && !is_x86_feature_detected!("avx512f")
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether matrix products use brigade's kernel by default here: where it runs, unless the
+/// machine has AVX-512, where the `gemm` crate's 512-bit kernels are faster.
+pub fn preferred() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        runs_here() && !is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -539,10 +552,10 @@ mod tests {
 
     /// Whether this machine cannot run the kernel (said once per test).
     fn unavailable() -> bool {
-        if !available() {
-            println!("skipped: brigade's kernel needs AVX2 and FMA without AVX-512 (the gemm crate runs here)");
+        if !runs_here() {
+            println!("skipped: brigade's kernel needs AVX2 and FMA (the gemm crate runs here)");
         }
-        !available()
+        !runs_here()
     }
 
     #[test]
