@@ -483,7 +483,7 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::matmul::{gemm_into, matmul_on, matmul_reference, Backend, Mat, Threads};
+    use super::super::matmul::{gemm_into_on, matmul_on, matmul_reference, Backend, Mat, Threads};
     use super::*;
     use rand::{Rng, SeedableRng};
 
@@ -575,10 +575,13 @@ mod tests {
             dense_a[i * k..(i + 1) * k].copy_from_slice(&a[i * lda + 2..i * lda + 2 + k]);
         }
         let want = matmul_reference(&dense_a, &b, m, k, n, false, true);
-        for threads in [1, 2, 3] {
+        // k = 300 spans two 256-deep blocks: the second adds to the first even when the call
+        // itself overwrites c
+        for (threads, accumulate) in [(1, true), (2, true), (3, true), (1, false), (2, false)] {
             let mut c = c0.clone();
             pool(threads).install(|| {
-                gemm_into(
+                gemm_into_on(
+                    Backend::Brigade,
                     &mut c[3..],
                     Mat::strided(m, n, ldc),
                     &a[2..],
@@ -586,7 +589,7 @@ mod tests {
                     &b,
                     Mat::rm_t(k, n),
                     -2.0,
-                    true,
+                    accumulate,
                     Threads::Pool,
                 )
             });
@@ -596,8 +599,8 @@ mod tests {
                     if j < 3 || j >= n + 3 {
                         assert_eq!(got, old, "({i}, {j}) outside the view was written");
                     } else {
-                        let w = old - 2.0 * want[i * n + j - 3];
-                        assert!((got - w).abs() < 1e-3, "({i}, {j}): {got} vs {w}");
+                        let w = if accumulate { old } else { 0.0 } - 2.0 * want[i * n + j - 3];
+                        assert!((got - w).abs() < 1e-3, "({i}, {j}), accumulate {accumulate}: {got} vs {w}");
                     }
                 }
             }
@@ -620,6 +623,10 @@ mod tests {
                 c
             };
             let one = run(1);
+            let want = matmul_reference(&a, &b, m, k, n, ta, tb);
+            for (i, (g, w)) in one.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "({m},{k},{n}) element {i}: {g} vs {w}");
+            }
             for threads in [2, 3, 4] {
                 assert!(run(threads) == one, "({m},{k},{n}): {threads} threads differ from 1");
             }
