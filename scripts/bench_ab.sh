@@ -25,13 +25,17 @@ for _ in $(seq "$rounds"); do
 done
 python3 - "$log" <<'PY'
 import json, statistics, sys
-tps = {"old": [], "new": []}
+# one series per row: `bench parallel` prints a row per layout, the others one figure
+tps = {}
 for l in open(sys.argv[1]):
     which, j = l.split(" ", 1)
     v = json.loads(j)
-    tps[which].append(v["rows"][0]["tokens_per_s"] if "rows" in v else v["tokens_per_s"])
-o, n = statistics.median(tps["old"]), statistics.median(tps["new"])
-print(json.dumps({"old_tokens_per_s": [round(x, 1) for x in tps["old"]],
-                  "new_tokens_per_s": [round(x, 1) for x in tps["new"]],
-                  "old_median": round(o, 1), "new_median": round(n, 1), "new_over_old": round(n / o, 3)}))
+    rows = v["rows"] if "rows" in v else [{"layout": v.get("bench", "run"), "tokens_per_s": v["tokens_per_s"]}]
+    for r in rows:
+        tps.setdefault(r["layout"], {"old": [], "new": []})[which].append(r["tokens_per_s"])
+for name, t in tps.items():
+    o, n = statistics.median(t["old"]), statistics.median(t["new"])
+    print(json.dumps({"row": name, "old_tokens_per_s": [round(x, 1) for x in t["old"]],
+                      "new_tokens_per_s": [round(x, 1) for x in t["new"]],
+                      "old_median": round(o, 1), "new_median": round(n, 1), "new_over_old": round(n / o, 3)}))
 PY
