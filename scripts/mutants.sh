@@ -5,7 +5,7 @@
 # every missed mutant is killed by a test or explained in docs/mutants.md.
 #   scripts/mutants.sh              all five files (about 40 minutes on 2 cores)
 #   scripts/mutants.sh optimizer    one of: optimizer trainer generate gpt chunks, or the parallel
-#                                   files: tp_comm vocab tp_state zero store stages executor
+#                                   files: tp_comm vocab tp_state zero store stages executor gradients
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A file=(
@@ -21,6 +21,7 @@ declare -A file=(
   [store]=crates/brigade/src/parallel/data/store.rs
   [stages]=crates/brigade/src/parallel/pipeline/stages.rs
   [executor]=crates/brigade/src/parallel/pipeline/executor.rs
+  [gradients]=crates/brigade/src/train/gradients.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -35,6 +36,7 @@ declare -A tests=(
   [store]="--test equivalence"
   [stages]="--test equivalence --test pipeline_parts"
   [executor]="--test pipeline_executor --test equivalence"
+  [gradients]="--test equivalence --test micro_batching --test adamw_fixture"
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(optimizer trainer generate gpt chunks)
