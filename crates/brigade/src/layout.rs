@@ -266,9 +266,13 @@ impl Layout {
         batch / (self.dp * mb)
     }
 
-    /// Refuses what training cannot run, whatever the model: sequence parallelism without
-    /// tensor parallelism, ZeRO-2/3 beside a pipeline, model chunks or recompute.
+    /// Refuses what training cannot run, whatever the model: a ZeRO stage past 3 (a layout
+    /// built in code, not parsed), sequence parallelism without tensor parallelism, ZeRO-2/3
+    /// beside a pipeline, model chunks or recompute.
     pub fn check_training(&self) -> Result<()> {
+        if self.zero > 3 {
+            return Err(Error::Layout(format!("zero={}: expected a ZeRO stage 0, 1, 2 or 3", self.zero)));
+        }
         if self.sp && self.tp == 1 {
             return Err(Error::Layout(format!(
                 "sp=1 splits the sequence across the tensor-parallel group, but the layout '{self}' has tp=1; add tp=2 or more, or drop sp"
@@ -393,6 +397,7 @@ mod tests {
         assert!(Layout::parse("pp=2,zero=2").unwrap().check_training().unwrap_err().to_string().contains("use zero=1"));
         assert!(Layout::parse("v=2,zero=3").unwrap().check_training().is_err());
         assert!(Layout::parse("recompute=full,zero=2").unwrap().check_training().is_err());
+        assert!(Layout { zero: 4, ..Layout::default() }.check_training().is_err());
         for ok in ["dp=2,zero=3", "tp=2,sp=1", "pp=2,zero=1", "dp=2,pp=2,tp=2,v=2,recompute=selective"] {
             assert!(Layout::parse(ok).unwrap().check_training().is_ok(), "{ok}");
         }
