@@ -281,7 +281,7 @@ fn print_report(tr: &Trainer, r: &JobReport) -> Result<()> {
         eprintln!("seconds per rank over these steps (compute · exposed communication · idle):");
         for (i, t) in r.ranks.iter().enumerate() {
             let c = tr.mesh.shape.coords(i);
-            let piped = match &tr.plan {
+            let piped = match tr.pipeline_plan() {
                 Some(_) => format!(" · pipeline bubble {:.1}%", 100.0 * t.bubble),
                 None => String::new(),
             };
@@ -291,7 +291,7 @@ fn print_report(tr: &Trainer, r: &JobReport) -> Result<()> {
             );
         }
     }
-    if let (Some(plan), Some((mean, theory))) = (&tr.plan, r.bubble) {
+    if let (Some(plan), Some((mean, theory))) = (tr.pipeline_plan(), r.bubble) {
         eprintln!(
             "pipeline {} · pp={} · v={} · {} micro-batches: bubble measured {:.1}% (mean over ranks), theory {:.1}%",
             plan.kind.name(),

@@ -217,7 +217,7 @@ pub fn parallel_step(
             (
                 r,
                 crate::alloc::peak_bytes(world.rank()),
-                tr.plan.as_ref().map(crate::parallel::pipeline::simulate::bubble_theory),
+                tr.pipeline_plan().map(crate::parallel::pipeline::simulate::bubble_theory),
                 tr.pipeline.map(|p| p.peak_stash_bytes),
             )
         })

@@ -41,7 +41,7 @@ impl Trainer {
     /// Whether `params` is the whole model (not cut across a tensor-parallel group, not left in
     /// ZeRO-3 pieces).
     fn holds_whole_model(&self) -> bool {
-        self.plan.is_none() && !self.model.layout.is_sharded() && self.dpc.zero < 3
+        !self.layout.runs_executor() && !self.model.layout.is_sharded() && self.dpc.zero < 3
     }
 
     /// The single-worker model and its parameters: this rank's own, or `full` from

@@ -14,7 +14,7 @@ use crate::models::Gpt;
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::store::ShardStore;
 use crate::parallel::data::zero::{Shards, UnitReducer};
-use crate::parallel::data::{self, BucketReducer};
+use crate::parallel::data::{self, BucketReducer, OnReady};
 use crate::parallel::pipeline::executor::{run_step, ChunkStores, MicroBatches, OnStore, Stage};
 use crate::parallel::pipeline::{Action, RankModel};
 use brigade_comm::{Comm, Handle, ReduceOp};
@@ -51,6 +51,17 @@ enum Sync<'a> {
     /// pieces (ZeRO-3: and gathers each unit's parameters) — `open` from a forward to the end of
     /// its backward.
     Sharded { open: Option<ShardStore<'a>>, full: Option<&'a [f32]>, pshard: &'a [f32] },
+}
+
+impl Sync<'_> {
+    /// The reduction that overlaps the chunk's last backward, if this rank has one.
+    fn overlapped(&mut self) -> Option<&mut dyn OnReady> {
+        match self {
+            Sync::Buckets(r) => Some(r),
+            Sync::Units(r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 /// The stores of a data-parallel rank's chunks.
@@ -90,23 +101,14 @@ impl ChunkStores for RankStores<'_, '_> {
                 Ok(())
             }
             (_, Stage::Forward) => f(part, &mut Whole::reading(&part.units, &self.params[span])),
-            (Sync::Buckets(r), Stage::Backward { last: true }) => {
-                let mut ready = |g: &[f32], from: usize| r.ready(g, from);
-                f(
-                    part,
-                    &mut Whole::new(&part.units, &self.params[span.clone()], &mut self.grads[span])
-                        .on_ready(&mut ready),
-                )
+            (sync, Stage::Backward { last }) => {
+                let mut store = Whole::new(&part.units, &self.params[span.clone()], &mut self.grads[span]);
+                // the chunk's last backward launches each piece's reduction as it is final
+                match sync.overlapped().filter(|_| last) {
+                    Some(r) => f(part, &mut store.on_ready(&mut |g: &[f32], from: usize| r.ready(g, from))),
+                    None => f(part, &mut store),
+                }
             }
-            (Sync::Units(r), Stage::Backward { last: true }) => {
-                let mut ready = |g: &[f32], from: usize| r.ready(g, from);
-                f(
-                    part,
-                    &mut Whole::new(&part.units, &self.params[span.clone()], &mut self.grads[span])
-                        .on_ready(&mut ready),
-                )
-            }
-            _ => f(part, &mut Whole::new(&part.units, &self.params[span.clone()], &mut self.grads[span])),
         }
     }
 
@@ -118,12 +120,11 @@ impl ChunkStores for RankStores<'_, '_> {
         // (ZeRO-2/3 keep no whole gradient buffer: their stores reduced everything already)
         let span = self.parts.spans[c].clone();
         let g = || &self.grads[span.clone()];
-        match &mut self.sync {
+        if let Sync::Chunks(pending) = &mut self.sync {
+            pending.push((c, self.dp.all_reduce_async(g().to_vec(), ReduceOp::Sum)));
+        } else if let Some(r) = self.sync.overlapped() {
             // what the last backward did not launch (a zero-bubble W finished the chunk)
-            Sync::Buckets(r) => r.ready(g(), 0),
-            Sync::Units(r) => r.ready(g(), 0),
-            Sync::Chunks(pending) => pending.push((c, self.dp.all_reduce_async(g().to_vec(), ReduceOp::Sum))),
-            Sync::After | Sync::Sharded { .. } => {}
+            r.ready(g(), 0);
         }
         Ok(())
     }
@@ -174,13 +175,13 @@ impl Trainer {
         let wall_s = started.elapsed().as_secs_f64();
         let RankStores { sync, exposed_s, .. } = stores;
         for (a, s, e) in &ran.spans {
-            let (name, cat) = label(a, self.plan.is_some());
+            let (name, cat) = label(a, self.layout.runs_executor());
             note(&mut self.timeline, &mut self.clock, name, cat, step, (*s, *e));
         }
         // the per-micro-batch reduce-scatters' waits were inside the backwards' spans
         self.clock.compute -= exposed_s;
         self.clock.comm += exposed_s;
-        if self.plan.is_some() {
+        if self.layout.runs_executor() {
             self.pipeline = Some(PipelineStats {
                 wall_s,
                 compute_s: ran.compute_s(),

@@ -202,7 +202,7 @@ pub fn run(
         tokens_per_s: taken as f64 * tr.tokens_per_step() as f64 / secs,
         final_loss: tr.losses.last().copied().unwrap_or(f32::NAN),
         saved: opts.out.clone(),
-        bubble: tr.plan.as_ref().map(|plan| {
+        bubble: tr.pipeline_plan().map(|plan| {
             let mean = ranks.iter().map(|t| t.bubble).sum::<f64>() / ranks.len() as f64;
             (mean, crate::parallel::pipeline::simulate::bubble_theory(plan))
         }),

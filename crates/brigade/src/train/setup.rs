@@ -24,8 +24,8 @@ pub(crate) struct Prepared {
     seq: usize,
     mb: usize,
     layout: Layout,
-    /// The pipeline's lists, when the rank runs the executor.
-    plan: Option<pipeline::Plan>,
+    /// The lists every step runs: the pipeline's, or one stage's 1F1B over the micro-batches.
+    list: pipeline::Plan,
 }
 
 impl Trainer {
@@ -52,9 +52,10 @@ impl Trainer {
         };
         let mcfg = cfg.model_config(tokenizer.vocab_size())?;
         crate::models::gpt::check_tp(&mcfg, tp)?;
-        let plan = match layout.runs_executor() {
-            true => Some(pipeline::build(layout.schedule, pp, layout.micro_batches(cfg.batch, mb), layout.v)?),
-            false => None,
+        let m = layout.micro_batches(cfg.batch, mb);
+        let list = match layout.runs_executor() {
+            true => pipeline::build(layout.schedule, pp, m, layout.v)?,
+            false => pipeline::build(Schedule::OneFOneB, 1, m, 1)?,
         };
         let (data, seq) = match &cfg.data {
             None => {
@@ -85,27 +86,22 @@ impl Trainer {
                 mb * seq
             )));
         }
-        if plan.is_some() {
+        if layout.runs_executor() {
             stage_units(&mcfg, pp, layout.v, seq)?;
         }
         let need = super::memory::training_memory(&mcfg, mb, seq);
         super::memory::check_fits(&need, &format!("training {} at micro-batch {mb} × seq {seq}", cfg.model))?;
-        Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout: *layout, plan })
+        Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout: *layout, list })
     }
 
     /// This rank's trainer for a prepared run.
     pub(crate) fn build(run: Prepared, mesh: Mesh) -> Result<Trainer> {
-        let Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout, plan } = run;
+        let Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout, list } = run;
         let dpc = DataParallel { zero: layout.zero, ..DataParallel::default() };
         let (tp, pp) = ((mesh.coords.tp, mesh.shape.tp), (mesh.coords.pp, mesh.shape.pp));
-        // without a pipeline the executor runs one stage's 1F1B over the micro-batches
-        let list = match &plan {
-            Some(p) => p.clone(),
-            None => pipeline::build(Schedule::OneFOneB, 1, layout.micro_batches(cfg.batch, mb), 1)?,
-        };
-        let parts = match plan {
-            Some(_) => RankModel::stage(mcfg, tp, pp, layout.v, seq)?,
-            None => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
+        let parts = match layout.runs_executor() {
+            true => RankModel::stage(mcfg, tp, pp, layout.v, seq)?,
+            false => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
         };
         let model = parts.first().clone();
         // tensor-parallel collectives run inside forward and backward: timed from their trace
@@ -127,7 +123,6 @@ impl Trainer {
             grads,
             norm_layout: parts.counted_layout(),
             parts,
-            plan,
             list,
             pool: Vec::new(),
             model,

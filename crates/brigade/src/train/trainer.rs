@@ -28,10 +28,8 @@ pub struct Trainer {
     pub parts: RankModel,
     /// `parts.layout` without the head's copy of the tied token table (for the gradient norm).
     pub(crate) norm_layout: ParamLayout,
-    /// The pipeline's lists, when the layout runs a pipeline (pp > 1, model chunks, or
-    /// recompute).
-    pub plan: Option<Plan>,
-    /// The lists every step runs: the pipeline's, or one stage's 1F1B over the micro-batches.
+    /// The lists every step runs: the pipeline's when the layout runs one (`pipeline_plan`),
+    /// else one stage's 1F1B over the micro-batches.
     pub(crate) list: Plan,
     /// Activations of the micro-batches in flight, kept for the next step.
     pub(crate) pool: Vec<Activations>,
@@ -102,6 +100,12 @@ impl Trainer {
         dpc.validate()?;
         self.dpc = dpc;
         Ok(())
+    }
+
+    /// The pipeline's lists, when the layout runs a pipeline (pp > 1, model chunks, or
+    /// recompute).
+    pub fn pipeline_plan(&self) -> Option<&Plan> {
+        self.layout.runs_executor().then_some(&self.list)
     }
 
     pub fn done(&self) -> bool {

@@ -43,6 +43,24 @@ impl DataParallel {
 
 use zero::comm_err;
 
+/// A reduction that launches its pieces while backward still runs: told each time the
+/// gradients of `g[from..]` are final (bucket by bucket, or ZeRO-1's unit by unit).
+pub trait OnReady {
+    fn ready(&mut self, g: &[f32], from: usize);
+}
+
+impl OnReady for BucketReducer<'_> {
+    fn ready(&mut self, g: &[f32], from: usize) {
+        BucketReducer::ready(self, g, from)
+    }
+}
+
+impl OnReady for zero::UnitReducer<'_> {
+    fn ready(&mut self, g: &[f32], from: usize) {
+        zero::UnitReducer::ready(self, g, from)
+    }
+}
+
 /// The buckets of a `total`-element gradient, last elements first (the order backward
 /// finishes them), each at most `bucket` elements.
 pub fn buckets(total: usize, bucket: usize) -> Vec<Range<usize>> {
@@ -88,11 +106,6 @@ impl<'a> BucketReducer<'a> {
         }
         Ok(())
     }
-}
-
-/// Whether gradients are reduced bucket by bucket during the last backward (ZeRO-0, dp > 1).
-pub fn overlaps(dp: &Comm, cfg: &DataParallel) -> bool {
-    cfg.zero == 0 && dp.size() > 1
 }
 
 /// A scalar summed over the dp group when each rank holds only its pieces (ZeRO ≥ 1).

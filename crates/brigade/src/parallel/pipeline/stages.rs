@@ -4,7 +4,6 @@
 //! head to the token table: the first stage (embedding) and the last (head) each hold a copy,
 //! and the two copies' gradients are summed, as Megatron-LM does, so that they stay equal.
 
-use super::executor::Chunk;
 use super::partition::{gpt_unit_costs, partition};
 use crate::error::{Error, Result};
 use crate::models::{Gpt, GptConfig};
@@ -63,17 +62,6 @@ impl RankModel {
     /// The first chunk: the whole model without a pipeline.
     pub fn first(&self) -> &Gpt {
         &self.chunks[0]
-    }
-
-    /// Each chunk with its parameters and gradient buffer, for the executor.
-    pub fn views<'a>(&'a self, params: &'a [f32], mut grads: &'a mut [f32]) -> Vec<Chunk<'a>> {
-        let mut out = Vec::with_capacity(self.chunks.len());
-        for (part, span) in self.chunks.iter().zip(&self.spans) {
-            let (g, rest) = std::mem::take(&mut grads).split_at_mut(span.len());
-            grads = rest;
-            out.push(Chunk { part, params: &params[span.clone()], grads: g });
-        }
-        out
     }
 
     /// Where the token table lies in the flat buffer: the embedding's (`head: false`) or the
