@@ -10,7 +10,7 @@ use brigade_serve::model::Model;
 use std::collections::HashMap;
 
 fn tiny() -> (Gpt, Vec<f32>) {
-    let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 97, block_size: 96 };
+    let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 97, block_size: 96, arch: Default::default() };
     let gpt = Gpt::new(cfg).unwrap();
     let mut p = gpt.init_params(3);
     // larger weights than the init's, so that logits are far from uniform and ties are rare
@@ -118,7 +118,8 @@ fn outputs_do_not_depend_on_the_batch() {
 #[test]
 fn prompts_beside_running_decodes_come_in_bounded_chunks() {
     use brigade_serve::engine::{MIN_PREFILL, PREFILL_PER_DECODE};
-    let cfg = GptConfig { n_layer: 1, n_head: 2, n_embd: 32, vocab_size: 50, block_size: 512 };
+    let cfg =
+        GptConfig { n_layer: 1, n_head: 2, n_embd: 32, vocab_size: 50, block_size: 512, arch: Default::default() };
     let gpt = Gpt::new(cfg).unwrap();
     let p = gpt.init_params(1);
     let mut e = Engine::new(Model::new(&gpt, &p), 512, 4, Limits { max_running: 64, max_step_tokens: 400 });

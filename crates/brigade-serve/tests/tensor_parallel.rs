@@ -9,7 +9,8 @@ use brigade_serve::model::{Model, Work};
 
 fn model() -> (Gpt, Vec<f32>) {
     // vocabulary 101: not a multiple of the group size (the head's padding is dropped)
-    let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 101, block_size: 64 };
+    let cfg =
+        GptConfig { n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 101, block_size: 64, arch: Default::default() };
     let gpt = Gpt::new(cfg).unwrap();
     let mut p = gpt.init_params(5);
     p.iter_mut().for_each(|v| *v *= 4.0);

@@ -7,13 +7,15 @@
 use brigade::models::{Activations, Gpt, GptConfig};
 use brigade::nn::tp::Tp;
 use brigade::tensor::attention::{attention_backward, attention_forward, AttnShape};
-use brigade::tensor::elementwise::{gelu_backward, gelu_forward};
+use brigade::tensor::elementwise::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 use brigade::tensor::embedding::{
     position_backward, position_forward, token_embedding_backward, token_embedding_forward,
 };
 use brigade::tensor::layernorm::{layernorm_backward, layernorm_forward};
 use brigade::tensor::loss::{cross_entropy_backward, cross_entropy_forward, VocabWindow, IGNORE};
 use brigade::tensor::matmul::{matmul, matmul_reference};
+use brigade::tensor::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
+use brigade::tensor::rope::{inv_freq, rope_rows, RopeTable};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -141,18 +143,22 @@ fn gelu_backward_matches_finite_differences() {
 #[test]
 fn attention_backward_matches_finite_differences() {
     // short sequences, and one spanning several causal blocks of 64 rows (with a ragged end)
-    attention_gradcheck(4, AttnShape { b: 2, t: 7, c: 12, heads: 3 });
-    attention_gradcheck(40, AttnShape { b: 1, t: 150, c: 8, heads: 2 });
+    attention_gradcheck(4, AttnShape::fused(2, 7, 12, 3));
+    attention_gradcheck(40, AttnShape::fused(1, 150, 8, 2));
     // a head wider than one 16-column strip of the kernel, with a ragged one (hd = 20)
-    attention_gradcheck(41, AttnShape { b: 1, t: 23, c: 40, heads: 2 });
+    attention_gradcheck(41, AttnShape::fused(1, 23, 40, 2));
+    // grouped-query attention: 6 query heads on 2 key/value heads, and on 1 (MQA), heads of
+    // width 8 and 20, across several causal blocks
+    attention_gradcheck(42, AttnShape::grouped(2, 9, 6, 2, 8));
+    attention_gradcheck(43, AttnShape::grouped(1, 70, 4, 1, 20));
 }
 
 fn attention_gradcheck(seed: u64, s: AttnShape) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let qkv = randn(&mut rng, s.b * s.t * 3 * s.c, 1.5);
-    let r = randn(&mut rng, s.b * s.t * s.c, 1.0);
+    let qkv = randn(&mut rng, s.qkv_len(), 1.5);
+    let r = randn(&mut rng, s.out_len(), 1.0);
     let fwd = |qkv: &[f32]| {
-        let mut o = vec![0f32; s.b * s.t * s.c];
+        let mut o = vec![0f32; s.out_len()];
         let mut p = vec![0f32; s.probs_len()];
         attention_forward(&mut o, &mut p, qkv, s);
         (o, p)
@@ -165,33 +171,51 @@ fn attention_gradcheck(seed: u64, s: AttnShape) {
 
 #[test]
 fn attention_forward_matches_naive_reference() {
-    attention_reference(AttnShape { b: 2, t: 6, c: 8, heads: 2 });
-    attention_reference(AttnShape { b: 1, t: 137, c: 8, heads: 2 });
+    attention_reference(AttnShape::fused(2, 6, 8, 2));
+    attention_reference(AttnShape::fused(1, 137, 8, 2));
     // GPT-2's head width (64: four strips of the kernel), rows past 256, a ragged last panel
-    attention_reference(AttnShape { b: 2, t: 263, c: 128, heads: 2 });
+    attention_reference(AttnShape::fused(2, 263, 128, 2));
+    attention_reference(AttnShape::grouped(2, 70, 4, 2, 16));
+    attention_reference(AttnShape::grouped(1, 9, 3, 1, 6));
+}
+
+/// Element `d` of head `h` of part `part` (0 q, 1 k, 2 v) at row `i` of sequence `b`: GPT-2's
+/// fused rows, or the separate q, k, v blocks.
+fn qkv_at(s: &AttnShape, qkv: &[f32], b: usize, i: usize, part: usize, h: usize, d: usize) -> f64 {
+    let (n, hd, row) = (s.b * s.t, s.hd, b * s.t + i);
+    let (qw, kvw) = (s.heads * hd, s.kv_heads * hd);
+    let at = if s.fused {
+        row * 3 * qw + part * qw + h * hd + d
+    } else {
+        match part {
+            0 => row * qw + h * hd + d,
+            1 => n * qw + row * kvw + h * hd + d,
+            _ => n * (qw + kvw) + row * kvw + h * hd + d,
+        }
+    };
+    qkv[at] as f64
 }
 
 fn attention_reference(s: AttnShape) {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let qkv = randn(&mut rng, s.b * s.t * 3 * s.c, 1.5);
-    let mut o = vec![0f32; s.b * s.t * s.c];
+    let qkv = randn(&mut rng, s.qkv_len(), 1.5);
+    let mut o = vec![0f32; s.out_len()];
     let mut p = vec![0f32; s.probs_len()];
     attention_forward(&mut o, &mut p, &qkv, s);
-    let (t, c, hd) = (s.t, s.c, s.c / s.heads);
-    let at = |b: usize, i: usize, j: usize| qkv[(b * t + i) * 3 * c + j] as f64;
+    let (t, c, hd) = (s.t, s.heads * s.hd, s.hd);
+    let at = |b: usize, i: usize, part: usize, h: usize, d: usize| qkv_at(&s, &qkv, b, i, part, h, d);
     for b in 0..s.b {
         for h in 0..s.heads {
+            // the key/value head this query head reads, written out
+            let kvh = h * s.kv_heads / s.heads;
             for i in 0..t {
                 let sc: Vec<f64> = (0..=i)
-                    .map(|j| {
-                        (0..hd).map(|d| at(b, i, h * hd + d) * at(b, j, c + h * hd + d)).sum::<f64>()
-                            / (hd as f64).sqrt()
-                    })
+                    .map(|j| (0..hd).map(|d| at(b, i, 0, h, d) * at(b, j, 1, kvh, d)).sum::<f64>() / (hd as f64).sqrt())
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
                 let z: f64 = sc.iter().map(|v| (v - mx).exp()).sum();
                 for d in 0..hd {
-                    let want: f64 = (0..=i).map(|j| (sc[j] - mx).exp() / z * at(b, j, 2 * c + h * hd + d)).sum();
+                    let want: f64 = (0..=i).map(|j| (sc[j] - mx).exp() / z * at(b, j, 2, kvh, d)).sum();
                     let got = o[(b * t + i) * c + h * hd + d] as f64;
                     assert!((got - want).abs() < 1e-5, "b{b} h{h} i{i} d{d}: {got} vs {want}");
                 }
@@ -253,10 +277,95 @@ fn embedding_backward_matches_finite_differences() {
     assert!(o[..c].iter().all(|&x| x == 0.0), "token {} is outside rows {lo}..{}", tokens[0], lo + rows);
 }
 
+#[test]
+fn swiglu_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let n = 300;
+    let (gate, up, r) = (randn(&mut rng, n, 4.0), randn(&mut rng, n, 2.0), randn(&mut rng, n, 1.0));
+    let fwd = |g: &[f32], u: &[f32]| {
+        let mut o = vec![0f32; n];
+        swiglu_forward(&mut o, g, u);
+        dot(&o, &r)
+    };
+    let (mut dg, mut du) = (r.clone(), vec![0f32; n]);
+    swiglu_backward(&mut dg, &mut du, &gate, &up);
+    check("swiglu gate", &gate, &dg, 1e-2, n, KERNEL_TOL, |g| fwd(g, &up));
+    check("swiglu up", &up, &du, 1e-2, n, KERNEL_TOL, |u| fwd(&gate, u));
+}
+
+#[test]
+fn rmsnorm_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    let (n, c) = (37, 24);
+    let (x, w, r) = (randn(&mut rng, n * c, 2.0), randn(&mut rng, c, 1.5), randn(&mut rng, n * c, 1.0));
+    let fwd = |x: &[f32], w: &[f32]| {
+        let (mut o, mut rs) = (vec![0f32; n * c], vec![0f32; n]);
+        rmsnorm_forward(&mut o, &mut rs, x, w, c, 1e-5);
+        (o, rs)
+    };
+    let (_, rs) = fwd(&x, &w);
+    let (mut dx, mut dw) = (vec![0f32; n * c], vec![0f32; c]);
+    rmsnorm_backward(&mut dx, &mut dw, &r, &x, &rs, &w, c);
+    check("rmsnorm x", &x, &dx, 1e-2, 600, KERNEL_TOL, |x| dot(&fwd(x, &w).0, &r));
+    check("rmsnorm w", &w, &dw, 1e-2, c, KERNEL_TOL, |w| dot(&fwd(&x, w).0, &r));
+}
+
+/// The rotation is linear in x: its backward (the inverse rotation of the gradient) against
+/// finite differences, with Llama 3 scaling, at positions of two sequences.
+#[test]
+fn rope_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let (heads, hd, t, b) = (3, 12, 40, 2);
+    let tab = RopeTable::new(&inv_freq(hd, 500_000.0, Some((8.0, 1.0, 4.0, 16))), t);
+    let n = b * t * heads * hd;
+    let (x, r) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 1.0));
+    let fwd = |x: &[f32]| {
+        let mut y = x.to_vec();
+        rope_rows(&mut y, heads, &tab, |row| row % t, false);
+        dot(&y, &r)
+    };
+    let mut d = r.clone();
+    rope_rows(&mut d, heads, &tab, |row| row % t, true);
+    check("rope", &x, &d, 1e-2, 800, KERNEL_TOL, fwd);
+}
+
 /// The whole model: every parameter tensor gets sampled coordinates checked.
 #[test]
 fn gpt_gradient_matches_finite_differences() {
-    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 23, block_size: 8 };
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 23, block_size: 8, arch: Default::default() };
+    model_gradient_matches_finite_differences(cfg);
+}
+
+/// The Llama family: GQA 4:2, head_dim × heads ≠ hidden, q/k/v and o biases, untied head, and
+/// (second) MQA with a tied head and llama3 rope scaling.
+#[test]
+fn llama_gradient_matches_finite_differences() {
+    use brigade::models::config::{Arch, Llama, Llama3Rope};
+    let a = Llama {
+        n_kv_head: 2,
+        head_dim: 6,
+        intermediate: 20,
+        rms_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: None,
+        tied: false,
+        qkv_bias: true,
+        o_bias: true,
+    };
+    let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 16, vocab_size: 23, block_size: 8, arch: Arch::Llama(a) };
+    model_gradient_matches_finite_differences(cfg);
+    let scaling = Some(Llama3Rope {
+        factor: 4.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 2.0,
+        original_max_position_embeddings: 4,
+    });
+    let mqa =
+        Llama { n_kv_head: 1, head_dim: 8, tied: true, qkv_bias: false, o_bias: false, rope_scaling: scaling, ..a };
+    model_gradient_matches_finite_differences(GptConfig { arch: Arch::Llama(mqa), ..cfg });
+}
+
+fn model_gradient_matches_finite_differences(cfg: GptConfig) {
     let model = Gpt::new(cfg).unwrap();
     let mut params = model.layout.init(11);
     // Larger weights than GPT-2's 0.02 so that every path carries a visible signal.

@@ -16,7 +16,7 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 
 #[test]
 fn every_schedule_executed_equals_the_whole_model() {
-    let cfg = GptConfig { n_layer: 6, n_head: 2, n_embd: 16, vocab_size: 37, block_size: 8 };
+    let cfg = GptConfig { n_layer: 6, n_head: 2, n_embd: 16, vocab_size: 37, block_size: 8, arch: Default::default() };
     let whole = Gpt::new(cfg).unwrap();
     let params = whole.init_params(3);
     let (b, t) = (2, 8);

@@ -100,7 +100,7 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
         let b = time_it(|| cross_entropy_backward(&mut dl, &lse, &targets, VocabWindow::whole(v), 1.0 / n as f32));
         rows.push(row("cross-entropy backward", 1, b, 2.0 * bytes, "GB/s"));
     }
-    let s = AttnShape { b: batch, t: seq, c, heads: cfg.n_head };
+    let s = AttnShape::fused(batch, seq, c, cfg.n_head);
     {
         let qkv = vec![0.1f32; 3 * n * c];
         let mut out = vec![0f32; n * c];

@@ -115,11 +115,11 @@ pub fn measure(cfg: &GptConfig, batch: usize, seq: usize, tp: usize) -> Machine 
     ];
     matmul_s.push(("lm_head".to_string(), head_matmul_s.iter().sum()));
     drop((logits, dwte));
-    let s = AttnShape { b: batch, t: seq, c: c / tp, heads: cfg.n_head / tp };
-    let qkv = vec![0.1f32; 3 * n * s.c];
-    let mut out = vec![0f32; n * s.c];
+    let s = AttnShape::fused(batch, seq, c / tp, cfg.n_head / tp);
+    let qkv = vec![0.1f32; s.qkv_len()];
+    let mut out = vec![0f32; s.out_len()];
     let mut probs = vec![0f32; s.probs_len()];
-    let mut dqkv = vec![0f32; 3 * n * s.c];
+    let mut dqkv = vec![0f32; s.qkv_len()];
     let attention_fwd_s = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s));
     let attention_bwd_s = time_it(|| attention_backward(&mut dqkv, &out, &qkv, &probs, s));
     Machine {

@@ -1,18 +1,21 @@
-//! One pre-LayerNorm transformer block, cut across a tensor-parallel group: attention by heads
-//! and the MLP by hidden units, the residual stream on this rank's rows.
+//! One pre-norm transformer block of either family, cut across a tensor-parallel group:
+//! attention by heads and the MLP by hidden units, the residual stream on this rank's rows.
+//! GPT-2: LayerNorm, fused biased q|k|v, GELU. Llama family: RMSNorm, rotary grouped-query
+//! attention, SwiGLU — the same two residual branches and the same collectives.
 
-use super::config::GptConfig;
+use super::config::{kv_copies, GptConfig};
 use crate::error::Result;
 use crate::nn::tp::Tp;
-use crate::nn::{ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, LayerNorm, LnStash, Mlp, MlpStash};
+use crate::nn::{ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, Grouped, LayerNorm, LnStash, Mlp};
+use crate::nn::{MlpStash, Norm, RmsNorm};
 use crate::params::ParamLayout;
 use crate::tensor::elementwise::residual_bias_forward;
 
 #[derive(Clone, Debug)]
 pub struct Block {
-    pub ln_1: LayerNorm,
+    pub ln_1: Norm,
     pub attn: CausalSelfAttention,
-    pub ln_2: LayerNorm,
+    pub ln_2: Norm,
     pub mlp: Mlp,
 }
 
@@ -37,8 +40,7 @@ impl BlockStash {
             + a.att.len()
             + self.x2.len()
             + ln(&self.ln2)
-            + self.mlp.fc.len()
-            + self.mlp.act.len())
+            + self.mlp.floats())
     }
 }
 
@@ -59,6 +61,9 @@ pub(crate) struct Scratch {
     /// An output gradient gathered across the group.
     pub(crate) dfull: Vec<f32>,
     pub(crate) dh: Vec<f32>,
+    /// SwiGLU's second hidden gradient and second input gradient.
+    pub(crate) dup: Vec<f32>,
+    pub(crate) dx2: Vec<f32>,
     /// Selective recompute: the softmax probabilities are not kept by the forward, and are
     /// computed again by the backward (in `attn`).
     pub(crate) drop_scores: bool,
@@ -69,12 +74,38 @@ impl Block {
     pub(crate) fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig, tp: usize) -> Block {
         let c = cfg.n_embd;
         let std = 0.02;
+        if let Some(a) = cfg.llama() {
+            let pre = format!("model.layers.{i}");
+            let rms = |layout: &mut ParamLayout, name: &str| {
+                Norm::Rms(RmsNorm::new(layout, &format!("{pre}.{name}"), c, a.rms_eps))
+            };
+            let shape = Grouped {
+                c,
+                heads: cfg.n_head,
+                kv_heads: a.n_kv_head,
+                hd: a.head_dim,
+                tp,
+                copies: kv_copies(cfg, tp),
+                qkv_bias: a.qkv_bias,
+                o_bias: a.o_bias,
+            };
+            let scaling = a
+                .rope_scaling
+                .map(|r| (r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings));
+            let inv_freq = crate::tensor::rope::inv_freq(a.head_dim, a.rope_theta, scaling);
+            return Block {
+                ln_1: rms(layout, "input_layernorm"),
+                attn: CausalSelfAttention::grouped(layout, &format!("{pre}.self_attn"), shape, inv_freq, std),
+                ln_2: rms(layout, "post_attention_layernorm"),
+                mlp: Mlp::swiglu(layout, &format!("{pre}.mlp"), (c, a.intermediate), tp, std),
+            };
+        }
         // GPT-2 scales the projections into the residual stream by 1/sqrt(2·n_layer).
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
         Block {
-            ln_1: LayerNorm::new(layout, &format!("h.{i}.ln_1"), c),
+            ln_1: Norm::Layer(LayerNorm::new(layout, &format!("h.{i}.ln_1"), c)),
             attn: CausalSelfAttention::new(layout, &format!("h.{i}.attn"), (c, cfg.n_head), tp, (std, proj_std)),
-            ln_2: LayerNorm::new(layout, &format!("h.{i}.ln_2"), c),
+            ln_2: Norm::Layer(LayerNorm::new(layout, &format!("h.{i}.ln_2"), c)),
             mlp: Mlp::new(layout, &format!("h.{i}.mlp"), c, tp, (std, proj_std)),
         }
     }
@@ -109,12 +140,12 @@ impl Block {
     /// On entry `dresid` is the gradient of the block output; on return, of the block input.
     /// Two collectives backward (`f` before each column-parallel layer).
     pub(crate) fn backward(&self, tp: &Tp, gr: &mut Grads, x: &[f32], st: &BlockStash, sc: &mut Scratch) -> Result<()> {
-        let Scratch { dresid, dln, dpart, dfull, hfull, dh, attn, .. } = sc;
+        let Scratch { dresid, dln, dpart, dfull, hfull, dh, dup, dx2, attn, .. } = sc;
         // The residual add passes dresid unchanged to both branches.
         self.mlp.c_proj.bias_backward(gr.g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln2.out, hfull)?;
-        self.mlp.backward(gr, h, &st.mlp, dy, dpart, dh);
+        self.mlp.backward(gr, h, &st.mlp, dy, dpart, dh, (dup, dx2));
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
         self.ln_2.backward(gr.p, gr.g, &st.x2, &st.ln2, d, dresid);
         self.attn.c_proj.bias_backward(gr.g, dresid);

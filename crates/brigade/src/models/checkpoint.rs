@@ -1,9 +1,11 @@
-//! Checkpoints: weights as safetensors under Hugging Face GPT-2 names (so a Hugging Face
-//! GPT-2 loads here and ours load there), the model shape as a Hugging Face `config.json`,
+//! Checkpoints: weights as safetensors under Hugging Face names (so a Hugging Face GPT-2,
+//! Llama, Qwen2 or Mistral folder loads here and ours load there; F32, BF16 or F16, one file or
+//! sharded), the model shape as a Hugging Face `config.json`,
 //! optimizer moments as a second safetensors file, and run state as JSON. A checkpoint is
 //! written to a temporary directory and renamed into place, so a crash never leaves half of one.
 
 use crate::error::{Error, Result};
+use crate::models::arch::{self, Arch};
 use crate::models::{Gpt, GptConfig};
 use crate::params::ParamLayout;
 use safetensors::{Dtype, SafeTensors};
@@ -45,9 +47,16 @@ pub fn save_tensors(
     safetensors::serialize_to_file(views, meta, path).map_err(|e| Error::ckpt(path, format!("cannot write: {e}")))
 }
 
-/// Hugging Face keeps these beside the weights: causal-mask buffers and the tied head.
-fn ignorable(name: &str) -> bool {
-    name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name == "lm_head.weight"
+/// The index of a sharded Hugging Face checkpoint: which file holds each tensor.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Hugging Face keeps these beside the weights: causal-mask buffers, the tied head, rotary
+/// frequency buffers of older Llama checkpoints.
+fn ignorable(name: &str, tied: bool) -> bool {
+    name.ends_with(".attn.bias")
+        || name.ends_with(".attn.masked_bias")
+        || name.ends_with("rotary_emb.inv_freq")
+        || (tied && name == "lm_head.weight")
 }
 
 /// Reads every tensor of `layout` (named with `prefix`) from a safetensors file.
@@ -64,73 +73,222 @@ pub fn tensors_from_bytes(
     prefix: &str,
     path: &Path,
 ) -> Result<(Vec<f32>, HashMap<String, String>)> {
-    let (_, meta) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| Error::ckpt(path, format!("not a valid safetensors file ({e})")))?;
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| Error::ckpt(path, format!("not a valid safetensors file ({e})")))?;
-    let need = layout.total as u128 * 4;
-    if (bytes.len() as u128) < need {
+    let meta = check_size(&[(bytes, path)], layout)?;
+    let mut out = vec![0f32; layout.total];
+    let st = parse(bytes, path)?;
+    let mut found = std::collections::HashSet::new();
+    fill_from(&st, layout, prefix, path, &mut out, &mut found)?;
+    check_complete(&st, layout, prefix, path, &found, true)?;
+    Ok((out, meta))
+}
+
+fn parse<'a>(bytes: &'a [u8], path: &Path) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes).map_err(|e| Error::ckpt(path, format!("not a valid safetensors file ({e})")))
+}
+
+/// Refuses files too small to hold the model (2 bytes a parameter at least: BF16), before
+/// anything is allocated for it; returns the first file's metadata.
+fn check_size(files: &[(&[u8], &Path)], layout: &ParamLayout) -> Result<HashMap<String, String>> {
+    let mut meta = HashMap::new();
+    for (k, (bytes, path)) in files.iter().enumerate() {
+        let (_, m) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| Error::ckpt(*path, format!("not a valid safetensors file ({e})")))?;
+        if k == 0 {
+            meta = m.metadata().clone().unwrap_or_default();
+        }
+    }
+    let have: u128 = files.iter().map(|(b, _)| b.len() as u128).sum();
+    let need = layout.total as u128 * 2;
+    if have < need {
         return Err(Error::ckpt(
-            path,
+            files[0].1,
             format!(
-                "holds {} bytes but the model its config describes has {} parameters ({need} bytes); the file is truncated or belongs to another model",
-                bytes.len(),
+                "holds {have} bytes but the model its config describes has {} parameters (at least {need} bytes); the file is truncated or belongs to another model",
                 layout.total
             ),
         ));
     }
-    let mut out = vec![0f32; layout.total];
+    Ok(meta)
+}
+
+/// Copies the tensors of `layout` that this file holds into `out` (F32, or BF16 / F16
+/// converted), checking shapes; records their names in `found`.
+fn fill_from(
+    st: &SafeTensors,
+    layout: &ParamLayout,
+    prefix: &str,
+    path: &Path,
+    out: &mut [f32],
+    found: &mut std::collections::HashSet<String>,
+) -> Result<()> {
     for s in &layout.specs {
         let name = format!("{prefix}{}", s.name);
         let alt = format!("transformer.{name}");
-        let tv = match st.tensor(&name).or_else(|_| st.tensor(&alt)) {
-            Ok(t) => t,
-            Err(_) => {
-                let mut found: Vec<String> = st.names().into_iter().map(str::to_string).collect();
-                found.sort();
-                found.truncate(3);
-                return Err(Error::ckpt(
-                    path,
-                    format!(
-                        "tensor '{name}' is missing; is this a GPT-2 checkpoint of this shape? (it holds e.g. {})",
-                        found.join(", ")
-                    ),
-                ));
-            }
-        };
-        if tv.dtype() != Dtype::F32 {
-            return Err(Error::ckpt(
-                path,
-                format!("tensor '{name}' is {:?}; brigade loads F32 checkpoints", tv.dtype()),
-            ));
-        }
+        let Ok(tv) = st.tensor(&name).or_else(|_| st.tensor(&alt)) else { continue };
         if tv.shape() != s.shape.as_slice() {
             return Err(Error::ckpt(
                 path,
                 format!("tensor '{name}' has shape {:?}, the model expects {:?}", tv.shape(), s.shape),
             ));
         }
-        let dst = s.view.of_mut(&mut out);
-        for (d, c) in dst.iter_mut().zip(tv.data().chunks_exact(4)) {
-            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let dst = s.view.of_mut(out);
+        let data = tv.data();
+        let size = match tv.dtype() {
+            Dtype::F32 => 4,
+            Dtype::BF16 | Dtype::F16 => 2,
+            other => {
+                return Err(Error::ckpt(
+                    path,
+                    format!("tensor '{name}' is {other:?}; brigade loads F32, BF16 and F16 weights"),
+                ))
+            }
+        };
+        if data.len() != dst.len() * size {
+            return Err(Error::ckpt(
+                path,
+                format!(
+                    "tensor '{name}' holds {} bytes of {:?}, its shape needs {}",
+                    data.len(),
+                    tv.dtype(),
+                    dst.len() * size
+                ),
+            ));
         }
+        match tv.dtype() {
+            Dtype::F32 => {
+                for (d, c) in dst.iter_mut().zip(data.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            Dtype::BF16 => {
+                for (d, c) in dst.iter_mut().zip(data.chunks_exact(2)) {
+                    *d = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+                }
+            }
+            _ => {
+                for (d, c) in dst.iter_mut().zip(data.chunks_exact(2)) {
+                    *d = f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                }
+            }
+        }
+        found.insert(s.name.clone());
     }
+    Ok(())
+}
+
+/// IEEE half precision to f32, subnormals and infinities included.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, m) => {
+            // subnormal: value m · 2⁻²⁴
+            let v = m as f32 * (1.0 / 16_777_216.0);
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
+        (e, m) => sign | ((e + 112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// Refuses a model whose tensors are not all found, or (`strict`) a file holding tensors the
+/// model has not.
+fn check_complete(
+    st: &SafeTensors,
+    layout: &ParamLayout,
+    prefix: &str,
+    path: &Path,
+    found: &std::collections::HashSet<String>,
+    strict: bool,
+) -> Result<()> {
+    if let Some(s) = layout.specs.iter().find(|s| !found.contains(&s.name)) {
+        let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+        names.sort();
+        names.truncate(3);
+        return Err(Error::ckpt(
+            path,
+            format!(
+                "tensor '{prefix}{}' is missing; is this a checkpoint of this model's family and shape? (it holds e.g. {})",
+                s.name,
+                names.join(", ")
+            ),
+        ));
+    }
+    if strict {
+        check_unknown(st, layout, prefix, path)?;
+    }
+    Ok(())
+}
+
+fn check_unknown(st: &SafeTensors, layout: &ParamLayout, prefix: &str, path: &Path) -> Result<()> {
     let known: std::collections::HashSet<String> = layout
         .specs
         .iter()
         .flat_map(|s| [format!("{prefix}{}", s.name), format!("transformer.{prefix}{}", s.name)])
         .collect();
-    if let Some(x) = st.names().into_iter().find(|n| !ignorable(n) && !known.contains(*n)) {
+    let tied = !layout.specs.iter().any(|s| s.name == "lm_head.weight");
+    if let Some(x) = st.names().into_iter().find(|n| !ignorable(n, tied) && !known.contains(*n)) {
         return Err(Error::ckpt(
             path,
             format!("unexpected tensor '{x}': the file holds a different model than its config describes"),
         ));
     }
-    Ok((out, meta.metadata().clone().unwrap_or_default()))
+    Ok(())
 }
 
-/// A Hugging Face GPT-2 `config.json` for `cfg`.
+/// The weights of a model directory: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` names.
+pub fn load_weights(dir: &Path, layout: &ParamLayout) -> Result<Vec<f32>> {
+    let index = dir.join(INDEX_FILE);
+    if !index.exists() || dir.join(MODEL_FILE).exists() {
+        return Ok(load_tensors(&dir.join(MODEL_FILE), layout, "")?.0);
+    }
+    let text = std::fs::read_to_string(&index).map_err(|e| Error::ckpt(&index, format!("cannot read: {e}")))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::ckpt(&index, format!("not valid JSON ({e})")))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| Error::ckpt(&index, "has no weight_map object"))?;
+    let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
+    files.sort();
+    files.dedup();
+    if let Some(bad) = files.iter().find(|f| f.contains('/') || f.contains("..")) {
+        return Err(Error::ckpt(&index, format!("names shard '{bad}' outside the directory")));
+    }
+    let mut blobs = Vec::with_capacity(files.len());
+    for f in &files {
+        let p = dir.join(f);
+        let bytes = std::fs::read(&p).map_err(|e| {
+            Error::ckpt(&index, format!("names shard '{f}', which cannot be read ({e}); the checkpoint is incomplete"))
+        })?;
+        blobs.push((p, bytes));
+    }
+    let refs: Vec<(&[u8], &Path)> = blobs.iter().map(|(p, b)| (b.as_slice(), p.as_path())).collect();
+    check_size(&refs, layout)?;
+    let mut out = vec![0f32; layout.total];
+    let mut found = std::collections::HashSet::new();
+    for (p, bytes) in &blobs {
+        let st = parse(bytes, p)?;
+        fill_from(&st, layout, "", p, &mut out, &mut found)?;
+        check_unknown(&st, layout, "", p)?;
+    }
+    if let Some(s) = layout.specs.iter().find(|s| !found.contains(&s.name)) {
+        return Err(Error::ckpt(&index, format!("tensor '{}' is in none of the shards", s.name)));
+    }
+    Ok(out)
+}
+
+/// A Hugging Face `config.json` for `cfg` (GPT-2's, or the Llama family's).
 pub fn hf_config(cfg: &GptConfig) -> serde_json::Value {
+    if let Some(a) = cfg.llama() {
+        let shape = [cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.block_size];
+        return arch::llama_json(shape, a, (None, None));
+    }
     serde_json::json!({
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
@@ -163,11 +321,29 @@ pub fn read_model_config(dir: &Path) -> Result<GptConfig> {
     parse_model_config(&text, &path)
 }
 
-/// The model shape from the text of a Hugging Face GPT-2 `config.json` (`path` names it in errors).
+/// The model shape from the text of a Hugging Face `config.json` of GPT-2 or the Llama family
+/// (`path` names it in errors).
 pub fn parse_model_config(text: &str, path: &Path) -> Result<GptConfig> {
     let path = path.to_path_buf();
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
+    if let Some(t) = v
+        .get("layer_types")
+        .and_then(|l| l.as_array())
+        .and_then(|l| l.iter().find(|t| t.as_str() != Some("full_attention")))
+    {
+        return Err(Error::ckpt(
+            &path,
+            format!("layer_types holds {t}; brigade implements full causal attention only"),
+        ));
+    }
+    if arch::is_llama_family(&v).map_err(|e| Error::ckpt(&path, e))? {
+        let ([n_layer, n_head, n_embd, vocab_size, block_size], a) =
+            arch::parse_llama(&v).map_err(|e| Error::ckpt(&path, e))?;
+        let cfg = GptConfig { n_layer, n_head, n_embd, vocab_size, block_size, arch: Arch::Llama(a) };
+        cfg.validate().map_err(|e| Error::ckpt(&path, e.to_string()))?;
+        return Ok(cfg);
+    }
     let field = |k: &str| -> Result<usize> {
         v.get(k)
             .and_then(|x| x.as_u64())
@@ -198,6 +374,7 @@ pub fn parse_model_config(text: &str, path: &Path) -> Result<GptConfig> {
         n_embd: field("n_embd")?,
         vocab_size: field("vocab_size")?,
         block_size: field("n_positions")?,
+        arch: Arch::Gpt2,
     };
     cfg.validate().map_err(|e| Error::ckpt(&path, e.to_string()))?;
     Ok(cfg)
@@ -210,7 +387,7 @@ pub fn load_model(dir: &Path) -> Result<(Gpt, Vec<f32>)> {
     }
     let cfg = read_model_config(dir)?;
     let model = Gpt::new(cfg)?;
-    let (params, _) = load_tensors(&dir.join(MODEL_FILE), &model.layout, "")?;
+    let params = load_weights(dir, &model.layout)?;
     Ok((model, params))
 }
 

@@ -1,5 +1,8 @@
-//! GPT-2: token + position embedding, pre-LayerNorm blocks, final LayerNorm, LM head tied to
-//! the token embedding. Parameter names follow Hugging Face's GPT-2 (`h.0.attn.c_attn.weight`).
+//! The decoder of both families. GPT-2: token + position embedding, pre-LayerNorm blocks,
+//! final LayerNorm, LM head tied to the token embedding. Llama family: token embedding,
+//! pre-RMSNorm blocks with rotary grouped-query attention and SwiGLU, final RMSNorm, a tied or
+//! untied head. Parameter names follow Hugging Face's (`h.0.attn.c_attn.weight`,
+//! `model.layers.0.self_attn.q_proj.weight`).
 
 use super::block::{Block, BlockStash, Scratch};
 pub use super::config::{check_tp, GptConfig, MAX_DIM, MAX_PARAMS, PRESETS};
@@ -7,7 +10,7 @@ pub use super::pass::{Input, Output, Pass};
 use super::units::Whole;
 use crate::error::{Error, Result};
 use crate::nn::tp::{vocab, Tp, VocabShard};
-use crate::nn::{ensure, Grads, LayerNorm, LnStash, WeightGrads};
+use crate::nn::{ensure, Grads, LayerNorm, LnStash, Norm, RmsNorm, WeightGrads};
 use crate::params::{Init, ParamLayout, Split, View};
 use crate::tensor::loss::{cross_entropy_backward, IGNORE};
 use crate::tensor::matmul;
@@ -67,7 +70,11 @@ pub struct Gpt {
     pub wte: View,
     pub wpe: View,
     pub blocks: Vec<Block>,
-    pub ln_f: LayerNorm,
+    pub ln_f: Norm,
+    /// The LM head's matrix `[vocab rows, C]`: the token table (tied; in `table_unit`) or
+    /// `lm_head.weight` (untied; in the final unit), in unit `head_unit`.
+    pub head: View,
+    pub head_unit: usize,
     /// Where each unit's parameters lie in the flat buffer: 0 the embedding (wte, wpe), 1…L
     /// the blocks, L + 1 the final LayerNorm. Layers address parameters from their unit's start.
     pub units: Vec<std::ops::Range<usize>>,
@@ -110,17 +117,23 @@ impl Gpt {
             return Err(Error::Layout(format!("units {holds:?} of a model with units 0..={last}")));
         }
         let (has_embedding, has_head) = (holds.start == 0, holds.end == last + 1);
-        let table = |unit: &mut ParamLayout| {
+        let llama = cfg.llama().copied();
+        let table_name = if llama.is_some() { "model.embed_tokens.weight" } else { "wte.weight" };
+        let table = |unit: &mut ParamLayout, name: &str| {
             let shape = [cfg.vocab_size, cfg.n_embd];
-            unit.add_split("wte.weight", &shape, Split::Vocab, tp, Init::Normal(0.02), true)
+            unit.add_split(name, &shape, Split::Vocab, tp, Init::Normal(0.02), true)
         };
         let mut layout = ParamLayout::default();
         let mut units = Vec::new();
         let (mut wte, mut wpe) = (View { offset: 0, len: 0 }, View { offset: 0, len: 0 });
         if has_embedding {
             let mut unit = ParamLayout::default();
-            wte = table(&mut unit);
-            wpe = unit.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true);
+            wte = table(&mut unit, table_name);
+            wpe = match llama {
+                // rotary positions: no table (an empty view just after the token table)
+                Some(_) => View { offset: wte.offset + wte.len, len: 0 },
+                None => unit.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true),
+            };
             units.push(layout.append(&unit));
         }
         let mut blocks = Vec::new();
@@ -130,14 +143,24 @@ impl Gpt {
             units.push(layout.append(&unit));
         }
         let mut unit = ParamLayout::default();
-        let ln_f = LayerNorm::new(&mut unit, "ln_f", cfg.n_embd);
+        let ln_f = match llama {
+            Some(a) => Norm::Rms(RmsNorm::new(&mut unit, "model.norm", cfg.n_embd, a.rms_eps)),
+            None => Norm::Layer(LayerNorm::new(&mut unit, "ln_f", cfg.n_embd)),
+        };
+        let mut head = View { offset: 0, len: 0 };
         if has_head {
-            if !has_embedding {
-                wte = table(&mut unit);
+            if !cfg.tied() {
+                head = table(&mut unit, "lm_head.weight");
+            } else if !has_embedding {
+                wte = table(&mut unit, table_name);
             }
             units.push(layout.append(&unit));
         }
         let table_unit = if has_embedding { 0 } else { units.len().saturating_sub(1) };
+        let head_unit = if cfg.tied() { table_unit } else { units.len().saturating_sub(1) };
+        if cfg.tied() {
+            head = wte;
+        }
         Ok(Gpt {
             cfg,
             layout,
@@ -146,6 +169,8 @@ impl Gpt {
             wpe,
             blocks,
             ln_f,
+            head,
+            head_unit,
             holds,
             has_embedding,
             has_head,
@@ -255,9 +280,9 @@ impl Gpt {
         }
         let (c, v, n) = (self.cfg.n_embd, self.vocab.rows, b * t);
         ensure(&mut acts.logits, n * v);
-        // LM head tied to the token embedding: logits = h·wteᵀ, on this rank's vocabulary block.
+        // LM head (the token table when tied): logits = h·Wᵀ, on this rank's vocabulary block.
         let h = pass.tp.enter(&acts.lnf.out, &mut acts.scratch.full)?;
-        matmul(&mut acts.logits, h, self.wte.of(pass.store.params(self.table_unit)?), n, c, v, false, true, false);
+        matmul(&mut acts.logits, h, self.head.of(pass.store.params(self.head_unit)?), n, c, v, false, true, false);
         Ok(())
     }
 
@@ -273,7 +298,7 @@ impl Gpt {
             h.extend_from_slice(&acts.lnf.out[((i + 1) * t - 1) * c..][..c]);
         }
         let mut out = vec![0f32; b * v];
-        matmul(&mut out, &h, self.wte.of(p), b, c, v, false, true, false);
+        matmul(&mut out, &h, self.head.of(&p[self.units[self.head_unit].clone()]), b, c, v, false, true, false);
         out
     }
 
@@ -313,15 +338,15 @@ impl Gpt {
                 ensure(&mut sc.dpart, n * c);
                 // LM head: dh = dlogits·wte (this block's part, summed by f), dwte += dlogitsᵀ·h
                 let h = tp.enter(&acts.lnf.out, &mut sc.hfull)?;
-                let (p, g) = store.params_grads(self.table_unit)?;
-                matmul(&mut sc.dpart, &acts.logits, self.wte.of(p), n, v, c, false, false, false);
-                dw.set_unit(self.table_unit);
+                let (p, g) = store.params_grads(self.head_unit)?;
+                matmul(&mut sc.dpart, &acts.logits, self.head.of(p), n, v, c, false, false, false);
+                dw.set_unit(self.head_unit);
                 // a deferred W takes the logits' gradient as it is (no copy of n × vocab)
                 match dw {
                     WeightGrads::Later { .. } => {
-                        dw.add_owned(g, self.wte, std::mem::take(&mut acts.logits), h, (v, n, c))
+                        dw.add_owned(g, self.head, std::mem::take(&mut acts.logits), h, (v, n, c))
                     }
-                    WeightGrads::Now => dw.add(g, self.wte, &acts.logits, h, (v, n, c)),
+                    WeightGrads::Now => dw.add(g, self.head, &acts.logits, h, (v, n, c)),
                 }
                 let d = tp.enter_backward(&mut sc.dpart, &mut sc.dln)?;
                 sc.dresid.fill(0.0);
@@ -380,7 +405,9 @@ mod tests {
 
     #[test]
     fn inputs_are_checked() {
-        let m = Gpt::new(GptConfig { n_layer: 1, n_head: 2, n_embd: 8, vocab_size: 10, block_size: 4 }).unwrap();
+        let cfg =
+            GptConfig { n_layer: 1, n_head: 2, n_embd: 8, vocab_size: 10, block_size: 4, arch: Default::default() };
+        let m = Gpt::new(cfg).unwrap();
         assert!(m.check_input(&[1, 2, 3, 4], 1, 4).is_ok());
         assert!(m.check_input(&[], 1, 0).is_err(), "empty sequence");
         assert!(m.check_input(&[1; 5], 1, 5).is_err(), "longer than block_size");

@@ -1,3 +1,4 @@
+pub mod arch;
 pub mod bert;
 pub mod block;
 pub mod checkpoint;

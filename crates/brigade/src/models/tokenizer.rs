@@ -9,9 +9,25 @@ use std::path::{Path, PathBuf};
 pub enum Tokenizer {
     /// One token per byte (vocabulary 256).
     Bytes,
-    /// A Hugging Face tokenizer, the file it came from and that file's fingerprint.
-    Hf(Box<tokenizers::Tokenizer>, PathBuf, Fingerprint),
+    /// A Hugging Face tokenizer, the file it came from, that file's fingerprint, and what its
+    /// `tokenizer_config.json` (beside it) says of its special tokens.
+    Hf(Box<tokenizers::Tokenizer>, PathBuf, Fingerprint, Specials),
 }
+
+/// The special tokens a Hugging Face tokenizer folder names in `tokenizer_config.json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Specials {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    /// Whether a text's ids begin with `bos` (`add_bos_token`, or else what the tokenizer's
+    /// post-processor does with `add_special_tokens`, as `transformers` encodes by default).
+    pub add_bos: bool,
+    /// The `tokenizer_config.json` read, if any (a checkpoint carries it with tokenizer.json).
+    pub config: Option<PathBuf>,
+}
+
+/// The name of the file beside `tokenizer.json` that holds its special tokens and template.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
 /// Size and hash of a file's bytes: a checkpoint records those of its data and tokenizer, so
 /// that a resume refuses files that changed (or a different file at the same path).
@@ -34,7 +50,19 @@ impl std::fmt::Display for Fingerprint {
 }
 
 impl Tokenizer {
+    /// A Hugging Face tokenizer from its `tokenizer.json`, or from a folder holding one (with
+    /// its `tokenizer_config.json`, read too when beside the file).
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
+        if path.is_dir() {
+            let file = path.join("tokenizer.json");
+            if !file.is_file() {
+                return Err(Error::Data(format!(
+                    "tokenizer folder {} holds no tokenizer.json; give a Hugging Face tokenizer folder or file",
+                    path.display()
+                )));
+            }
+            return Tokenizer::from_file(&file);
+        }
         if !path.is_file() {
             return Err(Error::Data(format!("tokenizer file {} not found", path.display())));
         }
@@ -46,7 +74,16 @@ impl Tokenizer {
         // tokens): a training corpus is tokenized whole.
         t.with_truncation(None).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
         t.with_padding(None);
-        Ok(Tokenizer::Hf(Box::new(t), path.to_path_buf(), Fingerprint::of(&bytes)))
+        let specials = read_specials(&t, path)?;
+        Ok(Tokenizer::Hf(Box::new(t), path.to_path_buf(), Fingerprint::of(&bytes), specials))
+    }
+
+    /// The special tokens (none for bytes).
+    pub fn specials(&self) -> Specials {
+        match self {
+            Tokenizer::Bytes => Specials::default(),
+            Tokenizer::Hf(.., s) => s.clone(),
+        }
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -59,10 +96,13 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             Tokenizer::Bytes => Ok(text.bytes().map(|b| b as u32).collect()),
-            Tokenizer::Hf(t, ..) => t
-                .encode(text, false)
-                .map(|e| e.get_ids().to_vec())
-                .map_err(|e| Error::Data(format!("tokenizer failed: {e}"))),
+            Tokenizer::Hf(t, .., sp) => {
+                let ids = t.encode(text, false).map_err(|e| Error::Data(format!("tokenizer failed: {e}")))?;
+                match sp.bos.filter(|_| sp.add_bos) {
+                    Some(bos) => Ok(std::iter::once(bos).chain(ids.get_ids().iter().copied()).collect()),
+                    None => Ok(ids.get_ids().to_vec()),
+                }
+            }
         }
     }
 
@@ -76,4 +116,42 @@ impl Tokenizer {
             Tokenizer::Hf(t, ..) => t.decode(ids, false).unwrap_or_default(),
         }
     }
+}
+
+/// A special token's text in `tokenizer_config.json`: a string, or `{"content": …}`.
+fn token_text(v: &serde_json::Value) -> Option<&str> {
+    v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))
+}
+
+/// The special tokens from the `tokenizer_config.json` beside `path`, if there is one.
+fn read_specials(t: &tokenizers::Tokenizer, path: &Path) -> Result<Specials> {
+    let cfg_path = path.with_file_name(TOKENIZER_CONFIG_FILE);
+    if !cfg_path.is_file() {
+        return Ok(Specials::default());
+    }
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Data(format!("{} is not valid JSON: {e}", cfg_path.display())))?;
+    let id = |key: &str| -> Result<Option<u32>> {
+        match v.get(key).filter(|x| !x.is_null()) {
+            None => Ok(None),
+            Some(x) => {
+                let name = token_text(x).ok_or_else(|| {
+                    Error::Data(format!("{}: {key} must be a string or an object with content", cfg_path.display()))
+                })?;
+                t.token_to_id(name).map(Some).ok_or_else(|| {
+                    Error::Data(format!("{}: {key} {name:?} is not in the tokenizer's vocabulary", cfg_path.display()))
+                })
+            }
+        }
+    };
+    let (bos, eos) = (id("bos_token")?, id("eos_token")?);
+    // transformers encodes with add_special_tokens: the post-processor decides, unless the
+    // config says so itself
+    let added = t.encode("", true).map(|e| e.get_ids().first().copied()).unwrap_or(None);
+    let add_bos = match v.get("add_bos_token").and_then(|x| x.as_bool()) {
+        Some(b) => b,
+        None => bos.is_some() && added == bos,
+    };
+    Ok(Specials { bos, eos, add_bos: add_bos && bos.is_some(), config: Some(cfg_path) })
 }

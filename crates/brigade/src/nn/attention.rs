@@ -1,38 +1,74 @@
-//! Causal multi-head self-attention: `c_proj(attention(c_attn(x)))`, split by heads across a
-//! tensor-parallel group: `c_attn` is column-parallel (each rank computes q, k, v of its
-//! heads), `c_proj` row-parallel (each rank's heads give a partial output, summed by `g`).
+//! Causal self-attention, split by heads across a tensor-parallel group: the q, k, v
+//! projections are column-parallel (each rank computes its heads), the output projection
+//! row-parallel (each rank's heads give a partial output, summed by `g`). GPT-2 projects q | k
+//! | v with one fused, biased `c_attn`; the Llama family with separate `q_proj`, `k_proj`,
+//! `v_proj` (grouped-query: fewer key/value heads), rotating q and k by their positions.
 
 use super::{ensure, Grads};
 use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
+use crate::tensor::rope::{rope_rows, RopeTable};
 
 /// The backward's working space, reused across layers and steps: the gradients of the
-/// attention output and of q, k, v, and (selective recompute) the probabilities again.
+/// attention output and of q, k, v, (selective recompute) the probabilities again, and a
+/// second input gradient (separate projections).
 #[derive(Default)]
 pub struct AttnScratch {
     pub datt: Vec<f32>,
     pub dqkv: Vec<f32>,
     pub probs: Vec<f32>,
+    pub dx2: Vec<f32>,
+}
+
+/// How q, k and v are projected.
+#[derive(Clone, Debug)]
+pub enum Qkv {
+    /// GPT-2's `c_attn`: rows `q | k | v`.
+    Fused(ColumnParallelLinear),
+    /// The Llama family's three projections, into the blocks `q`, then `k`, then `v`.
+    Separate { q: ColumnParallelLinear, k: ColumnParallelLinear, v: ColumnParallelLinear },
 }
 
 #[derive(Clone, Debug)]
 pub struct CausalSelfAttention {
-    pub c_attn: ColumnParallelLinear,
+    pub qkv: Qkv,
     pub c_proj: RowParallelLinear,
-    /// Heads on this rank.
+    /// Query heads and key/value heads on this rank, and the width of one.
     pub heads: usize,
-    /// Width of this rank's q (and k, v): heads × head size.
+    pub kv_heads: usize,
+    pub hd: usize,
+    /// Width of this rank's q (and of the attention output): heads × head width.
     pub c: usize,
+    /// Rotary frequencies (the Llama family), `hd / 2` of them.
+    pub rope: Option<Vec<f32>>,
 }
 
 #[derive(Default)]
 pub struct AttnStash {
     /// Sequences and their length, as the forward ran.
     pub bt: (usize, usize),
+    /// q, k, v as attention read them (rotated, for the Llama family).
     pub qkv: Vec<f32>,
     pub probs: Vec<f32>,
     pub att: Vec<f32>,
+    /// The rotation angles of positions 0..t.
+    pub rope: RopeTable,
+}
+
+/// The shape of a Llama-family attention layer on one rank.
+#[derive(Clone, Copy, Debug)]
+pub struct Grouped {
+    /// Hidden size, query heads, key/value heads (all of the model), head width.
+    pub c: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub hd: usize,
+    pub tp: usize,
+    /// Ranks holding each key/value head (1 when tp divides them).
+    pub copies: usize,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
 }
 
 impl CausalSelfAttention {
@@ -46,11 +82,44 @@ impl CausalSelfAttention {
     ) -> Self {
         let c_attn = ColumnParallelLinear::new(layout, &format!("{prefix}.c_attn"), c, 3 * c, 3, tp, std);
         let c_proj = RowParallelLinear::new(layout, &format!("{prefix}.c_proj"), c, c, tp, proj_std);
-        CausalSelfAttention { c_attn, c_proj, heads: heads / tp, c: c / tp }
+        let (heads, hd) = (heads / tp, c / heads);
+        CausalSelfAttention { qkv: Qkv::Fused(c_attn), c_proj, heads, kv_heads: heads, hd, c: c / tp, rope: None }
+    }
+
+    /// The Llama family's attention (`self_attn.{q,k,v,o}_proj`, weights `[out, in]`), with
+    /// rotary frequencies `inv_freq`. Key/value heads are cut across the group with their query
+    /// heads, or (tp above them) each held by `copies` ranks.
+    pub fn grouped(layout: &mut ParamLayout, prefix: &str, s: Grouped, inv_freq: Vec<f32>, std: f32) -> Self {
+        let (qw, kvw) = (s.heads * s.hd, s.kv_heads * s.hd);
+        let col = |layout: &mut ParamLayout, name: &str, w: usize, copies: usize| {
+            ColumnParallelLinear::out_in(layout, &format!("{prefix}.{name}"), (s.c, w), s.tp, copies, std, s.qkv_bias)
+        };
+        let q = col(layout, "q_proj", qw, 1);
+        let k = col(layout, "k_proj", kvw, s.copies);
+        let v = col(layout, "v_proj", kvw, s.copies);
+        let c_proj = RowParallelLinear::out_in(layout, &format!("{prefix}.o_proj"), (qw, s.c), s.tp, std, s.o_bias);
+        CausalSelfAttention {
+            qkv: Qkv::Separate { q, k, v },
+            c_proj,
+            heads: s.heads / s.tp,
+            kv_heads: s.kv_heads * s.copies / s.tp,
+            hd: s.hd,
+            c: qw / s.tp,
+            rope: Some(inv_freq),
+        }
     }
 
     fn shape(&self, b: usize, t: usize) -> AttnShape {
-        AttnShape { b, t, c: self.c, heads: self.heads }
+        match self.qkv {
+            Qkv::Fused(_) => AttnShape::fused(b, t, self.c, self.heads),
+            Qkv::Separate { .. } => AttnShape::grouped(b, t, self.heads, self.kv_heads, self.hd),
+        }
+    }
+
+    /// The q, k and v blocks of a separate projection's buffer of `n` rows.
+    fn blocks(&self, n: usize) -> [std::ops::Range<usize>; 3] {
+        let (qw, kvw) = (self.c, self.kv_heads * self.hd);
+        [0..n * qw, n * qw..n * (qw + kvw), n * (qw + kvw)..n * (qw + 2 * kvw)]
     }
 
     /// `part = attention(c_attn(x))·W_proj` for this rank's heads (no bias: added after `g`).
@@ -68,11 +137,25 @@ impl CausalSelfAttention {
         st.bt = (b, t);
         let s = self.shape(b, t);
         let n = b * t;
-        ensure(&mut st.qkv, 3 * n * self.c);
+        ensure(&mut st.qkv, s.qkv_len());
         ensure(&mut st.probs, s.probs_len());
         ensure(&mut st.att, n * self.c);
         ensure(part, n * self.c_proj.d_out);
-        self.c_attn.forward(p, x, &mut st.qkv);
+        match &self.qkv {
+            Qkv::Fused(c_attn) => c_attn.forward(p, x, &mut st.qkv),
+            Qkv::Separate { q, k, v } => {
+                let [rq, rk, rv] = self.blocks(n);
+                q.forward(p, x, &mut st.qkv[rq.clone()]);
+                k.forward(p, x, &mut st.qkv[rk.clone()]);
+                v.forward(p, x, &mut st.qkv[rv]);
+                let inv = self.rope.as_deref().expect("separate projections rotate");
+                if st.rope.positions() < t || st.rope.half != inv.len() {
+                    st.rope = RopeTable::new(inv, t);
+                }
+                rope_rows(&mut st.qkv[rq], self.heads, &st.rope, |r| r % t, false);
+                rope_rows(&mut st.qkv[rk], self.kv_heads, &st.rope, |r| r % t, false);
+            }
+        }
         attention_forward(&mut st.att, &mut st.probs, &st.qkv, s);
         self.c_proj.forward_partial(p, &st.att, part);
         if !keep_scores {
@@ -92,13 +175,13 @@ impl CausalSelfAttention {
         sc: &mut AttnScratch,
     ) {
         let (b, t) = st.bt;
-        let AttnScratch { datt, dqkv, probs } = sc;
+        let AttnScratch { datt, dqkv, probs, dx2 } = sc;
         let Grads { p, g, dw } = gr;
         let (p, g) = (*p, &mut **g);
         let n = b * t;
         let s = self.shape(b, t);
         ensure(datt, n * self.c);
-        ensure(dqkv, 3 * n * self.c);
+        ensure(dqkv, s.qkv_len());
         ensure(dx, x.len());
         let probs: &[f32] = if st.probs.is_empty() {
             // selective recompute: the attention core again (its output lands in `datt`, which
@@ -111,11 +194,29 @@ impl CausalSelfAttention {
         };
         self.c_proj.backward(p, g, &st.att, dout, datt, dw);
         attention_backward(dqkv, datt, &st.qkv, probs, s);
-        self.c_attn.backward(p, g, x, dqkv, dx, dw);
-        // The key bias adds q·b_k to every score of a row, which softmax ignores: its gradient
-        // is zero in exact arithmetic. Computed, it is rounding noise that Adam would scale up
-        // to a ±lr step of arbitrary sign, different for every summation order (micro-batches,
-        // data-parallel ranks); so it is set to its exact value.
-        self.c_attn.local.b.of_mut(g)[self.c..2 * self.c].fill(0.0);
+        match &self.qkv {
+            Qkv::Fused(c_attn) => {
+                c_attn.backward(p, g, x, dqkv, dx, dw);
+                // The key bias adds q·b_k to every score of a row, which softmax ignores: its
+                // gradient is zero in exact arithmetic. Computed, it is rounding noise that Adam
+                // would scale up to a ±lr step of arbitrary sign, different for every summation
+                // order (micro-batches, data-parallel ranks); so it is set to its exact value.
+                // (Not so under rotary positions, which turn the key bias differently at every
+                // position.)
+                c_attn.local.b.of_mut(g)[self.c..2 * self.c].fill(0.0);
+            }
+            Qkv::Separate { q, k, v } => {
+                let [rq, rk, rv] = self.blocks(n);
+                // the rotation's backward is the inverse rotation
+                rope_rows(&mut dqkv[rq.clone()], self.heads, &st.rope, |r| r % t, true);
+                rope_rows(&mut dqkv[rk.clone()], self.kv_heads, &st.rope, |r| r % t, true);
+                ensure(dx2, x.len());
+                q.backward(p, g, x, &dqkv[rq], dx, dw);
+                k.backward(p, g, x, &dqkv[rk], dx2, dw);
+                crate::tensor::elementwise::add_into(dx, dx2);
+                v.backward(p, g, x, &dqkv[rv], dx2, dw);
+                crate::tensor::elementwise::add_into(dx, dx2);
+            }
+        }
     }
 }

@@ -1,44 +1,75 @@
-//! GPT-2's feed-forward block: `c_proj(gelu(c_fc(x)))`, hidden width 4·C, split across a
-//! tensor-parallel group: `c_fc` column-parallel, `c_proj` row-parallel, so the GELU runs on
-//! each rank's block of the hidden units with no communication between the two.
+//! The feed-forward block, split across a tensor-parallel group: GPT-2's
+//! `c_proj(gelu(c_fc(x)))` (width 4·C) or the Llama family's SwiGLU
+//! `down_proj(silu(gate_proj(x)) ⊙ up_proj(x))`. The input projections are column-parallel
+//! and the output one row-parallel, so the activation runs on each rank's block of the hidden
+//! units with no communication between them.
 
 use super::{ensure, Grads};
 use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
-use crate::tensor::elementwise::{gelu_backward, gelu_forward};
+use crate::tensor::elementwise::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 
 #[derive(Clone, Debug)]
 pub struct Mlp {
+    /// GPT-2's `c_fc`, or SwiGLU's `up_proj`.
     pub c_fc: ColumnParallelLinear,
+    /// SwiGLU's `gate_proj` (none for GPT-2).
+    pub gate: Option<ColumnParallelLinear>,
+    /// GPT-2's `c_proj`, or SwiGLU's `down_proj`.
     pub c_proj: RowParallelLinear,
 }
 
 #[derive(Default)]
 pub struct MlpStash {
+    /// `c_fc` (or `up_proj`) output, the gate's, and the activation.
     pub fc: Vec<f32>,
+    pub gate: Vec<f32>,
     pub act: Vec<f32>,
+}
+
+impl MlpStash {
+    pub fn floats(&self) -> usize {
+        self.fc.len() + self.gate.len() + self.act.len()
+    }
 }
 
 impl Mlp {
     pub fn new(layout: &mut ParamLayout, prefix: &str, c: usize, tp: usize, (std, proj_std): (f32, f32)) -> Mlp {
         let c_fc = ColumnParallelLinear::new(layout, &format!("{prefix}.c_fc"), c, 4 * c, 1, tp, std);
         let c_proj = RowParallelLinear::new(layout, &format!("{prefix}.c_proj"), 4 * c, c, tp, proj_std);
-        Mlp { c_fc, c_proj }
+        Mlp { c_fc, gate: None, c_proj }
     }
 
-    /// `part = gelu(c_fc(x))·W_proj` on this rank's hidden units (no bias: added after `g`).
+    /// The Llama family's SwiGLU of hidden width `m`, weights stored `[out, in]` without biases.
+    pub fn swiglu(layout: &mut ParamLayout, prefix: &str, (c, m): (usize, usize), tp: usize, std: f32) -> Mlp {
+        let gate = ColumnParallelLinear::out_in(layout, &format!("{prefix}.gate_proj"), (c, m), tp, 1, std, false);
+        let c_fc = ColumnParallelLinear::out_in(layout, &format!("{prefix}.up_proj"), (c, m), tp, 1, std, false);
+        let c_proj = RowParallelLinear::out_in(layout, &format!("{prefix}.down_proj"), (m, c), tp, std, false);
+        Mlp { c_fc, gate: Some(gate), c_proj }
+    }
+
+    /// `part = act(x)·W_proj` on this rank's hidden units (no bias: added after `g`).
     pub fn forward(&self, p: &[f32], x: &[f32], st: &mut MlpStash, part: &mut Vec<f32>) {
         let n = x.len() / self.c_fc.local.d_in;
-        ensure(&mut st.fc, n * self.c_fc.local.d_out);
-        ensure(&mut st.act, n * self.c_fc.local.d_out);
+        let m = self.c_fc.local.d_out;
+        ensure(&mut st.fc, n * m);
+        ensure(&mut st.act, n * m);
         ensure(part, n * self.c_proj.d_out);
         self.c_fc.forward(p, x, &mut st.fc);
-        gelu_forward(&mut st.act, &st.fc);
+        match &self.gate {
+            None => gelu_forward(&mut st.act, &st.fc),
+            Some(gate) => {
+                ensure(&mut st.gate, n * m);
+                gate.forward(p, x, &mut st.gate);
+                swiglu_forward(&mut st.act, &st.gate, &st.fc);
+            }
+        }
         self.c_proj.forward_partial(p, &st.act, part);
     }
 
-    /// Overwrites `dx` with this rank's part of the input gradient; `dh` is scratch of the
-    /// local hidden width.
+    /// Overwrites `dx` with this rank's part of the input gradient; `dh`, `dup` and `dx2` are
+    /// scratch.
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         gr: &mut Grads,
@@ -47,13 +78,27 @@ impl Mlp {
         dout: &[f32],
         dx: &mut Vec<f32>,
         dh: &mut Vec<f32>,
+        (dup, dx2): (&mut Vec<f32>, &mut Vec<f32>),
     ) {
         let Grads { p, g, dw } = gr;
         let (p, g) = (*p, &mut **g);
         ensure(dh, st.act.len());
         ensure(dx, x.len());
         self.c_proj.backward(p, g, &st.act, dout, dh, dw);
-        gelu_backward(dh, &st.fc);
-        self.c_fc.backward(p, g, x, dh, dx, dw);
+        match &self.gate {
+            None => {
+                gelu_backward(dh, &st.fc);
+                self.c_fc.backward(p, g, x, dh, dx, dw);
+            }
+            Some(gate) => {
+                ensure(dup, st.act.len());
+                ensure(dx2, x.len());
+                // dh becomes the gate's gradient, dup the up projection's
+                swiglu_backward(dh, dup, &st.gate, &st.fc);
+                gate.backward(p, g, x, dh, dx, dw);
+                self.c_fc.backward(p, g, x, dup, dx2, dw);
+                crate::tensor::elementwise::add_into(dx, dx2);
+            }
+        }
     }
 }

@@ -6,13 +6,15 @@ pub mod attention;
 pub mod layernorm;
 pub mod linear;
 pub mod mlp;
+pub mod norm;
 pub mod tp;
 pub mod wgrad;
 
-pub use attention::{AttnScratch, AttnStash, CausalSelfAttention};
+pub use attention::{AttnScratch, AttnStash, CausalSelfAttention, Grouped, Qkv};
 pub use layernorm::{LayerNorm, LnStash};
 pub use linear::Linear;
 pub use mlp::{Mlp, MlpStash};
+pub use norm::{Norm, RmsNorm};
 pub use wgrad::{Deferred, Spare, WeightGrads};
 
 /// What a layer's backward reads and writes beside its activations: the unit's parameters,

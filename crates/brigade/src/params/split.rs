@@ -12,6 +12,10 @@ pub enum Split {
     Cols { parts: usize },
     /// The first dimension cut into equal blocks (row-parallel weights).
     Rows,
+    /// The first dimension cut into tp / `copies` equal blocks, each held by `copies`
+    /// consecutive ranks (key/value heads replicated when tp exceeds them, as Megatron-LM
+    /// does); the copies' gradients are summed over them.
+    Shared { copies: usize },
     /// The first dimension (the vocabulary) padded to a multiple of the group size, then cut
     /// into equal blocks, as Megatron pads it; the padded rows are zero and never read.
     Vocab,
@@ -30,6 +34,13 @@ impl Split {
             Split::Rows => {
                 assert!(s[0].is_multiple_of(tp), "{full:?} does not split into {tp} row blocks");
                 s[0] /= tp;
+            }
+            Split::Shared { copies } => {
+                assert!(
+                    tp.is_multiple_of(copies) && s[0].is_multiple_of(tp / copies),
+                    "{full:?} over {tp} ranks in {copies} copies"
+                );
+                s[0] /= tp / copies;
             }
             Split::Vocab => s[0] = s[0].div_ceil(tp),
         }
@@ -75,6 +86,10 @@ impl Split {
                 let n = total / tp;
                 copy(rank * n, 0, n);
             }
+            Split::Shared { copies } => {
+                let n = total / (tp / copies);
+                copy(rank / copies * n, 0, n);
+            }
             Split::Vocab => {
                 let cols: usize = shape[1..].iter().product();
                 let per = shape[0].div_ceil(tp);
@@ -106,6 +121,8 @@ mod tests {
             (Split::Cols { parts: 1 }, vec![4], 2, vec![vec![0., 1.], vec![2., 3.]]),
             (Split::Rows, vec![4, 2], 2, vec![vec![0., 1., 2., 3.], vec![4., 5., 6., 7.]]),
             (Split::Replicated, vec![3], 2, vec![vec![0., 1., 2.], vec![0., 1., 2.]]),
+            // 2 key/value heads of 2 rows over 4 ranks: ranks 0 and 1 hold head 0
+            (Split::Shared { copies: 2 }, vec![4, 1], 4, vec![vec![0., 1.], vec![0., 1.], vec![2., 3.], vec![2., 3.]]),
             // a vocabulary of 3 rows of width 2 over 2 ranks: padded to 4, the last row zero
             (Split::Vocab, vec![3, 2], 2, vec![vec![0., 1., 2., 3.], vec![4., 5., 0., 0.]]),
             // 5 rows over 4 ranks: 2 rows each, the last rank holds padding only

@@ -29,47 +29,93 @@ fn with_bufs<R>(f: impl FnOnce(&mut [Buf; 7]) -> R) -> R {
     r
 }
 
-/// Shapes of one attention call.
+/// Shapes of one attention call, and how q, k and v lie in their buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
     pub b: usize,
     pub t: usize,
-    pub c: usize,
+    /// Query heads, and key/value heads (grouped-query attention: each key/value head serves
+    /// `heads / kv_heads` consecutive query heads).
     pub heads: usize,
+    pub kv_heads: usize,
+    pub hd: usize,
+    /// GPT-2's fused rows `q | k | v` (`[b, t, 3C]`); else three blocks, `q [b·t, heads·hd]`
+    /// then `k` and `v` `[b·t, kv_heads·hd]` each (the Llama family's separate projections).
+    pub fused: bool,
 }
 
 impl AttnShape {
+    /// GPT-2's attention: `heads` heads of width c / heads, fused q | k | v rows.
+    pub fn fused(b: usize, t: usize, c: usize, heads: usize) -> AttnShape {
+        AttnShape { b, t, heads, kv_heads: heads, hd: c / heads, fused: true }
+    }
+
+    /// Grouped-query attention over separate q, k, v blocks.
+    pub fn grouped(b: usize, t: usize, heads: usize, kv_heads: usize, hd: usize) -> AttnShape {
+        assert!(kv_heads > 0 && heads.is_multiple_of(kv_heads), "{heads} query heads in groups of {kv_heads}");
+        AttnShape { b, t, heads, kv_heads, hd, fused: false }
+    }
+
     fn hd(&self) -> usize {
-        self.c / self.heads
+        self.hd
     }
     pub fn probs_len(&self) -> usize {
         self.b * self.heads * self.t * self.t
     }
+    /// Elements of the output (and of q).
+    pub fn out_len(&self) -> usize {
+        self.b * self.t * self.heads * self.hd
+    }
+    /// Elements of the q, k, v buffer.
+    pub fn qkv_len(&self) -> usize {
+        self.b * self.t * (self.heads + 2 * self.kv_heads) * self.hd
+    }
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
 }
 
-/// Where one head's q, k, v (in `qkv`) and output (in a `[b, t, C]` buffer) start, and their
-/// `t × hd` views.
+/// Where one head's q, k, v (in `qkv`) and output (in a `[b, t, heads·hd]` buffer) start,
+/// and their `t × hd` views.
 struct Head {
     q: usize,
     k: usize,
     v: usize,
     o: usize,
-    /// A `t × hd` view inside `qkv` (row stride 3C), and inside the output (row stride C).
-    in3: Mat,
+    /// `t × hd` views of q, of k and v (their row strides), and of the output.
+    qm: Mat,
+    kvm: Mat,
     out: Mat,
 }
 
 impl Head {
+    /// Query head `bh % heads` of sequence `bh / heads`, with its key/value head.
     fn new(s: &AttnShape, bh: usize) -> Head {
-        let (b, h, t, c, hd) = (bh / s.heads, bh % s.heads, s.t, s.c, s.hd());
-        let q = b * t * 3 * c + h * hd;
+        let (b, h, t, hd) = (bh / s.heads, bh % s.heads, s.t, s.hd());
+        let (qw, kvw, n) = (s.heads * hd, s.kv_heads * hd, s.b * s.t);
+        let kvh = h / s.group();
+        if s.fused {
+            let q = b * t * 3 * qw + h * hd;
+            let m = Mat::strided(t, hd, 3 * qw);
+            return Head {
+                q,
+                k: q + qw,
+                v: q + 2 * qw,
+                o: b * t * qw + h * hd,
+                qm: m,
+                kvm: m,
+                out: Mat::strided(t, hd, qw),
+            };
+        }
         Head {
-            q,
-            k: q + c,
-            v: q + 2 * c,
-            o: b * t * c + h * hd,
-            in3: Mat::strided(t, hd, 3 * c),
-            out: Mat::strided(t, hd, c),
+            q: b * t * qw + h * hd,
+            k: n * qw + b * t * kvw + kvh * hd,
+            v: n * (qw + kvw) + b * t * kvw + kvh * hd,
+            o: b * t * qw + h * hd,
+            qm: Mat::strided(t, hd, qw),
+            kvm: Mat::strided(t, hd, kvw),
+            out: Mat::strided(t, hd, qw),
         }
     }
 }
@@ -145,8 +191,9 @@ fn left_of_diagonal(
     }
 }
 
-/// `c[rows × hd] = alpha · a_panel · x[from..from + kc, ..]` with x packed by
-/// `strips_over_cols` (`t` deep): a panel of P or dS times v, k, dO or q. Overwritten.
+/// `c[rows × hd] (+)= alpha · a_panel · x[from..from + kc, ..]` with x packed by
+/// `strips_over_cols` (`t` deep): a panel of P or dS times v, k, dO or q. Overwritten, or
+/// added to with `beta`.
 ///
 /// # Safety
 /// The `rows × cm.cols` block at `c` (strides of `cm`) must be this task's alone to write.
@@ -160,29 +207,31 @@ unsafe fn times_head(
     t: usize,
     from: usize,
     kc: usize,
-    alpha: f32,
+    (alpha, beta): (f32, bool),
 ) {
     let hd = cm.cols;
     for (sd, d0) in (0..hd).step_by(NR).enumerate() {
         let strip = &x[(sd * t + from) * NR..][..kc * NR];
         // SAFETY: the caller vouches for the block; columns d0..d0 + 16 clipped to hd lie in it.
-        unsafe { kernel(kc, &a[..kc * MR], strip, c.add(d0), cm, rows, NR.min(hd - d0), alpha, false) };
+        unsafe { kernel(kc, &a[..kc * MR], strip, c.add(d0), cm, rows, NR.min(hd - d0), alpha, beta) };
     }
 }
 
-/// Writes `out[b,t,C]` and saves the attention probabilities `probs[b,h,t,t]` for backward.
+/// Writes `out[b, t, heads·hd]` and saves the attention probabilities `probs[b,h,t,t]` for
+/// backward.
 pub fn attention_forward(out: &mut [f32], probs: &mut [f32], qkv: &[f32], s: AttnShape) {
     let (t, hd) = (s.t, s.hd());
-    assert!(out.len() == s.b * t * s.c && qkv.len() == 3 * out.len() && probs.len() == s.probs_len());
+    assert!(out.len() == s.out_len() && qkv.len() == s.qkv_len() && probs.len() == s.probs_len());
     let scale = 1.0 / (hd as f32).sqrt();
     let outp = SendPtr(out.as_mut_ptr());
     let sq = Mat::rm(t, t);
+    let ow = s.heads * hd;
     probs.par_chunks_mut(t * t).enumerate().for_each(|(bh, p)| {
         let hv = Head::new(&s, bh);
         with_bufs(|[qb, kb, vb, pb, ..]| {
-            let q = panels(qb, qkv, hv.q, hv.in3);
-            let k = strips_over_rows(kb, qkv, hv.k, hv.in3);
-            let v = strips_over_cols(vb, qkv, hv.v, hv.in3);
+            let q = panels(qb, qkv, hv.q, hv.qm);
+            let k = strips_over_rows(kb, qkv, hv.k, hv.kvm);
+            let v = strips_over_cols(vb, qkv, hv.v, hv.kvm);
             let pp = pb.get(t * MR);
             for (pnl, i0) in (0..t).step_by(MR).enumerate() {
                 let rows = MR.min(t - i0);
@@ -198,62 +247,82 @@ pub fn attention_forward(out: &mut [f32], probs: &mut [f32], qkv: &[f32], s: Att
                 let pa = panel_of(pp, p, sq, i0, rows, 0, live);
                 // SAFETY: task (b, h) writes only rows of batch b, columns h·hd..(h+1)·hd of
                 // `out`; no two tasks share an element, and `out` outlives the parallel loop.
-                unsafe { times_head(outp.at(hv.o + i0 * s.c), hv.out, rows, pa, v, t, 0, live, 1.0) };
+                unsafe { times_head(outp.at(hv.o + i0 * ow), hv.out, rows, pa, v, t, 0, live, (1.0, false)) };
             }
         })
     });
 }
 
-/// From `dout[b,t,C]`, writes `dqkv[b,t,3C]` (overwritten, not accumulated).
+/// From `dout[b, t, heads·hd]`, writes `dqkv` (laid out as `qkv`; overwritten, not
+/// accumulated). One task per key/value head: its group's query heads in turn, their
+/// contributions to dk and dv summed in head order.
 pub fn attention_backward(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32], s: AttnShape) {
-    let (t, hd) = (s.t, s.hd());
-    assert!(dout.len() == s.b * t * s.c && qkv.len() == 3 * dout.len() && dqkv.len() == qkv.len());
+    let (t, hd, group) = (s.t, s.hd(), s.group());
+    assert!(dout.len() == s.out_len() && qkv.len() == s.qkv_len() && dqkv.len() == qkv.len());
+    assert_eq!(probs.len(), s.probs_len());
     let scale = 1.0 / (hd as f32).sqrt();
     let dp = SendPtr(dqkv.as_mut_ptr());
     let sq = Mat::rm(t, t);
-    probs.par_chunks(t * t).enumerate().for_each(|(bh, p)| {
-        let hv = Head::new(&s, bh);
+    let qrs = hv_rs(&s);
+    probs.par_chunks(group * t * t).enumerate().for_each(|(bk, pg)| {
         with_bufs(|[b0, b1, b2, b3, b4, b5, b6]| {
-            let doa = panels(b0, dout, hv.o, hv.out);
-            let vt = strips_over_rows(b1, qkv, hv.v, hv.in3);
-            let kd = strips_over_cols(b2, qkv, hv.k, hv.in3);
-            let qd = strips_over_cols(b3, qkv, hv.q, hv.in3);
-            let dod = strips_over_cols(b4, dout, hv.o, hv.out);
-            let pp = b5.get(t * MR);
-            // every element of a row of dS that pass 2 reads is written in pass 1
-            let ds = b6.get(t * t);
-            // Query rows, six at a time: dP = dO·vᵀ on the tiles left of the diagonal, the softmax
-            // backward dS = P ⊙ (dP − rowsum(dP ⊙ P)) (zero above the diagonal), dQ = dS·k·scale.
-            for (pnl, i0) in (0..t).step_by(MR).enumerate() {
-                let rows = MR.min(t - i0);
-                let live = i0 + rows;
-                let da = &doa[pnl * hd * MR..(pnl + 1) * hd * MR];
-                left_of_diagonal(&mut ds[i0 * t..], t, rows, live, da, vt, hd, 1.0);
-                for i in i0..live {
-                    let pr = &p[i * t..(i + 1) * t];
-                    let dr = &mut ds[i * t..(i + 1) * t];
-                    let dot = super::math::dot(&pr[..=i], &dr[..=i]);
-                    for j in 0..=i {
-                        dr[j] = pr[j] * (dr[j] - dot);
+            let first = Head::new(&s, bk * group);
+            let vt = strips_over_rows(b1, qkv, first.v, first.kvm);
+            let kd = strips_over_cols(b2, qkv, first.k, first.kvm);
+            for (j, p) in pg.chunks(t * t).enumerate() {
+                let hv = Head::new(&s, bk * group + j);
+                let doa = panels(b0, dout, hv.o, hv.out);
+                let qd = strips_over_cols(b3, qkv, hv.q, hv.qm);
+                let dod = strips_over_cols(b4, dout, hv.o, hv.out);
+                let pp = b5.get(t * MR);
+                // every element of a row of dS that pass 2 reads is written in pass 1
+                let ds = b6.get(t * t);
+                // Query rows, six at a time: dP = dO·vᵀ on the tiles left of the diagonal, the
+                // softmax backward dS = P ⊙ (dP − rowsum(dP ⊙ P)) (zero above the diagonal),
+                // dQ = dS·k·scale.
+                for (pnl, i0) in (0..t).step_by(MR).enumerate() {
+                    let rows = MR.min(t - i0);
+                    let live = i0 + rows;
+                    let da = &doa[pnl * hd * MR..(pnl + 1) * hd * MR];
+                    left_of_diagonal(&mut ds[i0 * t..], t, rows, live, da, vt, hd, 1.0);
+                    for i in i0..live {
+                        let pr = &p[i * t..(i + 1) * t];
+                        let dr = &mut ds[i * t..(i + 1) * t];
+                        let dot = super::math::dot(&pr[..=i], &dr[..=i]);
+                        for j in 0..=i {
+                            dr[j] = pr[j] * (dr[j] - dot);
+                        }
+                        dr[i + 1..].fill(0.0);
                     }
-                    dr[i + 1..].fill(0.0);
+                    let a = panel_of(pp, ds, sq, i0, rows, 0, live);
+                    // SAFETY: task (b, kv head) alone writes its query heads' q columns and its
+                    // key/value head's k and v columns of batch b.
+                    unsafe { times_head(dp.at(hv.q + i0 * qrs), hv.qm, rows, a, kd, t, 0, live, (scale, false)) };
                 }
-                let a = panel_of(pp, ds, sq, i0, rows, 0, live);
-                // SAFETY: task (b, h) alone writes its head's q, k and v columns of batch b.
-                unsafe { times_head(dp.at(hv.q + i0 * 3 * s.c), hv.in3, rows, a, kd, t, 0, live, scale) };
-            }
-            // Key rows, six at a time: they receive from query rows j0..t only (causal):
-            // dV = Pᵀ·dO, dK = dSᵀ·q·scale.
-            for j0 in (0..t).step_by(MR) {
-                let rows = MR.min(t - j0);
-                let kq = t - j0;
-                let a = panel_of(pp, p, sq.t(), j0, rows, j0, kq);
-                // SAFETY: as above.
-                unsafe { times_head(dp.at(hv.v + j0 * 3 * s.c), hv.in3, rows, a, dod, t, j0, kq, 1.0) };
-                let a = panel_of(pp, ds, sq.t(), j0, rows, j0, kq);
-                // SAFETY: as above.
-                unsafe { times_head(dp.at(hv.k + j0 * 3 * s.c), hv.in3, rows, a, qd, t, j0, kq, scale) };
+                // Key rows, six at a time: they receive from query rows j0..t only (causal):
+                // dV += Pᵀ·dO, dK += dSᵀ·q·scale, the group's first head overwriting.
+                let kvrs = hv.kvm.rs;
+                for j0 in (0..t).step_by(MR) {
+                    let rows = MR.min(t - j0);
+                    let kq = t - j0;
+                    let beta = j > 0;
+                    let a = panel_of(pp, p, sq.t(), j0, rows, j0, kq);
+                    // SAFETY: as above.
+                    unsafe { times_head(dp.at(hv.v + j0 * kvrs), hv.kvm, rows, a, dod, t, j0, kq, (1.0, beta)) };
+                    let a = panel_of(pp, ds, sq.t(), j0, rows, j0, kq);
+                    // SAFETY: as above.
+                    unsafe { times_head(dp.at(hv.k + j0 * kvrs), hv.kvm, rows, a, qd, t, j0, kq, (scale, beta)) };
+                }
             }
         })
     });
+}
+
+/// The row stride of q.
+fn hv_rs(s: &AttnShape) -> usize {
+    if s.fused {
+        3 * s.heads * s.hd
+    } else {
+        s.heads * s.hd
+    }
 }

@@ -50,6 +50,15 @@ pub fn residual_forward(out: &mut [f32], a: &[f32], b: &[f32]) {
 /// `out[i,:] = a[i,:] + (b[i,:] + bias)`: a residual add of a layer's output whose bias is
 /// added only now (after a row-parallel layer's partial outputs were summed).
 pub fn residual_bias_forward(out: &mut [f32], a: &[f32], b: &[f32], bias: &[f32]) {
+    if bias.is_empty() {
+        assert!(out.len() == a.len() && a.len() == b.len());
+        out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK))).for_each(|(o, (a, b))| {
+            for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+                *o = a + b;
+            }
+        });
+        return;
+    }
     let c = bias.len();
     assert!(out.len() == a.len() && a.len() == b.len() && out.len().is_multiple_of(c));
     out.par_chunks_mut(c).zip(a.par_chunks(c).zip(b.par_chunks(c))).with_min_len(super::ROW_CHUNK).for_each(
@@ -72,6 +81,48 @@ pub fn add_column_sums(acc: &mut [f32], rows: &[f32]) {
             for (x, &d) in a.iter_mut().zip(&row[blk * COLS..]) {
                 *x += d;
             }
+        }
+    });
+}
+
+/// SiLU, `x·σ(x)`.
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// SwiGLU's gate: `out = silu(gate) ⊙ up`.
+pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    assert!(out.len() == gate.len() && up.len() == gate.len());
+    out.par_chunks_mut(CHUNK).zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK))).for_each(|(o, (g, u))| {
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = silu(g) * u;
+        }
+    });
+}
+
+/// From `d = dout` (overwritten with `dgate`), writes `dup = dout ⊙ silu(gate)`; with
+/// `σ = σ(gate)`, `dgate = dout ⊙ up ⊙ σ·(1 + gate·(1 − σ))`.
+pub fn swiglu_backward(d: &mut [f32], dup: &mut [f32], gate: &[f32], up: &[f32]) {
+    assert!(d.len() == gate.len() && dup.len() == gate.len() && up.len() == gate.len());
+    d.par_chunks_mut(CHUNK)
+        .zip(dup.par_chunks_mut(CHUNK))
+        .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
+        .for_each(|((d, du), (g, u))| {
+            for (((d, du), &g), &u) in d.iter_mut().zip(du).zip(g).zip(u) {
+                let s = 1.0 / (1.0 + (-g).exp());
+                *du = *d * g * s;
+                *d *= u * s * (1.0 + g * (1.0 - s));
+            }
+        });
+}
+
+/// `acc += x`.
+pub fn add_into(acc: &mut [f32], x: &[f32]) {
+    assert_eq!(acc.len(), x.len());
+    acc.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(a, x)| {
+        for (a, &x) in a.iter_mut().zip(x) {
+            *a += x;
         }
     });
 }

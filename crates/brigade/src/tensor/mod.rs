@@ -12,6 +12,8 @@ pub mod loss;
 pub mod mat;
 pub mod math;
 pub mod matmul;
+pub mod rmsnorm;
+pub mod rope;
 pub mod rowwise;
 pub mod sgemm;
 

@@ -100,7 +100,16 @@ impl TrainConfig {
             n_embd: self.n_embd.unwrap_or(p.n_embd),
             block_size: self.block_size.unwrap_or(p.block_size),
             vocab_size: self.vocab_size.unwrap_or(p.vocab_size.max(data_vocab)),
+            arch: p.arch,
         };
+        let mut cfg = cfg;
+        if let crate::models::config::Arch::Llama(a) = &mut cfg.arch {
+            // a changed width or head count keeps the heads of hidden / heads
+            if self.n_embd.is_some() || self.n_head.is_some() {
+                a.head_dim = cfg.n_embd / cfg.n_head.max(1);
+                a.n_kv_head = a.n_kv_head.min(cfg.n_head);
+            }
+        }
         cfg.validate()?;
         if cfg.vocab_size < data_vocab {
             return Err(Error::Config(format!(

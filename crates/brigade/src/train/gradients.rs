@@ -9,11 +9,12 @@
 use super::metrics::{note, PipelineStats};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
+use crate::models::config::kv_copies;
 use crate::models::units::Whole;
 use crate::models::Gpt;
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::store::ShardStore;
-use crate::parallel::data::zero::{Shards, UnitReducer};
+use crate::parallel::data::zero::{Cut, Shards, UnitReducer};
 use crate::parallel::data::{self, BucketReducer, OnReady};
 use crate::parallel::pipeline::executor::{run_step, ChunkStores, MicroBatches, OnStore, Stage};
 use crate::parallel::pipeline::{Action, RankModel};
@@ -217,7 +218,9 @@ impl Trainer {
             UnitReducer::new(&self.shards, dp).finish(&self.grads, &mut self.gshard)?;
         }
         let g = if zero == 0 { &mut self.grads } else { &mut self.gshard };
-        tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, true))?;
+        tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, Cut::Replicated))?;
+        let copies = kv_copies(&self.parts.first().cfg, tp.size());
+        tp_state::sum_shared_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, Cut::Shared), copies)?;
         // the last stage's losses, to every stage
         let loss = data::sum_scalar(&self.mesh.pp, ran.loss)?;
         note(&mut self.timeline, &mut self.clock, "gradient reduction", "comm", step, (t0, Instant::now()));

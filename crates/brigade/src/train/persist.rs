@@ -54,9 +54,14 @@ impl Trainer {
             std::fs::write(&path, lines).map_err(|e| Error::io(&path, e))?;
             let title = format!("{} · {} steps", self.cfg.model, self.step);
             super::plot::loss_curve(&tmp.join(checkpoint::LOSS_PLOT_FILE), &self.losses, &title)?;
-            if let Tokenizer::Hf(_, src, _) = &self.tokenizer {
+            if let Tokenizer::Hf(_, src, _, sp) = &self.tokenizer {
                 let dst = tmp.join(TOKENIZER_FILE);
                 std::fs::copy(src, &dst).map_err(|e| Error::io(&dst, e))?;
+                // its special tokens and chat template, so that the directory loads alone
+                if let Some(cfg) = &sp.config {
+                    let dst = tmp.join(crate::models::tokenizer::TOKENIZER_CONFIG_FILE);
+                    std::fs::copy(cfg, &dst).map_err(|e| Error::io(&dst, e))?;
+                }
             }
             Ok(())
         })
@@ -70,7 +75,7 @@ impl Trainer {
                 Dataset::Addition(_) => None,
             },
             tokenizer: match &self.tokenizer {
-                Tokenizer::Hf(_, _, f) => Some(f.clone()),
+                Tokenizer::Hf(_, _, f, _) => Some(f.clone()),
                 Tokenizer::Bytes => None,
             },
         }

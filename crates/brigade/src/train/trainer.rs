@@ -10,9 +10,10 @@ use super::optimizer::{clip_factor, AdamW, LrSchedule};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
+use crate::models::config::kv_copies;
 use crate::models::{Activations, Gpt};
 use crate::nn::tp::{state as tp_state, Tp};
-use crate::parallel::data::zero::Shards;
+use crate::parallel::data::zero::{Cut, Shards};
 use crate::parallel::data::{self, DataParallel};
 use crate::parallel::pipeline::{Plan, RankModel};
 use crate::parallel::{Mesh, MeshShape};
@@ -147,10 +148,12 @@ impl Trainer {
         let tp = Tp::new(&self.mesh.tp, self.layout.sp);
         // every parameter once: the head's copy of the tied table left out
         let layout = &self.norm_layout;
-        let (cut, replicated) = (self.shards.compact_ranges(layout, false), self.shards.compact_ranges(layout, true));
+        let ranges = |which| self.shards.compact_ranges(layout, which);
+        let (cut, replicated, shared) = (ranges(Cut::Cut), ranges(Cut::Replicated), ranges(Cut::Shared));
+        let copies = kv_copies(&self.parts.first().cfg, tp.size());
         // the summed gradient this rank updates from: the whole one, or its ZeRO pieces
         let g = if self.dpc.zero == 0 { &mut self.grads } else { &mut self.gshard };
-        let sq = tp_state::grad_sq_norm(&tp, g, &cut, &replicated)?;
+        let sq = tp_state::grad_sq_norm(&tp, g, (&cut, &replicated), (&shared, copies))?;
         let sq = data::sum_sharded(&self.mesh.dp, sq, &self.dpc)?;
         // each stage holds its own layers
         let sq = data::sum_scalar(&self.mesh.pp, sq)?;

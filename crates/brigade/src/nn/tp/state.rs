@@ -23,13 +23,21 @@ pub fn gather_full(tp: &Comm, layout: &ParamLayout, local: &[f32]) -> Result<Vec
 /// The squared L2 norm of the full model's gradient from this rank's `g`, whose ranges `cut`
 /// hold parameters cut across the group and `replicated` parameters every rank holds: the cut
 /// ones' squares summed over the group, the replicated ones (equal on every rank) counted once.
-pub fn grad_sq_norm(tp: &Tp, g: &[f32], cut: &[Range<usize>], replicated: &[Range<usize>]) -> Result<f64> {
+/// `shared` ranges are held alike by each group of `copies` consecutive ranks: counted on the
+/// group's first.
+pub fn grad_sq_norm(
+    tp: &Tp,
+    g: &[f32],
+    (cut, replicated): (&[Range<usize>], &[Range<usize>]),
+    (shared, copies): (&[Range<usize>], usize),
+) -> Result<f64> {
     let sq = |rs: &[Range<usize>]| rs.iter().map(|r| crate::tensor::math::grad_sq_norm(&g[r.clone()])).sum::<f64>();
     if tp.size() == 1 {
-        return Ok(sq(cut) + sq(replicated));
+        return Ok(sq(cut) + sq(replicated) + sq(shared));
     }
     let replicated = if tp.rank() == 0 { sq(replicated) } else { 0.0 };
-    let mut v = [(sq(cut) + replicated) as f32];
+    let shared = if tp.rank().is_multiple_of(copies.max(1)) { sq(shared) } else { 0.0 };
+    let mut v = [(sq(cut) + replicated + shared) as f32];
     tp.all_reduce(&mut v, ReduceOp::Sum)?;
     Ok(v[0] as f64)
 }
@@ -48,6 +56,33 @@ pub fn sum_replicated_grads(tp: &Tp, g: &mut [f32], replicated: &[Range<usize>])
         let n = r.len();
         g[r.clone()].copy_from_slice(&buf[at..at + n]);
         at += n;
+    }
+    Ok(())
+}
+
+/// Key/value heads replicated over groups of `copies` consecutive ranks: each copy's gradient
+/// came from its own query heads only, so the group's copies are summed (in the `shared`
+/// ranges of `g`) and every copy takes the same step. One all-reduce over the whole group, each
+/// group's sum in its own slot.
+pub fn sum_shared_grads(tp: &Tp, g: &mut [f32], shared: &[Range<usize>], copies: usize) -> Result<()> {
+    if copies <= 1 || shared.is_empty() {
+        return Ok(());
+    }
+    let n: usize = shared.iter().map(|r| r.len()).sum();
+    let groups = tp.size() / copies;
+    let slot = tp.rank() / copies;
+    let mut buf = vec![0f32; groups * n];
+    let mut at = slot * n;
+    for r in shared {
+        buf[at..at + r.len()].copy_from_slice(&g[r.clone()]);
+        at += r.len();
+    }
+    tp.all_reduce(&mut buf, ReduceOp::Sum)
+        .map_err(|e| Error::Train(format!("summing the replicated key/value heads' gradients failed: {e}")))?;
+    let mut at = slot * n;
+    for r in shared {
+        g[r.clone()].copy_from_slice(&buf[at..at + r.len()]);
+        at += r.len();
     }
     Ok(())
 }

@@ -33,7 +33,7 @@ impl VocabShard {
     }
 }
 
-/// This rank's rows of `embedding(tokens) + positions`: each rank embeds the tokens of its
+/// This rank's rows of `embedding(tokens) + positions` (no positions when `wpe` is empty): each rank embeds the tokens of its
 /// block (zero rows for the others), `g` sums them, positions are added on this rank's rows.
 /// `part` and `rows` are scratch.
 pub fn embedding_forward(
@@ -48,7 +48,12 @@ pub fn embedding_forward(
     ensure(part, tokens.len() * c);
     token_embedding_forward(part, wte, tokens, sh.lo, c);
     let e = tp.exit(part, rows)?;
-    position_forward(out, e, wpe, tp.rows(tokens.len()).start, t, c);
+    if wpe.is_empty() {
+        // rotary models add no position table
+        out.copy_from_slice(e);
+    } else {
+        position_forward(out, e, wpe, tp.rows(tokens.len()).start, t, c);
+    }
     Ok(())
 }
 
@@ -62,7 +67,9 @@ pub fn embedding_backward(
     (t, c): (usize, usize),
     buf: &mut Vec<f32>,
 ) -> Result<()> {
-    position_backward(dwpe, drows, tp.rows(tokens.len()).start, t, c);
+    if !dwpe.is_empty() {
+        position_backward(dwpe, drows, tp.rows(tokens.len()).start, t, c);
+    }
     let d = tp.exit_backward(drows, buf)?;
     token_embedding_backward(dwte, d, tokens, sh.lo, c);
     Ok(())

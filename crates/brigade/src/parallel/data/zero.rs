@@ -64,10 +64,10 @@ impl Shards {
 
     /// Ranges of the compact buffer that hold parameters replicated across the tensor-parallel
     /// group (`replicated`) or cut across it.
-    pub fn compact_ranges(&self, layout: &ParamLayout, replicated: bool) -> Vec<Range<usize>> {
+    pub fn compact_ranges(&self, layout: &ParamLayout, which: Cut) -> Vec<Range<usize>> {
         let mut out = Vec::new();
         for (k, p) in self.pieces.iter().enumerate() {
-            for s in layout.specs.iter().filter(|s| (s.split == Split::Replicated) == replicated) {
+            for s in layout.specs.iter().filter(|s| Cut::of(s.split) == which) {
                 let (lo, hi) = (s.view.offset.max(p.start), (s.view.offset + s.view.len).min(p.end));
                 if lo < hi {
                     out.push(self.at[k] + lo - p.start..self.at[k] + hi - p.start);
@@ -88,6 +88,27 @@ impl Shards {
             }
         }
         Ok(())
+    }
+}
+
+/// How a tensor lies across the tensor-parallel group, as the gradient's norm and sums see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Each rank holds a different piece.
+    Cut,
+    /// Every rank holds all of it.
+    Replicated,
+    /// Groups of ranks hold the same piece (key/value heads replicated when tp exceeds them).
+    Shared,
+}
+
+impl Cut {
+    pub fn of(split: Split) -> Cut {
+        match split {
+            Split::Replicated => Cut::Replicated,
+            Split::Shared { .. } => Cut::Shared,
+            _ => Cut::Cut,
+        }
     }
 }
 

@@ -9,10 +9,11 @@ use std::ops::Range;
 
 /// Training FLOPs per token of each unit of `cfg` at sequence length `seq`: the embedding
 /// (a lookup, nearly free), each block (its matmuls and causal attention), and the last unit
-/// (the LM head's matmul over the vocabulary, LayerNorm and loss).
+/// (the LM head's matmul over the vocabulary — tied or not, the same FLOPs — the final norm and
+/// the loss).
 pub fn gpt_unit_costs(cfg: &GptConfig, seq: usize) -> Vec<f64> {
     let (c, v, t) = (cfg.n_embd as f64, cfg.vocab_size as f64, seq as f64);
-    let block = 6.0 * 12.0 * c * c + 6.0 * t * c;
+    let block = 6.0 * cfg.block_matrices() as f64 + 6.0 * t * cfg.q_width() as f64;
     let mut costs = vec![6.0 * c];
     costs.extend(std::iter::repeat_n(block, cfg.n_layer));
     costs.push(6.0 * v * c + 30.0 * c);

@@ -68,7 +68,8 @@ impl RankModel {
     /// last stage's copy for the LM head (`head: true`), if this rank holds it.
     pub fn table(&self, head: bool) -> Option<Range<usize>> {
         self.chunks.iter().zip(&self.spans).find_map(|(c, s)| {
-            let holds = if head { c.has_head && !c.has_embedding } else { c.has_embedding };
+            // an untied head (`lm_head`) is its own parameters: no copy of the table to keep
+            let holds = if head { c.has_head && !c.has_embedding && c.cfg.tied() } else { c.has_embedding };
             // the part's layers address the table from the start of its unit
             let at = s.start + c.units[c.table_unit].start + c.wte.offset;
             holds.then_some(at..at + c.wte.len)
@@ -89,6 +90,9 @@ impl RankModel {
     /// stage, over `pp`), so that both take the same step.
     pub fn tie_grads(&self, pp: &Comm, g: &mut [f32]) -> Result<()> {
         let err = |e| Error::Train(format!("summing the tied token table over the pipeline failed: {e}"));
+        if !self.first().cfg.tied() {
+            return Ok(());
+        }
         match (self.table(false), self.table(true)) {
             (Some(e), Some(h)) => {
                 let (lo, hi) = g.split_at_mut(h.start);

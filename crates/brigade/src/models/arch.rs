@@ -1,0 +1,301 @@
+//! What sets a Llama-family decoder (Llama 2/3, Qwen2/2.5, Mistral without a sliding window,
+//! SmolLM2, TinyLlama) apart from GPT-2: RMSNorm, rotary positions (optionally with Llama 3's
+//! frequency scaling), a SwiGLU MLP, grouped-query attention, biases on q/k/v only (Qwen2) and a
+//! tied or untied head — read from and written as a Hugging Face `config.json`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Which decoder family a config describes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub enum Arch {
+    /// Learned positions, LayerNorm, GELU MLP of width 4·C, fused biased q|k|v, tied head.
+    #[default]
+    Gpt2,
+    Llama(Llama),
+}
+
+/// Llama 3's `rope_scaling` (`rope_type: "llama3"`): long wavelengths divided by `factor`,
+/// short ones kept, those between interpolated.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Llama3Rope {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Llama {
+    /// Key/value heads (grouped-query attention: each serves n_head / n_kv_head query heads).
+    pub n_kv_head: usize,
+    /// Width of one head (need not be hidden / heads).
+    pub head_dim: usize,
+    /// The SwiGLU MLP's hidden width.
+    pub intermediate: usize,
+    pub rms_eps: f32,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<Llama3Rope>,
+    /// Whether the LM head is the token table (else `lm_head.weight`, its own parameters).
+    pub tied: bool,
+    /// Biases on q, k, v (Qwen2; Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// A bias on the output projection (Llama's `attention_bias`; Qwen2 has none).
+    pub o_bias: bool,
+}
+
+/// The refusal for a config key brigade does not implement.
+fn unsupported(key: &str, got: &Value, supported: &str) -> String {
+    format!("{key} = {got} is not supported; brigade implements {supported}")
+}
+
+fn uint(v: &Value, k: &str) -> Result<Option<usize>, String> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x.as_u64().map(|x| Some(x as usize)).ok_or_else(|| format!("'{k}' must be a whole number, got {x}")),
+    }
+}
+
+fn float(v: &Value, k: &str) -> Result<Option<f64>, String> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x.as_f64().map(Some).ok_or_else(|| format!("'{k}' must be a number, got {x}")),
+    }
+}
+
+fn need(v: &Value, k: &str) -> Result<usize, String> {
+    uint(v, k)?.ok_or_else(|| format!("missing integer field '{k}'; is this a Llama-family config?"))
+}
+
+/// The model families a `config.json` may name.
+pub const FAMILIES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM (and GPT2LMHeadModel)";
+
+/// Whether a `config.json` describes a Llama-family model (else GPT-2; anything else refused).
+pub fn is_llama_family(v: &Value) -> Result<bool, String> {
+    let ty = v.get("model_type").and_then(Value::as_str);
+    let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
+    match (ty, arch) {
+        (Some("llama" | "qwen2" | "mistral"), _) => Ok(true),
+        (Some("gpt2"), _) | (None, None | Some("GPT2LMHeadModel")) => Ok(false),
+        (None, Some("LlamaForCausalLM" | "Qwen2ForCausalLM" | "MistralForCausalLM")) => Ok(true),
+        (ty, arch) => Err(format!(
+            "model_type {:?} (architectures {:?}) is not supported; brigade loads {FAMILIES}",
+            ty.unwrap_or("none"),
+            arch.unwrap_or("none")
+        )),
+    }
+}
+
+/// (n_layer, n_head, n_embd, vocab_size, max positions, the family's own fields) from a Hugging
+/// Face `config.json` of the Llama family, in the Hub's form (`rope_theta`, `rope_scaling`) or
+/// transformers 5's (`rope_parameters`). Any value brigade does not implement is refused
+/// naming its key.
+pub fn parse_llama(v: &Value) -> Result<([usize; 5], Llama), String> {
+    let ty = v.get("model_type").and_then(Value::as_str).unwrap_or("llama");
+    let act = v.get("hidden_act").or_else(|| v.get("hidden_activation"));
+    if let Some(a) = act.filter(|a| a.as_str() != Some("silu")) {
+        return Err(unsupported("hidden_act", a, "\"silu\" (SwiGLU)"));
+    }
+    for k in ["num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok"] {
+        if let Some(x) = v.get(k).filter(|x| !x.is_null() && x.as_u64() != Some(0)) {
+            return Err(unsupported(k, x, "dense MLPs only (no mixture of experts)"));
+        }
+    }
+    let sliding = match ty {
+        "qwen2" => v.get("use_sliding_window").filter(|x| x.as_bool() == Some(true)),
+        _ => v.get("sliding_window").filter(|x| !x.is_null()),
+    };
+    if let Some(x) = sliding {
+        let key = if ty == "qwen2" { "use_sliding_window" } else { "sliding_window" };
+        return Err(unsupported(key, x, "full causal attention (no sliding window)"));
+    }
+    if let Some(x) = v.get("mlp_bias").filter(|x| x.as_bool() == Some(true)) {
+        return Err(unsupported("mlp_bias", x, "an MLP without biases"));
+    }
+    let (layers, heads, hidden) =
+        (need(v, "num_hidden_layers")?, need(v, "num_attention_heads")?, need(v, "hidden_size")?);
+    let kv = uint(v, "num_key_value_heads")?.unwrap_or(heads);
+    if kv == 0 || heads == 0 || !heads.is_multiple_of(kv) {
+        return Err(format!(
+            "num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv}): each key/value head serves a whole group of query heads"
+        ));
+    }
+    let head_dim = uint(v, "head_dim")?.unwrap_or(if hidden.is_multiple_of(heads) { hidden / heads } else { 0 });
+    if head_dim == 0 {
+        return Err(format!(
+            "hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and no head_dim is given"
+        ));
+    }
+    if !head_dim.is_multiple_of(2) {
+        return Err(format!("head_dim = {head_dim} is odd; rotary embeddings rotate pairs of a head's dimensions"));
+    }
+    // transformers 5 writes one `rope_parameters` object; the Hub's files `rope_theta` and
+    // `rope_scaling` (null, or an object naming its type)
+    let params = v.get("rope_parameters").filter(|x| !x.is_null());
+    let scaling = params.or_else(|| v.get("rope_scaling").filter(|x| !x.is_null()));
+    let key = if params.is_some() { "rope_parameters" } else { "rope_scaling" };
+    let theta = match params {
+        Some(p) => float(p, "rope_theta")?.or(float(v, "rope_theta")?),
+        None => float(v, "rope_theta")?,
+    }
+    .unwrap_or(10_000.0);
+    let rope_scaling = match scaling {
+        None => None,
+        Some(s) => {
+            let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
+            match kind {
+                "default" => None,
+                "llama3" => {
+                    let f = |k: &str| float(s, k)?.ok_or_else(|| format!("{key} of type llama3 lacks '{k}'"));
+                    let orig = uint(s, "original_max_position_embeddings")?
+                        .ok_or_else(|| format!("{key} of type llama3 lacks 'original_max_position_embeddings'"))?;
+                    let r = Llama3Rope {
+                        factor: f("factor")?,
+                        low_freq_factor: f("low_freq_factor")?,
+                        high_freq_factor: f("high_freq_factor")?,
+                        original_max_position_embeddings: orig,
+                    };
+                    if r.factor <= 0.0 || r.high_freq_factor <= r.low_freq_factor || orig == 0 {
+                        return Err(format!("{key}: llama3 scaling needs factor > 0, high_freq_factor > low_freq_factor and original_max_position_embeddings > 0"));
+                    }
+                    Some(r)
+                }
+                other => {
+                    return Err(unsupported(
+                        &format!("{key}.rope_type"),
+                        &Value::from(other),
+                        "\"default\" and \"llama3\" rotary embeddings",
+                    ))
+                }
+            }
+        }
+    };
+    let bias = v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false);
+    let arch = Llama {
+        n_kv_head: kv,
+        head_dim,
+        intermediate: need(v, "intermediate_size")?,
+        rms_eps: float(v, "rms_norm_eps")?.unwrap_or(1e-6) as f32,
+        rope_theta: theta,
+        rope_scaling,
+        tied: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+        // Qwen2's attention always has q/k/v biases and none on o_proj; Llama's
+        // `attention_bias` puts one on all four
+        qkv_bias: ty == "qwen2" || bias,
+        o_bias: ty != "qwen2" && bias,
+    };
+    let positions = uint(v, "max_position_embeddings")?.unwrap_or(2048);
+    Ok(([layers, heads, hidden, need(v, "vocab_size")?, positions], arch))
+}
+
+/// A Hugging Face `config.json` for a Llama-family model (Qwen2's class when it has q/k/v
+/// biases only, else Llama's), in the Hub's form, which transformers 4 and 5 both read.
+pub fn llama_json(shape: [usize; 5], a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Value {
+    let [layers, heads, hidden, vocab, positions] = shape;
+    let qwen = a.qkv_bias && !a.o_bias;
+    let scaling = a.rope_scaling.map(|r| {
+        serde_json::json!({
+            "rope_type": "llama3",
+            "factor": r.factor,
+            "low_freq_factor": r.low_freq_factor,
+            "high_freq_factor": r.high_freq_factor,
+            "original_max_position_embeddings": r.original_max_position_embeddings,
+        })
+    });
+    let mut v = serde_json::json!({
+        "model_type": if qwen { "qwen2" } else { "llama" },
+        "architectures": [if qwen { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+        "hidden_size": hidden,
+        "intermediate_size": a.intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": a.n_kv_head,
+        "head_dim": a.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": a.rms_eps,
+        "rope_theta": a.rope_theta,
+        "rope_scaling": scaling,
+        "max_position_embeddings": positions,
+        "vocab_size": vocab,
+        "tie_word_embeddings": a.tied,
+        "torch_dtype": "float32",
+        "bos_token_id": bos_eos.0,
+        "eos_token_id": bos_eos.1,
+    });
+    if qwen {
+        v["use_sliding_window"] = Value::Bool(false);
+    } else {
+        v["attention_bias"] = Value::Bool(a.o_bias);
+        v["mlp_bias"] = Value::Bool(false);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn llama3() -> Value {
+        json!({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            "max_position_embeddings": 256, "vocab_size": 99, "tie_word_embeddings": false,
+            "hidden_act": "silu"})
+    }
+
+    #[test]
+    fn hub_and_transformers5_forms_read_alike() {
+        let (shape, a) = parse_llama(&llama3()).unwrap();
+        assert_eq!(shape, [2, 8, 64, 99, 256]);
+        assert_eq!((a.n_kv_head, a.head_dim, a.intermediate, a.tied, a.qkv_bias), (2, 8, 160, false, false));
+        assert_eq!(a.rope_theta, 500000.0);
+        assert_eq!(a.rope_scaling.unwrap().factor, 8.0);
+        let mut v5 = llama3();
+        let o = v5.as_object_mut().unwrap();
+        let mut p = o.remove("rope_scaling").unwrap();
+        o.remove("rope_theta");
+        p["rope_theta"] = json!(500000.0);
+        o.insert("rope_parameters".into(), p);
+        assert_eq!(parse_llama(&v5).unwrap(), (shape, a));
+        // written back and read again: the same model
+        let back = llama_json(shape, &a, (None, None));
+        assert_eq!(parse_llama(&back).unwrap(), (shape, a));
+    }
+
+    #[test]
+    fn qwen2_has_qkv_biases_and_defaults_apply() {
+        let v = json!({"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 50, "tie_word_embeddings": true, "rope_theta": 1e6,
+            "sliding_window": 4096, "use_sliding_window": false, "rope_scaling": null});
+        let (_, a) = parse_llama(&v).unwrap();
+        assert!(a.qkv_bias && !a.o_bias && a.tied && a.rope_scaling.is_none());
+        assert_eq!((a.head_dim, a.rope_theta), (8, 1e6));
+        assert_eq!(parse_llama(&llama_json([1, 4, 32, 50, 2048], &a, (None, None))).unwrap().1, a);
+    }
+
+    #[test]
+    fn what_is_not_implemented_is_refused_naming_the_key() {
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("hidden_act", json!("gelu"), "hidden_act"),
+            ("num_local_experts", json!(8), "num_local_experts"),
+            ("sliding_window", json!(4096), "sliding_window"),
+            ("rope_scaling", json!({"rope_type": "yarn", "factor": 4.0}), "rope_scaling.rope_type"),
+            ("num_key_value_heads", json!(3), "num_key_value_heads"),
+            ("head_dim", json!(7), "head_dim"),
+            ("mlp_bias", json!(true), "mlp_bias"),
+        ];
+        for (k, val, named) in cases {
+            let mut v = llama3();
+            v[k] = val;
+            let e = parse_llama(&v).unwrap_err();
+            assert!(e.contains(named), "{k}: {e}");
+        }
+        let mut v = llama3();
+        v["model_type"] = json!("mixtral");
+        assert!(is_llama_family(&v).unwrap_err().contains("mixtral"));
+    }
+}
