@@ -2,7 +2,9 @@
 //! pipeline schedule, model chunks per rank, activation recompute, number of micro-batches and
 //! bucket size, the loss at every step and the final weights equal the single worker's on the
 //! same global batch (relative 1e-5), and a checkpoint saved under one layout resumes under
-//! another on the single worker's loss sequence.
+//! another on the single worker's loss sequence — for both decoder families: GPT-2, and the
+//! Llama family (RMSNorm, rotary grouped-query attention with 8 query heads on 2 key/value
+//! heads, so tp = 4 and 8 replicate each key/value head; SwiGLU; an untied head).
 
 use brigade::layout::{Layout, Recompute, Schedule as Kind};
 use brigade::parallel::data::DataParallel;
@@ -19,8 +21,9 @@ const STEPS: usize = 5;
 /// sign-like steps, so the final weights mostly measure how Adam amplifies the rounding of
 /// near-zero gradients (measured: 1e-5 even between micro-batch counts on one worker), not
 /// the layout.
-fn cfg(micro_batch: usize) -> TrainConfig {
+fn cfg(f: Family, micro_batch: usize) -> TrainConfig {
     TrainConfig {
+        model: f.preset().into(),
         steps: STEPS,
         batch: 16,
         micro_batch: Some(micro_batch),
@@ -31,6 +34,22 @@ fn cfg(micro_batch: usize) -> TrainConfig {
         lr: 1e-3,
         eval_every: 0,
         ..TrainConfig::default()
+    }
+}
+
+/// Which decoder family a run trains.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Family {
+    Gpt2,
+    Llama,
+}
+
+impl Family {
+    fn preset(self) -> &'static str {
+        match self {
+            Family::Gpt2 => "tiny",
+            Family::Llama => "llama-tiny",
+        }
     }
 }
 
@@ -46,8 +65,12 @@ fn norms(tr: &Trainer) -> Vec<(usize, f32)> {
     tr.history.iter().map(|s| (s.step, s.grad_norm)).collect()
 }
 
-fn single_worker() -> Run {
-    let mut tr = Trainer::new(cfg(16)).unwrap();
+fn single_worker(f: Family) -> Run {
+    let mut tr = Trainer::new(cfg(f, 16)).unwrap();
+    if f == Family::Llama {
+        let a = tr.model.cfg.llama().expect("the Llama family");
+        assert_eq!((tr.model.cfg.n_head, a.n_kv_head, a.tied), (8, 2, false), "GQA 8:2, untied head");
+    }
     while !tr.done() {
         tr.train_step().unwrap();
     }
@@ -87,13 +110,13 @@ impl Case {
 /// optionally saving to `to`; returns the losses and the full weights, after checking that
 /// every rank agrees: replicas hold the same slices, replicated parameters are bitwise equal
 /// across each tensor-parallel group, and every rank gathers the same full model.
-fn run(c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, until: usize) -> Run {
+fn run(f: Family, c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, until: usize) -> Run {
     let layout = c.layout();
     let out = brigade_comm::local::run(layout.world(), |world| {
         let mesh = Mesh::new(&world, MeshShape::of(&layout))?;
         let mut tr = match from {
             Some(dir) => Trainer::resume_on(dir, None, mesh, &layout)?,
-            None => Trainer::on_mesh(cfg(c.mb), mesh, &layout)?,
+            None => Trainer::on_mesh(cfg(f, c.mb), mesh, &layout)?,
         };
         tr.set_bucket_elems(c.bucket)?;
         // each rank runs on one thread, as a worker of a real run would
@@ -122,6 +145,14 @@ fn run(c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, un
             let first = s.view.of(&out[stage].2);
             assert_eq!(s.view.of(&o.2), first, "{c:?}: replicated {} differs on rank {r}", s.name);
         }
+        // a key/value head replicated over `copies` tp ranks: the copies stay bitwise equal
+        for s in &o.3.specs {
+            if let Split::Shared { copies } = s.split {
+                let first = r - r % c.tp + (r % c.tp) / copies * copies;
+                let want = s.view.of(&out[first].2);
+                assert_eq!(s.view.of(&o.2), want, "{c:?}: copy of {} on rank {r} differs from rank {first}'s", s.name);
+            }
+        }
         // the tied token table's two copies (first and last stage) stay equal
         if let (Some(head), Some(first)) = (o.3.specs.iter().rev().find(|s| s.name == "wte.weight"), out.first()) {
             let embedding = first.3.specs.iter().find(|s| s.name == "wte.weight").unwrap();
@@ -145,7 +176,8 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-60)).sqrt()
 }
 
-fn assert_equivalent(what: &str, got: &Run, want: &Run) {
+fn assert_equivalent(f: Family, what: &str, got: &Run, want: &Run) {
+    let what = &format!("{f:?} {what}");
     assert_eq!(got.losses.len(), want.losses.len(), "{what}: steps");
     for (s, (g, w)) in got.losses.iter().zip(&want.losses).enumerate() {
         let e = ((g - w) / w).abs();
@@ -165,7 +197,7 @@ fn assert_equivalent(what: &str, got: &Run, want: &Run) {
     // summation order: measured 1.3e-5 for h.5.ln_1.bias at dp=2 (no pipeline) with 8 layers,
     // while the model as a whole agrees to ~1e-7.
     let whole = rel(&got.weights, &want.weights);
-    let model = Trainer::new(cfg(16)).unwrap().model;
+    let model = Trainer::new(cfg(f, 16)).unwrap().model;
     let mut worst = (0f64, String::new());
     for spec in &model.layout.specs {
         let e = rel(spec.view.of(&got.weights), spec.view.of(&want.weights));
@@ -263,48 +295,64 @@ const PIPELINES: &[Case] = &[
     Case { dp: 1, pp: 1, tp: 1, zero: 1, sp: false, mb: 8, bucket: BIG, pipe: INTER },
 ];
 
+fn matrix_equals_the_single_worker(f: Family, cases: &[Case]) {
+    let want = single_worker(f);
+    for &c in cases {
+        let got = run(f, c, None, None, STEPS);
+        assert_equivalent(f, &format!("{c:?}"), &got, &want);
+    }
+}
+
 #[test]
 fn every_layout_equals_the_single_worker() {
-    let want = single_worker();
-    for &c in MATRIX {
-        let got = run(c, None, None, STEPS);
-        assert_equivalent(&format!("{c:?}"), &got, &want);
-    }
+    matrix_equals_the_single_worker(Family::Gpt2, MATRIX);
 }
 
 #[test]
 fn every_pipeline_equals_the_single_worker() {
-    let want = single_worker();
-    for &c in PIPELINES {
-        let got = run(c, None, None, STEPS);
-        assert_equivalent(&format!("{c:?}"), &got, &want);
-    }
+    matrix_equals_the_single_worker(Family::Gpt2, PIPELINES);
+}
+
+#[test]
+fn every_llama_layout_equals_the_single_worker() {
+    matrix_equals_the_single_worker(Family::Llama, MATRIX);
+}
+
+#[test]
+fn every_llama_pipeline_equals_the_single_worker() {
+    matrix_equals_the_single_worker(Family::Llama, PIPELINES);
 }
 
 /// Saves `from` at step `at`, then resumes the checkpoint under each of `to` and on the single
 /// worker: every one continues the single worker's run.
-fn resumes_under(from: Case, at: usize, to: &[Case]) {
-    let want = single_worker();
+fn resumes_under(f: Family, from: Case, at: usize, to: &[Case]) {
+    let want = single_worker(f);
     let d = tempfile::tempdir().unwrap();
     let ck = d.path().join("ck");
-    run(from, None, Some(&ck), at);
+    run(f, from, None, Some(&ck), at);
     for &to in to {
-        let got = run(to, Some(&ck), None, STEPS);
-        assert_equivalent(&format!("{from:?} → {to:?}"), &got, &want);
+        let got = run(f, to, Some(&ck), None, STEPS);
+        assert_equivalent(f, &format!("{from:?} → {to:?}"), &got, &want);
     }
     let mut tr = Trainer::resume(&ck, None).unwrap();
     while !tr.done() {
         tr.train_step().unwrap();
     }
     let got = Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr) };
-    assert_equivalent("→ single worker", &got, &want);
+    assert_equivalent(f, "→ single worker", &got, &want);
 }
 
 #[test]
-#[rustfmt::skip]
 fn a_checkpoint_resumes_under_another_layout() {
+    for f in [Family::Gpt2, Family::Llama] {
+        checkpoint_resumes_under_another_layout(f);
+    }
+}
+
+#[rustfmt::skip]
+fn checkpoint_resumes_under_another_layout(f: Family) {
     let from = Case { dp: 2, pp: 1, tp: 2, zero: 1, sp: true, mb: 2, bucket: SMALL, pipe: NONE };
-    resumes_under(from, 3, &[
+    resumes_under(f, from, 3, &[
         Case { dp: 1, pp: 1, tp: 4, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: NONE },
         Case { dp: 4, pp: 1, tp: 1, zero: 1, sp: false, mb: 2, bucket: SMALL, pipe: NONE },
         Case { dp: 2, pp: 1, tp: 2, zero: 1, sp: false, mb: 8, bucket: 7919, pipe: NONE },
@@ -316,10 +364,16 @@ fn a_checkpoint_resumes_under_another_layout() {
 }
 
 #[test]
-#[rustfmt::skip]
 fn a_pipeline_checkpoint_resumes_under_another_layout() {
+    for f in [Family::Gpt2, Family::Llama] {
+        pipeline_checkpoint_resumes_under_another_layout(f);
+    }
+}
+
+#[rustfmt::skip]
+fn pipeline_checkpoint_resumes_under_another_layout(f: Family) {
     let from = Case { dp: 1, pp: 4, tp: 2, zero: 1, sp: true, mb: 2, bucket: SMALL, pipe: F1B1 };
-    resumes_under(from, 2, &[
+    resumes_under(f, from, 2, &[
         Case { dp: 2, pp: 1, tp: 2, zero: 3, sp: false, mb: 4, bucket: BIG, pipe: NONE },
         Case { dp: 2, pp: 2, tp: 1, zero: 0, sp: false, mb: 1, bucket: SMALL, pipe: GPIPE_FULL },
         Case { dp: 1, pp: 8, tp: 1, zero: 1, sp: false, mb: 2, bucket: BIG, pipe: ZB },
@@ -337,29 +391,29 @@ fn build(layout: Layout, c: TrainConfig) -> Result<usize, String> {
 
 #[test]
 fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
-    let unset = TrainConfig { micro_batch: None, ..cfg(1) };
+    let unset = TrainConfig { micro_batch: None, ..cfg(Family::Gpt2, 1) };
     let shape = |dp, pp, tp| Layout { dp, pp, tp, ..Layout::default() };
     assert_eq!(build(shape(2, 1, 1), unset.clone()), Ok(8));
     assert_eq!(build(shape(4, 1, 1), unset.clone()), Ok(4));
     assert_eq!(build(shape(2, 1, 2), unset.clone()), Ok(8), "tp ranks share their data shard");
     let e = build(shape(3, 1, 1), unset.clone()).unwrap_err();
     assert!(e.contains("does not split into dp=3 shards"), "{e}");
-    let e = build(shape(2, 1, 1), TrainConfig { micro_batch: Some(3), ..cfg(1) }).unwrap_err();
+    let e = build(shape(2, 1, 1), TrainConfig { micro_batch: Some(3), ..cfg(Family::Gpt2, 1) }).unwrap_err();
     assert!(e.contains("multiple of micro_batch (3)"), "{e}");
     let e = build(shape(1, 1, 3), unset.clone()).unwrap_err();
     assert!(e.contains("tp=3 does not divide the model's 8 attention heads; use tp among 1, 2, 4, 8"), "{e}");
     assert_eq!(build(shape(1, 2, 1), unset.clone()), Ok(16), "a pipeline's micro-batch is the replica's share");
     // pipelines the model or the batch cannot take, each refused before any rank communicates
-    assert_eq!(build(shape(1, 10, 1), cfg(1)), Ok(1), "as many stages as units: one unit each");
-    let e = build(shape(1, 16, 1), cfg(1)).unwrap_err();
+    assert_eq!(build(shape(1, 10, 1), cfg(Family::Gpt2, 1)), Ok(1), "as many stages as units: one unit each");
+    let e = build(shape(1, 16, 1), cfg(Family::Gpt2, 1)).unwrap_err();
     assert!(e.contains("16 pipeline stages, but a model of 8 layers splits into only 10 units"), "{e}");
     let inter = |l: Layout, v| Layout { v, schedule: Kind::Interleaved, ..l };
-    let e = build(inter(shape(1, 4, 1), 4), cfg(1)).unwrap_err();
+    let e = build(inter(shape(1, 4, 1), 4), cfg(Family::Gpt2, 1)).unwrap_err();
     assert!(e.contains("pp=4 × v=4 = 16 pipeline stages"), "{e}");
-    let e = build(inter(shape(1, 4, 1), 2), cfg(8)).unwrap_err();
+    let e = build(inter(shape(1, 4, 1), 2), cfg(Family::Gpt2, 8)).unwrap_err();
     assert!(e.contains("needs a multiple of 4 micro-batches, not 2"), "{e}");
     let zb_v2 = Layout { schedule: Kind::ZeroBubble, v: 2, ..shape(1, 2, 1) };
-    let e = build(zb_v2, cfg(1)).unwrap_err();
+    let e = build(zb_v2, cfg(Family::Gpt2, 1)).unwrap_err();
     assert!(e.contains("v=2 model chunks per rank needs schedule=interleaved"), "{e}");
     let layout = |l: &str| Layout::parse(l).and_then(|l| l.check_training()).unwrap_err().to_string();
     assert!(layout("pp=2,schedule=pipedream").contains("expected gpipe, 1f1b, interleaved or zb"));
@@ -367,11 +421,18 @@ fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
     assert!(layout("pp=2,recompute=sometimes").contains("recompute"));
     // sequence parallelism cuts a micro-batch's 1 × 12 tokens into 8 blocks: it does not divide
     let sp = Layout { sp: true, ..shape(1, 1, 8) };
-    let e = build(sp, TrainConfig { micro_batch: Some(1), ..cfg(1) }).unwrap_err();
+    let e = build(sp, TrainConfig { micro_batch: Some(1), ..cfg(Family::Gpt2, 1) }).unwrap_err();
     assert!(e.contains("into tp=8 blocks of rows, which does not divide"), "{e}");
-    assert_eq!(build(sp, TrainConfig { micro_batch: Some(2), ..cfg(1) }), Ok(2));
+    assert_eq!(build(sp, TrainConfig { micro_batch: Some(2), ..cfg(Family::Gpt2, 1) }), Ok(2));
     let e = Layout::parse("dp=2,sp=1").and_then(|l| l.check_training()).unwrap_err().to_string();
     assert!(e.contains("has tp=1"), "{e}");
+    // the Llama family: 8 query heads on 2 key/value heads fit tp = 1, 2, 4, 8 (4 and 8 by
+    // replicating key/value heads); 3 fits neither way
+    let llama = TrainConfig { micro_batch: None, ..cfg(Family::Llama, 1) };
+    assert_eq!(build(shape(1, 1, 8), llama.clone()), Ok(16));
+    let e = build(shape(1, 1, 3), llama).unwrap_err();
+    assert!(e.contains("tp=3 does not divide the model's 8 query heads, 2 key/value heads"), "{e}");
+    assert!(e.contains("use tp among 1, 2, 4, 8"), "{e}");
     assert!(DataParallel { zero: 3, ..DataParallel::default() }.validate().is_ok());
     assert!(DataParallel { zero: 4, ..DataParallel::default() }.validate().is_err());
     assert!(DataParallel { bucket_elems: 0, ..DataParallel::default() }.validate().is_err());
