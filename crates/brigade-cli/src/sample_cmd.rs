@@ -28,6 +28,10 @@ pub struct SampleArgs {
     seed: u64,
     #[arg(long, default_value_t = crate::default_threads())]
     threads: usize,
+    /// Also write the logits of every prompt position, `[prompt tokens, vocab]`, as a float32
+    /// .npy file (to compare with another implementation).
+    #[arg(long)]
+    logits_out: Option<PathBuf>,
 }
 
 /// More than any context a model here attends to; bounds what one command can be asked to do.
@@ -108,6 +112,24 @@ pub fn run(a: SampleArgs) -> Result<()> {
         seed: a.seed,
         stop: None,
     };
+    if let Some(path) = &a.logits_out {
+        let t = ids.len().min(model.cfg.block_size);
+        let ctx = &ids[ids.len() - t..];
+        let mut acts = brigade::models::Activations::default();
+        brigade::with_threads(a.threads, || model.logits(&params, ctx, (1, t), &mut acts))?;
+        // written beside, then renamed: never half a file
+        let tmp = path.with_extension("npy.part");
+        let write = || -> std::io::Result<()> {
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            brigade::embed::npy::write(&mut f, &acts.logits, t, model.cfg.vocab_size)?;
+            std::io::Write::flush(&mut f)?;
+            std::fs::rename(&tmp, path)
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            bail!("cannot write --logits-out {}: {e}", path.display());
+        }
+    }
     let out = brigade::with_threads(a.threads, || generate(&model, &params, &[ids], &opt))?;
     outln!("{}{}", a.prompt, tok.decode(&out[0]));
     Ok(())

@@ -27,10 +27,16 @@ pub struct Served {
 impl Source {
     /// The model's shape, read without loading weights (to refuse a bad path at once).
     pub fn config(&self) -> Result<GptConfig> {
-        Ok(match self {
+        let cfg = match self {
             Source::Checkpoint(dir) => read_model_config(dir)?,
             Source::Preset(name) => GptConfig::preset(name)?,
-        })
+        };
+        if cfg.llama().is_some() {
+            bail!(
+                "this is a Llama-family model; brigade serve runs GPT-2 models so far (train, sample and plan take the Llama family)"
+            );
+        }
+        Ok(cfg)
     }
 
     /// The name `/v1/models` lists: the directory's name or the preset's.
@@ -45,6 +51,7 @@ impl Source {
     }
 
     pub fn load(&self) -> Result<Served> {
+        self.config()?;
         match self {
             Source::Preset(name) => {
                 let gpt = Gpt::new(GptConfig::preset(name)?)?;
