@@ -138,6 +138,8 @@ fn shape_unchecked(a: &PlanArgs) -> Result<ModelShape> {
         swiglu: a.swiglu,
         seq: need(a.seq, "--seq")?,
         vocab: need(a.vocab, "--vocab")?,
+        // a gated MLP is the Llama family's, which unties its head
+        tied: !a.swiglu,
     };
     if [m.hidden, m.heads, m.kv_heads].contains(&0) {
         bail!("model dimensions must be at least 1");
@@ -304,6 +306,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         return Ok(());
     }
     let (p_layer, p_embed) = brigade::plan::cost::params(&m);
+    let p_embed = p_embed + brigade::plan::cost::head_params(&m);
     outln!(
         "model: {} layers, hidden {}, {} heads ({} kv), ffn {}{}, seq {}, vocab {} — {:.2}B parameters",
         m.layers,

@@ -5,7 +5,7 @@ use brigade::plan::catalog::{accelerator, model, ModelShape};
 use brigade::plan::{estimate, memory_gib, search, step_flops, Training};
 
 fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
-    ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab }
+    ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab, tied: true }
 }
 
 #[test]
@@ -213,4 +213,25 @@ fn zero_bubble_leaves_a_third_of_the_1f1b_bubble_within_its_memory_bound() {
     assert!(memory_gib(&m, &t, &z) >= memory_gib(&m, &t, &l));
     let r = search(&m, &a, 64, &t, &Fixed::parse("tp=8,pp=4,schedule=zb").unwrap()).unwrap();
     assert!(r.iter().all(|e| e.layout.schedule == Schedule::ZeroBubble && e.layout.v == 1));
+}
+
+/// The planner's Llama 3 shapes are brigade's presets of them (the ones training builds), and
+/// brigade's other presets plan as they train: GQA, SwiGLU, tied or untied head.
+#[test]
+fn the_planner_uses_the_models_training_builds() {
+    for name in ["llama3-8b", "llama3-70b", "llama3-405b"] {
+        let cfg = brigade::models::GptConfig::preset(name).unwrap();
+        let mut want = ModelShape::of(&cfg, 0);
+        let got = model(name).unwrap();
+        want.seq = got.seq;
+        assert_eq!(got, want, "{name}");
+    }
+    let smol = model("smollm2-135m").unwrap();
+    assert_eq!((smol.heads, smol.kv_heads, smol.ffn, smol.swiglu, smol.tied), (9, 3, 1536, true, true));
+    // the untied head is its own parameters: the 8B model's 8.03B, counted by the planner
+    let m = model("llama3-8b").unwrap();
+    let (per_layer, embed) = brigade::plan::cost::params(&m);
+    let total = 32.0 * per_layer + embed + brigade::plan::cost::head_params(&m);
+    // the planner leaves out the norms' 2·L·h + h = 266,240 scales
+    assert_eq!(total, 8_030_261_248.0 - 266_240.0);
 }

@@ -17,13 +17,33 @@ pub struct ModelShape {
     pub swiglu: bool,
     pub seq: usize,
     pub vocab: usize,
+    /// Whether the LM head is the token table (else its own `vocab × hidden` parameters).
+    pub tied: bool,
+}
+
+impl ModelShape {
+    /// The shape of one of brigade's model configs (GPT-2 or the Llama family) at `seq`.
+    pub fn of(cfg: &crate::models::GptConfig, seq: usize) -> ModelShape {
+        ModelShape {
+            layers: cfg.n_layer,
+            hidden: cfg.n_embd,
+            heads: cfg.n_head,
+            kv_heads: cfg.kv_heads(),
+            ffn: cfg.mlp_width(),
+            swiglu: cfg.llama().is_some(),
+            seq,
+            vocab: cfg.vocab_size,
+            tied: cfg.tied(),
+        }
+    }
 }
 
 const fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
-    ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab }
+    ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab, tied: true }
 }
 
-/// A Llama-family decoder: `(heads, kv)` query and key/value heads, a SwiGLU MLP `ffn` wide.
+/// A Llama-family decoder: `(heads, kv)` query and key/value heads, a SwiGLU MLP `ffn` wide,
+/// an untied head (as Llama 2 and 3 have).
 const fn llama(
     layers: usize,
     (hidden, ffn): (usize, usize),
@@ -31,7 +51,7 @@ const fn llama(
     seq: usize,
     vocab: usize,
 ) -> ModelShape {
-    ModelShape { layers, hidden, heads, kv_heads: kv, ffn, swiglu: true, seq, vocab }
+    ModelShape { layers, hidden, heads, kv_heads: kv, ffn, swiglu: true, seq, vocab, tied: false }
 }
 
 pub const MODELS: &[(&str, ModelShape)] = &[
@@ -139,8 +159,16 @@ fn lookup<T: Copy>(table: &[(&str, T)], name: &str, what: &str) -> Result<T> {
     })
 }
 
+/// A model of the catalog, or one of brigade's presets (`smollm2-135m`, `qwen2.5-0.5b`,
+/// `llama3.2-1b`, …) at its own context length.
 pub fn model(name: &str) -> Result<ModelShape> {
-    lookup(MODELS, name, "model")
+    lookup(MODELS, name, "model").or_else(|e| {
+        let cfg = crate::models::GptConfig::preset(name).map_err(|_| {
+            let presets: Vec<&str> = crate::models::PRESETS.iter().map(|(n, _)| *n).collect();
+            Error::Config(format!("{e}; or a brigade preset: {}", presets.join(", ")))
+        })?;
+        Ok(ModelShape::of(&cfg, cfg.block_size.min(8192)))
+    })
 }
 
 pub fn accelerator(name: &str) -> Result<Accelerator> {

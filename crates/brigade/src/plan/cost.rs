@@ -111,7 +111,8 @@ pub fn layer_flops_per_token(m: &ModelShape) -> (f64, f64) {
     (lin, 4.0 * s * h)
 }
 
-/// Parameters: per layer, and the embedding (tied with the LM head).
+/// Parameters: per layer, and the embedding (the LM head's too when tied; an untied head is
+/// as many again, see `head_params`).
 pub fn params(m: &ModelShape) -> (f64, f64) {
     let (lin, _) = layer_flops_per_token(m);
     (lin / 2.0, (m.vocab * m.hidden) as f64)
@@ -120,6 +121,15 @@ pub fn params(m: &ModelShape) -> (f64, f64) {
 /// Training FLOPs of one step: (model FLOPs, hardware FLOPs incl. recomputation).
 /// For GPT shapes the first is 72·B·s·l·h²·(1 + s/6h + V/12lh) and, with full recomputation,
 /// the second is the Megatron-LM paper's 96·B·s·l·h²·(1 + s/6h + V/16lh).
+/// Parameters of an untied LM head (0 when tied to the embedding).
+pub fn head_params(m: &ModelShape) -> f64 {
+    if m.tied {
+        0.0
+    } else {
+        (m.vocab * m.hidden) as f64
+    }
+}
+
 pub fn step_flops(m: &ModelShape, batch: usize, rec: Recompute) -> (f64, f64) {
     let (lin, att) = layer_flops_per_token(m);
     let l = m.layers as f64;
@@ -223,7 +233,14 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
     // rank 0 runs the first stage (embedding), rank pp − 1 the last (the tied head's copy)
     let (first, last) = (r == 0, r == l.pp - 1);
     let tp = l.tp as f64;
-    let p = (lps * per_layer + if first || last { embed } else { 0.0 }) / tp;
+    // the last stage holds the head: the table's copy when tied, or lm_head; one stage holding
+    // both ends keeps one table when tied
+    let ends = match (first, last) {
+        (true, true) => embed + head_params(m),
+        (false, false) => 0.0,
+        _ => embed,
+    };
+    let p = (lps * per_layer + ends) / tp;
     let dp = l.dp as f64;
     // 16 bytes/param either way: mixed precision keeps bf16 weights and grads (2 + 2) and
     // fp32 master weights and moments (12); fp32 keeps weights and grads (4 + 4) and moments (8).
@@ -290,7 +307,7 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let p2p = if l.pp > 1 { 2.0 * l.v as f64 * micro * (ALPHA_S + act_bytes / tp / (pp_bw * 1e9)) } else { 0.0 };
     // Data parallel: gradients of this GPU's parameters, hidden behind the last backward.
     let (per_layer, embed) = params(m);
-    let p_gpu = (lps * per_layer + embed) / tp;
+    let p_gpu = (lps * per_layer + embed + head_params(m)) / tp;
     let dp_bw = if spans(l.tp, l.dp, gpn) { a.net_gbps } else { a.nvlink_gbps };
     let zero_factor = if l.zero >= 3 { 1.5 } else { 1.0 };
     let dp_time = zero_factor * all_reduce_time(l.dp, t.precision.bytes() * p_gpu, dp_bw, 2.0);
