@@ -4,7 +4,7 @@
 #![no_main]
 
 use brigade::models::Gpt;
-use brigade::train::checkpoint::{parse_model_config, tensors_from_bytes};
+use brigade::models::checkpoint::{parse_model_config, tensors_from_bytes};
 use brigade::train::state::RunState;
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;

@@ -95,6 +95,14 @@ pub fn run(a: SampleArgs) -> Result<()> {
     } else {
         Tokenizer::Bytes
     };
+    if matches!(tok, Tokenizer::Hf(..)) && tok.vocab_size() > model.cfg.vocab_size {
+        bail!(
+            "{} has {} tokens but the model only {}; use the tokenizer the model was trained with",
+            tok_path.display(),
+            tok.vocab_size(),
+            model.cfg.vocab_size
+        );
+    }
     let ids = tok.encode(&a.prompt)?;
     if ids.is_empty() {
         bail!("the prompt encodes to no tokens");

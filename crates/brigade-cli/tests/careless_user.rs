@@ -464,3 +464,49 @@ fn pipeline_schedules_print_as_charts_and_impossible_ones_are_refused() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains(" zb "), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// Hugging Face Llama-family folders from the CLI: a damaged config is refused with one line
+/// and exit 1, nothing written; a tokenizer larger than the model's vocabulary is refused; a
+/// good folder samples and writes its logits.
+#[test]
+fn llama_folders_sample_and_bad_ones_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/llama3_hf");
+    let hf = p.join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(f), hf.join(f)).unwrap();
+    }
+    let hf_s = hf.to_str().unwrap();
+    let logits = p.join("l.npy");
+    let args = |extra: &[&str]| {
+        let mut v = vec!["sample", "--checkpoint", hf_s, "--prompt", "!#", "--max-tokens", "3", "--threads", "1"];
+        v.extend_from_slice(extra);
+        v.iter().map(|s| s.to_string()).collect::<Vec<String>>()
+    };
+    let lo = logits.to_str().unwrap();
+    let good = args(&["--logits-out", lo]);
+    ok(&good.iter().map(String::as_str).collect::<Vec<_>>(), p);
+    // two bytes of prompt, byte tokens (the folder has no tokenizer): [2, 101] float32
+    assert_eq!(std::fs::metadata(&logits).unwrap().len(), 128 + 2 * 101 * 4);
+    std::fs::remove_file(&logits).unwrap();
+    let cfg = std::fs::read_to_string(hf.join("config.json")).unwrap();
+    std::fs::write(hf.join("config.json"), cfg.replace("\"silu\"", "\"gelu\"")).unwrap();
+    fails_with(&good.iter().map(String::as_str).collect::<Vec<_>>(), p, "hidden_act = \"gelu\" is not supported");
+    assert!(!logits.exists(), "nothing written on a refusal");
+    std::fs::write(hf.join("config.json"), &cfg).unwrap();
+    // the real Llama 3 tokenizer (128,256 tokens) beside a model of 101
+    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tokenizers/llama3/tokenizer.json");
+    if !tok.exists() {
+        assert!(std::env::var("BRIGADE_REQUIRE_SHARED").is_err(), "{} is required", tok.display());
+        println!("skipped the tokenizer check: {} is absent", tok.display());
+        return;
+    }
+    std::fs::copy(&tok, hf.join("tokenizer.json")).unwrap();
+    fails_with(
+        &args(&[]).iter().map(String::as_str).collect::<Vec<_>>(),
+        p,
+        "has 128256 tokens but the model only 101",
+    );
+}

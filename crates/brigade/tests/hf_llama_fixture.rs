@@ -86,3 +86,150 @@ fn matches_hugging_face_llama3() {
 fn matches_hugging_face_qwen2_sharded() {
     matches_hugging_face("tests/fixtures/qwen2_hf");
 }
+
+/// A copy of the Llama 3 fixture folder in a temporary directory, for damaging.
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(Path::new("tests/fixtures").join(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+    }
+    d
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+fn refusal(dir: &Path) -> String {
+    let Err(e) = load_model(dir) else { panic!("{dir:?} was accepted") };
+    let e = e.to_string();
+    assert!(!e.contains('\n'), "one line: {e}");
+    e
+}
+
+#[test]
+fn bad_llama_folders_are_refused_with_one_line() {
+    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+        ("sliding_window", serde_json::json!(64), "sliding_window = 64 is not supported"),
+        ("num_key_value_heads", serde_json::json!(3), "must be a multiple of num_key_value_heads (3)"),
+        ("hidden_act", serde_json::json!("gelu"), "hidden_act = \"gelu\" is not supported"),
+        ("rope_parameters", serde_json::json!({"rope_type": "yarn", "factor": 2.0}), "rope_parameters.rope_type"),
+        ("num_local_experts", serde_json::json!(8), "num_local_experts = 8"),
+        // head_dim × heads no longer the weights' shape: the tensor is named with both shapes
+        (
+            "head_dim",
+            serde_json::json!(8),
+            "model.layers.0.self_attn.q_proj.weight' has shape [128, 64], the model expects [64, 64]",
+        ),
+    ];
+    for (key, value, want) in cases {
+        let d = copy_fixture("llama3_hf");
+        edit_config(d.path(), |v| v[key] = value);
+        let e = refusal(d.path());
+        assert!(e.contains(want), "{key}: {e}");
+    }
+    // a missing weight, named
+    let d = copy_fixture("llama3_hf");
+    let bytes = std::fs::read(d.path().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::tensor::TensorView)> =
+        st.tensors().into_iter().filter(|(n, _)| n != "model.layers.1.mlp.up_proj.weight").collect();
+    safetensors::serialize_to_file(kept, None, &d.path().join("model.safetensors")).unwrap();
+    let e = refusal(d.path());
+    assert!(e.contains("'model.layers.1.mlp.up_proj.weight' is missing"), "{e}");
+    // an index naming a shard that is not there
+    let d = copy_fixture("qwen2_hf");
+    std::fs::remove_file(d.path().join("model-00003-of-00005.safetensors")).unwrap();
+    let e = refusal(d.path());
+    assert!(e.contains("names shard 'model-00003-of-00005.safetensors'") && e.contains("incomplete"), "{e}");
+}
+
+/// BF16 and F16 copies of the fixture's weights load converted to f32 (each value the f32
+/// nearest its 16-bit one, written out here), and a BF16 file cut short is refused.
+#[test]
+fn bf16_and_f16_weights_load_converted() {
+    let dir = Path::new("tests/fixtures/llama3_hf");
+    let (_, want) = load_model(dir).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    type Conv = fn(f32) -> (u16, f32);
+    // round to nearest even, and back
+    let bf16: Conv = |x| {
+        let b = x.to_bits();
+        let r = ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+        (r, f32::from_bits((r as u32) << 16))
+    };
+    let f16: Conv = |x| {
+        let h = half_bits(x);
+        (h, half_value(h))
+    };
+    for (dtype, conv) in [(safetensors::Dtype::BF16, bf16), (safetensors::Dtype::F16, f16)] {
+        let d = copy_fixture("llama3_hf");
+        let mut data: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
+        let mut rounded = Vec::new();
+        for (name, t) in st.tensors() {
+            let vals: Vec<f32> = t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let mut b = Vec::new();
+            for v in vals {
+                let (h, back) = conv(v);
+                b.extend_from_slice(&h.to_le_bytes());
+                rounded.push((name.clone(), back));
+            }
+            data.push((name, b, t.shape().to_vec()));
+        }
+        let views: Vec<(String, safetensors::tensor::TensorView)> = data
+            .iter()
+            .map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(dtype, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &d.path().join("model.safetensors")).unwrap();
+        let (model, got) = load_model(d.path()).unwrap();
+        let mut at = 0;
+        for (name, t) in st.tensors() {
+            let spec = model.layout.get(&name).unwrap();
+            let n = t.data().len() / 4;
+            let expect: Vec<f32> = rounded[at..at + n].iter().map(|r| r.1).collect();
+            assert_eq!(spec.view.of(&got), &expect[..], "{dtype:?} {name}");
+            at += n;
+        }
+        // and close to the f32 weights (16-bit rounding only)
+        let e = rel_err(&got, &want);
+        assert!(e > 0.0 && e < 1e-2, "{dtype:?}: {e}");
+        // cut short: refused with one line
+        let p = d.path().join("model.safetensors");
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 10]).unwrap();
+        let e = refusal(d.path());
+        assert!(e.contains("model.safetensors"), "{e}");
+    }
+}
+
+/// The value of IEEE half bits, from the definition (f64).
+fn half_value(h: u16) -> f32 {
+    let s = if h >> 15 == 1 { -1.0 } else { 1.0 };
+    let (e, m) = (((h >> 10) & 0x1f) as i32, (h & 0x3ff) as f64);
+    let v = if e == 0 { m * 2f64.powi(-24) } else { (1.0 + m / 1024.0) * 2f64.powi(e - 15) };
+    (s * v) as f32
+}
+
+/// f32 to IEEE half bits (round to nearest even; subnormals rounded to the nearest multiple of
+/// 2⁻²⁴), for the finite values of the fixture.
+fn half_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    if exp <= 0 {
+        return sign | (x.abs() as f64 * 2f64.powi(24)).round() as u16;
+    }
+    assert!(exp < 31, "{x} overflows f16");
+    let man = b & 0x7f_ffff;
+    let mut h = ((exp as u32) << 10) | (man >> 13);
+    let rest = man & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && h & 1 == 1) {
+        h += 1;
+    }
+    sign | h as u16
+}

@@ -57,7 +57,7 @@ pub const PRESETS: &[(&str, GptConfig)] = &[
     ("gpt2-medium", GptConfig { n_layer: 24, n_head: 16, n_embd: 1024, vocab_size: 50257, block_size: 1024, arch: Arch::Gpt2 }),
     ("gpt2-large", GptConfig { n_layer: 36, n_head: 20, n_embd: 1280, vocab_size: 50257, block_size: 1024, arch: Arch::Gpt2 }),
     ("gpt2-xl", GptConfig { n_layer: 48, n_head: 25, n_embd: 1600, vocab_size: 50257, block_size: 1024, arch: Arch::Gpt2 }),
-    // GQA 4:2 and an untied head: every part of the family in a model of 0.3M parameters
+    // GQA 4:2 and an untied head: every part of the family in a model of 0.43M parameters
     ("llama-tiny", llama([2, 4, 128, 256, 64], 2, 32, 352, (10_000.0, None), 1e-5, false, false)),
     // HuggingFaceTB/SmolLM2-135M
     ("smollm2-135m", llama([30, 9, 576, 49152, 8192], 3, 64, 1536, (100_000.0, None), 1e-5, true, false)),
