@@ -6,7 +6,8 @@ gradient and greedy continuations that PyTorch computes for them.
   hidden 64 (head_dim x heads != hidden), Llama 3 rope scaling (factor 8 over 32 original
   positions, so a 100-token prompt reaches every band), rope_theta 500000, untied head.
 - qwen2_hf: Qwen2ForCausalLM, q/k/v biases, tied head, rope_theta 1e6, GQA 3:1, saved as a
-  sharded checkpoint (model.safetensors.index.json).
+  sharded checkpoint (model.safetensors.index.json), and an RMSNorm epsilon of 0.05, large
+  enough that a misread epsilon shows in the logits (at 1e-6 it would not, beside 1e-4).
 
 brigade's test `hf_llama_fixture` loads the folders and must match logits and gradients to 1e-4
 relative and the continuations exactly.
@@ -76,7 +77,7 @@ torch.manual_seed(1)
 qwen = Qwen2Config(
     vocab_size=89, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
-    rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
+    rms_norm_eps=0.05, tie_word_embeddings=True, hidden_act="silu",
     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     use_sliding_window=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
 )

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Plants, one at a time, the bugs that a review found the suite blind to (issue 7), the
 # missing reductions of tensor and sequence parallelism (issue 8) and of the pipeline (issue 9),
-# and checks
+# and the Llama family's own (issue 22: grouped-query attention, rotary positions and their
+# scaling, RMSNorm, replicated key/value heads, Qwen2's biases), and checks
 # that `cargo test --release` now fails on each. Works on a copy of the tree (the checkout is
 # never modified); the copy builds in target/planted. Takes ~1–2 minutes per bug on 2 cores.
 #   scripts/planted_bugs.sh            all bugs
@@ -34,6 +35,14 @@ bugs=(
   "matmul kernel: only the last 256-deep block of the inner dimension kept@@crates/brigade/src/tensor/sgemm.rs@@s/let beta = accumulate \|\| pc > 0;/let beta = accumulate;/@@brigade"
   "matmul kernel: every panel packed from the first panel's rows@@crates/brigade/src/tensor/sgemm.rs@@s/let row = x.wrapping_add\(\(i0 \+ i\) \* rs \+ pc\);/let row = x.wrapping_add((i0 + i % W) * rs + pc);/@@brigade"
   "selective recompute: the backward reads the dropped scores@@crates/brigade/src/nn/attention.rs@@s/let probs: &\[f32\] = if st.probs.is_empty\(\) \{/let probs: \&[f32] = if false {/@@brigade"
+  "grouped-query attention: each query head's dk, dv overwrite the group's instead of adding@@crates/brigade/src/tensor/attention.rs@@s/let beta = j > 0;/let beta = false;/@@brigade"
+  "grouped-query attention: query heads read key/value heads round-robin, not by group@@crates/brigade/src/tensor/attention.rs@@s/let kvh = h \/ s.group\(\);/let kvh = h % s.kv_heads;/@@brigade"
+  "rotary backward: the gradient rotated forward again, not back@@crates/brigade/src/nn/attention.rs@@s/rope_rows\(&mut dqkv\[rq.clone\(\)\], self.heads, &st.rope, \|r\| r % t, true\);/rope_rows(\&mut dqkv[rq.clone()], self.heads, \&st.rope, |r| r % t, false);/@@brigade"
+  "Llama 3 rope scaling ignored@@crates/brigade/src/models/block.rs@@s/inv_freq\(a.head_dim, a.rope_theta, scaling\)/inv_freq(a.head_dim, a.rope_theta, scaling.filter(|_| false))/@@brigade"
+  "RMSNorm epsilon fixed at 1e-6@@crates/brigade/src/tensor/rmsnorm.rs@@s/\(ms \+ eps as f64\)/(ms + 1e-6)/@@brigade"
+  "replicated key/value heads: copies' gradients not summed@@crates/brigade/src/nn/tp/state.rs@@s/if copies <= 1 \|\| shared.is_empty\(\)/if true/@@brigade"
+  "replicated key/value heads: every copy counted in the gradient norm@@crates/brigade/src/nn/tp/state.rs@@s/let shared = if tp.rank\(\).is_multiple_of\(copies.max\(1\)\)/let shared = if true/@@brigade"
+  "Qwen2: no biases on q, k, v@@crates/brigade/src/models/arch.rs@@s/qkv_bias: ty == \"qwen2\" \|\| bias,/qkv_bias: bias,/@@brigade"
 )
 
 only=("$@")

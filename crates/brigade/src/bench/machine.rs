@@ -89,12 +89,32 @@ pub fn read_gbps(bytes: usize) -> f64 {
 pub fn measure(cfg: &GptConfig, batch: usize, seq: usize, tp: usize) -> Machine {
     let n = batch * seq;
     let c = cfg.n_embd;
-    let kinds = [
-        ("attn.c_attn", linear_parts_s(n, c, 3 * c / tp)),
-        ("attn.c_proj", linear_parts_s(n, c / tp, c)),
-        ("mlp.c_fc", linear_parts_s(n, c, 4 * c / tp)),
-        ("mlp.c_proj", linear_parts_s(n, 4 * c / tp, c)),
-    ];
+    // this rank's widths: its query heads, its key/value heads (replicated past tp = kv), its
+    // hidden units
+    let (hd, heads) = (cfg.head_dim(), cfg.n_head / tp);
+    let kv_heads = cfg.kv_heads() * crate::models::config::kv_copies(cfg, tp) / tp;
+    let (q, kv, m) = (heads * hd, kv_heads * hd, cfg.mlp_width() / tp);
+    let kinds: Vec<(&str, [f64; 3])> = match cfg.llama() {
+        None => vec![
+            ("attn.c_attn", linear_parts_s(n, c, 3 * c / tp)),
+            ("attn.c_proj", linear_parts_s(n, c / tp, c)),
+            ("mlp.c_fc", linear_parts_s(n, c, 4 * c / tp)),
+            ("mlp.c_proj", linear_parts_s(n, 4 * c / tp, c)),
+        ],
+        Some(_) => {
+            let kvp = linear_parts_s(n, c, kv);
+            let gate = linear_parts_s(n, c, m);
+            vec![
+                ("self_attn.q_proj", linear_parts_s(n, c, q)),
+                ("self_attn.k_proj", kvp),
+                ("self_attn.v_proj", kvp),
+                ("self_attn.o_proj", linear_parts_s(n, q, c)),
+                ("mlp.gate_proj", gate),
+                ("mlp.up_proj", gate),
+                ("mlp.down_proj", linear_parts_s(n, m, c)),
+            ]
+        }
+    };
     let mut block_matmul_s = [0.0; 3];
     for (_, parts) in &kinds {
         block_matmul_s.iter_mut().zip(parts).for_each(|(a, b)| *a += b);
@@ -115,7 +135,10 @@ pub fn measure(cfg: &GptConfig, batch: usize, seq: usize, tp: usize) -> Machine 
     ];
     matmul_s.push(("lm_head".to_string(), head_matmul_s.iter().sum()));
     drop((logits, dwte));
-    let s = AttnShape::fused(batch, seq, c / tp, cfg.n_head / tp);
+    let s = match cfg.llama() {
+        None => AttnShape::fused(batch, seq, c / tp, heads),
+        Some(_) => AttnShape::grouped(batch, seq, heads, kv_heads, hd),
+    };
     let qkv = vec![0.1f32; s.qkv_len()];
     let mut out = vec![0f32; s.out_len()];
     let mut probs = vec![0f32; s.probs_len()];
