@@ -68,7 +68,7 @@ for i in "${!bugs[@]}"; do
     echo "bug $n ($name): NOT caught — the tests passed"
     failed=1
   else
-    caught=$(grep -E "^test .* FAILED$|^    [a-z_:]+$" "$work/log" | sed 's/^test //; s/ \.\.\. FAILED//; s/^ *//' | sort -u | tr '\n' ' ')
+    caught=$(grep -E "^test .* FAILED$|^    [a-z0-9_:]+$" "$work/log" | sed 's/^test //; s/ \.\.\. FAILED//; s/^ *//' | sort -u | tr '\n' ' ')
     echo "bug $n ($name): caught by ${caught:-a failing build}"
   fi
 done

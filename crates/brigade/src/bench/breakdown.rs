@@ -32,7 +32,8 @@ fn row(kernel: impl Into<String>, calls: usize, once: f64, work: f64, unit: &'st
     KernelRow { kernel: kernel.into(), calls, seconds: calls as f64 * once, rate: work / once / 1e9, unit }
 }
 
-/// The three products of an `n × d_in → d_out` layer: forward, weight gradient, input gradient.
+/// The three products of an `n × d_in → d_out` layer: forward, weight gradient, input gradient,
+/// with the weight stored `[in, out]` (GPT-2's Conv1D).
 fn linear_rows(name: &str, calls: usize, n: usize, d_in: usize, d_out: usize) -> Vec<KernelRow> {
     let x = vec![0.5f32; n * d_in];
     let w = vec![0.25f32; d_in * d_out];
@@ -66,14 +67,79 @@ fn linear_rows(name: &str, calls: usize, n: usize, d_in: usize, d_out: usize) ->
     ]
 }
 
+/// The same with the weight stored `[out, in]` (`torch.nn.Linear`, the Llama family).
+fn linear_rows_out_in(name: &str, calls: usize, n: usize, d_in: usize, d_out: usize) -> Vec<KernelRow> {
+    let x = vec![0.5f32; n * d_in];
+    let w = vec![0.25f32; d_in * d_out];
+    let mut y = vec![0f32; n * d_out];
+    let mut dw = vec![0f32; d_in * d_out];
+    let mut dx = vec![0f32; n * d_in];
+    let flops = 2.0 * (n * d_in * d_out) as f64;
+    let fwd = time_it(|| matmul(&mut y, &x, &w, n, d_in, d_out, false, true, false));
+    let wgrad = time_it(|| matmul(&mut dw, &y, &x, d_out, n, d_in, true, false, true));
+    let dgrad = time_it(|| matmul(&mut dx, &y, &w, n, d_out, d_in, false, false, false));
+    vec![
+        row(format!("{name} forward [{n}×{d_in}]·[{d_out}×{d_in}]ᵀ"), calls, fwd, flops, "GFLOP/s"),
+        row(format!("{name} weight grad (dyᵀ·x)"), calls, wgrad, flops, "GFLOP/s"),
+        row(format!("{name} input grad (dy·W)"), calls, dgrad, flops, "GFLOP/s"),
+    ]
+}
+
+/// The Llama family's own memory-bound kernels: RMSNorm, the rotation, SwiGLU.
+fn llama_rows(cfg: &GptConfig, n: usize, seq: usize) -> Vec<KernelRow> {
+    use crate::tensor::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
+    use crate::tensor::rope::{inv_freq, rope_rows, RopeTable};
+    let (c, l, m) = (cfg.n_embd, cfg.n_layer, cfg.mlp_width());
+    let mut rows = Vec::new();
+    let x: Vec<f32> = (0..n * c).map(|i| (i % 17) as f32 * 0.1).collect();
+    let w = vec![1f32; c];
+    let (mut out, mut rstd, mut dx, mut dw) = (vec![0f32; n * c], vec![0f32; n], vec![0f32; n * c], vec![0f32; c]);
+    let bytes = 4.0 * (n * c) as f64;
+    let f = time_it(|| rmsnorm_forward(&mut out, &mut rstd, &x, &w, c, 1e-5));
+    rows.push(row("RMSNorm forward", 2 * l + 1, f, 2.0 * bytes, "GB/s"));
+    let b = time_it(|| rmsnorm_backward(&mut dx, &mut dw, &x, &x, &rstd, &w, c));
+    rows.push(row("RMSNorm backward", 2 * l + 1, b, 4.0 * bytes, "GB/s"));
+    let tab = RopeTable::new(&inv_freq(cfg.head_dim(), 10_000.0, None), seq);
+    let mut q = vec![0.5f32; n * cfg.q_width()];
+    let mut k = vec![0.5f32; n * cfg.kv_width()];
+    let qk = 4.0 * (q.len() + k.len()) as f64;
+    let r = time_it(|| {
+        rope_rows(&mut q, cfg.n_head, &tab, |r| r % seq, false);
+        rope_rows(&mut k, cfg.kv_heads(), &tab, |r| r % seq, false);
+    });
+    rows.push(row("rotary q, k (forward; the backward alike)", 2 * l, r, 2.0 * qk, "GB/s"));
+    let gate: Vec<f32> = (0..n * m).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
+    let (mut act, mut dup) = (vec![0f32; n * m], vec![0f32; n * m]);
+    let mb = 4.0 * (n * m) as f64;
+    let f = time_it(|| crate::tensor::elementwise::swiglu_forward(&mut act, &gate, &gate));
+    rows.push(row("SwiGLU forward", l, f, 3.0 * mb, "GB/s"));
+    let b = time_it(|| crate::tensor::elementwise::swiglu_backward(&mut act, &mut dup, &gate, &gate));
+    rows.push(row("SwiGLU backward", l, b, 5.0 * mb, "GB/s"));
+    let res = time_it(|| residual_bias_forward(&mut out, &x, &dx, &[]));
+    rows.push(row("residual", 2 * l, res, 3.0 * bytes, "GB/s"));
+    let add = time_it(|| crate::tensor::elementwise::add_into(&mut dx, &x));
+    rows.push(row("input gradients added (k, v, up)", 3 * l, add, 3.0 * bytes, "GB/s"));
+    rows
+}
+
 /// Every kernel of a training step of `cfg` at `batch × seq`, on the current pool.
 pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
     let (n, c, v, l) = (batch * seq, cfg.n_embd, cfg.vocab_size, cfg.n_layer);
     let mut rows = Vec::new();
-    rows.extend(linear_rows("attn.c_attn", l, n, c, 3 * c));
-    rows.extend(linear_rows("attn.c_proj", l, n, c, c));
-    rows.extend(linear_rows("mlp.c_fc", l, n, c, 4 * c));
-    rows.extend(linear_rows("mlp.c_proj", l, n, 4 * c, c));
+    if cfg.llama().is_some() {
+        let (q, kv, m) = (cfg.q_width(), cfg.kv_width(), cfg.mlp_width());
+        rows.extend(linear_rows_out_in("self_attn.q_proj", l, n, c, q));
+        rows.extend(linear_rows_out_in("self_attn.k_proj + v_proj", 2 * l, n, c, kv));
+        rows.extend(linear_rows_out_in("self_attn.o_proj", l, n, q, c));
+        rows.extend(linear_rows_out_in("mlp.gate_proj + up_proj", 2 * l, n, c, m));
+        rows.extend(linear_rows_out_in("mlp.down_proj", l, n, m, c));
+        rows.extend(llama_rows(cfg, n, seq));
+    } else {
+        rows.extend(linear_rows("attn.c_attn", l, n, c, 3 * c));
+        rows.extend(linear_rows("attn.c_proj", l, n, c, c));
+        rows.extend(linear_rows("mlp.c_fc", l, n, c, 4 * c));
+        rows.extend(linear_rows("mlp.c_proj", l, n, 4 * c, c));
+    }
     // the tied LM head: logits = h·wteᵀ, dwte += dlogitsᵀ·h, dh = dlogits·wte
     {
         let h = vec![0.5f32; n * c];
@@ -100,20 +166,23 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
         let b = time_it(|| cross_entropy_backward(&mut dl, &lse, &targets, VocabWindow::whole(v), 1.0 / n as f32));
         rows.push(row("cross-entropy backward", 1, b, 2.0 * bytes, "GB/s"));
     }
-    let s = AttnShape::fused(batch, seq, c, cfg.n_head);
+    let s = match cfg.llama() {
+        None => AttnShape::fused(batch, seq, c, cfg.n_head),
+        Some(_) => AttnShape::grouped(batch, seq, cfg.n_head, cfg.kv_heads(), cfg.head_dim()),
+    };
     {
-        let qkv = vec![0.1f32; 3 * n * c];
-        let mut out = vec![0f32; n * c];
+        let qkv = vec![0.1f32; s.qkv_len()];
+        let mut out = vec![0f32; s.out_len()];
         let mut probs = vec![0f32; s.probs_len()];
-        let mut dqkv = vec![0f32; 3 * n * c];
+        let mut dqkv = vec![0f32; s.qkv_len()];
         // q·kᵀ and p·v over the causal half of the t×t square
-        let flops = 2.0 * (batch * seq * seq * c) as f64;
+        let flops = 2.0 * (batch * seq * seq * cfg.q_width()) as f64;
         let f = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s));
         rows.push(row("attention forward (causal)", l, f, flops, "GFLOP/s"));
         let b = time_it(|| attention_backward(&mut dqkv, &out, &qkv, &probs, s));
         rows.push(row("attention backward", l, b, 2.0 * flops, "GFLOP/s"));
     }
-    {
+    if cfg.llama().is_none() {
         let mut layout = ParamLayout::default();
         let ln = LayerNorm::new(&mut layout, "ln", c);
         let p = layout.init(0);
@@ -131,7 +200,7 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
         let r = time_it(|| residual_bias_forward(&mut out, &x, &dx, &bias));
         rows.push(row("residual + bias", 2 * l, r, 3.0 * bytes, "GB/s"));
     }
-    {
+    if cfg.llama().is_none() {
         let x: Vec<f32> = (0..4 * n * c).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
         let mut out = vec![0f32; 4 * n * c];
         let bytes = 4.0 * (4 * n * c) as f64;

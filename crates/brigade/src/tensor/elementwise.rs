@@ -85,10 +85,16 @@ pub fn add_column_sums(acc: &mut [f32], rows: &[f32]) {
     });
 }
 
+/// σ(x) through the vectorising `exp` (libm's `expf` keeps the loop scalar).
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + super::math::exp(-x))
+}
+
 /// SiLU, `x·σ(x)`.
-#[inline]
+#[inline(always)]
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x * sigmoid(x)
 }
 
 /// SwiGLU's gate: `out = silu(gate) ⊙ up`.
@@ -110,7 +116,7 @@ pub fn swiglu_backward(d: &mut [f32], dup: &mut [f32], gate: &[f32], up: &[f32])
         .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
         .for_each(|((d, du), (g, u))| {
             for (((d, du), &g), &u) in d.iter_mut().zip(du).zip(g).zip(u) {
-                let s = 1.0 / (1.0 + (-g).exp());
+                let s = sigmoid(g);
                 *du = *d * g * s;
                 *d *= u * s * (1.0 + g * (1.0 - s));
             }
