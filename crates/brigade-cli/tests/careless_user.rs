@@ -230,6 +230,11 @@ fn settings_are_checked() {
         ("lr = 0.001\nmin_lr = 0.01\n", "min_lr must be between 0 and lr"),
         ("[adamw]\nbeta3 = 0.5\n", "beta3"),
         ("steps = 10\nbatch = \"many\"\n", "line 2, column 9"),
+        ("n_kv_head = 2\n", "n_kv_head and intermediate_size set the Llama family's shape; tiny is a GPT-2 preset"),
+        (
+            "model = \"llama-tiny\"\nn_kv_head = 3\n",
+            "num_attention_heads (4) must be a multiple of num_key_value_heads (3)",
+        ),
     ];
     for (i, (toml, needle)) in cases.iter().enumerate() {
         let f = format!("c{i}.toml");

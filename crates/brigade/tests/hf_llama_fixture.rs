@@ -233,3 +233,31 @@ fn half_bits(x: f32) -> u16 {
     }
     sign | h as u16
 }
+
+/// Published models' `config.json` (Hub form, tests/fixtures/hub_configs) read as the presets
+/// of the same shape; and the keys that would change the model's function beyond what brigade
+/// implements (interleaved rotary pairs, multimodal rope) are refused.
+#[test]
+fn hub_configs_read_as_the_presets() {
+    use brigade::models::checkpoint::parse_model_config;
+    use brigade::models::GptConfig;
+    let dir = Path::new("tests/fixtures/hub_configs");
+    for (file, preset) in [
+        ("Llama-3.2-1B.json", "llama3.2-1b"),
+        ("Qwen2.5-0.5B.json", "qwen2.5-0.5b"),
+        ("SmolLM2-135M.json", "smollm2-135m"),
+    ] {
+        let p = dir.join(file);
+        let text = std::fs::read_to_string(&p).unwrap();
+        let cfg = parse_model_config(&text, &p).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(cfg, GptConfig::preset(preset).unwrap(), "{file}");
+        for (key, value, named) in
+            [("rope_interleaved", "true", "rope_interleaved"), ("use_mrope", "true", "use_mrope")]
+        {
+            let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            v[key] = serde_json::from_str(value).unwrap();
+            let e = parse_model_config(&v.to_string(), &p).unwrap_err().to_string();
+            assert!(e.contains(named), "{file} {key}: {e}");
+        }
+    }
+}

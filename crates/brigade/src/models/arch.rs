@@ -112,6 +112,16 @@ pub fn parse_llama(v: &Value) -> Result<([usize; 5], Llama), String> {
     if let Some(x) = v.get("mlp_bias").filter(|x| x.as_bool() == Some(true)) {
         return Err(unsupported("mlp_bias", x, "an MLP without biases"));
     }
+    if let Some(x) = v.get("rope_interleaved").filter(|x| x.as_bool() == Some(true)) {
+        return Err(unsupported(
+            "rope_interleaved",
+            x,
+            "rotary pairs (i, i + head_dim/2), as transformers' rotate_half",
+        ));
+    }
+    if let Some(x) = v.get("use_mrope").filter(|x| x.as_bool() == Some(true)) {
+        return Err(unsupported("use_mrope", x, "one-dimensional rotary positions"));
+    }
     let (layers, heads, hidden) =
         (need(v, "num_hidden_layers")?, need(v, "num_attention_heads")?, need(v, "hidden_size")?);
     let kv = uint(v, "num_key_value_heads")?.unwrap_or(heads);

@@ -22,6 +22,9 @@ pub struct TrainConfig {
     pub n_embd: Option<usize>,
     pub block_size: Option<usize>,
     pub vocab_size: Option<usize>,
+    /// Llama family only: key/value heads (grouped-query attention) and the SwiGLU width.
+    pub n_kv_head: Option<usize>,
+    pub intermediate_size: Option<usize>,
     /// UTF-8 text file to train on; absent: the built-in addition task.
     pub data: Option<PathBuf>,
     /// Hugging Face tokenizer.json; absent: byte-level tokens.
@@ -58,6 +61,8 @@ impl Default for TrainConfig {
             n_embd: None,
             block_size: None,
             vocab_size: None,
+            n_kv_head: None,
+            intermediate_size: None,
             data: None,
             tokenizer: None,
             digits: 3,
@@ -103,11 +108,23 @@ impl TrainConfig {
             arch: p.arch,
         };
         let mut cfg = cfg;
-        if let crate::models::config::Arch::Llama(a) = &mut cfg.arch {
-            // a changed width or head count keeps the heads of hidden / heads
-            if self.n_embd.is_some() || self.n_head.is_some() {
-                a.head_dim = cfg.n_embd / cfg.n_head.max(1);
-                a.n_kv_head = a.n_kv_head.min(cfg.n_head);
+        match &mut cfg.arch {
+            crate::models::config::Arch::Llama(a) => {
+                // a changed width or head count keeps the heads of hidden / heads
+                if self.n_embd.is_some() || self.n_head.is_some() {
+                    a.head_dim = cfg.n_embd / cfg.n_head.max(1);
+                    a.n_kv_head = a.n_kv_head.min(cfg.n_head);
+                }
+                a.n_kv_head = self.n_kv_head.unwrap_or(a.n_kv_head);
+                a.intermediate = self.intermediate_size.unwrap_or(a.intermediate);
+            }
+            crate::models::config::Arch::Gpt2 => {
+                if self.n_kv_head.is_some() || self.intermediate_size.is_some() {
+                    return Err(Error::Config(format!(
+                        "n_kv_head and intermediate_size set the Llama family's shape; {} is a GPT-2 preset (use e.g. model = \"llama-tiny\")",
+                        self.model
+                    )));
+                }
             }
         }
         cfg.validate()?;
