@@ -277,10 +277,26 @@ pub fn run(a: PlanArgs) -> Result<()> {
         None => Spec::default(),
     };
     let product = fixed.tp.unwrap_or(1) * fixed.pp.unwrap_or(1) * fixed.dp.unwrap_or(1);
-    if !gpus.is_multiple_of(product)
-        || (fixed.tp.is_some() && fixed.pp.is_some() && fixed.dp.is_some() && product != gpus)
-    {
+    let all_fixed = fixed.tp.is_some() && fixed.pp.is_some() && fixed.dp.is_some();
+    if all_fixed && product != gpus {
         bail!("--layout tp·pp·dp = {product} does not match --gpus {gpus}");
+    }
+    if !gpus.is_multiple_of(product) {
+        let free: Vec<&str> = [("tp", fixed.tp), ("pp", fixed.pp), ("dp", fixed.dp)]
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(n, _)| *n)
+            .collect();
+        bail!(
+            "--layout fixes {} = {product}, which does not divide --gpus {gpus}; the axes not given ({}) take the rest of the GPUs, so the given ones must divide it",
+            [("tp", fixed.tp), ("pp", fixed.pp), ("dp", fixed.dp)]
+                .iter()
+                .filter(|(_, v)| v.is_some())
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join("·"),
+            free.join(", ")
+        );
     }
     let precision = brigade::plan::cost::Precision::parse(&a.precision)
         .ok_or_else(|| anyhow::anyhow!("unknown --precision '{}'; use bf16, fp16 or fp32", a.precision))?;

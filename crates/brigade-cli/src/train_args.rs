@@ -10,36 +10,44 @@ pub struct TrainArgs {
     /// TOML file with any of the settings below (flags override it).
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
-    /// Model preset: tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl.
+    /// Model preset: tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl; the Llama family's
+    /// llama-tiny, smollm2-135m, qwen2.5-0.5b, llama3.2-1b, llama3-8b, llama3-70b, llama3-405b.
     #[arg(long)]
     pub(crate) model: Option<String>,
     /// UTF-8 text file to train on (default: the built-in addition task).
     #[arg(long)]
     pub(crate) data: Option<PathBuf>,
-    /// Hugging Face tokenizer.json for --data (default: byte-level tokens).
+    /// Hugging Face tokenizer for --data: a tokenizer.json, or a folder holding one with its
+    /// tokenizer_config.json (special tokens, BOS) (default: byte-level tokens).
     #[arg(long)]
     pub(crate) tokenizer: Option<PathBuf>,
     /// Digits per operand of the built-in addition task.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub(crate) digits: Option<usize>,
-    #[arg(long)]
+    /// Optimizer steps of the run (default 3000).
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub(crate) steps: Option<usize>,
     /// Sequences per optimizer step.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub(crate) batch: Option<usize>,
     /// Sequences per forward/backward pass (gradient accumulation).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub(crate) micro_batch: Option<usize>,
     /// Tokens per sequence.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub(crate) seq: Option<usize>,
+    /// The longest sequence the model takes (its position table for GPT-2; default the
+    /// preset's, 64 for tiny and llama-tiny).
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
+    pub(crate) block_size: Option<usize>,
     /// Peak learning rate.
     #[arg(long)]
     pub(crate) lr: Option<f32>,
+    /// Seed of the initial weights and the data order (default 1337).
     #[arg(long)]
     pub(crate) seed: Option<u64>,
     /// Evaluate every N steps (0: only at the end).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub(crate) eval_every: Option<usize>,
     /// Intra-op threads (default: all cores).
     #[arg(long, default_value_t = crate::default_threads())]
@@ -48,7 +56,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
     /// Save a checkpoint every N steps (needs --out).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub(crate) save_every: Option<usize>,
     /// Continue the run saved in this checkpoint directory (may extend it with --steps).
     #[arg(long)]
@@ -58,7 +66,7 @@ pub struct TrainArgs {
     pub(crate) trace: Option<PathBuf>,
     /// Parallel layout, as `brigade plan --layout`: dp=2,pp=2,tp=2,zero=1,sp=1 (unnamed axes
     /// are 1); with a pipeline also schedule=gpipe|1f1b|interleaved|zb (default 1f1b, or
-    /// interleaved when v > 1), v= model chunks per rank, recompute=none|full, mb= the
+    /// interleaved when v > 1), v= model chunks per rank, recompute=none|selective|full, mb= the
     /// micro-batch. With the local backend the ranks are threads of this process, each with
     /// --threads threads.
     #[arg(long)]
@@ -80,6 +88,11 @@ pub struct TrainArgs {
     pub(crate) stop_after: Option<usize>,
 }
 
+/// A count flag's value: a whole number (a negative one is named as such, not taken for a flag).
+fn whole(s: &str) -> std::result::Result<usize, String> {
+    s.parse::<usize>().map_err(|_| format!("must be a whole number, 0 or more, got {s}"))
+}
+
 impl TrainArgs {
     /// Flags that change what the run computes, with their names (refused on --resume).
     pub(crate) fn numeric_overrides(&self) -> Vec<&'static str> {
@@ -97,6 +110,7 @@ impl TrainArgs {
         on(self.batch.is_some(), "--batch");
         on(self.micro_batch.is_some(), "--micro-batch");
         on(self.seq.is_some(), "--seq");
+        on(self.block_size.is_some(), "--block-size");
         on(self.lr.is_some(), "--lr");
         on(self.seed.is_some(), "--seed");
         v
@@ -134,6 +148,9 @@ impl TrainArgs {
         }
         if self.seq.is_some() {
             c.seq = self.seq;
+        }
+        if self.block_size.is_some() {
+            c.block_size = self.block_size;
         }
         if let Some(v) = self.lr {
             c.lr = v;

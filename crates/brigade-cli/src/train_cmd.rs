@@ -189,6 +189,10 @@ fn print_schedule(a: &TrainArgs) -> Result<()> {
     }
     let mb = l.micro_batch(cfg.batch, cfg.micro_batch)?;
     let plan = brigade::parallel::pipeline::build(l.schedule, l.pp, l.micro_batches(cfg.batch, mb), l.v)?;
+    // the stages must fit the model as training would cut it (the same check, the same line)
+    let mcfg = cfg.model_config(0)?;
+    let seq = cfg.seq.unwrap_or(mcfg.block_size.min(256));
+    brigade::parallel::pipeline::stages::stage_units(&mcfg, l.pp, l.v, seq)?;
     outln!("{}", brigade::parallel::pipeline::chart(&plan).trim_end());
     let unit = brigade::parallel::pipeline::Costs::per_chunk(plan.v);
     let r = brigade::parallel::pipeline::simulate(&plan, &unit)
@@ -225,19 +229,22 @@ impl Bar {
 impl Observer for Bar {
     fn start(&mut self, tr: &Trainer) {
         let m = &tr.model.cfg;
-        let layout = match tr.mesh.shape.world() {
-            1 => String::new(),
-            n => format!(" · {n} ranks ({})", self.layout),
+        let (layout, per_rank) = match tr.mesh.shape.world() {
+            1 => (String::new(), String::new()),
+            n => (
+                format!(" · {n} ranks ({})", self.layout),
+                format!(", {:.2}M on this rank", tr.parts.layout.total as f64 / 1e6),
+            ),
         };
         if self.lead {
             eprintln!(
-                "model {} ({} layers, {} heads, {} wide, vocab {}, {:.2}M params) · {} · batch {} × seq {} · {} steps · {} threads{layout}",
+                "model {} ({} layers, {} heads, {} wide, vocab {}, {:.2}M params{per_rank}) · {} · batch {} × seq {} · {} steps · {} threads{layout}",
                 tr.cfg.model,
                 m.n_layer,
                 m.n_head,
                 m.n_embd,
                 m.vocab_size,
-                tr.model.num_params() as f64 / 1e6,
+                m.num_params() as f64 / 1e6,
                 match &tr.cfg.data {
                     Some(p) => format!("data {}", p.display()),
                     None => format!("built-in task: {}-digit addition", tr.cfg.digits),

@@ -407,7 +407,27 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     // and the model it holds is the full one, as `sample` reads it
     ok(&["sample", "--checkpoint", "mixed", "--prompt", "12+34"], p);
     // impossible layouts: one line, before any rank starts
-    fails_with(&[&base[..], &["--layout", "dp=3"]].concat(), p, "does not split into dp=3 shards");
+    fails_with(
+        &[&base[..], &["--layout", "dp=3"]].concat(),
+        p,
+        "does not split into dp=3 equal shares; use a batch that is a multiple of 3 (e.g. 6 or 9)",
+    );
+    fails_with(
+        &[&base[..], &["--layout", "dp=4", "--micro-batch", "4"]].concat(),
+        p,
+        "make batch a multiple of dp × micro_batch = 16",
+    );
+    // a pipeline whose micro-batches do not fill its groups: one suggestion, not "2 or 2"
+    let e = fails_with(&[&base[..], &["--layout", "pp=2,schedule=interleaved,mb=8"]].concat(), p, "not 1; use 2");
+    assert!(!e.contains("or 2"), "{e}");
+    // a negative count is named as such (flag syntax: exit 2), not taken for an unknown flag
+    let out = brigade(&["train", "--steps", "-5"], p);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("'--steps <STEPS>': must be a whole number, 0 or more, got -5"), "{err}");
+    // an unwritable --out: the cause once
+    let e = fails_with(&[&base[..], &["--out", "/proc/nope"]].concat(), p, "not writable");
+    assert_eq!(e.matches("not writable").count(), 1, "{e}");
     fails_with(
         &[&base[..], &["--layout", "pp=5"]].concat(),
         p,
@@ -450,6 +470,9 @@ fn pipeline_schedules_print_as_charts_and_impossible_ones_are_refused() {
     let base = ["train", "--batch", "6", "--micro-batch", "1", "--print-schedule", "--layout"];
     fails_with(&[&base[..], &["pp=4,v=2"]].concat(), p, "needs a multiple of 4 micro-batches, not 6; use 4 or 8");
     fails_with(&[&base[..], &["pp=2,v=2,schedule=1f1b"]].concat(), p, "needs schedule=interleaved");
+    // a schedule the model cannot be cut into is refused as train refuses it
+    let eight = ["train", "--batch", "8", "--micro-batch", "1", "--print-schedule", "--layout", "pp=4,v=2"];
+    fails_with(&eight, p, "8 pipeline stages, but a model of 2 layers splits into only 4 units");
     fails_with(&[&base[..], &["pp=2,schedule=zb2"]].concat(), p, "expected gpipe, 1f1b, interleaved or zb");
     fails_with(&[&base[..], &["dp=2"]].concat(), p, "no pipeline to schedule");
     // the planner costs zero-bubble pipelines too
@@ -514,4 +537,33 @@ fn llama_folders_sample_and_bad_ones_are_refused() {
         p,
         "has 128256 tokens but the model only 101",
     );
+}
+
+/// A sequence longer than the preset's block size names the flag that raises it, and the flag
+/// works (the README's tour line `--data corpus.txt --seq 128 --block-size 128`).
+#[test]
+fn block_size_is_a_flag_and_the_error_names_it() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let text: String = (0..400).map(|i| format!("line {i} of a small corpus\n")).collect();
+    std::fs::write(p.join("corpus.txt"), text).unwrap();
+    let base = [
+        "train",
+        "--data",
+        "corpus.txt",
+        "--seq",
+        "128",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--threads",
+        "1",
+        "--eval-every",
+        "0",
+    ];
+    fails_with(&base, p, "raise --block-size");
+    let mut args = base.to_vec();
+    args.extend(["--block-size", "128"]);
+    ok(&args, p);
 }

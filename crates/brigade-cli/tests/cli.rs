@@ -212,7 +212,17 @@ fn plan_prints_json_with_the_best_layout_and_refuses_bad_input() {
     fails_with(&with(&["--model", "gpt5"]), p, "known: gpt2-small");
     fails_with(&with(&["--model", "gpt3-13b", "--gpu", "tpu"]), p, "known: a100-40gb");
     fails_with(&with(&["--model", "gpt3-13b", "--hidden", "1024"]), p, "--hidden contradicts --model");
-    fails_with(&with(&["--model", "gpt3-13b", "--layout", "tp=16"]), p, "does not match --gpus");
+    fails_with(
+        &with(&["--model", "gpt3-13b", "--layout", "tp=16"]),
+        p,
+        "fixes tp = 16, which does not divide --gpus 8; the axes not given (pp, dp) take the rest",
+    );
+    fails_with(&with(&["--model", "gpt3-13b", "--layout", "tp=3"]), p, "fixes tp = 3, which does not divide --gpus 8");
+    fails_with(
+        &with(&["--model", "gpt3-13b", "--layout", "tp=2,pp=2,dp=1"]),
+        p,
+        "tp·pp·dp = 4 does not match --gpus 8",
+    );
     fails_with(&with(&["--model", "gpt3-13b", "--layout", "tp=2,foo=1"]), p, "unknown layout field 'foo'");
     fails_with(&with(&["--model", "llama3-405b", "--gpu", "a100-40gb"]), p, "the smallest needs");
     fails_with(&with(&["--layers", "2"]), p, "--hidden is required");

@@ -17,15 +17,17 @@ pub enum Error {
     /// A message relayed from another rank, already worded for the user.
     #[error("{0}")]
     Relayed(String),
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    /// The I/O error is part of the message, not a separate cause: a chain printed with `{:#}`
+    /// would show it twice.
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Io { path: path.into(), source }
+        Error::Io { path: path.into(), err: source }
     }
     pub fn ckpt(path: impl Into<PathBuf>, msg: impl Into<String>) -> Error {
         Error::Checkpoint { path: path.into(), msg: msg.into() }

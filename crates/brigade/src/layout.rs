@@ -252,6 +252,14 @@ impl Layout {
     pub fn micro_batch(&self, batch: usize, micro_batch: Option<usize>) -> Result<usize> {
         let dp = self.dp;
         let mb = self.mb.or(micro_batch).unwrap_or(batch / dp).max(1);
+        if self.mb.or(micro_batch).is_none() && !batch.is_multiple_of(dp) {
+            // no micro-batch given: each replica takes an equal share of the batch
+            let (lo, hi) = (batch / dp * dp, (batch / dp + 1) * dp);
+            let fits = if lo == 0 { format!("{hi}") } else { format!("{lo} or {hi}") };
+            return Err(Error::Layout(format!(
+                "the global batch of {batch} sequences does not split into dp={dp} equal shares; use a batch that is a multiple of {dp} (e.g. {fits})"
+            )));
+        }
         if !batch.is_multiple_of(dp * mb) {
             return Err(Error::Layout(format!(
                 "the global batch of {batch} sequences does not split into dp={dp} shards of whole micro-batches of {mb}; make batch a multiple of dp × micro_batch = {}",

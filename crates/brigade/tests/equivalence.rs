@@ -397,7 +397,10 @@ fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
     assert_eq!(build(shape(4, 1, 1), unset.clone()), Ok(4));
     assert_eq!(build(shape(2, 1, 2), unset.clone()), Ok(8), "tp ranks share their data shard");
     let e = build(shape(3, 1, 1), unset.clone()).unwrap_err();
-    assert!(e.contains("does not split into dp=3 shards"), "{e}");
+    assert!(
+        e.contains("does not split into dp=3 equal shares; use a batch that is a multiple of 3 (e.g. 15 or 18)"),
+        "{e}"
+    );
     let e = build(shape(2, 1, 1), TrainConfig { micro_batch: Some(3), ..cfg(Family::Gpt2, 1) }).unwrap_err();
     assert!(e.contains("multiple of micro_batch (3)"), "{e}");
     let e = build(shape(1, 1, 3), unset.clone()).unwrap_err();

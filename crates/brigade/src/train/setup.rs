@@ -76,7 +76,7 @@ impl Trainer {
         };
         if seq == 0 || seq > mcfg.block_size {
             return Err(Error::Train(format!(
-                "sequence length {seq} must be between 1 and the model's block_size {}; lower --seq or raise block_size",
+                "sequence length {seq} must be between 1 and the model's block_size {}; lower --seq or raise --block-size",
                 mcfg.block_size
             )));
         }

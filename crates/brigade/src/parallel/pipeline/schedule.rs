@@ -36,10 +36,10 @@ pub fn build(kind: Schedule, pp: usize, m: usize, v: usize) -> Result<Plan> {
         )));
     }
     if kind == Schedule::Interleaved && !m.is_multiple_of(pp) {
+        let (lo, hi) = (m / pp * pp, (m / pp + 1) * pp);
+        let fits = if lo == 0 { format!("{hi}") } else { format!("{lo} or {hi}") };
         return Err(Error::Layout(format!(
-            "schedule=interleaved sends micro-batches round the pipeline in groups of pp={pp}, so it needs a multiple of {pp} micro-batches, not {m}; use {} or {}",
-            (m / pp).max(1) * pp,
-            (m / pp + 1) * pp
+            "schedule=interleaved sends micro-batches round the pipeline in groups of pp={pp}, so it needs a multiple of {pp} micro-batches, not {m}; use {fits}"
         )));
     }
     let orders: Vec<Order> = match kind {
