@@ -1,7 +1,8 @@
 use anyhow::{bail, Result};
 use brigade::models::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
+use brigade::models::generate::generate_streaming;
 use brigade::models::tokenizer::Tokenizer;
-use brigade::models::{generate, SampleOptions};
+use brigade::models::SampleOptions;
 use brigade::train::evaluate::solve_addition;
 use brigade::train::persist::saved_config;
 use clap::Args;
@@ -112,8 +113,17 @@ pub fn run(a: SampleArgs) -> Result<()> {
         1,
         ids.len().min(model.cfg.block_size),
     )?;
+    let max_new = a.max_tokens.unwrap_or(64.min(model.cfg.block_size.saturating_sub(ids.len())).max(1));
+    if ids.len() + max_new > model.cfg.block_size {
+        bail!(
+            "the prompt's {} tokens and --max-tokens {max_new} exceed the model's context of {} tokens; give --max-tokens {} or less",
+            ids.len(),
+            model.cfg.block_size,
+            model.cfg.block_size.saturating_sub(ids.len())
+        );
+    }
     let opt = SampleOptions {
-        max_new_tokens: a.max_tokens.unwrap_or(64),
+        max_new_tokens: max_new,
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: 1.0,
@@ -138,7 +148,33 @@ pub fn run(a: SampleArgs) -> Result<()> {
             bail!("cannot write --logits-out {}: {e}", path.display());
         }
     }
-    let out = brigade::with_threads(a.threads, || generate(&model, &params, &[ids], &opt))?;
-    outln!("{}{}", a.prompt, tok.decode(&out[0]));
+    // the text streams out as the tokens come: each time the continuation decodes to more
+    // complete characters, the new ones are printed
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout();
+    write!(stdout, "{}", a.prompt)
+        .and_then(|_| stdout.flush())
+        .map_err(|e| anyhow::anyhow!("cannot write to standard output: {e}"))?;
+    let (mut got, mut shown, mut failed) = (Vec::new(), 0usize, None);
+    brigade::with_threads(a.threads, || {
+        generate_streaming(&model, &params, &[ids], &opt, &mut |_, t| {
+            got.push(t);
+            let text = tok.decode(&got);
+            // a character split across tokens decodes to U+FFFD until its last byte comes
+            let ready = text.trim_end_matches('\u{FFFD}');
+            if ready.len() > shown && failed.is_none() {
+                let new = ready.get(shown..).unwrap_or("");
+                if let Err(e) = write!(stdout, "{new}").and_then(|_| stdout.flush()) {
+                    failed = Some(e);
+                }
+                shown = ready.len();
+            }
+        })
+    })?;
+    if let Some(e) = failed {
+        bail!("cannot write to standard output: {e}");
+    }
+    let text = tok.decode(&got);
+    outln!("{}", text.get(shown..).unwrap_or(""));
     Ok(())
 }

@@ -519,6 +519,9 @@ fn llama_folders_sample_and_bad_ones_are_refused() {
     // two bytes of prompt, byte tokens (the folder has no tokenizer): [2, 101] float32
     assert_eq!(std::fs::metadata(&logits).unwrap().len(), 128 + 2 * 101 * 4);
     std::fs::remove_file(&logits).unwrap();
+    // more tokens than the context holds: refused at once, naming the most it can give
+    let long = ["sample", "--checkpoint", hf_s, "--prompt", "!#", "--max-tokens", "255", "--threads", "1"];
+    fails_with(&long, p, "exceed the model's context of 256 tokens; give --max-tokens 254 or less");
     let cfg = std::fs::read_to_string(hf.join("config.json")).unwrap();
     std::fs::write(hf.join("config.json"), cfg.replace("\"silu\"", "\"gelu\"")).unwrap();
     fails_with(&good.iter().map(String::as_str).collect::<Vec<_>>(), p, "hidden_act = \"gelu\" is not supported");

@@ -68,6 +68,17 @@ pub fn pick(logits: &[f32], opt: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
 /// Continues each of the `prompts` (equal lengths) for up to `max_new_tokens`, in one batch.
 /// The context is cropped to the model's block size.
 pub fn generate(model: &Gpt, params: &[f32], prompts: &[Vec<u32>], opt: &SampleOptions) -> Vec<Vec<u32>> {
+    generate_streaming(model, params, prompts, opt, &mut |_, _| {})
+}
+
+/// `generate`, telling `on_token(sequence, token)` of each token as it is picked.
+pub fn generate_streaming(
+    model: &Gpt,
+    params: &[f32],
+    prompts: &[Vec<u32>],
+    opt: &SampleOptions,
+    on_token: &mut dyn FnMut(usize, u32),
+) -> Vec<Vec<u32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(opt.seed);
     let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
     let mut done = vec![false; seqs.len()];
@@ -82,6 +93,7 @@ pub fn generate(model: &Gpt, params: &[f32], prompts: &[Vec<u32>], opt: &SampleO
             let tok = if done[i] { opt.stop.unwrap_or(0) } else { pick(&logits[i * v..(i + 1) * v], opt, &mut rng) };
             done[i] |= Some(tok) == opt.stop;
             s.push(tok);
+            on_token(i, tok);
         }
         if done.iter().all(|&d| d) {
             break;
