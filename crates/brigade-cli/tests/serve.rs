@@ -319,6 +319,17 @@ async fn bad_requests_get_openai_errors() {
     assert_eq!(reqwest::get(format!("{}/health", s.url)).await.unwrap().status(), 200);
     let models: Value = reqwest::get(format!("{}/v1/models", s.url)).await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "tiny-bpe");
+    // unknown routes: 404 with OpenAI's error body naming the route
+    let client = reqwest::Client::new();
+    for (path, says) in [("/v1/chat/completions", "no chat API yet"), ("/v2/nothing", "it serves POST /v1/completions")]
+    {
+        let r = client.post(format!("{}{path}", s.url)).json(&json!({})).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let e: Value = r.json().await.unwrap();
+        let m = e["error"]["message"].as_str().unwrap();
+        assert!(m.contains(&format!("no route POST {path}")) && m.contains(says), "{path}: {e}");
+        assert_eq!(e["error"]["code"], "unknown_url");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

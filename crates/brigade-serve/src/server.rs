@@ -116,6 +116,7 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .fallback(unknown_route)
         .with_state(app.clone());
     let draining = Arc::new(tokio::sync::Notify::new());
     let signal = {
@@ -167,6 +168,22 @@ async fn wait_for_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+}
+
+/// Any other route: 404 with OpenAI's error body, naming the route (and, for the chat API,
+/// that brigade does not serve it yet).
+async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let hint = if path.ends_with("/chat/completions") {
+        "; brigade serve has no chat API yet: send the conversation as a prompt to /v1/completions"
+    } else {
+        "; it serves POST /v1/completions, GET /v1/models, /health, /ready and /metrics"
+    };
+    let body = json!({"error": {
+        "message": format!("no route {method} {path}{hint}"),
+        "type": "invalid_request_error", "param": null, "code": "unknown_url",
+    }});
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
 async fn ready(State(app): State<Arc<App>>) -> Response {
