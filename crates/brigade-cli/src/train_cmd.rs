@@ -4,7 +4,7 @@ use brigade::layout::Layout;
 use brigade::train::run::{self as job, JobOptions, JobReport, Observer, Outcome};
 use brigade::train::{EvalReport, StepStats, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A run ended early by SIGINT or SIGTERM (after saving, where it could): exit status 130.
@@ -37,12 +37,31 @@ fn check_trace_path(path: &std::path::Path) -> Result<()> {
 
 /// SIGINT and SIGTERM set a flag that the loop reads after each step; a second signal ends
 /// the process at once.
-fn interrupt_flag() -> Result<Arc<AtomicBool>> {
+fn interrupt_flag(saving: bool) -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&flag))?;
-        signal_hook::flag::register(sig, Arc::clone(&flag))?;
+        let f = Arc::clone(&flag);
+        // SAFETY: the action only swaps an atomic, writes to stderr with write(2) and calls
+        // _exit(2), all async-signal-safe.
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                if f.swap(true, Ordering::SeqCst) {
+                    let msg = b"\nbrigade: interrupted again: quit at once, without saving\n";
+                    libc::write(2, msg.as_ptr().cast(), msg.len());
+                    libc::_exit(130);
+                }
+            })?;
+        }
     }
+    // the first interrupt is acknowledged at once (the step may take a while to finish)
+    let f = Arc::clone(&flag);
+    std::thread::spawn(move || {
+        while !f.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let then = if saving { "then saving a checkpoint" } else { "then stopping (no --out: nothing is saved)" };
+        eprintln!("\nbrigade: interrupted — finishing the current step, {then}; interrupt again to quit at once without saving");
+    });
     Ok(flag)
 }
 
@@ -85,7 +104,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         }
     }
     let cfg = if a.resume.is_some() { None } else { Some(a.config()?) };
-    let stop = interrupt_flag()?;
+    let stop = interrupt_flag(a.out.is_some() || a.resume.is_some())?;
     match a.backend.as_str() {
         "local" => {
             let world = layout.world();
@@ -207,22 +226,36 @@ fn print_schedule(a: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// Rank 0's progress bar and lines; the other ranks' is hidden.
+/// Rank 0's progress bar and lines; the other ranks' is hidden. When stderr is not a terminal
+/// (a log file, a pipe, CI) the bar would print nothing: a plain line every 5% of the run or 30
+/// seconds instead.
 struct Bar {
     lead: bool,
     bar: ProgressBar,
     threads: usize,
     layout: String,
+    plain: Option<Plain>,
+}
+
+struct Plain {
+    every: usize,
+    last: std::time::Instant,
+    started: std::time::Instant,
+    steps: usize,
 }
 
 impl Bar {
     fn new(lead: bool, a: &TrainArgs) -> Bar {
-        let bar = if lead { ProgressBar::new(0) } else { ProgressBar::hidden() };
+        use std::io::IsTerminal as _;
+        let tty = std::io::stderr().is_terminal();
+        let bar = if lead && tty { ProgressBar::new(0) } else { ProgressBar::hidden() };
         bar.set_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise} eta {eta}]")
                 .expect("valid template"),
         );
-        Bar { lead, bar, threads: a.threads, layout: a.layout.clone().unwrap_or_default() }
+        let now = std::time::Instant::now();
+        let plain = (lead && !tty).then_some(Plain { every: 1, last: now, started: now, steps: 0 });
+        Bar { lead, bar, threads: a.threads, layout: a.layout.clone().unwrap_or_default(), plain }
     }
 }
 
@@ -257,11 +290,35 @@ impl Observer for Bar {
         }
         self.bar.set_length(tr.cfg.steps as u64);
         self.bar.set_position(tr.step as u64);
+        if let Some(p) = &mut self.plain {
+            (p.every, p.steps) = ((tr.cfg.steps / 20).max(1), tr.cfg.steps);
+        }
     }
 
     fn step(&mut self, s: &StepStats, rate: f64) {
         self.bar.set_position(s.step as u64);
         self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
+        if let Some(p) = &mut self.plain {
+            let now = std::time::Instant::now();
+            // the first step, then every 5% of the run or 30 seconds, and the last
+            let first = p.last == p.started;
+            if first
+                || s.step.is_multiple_of(p.every)
+                || now.duration_since(p.last).as_secs() >= 30
+                || s.step == p.steps
+            {
+                p.last = now;
+                eprintln!(
+                    "step {}/{}  loss {:.4}  lr {:.2e}  {:.0} tok/s  {:.0}s elapsed",
+                    s.step,
+                    p.steps,
+                    s.loss,
+                    s.lr,
+                    rate,
+                    now.duration_since(p.started).as_secs_f64()
+                );
+            }
+        }
     }
 
     fn evaluated(&mut self, s: &StepStats, r: &EvalReport) {

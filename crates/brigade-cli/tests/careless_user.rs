@@ -320,12 +320,34 @@ fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(err.contains("interrupted after step") && err.contains("--resume ck"), "{err}");
+    // the interrupt was acknowledged, and progress was printed though stderr is no terminal
+    assert!(
+        err.contains("interrupted — finishing the current step, then saving a checkpoint; interrupt again"),
+        "{err}"
+    );
+    assert!(err.contains("step 1/100000  loss") && err.contains("tok/s"), "no progress lines: {err}");
     let s = state(&p.join("ck"));
     let step = s["step"].as_u64().unwrap();
     assert!(step >= 1, "no step finished in 2.5 s: {err}");
     // and the run continues from there
     ok(&["train", "--resume", "ck", "--threads", "1", "--steps", &(step + 2).to_string()], p);
     assert_eq!(state(&p.join("ck"))["step"].as_u64().unwrap(), step + 2);
+    // a second interrupt quits at once, saying it did not save
+    let child = Command::new(env!("CARGO_BIN_EXE_brigade"))
+        .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", "ck2"])
+        .current_dir(p)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    for _ in 0..2 {
+        assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted again: quit at once, without saving"), "{err}");
 }
 
 #[test]
