@@ -164,9 +164,28 @@ fn run_rank(
     let lead = world.rank() == 0;
     let mut tr = match (&a.resume, cfg) {
         (Some(dir), _) => {
+            let before = brigade::train::persist::saved_config(dir)?;
             let tr = Trainer::resume_on_world(dir, a.steps, &world, layout)?;
             if lead {
                 eprintln!("resuming {} at step {} of {}", dir.display(), tr.step, tr.cfg.steps);
+                if tr.cfg.steps != before.steps {
+                    // the schedule's length is the run's: a longer run stretches it
+                    use brigade::train::optimizer::LrSchedule;
+                    let (old, new) = (LrSchedule::of(&before), LrSchedule::of(&tr.cfg));
+                    eprintln!(
+                        "note: {} → {} steps stretches the learning-rate schedule (warmup {} → {} steps, cosine to step {}): step {}'s lr is {:.3e}, where the {}-step run would have used {:.3e}; give the original --steps {} to continue it unchanged",
+                        before.steps,
+                        tr.cfg.steps,
+                        old.warmup,
+                        new.warmup,
+                        tr.cfg.steps,
+                        tr.step + 1,
+                        new.at(tr.step),
+                        before.steps,
+                        old.at(tr.step),
+                        before.steps
+                    );
+                }
             }
             tr
         }

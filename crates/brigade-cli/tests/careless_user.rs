@@ -332,6 +332,11 @@ fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
     // and the run continues from there
     ok(&["train", "--resume", "ck", "--threads", "1", "--steps", &(step + 2).to_string()], p);
     assert_eq!(state(&p.join("ck"))["step"].as_u64().unwrap(), step + 2);
+    // extending the run says how the schedule changes
+    let more = (step + 10).to_string();
+    let out = ok(&["train", "--resume", "ck", "--threads", "1", "--steps", &more], p);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{} → {more} steps stretches the learning-rate schedule", step + 2)), "{err}");
     // a second interrupt quits at once, saying it did not save
     let child = Command::new(env!("CARGO_BIN_EXE_brigade"))
         .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", "ck2"])

@@ -130,6 +130,17 @@ pub struct LrSchedule {
 }
 
 impl LrSchedule {
+    /// The schedule of a run's settings: linear warmup (`warmup`, default 5% of the steps) to
+    /// `lr`, then cosine to `min_lr` (default lr / 10) at the last step.
+    pub fn of(cfg: &super::TrainConfig) -> LrSchedule {
+        LrSchedule {
+            max_lr: cfg.lr,
+            min_lr: cfg.min_lr.unwrap_or(cfg.lr / 10.0),
+            warmup: cfg.warmup.unwrap_or(cfg.steps / 20).max(1),
+            total: cfg.steps,
+        }
+    }
+
     pub fn at(&self, step: usize) -> f32 {
         if step < self.warmup {
             return self.max_lr * (step + 1) as f32 / self.warmup as f32;

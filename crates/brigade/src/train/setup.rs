@@ -113,12 +113,7 @@ impl Trainer {
         let pshard = if dpc.zero >= 3 { shards.compact(&std::mem::take(&mut params)) } else { Vec::new() };
         let gshard = if dpc.zero >= 1 { vec![0.0; shards.len] } else { Vec::new() };
         let grads = if dpc.zero >= 2 { Vec::new() } else { vec![0.0; parts.layout.total] };
-        let sched = LrSchedule {
-            max_lr: cfg.lr,
-            min_lr: cfg.min_lr.unwrap_or(cfg.lr / 10.0),
-            warmup: cfg.warmup.unwrap_or(cfg.steps / 20).max(1),
-            total: cfg.steps,
-        };
+        let sched = LrSchedule::of(&cfg);
         Ok(Trainer {
             grads,
             norm_layout: parts.counted_layout(),
