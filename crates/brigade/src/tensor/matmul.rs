@@ -36,14 +36,18 @@ pub enum Backend {
 
 impl Backend {
     /// The kernel `Auto` resolves to on this machine: brigade's where it runs, unless the
-    /// environment variable `BRIGADE_MATMUL=gemm-crate` asks for the `gemm` crate (to compare
-    /// whole training steps on both).
+    /// environment variable `BRIGADE_MATMUL=gemm-crate` asks for the `gemm` crate, and
+    /// `BRIGADE_MATMUL=brigade` for brigade's kernel (to compare whole training steps on both).
     pub fn resolve(self) -> Backend {
         static AUTO: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
         match self {
             Backend::Auto => *AUTO.get_or_init(|| {
-                let forced = std::env::var("BRIGADE_MATMUL").is_ok_and(|v| v == "gemm-crate");
-                if super::sgemm::preferred() && !forced {
+                let asked = std::env::var("BRIGADE_MATMUL").ok();
+                let forced = asked.as_deref() == Some("gemm-crate");
+                // `BRIGADE_MATMUL=brigade` asks for brigade's kernel wherever it runs (AVX2 + FMA),
+                // also on machines where the gemm crate's AVX-512 kernels are preferred
+                let ours = asked.as_deref() == Some("brigade") && super::sgemm::runs_here();
+                if ours || (super::sgemm::preferred() && !forced) {
                     Backend::Brigade
                 } else {
                     Backend::GemmCrate
