@@ -395,8 +395,14 @@ mod tests {
         assert_eq!(named.micro_batch(16, Some(4)).unwrap(), 2, "the layout's mb wins");
         assert_eq!(named.micro_batches(16, 2), 4);
         let e = Layout::parse("dp=3").unwrap().micro_batch(16, None).unwrap_err().to_string();
-        assert!(e.contains("does not split into dp=3 shards"), "{e}");
-        assert!(l.micro_batch(16, Some(3)).is_err());
+        assert!(
+            e.contains("does not split into dp=3 equal shares; use a batch that is a multiple of 3 (e.g. 15 or 18)"),
+            "{e}"
+        );
+        let e = Layout::parse("dp=3").unwrap().micro_batch(2, None).unwrap_err().to_string();
+        assert!(e.contains("(e.g. 3)"), "below one share each, one suggestion: {e}");
+        let e = l.micro_batch(16, Some(3)).unwrap_err().to_string();
+        assert!(e.contains("does not split into dp=2 shards of whole micro-batches of 3"), "{e}");
     }
 
     #[test]
