@@ -33,55 +33,37 @@ fn row(kernel: impl Into<String>, calls: usize, once: f64, work: f64, unit: &'st
 }
 
 /// The three products of an `n × d_in → d_out` layer: forward, weight gradient, input gradient,
-/// with the weight stored `[in, out]` (GPT-2's Conv1D).
-fn linear_rows(name: &str, calls: usize, n: usize, d_in: usize, d_out: usize) -> Vec<KernelRow> {
+/// with the weight stored `[in, out]` (GPT-2's Conv1D, its forward accumulating onto the
+/// broadcast bias) or `[out, in]` (`torch.nn.Linear`, the Llama family, no bias).
+fn linear_rows(name: &str, calls: usize, n: usize, (d_in, d_out): (usize, usize), out_in: bool) -> Vec<KernelRow> {
     let x = vec![0.5f32; n * d_in];
     let w = vec![0.25f32; d_in * d_out];
     let mut y = vec![0f32; n * d_out];
     let mut dw = vec![0f32; d_in * d_out];
     let mut dx = vec![0f32; n * d_in];
     let flops = 2.0 * (n * d_in * d_out) as f64;
-    let shape = format!("[{n}×{d_in}]·[{d_in}×{d_out}]");
-    vec![
-        row(
-            format!("{name} forward {shape}"),
-            calls,
+    let (fwd, wgrad, dgrad) = if out_in {
+        (
+            time_it(|| matmul(&mut y, &x, &w, n, d_in, d_out, false, true, false)),
+            time_it(|| matmul(&mut dw, &y, &x, d_out, n, d_in, true, false, true)),
+            time_it(|| matmul(&mut dx, &y, &w, n, d_out, d_in, false, false, false)),
+        )
+    } else {
+        (
             time_it(|| matmul(&mut y, &x, &w, n, d_in, d_out, false, false, true)),
-            flops,
-            "GFLOP/s",
-        ),
-        row(
-            format!("{name} weight grad (xᵀ·dy)"),
-            calls,
             time_it(|| matmul(&mut dw, &x, &y, d_in, n, d_out, true, false, true)),
-            flops,
-            "GFLOP/s",
-        ),
-        row(
-            format!("{name} input grad (dy·Wᵀ)"),
-            calls,
             time_it(|| matmul(&mut dx, &y, &w, n, d_out, d_in, false, true, false)),
-            flops,
-            "GFLOP/s",
-        ),
-    ]
-}
-
-/// The same with the weight stored `[out, in]` (`torch.nn.Linear`, the Llama family).
-fn linear_rows_out_in(name: &str, calls: usize, n: usize, d_in: usize, d_out: usize) -> Vec<KernelRow> {
-    let x = vec![0.5f32; n * d_in];
-    let w = vec![0.25f32; d_in * d_out];
-    let mut y = vec![0f32; n * d_out];
-    let mut dw = vec![0f32; d_in * d_out];
-    let mut dx = vec![0f32; n * d_in];
-    let flops = 2.0 * (n * d_in * d_out) as f64;
-    let fwd = time_it(|| matmul(&mut y, &x, &w, n, d_in, d_out, false, true, false));
-    let wgrad = time_it(|| matmul(&mut dw, &y, &x, d_out, n, d_in, true, false, true));
-    let dgrad = time_it(|| matmul(&mut dx, &y, &w, n, d_out, d_in, false, false, false));
+        )
+    };
+    let (shape, wg, dg) = if out_in {
+        (format!("[{n}×{d_in}]·[{d_out}×{d_in}]ᵀ"), "dyᵀ·x", "dy·W")
+    } else {
+        (format!("[{n}×{d_in}]·[{d_in}×{d_out}]"), "xᵀ·dy", "dy·Wᵀ")
+    };
     vec![
-        row(format!("{name} forward [{n}×{d_in}]·[{d_out}×{d_in}]ᵀ"), calls, fwd, flops, "GFLOP/s"),
-        row(format!("{name} weight grad (dyᵀ·x)"), calls, wgrad, flops, "GFLOP/s"),
-        row(format!("{name} input grad (dy·W)"), calls, dgrad, flops, "GFLOP/s"),
+        row(format!("{name} forward {shape}"), calls, fwd, flops, "GFLOP/s"),
+        row(format!("{name} weight grad ({wg})"), calls, wgrad, flops, "GFLOP/s"),
+        row(format!("{name} input grad ({dg})"), calls, dgrad, flops, "GFLOP/s"),
     ]
 }
 
@@ -128,17 +110,17 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
     let mut rows = Vec::new();
     if cfg.llama().is_some() {
         let (q, kv, m) = (cfg.q_width(), cfg.kv_width(), cfg.mlp_width());
-        rows.extend(linear_rows_out_in("self_attn.q_proj", l, n, c, q));
-        rows.extend(linear_rows_out_in("self_attn.k_proj + v_proj", 2 * l, n, c, kv));
-        rows.extend(linear_rows_out_in("self_attn.o_proj", l, n, q, c));
-        rows.extend(linear_rows_out_in("mlp.gate_proj + up_proj", 2 * l, n, c, m));
-        rows.extend(linear_rows_out_in("mlp.down_proj", l, n, m, c));
+        rows.extend(linear_rows("self_attn.q_proj", l, n, (c, q), true));
+        rows.extend(linear_rows("self_attn.k_proj + v_proj", 2 * l, n, (c, kv), true));
+        rows.extend(linear_rows("self_attn.o_proj", l, n, (q, c), true));
+        rows.extend(linear_rows("mlp.gate_proj + up_proj", 2 * l, n, (c, m), true));
+        rows.extend(linear_rows("mlp.down_proj", l, n, (m, c), true));
         rows.extend(llama_rows(cfg, n, seq));
     } else {
-        rows.extend(linear_rows("attn.c_attn", l, n, c, 3 * c));
-        rows.extend(linear_rows("attn.c_proj", l, n, c, c));
-        rows.extend(linear_rows("mlp.c_fc", l, n, c, 4 * c));
-        rows.extend(linear_rows("mlp.c_proj", l, n, 4 * c, c));
+        rows.extend(linear_rows("attn.c_attn", l, n, (c, 3 * c), false));
+        rows.extend(linear_rows("attn.c_proj", l, n, (c, c), false));
+        rows.extend(linear_rows("mlp.c_fc", l, n, (c, 4 * c), false));
+        rows.extend(linear_rows("mlp.c_proj", l, n, (4 * c, c), false));
     }
     // the tied LM head: logits = h·wteᵀ, dwte += dlogitsᵀ·h, dh = dlogits·wte
     {
