@@ -135,18 +135,11 @@ pub fn run(a: SampleArgs) -> Result<()> {
         let ctx = &ids[ids.len() - t..];
         let mut acts = brigade::models::Activations::default();
         brigade::with_threads(a.threads, || model.logits(&params, ctx, (1, t), &mut acts))?;
+        let mut bytes = Vec::new();
+        brigade::embed::npy::write(&mut bytes, &acts.logits, t, model.cfg.vocab_size)?;
         // written beside, then renamed: never half a file
-        let tmp = path.with_extension("npy.part");
-        let write = || -> std::io::Result<()> {
-            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-            brigade::embed::npy::write(&mut f, &acts.logits, t, model.cfg.vocab_size)?;
-            std::io::Write::flush(&mut f)?;
-            std::fs::rename(&tmp, path)
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&tmp);
-            bail!("cannot write --logits-out {}: {e}", path.display());
-        }
+        brigade::embed::output::write_atomic(path, &bytes)
+            .map_err(|e| anyhow::anyhow!("cannot write --logits-out: {e}"))?;
     }
     // the text streams out as the tokens come: each time the continuation decodes to more
     // complete characters, the new ones are printed

@@ -186,11 +186,16 @@ fn remove(path: &Path) -> Result<()> {
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename (never half-written).
+/// A failed write leaves no temporary file behind.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     let mut f = fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    let written = f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io(&tmp, e));
+    let done = written.and_then(|_| fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if done.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    done
 }
 
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
