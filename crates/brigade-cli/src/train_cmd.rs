@@ -39,6 +39,13 @@ fn check_trace_path(path: &std::path::Path) -> Result<()> {
 /// the process at once.
 fn interrupt_flag(saving: bool) -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
+    // the first interrupt is acknowledged at once, from the handler itself (the step may take
+    // a while to finish, or end the process before any other thread could print)
+    let first: &'static [u8] = if saving {
+        "\nbrigade: interrupted — finishing the current step, then saving a checkpoint; interrupt again to quit at once without saving\n".as_bytes()
+    } else {
+        "\nbrigade: interrupted — finishing the current step, then stopping (no --out: nothing is saved); interrupt again to quit at once without saving\n".as_bytes()
+    };
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let f = Arc::clone(&flag);
         // SAFETY: the action only swaps an atomic, writes to stderr with write(2) and calls
@@ -50,18 +57,10 @@ fn interrupt_flag(saving: bool) -> Result<Arc<AtomicBool>> {
                     libc::write(2, msg.as_ptr().cast(), msg.len());
                     libc::_exit(130);
                 }
+                libc::write(2, first.as_ptr().cast(), first.len());
             })?;
         }
     }
-    // the first interrupt is acknowledged at once (the step may take a while to finish)
-    let f = Arc::clone(&flag);
-    std::thread::spawn(move || {
-        while !f.load(Ordering::SeqCst) {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        let then = if saving { "then saving a checkpoint" } else { "then stopping (no --out: nothing is saved)" };
-        eprintln!("\nbrigade: interrupted — finishing the current step, {then}; interrupt again to quit at once without saving");
-    });
     Ok(flag)
 }
 

@@ -303,16 +303,21 @@ fn unwritable_outputs_fail_before_training() {
     fails_with(&[&slow[..], &["--trace", "adir"]].concat(), p, "is a directory");
 }
 
+/// A training run far longer than the test, saving to `out`, its stderr captured.
+fn long_run(p: &Path, out: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_brigade"))
+        .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", out])
+        .current_dir(p)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
-    let child = Command::new(env!("CARGO_BIN_EXE_brigade"))
-        .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", "ck"])
-        .current_dir(p)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = long_run(p, "ck");
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
@@ -338,12 +343,7 @@ fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("{} → {more} steps stretches the learning-rate schedule", step + 2)), "{err}");
     // a second interrupt quits at once, saying it did not save
-    let child = Command::new(env!("CARGO_BIN_EXE_brigade"))
-        .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", "ck2"])
-        .current_dir(p)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = long_run(p, "ck2");
     std::thread::sleep(std::time::Duration::from_millis(1500));
     for _ in 0..2 {
         assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
@@ -555,12 +555,7 @@ fn llama_folders_sample_and_bad_ones_are_refused() {
     assert!(!logits.exists(), "nothing written on a refusal");
     std::fs::write(hf.join("config.json"), &cfg).unwrap();
     // the real Llama 3 tokenizer (128,256 tokens) beside a model of 101
-    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tokenizers/llama3/tokenizer.json");
-    if !tok.exists() {
-        assert!(std::env::var("BRIGADE_REQUIRE_SHARED").is_err(), "{} is required", tok.display());
-        println!("skipped the tokenizer check: {} is absent", tok.display());
-        return;
-    }
+    let Some(tok) = common::shared("tokenizers/llama3/tokenizer.json") else { return };
     std::fs::copy(&tok, hf.join("tokenizer.json")).unwrap();
     fails_with(
         &args(&[]).iter().map(String::as_str).collect::<Vec<_>>(),

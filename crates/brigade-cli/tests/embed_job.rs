@@ -9,18 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn model() -> Option<String> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/all-MiniLM-L6-v2");
-    if p.exists() {
-        Some(p.canonicalize().unwrap().display().to_string())
-    } else {
-        assert!(
-            std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
-            "{} not found and BRIGADE_REQUIRE_SHARED is set",
-            p.display()
-        );
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
+    Some(common::shared("models/all-MiniLM-L6-v2")?.canonicalize().unwrap().display().to_string())
 }
 
 fn cmd(args: &[&str], cwd: &Path) -> Command {

@@ -3,22 +3,10 @@
 //! ../shared/peers/bench_minilm.py reference). Skips with a message when ../shared is absent.
 
 use brigade::embed::{npy, Encoder};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-fn shared(rel: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        assert!(
-            std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
-            "{} not found and BRIGADE_REQUIRE_SHARED is set",
-            p.display()
-        );
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
-}
+mod common;
+use common::shared;
 
 fn setup() -> Option<(Encoder, Vec<String>, PathBuf)> {
     let model = shared("models/all-MiniLM-L6-v2")?;

@@ -5,21 +5,9 @@
 //! folder's own post-processor. Skips with a message when ../shared is absent.
 
 use brigade::models::tokenizer::Tokenizer;
-use std::path::{Path, PathBuf};
 
-fn shared(rel: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(rel);
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
-        "{} not found and BRIGADE_REQUIRE_SHARED is set",
-        p.display()
-    );
-    eprintln!("skipping: {} is absent", p.display());
-    None
-}
+mod common;
+use common::shared;
 
 const TEXT: &str = "Hello world! 12345 bottles, naïve café — 日本語.";
 

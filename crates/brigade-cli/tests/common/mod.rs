@@ -1,8 +1,24 @@
 //! Running the `brigade` binary as a user does, shared by the CLI test files.
 #![allow(dead_code)] // each test file uses its own subset
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+/// `../shared/REL` (beside the checkout), or `None` with a printed reason when it is absent;
+/// under `BRIGADE_REQUIRE_SHARED` (CI) its absence fails the test instead.
+pub fn shared(rel: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(rel);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
+        "{} not found and BRIGADE_REQUIRE_SHARED is set",
+        p.display()
+    );
+    eprintln!("skipping: {} is absent", p.display());
+    None
+}
 
 pub fn brigade(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_brigade")).args(args).current_dir(cwd).output().expect("runs")

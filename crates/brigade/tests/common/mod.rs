@@ -1,0 +1,20 @@
+//! Helpers shared by the library's test files.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::path::{Path, PathBuf};
+
+/// `../shared/REL` (beside the checkout), or `None` with a printed reason when it is absent;
+/// under `BRIGADE_REQUIRE_SHARED` (CI) its absence fails the test instead.
+pub fn shared(rel: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(rel);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
+        "{} not found and BRIGADE_REQUIRE_SHARED is set",
+        p.display()
+    );
+    eprintln!("skipping: {} is absent", p.display());
+    None
+}
