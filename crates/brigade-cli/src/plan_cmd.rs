@@ -282,20 +282,13 @@ pub fn run(a: PlanArgs) -> Result<()> {
         bail!("--layout tp·pp·dp = {product} does not match --gpus {gpus}");
     }
     if !gpus.is_multiple_of(product) {
-        let free: Vec<&str> = [("tp", fixed.tp), ("pp", fixed.pp), ("dp", fixed.dp)]
-            .iter()
-            .filter(|(_, v)| v.is_none())
-            .map(|(n, _)| *n)
-            .collect();
+        let axes = [("tp", fixed.tp), ("pp", fixed.pp), ("dp", fixed.dp)];
+        let (given, free): (Vec<_>, Vec<_>) = axes.iter().partition(|(_, v)| v.is_some());
+        let names = |a: &[&(&str, Option<usize>)], sep: &str| a.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(sep);
         bail!(
             "--layout fixes {} = {product}, which does not divide --gpus {gpus}; the axes not given ({}) take the rest of the GPUs, so the given ones must divide it",
-            [("tp", fixed.tp), ("pp", fixed.pp), ("dp", fixed.dp)]
-                .iter()
-                .filter(|(_, v)| v.is_some())
-                .map(|(n, _)| *n)
-                .collect::<Vec<_>>()
-                .join("·"),
-            free.join(", ")
+            names(&given, "·"),
+            names(&free, ", ")
         );
     }
     let precision = brigade::plan::cost::Precision::parse(&a.precision)

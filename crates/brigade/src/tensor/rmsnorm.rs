@@ -28,14 +28,6 @@ pub fn rmsnorm_forward(out: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], 
     );
 }
 
-/// RMSNorm of one row in place, keeping no statistics (inference).
-pub fn rmsnorm_row(x: &mut [f32], w: &[f32], eps: f32) {
-    let rs = row_rstd(x, eps);
-    for (x, &w) in x.iter_mut().zip(w) {
-        *x = w * (*x * rs);
-    }
-}
-
 /// Accumulates into `dx` (the residual stream's gradient) and `dw`. With `x̂ = x·r`:
 /// `dw += Σ_rows dout ⊙ x̂`, `dx += r · (dout⊙w − x̂ · mean(dout⊙w⊙x̂))`.
 pub fn rmsnorm_backward(dx: &mut [f32], dw: &mut [f32], dout: &[f32], x: &[f32], rstd: &[f32], w: &[f32], c: usize) {
