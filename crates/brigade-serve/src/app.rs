@@ -14,7 +14,7 @@ use std::time::SystemTime;
 pub(crate) struct Loaded {
     pub(crate) engine: EngineHandle,
     pub(crate) tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
-    pub(crate) eos: Option<u32>,
+    pub(crate) eos: Vec<u32>,
     pub(crate) context: usize,
     pub(crate) vocab: usize,
     pub(crate) kv_blocks: usize,

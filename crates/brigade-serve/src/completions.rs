@@ -168,7 +168,7 @@ fn submit(
                 top_p: req.top_p,
                 seed: req.seed.unwrap_or(0).wrapping_add((j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 max_tokens: p.max_tokens,
-                stop_tokens: if req.ignore_eos { vec![] } else { l.eos.into_iter().collect() },
+                stop_tokens: if req.ignore_eos { vec![] } else { l.eos.clone() },
                 top_logprobs: req.logprobs.unwrap_or(0),
             };
             l.engine.add(Request { id, prompt: p.ids.clone(), sampling }, tx.clone());

@@ -20,23 +20,19 @@ pub struct Served {
     pub params: Vec<f32>,
     /// `None`: prompts must be token ids; responses carry token ids and empty text.
     pub tokenizer: Option<Tokenizer>,
-    /// Ends generation unless a request sets `ignore_eos`.
-    pub eos: Option<u32>,
+    /// End generation unless a request sets `ignore_eos`: the tokenizer's end-of-sequence
+    /// token (`eos_token` of `tokenizer_config.json`, or GPT-2's `<|endoftext|>`) and those
+    /// `generation_config.json` names (`eos_token_id`, one or a list, as `generate()` stops).
+    pub eos: Vec<u32>,
 }
 
 impl Source {
     /// The model's shape, read without loading weights (to refuse a bad path at once).
     pub fn config(&self) -> Result<GptConfig> {
-        let cfg = match self {
+        Ok(match self {
             Source::Checkpoint(dir) => read_model_config(dir)?,
             Source::Preset(name) => GptConfig::preset(name)?,
-        };
-        if cfg.llama().is_some() {
-            bail!(
-                "this is a Llama-family model; brigade serve runs GPT-2 models so far (train, sample and plan take the Llama family)"
-            );
-        }
-        Ok(cfg)
+        })
     }
 
     /// The name `/v1/models` lists: the directory's name or the preset's.
@@ -56,15 +52,22 @@ impl Source {
             Source::Preset(name) => {
                 let gpt = Gpt::new(GptConfig::preset(name)?)?;
                 let params = gpt.init_params(1);
-                Ok(Served { gpt, params, tokenizer: None, eos: None })
+                Ok(Served { gpt, params, tokenizer: None, eos: Vec::new() })
             }
             Source::Checkpoint(dir) => {
                 let (gpt, params) = load_model(dir)?;
                 let tokenizer = tokenizer_of(dir, gpt.cfg.vocab_size)?;
-                let eos = match &tokenizer {
-                    Some(Tokenizer::Hf(t, ..)) => t.token_to_id("<|endoftext|>"),
-                    _ => None,
+                let mut eos: Vec<u32> = match &tokenizer {
+                    Some(Tokenizer::Hf(t, _, _, sp)) => {
+                        sp.eos.or_else(|| t.token_to_id("<|endoftext|>")).into_iter().collect()
+                    }
+                    _ => Vec::new(),
                 };
+                for id in generation_eos(dir, gpt.cfg.vocab_size)? {
+                    if !eos.contains(&id) {
+                        eos.push(id);
+                    }
+                }
                 Ok(Served { gpt, params, tokenizer, eos })
             }
         }
@@ -94,4 +97,24 @@ fn tokenizer_of(dir: &Path, vocab: usize) -> Result<Option<Tokenizer>> {
         Some(false) => Ok(Some(Tokenizer::Bytes)),
         None => Ok(None),
     }
+}
+
+/// The end-of-sequence ids `generation_config.json` names (`eos_token_id`: an id, a list of
+/// them, or null), if the folder has one.
+fn generation_eos(dir: &Path, vocab: usize) -> Result<Vec<u32>> {
+    let path = dir.join("generation_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(Vec::new()) };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let ids: Vec<&serde_json::Value> = match v.get("eos_token_id") {
+        None | Some(serde_json::Value::Null) => vec![],
+        Some(serde_json::Value::Array(a)) => a.iter().collect(),
+        Some(one) => vec![one],
+    };
+    ids.into_iter()
+        .map(|id| match id.as_u64() {
+            Some(i) if (i as usize) < vocab => Ok(i as u32),
+            _ => bail!("{}: eos_token_id {id} is not a token id of this model (0..{vocab})", path.display()),
+        })
+        .collect()
 }

@@ -53,15 +53,17 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
     }
     let tp = l.tp;
     let cfg = o.source.config()?;
-    if tp == 0 || !cfg.n_head.is_multiple_of(tp) {
-        bail!("--tp {} must divide the model's {} attention heads (try 1 or 2)", tp, cfg.n_head);
+    if tp == 0 {
+        bail!("--tp must be at least 1");
     }
+    crate::weights::check_tp(&cfg, tp).map_err(anyhow::Error::msg)?;
     if tp > o.threads {
         bail!("--tp {} needs at least as many --threads (one per rank), got {}", tp, o.threads);
     }
-    let block_mib = (o.block_size * cfg.n_layer * 2 * (cfg.n_embd / tp) * 4) as f64 / (1 << 20) as f64;
-    // each rank holds its heads' keys and values: the cache's MiB are per rank
-    let kv_blocks = KvCache::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, cfg.n_embd / tp);
+    // each rank holds its key/value heads: the cache's MiB are per rank
+    let width = crate::weights::kv_width(&cfg, tp);
+    let block_mib = (o.block_size * cfg.n_layer * 2 * width * 4) as f64 / (1 << 20) as f64;
+    let kv_blocks = KvCache::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, width);
     if kv_blocks == 0 {
         bail!(
             "--kv-cache-mib {} holds no block of {} tokens for this model; raise it (a block needs {:.1} MiB)",

@@ -4,19 +4,13 @@
 //! shared prefixes hitting the cache, chunked prompts, preemption) gives bit-identical tokens
 //! and log-probabilities, greedy and seeded sampling alike.
 
+mod common;
+
 use brigade::models::{Activations, Gpt, GptConfig};
 use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
 use brigade_serve::model::Model;
+use common::{Family, FAMILIES};
 use std::collections::HashMap;
-
-fn tiny() -> (Gpt, Vec<f32>) {
-    let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 97, block_size: 96, arch: Default::default() };
-    let gpt = Gpt::new(cfg).unwrap();
-    let mut p = gpt.init_params(3);
-    // larger weights than the init's, so that logits are far from uniform and ties are rare
-    p.iter_mut().for_each(|v| *v *= 4.0);
-    (gpt, p)
-}
 
 fn greedy(max_tokens: usize) -> Sampling {
     Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens, stop_tokens: vec![], top_logprobs: 0 }
@@ -43,7 +37,13 @@ fn run(engine: &mut Engine, arrivals: Vec<(usize, Request)>) -> HashMap<u64, Vec
 
 #[test]
 fn greedy_tokens_match_the_full_recompute_generator() {
-    let (gpt, p) = tiny();
+    for f in FAMILIES {
+        greedy_against_the_generator(f);
+    }
+}
+
+fn greedy_against_the_generator(f: Family) {
+    let (gpt, p) = common::model(f, 97, 96, 3);
     let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 97).collect();
     let mut engine = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
     let got = run(&mut engine, vec![(0, Request { id: 1, prompt: prompt.clone(), sampling: greedy(30) })]);
@@ -55,9 +55,9 @@ fn greedy_tokens_match_the_full_recompute_generator() {
         let logits = gpt.forward_last(&p, &seq, 1, seq.len(), &mut acts);
         let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let best = logits.iter().position(|&v| v == mx).unwrap() as u32;
-        assert_eq!(o.token, best, "token {k}: engine {} vs reference {best}", o.token);
+        assert_eq!(o.token, best, "{f:?} token {k}: engine {} vs reference {best}", o.token);
         let lse = mx + logits.iter().map(|&v| ((v - mx) as f64).exp()).sum::<f64>().ln() as f32;
-        assert!((o.logprob - (logits[best as usize] - lse)).abs() < 1e-4, "logprob of token {k}");
+        assert!((o.logprob - (logits[best as usize] - lse)).abs() < 1e-4, "{f:?} logprob of token {k}");
         seq.push(best);
     }
     assert_eq!(tokens.len(), 30);
@@ -70,7 +70,13 @@ fn want_seeded_sampling() -> Sampling {
 
 #[test]
 fn outputs_do_not_depend_on_the_batch() {
-    let (gpt, p) = tiny();
+    for f in FAMILIES {
+        batch_invariance(f);
+    }
+}
+
+fn batch_invariance(f: Family) {
+    let (gpt, p) = common::model(f, 97, 96, 3);
     let shared: Vec<u32> = (0..20).map(|i| (i * 13 + 5) % 97).collect();
     let probe = |id: u64, sampling: Sampling| {
         let mut prompt = shared.clone();
@@ -104,12 +110,12 @@ fn outputs_do_not_depend_on_the_batch() {
     let got = run(&mut e, arrivals.clone());
     assert!(e.stats.preemptions > 0, "the test meant to preempt");
     assert!(e.kv.hits > 0, "the test meant to hit the prefix cache");
-    assert_eq!(got[&1], want_greedy, "greedy output changed inside a batch");
-    assert_eq!(got[&2], want_seeded, "seeded sampling changed inside a batch");
+    assert_eq!(got[&1], want_greedy, "{f:?}: greedy output changed inside a batch");
+    assert_eq!(got[&2], want_seeded, "{f:?}: seeded sampling changed inside a batch");
     // every request, each run alone, gives what it gave in the crowd
     for (_, r) in arrivals {
         let id = r.id;
-        assert_eq!(got[&id], alone(r)[&id], "request {id} changed inside a batch");
+        assert_eq!(got[&id], alone(r)[&id], "{f:?}: request {id} changed inside a batch");
     }
     assert_eq!(got.len(), 34, "every request finished");
     assert_eq!(e.kv.free_blocks(), e.kv.total_blocks());

@@ -2,20 +2,12 @@
 //! single worker's logits bit for bit, step after step (prompt chunks and decodes of several
 //! sequences, paged KV caches), and so the same tokens through the engine.
 
-use brigade::models::{Gpt, GptConfig};
+mod common;
+
 use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
 use brigade_serve::kv::KvCache;
 use brigade_serve::model::{Model, Work};
-
-fn model() -> (Gpt, Vec<f32>) {
-    // vocabulary 101: not a multiple of the group size (the head's padding is dropped)
-    let cfg =
-        GptConfig { n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 101, block_size: 64, arch: Default::default() };
-    let gpt = Gpt::new(cfg).unwrap();
-    let mut p = gpt.init_params(5);
-    p.iter_mut().for_each(|v| *v *= 4.0);
-    (gpt, p)
-}
+use common::{Family, FAMILIES};
 
 /// Three sequences over three steps: whole prompts, then a chunk beside decodes, then decodes.
 fn steps(model: &Model, kv: &mut KvCache) -> Vec<Vec<f32>> {
@@ -50,19 +42,38 @@ fn steps(model: &Model, kv: &mut KvCache) -> Vec<Vec<f32>> {
     out
 }
 
+/// The group sizes each family's test model takes: GPT-2's 4 heads; the Llama model's 8
+/// query heads on 2 key/value heads, which 4 and 8 ranks hold twice and four times.
+fn sizes(f: Family) -> &'static [usize] {
+    match f {
+        Family::Gpt2 => &[2, 4],
+        Family::Llama => &[2, 4, 8],
+    }
+}
+
 #[test]
 fn sharded_logits_equal_the_single_workers_bit_for_bit() {
-    let (gpt, p) = model();
+    for f in FAMILIES {
+        sharded_logits(f);
+    }
+}
+
+fn sharded_logits(f: Family) {
+    // vocabulary 101: not a multiple of the group size (the head's padding is dropped)
+    let (gpt, p) = common::model(f, 101, 64, 5);
     let one = Model::new(&gpt, &p);
     let mut kv = KvCache::new(16, 4, 2, one.kv_width());
     let want = steps(&one, &mut kv);
     assert_eq!(want.len(), 7);
-    for tp in [2, 4] {
+    for &tp in sizes(f) {
         let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
             let rank = comm.rank();
             let m = Model::shard(&gpt, &p, Some(comm))?;
             let mut kv = KvCache::new(16, 4, 2, m.kv_width());
-            assert_eq!(m.kv_width(), 64 / tp);
+            // GPT-2: its heads' share of 64; Llama: one of the 2 key/value heads of 8 (its own
+            // at tp 2, shared by 2 or 4 ranks at tp 4 or 8)
+            let want = if f == Family::Gpt2 { 64 / tp } else { 8 };
+            assert_eq!(m.kv_width(), want);
             if rank == 0 {
                 let out = steps(&m, &mut kv);
                 m.stop_followers();
@@ -76,18 +87,31 @@ fn sharded_logits_equal_the_single_workers_bit_for_bit() {
         for (i, (g, w)) in got[0].iter().zip(&want).enumerate() {
             assert_eq!(g.len(), 101);
             let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "tp {tp}: logits row {i} differ from the single worker's");
+            assert!(same, "{f:?} tp {tp}: logits row {i} differ from the single worker's");
         }
         assert_eq!(got[0].len(), want.len());
     }
     // a group that does not divide the heads is refused
     let err = brigade_comm::local::run(3, |comm| Model::shard(&gpt, &p, Some(comm)).map(|_| ())).unwrap_err();
-    assert!(err.to_string().contains("does not divide the model's 4 attention heads"), "{err}");
+    let want = if f == Family::Gpt2 {
+        "does not divide the model's 4 attention heads"
+    } else {
+        "8 query heads, 2 key/value heads"
+    };
+    assert!(err.to_string().contains(want), "{err}");
 }
 
 #[test]
-fn the_engine_on_two_ranks_gives_the_same_tokens() {
-    let (gpt, p) = model();
+fn the_engine_on_several_ranks_gives_the_same_tokens() {
+    for f in FAMILIES {
+        for &tp in sizes(f) {
+            engine_on_ranks(f, tp);
+        }
+    }
+}
+
+fn engine_on_ranks(f: Family, tp: usize) {
+    let (gpt, p) = common::model(f, 101, 64, 5);
     let requests: Vec<Request> = (0..6u64)
         .map(|j| Request {
             id: j,
@@ -115,7 +139,7 @@ fn the_engine_on_two_ranks_gives_the_same_tokens() {
         out
     };
     let want = drive(&mut Engine::new(Model::new(&gpt, &p), 40, 4, limits));
-    let got = brigade_comm::local::run(2, |comm| -> Result<_, String> {
+    let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
         let rank = comm.rank();
         let m = Model::shard(&gpt, &p, Some(comm))?;
         if rank == 0 {
@@ -130,6 +154,6 @@ fn the_engine_on_two_ranks_gives_the_same_tokens() {
         }
     })
     .unwrap();
-    assert_eq!(got[0], want);
+    assert_eq!(got[0], want, "{f:?} on {tp} ranks");
     assert_eq!(want.len(), 120);
 }

@@ -93,7 +93,7 @@ fn sigmoid(x: f32) -> f32 {
 
 /// SiLU, `x·σ(x)`.
 #[inline(always)]
-fn silu(x: f32) -> f32 {
+pub fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
 

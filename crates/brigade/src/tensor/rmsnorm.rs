@@ -16,16 +16,22 @@ pub fn row_rstd(x: &[f32], eps: f32) -> f32 {
 pub fn rmsnorm_forward(out: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], c: usize, eps: f32) {
     let n = x.len() / c;
     assert!(out.len() == x.len() && rstd.len() == n && w.len() == c);
-    out.par_chunks_mut(c).zip(x.par_chunks(c)).zip(rstd.par_iter_mut()).with_min_len(ROW_CHUNK).for_each(
-        |((o, x), r)| {
-            let rs = row_rstd(x, eps);
-            for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
-                // Hugging Face's order: normalise (in f32), then scale
-                *o = w * (x * rs);
-            }
-            *r = rs;
-        },
-    );
+    out.par_chunks_mut(c)
+        .zip(x.par_chunks(c))
+        .zip(rstd.par_iter_mut())
+        .with_min_len(ROW_CHUNK)
+        .for_each(|((o, x), r)| *r = rmsnorm_row(o, x, w, eps));
+}
+
+/// One row: `out = w · (x · rstd)`; returns `rstd`.
+#[inline]
+pub fn rmsnorm_row(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) -> f32 {
+    let rs = row_rstd(x, eps);
+    for ((o, &x), &w) in out.iter_mut().zip(x).zip(w) {
+        // Hugging Face's order: normalise (in f32), then scale
+        *o = w * (x * rs);
+    }
+    rs
 }
 
 /// Accumulates into `dx` (the residual stream's gradient) and `dw`. With `x̂ = x·r`:

@@ -62,23 +62,27 @@ impl RopeTable {
 /// Rotates, in place, every head of every row of `x` (`[rows, heads·hd]`, row stride
 /// `heads·hd`) by its position `pos(row)` — or by minus it (`inverse`: the backward).
 pub fn rope_rows(x: &mut [f32], heads: usize, tab: &RopeTable, pos: impl Fn(usize) -> usize + Sync, inverse: bool) {
-    let half = tab.half;
-    let w = heads * 2 * half;
+    let w = heads * 2 * tab.half;
     assert!(x.len().is_multiple_of(w));
     let sign = if inverse { -1.0 } else { 1.0 };
-    x.par_chunks_mut(w).enumerate().with_min_len(16).for_each(|(r, row)| {
-        let p = pos(r);
-        let (cos, sin) = (&tab.cos[p * half..][..half], &tab.sin[p * half..][..half]);
-        for head in row.chunks_exact_mut(2 * half) {
-            let (a, b) = head.split_at_mut(half);
-            for i in 0..half {
-                let (c, s) = (cos[i], sign * sin[i]);
-                let (x1, x2) = (a[i], b[i]);
-                a[i] = x1 * c - x2 * s;
-                b[i] = x2 * c + x1 * s;
-            }
+    x.par_chunks_mut(w).enumerate().with_min_len(16).for_each(|(r, row)| rope_heads(row, tab, pos(r), sign));
+}
+
+/// Rotates every head of `heads` (a whole number of heads of width `2·tab.half`, side by
+/// side) by position `p`, or by minus it with `sign` −1: the one rotation training and serving
+/// share.
+pub fn rope_heads(heads: &mut [f32], tab: &RopeTable, p: usize, sign: f32) {
+    let half = tab.half;
+    let (cos, sin) = (&tab.cos[p * half..][..half], &tab.sin[p * half..][..half]);
+    for head in heads.chunks_exact_mut(2 * half) {
+        let (a, b) = head.split_at_mut(half);
+        for i in 0..half {
+            let (c, s) = (cos[i], sign * sin[i]);
+            let (x1, x2) = (a[i], b[i]);
+            a[i] = x1 * c - x2 * s;
+            b[i] = x2 * c + x1 * s;
         }
-    });
+    }
 }
 
 #[cfg(test)]

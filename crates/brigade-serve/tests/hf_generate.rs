@@ -1,0 +1,128 @@
+//! The engine against Hugging Face `transformers` on the random-weight Llama-family fixtures
+//! of scripts/make_llama_fixture.py (Llama 3 with GQA 4:1, llama3 rope scaling and an untied
+//! head; Qwen2 with q/k/v biases, a tied head and a sharded checkpoint): the engine's greedy
+//! tokens equal `generate()`'s, alone, inside a batch of other requests, and on 2 and 4
+//! tensor-parallel ranks (4: key/value heads replicated); and the next-token logits after a 100-token prompt (past the
+//! original rope context) equal the model's last-position logits.
+
+use brigade::models::checkpoint::load_model;
+use brigade::models::Gpt;
+use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
+use brigade_serve::kv::KvCache;
+use brigade_serve::model::{Model, Work};
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures").join(name)
+}
+
+fn ids(st: &SafeTensors, name: &str) -> (Vec<u32>, usize) {
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("fixture lacks {name}"));
+    let v = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
+    (v, t.shape()[1])
+}
+
+fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("fixture lacks {name}"));
+    t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn greedy(max_tokens: usize) -> Sampling {
+    Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens, stop_tokens: vec![], top_logprobs: 0 }
+}
+
+/// Runs `requests` to the end; the tokens of request 0.
+fn drive(e: &mut Engine, requests: &[Request]) -> Vec<u32> {
+    for r in requests {
+        e.add(r.clone()).unwrap();
+    }
+    let mut out: Vec<Output> = Vec::new();
+    while e.has_work() {
+        out.extend(e.step());
+    }
+    out.iter().filter(|o| o.id == 0).map(|o| o.token).collect()
+}
+
+fn on_ranks(gpt: &Gpt, params: &[f32], tp: usize, requests: &[Request]) -> Vec<u32> {
+    let limits = Limits { max_running: 8, max_step_tokens: 16 };
+    let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
+        let rank = comm.rank();
+        let m = Model::shard(gpt, params, Some(comm))?;
+        if rank == 0 {
+            let mut e = Engine::new(m, 64, 4, limits);
+            let out = drive(&mut e, requests);
+            e.model.stop_followers();
+            Ok(out)
+        } else {
+            let mut kv = KvCache::new(64, 4, m.layers_n, m.kv_width());
+            while m.follow(&mut kv) {}
+            Ok(vec![])
+        }
+    })
+    .unwrap();
+    got[0].clone()
+}
+
+/// `tps`: the group sizes the fixture's shape takes.
+fn matches_generate(name: &str, tps: &[usize]) {
+    let dir = fixture(name);
+    let (gpt, params) = load_model(&dir).unwrap();
+    assert!(gpt.cfg.llama().is_some());
+    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (prompt, _) = ids(&st, "prompt_ids");
+    let (want, n) = ids(&st, "greedy_ids");
+    let probe = Request { id: 0, prompt: prompt.clone(), sampling: greedy(n) };
+    let alone = drive(
+        &mut Engine::new(Model::new(&gpt, &params), 64, 4, Limits { max_running: 8, max_step_tokens: 512 }),
+        std::slice::from_ref(&probe),
+    );
+    assert_eq!(alone, want, "{name}: the engine's greedy tokens differ from generate()'s");
+    // beside others, in chunks of a 16-token budget
+    let v = gpt.cfg.vocab_size as u32;
+    let mut crowd = vec![probe];
+    crowd.extend((1..6u64).map(|j| Request {
+        id: j,
+        prompt: (0..(2 + 7 * j as u32)).map(|i| (i * 13 + j as u32 * 5) % v).collect(),
+        sampling: Sampling { temperature: 0.7, seed: j, ..greedy(10 + j as usize) },
+    }));
+    let crowded = drive(
+        &mut Engine::new(Model::new(&gpt, &params), 64, 4, Limits { max_running: 8, max_step_tokens: 16 }),
+        &crowd,
+    );
+    assert_eq!(crowded, want, "{name}: greedy tokens changed inside a batch");
+    for &tp in tps {
+        assert_eq!(on_ranks(&gpt, &params, tp, &crowd), want, "{name}: tp {tp}");
+    }
+    // the 100-token prompt's next-token logits (a prefill in chunks of 16, the last alone)
+    let (long, t) = ids(&st, "long_input_ids");
+    let hf = f32s(&st, "long_logits");
+    let vocab = gpt.cfg.vocab_size;
+    let m = Model::new(&gpt, &params);
+    let mut kv = KvCache::new(32, 4, m.layers_n, m.kv_width());
+    let blocks: Vec<usize> = (0..t.div_ceil(4)).collect();
+    let row = &long[..t];
+    let mut last = Vec::new();
+    for start in (0..t).step_by(16) {
+        let end = (start + 16).min(t);
+        let out = m.step(&mut kv, &[Work { tokens: &row[start..end], start, blocks: &blocks, logits: end == t }]);
+        last = out.into_iter().next().unwrap_or_default();
+    }
+    let want = &hf[(t - 1) * vocab..t * vocab];
+    let scale = want.iter().fold(0f32, |a, b| a.max(b.abs()));
+    let err = last.iter().zip(want).fold(0f32, |a, (x, y)| a.max((x - y).abs())) / scale;
+    assert!(err < 1e-4, "{name}: next-token logits after {t} tokens differ from Hugging Face by {err:.2e} (relative)");
+}
+
+#[test]
+fn llama3_greedy_tokens_equal_generate() {
+    // 8 query heads on 2 key/value heads: 4 ranks hold each key/value head twice
+    matches_generate("llama3_hf", &[2, 4]);
+}
+
+#[test]
+fn qwen2_greedy_tokens_equal_generate() {
+    // 6 query heads: 4 ranks would not divide them
+    matches_generate("qwen2_hf", &[2]);
+}
