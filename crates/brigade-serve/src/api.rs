@@ -63,9 +63,9 @@ pub const MAX_N: usize = 64;
 /// The most alternatives `logprobs` may ask for (vLLM's bound; OpenAI's is 5).
 pub const MAX_LOGPROBS: usize = 20;
 
-const KNOWN: &[&str] = &[
+/// The fields both APIs take.
+pub(crate) const COMMON: &[&str] = &[
     "model",
-    "prompt",
     "max_tokens",
     "temperature",
     "top_p",
@@ -73,21 +73,20 @@ const KNOWN: &[&str] = &[
     "stop",
     "seed",
     "n",
-    "logprobs",
     "stream",
     "stream_options",
     "ignore_eos",
     "return_token_ids",
-    "echo",
-    "best_of",
     "presence_penalty",
     "frequency_penalty",
     "logit_bias",
-    "suffix",
     "user",
 ];
 
-fn type_name(v: &Value) -> &'static str {
+/// The fields only `/v1/completions` takes.
+const COMPLETIONS: &[&str] = &["prompt", "logprobs", "echo", "best_of", "suffix"];
+
+pub(crate) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -99,11 +98,11 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 /// A field that is absent or null is `None`.
-fn field<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {
     o.get(k).filter(|v| !v.is_null())
 }
 
-fn bool_field(o: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
+pub(crate) fn bool_field(o: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
     match field(o, k) {
         None => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
@@ -111,7 +110,7 @@ fn bool_field(o: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
     }
 }
 
-fn int_field(o: &Map<String, Value>, k: &str) -> Result<Option<i64>, ApiError> {
+pub(crate) fn int_field(o: &Map<String, Value>, k: &str) -> Result<Option<i64>, ApiError> {
     match field(o, k) {
         None => Ok(None),
         Some(Value::Number(n)) => match n.as_i64() {
@@ -122,7 +121,7 @@ fn int_field(o: &Map<String, Value>, k: &str) -> Result<Option<i64>, ApiError> {
     }
 }
 
-fn num_field(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
+pub(crate) fn num_field(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
     match field(o, k) {
         None => Ok(None),
         Some(Value::Number(n)) => Ok(n.as_f64()),
@@ -163,8 +162,8 @@ fn prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
     }
 }
 
-/// Parses and checks a request body (limits that depend on the model are checked later).
-pub fn parse(body: &[u8]) -> Result<Completion, ApiError> {
+/// The body as a JSON object whose fields are all among `COMMON` and `own` (the API's own).
+pub(crate) fn object(body: &[u8], own: &[&str]) -> Result<Map<String, Value>, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| ApiError {
         status: 400,
         message: format!("the request body is not valid JSON: {e}"),
@@ -175,38 +174,46 @@ pub fn parse(body: &[u8]) -> Result<Completion, ApiError> {
     let Value::Object(o) = v else {
         return Err(ApiError::bad("body", format!("the request body must be a JSON object, got {}", type_name(&v))));
     };
-    if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(ApiError::bad(k, format!("unsupported parameter '{k}'; this server takes {}", KNOWN.join(", "))));
+    let known = |k: &str| COMMON.contains(&k) || own.contains(&k);
+    if let Some(k) = o.keys().find(|k| !known(k)) {
+        let all: Vec<&str> = own.iter().chain(COMMON).copied().collect();
+        return Err(ApiError::bad(k, format!("unsupported parameter '{k}'; this server takes {}", all.join(", "))));
     }
-    let model = match field(&o, "model") {
+    Ok(o)
+}
+
+/// The fields both APIs share (`COMMON`): sampling, stopping, streaming, and OpenAI's
+/// parameters this server does not implement (only their no-op values pass). No prompt and
+/// no log-probabilities yet: each API reads its own.
+pub(crate) fn common(o: &Map<String, Value>) -> Result<Completion, ApiError> {
+    let model = match field(o, "model") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(v) => return Err(ApiError::bad("model", format!("'model' must be a string, got {}", type_name(v)))),
     };
-    let prompts = prompts(field(&o, "prompt"))?;
-    let max_tokens = match int_field(&o, "max_tokens")? {
+    let max_tokens = match int_field(o, "max_tokens")? {
         None => None,
         Some(m) if m < 1 => {
             return Err(ApiError::bad("max_tokens", format!("'max_tokens' must be at least 1, got {m}")))
         }
         Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
     };
-    let temperature = num_field(&o, "temperature")?.unwrap_or(1.0);
+    let temperature = num_field(o, "temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::bad("temperature", format!("'temperature' must be from 0 to 2, got {temperature}")));
     }
-    let top_p = num_field(&o, "top_p")?.unwrap_or(1.0);
+    let top_p = num_field(o, "top_p")?.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ApiError::bad("top_p", format!("'top_p' must be above 0 and at most 1, got {top_p}")));
     }
-    let top_k = match int_field(&o, "top_k")? {
+    let top_k = match int_field(o, "top_k")? {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
         Some(k) => {
             return Err(ApiError::bad("top_k", format!("'top_k' must be -1 or 0 (all tokens) or positive, got {k}")))
         }
     };
-    let stop = match field(&o, "stop") {
+    let stop = match field(o, "stop") {
         None => vec![],
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) if a.len() <= 4 => a
@@ -219,21 +226,14 @@ pub fn parse(body: &[u8]) -> Result<Completion, ApiError> {
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::bad("stop", "'stop' strings must not be empty"));
     }
-    let seed = int_field(&o, "seed")?.map(|s| s as u64);
-    let n = match int_field(&o, "n")? {
+    let seed = int_field(o, "seed")?.map(|s| s as u64);
+    let n = match int_field(o, "n")? {
         None => 1,
         Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
         Some(n) => return Err(ApiError::bad("n", format!("'n' must be from 1 to {MAX_N}, got {n}"))),
     };
-    let logprobs = match int_field(&o, "logprobs")? {
-        None => None,
-        Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Some(k as usize),
-        Some(k) => {
-            return Err(ApiError::bad("logprobs", format!("'logprobs' must be from 0 to {MAX_LOGPROBS}, got {k}")))
-        }
-    };
-    let stream = bool_field(&o, "stream")?;
-    let include_usage = match field(&o, "stream_options") {
+    let stream = bool_field(o, "stream")?;
+    let include_usage = match field(o, "stream_options") {
         None => false,
         Some(_) if !stream => {
             return Err(ApiError::bad("stream_options", "'stream_options' is only allowed when 'stream' is true"))
@@ -255,43 +255,26 @@ pub fn parse(body: &[u8]) -> Result<Completion, ApiError> {
             ))
         }
     };
-    // OpenAI's parameters this server does not implement: only their no-op values pass
-    if bool_field(&o, "echo")? {
-        return Err(ApiError::bad("echo", "'echo' is not supported; leave it out or set it to false"));
-    }
-    match int_field(&o, "best_of")? {
-        None => {}
-        Some(b) if b == n as i64 => {}
-        Some(b) => {
-            return Err(ApiError::bad(
-                "best_of",
-                format!("'best_of' other than n is not supported (got {b}, n is {n})"),
-            ))
-        }
-    }
     for k in ["presence_penalty", "frequency_penalty"] {
-        if let Some(p) = num_field(&o, k)? {
+        if let Some(p) = num_field(o, k)? {
             if p != 0.0 {
                 return Err(ApiError::bad(k, format!("'{k}' is not supported; leave it out or set it to 0")));
             }
         }
     }
-    match field(&o, "logit_bias") {
+    match field(o, "logit_bias") {
         None => {}
         Some(Value::Object(m)) if m.is_empty() => {}
         Some(_) => return Err(ApiError::bad("logit_bias", "'logit_bias' is not supported; leave it out")),
     }
-    if field(&o, "suffix").is_some() {
-        return Err(ApiError::bad("suffix", "'suffix' is not supported; leave it out"));
-    }
-    if let Some(u) = field(&o, "user") {
+    if let Some(u) = field(o, "user") {
         if !u.is_string() {
             return Err(ApiError::bad("user", format!("'user' must be a string, got {}", type_name(u))));
         }
     }
     Ok(Completion {
         model,
-        prompts,
+        prompts: Vec::new(),
         max_tokens,
         temperature: temperature as f32,
         top_p: top_p as f32,
@@ -299,12 +282,45 @@ pub fn parse(body: &[u8]) -> Result<Completion, ApiError> {
         stop,
         seed,
         n,
-        logprobs,
+        logprobs: None,
         stream,
         include_usage,
-        ignore_eos: bool_field(&o, "ignore_eos")?,
-        return_token_ids: bool_field(&o, "return_token_ids")?,
+        ignore_eos: bool_field(o, "ignore_eos")?,
+        return_token_ids: bool_field(o, "return_token_ids")?,
     })
+}
+
+/// Parses and checks a `/v1/completions` body (limits that depend on the model are checked
+/// later).
+pub fn parse(body: &[u8]) -> Result<Completion, ApiError> {
+    let o = object(body, COMPLETIONS)?;
+    let prompts = prompts(field(&o, "prompt"))?;
+    let mut c = common(&o)?;
+    c.prompts = prompts;
+    c.logprobs = match int_field(&o, "logprobs")? {
+        None => None,
+        Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::bad("logprobs", format!("'logprobs' must be from 0 to {MAX_LOGPROBS}, got {k}")))
+        }
+    };
+    if bool_field(&o, "echo")? {
+        return Err(ApiError::bad("echo", "'echo' is not supported; leave it out or set it to false"));
+    }
+    match int_field(&o, "best_of")? {
+        None => {}
+        Some(b) if b == c.n as i64 => {}
+        Some(b) => {
+            return Err(ApiError::bad(
+                "best_of",
+                format!("'best_of' other than n is not supported (got {b}, n is {})", c.n),
+            ))
+        }
+    }
+    if field(&o, "suffix").is_some() {
+        return Err(ApiError::bad("suffix", "'suffix' is not supported; leave it out"));
+    }
+    Ok(c)
 }
 
 #[cfg(test)]

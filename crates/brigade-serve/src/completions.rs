@@ -20,18 +20,36 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub(crate) async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let r = match accept(&app, &body) {
-        Ok((req, prompts, guard)) => {
-            if req.stream {
-                stream(app.clone(), req, prompts, guard, started)
-            } else {
-                whole(&app, req, prompts, guard, started).await
-            }
-        }
+    let r = match api::parse(&body) {
+        Ok(req) => respond(app.clone(), req, Kind::Text, started).await,
         Err(e) => error(e),
     };
     app.metrics.count_status(r.status().as_u16());
     r
+}
+
+/// Which API a request came through: it sets the response's shape and the tokens that end
+/// a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `/v1/completions`: text, ended by the model's EOS.
+    Text,
+    /// `/v1/chat/completions`: an assistant message, ended by the template's end of turn.
+    Chat,
+}
+
+/// Admits a parsed request and answers it: one response, or server-sent events.
+pub(crate) async fn respond(app: Arc<App>, req: Completion, kind: Kind, started: Instant) -> Response {
+    match accept(&app, req) {
+        Ok((req, prompts, guard)) => {
+            if req.stream {
+                stream(app.clone(), req, kind, prompts, guard, started)
+            } else {
+                whole(&app, req, kind, prompts, guard, started).await
+            }
+        }
+        Err(e) => error(e),
+    }
 }
 
 /// A prompt as tokens, and how many tokens to generate for it (`max_tokens`, or its default).
@@ -40,13 +58,18 @@ struct Prompted {
     max_tokens: usize,
 }
 
-/// Checks a request against the model and the limits and queues its sequences.
-fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Prompted>, InFlight), ApiError> {
+/// Whether the server takes requests now (loaded, not draining), and the model if so.
+pub(crate) fn serving(app: &App) -> Result<&Loaded, ApiError> {
     let Some(l) = app.loaded.get() else { return Err(unavailable("the model is still loading; retry shortly")) };
     if app.draining.load(Ordering::SeqCst) {
         return Err(unavailable("the server is shutting down"));
     }
-    let mut req = api::parse(body)?;
+    Ok(l)
+}
+
+/// Checks a request against the model and the limits and queues its sequences.
+fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompted>, InFlight), ApiError> {
+    let l = serving(app)?;
     if let Some(m) = &req.model {
         if *m != app.name {
             return Err(ApiError {
@@ -135,16 +158,16 @@ fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Completion, Vec<Prompted>, InF
     Ok((req, prompts, guard))
 }
 
+/// A generated token, its log-probability, and its alternatives with theirs.
+type TokenLogprobs = (u32, f32, Vec<(u32, f32)>);
+
 /// One choice being generated.
 struct Choice<'a> {
     detok: Detok<'a>,
     tokens: Vec<u32>,
     finish: Option<&'static str>,
-    lp_tokens: Vec<String>,
-    lp_values: Vec<f32>,
-    lp_top: Vec<Value>,
-    lp_offsets: Vec<usize>,
-    offset: usize,
+    /// Each generated token's log-probability and its alternatives (when asked for).
+    lp: Vec<TokenLogprobs>,
     last: Option<Instant>,
 }
 
@@ -152,6 +175,7 @@ struct Choice<'a> {
 fn submit(
     l: &Loaded,
     req: &Completion,
+    kind: Kind,
     prompts: &[Prompted],
     guard: &InFlight,
     app: &App,
@@ -168,7 +192,11 @@ fn submit(
                 top_p: req.top_p,
                 seed: req.seed.unwrap_or(0).wrapping_add((j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 max_tokens: p.max_tokens,
-                stop_tokens: if req.ignore_eos { vec![] } else { l.eos.clone() },
+                stop_tokens: match (req.ignore_eos, kind) {
+                    (true, _) => vec![],
+                    (false, Kind::Text) => l.eos.clone(),
+                    (false, Kind::Chat) => l.chat.as_ref().map_or_else(|_| l.eos.clone(), |t| t.end_of_turn.clone()),
+                },
                 top_logprobs: req.logprobs.unwrap_or(0),
             };
             l.engine.add(Request { id, prompt: p.ids.clone(), sampling }, tx.clone());
@@ -185,11 +213,12 @@ struct Choices<'a> {
     base: u64,
     l: &'a Loaded,
     req: &'a Completion,
+    kind: Kind,
     started: Instant,
 }
 
 impl<'a> Choices<'a> {
-    fn new(l: &'a Loaded, req: &'a Completion, guard: &InFlight, started: Instant) -> Choices<'a> {
+    fn new(l: &'a Loaded, req: &'a Completion, kind: Kind, guard: &InFlight, started: Instant) -> Choices<'a> {
         let list: Vec<Choice> = guard
             .ids
             .iter()
@@ -197,15 +226,11 @@ impl<'a> Choices<'a> {
                 detok: Detok::new(l.tokenizer.as_ref(), &req.stop),
                 tokens: Vec::new(),
                 finish: None,
-                lp_tokens: Vec::new(),
-                lp_values: Vec::new(),
-                lp_top: Vec::new(),
-                lp_offsets: Vec::new(),
-                offset: 0,
+                lp: Vec::new(),
                 last: None,
             })
             .collect();
-        Choices { open: list.len(), list, base: guard.ids[0], l, req, started }
+        Choices { open: list.len(), list, base: guard.ids[0], l, req, kind, started }
     }
 
     /// Takes one engine output into its choice: the choice's index and the text that became
@@ -226,15 +251,7 @@ impl<'a> Choices<'a> {
         c.last = Some(now);
         c.tokens.push(o.token);
         if req.logprobs.is_some() {
-            let tt = token_text(l.tokenizer.as_ref(), o.token);
-            c.lp_offsets.push(c.offset);
-            // OpenAI counts characters, not bytes
-            c.offset += tt.chars().count();
-            c.lp_tokens.push(tt);
-            c.lp_values.push(o.logprob);
-            let top: serde_json::Map<String, Value> =
-                o.top.iter().map(|&(t, lp)| (token_text(l.tokenizer.as_ref(), t), json!(lp))).collect();
-            c.lp_top.push(Value::Object(top));
+            c.lp.push((o.token, o.logprob, o.top.clone()));
         }
         // the end-of-text token ends the text; it is not part of it
         let eos = o.finished == Some(Finish::Stop);
@@ -254,18 +271,53 @@ impl<'a> Choices<'a> {
         Some((i, piece))
     }
 
-    /// Log-probabilities of choice `i`'s tokens from `from` on, in OpenAI's layout.
+    /// Log-probabilities of choice `i`'s tokens from `from` on, in OpenAI's layout of the API.
     fn logprobs(&self, i: usize, from: usize) -> Value {
         if self.req.logprobs.is_none() {
             return Value::Null;
         }
-        let c = &self.list[i];
-        json!({
-            "tokens": c.lp_tokens[from..],
-            "token_logprobs": c.lp_values[from..],
-            "top_logprobs": c.lp_top[from..],
-            "text_offset": c.lp_offsets[from..],
-        })
+        let tok = self.l.tokenizer.as_ref();
+        let lp = &self.list[i].lp;
+        match self.kind {
+            Kind::Text => {
+                // OpenAI counts offsets in characters, not bytes
+                let offset0: usize = lp[..from].iter().map(|&(t, ..)| token_text(tok, t).chars().count()).sum();
+                let mut offsets = Vec::new();
+                let mut at = offset0;
+                let mut tokens = Vec::new();
+                for &(t, ..) in &lp[from..] {
+                    let tt = token_text(tok, t);
+                    offsets.push(at);
+                    at += tt.chars().count();
+                    tokens.push(tt);
+                }
+                let top: Vec<Value> = lp[from..]
+                    .iter()
+                    .map(|(_, _, top)| {
+                        let m: serde_json::Map<String, Value> =
+                            top.iter().map(|&(t, l)| (token_text(tok, t), json!(l))).collect();
+                        Value::Object(m)
+                    })
+                    .collect();
+                let values: Vec<f32> = lp[from..].iter().map(|&(_, l, _)| l).collect();
+                json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets})
+            }
+            Kind::Chat => {
+                let entry = |t: u32, l: f32| {
+                    let text = token_text(tok, t);
+                    json!({"token": text, "logprob": l, "bytes": text.as_bytes()})
+                };
+                let content: Vec<Value> = lp[from..]
+                    .iter()
+                    .map(|(t, l, top)| {
+                        let mut e = entry(*t, *l);
+                        e["top_logprobs"] = top.iter().map(|&(t, l)| entry(t, l)).collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+        }
     }
 
     /// Prompt tokens (each prompt once, whatever n) and generated tokens.
@@ -290,10 +342,26 @@ fn engine_stopped() -> ApiError {
     engine_failed("the engine stopped before the request finished".into())
 }
 
-async fn whole(app: &Arc<App>, req: Completion, prompts: Vec<Prompted>, guard: InFlight, started: Instant) -> Response {
+/// The response's id and object name of the API.
+fn names(kind: Kind, base: u64, stream: bool) -> (String, &'static str) {
+    match (kind, stream) {
+        (Kind::Text, _) => (format!("cmpl-{base}"), "text_completion"),
+        (Kind::Chat, false) => (format!("chatcmpl-{base}"), "chat.completion"),
+        (Kind::Chat, true) => (format!("chatcmpl-{base}"), "chat.completion.chunk"),
+    }
+}
+
+async fn whole(
+    app: &Arc<App>,
+    req: Completion,
+    kind: Kind,
+    prompts: Vec<Prompted>,
+    guard: InFlight,
+    started: Instant,
+) -> Response {
     let l = app.loaded.get().expect("accepted only once loaded");
-    let mut rx = submit(l, &req, &prompts, &guard, app);
-    let mut choices = Choices::new(l, &req, &guard, started);
+    let mut rx = submit(l, &req, kind, &prompts, &guard, app);
+    let mut choices = Choices::new(l, &req, kind, &guard, started);
     while choices.open > 0 {
         match rx.recv().await {
             Some(Ok(o)) => {
@@ -308,34 +376,72 @@ async fn whole(app: &Arc<App>, req: Completion, prompts: Vec<Prompted>, guard: I
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let mut v = json!({
-                "index": i, "text": c.detok.text(), "finish_reason": c.finish, "logprobs": choices.logprobs(i, 0),
-            });
+            let mut v = match kind {
+                Kind::Text => json!({"index": i, "text": c.detok.text()}),
+                Kind::Chat => json!({"index": i, "message": {"role": "assistant", "content": c.detok.text()}}),
+            };
+            v["finish_reason"] = json!(c.finish);
+            v["logprobs"] = choices.logprobs(i, 0);
             if req.return_token_ids {
                 v["token_ids"] = json!(c.tokens);
-                v["prompt_token_ids"] = json!(prompts[i / req.n].ids);
+                if kind == Kind::Text {
+                    v["prompt_token_ids"] = json!(prompts[i / req.n].ids);
+                }
             }
             v
         })
         .collect();
-    let body = json!({
-        "id": format!("cmpl-{}", choices.base), "object": "text_completion", "created": unix_now(), "model": app.name,
+    let (id, object) = names(kind, choices.base, false);
+    let mut body = json!({
+        "id": id, "object": object, "created": unix_now(), "model": app.name,
         "choices": out, "usage": choices.usage(&prompts),
     });
+    if req.return_token_ids && kind == Kind::Chat {
+        // vLLM's place for the rendered template's ids
+        body["prompt_token_ids"] = json!(prompts[0].ids);
+    }
     drop(guard);
     axum::Json(body).into_response()
 }
 
 /// Server-sent events: a chunk per generated token (the text that became final, its token id
 /// and log-probabilities as asked), the finish reason with the last, usage if asked, `[DONE]`.
-fn stream(app: Arc<App>, req: Completion, prompts: Vec<Prompted>, guard: InFlight, started: Instant) -> Response {
+/// A chat stream opens each choice with a chunk whose delta carries the role.
+fn stream(
+    app: Arc<App>,
+    req: Completion,
+    kind: Kind,
+    prompts: Vec<Prompted>,
+    guard: InFlight,
+    started: Instant,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(256);
     tokio::spawn(async move {
         let l = app.loaded.get().expect("accepted only once loaded");
-        let mut engine_rx = submit(l, &req, &prompts, &guard, &app);
-        let mut choices = Choices::new(l, &req, &guard, started);
-        let (id, created) = (format!("cmpl-{}", choices.base), unix_now());
+        let mut engine_rx = submit(l, &req, kind, &prompts, &guard, &app);
+        let mut choices = Choices::new(l, &req, kind, &guard, started);
+        let (id, object) = names(kind, choices.base, true);
+        let created = unix_now();
         let event = |v: &Value| Ok(Bytes::from(format!("data: {v}\n\n")));
+        let chunk_of = |choice: Value| {
+            let mut chunk =
+                json!({"id": id, "object": object, "created": created, "model": app.name, "choices": [choice]});
+            if req.include_usage {
+                chunk["usage"] = Value::Null;
+            }
+            chunk
+        };
+        if kind == Kind::Chat {
+            for i in 0..choices.list.len() {
+                let mut first = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+                if req.return_token_ids && i == 0 {
+                    first["prompt_token_ids"] = json!(prompts[0].ids);
+                }
+                if tx.send(event(&chunk_of(first))).await.is_err() {
+                    return;
+                }
+            }
+        }
         while choices.open > 0 {
             let msg = tokio::select! {
                 m = engine_rx.recv() => m,
@@ -353,29 +459,27 @@ fn stream(app: Arc<App>, req: Completion, prompts: Vec<Prompted>, guard: InFligh
                     return;
                 }
             };
-            let from = choices.list[(o.id - choices.base) as usize].lp_tokens.len();
+            let from = choices.list[(o.id - choices.base) as usize].lp.len();
             let Some((i, piece)) = choices.take(&o, &app.metrics) else { continue };
             let c = &choices.list[i];
-            let mut ch = json!({
-                "index": i, "text": piece, "finish_reason": c.finish, "logprobs": choices.logprobs(i, from),
-            });
+            let mut ch = match kind {
+                Kind::Text => json!({"index": i, "text": piece}),
+                Kind::Chat => json!({"index": i, "delta": {"content": piece}}),
+            };
+            ch["finish_reason"] = json!(c.finish);
+            ch["logprobs"] = choices.logprobs(i, from);
             if req.return_token_ids {
                 ch["token_ids"] = json!([o.token]);
-                if c.tokens.len() == 1 {
+                if c.tokens.len() == 1 && kind == Kind::Text {
                     ch["prompt_token_ids"] = json!(prompts[i / req.n].ids);
                 }
             }
-            let mut chunk =
-                json!({"id": id, "object": "text_completion", "created": created, "model": app.name, "choices": [ch]});
-            if req.include_usage {
-                chunk["usage"] = Value::Null;
-            }
-            if tx.send(event(&chunk)).await.is_err() {
+            if tx.send(event(&chunk_of(ch))).await.is_err() {
                 return; // the client went away: the guard aborts what is left
             }
         }
         if req.include_usage {
-            let chunk = json!({"id": id, "object": "text_completion", "created": created, "model": app.name,
+            let chunk = json!({"id": id, "object": object, "created": created, "model": app.name,
                 "choices": [], "usage": choices.usage(&prompts)});
             let _ = tx.send(event(&chunk)).await;
         }

@@ -4,6 +4,9 @@
 
 pub mod api;
 mod app;
+mod chat;
+pub mod chat_api;
+pub mod chat_template;
 mod completions;
 pub mod engine;
 pub mod kv;

@@ -4,6 +4,8 @@
 //! answer 503 until the model is loaded and again while draining after SIGTERM.
 
 use crate::app::{unix_now, App, Loaded};
+use crate::chat::chat_completions;
+use crate::chat_template::ChatTemplate;
 use crate::completions::completions;
 use crate::engine::Limits;
 use crate::kv::KvCache;
@@ -106,7 +108,12 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
             let setup =
                 EngineSetup { kv_blocks, block_size: o.block_size, limits, tp: o.layout.tp, threads: o.threads };
             let (handle, join) = EngineHandle::start_model(gpt, params, setup, app.metrics.clone());
-            let loaded = Loaded { engine: handle, tokenizer, eos, context, vocab, kv_blocks, block_size: o.block_size };
+            let chat = chat_template(tokenizer.as_ref(), &eos, &o.source);
+            if let Err(why) = &chat {
+                eprintln!("brigade serve: no chat API for this model: {why}");
+            }
+            let loaded =
+                Loaded { engine: handle, tokenizer, eos, chat, context, vocab, kv_blocks, block_size: o.block_size };
             let _ = app.loaded.set(loaded);
             eprintln!("brigade serve: {} loaded; ready", app.name);
             Ok(join)
@@ -114,6 +121,7 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
     };
     let router = Router::new()
         .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
@@ -163,6 +171,34 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
     Ok(())
 }
 
+/// The chat template of the served model's tokenizer, or why chat requests get 400.
+fn chat_template(
+    tokenizer: Option<&brigade::models::tokenizer::Tokenizer>,
+    eos: &[u32],
+    source: &Source,
+) -> Result<ChatTemplate, String> {
+    let Some(tok) = tokenizer else {
+        return Err(format!(
+            "{} has no tokenizer.json, so no chat template; send token ids to /v1/completions",
+            source.default_name()
+        ));
+    };
+    match ChatTemplate::load(tok, eos)? {
+        Some(t) => Ok(t),
+        None => {
+            let dir = match tok {
+                brigade::models::tokenizer::Tokenizer::Hf(_, path, ..) => {
+                    path.parent().map_or_else(|| ".".into(), |d| d.display().to_string())
+                }
+                _ => ".".into(),
+            };
+            Err(format!(
+                "this model has no chat template: {dir}/tokenizer_config.json has no chat_template and there is no {dir}/chat_template.jinja; add one, or send the conversation as a prompt to /v1/completions"
+            ))
+        }
+    }
+}
+
 async fn wait_for_signal() {
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
@@ -176,11 +212,8 @@ async fn wait_for_signal() {
 /// that brigade does not serve it yet).
 async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let path = uri.path();
-    let hint = if path.ends_with("/chat/completions") {
-        "; brigade serve has no chat API yet: send the conversation as a prompt to /v1/completions"
-    } else {
-        "; it serves POST /v1/completions, GET /v1/models, /health, /ready and /metrics"
-    };
+    let hint =
+        "; it serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /ready and /metrics";
     let body = json!({"error": {
         "message": format!("no route {method} {path}{hint}"),
         "type": "invalid_request_error", "param": null, "code": "unknown_url",

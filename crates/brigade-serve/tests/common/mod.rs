@@ -4,6 +4,7 @@
 
 use brigade::models::arch::{Arch, Llama, Llama3Rope};
 use brigade::models::{Gpt, GptConfig};
+use std::path::{Path, PathBuf};
 
 /// The families the engine serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,4 +50,20 @@ pub fn model(f: Family, vocab: usize, context: usize, seed: u64) -> (Gpt, Vec<f3
     let mut p = gpt.init_params(seed);
     p.iter_mut().for_each(|v| *v *= 4.0);
     (gpt, p)
+}
+
+/// `../shared/REL` (beside the checkout), or `None` with a printed reason when it is absent;
+/// under `BRIGADE_REQUIRE_SHARED` (CI) its absence fails the test instead.
+pub fn shared(rel: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(rel);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
+        "{} not found and BRIGADE_REQUIRE_SHARED is set",
+        p.display()
+    );
+    eprintln!("skipping: {} is absent", p.display());
+    None
 }

@@ -106,6 +106,18 @@ impl Tokenizer {
         }
     }
 
+    /// Encodes a text that already holds its special tokens (a rendered chat template): no
+    /// BOS is added, special tokens written in the text become their ids (as `transformers`
+    /// tokenizes `apply_chat_template`'s text, with `add_special_tokens=False`).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        match self {
+            Tokenizer::Bytes => Ok(text.bytes().map(|b| b as u32).collect()),
+            Tokenizer::Hf(t, ..) => {
+                Ok(t.encode(text, false).map_err(|e| Error::Data(format!("tokenizer failed: {e}")))?.get_ids().to_vec())
+            }
+        }
+    }
+
     /// Decodes; byte sequences that are not UTF-8 come out with replacement characters.
     pub fn decode(&self, ids: &[u32]) -> String {
         match self {

@@ -1,0 +1,39 @@
+//! `/v1/chat/completions`: a conversation parsed (`chat_api`), rendered by the model's own
+//! chat template (`chat_template`), tokenized as it stands (the template writes the special
+//! tokens), and answered by the same admission, engine and streaming as completions, in the
+//! chat shape, ending at the template's end of turn.
+
+use crate::api::{ApiError, Completion, Prompt};
+use crate::app::{error, App};
+use crate::chat_api;
+use crate::completions::{respond, serving, Kind};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::Response;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(crate) async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let r = match prepare(&app, &body) {
+        Ok(req) => respond(app.clone(), req, Kind::Chat, started).await,
+        Err(e) => error(e),
+    };
+    app.metrics.count_status(r.status().as_u16());
+    r
+}
+
+/// The request as a completion of the rendered conversation's token ids.
+fn prepare(app: &App, body: &[u8]) -> Result<Completion, ApiError> {
+    let chat = chat_api::parse(body)?;
+    let l = serving(app)?;
+    let template = l.chat.as_ref().map_err(|why| ApiError::bad("messages", why.clone()))?;
+    let tok = l.tokenizer.as_ref().expect("a chat template comes with its tokenizer");
+    let text = template
+        .render(&chat.messages, chat.add_generation_prompt, &chat.template_kwargs)
+        .map_err(|e| ApiError::bad("messages", e))?;
+    let ids = tok.encode_plain(&text).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    let mut req = chat.completion;
+    req.prompts = vec![Prompt::Ids(ids)];
+    Ok(req)
+}

@@ -1,0 +1,325 @@
+//! The body of `POST /v1/chat/completions`, read field by field as `api` reads completions:
+//! the conversation (`messages`: system, user and assistant turns, `content` a string or a
+//! list of text parts), the chat form of log-probabilities (`logprobs` + `top_logprobs`),
+//! `max_completion_tokens`, vLLM's `add_generation_prompt` and `chat_template_kwargs`, and
+//! every field both APIs share. Tools, structured outputs, audio and images are refused with
+//! 400 naming the field, as is anything unknown.
+
+use crate::api::{self, bool_field, field, int_field, type_name, ApiError, Completion, MAX_LOGPROBS};
+use serde_json::{json, Map, Value};
+
+/// A chat request: its sampling as a completion (without a prompt until the template renders
+/// one) and what the template takes.
+#[derive(Clone, Debug)]
+pub struct Chat {
+    pub completion: Completion,
+    /// `[{role, content}]` with each content as one string.
+    pub messages: Value,
+    pub add_generation_prompt: bool,
+    pub template_kwargs: Map<String, Value>,
+}
+
+/// The fields only the chat API takes (with the shared ones of `api::COMMON`).
+const CHAT: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "add_generation_prompt",
+    "chat_template_kwargs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "modalities",
+    "audio",
+    "functions",
+    "function_call",
+];
+
+const ROLES: &[&str] = &["system", "user", "assistant"];
+
+/// The reserved inputs of the template, which `chat_template_kwargs` may not set.
+const RESERVED: &[&str] = &["messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token"];
+
+fn content(i: usize, v: Option<&Value>) -> Result<String, ApiError> {
+    let param = format!("messages[{i}].content");
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::new();
+            for (j, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str);
+                match (kind, p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
+                    (Some("text"), _) => {
+                        return Err(ApiError::bad(
+                            &format!("{param}[{j}].text"),
+                            format!("'{param}[{j}].text' must be a string"),
+                        ))
+                    }
+                    (Some(other), _) => {
+                        return Err(ApiError::bad(
+                            &format!("{param}[{j}].type"),
+                            format!(
+                                "content parts of type '{other}' are not supported; this server takes text parts only"
+                            ),
+                        ))
+                    }
+                    (None, _) => {
+                        return Err(ApiError::bad(
+                            &format!("{param}[{j}]"),
+                            format!("'{param}[{j}]' must be an object with a 'type' (\"text\") and its 'text'"),
+                        ))
+                    }
+                }
+            }
+            // as vLLM joins a message's text parts
+            Ok(texts.join("\n"))
+        }
+        None => Err(ApiError::bad(&param, format!("'{param}' is required (a string or a list of text parts)"))),
+        Some(v) => Err(ApiError::bad(
+            &param,
+            format!("'{param}' must be a string or a list of text parts, got {}", type_name(v)),
+        )),
+    }
+}
+
+fn messages(v: Option<&Value>) -> Result<Value, ApiError> {
+    let list = match v {
+        None => return Err(ApiError::bad("messages", "'messages' is required")),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::bad("messages", "'messages' is empty; send at least one message"))
+        }
+        Some(Value::Array(a)) => a,
+        Some(v) => {
+            return Err(ApiError::bad(
+                "messages",
+                format!("'messages' must be a list of messages, got {}", type_name(v)),
+            ))
+        }
+    };
+    let mut out = Vec::new();
+    for (i, m) in list.iter().enumerate() {
+        let Value::Object(m) = m else {
+            return Err(ApiError::bad(&format!("messages[{i}]"), format!("'messages[{i}]' must be an object")));
+        };
+        let role = match m.get("role") {
+            Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+            Some(Value::String(r)) if r == "tool" || r == "function" => return Err(ApiError::bad(
+                &format!("messages[{i}].role"),
+                format!(
+                    "'{r}' messages are not supported (this server has no tool calls); use system, user or assistant"
+                ),
+            )),
+            Some(Value::String(r)) => {
+                return Err(ApiError::bad(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role '{r}' in messages[{i}]; use system, user or assistant"),
+                ))
+            }
+            _ => {
+                return Err(ApiError::bad(
+                    &format!("messages[{i}].role"),
+                    format!("'messages[{i}].role' is required: system, user or assistant"),
+                ))
+            }
+        };
+        let mut msg = json!({"role": role, "content": content(i, m.get("content"))?});
+        for (k, v) in m {
+            match k.as_str() {
+                "role" | "content" => {}
+                "name" if v.is_string() => msg["name"] = v.clone(),
+                "name" => {
+                    return Err(ApiError::bad(
+                        &format!("messages[{i}].name"),
+                        format!("'messages[{i}].name' must be a string"),
+                    ))
+                }
+                "tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal" if !v.is_null() => {
+                    return Err(ApiError::bad(
+                        &format!("messages[{i}].{k}"),
+                        format!("'messages[{i}].{k}' is not supported (this server has no tool calls or audio)"),
+                    ))
+                }
+                "tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal" => {}
+                _ => {
+                    return Err(ApiError::bad(
+                        &format!("messages[{i}].{k}"),
+                        format!("unsupported field '{k}' in messages[{i}]; a message takes role, content and name"),
+                    ))
+                }
+            }
+        }
+        out.push(msg);
+    }
+    Ok(Value::Array(out))
+}
+
+/// Parses and checks a chat request body (the template and the model's limits come later).
+pub fn parse(body: &[u8]) -> Result<Chat, ApiError> {
+    let o = api::object(body, CHAT)?;
+    let messages = messages(field(&o, "messages"))?;
+    // what this server does not do: only the no-op values pass
+    let refuse = |k: &str, why: &str| Err(ApiError::bad(k, format!("'{k}' is not supported: {why}")));
+    match field(&o, "tools") {
+        Some(Value::Array(a)) if a.is_empty() => {}
+        None => {}
+        Some(_) => return refuse("tools", "this server has no tool calls; leave it out"),
+    }
+    match field(&o, "tool_choice") {
+        None => {}
+        Some(Value::String(s)) if s == "none" => {}
+        Some(_) => return refuse("tool_choice", "this server has no tool calls; leave it out or set it to \"none\""),
+    }
+    if let Some(v) = field(&o, "parallel_tool_calls") {
+        if !v.is_boolean() {
+            return Err(ApiError::bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false"));
+        }
+    }
+    match field(&o, "response_format") {
+        None => {}
+        Some(v)
+            if v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().is_some_and(|m| m.len() == 1) => {
+        }
+        Some(_) => {
+            return refuse(
+                "response_format",
+                "structured outputs are not served yet; leave it out or use {\"type\": \"text\"}",
+            )
+        }
+    }
+    match field(&o, "modalities") {
+        None => {}
+        Some(Value::Array(a)) if a.iter().all(|m| m == "text") => {}
+        Some(_) => return refuse("modalities", "this server writes text only; leave it out or use [\"text\"]"),
+    }
+    for k in ["audio", "functions", "function_call"] {
+        if field(&o, k).is_some() {
+            return refuse(k, "leave it out");
+        }
+    }
+    let mut c = api::common(&o)?;
+    match int_field(&o, "max_completion_tokens")? {
+        None => {}
+        Some(m) if m < 1 => {
+            return Err(ApiError::bad(
+                "max_completion_tokens",
+                format!("'max_completion_tokens' must be at least 1, got {m}"),
+            ))
+        }
+        Some(m) => {
+            let m = usize::try_from(m).unwrap_or(usize::MAX);
+            if c.max_tokens.is_some_and(|t| t != m) {
+                return Err(ApiError::bad(
+                    "max_completion_tokens",
+                    "'max_tokens' and 'max_completion_tokens' differ; give one of them",
+                ));
+            }
+            c.max_tokens = Some(m);
+        }
+    }
+    let logprobs = bool_field(&o, "logprobs")?;
+    c.logprobs = match int_field(&o, "top_logprobs")? {
+        None => logprobs.then_some(0),
+        Some(_) if !logprobs => {
+            return Err(ApiError::bad("top_logprobs", "'top_logprobs' needs 'logprobs' set to true"));
+        }
+        Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::bad(
+                "top_logprobs",
+                format!("'top_logprobs' must be from 0 to {MAX_LOGPROBS}, got {k}"),
+            ))
+        }
+    };
+    let add_generation_prompt = match field(&o, "add_generation_prompt") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad("add_generation_prompt", "'add_generation_prompt' must be true or false")),
+    };
+    let template_kwargs = match field(&o, "chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(m)) => {
+            if let Some(k) = m.keys().find(|k| RESERVED.contains(&k.as_str())) {
+                return Err(ApiError::bad(
+                    "chat_template_kwargs",
+                    format!("'chat_template_kwargs' may not set '{k}', which the server sets"),
+                ));
+            }
+            m.clone()
+        }
+        Some(v) => {
+            return Err(ApiError::bad(
+                "chat_template_kwargs",
+                format!("'chat_template_kwargs' must be an object, got {}", type_name(v)),
+            ))
+        }
+    };
+    Ok(Chat { completion: c, messages, add_generation_prompt, template_kwargs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversation_with_text_parts() {
+        let c = parse(br#"{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "ann"}], "max_completion_tokens": 7, "logprobs": true, "top_logprobs": 3}"#).unwrap();
+        assert_eq!(c.messages[1]["content"], "a\nb");
+        assert_eq!(c.messages[1]["name"], "ann");
+        assert_eq!((c.completion.max_tokens, c.completion.logprobs, c.add_generation_prompt), (Some(7), Some(3), true));
+        let c = parse(br#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "tool_choice": "none", "response_format": {"type": "text"}, "tools": []}"#).unwrap();
+        assert_eq!(c.completion.logprobs, Some(0));
+        let c = parse(br#"{"messages": [{"role": "user", "content": "x"}], "logprobs": false}"#).unwrap();
+        assert_eq!(c.completion.logprobs, None);
+    }
+
+    #[test]
+    fn mistakes_name_their_field() {
+        let m = r#""messages": [{"role": "user", "content": "x"}]"#;
+        for (body, param) in [
+            (r#"{}"#.to_string(), "messages"),
+            (r#"{"messages": []}"#.into(), "messages"),
+            (r#"{"messages": "hi"}"#.into(), "messages"),
+            (r#"{"messages": [{"role": "wizard", "content": "x"}]}"#.into(), "messages[0].role"),
+            (r#"{"messages": [{"content": "x"}]}"#.into(), "messages[0].role"),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]}"#.into(),
+                "messages[1].role",
+            ),
+            (r#"{"messages": [{"role": "user"}]}"#.into(), "messages[0].content"),
+            (r#"{"messages": [{"role": "user", "content": 5}]}"#.into(), "messages[0].content"),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#
+                    .into(),
+                "messages[0].content[0].type",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "text"}]}]}"#.into(),
+                "messages[0].content[0].text",
+            ),
+            (
+                r#"{"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]}"#.into(),
+                "messages[0].tool_calls",
+            ),
+            (r#"{"messages": [{"role": "user", "content": "x", "mood": "sad"}]}"#.into(), "messages[0].mood"),
+            (format!(r#"{{{m}, "tools": [{{"type": "function"}}]}}"#), "tools"),
+            (format!(r#"{{{m}, "tool_choice": "auto"}}"#), "tool_choice"),
+            (format!(r#"{{{m}, "response_format": {{"type": "json_object"}}}}"#), "response_format"),
+            (format!(r#"{{{m}, "audio": {{"voice": "x"}}}}"#), "audio"),
+            (format!(r#"{{{m}, "modalities": ["text", "audio"]}}"#), "modalities"),
+            (format!(r#"{{{m}, "top_logprobs": 2}}"#), "top_logprobs"),
+            (format!(r#"{{{m}, "logprobs": true, "top_logprobs": 21}}"#), "top_logprobs"),
+            (format!(r#"{{{m}, "logprobs": 3}}"#), "logprobs"),
+            (format!(r#"{{{m}, "max_completion_tokens": 0}}"#), "max_completion_tokens"),
+            (format!(r#"{{{m}, "max_tokens": 5, "max_completion_tokens": 6}}"#), "max_completion_tokens"),
+            (format!(r#"{{{m}, "chat_template_kwargs": {{"messages": []}}}}"#), "chat_template_kwargs"),
+            (format!(r#"{{{m}, "prompt": "x"}}"#), "prompt"),
+            (format!(r#"{{{m}, "temperature": 5}}"#), "temperature"),
+        ] {
+            let e = parse(body.as_bytes()).expect_err(&body);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{body}: {}", e.message);
+        }
+    }
+}
