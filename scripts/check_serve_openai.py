@@ -3,8 +3,11 @@
 Trains a tiny checkpoint with the BPE fixture tokenizer (30 steps), starts the server on a free
 port, and checks: /v1/models; completions greedy and seeded, whole and streamed (with usage),
 n, lists of prompts, token-id prompts, logprobs, stop, vLLM's ignore_eos / return_token_ids via
-extra_body; OpenAI errors raised as the client's exception classes. Exits non-zero on the
-first mismatch. CI runs it (after `pip install openai`).
+extra_body; OpenAI errors raised as the client's exception classes. Then chat completions on a
+Llama-family checkpoint trained with the real Qwen2 tokenizer (../shared/tokenizers/qwen2, its
+own chat template): whole and streamed (role first, usage), n, seed, logprobs/top_logprobs,
+max_completion_tokens, and the refusals (unknown role, tools, response_format). Exits non-zero
+on the first mismatch. CI runs it (after `pip install openai`).
 
     python3 scripts/check_serve_openai.py [path/to/brigade]
 """
@@ -114,4 +117,79 @@ with tempfile.TemporaryDirectory() as tmp:
         srv.send_signal(signal.SIGTERM)
         rc = srv.wait(timeout=60)
     check(rc == 0, "SIGTERM: the server exits 0")
+
+
+def serve(ckpt):
+    srv = subprocess.Popen([BRIGADE, "serve", "--checkpoint", ckpt, "--port", "0", "--threads", "1",
+                            "--served-model-name", "chat"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = srv.stdout.readline().strip().rsplit(" ", 1)[-1]
+    import urllib.request
+    for _ in range(1200):
+        try:
+            if urllib.request.urlopen(url + "/ready").status == 200:
+                break
+        except Exception:
+            pass
+        time.sleep(0.05)
+    return srv, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+QWEN2 = os.path.join(ROOT, "..", "shared", "tokenizers", "qwen2")
+if not os.path.isdir(QWEN2):
+    if os.environ.get("BRIGADE_REQUIRE_SHARED"):
+        check(False, f"{QWEN2} is absent and BRIGADE_REQUIRE_SHARED is set")
+    print("skipping the chat checks:", QWEN2, "is absent")
+else:
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = os.path.join(tmp, "qwen-chat")
+        subprocess.run([BRIGADE, "train", "--model", "llama-tiny", "--data", os.path.join(ROOT, "README.md"),
+                        "--tokenizer", QWEN2, "--steps", "2", "--block-size", "64", "--threads", "1", "--out", ckpt],
+                       check=True, capture_output=True)
+        srv, client = serve(ckpt)
+        try:
+            msgs = [{"role": "system", "content": "You answer briefly."},
+                    {"role": "user", "content": [{"type": "text", "text": "What is data parallelism?"}]}]
+            kw = dict(model="chat", messages=msgs, max_completion_tokens=10, temperature=0.8, seed=5, logprobs=True,
+                      top_logprobs=2, extra_body={"ignore_eos": True, "return_token_ids": True})
+            r = client.chat.completions.create(**kw)
+            c = r.choices[0]
+            check(r.object == "chat.completion" and c.message.role == "assistant", "a chat completion")
+            check(len(c.model_extra["token_ids"]) == 10 and c.finish_reason == "length", "max_completion_tokens")
+            check(len(c.logprobs.content) == 10 and all(len(t.top_logprobs) == 2 for t in c.logprobs.content),
+                  "logprobs in the chat shape, 2 alternatives each")
+            pids = r.model_extra["prompt_token_ids"]
+            check(pids[0] == 151644 and r.usage.prompt_tokens == len(pids), "the template's ids begin <|im_start|>")
+            again = client.chat.completions.create(**kw)
+            check(again.choices[0].message.content == c.message.content, "a seed makes chat sampling repeatable")
+            text, role, usage = "", None, None
+            for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for d in chunk.choices:
+                    role = role or d.delta.role
+                    text += d.delta.content or ""
+            check(role == "assistant" and text == c.message.content, "streamed deltas add up to the message")
+            check(usage is not None and usage.completion_tokens == 10, "stream usage chunk")
+            r = client.chat.completions.create(model="chat", messages=msgs, n=2, max_tokens=3, seed=2,
+                                               extra_body={"ignore_eos": True})
+            check(sorted(ch.index for ch in r.choices) == [0, 1], "n=2: two choices")
+            for what, call in [
+                ("an unknown role", lambda: client.chat.completions.create(
+                    model="chat", messages=[{"role": "wizard", "content": "x"}])),
+                ("tools", lambda: client.chat.completions.create(
+                    model="chat", messages=msgs,
+                    tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])),
+                ("response_format json_object", lambda: client.chat.completions.create(
+                    model="chat", messages=msgs, response_format={"type": "json_object"})),
+                ("empty messages", lambda: client.chat.completions.create(model="chat", messages=[])),
+            ]:
+                try:
+                    call()
+                    check(False, what)
+                except openai.BadRequestError as e:
+                    check(e.body is not None and e.body.get("param"), f"{what}: 400 naming {e.body.get('param')}")
+        finally:
+            srv.send_signal(signal.SIGTERM)
+            rc = srv.wait(timeout=60)
+        check(rc == 0, "SIGTERM: the chat server exits 0")
 print("check_serve_openai: all passed")

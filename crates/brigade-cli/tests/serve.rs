@@ -92,14 +92,22 @@ impl Server {
     }
 
     async fn post(&self, body: Value) -> (u16, Value) {
-        let r = reqwest::Client::new().post(format!("{}/v1/completions", self.url)).json(&body).send().await.unwrap();
+        self.post_to("/v1/completions", body).await
+    }
+
+    async fn post_to(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = reqwest::Client::new().post(format!("{}{path}", self.url)).json(&body).send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap())
     }
 
     /// The SSE events of a streamed completion, parsed, until `[DONE]`.
     async fn stream(&self, body: Value) -> Vec<Value> {
-        let r = reqwest::Client::new().post(format!("{}/v1/completions", self.url)).json(&body).send().await.unwrap();
+        self.stream_to("/v1/completions", body).await
+    }
+
+    async fn stream_to(&self, path: &str, body: Value) -> Vec<Value> {
+        let r = reqwest::Client::new().post(format!("{}{path}", self.url)).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["content-type"], "text/event-stream");
         let text = r.text().await.unwrap();
@@ -321,7 +329,7 @@ async fn bad_requests_get_openai_errors() {
     assert_eq!(models["data"][0]["id"], "tiny-bpe");
     // unknown routes: 404 with OpenAI's error body naming the route
     let client = reqwest::Client::new();
-    for (path, says) in [("/v1/chat/completions", "no chat API yet"), ("/v2/nothing", "it serves POST /v1/completions")]
+    for (path, says) in [("/v1/edits", "POST /v1/chat/completions"), ("/v2/nothing", "it serves POST /v1/completions")]
     {
         let r = client.post(format!("{}{path}", s.url)).json(&json!({})).send().await.unwrap();
         assert_eq!(r.status(), 404, "{path}");
@@ -439,7 +447,7 @@ fn bad_serve_flags_fail_cleanly() {
     common::fails_with(
         &["serve", "--model", "tiny", "--tp", "3", "--threads", "3"],
         d.path(),
-        "must divide the model's 4",
+        "tp=3 does not divide the model's 4 attention heads",
     );
     common::fails_with(&["serve", "--model", "tiny", "--tp", "2", "--threads", "1"], d.path(), "--tp 2 needs");
     // the port taken by another server
@@ -476,4 +484,155 @@ async fn the_addition_checkpoint_answers_as_brigade_sample_does() {
         right += usize::from(served.parse::<u64>().ok() == Some(a + b));
     }
     assert!(right >= 10, "only {right} of 12 sums right: not the trained model's answers");
+}
+
+/// A random-weight Llama-family folder in Hugging Face's form (config.json, model.safetensors)
+/// with the real tokenizer folder `../shared/tokenizers/NAME` copied in (its chat template).
+fn chat_model(name: &str) -> Option<tempfile::TempDir> {
+    use brigade::models::arch::{Arch, Llama};
+    use brigade::models::{checkpoint, Gpt, GptConfig};
+    let tok_dir = common::shared(&format!("tokenizers/{name}"))?;
+    let tok = brigade::models::tokenizer::Tokenizer::from_file(&tok_dir).unwrap();
+    let a = Llama {
+        n_kv_head: 1,
+        head_dim: 8,
+        intermediate: 32,
+        rms_eps: 1e-6,
+        rope_theta: 1e6,
+        rope_scaling: None,
+        tied: true,
+        qkv_bias: true,
+        o_bias: false,
+    };
+    let cfg = GptConfig {
+        n_layer: 1,
+        n_head: 2,
+        n_embd: 16,
+        vocab_size: tok.vocab_size(),
+        block_size: 256,
+        arch: Arch::Llama(a),
+    };
+    let gpt = Gpt::new(cfg).unwrap();
+    let params = gpt.init_params(7);
+    let d = tempfile::tempdir().unwrap();
+    checkpoint::write_json(&d.path().join("config.json"), &checkpoint::hf_config(&cfg)).unwrap();
+    checkpoint::save_tensors(&d.path().join("model.safetensors"), &gpt.layout, &params, "", None).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok_dir.join(f), d.path().join(f)).unwrap();
+    }
+    Some(d)
+}
+
+/// The fixture's conversations as `transformers` renders and tokenizes them.
+fn chat_cases(name: &str) -> Vec<Value> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade-serve/tests/fixtures/chat_templates.json");
+    let all: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    all.into_iter().filter(|c| c["tokenizer"] == name && c["add_generation_prompt"] == true).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_completions_render_the_models_template() {
+    for name in ["qwen2", "llama3"] {
+        let Some(model) = chat_model(name) else { return };
+        let s = start(&["--checkpoint", model.path().to_str().unwrap(), "--served-model-name", "chat"]);
+        s.wait_ready().await;
+        let tok = brigade::models::tokenizer::Tokenizer::from_file(model.path()).unwrap();
+        let cases = chat_cases(name);
+        assert_eq!(cases.len(), 2, "{name}: the fixture's conversations with a generation prompt");
+        for case in &cases {
+            let body = json!({"model": "chat", "messages": case["messages"], "max_tokens": 9, "temperature": 0.9,
+                "seed": 3, "return_token_ids": true, "logprobs": true, "top_logprobs": 2, "ignore_eos": true});
+            let (st, r) = s.post_to("/v1/chat/completions", body.clone()).await;
+            assert_eq!(st, 200, "{r}");
+            assert_eq!(r["object"], "chat.completion");
+            // the prompt is the template's rendering as transformers tokenizes it
+            assert_eq!(r["prompt_token_ids"], case["ids"], "{name}");
+            let c = &r["choices"][0];
+            let gen = ids(&c["token_ids"]);
+            assert_eq!(gen.len(), 9);
+            assert_eq!(c["message"]["role"], "assistant");
+            assert_eq!(c["message"]["content"].as_str().unwrap(), tok.decode(&gen), "{name}");
+            let lp = c["logprobs"]["content"].as_array().unwrap();
+            assert_eq!(lp.len(), 9);
+            for e in lp {
+                assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2);
+                assert_eq!(e["bytes"], json!(e["token"].as_str().unwrap().as_bytes()));
+            }
+            assert_eq!(r["usage"]["prompt_tokens"], case["ids"].as_array().unwrap().len());
+            // the same tokens as a completion of the rendered ids
+            let (_, plain) = s
+                .post(json!({"prompt": case["ids"], "max_tokens": 9, "temperature": 0.9, "seed": 3,
+                    "return_token_ids": true, "ignore_eos": true}))
+                .await;
+            assert_eq!(plain["choices"][0]["token_ids"], c["token_ids"], "{name}: chat and completions differ");
+            // streamed: the role first, then pieces that add up to the whole message
+            let mut sb = body.clone();
+            sb["stream"] = json!(true);
+            sb["stream_options"] = json!({"include_usage": true});
+            let events = s.stream_to("/v1/chat/completions", sb).await;
+            assert!(events.iter().all(|e| e["object"] == "chat.completion.chunk"));
+            assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+            let (usage, chunks) = events.split_last().unwrap();
+            assert_eq!(usage["usage"], r["usage"]);
+            let text: String =
+                chunks.iter().map(|e| e["choices"][0]["delta"]["content"].as_str().unwrap_or("")).collect();
+            assert_eq!(text, c["message"]["content"].as_str().unwrap());
+            let streamed: Vec<u32> = chunks[1..].iter().flat_map(|e| ids(&e["choices"][0]["token_ids"])).collect();
+            assert_eq!(streamed, gen);
+            assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+        }
+        // n and max_completion_tokens
+        let (st, r) = s
+            .post_to(
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "n": 3,
+                    "max_completion_tokens": 4, "seed": 1, "ignore_eos": true}),
+            )
+            .await;
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["choices"].as_array().unwrap().len(), 3);
+        assert_eq!(r["usage"]["completion_tokens"], 12);
+        // bad requests: 400 naming the field, and the server goes on serving
+        for (body, param) in [
+            (json!({"messages": []}), "messages"),
+            (json!({"messages": [{"role": "robot", "content": "x"}]}), "messages[0].role"),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+                "messages[0].content[0].type",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}),
+                "tools",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}), "max_tokens"),
+        ] {
+            let (st, e) = s.post_to("/v1/chat/completions", body.clone()).await;
+            assert_eq!((st, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
+        }
+        let (st, _) = s
+            .post_to("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}))
+            .await;
+        assert_eq!(st, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_without_a_chat_template_gets_400_naming_the_file() {
+    // the trained checkpoint's tokenizer has no tokenizer_config.json, so no template
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    s.wait_ready().await;
+    let (st, e) = s.post_to("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(st, 400, "{e}");
+    let m = e["error"]["message"].as_str().unwrap();
+    assert!(
+        m.contains("no chat template") && m.contains("tokenizer_config.json") && m.contains("chat_template.jinja"),
+        "{m}"
+    );
+    // completions still work
+    let (st, _) = s.post(json!({"prompt": "x", "max_tokens": 2})).await;
+    assert_eq!(st, 200);
 }

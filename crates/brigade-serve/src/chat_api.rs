@@ -106,12 +106,14 @@ fn messages(v: Option<&Value>) -> Result<Value, ApiError> {
         };
         let role = match m.get("role") {
             Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
-            Some(Value::String(r)) if r == "tool" || r == "function" => return Err(ApiError::bad(
-                &format!("messages[{i}].role"),
-                format!(
+            Some(Value::String(r)) if r == "tool" || r == "function" => {
+                return Err(ApiError::bad(
+                    &format!("messages[{i}].role"),
+                    format!(
                     "'{r}' messages are not supported (this server has no tool calls); use system, user or assistant"
                 ),
-            )),
+                ))
+            }
             Some(Value::String(r)) => {
                 return Err(ApiError::bad(
                     &format!("messages[{i}].role"),

@@ -44,7 +44,7 @@ impl ChatTemplate {
             }
             Err(_) => Map::new(),
         };
-        let jinja = dir.join("chat_template.jinja");
+        let jinja = dir.join(brigade::models::tokenizer::CHAT_TEMPLATE_FILE);
         let (source, file) = if jinja.is_file() {
             let s = std::fs::read_to_string(&jinja).map_err(|e| format!("cannot read {}: {e}", jinja.display()))?;
             (s, jinja)

@@ -104,7 +104,11 @@ pub fn kv_width(cfg: &GptConfig, tp: usize) -> usize {
 /// Whether `tp` ranks can serve `cfg`: the training's rule (heads, key/value heads, MLP) and
 /// whole output features on each rank.
 pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<(), String> {
-    brigade::models::config::check_tp(cfg, tp).map_err(|e| format!("--tp {tp}: {e}"))?;
+    match brigade::models::config::check_tp(cfg, tp) {
+        Ok(()) => {}
+        Err(brigade::error::Error::Layout(m)) => return Err(m),
+        Err(e) => return Err(e.to_string()),
+    }
     if !cfg.n_embd.is_multiple_of(tp) {
         return Err(format!("--tp {tp} does not divide the model's hidden size {}", cfg.n_embd));
     }

@@ -29,6 +29,10 @@ pub struct Specials {
 /// The name of the file beside `tokenizer.json` that holds its special tokens and template.
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
+/// The file beside `tokenizer.json` that holds a chat template of its own (transformers 5
+/// writes it; it wins over `tokenizer_config.json`'s `chat_template`).
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
 /// Size and hash of a file's bytes: a checkpoint records those of its data and tokenizer, so
 /// that a resume refuses files that changed (or a different file at the same path).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

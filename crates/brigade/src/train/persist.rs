@@ -62,6 +62,12 @@ impl Trainer {
                     let dst = tmp.join(crate::models::tokenizer::TOKENIZER_CONFIG_FILE);
                     std::fs::copy(cfg, &dst).map_err(|e| Error::io(&dst, e))?;
                 }
+                // a template of its own file (transformers 5 saves it so) wins over the config's
+                let jinja = src.with_file_name(crate::models::tokenizer::CHAT_TEMPLATE_FILE);
+                if jinja.is_file() {
+                    let dst = tmp.join(crate::models::tokenizer::CHAT_TEMPLATE_FILE);
+                    std::fs::copy(&jinja, &dst).map_err(|e| Error::io(&dst, e))?;
+                }
             }
             Ok(())
         })
