@@ -3,6 +3,7 @@
 use anyhow::{bail, Result};
 use brigade_serve::served::Source;
 use brigade_serve::server::{self, ServeOptions};
+use brigade_serve::weights::WeightFormat;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,6 +49,28 @@ pub struct ServeArgs {
     /// Seconds to finish in-flight requests after SIGTERM before exiting.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// How the matrices are held: f32, or quantized to 8 bits at load (int8: a scale per
+    /// output column and group of 32 inputs; int8-channel: one per output column).
+    #[arg(long, value_enum, default_value_t = Weights::F32)]
+    weights: Weights,
+}
+
+/// `--weights`: the choices clap lists when the value is not one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Weights {
+    F32,
+    Int8,
+    Int8Channel,
+}
+
+impl Weights {
+    pub(crate) fn format(self) -> WeightFormat {
+        match self {
+            Weights::F32 => WeightFormat::F32,
+            Weights::Int8 => WeightFormat::Int8,
+            Weights::Int8Channel => WeightFormat::Int8Channel,
+        }
+    }
 }
 
 pub fn options(a: ServeArgs) -> Result<ServeOptions> {
@@ -91,6 +114,7 @@ pub fn options(a: ServeArgs) -> Result<ServeOptions> {
         kv_cache_mib: a.kv_cache_mib,
         block_size: a.block_size,
         shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
+        weights: a.weights.format(),
     })
 }
 

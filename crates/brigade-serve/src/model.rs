@@ -23,7 +23,7 @@
 //! Rank 0 schedules; each step it broadcasts the step's work to the others.
 
 use crate::kv::KvCache;
-use crate::weights::{Dims, Weights};
+use crate::weights::{Dims, WeightFormat, Weights};
 use brigade::models::Gpt;
 use brigade::tensor::rowwise::matmul_rows;
 use brigade_comm::Comm;
@@ -68,9 +68,14 @@ impl Model {
 
     /// This rank's share of the model for the tensor-parallel group `comm` (`None`: all of it).
     pub fn shard(gpt: &Gpt, params: &[f32], comm: Option<Comm>) -> Result<Model, String> {
+        Model::shard_as(gpt, params, comm, WeightFormat::F32)
+    }
+
+    /// `shard` with the products' weights held as `format` says (f32 or 8 bits).
+    pub fn shard_as(gpt: &Gpt, params: &[f32], comm: Option<Comm>, format: WeightFormat) -> Result<Model, String> {
         let cfg = gpt.cfg;
         let (rank, tp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
-        let w = Weights::shard(gpt, params, rank, tp)?;
+        let w = Weights::shard(gpt, params, (rank, tp), format)?;
         Ok(Model {
             layers_n: cfg.n_layer,
             vocab: cfg.vocab_size,
@@ -79,6 +84,11 @@ impl Model {
             tp,
             w,
         })
+    }
+
+    /// Bytes of this rank's products' weights (read once a step), and of all its weights.
+    pub fn weight_bytes(&self) -> (usize, usize) {
+        self.w.bytes()
     }
 
     /// Floats of one token's keys (= its values) per layer in this rank's KV cache.

@@ -41,6 +41,8 @@ pub struct ServeOptions {
     pub kv_cache_mib: usize,
     pub block_size: usize,
     pub shutdown_timeout: Duration,
+    /// How the products' weights are held: f32, or quantized to 8 bits at load.
+    pub weights: crate::weights::WeightFormat,
 }
 
 /// Binds, loads the model, serves until SIGTERM or Ctrl-C, then drains. `on_listen` gets the
@@ -105,8 +107,14 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
             let Served { gpt, params, tokenizer, eos } = o.source.load()?;
             let (context, vocab) = (gpt.cfg.block_size, gpt.cfg.vocab_size);
             let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
-            let setup =
-                EngineSetup { kv_blocks, block_size: o.block_size, limits, tp: o.layout.tp, threads: o.threads };
+            let setup = EngineSetup {
+                kv_blocks,
+                block_size: o.block_size,
+                limits,
+                tp: o.layout.tp,
+                threads: o.threads,
+                weights: o.weights,
+            };
             let (handle, join) = EngineHandle::start_model(gpt, params, setup, app.metrics.clone());
             let chat = chat_template(tokenizer.as_ref(), &eos, &o.source);
             if let Err(why) = &chat {

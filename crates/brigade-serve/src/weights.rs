@@ -96,6 +96,28 @@ pub(crate) struct Weights {
     pub(crate) head: Packed,
 }
 
+/// How the products' weights are held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    #[default]
+    F32,
+    /// 8 bits, a scale per output column and per group of 32 rows of k.
+    Int8,
+    /// 8 bits, one scale per output column.
+    Int8Channel,
+}
+
+impl WeightFormat {
+    /// The rows of k that share a scale (`None`: f32).
+    fn group(self) -> Option<usize> {
+        match self {
+            WeightFormat::F32 => None,
+            WeightFormat::Int8 => Some(32),
+            WeightFormat::Int8Channel => Some(usize::MAX),
+        }
+    }
+}
+
 /// Floats of one token's keys (= its values) per layer in one rank's KV cache.
 pub fn kv_width(cfg: &GptConfig, tp: usize) -> usize {
     cfg.kv_heads().max(tp) / tp * cfg.head_dim()
@@ -120,9 +142,45 @@ fn rows(w: &[f32], k: usize, r: std::ops::Range<usize>) -> &[f32] {
     &w[r.start * k..r.end * k]
 }
 
+fn quantize(p: &mut Packed, group: usize) {
+    let f32s = std::mem::replace(p, Packed::new(&[], 0, 0));
+    *p = f32s.quantized_int8(group);
+}
+
 impl Weights {
-    /// Rank `rank` of `tp`'s share of `gpt` (a whole, unsliced model) with parameters `params`.
-    pub(crate) fn shard(gpt: &Gpt, params: &[f32], rank: usize, tp: usize) -> Result<Weights, String> {
+    /// Rank `rank` of `tp`'s share of `gpt` (a whole, unsliced model) with parameters
+    /// `params`, its products' weights held as `format` says (every matrix of the blocks and
+    /// the head; the embedding table, read a row a token, stays f32).
+    pub(crate) fn shard(
+        gpt: &Gpt,
+        params: &[f32],
+        (rank, tp): (usize, usize),
+        format: WeightFormat,
+    ) -> Result<Weights, String> {
+        let mut w = Self::shard_f32(gpt, params, rank, tp)?;
+        if let Some(g) = format.group() {
+            for l in &mut w.layers {
+                for p in [&mut l.wqkv, &mut l.wproj, &mut l.wfc, &mut l.wout] {
+                    quantize(p, g);
+                }
+            }
+            quantize(&mut w.head, g);
+        }
+        Ok(w)
+    }
+
+    /// Bytes of the products' weights (what a step reads), and of all the weights.
+    pub(crate) fn bytes(&self) -> (usize, usize) {
+        let products: usize = self
+            .layers
+            .iter()
+            .map(|l| l.wqkv.bytes() + l.wproj.bytes() + l.wfc.bytes() + l.wout.bytes())
+            .sum::<usize>()
+            + self.head.bytes();
+        (products, products + 4 * (self.embed.len() + self.wpe.as_ref().map_or(0, Vec::len)))
+    }
+
+    fn shard_f32(gpt: &Gpt, params: &[f32], rank: usize, tp: usize) -> Result<Weights, String> {
         let cfg = &gpt.cfg;
         check_tp(cfg, tp)?;
         let get = |name: &str| -> Vec<f32> {

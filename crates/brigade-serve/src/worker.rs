@@ -7,6 +7,7 @@ use crate::engine::{Engine, Limits, Output, Request};
 use crate::kv::KvCache;
 use crate::metrics::Metrics;
 use crate::model::Model;
+use crate::weights::WeightFormat;
 use brigade::models::Gpt;
 use std::collections::HashMap;
 use std::sync::{mpsc, Mutex};
@@ -23,6 +24,8 @@ pub struct EngineSetup {
     pub tp: usize,
     /// Threads for arithmetic, split evenly over the ranks.
     pub threads: usize,
+    /// How the products' weights are held (f32 or 8 bits).
+    pub weights: WeightFormat,
 }
 
 enum Cmd {
@@ -69,7 +72,8 @@ impl EngineHandle {
         let per_rank = (setup.threads / setup.tp).max(1);
         let engine_of = move |model: Model| Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
         if setup.tp == 1 {
-            let engine = engine_of(Model::new(&gpt, &params));
+            let model = Model::shard_as(&gpt, &params, None, setup.weights).expect("a single worker takes any model");
+            let engine = engine_of(model);
             drop(params);
             return EngineHandle::start(engine, setup.threads, metrics);
         }
@@ -85,7 +89,7 @@ impl EngineHandle {
                 };
                 let res = brigade_comm::local::run_with(cfg, setup.tp, |comm| -> Result<(), String> {
                     let rank = comm.rank();
-                    let model = Model::shard(&gpt, &params, Some(comm))?;
+                    let model = Model::shard_as(&gpt, &params, Some(comm), setup.weights)?;
                     brigade::with_threads(per_rank, || {
                         if rank == 0 {
                             let rx = rx.lock().expect("one rank 0").take().expect("one rank 0");

@@ -11,6 +11,7 @@ use brigade::models::GptConfig;
 use brigade_serve::loadgen::{self, Arrivals, Load, Row};
 use brigade_serve::served::Source;
 use brigade_serve::server::{self, ServeOptions};
+use brigade_serve::weights::WeightFormat;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -37,14 +38,18 @@ pub struct Flags {
     pub(crate) tp: usize,
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// How the server holds the matrices (as `brigade serve --weights`).
+    #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::F32)]
+    pub(crate) weights: crate::serve_cmd::Weights,
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    let Flags { load: l, checkpoint, url, rate, requests, tp, seed } = f;
+    let Flags { load: l, checkpoint, url, rate, requests, tp, seed, weights } = f;
 
     crate::check_threads(l.threads, "--threads")?;
     measure(Run {
         tp,
+        weights: weights.format(),
         checkpoint,
         model: l.model,
         url,
@@ -71,16 +76,24 @@ struct Run {
     output_len: usize,
     threads: usize,
     tp: usize,
+    weights: WeightFormat,
     seed: u64,
     json: bool,
 }
 
 /// Weight bytes read per step and floating-point operations per generated token.
-fn costs(cfg: &GptConfig, context: usize) -> (f64, f64) {
+fn costs(cfg: &GptConfig, context: usize, weights: WeightFormat) -> (f64, f64) {
     let (l, c, v) = (cfg.n_layer as f64, cfg.n_embd as f64, cfg.vocab_size as f64);
-    let matrices = l * 12.0 * c * c + v * c;
-    // the products, then attention over `context` positions (q·k and p·v)
-    (matrices * 4.0, 2.0 * matrices + 4.0 * l * c * context as f64)
+    let matrices = l * cfg.block_matrices() as f64 + v * c;
+    // a byte a weight and a 4-byte scale per 32 (int8) or per column (int8-channel)
+    let bytes = match weights {
+        WeightFormat::F32 => 4.0,
+        WeightFormat::Int8 => 1.0 + 4.0 / 32.0,
+        WeightFormat::Int8Channel => 1.0,
+    };
+    // the products, then attention over `context` positions (q·k and p·v of the key/value
+    // heads each query head reads)
+    (matrices * bytes, 2.0 * matrices + 4.0 * l * cfg.q_width() as f64 * context as f64)
 }
 
 fn measure(a: Run) -> Result<()> {
@@ -110,13 +123,13 @@ fn measure(a: Run) -> Result<()> {
     let (read_gbps, matmul_gflops) = brigade::with_threads(a.threads, || {
         (brigade::bench::machine::read_gbps(512 << 20), brigade::bench::matmul_gflops(2048, 2048, 2048, 3))
     })?;
-    let (weight_bytes, flops_per_token) = costs(&cfg, a.prompt_len + a.output_len / 2);
+    let (weight_bytes, flops_per_token) = costs(&cfg, a.prompt_len + a.output_len / 2, a.weights);
     let read_limit = read_gbps * 1e9 / weight_bytes;
     let compute_limit = matmul_gflops * 1e9 / flops_per_token;
     let max_c = a.concurrency.iter().copied().max().unwrap_or(64);
     let url = match &a.url {
         Some(u) => u.trim_end_matches('/').to_string(),
-        None => start_server(source, a.threads, a.tp, max_c)?,
+        None => start_server(source, a.threads, (a.tp, a.weights), max_c)?,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let model = if a.url.is_some() { None } else { Some(model_name(&a)) };
@@ -176,7 +189,7 @@ fn measure(a: Run) -> Result<()> {
     if a.json {
         outln!(
             "{}",
-            serde_json::json!({"bench": "serve", "model": model_name(&a), "url": a.url, "threads": a.threads, "tp": a.tp,
+            serde_json::json!({"bench": "serve", "model": model_name(&a), "url": a.url, "threads": a.threads, "tp": a.tp, "weights": format!("{:?}", a.weights),
                 "prompt_len": a.prompt_len, "output_len": a.output_len, "limits": limits, "rows": rows})
         );
     } else {
@@ -198,7 +211,7 @@ fn model_name(a: &Run) -> String {
 }
 
 /// `brigade serve` on a free loopback port, in this process; returns its URL once ready.
-fn start_server(source: Source, threads: usize, tp: usize, max_c: usize) -> Result<String> {
+fn start_server(source: Source, threads: usize, (tp, weights): (usize, WeightFormat), max_c: usize) -> Result<String> {
     let o = ServeOptions {
         source,
         name: None,
@@ -212,6 +225,7 @@ fn start_server(source: Source, threads: usize, tp: usize, max_c: usize) -> Resu
         kv_cache_mib: 2048,
         block_size: 16,
         shutdown_timeout: Duration::from_secs(1),
+        weights,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

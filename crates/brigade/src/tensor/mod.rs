@@ -15,6 +15,7 @@ pub mod matmul;
 pub mod rmsnorm;
 pub mod rope;
 pub mod rowwise;
+pub mod rowwise_int8;
 pub mod sgemm;
 
 pub use matmul::{gemm_into, matmul, matmul_on, Backend, Mat, Threads};

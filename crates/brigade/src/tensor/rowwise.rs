@@ -10,6 +10,7 @@
 //! loads of the strip and 6 broadcasts), then 4 × 16, and for the last rows (a single decode
 //! row, say) 1 row × 64 columns — enough independent FMA chains to hide their latency.
 
+use super::rowwise_int8::{matmul_rows_int8, Int8};
 use super::SendPtr;
 use rayon::prelude::*;
 
@@ -17,12 +18,13 @@ const W: usize = 16;
 /// Strips per task (and per one-row tile).
 const GROUP: usize = 4;
 
-/// `w[k, n]` (row-major) packed for `matmul_rows`.
+/// `w[k, n]` (row-major) packed for `matmul_rows`: in f32, or quantized to 8 bits.
 pub struct Packed {
     pub k: usize,
     pub n: usize,
-    /// `[strip][k][16]`, the last strip zero-padded.
+    /// `[strip][k][16]`, the last strip zero-padded (empty once quantized).
     data: Vec<f32>,
+    int8: Option<Int8>,
 }
 
 impl Packed {
@@ -37,7 +39,7 @@ impl Packed {
                     .copy_from_slice(&w[kk * n + s * W..kk * n + s * W + width]);
             }
         }
-        Packed { k, n, data }
+        Packed { k, n, data, int8: None }
     }
 
     /// From the transpose of a row-major `[n, k]` matrix (a tied embedding as the LM head),
@@ -55,7 +57,19 @@ impl Packed {
                 }
             }
         });
-        Packed { k, n, data }
+        Packed { k, n, data, int8: None }
+    }
+
+    /// The same matrix in 8 bits (`rowwise_int8`): a scale per column and per `group` rows of
+    /// k (`group` ≥ k: one per column).
+    pub fn quantized_int8(self, group: usize) -> Packed {
+        let int8 = Int8::from_strips(&self.data, self.k, self.n, group.min(self.k).max(1));
+        Packed { k: self.k, n: self.n, data: Vec::new(), int8: Some(int8) }
+    }
+
+    /// Bytes the product reads of the weights.
+    pub fn bytes(&self) -> usize {
+        self.int8.as_ref().map_or(4 * self.data.len(), Int8::bytes)
     }
 
     fn strip(&self, s: usize) -> &[f32] {
@@ -65,6 +79,9 @@ impl Packed {
 
 /// `c[m, n] = a[m, k] · w` (overwritten).
 pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
+    if let Some(q) = &w.int8 {
+        return matmul_rows_int8(c, a, q, m);
+    }
     let (k, n) = (w.k, w.n);
     assert!(a.len() == m * k && c.len() == m * n);
     let strips = n.div_ceil(W);
@@ -251,6 +268,37 @@ mod tests {
                 }
             }
             assert_eq!(Packed::from_transposed(&wt, n, k).data, w.data);
+        }
+    }
+
+    /// 8-bit weights: every row, alone or in any batch, is bit for bit the f32 kernel's
+    /// product with the dequantized matrix; and the dequantized matrix is within half a step
+    /// of the original.
+    #[test]
+    fn int8_rows_are_the_f32_kernel_on_the_dequantized_matrix() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+        for &(k, n, group) in &[(7, 5, 32), (64, 48, 32), (70, 100, 32), (33, 40, 33), (96, 17, 16)] {
+            let wv: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let q = Packed::new(&wv, k, n).quantized_int8(group);
+            let deq = q.int8.as_ref().unwrap().dequantized();
+            for (j, (d, w)) in deq.iter().zip(&wv).enumerate() {
+                // the scale of a group is at most 1/127 here (|w| < 1)
+                assert!((d - w).abs() <= 0.5 / 127.0 + 1e-6, "k {k} n {n}: element {j}: {d} vs {w}");
+            }
+            assert!(deq.iter().zip(&wv).any(|(d, w)| d != w), "quantized at all");
+            let reference = Packed::new(&deq, k, n);
+            let a: Vec<f32> = (0..23 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let mut want = vec![0f32; n];
+            for m in [1, 2, 3, 4, 5, 8, 9, 23] {
+                let mut c = vec![0f32; m * n];
+                matmul_rows(&mut c, &a[..m * k], &q, m);
+                for i in 0..m {
+                    matmul_rows(&mut want, &a[i * k..(i + 1) * k], &reference, 1);
+                    let same = c[i * n..(i + 1) * n].iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "k {k} n {n} group {group}: row {i} of {m}");
+                }
+            }
+            assert_eq!(q.bytes(), n.div_ceil(16) * 16 * (k + 4 * k.div_ceil(group.min(k))));
         }
     }
 }

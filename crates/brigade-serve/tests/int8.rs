@@ -1,0 +1,151 @@
+//! 8-bit weights (`--weights int8`, `int8-channel`) against f32 on the Hugging Face fixtures
+//! of the Llama family (and a GPT-2): batch invariance holds bit for bit (a request alone and
+//! in a crowd), tensor parallelism gives the single worker's int8 tokens, and the error
+//! against f32 — max |Δlogit| after a 100-token prompt, and the fraction of greedy tokens
+//! equal over 64 prompts × 64 tokens — is printed (`--nocapture`) and bounded loosely enough
+//! that only a broken quantizer fails it.
+
+mod common;
+
+use brigade::models::checkpoint::load_model;
+use brigade::models::Gpt;
+use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
+use brigade_serve::kv::KvCache;
+use brigade_serve::model::{Model, Work};
+use brigade_serve::weights::WeightFormat;
+use std::collections::HashMap;
+use std::path::Path;
+
+const FORMATS: [WeightFormat; 2] = [WeightFormat::Int8, WeightFormat::Int8Channel];
+
+fn greedy(max_tokens: usize) -> Sampling {
+    Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens, stop_tokens: vec![], top_logprobs: 2 }
+}
+
+fn run(e: &mut Engine, requests: &[Request]) -> HashMap<u64, Vec<Output>> {
+    for r in requests {
+        e.add(r.clone()).unwrap();
+    }
+    let mut out: HashMap<u64, Vec<Output>> = HashMap::new();
+    while e.has_work() {
+        for o in e.step() {
+            out.entry(o.id).or_default().push(o);
+        }
+    }
+    out
+}
+
+fn prompts(vocab: u32, n: u64, len: u32) -> Vec<Request> {
+    (0..n)
+        .map(|j| Request {
+            id: j,
+            prompt: (0..len + (j as u32 % 5)).map(|i| (i * 17 + j as u32 * 31 + 7) % vocab).collect(),
+            sampling: if j % 2 == 0 { greedy(64) } else { Sampling { temperature: 0.8, seed: j, ..greedy(64) } },
+        })
+        .collect()
+}
+
+#[test]
+fn int8_outputs_do_not_depend_on_the_batch_or_the_ranks() {
+    for f in common::FAMILIES {
+        let (gpt, p) = common::model(f, 101, 96, 4);
+        for fmt in FORMATS {
+            let model = || Model::shard_as(&gpt, &p, None, fmt).unwrap();
+            let reqs = prompts(101, 12, 6);
+            let crowd = run(&mut Engine::new(model(), 40, 4, Limits { max_running: 8, max_step_tokens: 20 }), &reqs);
+            for r in &reqs {
+                let alone = run(
+                    &mut Engine::new(model(), 64, 4, Limits { max_running: 8, max_step_tokens: 512 }),
+                    &[r.clone()],
+                );
+                assert_eq!(crowd[&r.id], alone[&r.id], "{f:?} {fmt:?}: request {} changed inside a batch", r.id);
+            }
+            // two ranks: the single worker's int8 tokens and log-probabilities
+            let got = brigade_comm::local::run(2, |comm| -> Result<_, String> {
+                let rank = comm.rank();
+                let m = Model::shard_as(&gpt, &p, Some(comm), fmt)?;
+                if rank == 0 {
+                    let mut e = Engine::new(m, 40, 4, Limits { max_running: 8, max_step_tokens: 20 });
+                    let out = run(&mut e, &reqs);
+                    e.model.stop_followers();
+                    Ok(out)
+                } else {
+                    let mut kv = KvCache::new(40, 4, m.layers_n, m.kv_width());
+                    while m.follow(&mut kv) {}
+                    Ok(HashMap::new())
+                }
+            })
+            .unwrap();
+            assert_eq!(got[0], crowd, "{f:?} {fmt:?}: tp 2 differs from one worker");
+        }
+    }
+}
+
+/// max |Δlogit| of the next token after `t` tokens, relative to the f32 logits' largest.
+fn logit_error(gpt: &Gpt, p: &[f32], tokens: &[u32], fmt: WeightFormat) -> (f32, f32) {
+    let logits = |fmt| {
+        let m = Model::shard_as(gpt, p, None, fmt).unwrap();
+        let mut kv = KvCache::new(tokens.len().div_ceil(4) + 1, 4, m.layers_n, m.kv_width());
+        let blocks: Vec<usize> = (0..tokens.len().div_ceil(4)).collect();
+        m.step(&mut kv, &[Work { tokens, start: 0, blocks: &blocks, logits: true }]).remove(0)
+    };
+    let (a, b) = (logits(WeightFormat::F32), logits(fmt));
+    let max = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    (d, d / max)
+}
+
+/// Over 64 prompts × 64 greedy tokens of the f32 model: the fraction of positions where the
+/// 8-bit model's most likely next token, given the f32 sequence so far, is f32's (top-1
+/// agreement); and the fraction of tokens the 8-bit model's own greedy continuations share
+/// with f32's before their first difference (everything after a flip counted as differing).
+fn greedy_agreement(gpt: &Gpt, p: &[f32], fmt: WeightFormat) -> (f64, f64) {
+    let v = gpt.cfg.vocab_size as u32;
+    let reqs: Vec<Request> = prompts(v, 64, 8).into_iter().map(|r| Request { sampling: greedy(64), ..r }).collect();
+    let limits = Limits { max_running: 64, max_step_tokens: 1024 };
+    let f32s = run(&mut Engine::new(Model::new(gpt, p), 2048, 16, limits), &reqs);
+    let q = Model::shard_as(gpt, p, None, fmt).unwrap();
+    let own = run(&mut Engine::new(Model::shard_as(gpt, p, None, fmt).unwrap(), 2048, 16, limits), &reqs);
+    let (mut top1, mut prefix) = (0, 0);
+    for r in &reqs {
+        let gen: Vec<u32> = f32s[&r.id].iter().map(|o| o.token).collect();
+        prefix += gen.iter().zip(&own[&r.id]).take_while(|(a, b)| **a == b.token).count();
+        // one step: the prompt, then each generated token as its own item over the same
+        // blocks (every row's keys are written before any row attends), each with its logits
+        let mut kv = KvCache::new(16, 16, q.layers_n, q.kv_width());
+        let blocks: Vec<usize> = (0..16).collect();
+        let l = r.prompt.len();
+        let mut work = vec![Work { tokens: &r.prompt, start: 0, blocks: &blocks, logits: true }];
+        for (i, t) in gen[..63].iter().enumerate() {
+            work.push(Work { tokens: std::slice::from_ref(t), start: l + i, blocks: &blocks, logits: true });
+        }
+        for (row, want) in q.step(&mut kv, &work).iter().zip(&gen) {
+            let best = row.iter().enumerate().fold(0, |b, (i, &x)| if x > row[b] { i } else { b });
+            top1 += usize::from(best as u32 == *want);
+        }
+    }
+    (top1 as f64 / 4096.0, prefix as f64 / 4096.0)
+}
+
+#[test]
+fn int8_error_against_f32_on_the_fixtures() {
+    for name in ["llama3_hf", "qwen2_hf", "gpt2_hf"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures").join(name);
+        let (gpt, p) = load_model(&dir).unwrap();
+        let v = gpt.cfg.vocab_size as u32;
+        let long: Vec<u32> = (0..100).map(|i| (i * 37 + 11) % v).collect();
+        for fmt in FORMATS {
+            let (d, rel) = logit_error(&gpt, &p, &long, fmt);
+            let (top1, prefix) = greedy_agreement(&gpt, &p, fmt);
+            println!(
+                "{name} {fmt:?}: max |Δlogit| {d:.4} ({:.2}% of the largest logit); greedy top-1 equal to f32's at {:.1}% of positions; {:.1}% of tokens before the first difference",
+                rel * 100.0,
+                top1 * 100.0,
+                prefix * 100.0
+            );
+            // a broken quantizer (a wrong scale or column) is far outside these
+            assert!(rel < 0.05, "{name} {fmt:?}: logits {:.1}% off", rel * 100.0);
+            assert!(top1 > 0.8, "{name} {fmt:?}: top-1 agreement {:.1}%", top1 * 100.0);
+        }
+    }
+}
