@@ -56,7 +56,7 @@ fn int8_outputs_do_not_depend_on_the_batch_or_the_ranks() {
             for r in &reqs {
                 let alone = run(
                     &mut Engine::new(model(), 64, 4, Limits { max_running: 8, max_step_tokens: 512 }),
-                    &[r.clone()],
+                    std::slice::from_ref(r),
                 );
                 assert_eq!(crowd[&r.id], alone[&r.id], "{f:?} {fmt:?}: request {} changed inside a batch", r.id);
             }
