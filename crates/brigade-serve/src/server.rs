@@ -117,7 +117,8 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
             };
             let (handle, join) = EngineHandle::start_model(gpt, params, setup, app.metrics.clone());
             let chat = chat_template(tokenizer.as_ref(), &eos, &o.source);
-            if let Err(why) = &chat {
+            // a preset has no tokenizer by design; a checkpoint without a template is worth a line
+            if let (Err(why), Source::Checkpoint(_)) = (&chat, &o.source) {
                 eprintln!("brigade serve: no chat API for this model: {why}");
             }
             let loaded =
