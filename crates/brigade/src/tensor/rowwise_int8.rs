@@ -7,8 +7,8 @@
 //!
 //! Layout as the f32 kernel's: columns in strips of 16, `[strip][k][16]` i8 values and
 //! `[strip][group][16]` scales. Tiles: 4 rows × 16 columns (8 accumulators, the strip's two
-//! dequantized vectors, the group's two scale vectors), and 1 row × 32 columns for the last
-//! rows (a decode's single row).
+//! dequantized vectors, the group's two scale vectors), and 1 row × 64 columns for the last
+//! rows (a decode's single row; one 512-bit register a strip where the CPU has AVX-512).
 
 use super::SendPtr;
 use rayon::prelude::*;
@@ -105,14 +105,12 @@ pub fn matmul_rows_int8(c: &mut [f32], a: &[f32], w: &Int8, m: usize) {
         }
         while i < m {
             let ar = &a[i * k..(i + 1) * k];
-            for s in ss.clone().step_by(2) {
-                let s2 = (s + 1).min(ss.end - 1);
-                let mut acc = [[0f32; W]; 2];
-                tile_1x32(&mut acc, ar, w, [s, s2]);
-                store(cp, i * n, s, n, &acc[0]);
-                if s2 != s {
-                    store(cp, i * n, s2, n, &acc[1]);
-                }
+            // up to four strips (the last repeated to fill), each stored once
+            let four: [usize; TASK] = std::array::from_fn(|q| (ss.start + q).min(ss.end - 1));
+            let mut acc = [[0f32; W]; TASK];
+            tile_1x64(&mut acc, ar, w, four);
+            for (q, s) in ss.clone().enumerate() {
+                store(cp, i * n, s, n, &acc[q]);
             }
             i += 1;
         }
@@ -124,6 +122,11 @@ fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int8, s: usize) {
     let k = w.k;
     assert_eq!(a.len(), 4 * k);
     let (q, sc) = w.strip(s);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
+        return unsafe { simd::tile_rows_avx512(acc, a, k, w.group, q, sc) };
+    }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 and FMA (checked); the slices' lengths are checked above
@@ -142,15 +145,25 @@ fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int8, s: usize) {
     }
 }
 
-/// One row × strips `ss[0]` and `ss[1]`.
-fn tile_1x32(acc: &mut [[f32; W]; 2], a: &[f32], w: &Int8, ss: [usize; 2]) {
+/// One row × the four strips `ss`.
+fn tile_1x64(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int8, ss: [usize; TASK]) {
     let k = w.k;
     assert_eq!(a.len(), k);
     let strips = ss.map(|s| w.strip(s));
     #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
+        return unsafe { simd::tile_1x64_avx512(acc, a, w.group, strips) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
-        // SAFETY: as above.
-        return unsafe { simd::tile_1x32(acc, a, w.group, strips) };
+        let (lo, hi) = acc.split_at_mut(2);
+        // SAFETY: as above, with AVX2 and FMA.
+        unsafe {
+            simd::tile_1x32(lo.try_into().unwrap(), a, w.group, [strips[0], strips[1]]);
+            simd::tile_1x32(hi.try_into().unwrap(), a, w.group, [strips[2], strips[3]]);
+        }
+        return;
     }
     for (kk, &av) in a.iter().enumerate() {
         let g = kk / w.group;
@@ -197,6 +210,54 @@ mod simd {
         for (accr, cr) in acc.iter_mut().zip(&c) {
             _mm256_storeu_ps(accr.as_mut_ptr(), cr[0]);
             _mm256_storeu_ps(accr.as_mut_ptr().add(8), cr[1]);
+        }
+    }
+
+    /// 4 rows × one strip with 512-bit vectors: the strip's row dequantized once for the 4.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_rows_avx512(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, group: usize, q: &[i8], sc: &[f32]) {
+        let mut c = [_mm512_setzero_ps(); 4];
+        let (ap, qp) = (a.as_ptr(), q.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(group) {
+            let s = _mm512_loadu_ps(sc.as_ptr().add(g * W));
+            while kk < ((g + 1) * group).min(k) {
+                let b = _mm_loadu_si128(qp.add(kk * W) as *const __m128i);
+                let wv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+                for (r, cr) in c.iter_mut().enumerate() {
+                    *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), wv, *cr);
+                }
+                kk += 1;
+            }
+        }
+        for (accr, cr) in acc.iter_mut().zip(&c) {
+            _mm512_storeu_ps(accr.as_mut_ptr(), *cr);
+        }
+    }
+
+    /// One row × four strips with 512-bit vectors: a strip's row of 16 weights widened,
+    /// converted and scaled in one register — lanewise the same operations as the 256-bit
+    /// and portable paths, so the same bits.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_1x64_avx512(acc: &mut [[f32; W]; 4], a: &[f32], group: usize, strips: [(&[i8], &[f32]); 4]) {
+        let k = a.len();
+        let mut c = [_mm512_setzero_ps(); 4];
+        let q: [*const i8; 4] = std::array::from_fn(|i| strips[i].0.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(group) {
+            let s: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(strips[i].1.as_ptr().add(g * W)));
+            while kk < ((g + 1) * group).min(k) {
+                let av = _mm512_set1_ps(*a.get_unchecked(kk));
+                for i in 0..4 {
+                    let b = _mm_loadu_si128(q[i].add(kk * W) as *const __m128i);
+                    let wv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s[i]);
+                    c[i] = _mm512_fmadd_ps(av, wv, c[i]);
+                }
+                kk += 1;
+            }
+        }
+        for i in 0..4 {
+            _mm512_storeu_ps(acc[i].as_mut_ptr(), c[i]);
         }
     }
 
