@@ -10,13 +10,17 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Checkpoint directory: brigade's or a Hugging Face GPT-2 folder (config.json,
-    /// model.safetensors, tokenizer.json if prompts are text).
-    #[arg(long, conflicts_with = "model", required_unless_present = "model")]
+    /// Checkpoint directory: brigade's or a Hugging Face GPT-2 or Llama-family folder
+    /// (config.json, model.safetensors, tokenizer.json if prompts are text).
+    #[arg(long, conflicts_with = "model", required_unless_present_any = ["model", "embedding_model"])]
     checkpoint: Option<PathBuf>,
     /// A preset shape with random weights instead (gpt2-small, …): prompts as token ids only.
     #[arg(long)]
     model: Option<String>,
+    /// A sentence-transformers folder to serve at POST /v1/embeddings (alone, or beside the
+    /// generation model).
+    #[arg(long)]
+    embedding_model: Option<PathBuf>,
     /// The model name clients send (default: the checkpoint directory's name, or the preset).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -97,12 +101,19 @@ pub fn options(a: ServeArgs) -> Result<ServeOptions> {
         bail!("--kv-cache-mib must be from 1 to 1048576, got {}", a.kv_cache_mib);
     }
     let source = match (a.checkpoint, a.model) {
-        (Some(dir), None) => Source::Checkpoint(dir),
-        (None, Some(m)) => Source::Preset(m),
-        _ => bail!("give --checkpoint DIR or --model PRESET"),
+        (Some(dir), None) => Some(Source::Checkpoint(dir)),
+        (None, Some(m)) => Some(Source::Preset(m)),
+        (None, None) if a.embedding_model.is_some() => None,
+        _ => bail!("give --checkpoint DIR or --model PRESET (and/or --embedding-model DIR)"),
     };
+    if let Some(d) = &a.embedding_model {
+        if !d.is_dir() {
+            bail!("--embedding-model {} is not a folder; give a sentence-transformers model folder", d.display());
+        }
+    }
     Ok(ServeOptions {
         source,
+        embedding_model: a.embedding_model,
         name: a.served_model_name,
         host: a.host,
         port: a.port,

@@ -636,3 +636,99 @@ async fn a_model_without_a_chat_template_gets_400_naming_the_file() {
     let (st, _) = s.post(json!({"prompt": "x", "max_tokens": 2})).await;
     assert_eq!(st, 200);
 }
+
+/// `/v1/embeddings` from the real all-MiniLM-L6-v2: concurrent requests of 1–3 texts each get
+/// the vectors `brigade embed`'s encoder gives each text alone, bit for bit (float and base64),
+/// whatever they were batched with; bad requests get 400 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embeddings_equal_brigade_embeds_bit_for_bit() {
+    use base64::Engine as _;
+    let Some(model) = common::shared("models/all-MiniLM-L6-v2") else { return };
+    let s = start(&["--embedding-model", model.to_str().unwrap(), "--threads", "2"]);
+    s.wait_ready().await;
+    let enc = brigade::embed::Encoder::load(&model).unwrap();
+    let texts: Vec<String> = (0..24)
+        .map(|i| match i % 4 {
+            0 => format!("Document {i}: data parallelism averages gradients."),
+            1 => format!("  naïve café {i} — tensor parallel heads  "),
+            2 => "x".repeat(1 + i),
+            _ => format!("The planner predicts step time {i} times over before anyone rents a cluster of {i} nodes."),
+        })
+        .collect();
+    let mut tasks = Vec::new();
+    for (j, chunk) in texts.chunks(3).enumerate() {
+        let (url, chunk) = (s.url.clone(), chunk.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let body = if j % 3 == 0 {
+                json!({"input": chunk[0], "model": "all-MiniLM-L6-v2"})
+            } else {
+                json!({"input": chunk, "encoding_format": if j % 2 == 0 { "base64" } else { "float" }})
+            };
+            let r = reqwest::Client::new().post(format!("{url}/v1/embeddings")).json(&body).send().await.unwrap();
+            (j, r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }));
+    }
+    let mut checked = 0;
+    for t in tasks {
+        let (j, st, r) = t.await.unwrap();
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["object"], "list");
+        let chunk = &texts[j * 3..(j * 3 + 3).min(texts.len())];
+        let data = r["data"].as_array().unwrap();
+        let n = if j % 3 == 0 { 1 } else { chunk.len() };
+        assert_eq!(data.len(), n);
+        let mut tokens = 0;
+        for (i, d) in data.iter().enumerate() {
+            assert_eq!(d["index"], i);
+            let got: Vec<f32> = match &d["embedding"] {
+                Value::String(b64) => base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+                v => v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect(),
+            };
+            let want = enc.embed(&[chunk[i].as_str()]).unwrap();
+            assert_eq!(got.len(), 384);
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "request {j} input {i}");
+            tokens += enc.tokenize(&chunk[i]).unwrap().ids.len();
+            checked += 1;
+        }
+        assert_eq!(r["usage"]["prompt_tokens"], tokens);
+    }
+    // three requests of one text (j = 0, 3, 6), five of three
+    assert_eq!(checked, 3 + 5 * 3, "every input was checked");
+    // token ids as given, and the models list
+    let ids = enc.tokenize("hello world").unwrap().ids;
+    let (st, r) = s.post_to("/v1/embeddings", json!({"input": [ids.clone()]})).await;
+    assert_eq!(st, 200, "{r}");
+    let want = enc.embed_tokens(&[&ids]);
+    let got: Vec<f32> =
+        r["data"][0]["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let models: Value = reqwest::get(format!("{}/v1/models", s.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], "all-MiniLM-L6-v2");
+    for (body, param) in [
+        (json!({"input": []}), "input"),
+        (json!({}), "input"),
+        (json!({"input": 5}), "input"),
+        (json!({"input": "x", "dimensions": 100}), "dimensions"),
+        (json!({"input": "x", "encoding_format": "int8"}), "encoding_format"),
+        (json!({"input": [[999999]]}), "input"),
+        (json!({"input": "x", "temperature": 1}), "temperature"),
+    ] {
+        let (st, e) = s.post_to("/v1/embeddings", body.clone()).await;
+        assert_eq!((st, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
+    }
+    let (st, _) = s.post_to("/v1/embeddings", json!({"input": "x", "dimensions": 384})).await;
+    assert_eq!(st, 200);
+    // no generation model here, and no embedding model on a generation server
+    let (st, e) = s.post(json!({"prompt": "x"})).await;
+    assert_eq!((st, e["error"]["param"].as_str()), (400, Some("model")), "{e}");
+    let g = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    g.wait_ready().await;
+    let (st, e) = g.post_to("/v1/embeddings", json!({"input": "x"})).await;
+    assert_eq!((st, e["error"]["param"].as_str()), (400, Some("model")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("--embedding-model"));
+}

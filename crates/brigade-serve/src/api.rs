@@ -164,6 +164,11 @@ fn prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
 
 /// The body as a JSON object whose fields are all among `COMMON` and `own` (the API's own).
 pub(crate) fn object(body: &[u8], own: &[&str]) -> Result<Map<String, Value>, ApiError> {
+    object_of(body, &[own, COMMON])
+}
+
+/// The body as a JSON object whose fields are all in one of the lists `known`.
+pub(crate) fn object_of(body: &[u8], known: &[&[&str]]) -> Result<Map<String, Value>, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| ApiError {
         status: 400,
         message: format!("the request body is not valid JSON: {e}"),
@@ -174,9 +179,8 @@ pub(crate) fn object(body: &[u8], own: &[&str]) -> Result<Map<String, Value>, Ap
     let Value::Object(o) = v else {
         return Err(ApiError::bad("body", format!("the request body must be a JSON object, got {}", type_name(&v))));
     };
-    let known = |k: &str| COMMON.contains(&k) || own.contains(&k);
-    if let Some(k) = o.keys().find(|k| !known(k)) {
-        let all: Vec<&str> = own.iter().chain(COMMON).copied().collect();
+    let all: Vec<&str> = known.iter().flat_map(|l| l.iter().copied()).collect();
+    if let Some(k) = o.keys().find(|k| !all.contains(&k.as_str())) {
         return Err(ApiError::bad(k, format!("unsupported parameter '{k}'; this server takes {}", all.join(", "))));
     }
     Ok(o)

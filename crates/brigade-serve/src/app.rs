@@ -24,8 +24,13 @@ pub(crate) struct Loaded {
 }
 
 pub(crate) struct App {
+    /// The generation model's name.
     pub(crate) name: String,
+    /// Whether a generation model is served (else embeddings only).
+    pub(crate) generates: bool,
     pub(crate) loaded: OnceLock<Loaded>,
+    /// The embedding model, once loaded (`None`: none is served).
+    pub(crate) embedder: Option<OnceLock<crate::embeddings::Embedder>>,
     pub(crate) draining: AtomicBool,
     pub(crate) metrics: Metrics,
     /// Sequences accepted and not finished (running and waiting).

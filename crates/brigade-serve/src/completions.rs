@@ -60,6 +60,12 @@ struct Prompted {
 
 /// Whether the server takes requests now (loaded, not draining), and the model if so.
 pub(crate) fn serving(app: &App) -> Result<&Loaded, ApiError> {
+    if !app.generates {
+        return Err(ApiError::bad(
+            "model",
+            "this server has no generation model (it serves /v1/embeddings only); start it with --checkpoint DIR or --model PRESET",
+        ));
+    }
     let Some(l) = app.loaded.get() else { return Err(unavailable("the model is still loading; retry shortly")) };
     if app.draining.load(Ordering::SeqCst) {
         return Err(unavailable("the server is shutting down"));

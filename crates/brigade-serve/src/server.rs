@@ -7,6 +7,7 @@ use crate::app::{unix_now, App, Loaded};
 use crate::chat::chat_completions;
 use crate::chat_template::ChatTemplate;
 use crate::completions::completions;
+use crate::embeddings::{embeddings, Embedder};
 use crate::engine::Limits;
 use crate::kv::KvCache;
 use crate::metrics::Metrics;
@@ -26,7 +27,10 @@ use std::time::Duration;
 
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    pub source: Source,
+    /// The generation model (none: embeddings only).
+    pub source: Option<Source>,
+    /// A sentence-transformers folder served at `/v1/embeddings`.
+    pub embedding_model: Option<std::path::PathBuf>,
     pub name: Option<String>,
     pub host: String,
     /// 0: any free port (the one chosen is printed).
@@ -56,7 +60,14 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
         bail!("serving splits the model over tensor-parallel ranks only; give --tp N, not the layout '{l}'");
     }
     let tp = l.tp;
-    let cfg = o.source.config()?;
+    let Some(source) = &o.source else {
+        if o.embedding_model.is_none() {
+            bail!("give a model to serve: --checkpoint DIR or --model PRESET, and/or --embedding-model DIR");
+        }
+        let rt = runtime()?;
+        return rt.block_on(serve(o, 0, on_listen));
+    };
+    let cfg = source.config()?;
     if tp == 0 {
         bail!("--tp must be at least 1");
     }
@@ -76,12 +87,15 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
             block_mib
         );
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    runtime()?.block_on(serve(o, kv_blocks, on_listen))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("starting the HTTP runtime")?;
-    rt.block_on(serve(o, kv_blocks, on_listen))
+        .context("starting the HTTP runtime")
 }
 
 async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::net::SocketAddr)) -> Result<()> {
@@ -91,8 +105,10 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
     })?;
     let local = listener.local_addr()?;
     let app = Arc::new(App {
-        name: o.name.clone().unwrap_or_else(|| o.source.default_name()),
+        name: o.name.clone().or_else(|| o.source.as_ref().map(Source::default_name)).unwrap_or_default(),
+        generates: o.source.is_some(),
         loaded: OnceLock::new(),
+        embedder: o.embedding_model.as_ref().map(|_| OnceLock::new()),
         draining: AtomicBool::new(false),
         metrics: Metrics::new(),
         inflight: AtomicUsize::new(0),
@@ -103,8 +119,14 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
     // load in the background: /health answers meanwhile, /ready says 503
     let loader = {
         let (app, o) = (app.clone(), o.clone());
-        tokio::task::spawn_blocking(move || -> Result<std::thread::JoinHandle<()>> {
-            let Served { gpt, params, tokenizer, eos } = o.source.load()?;
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            if let Some(dir) = &o.embedding_model {
+                let e = Embedder::start(dir, None, o.threads)?;
+                eprintln!("brigade serve: embedding model {} loaded", e.name);
+                let _ = app.embedder.as_ref().expect("a slot for it").set(e);
+            }
+            let Some(source) = &o.source else { return Ok(()) };
+            let Served { gpt, params, tokenizer, eos } = source.load()?;
             let (context, vocab) = (gpt.cfg.block_size, gpt.cfg.vocab_size);
             let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
             let setup = EngineSetup {
@@ -115,22 +137,23 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
                 threads: o.threads,
                 weights: o.weights,
             };
-            let (handle, join) = EngineHandle::start_model(gpt, params, setup, app.metrics.clone());
-            let chat = chat_template(tokenizer.as_ref(), &eos, &o.source);
+            let (handle, _join) = EngineHandle::start_model(gpt, params, setup, app.metrics.clone());
+            let chat = chat_template(tokenizer.as_ref(), &eos, source);
             // a preset has no tokenizer by design; a checkpoint without a template is worth a line
-            if let (Err(why), Source::Checkpoint(_)) = (&chat, &o.source) {
+            if let (Err(why), Source::Checkpoint(_)) = (&chat, source) {
                 eprintln!("brigade serve: no chat API for this model: {why}");
             }
             let loaded =
                 Loaded { engine: handle, tokenizer, eos, chat, context, vocab, kv_blocks, block_size: o.block_size };
             let _ = app.loaded.set(loaded);
             eprintln!("brigade serve: {} loaded; ready", app.name);
-            Ok(join)
+            Ok(())
         })
     };
     let router = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
@@ -154,7 +177,7 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
     let server = axum::serve(listener, router).with_graceful_shutdown(signal);
     let load_failed = async {
         match loader.await {
-            Ok(Ok(_join)) => std::future::pending::<Result<()>>().await,
+            Ok(Ok(())) => std::future::pending::<Result<()>>().await,
             Ok(Err(e)) => Err(e),
             Err(e) => Err(anyhow::anyhow!("loading the model failed: {e}")),
         }
@@ -231,7 +254,8 @@ async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> Resp
 }
 
 async fn ready(State(app): State<Arc<App>>) -> Response {
-    if app.loaded.get().is_none() {
+    let embedder_loading = app.embedder.as_ref().is_some_and(|e| e.get().is_none());
+    if (app.generates && app.loaded.get().is_none()) || embedder_loading {
         (StatusCode::SERVICE_UNAVAILABLE, "loading the model").into_response()
     } else if app.draining.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
@@ -246,9 +270,13 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
-    let max = app.loaded.get().map(|l| l.context);
-    axum::Json(json!({"object": "list", "data": [{
-        "id": app.name, "object": "model", "created": unix_now(), "owned_by": "brigade", "max_model_len": max
-    }]}))
-    .into_response()
+    let mut data = Vec::new();
+    if app.generates {
+        let max = app.loaded.get().map(|l| l.context);
+        data.push(json!({"id": app.name, "object": "model", "created": unix_now(), "owned_by": "brigade", "max_model_len": max}));
+    }
+    if let Some(e) = app.embedder.as_ref().and_then(|e| e.get()) {
+        data.push(json!({"id": e.name, "object": "model", "created": unix_now(), "owned_by": "brigade"}));
+    }
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }

@@ -213,7 +213,8 @@ fn model_name(a: &Run) -> String {
 /// `brigade serve` on a free loopback port, in this process; returns its URL once ready.
 fn start_server(source: Source, threads: usize, (tp, weights): (usize, WeightFormat), max_c: usize) -> Result<String> {
     let o = ServeOptions {
-        source,
+        source: Some(source),
+        embedding_model: None,
         name: None,
         host: "127.0.0.1".into(),
         port: 0,

@@ -1,14 +1,17 @@
 //! BERT, the encoder of sentence-transformers models: token + position + token-type
 //! embeddings, then post-LayerNorm blocks (attention, residual, LayerNorm; GELU MLP, residual,
-//! LayerNorm). Inference only, on the training kernels (gemm, the fused attention layout).
+//! LayerNorm). Inference only. The products go through the row-invariant kernel
+//! (`tensor::rowwise`): a text's vector is the same bits whatever other texts share its
+//! forward pass, so `brigade embed` and the server's `/v1/embeddings` agree bit for bit.
 //!
 //! Loaded from a Hugging Face folder (`config.json`, `model.safetensors`). Weights are stored
-//! transposed once at load (`[in, out]`, q | k | v fused), so every product of the forward is a
-//! plain row-major `x · W` over all the tokens of a batch.
+//! transposed and packed once at load (`[in, out]`, q | k | v fused), so every product of the
+//! forward is a plain row-major `x · W` over all the tokens of a batch.
 
 use crate::tensor::encoder::{attention_packed, bias_gelu_inplace, residual_layernorm_inplace};
 use crate::tensor::layernorm::layernorm_row;
-use crate::tensor::{gemm_into, Mat, Threads, ROW_CHUNK};
+use crate::tensor::rowwise::{matmul_rows, Packed};
+use crate::tensor::ROW_CHUNK;
 use crate::{Error, Result};
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
@@ -104,14 +107,14 @@ impl BertConfig {
 }
 
 struct Layer {
-    wqkv: Vec<f32>, // [C, 3C]
+    wqkv: Packed, // [C, 3C]
     bqkv: Vec<f32>,
-    wo: Vec<f32>, // [C, C]
+    wo: Packed, // [C, C]
     bo: Vec<f32>,
     ln1: (Vec<f32>, Vec<f32>),
-    w1: Vec<f32>, // [C, I]
+    w1: Packed, // [C, I]
     b1: Vec<f32>,
-    w2: Vec<f32>, // [I, C]
+    w2: Packed, // [I, C]
     b2: Vec<f32>,
     ln2: (Vec<f32>, Vec<f32>),
 }
@@ -222,14 +225,14 @@ impl Bert {
                 .collect::<Result<Vec<_>>>()?
                 .concat();
             layers.push(Layer {
-                wqkv: side_by_side(&qkv, c),
+                wqkv: Packed::new(&side_by_side(&qkv, c), c, 3 * c),
                 bqkv,
-                wo: t.linear_t(&format!("{p}.attention.output.dense.weight"), c, c)?,
+                wo: Packed::new(&t.linear_t(&format!("{p}.attention.output.dense.weight"), c, c)?, c, c),
                 bo: t.get(&format!("{p}.attention.output.dense.bias"), &[c])?,
                 ln1: ln(&format!("{p}.attention.output.LayerNorm"))?,
-                w1: t.linear_t(&format!("{p}.intermediate.dense.weight"), i, c)?,
+                w1: Packed::new(&t.linear_t(&format!("{p}.intermediate.dense.weight"), i, c)?, c, i),
                 b1: t.get(&format!("{p}.intermediate.dense.bias"), &[i])?,
-                w2: t.linear_t(&format!("{p}.output.dense.weight"), c, i)?,
+                w2: Packed::new(&t.linear_t(&format!("{p}.output.dense.weight"), c, i)?, i, c),
                 b2: t.get(&format!("{p}.output.dense.bias"), &[c])?,
                 ln2: ln(&format!("{p}.output.LayerNorm"))?,
             });
@@ -275,22 +278,19 @@ impl Bert {
         let mut ctx = vec![0f32; n * c];
         let mut y = vec![0f32; n * c];
         let mut h = vec![0f32; n * inter];
-        let mm = |out: &mut [f32], a: &[f32], w: &[f32], k: usize, m: usize| {
-            gemm_into(out, Mat::rm(n, m), a, Mat::rm(n, k), w, Mat::rm(k, m), 1.0, false, Threads::Pool);
-        };
-        // onto the bias already in `out`
-        let mm_acc = |out: &mut [f32], a: &[f32], w: &[f32], k: usize, m: usize| {
-            gemm_into(out, Mat::rm(n, m), a, Mat::rm(n, k), w, Mat::rm(k, m), 1.0, true, Threads::Pool);
-        };
         for ly in &self.layers {
-            qkv.par_chunks_mut(3 * c).with_min_len(ROW_CHUNK).for_each(|r| r.copy_from_slice(&ly.bqkv));
-            mm_acc(&mut qkv, &x, &ly.wqkv, c, 3 * c);
+            matmul_rows(&mut qkv, &x, &ly.wqkv, n);
+            qkv.par_chunks_mut(3 * c).with_min_len(ROW_CHUNK).for_each(|r| {
+                for (v, &b) in r.iter_mut().zip(&ly.bqkv) {
+                    *v += b;
+                }
+            });
             attention_packed(&mut ctx, &qkv, lens, c, cfg.heads);
-            mm(&mut y, &ctx, &ly.wo, c, c);
+            matmul_rows(&mut y, &ctx, &ly.wo, n);
             residual_layernorm_inplace(&mut x, &y, &ly.bo, &ly.ln1.0, &ly.ln1.1, cfg.eps);
-            mm(&mut h, &x, &ly.w1, c, inter);
+            matmul_rows(&mut h, &x, &ly.w1, n);
             bias_gelu_inplace(&mut h, &ly.b1, cfg.gelu_tanh);
-            mm(&mut y, &h, &ly.w2, inter, c);
+            matmul_rows(&mut y, &h, &ly.w2, n);
             residual_layernorm_inplace(&mut x, &y, &ly.b2, &ly.ln2.0, &ly.ln2.1, cfg.eps);
         }
         x

@@ -96,7 +96,14 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
             sixes -= 1;
         }
         let mut i = 0;
-        while i < sixes * 6 {
+        // with 512-bit registers, 8 rows × two strips first (16 accumulators)
+        if wide() {
+            while i + 8 <= sixes * 6 {
+                rows_by_strip_pairs(cp, a, w, i, s0..s1);
+                i += 8;
+            }
+        }
+        while i + 6 <= sixes * 6 {
             rows_by_strips::<6>(cp, a, w, i, s0..s1);
             i += 6;
         }
@@ -130,9 +137,49 @@ fn rows_by_strips<const R: usize>(cp: SendPtr, a: &[f32], w: &Packed, i: usize, 
     }
 }
 
+/// Rows `i..i + 8` in the columns of strips `ss`, two strips at a time (512-bit tiles only).
+fn rows_by_strip_pairs(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::ops::Range<usize>) {
+    let (k, n) = (w.k, w.n);
+    let a = &a[i * k..(i + 8) * k];
+    for s in ss.clone().step_by(2) {
+        if s + 1 < ss.end {
+            let mut acc = [[[0f32; W]; 8]; 2];
+            // SAFETY: only called when `wide()` (AVX-512F); the slices hold 8 rows and 2 strips.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                simd::tile_8x32_avx512(&mut acc, a, k, [w.strip(s), w.strip(s + 1)])
+            };
+            for (q, accq) in acc.iter().enumerate() {
+                for (r, accr) in accq.iter().enumerate() {
+                    store(cp, (i + r) * n, s + q, n, accr);
+                }
+            }
+        } else {
+            let mut acc = [[0f32; W]; 8];
+            tile_rows(&mut acc, a, k, w.strip(s));
+            for (r, accr) in acc.iter().enumerate() {
+                store(cp, (i + r) * n, s, n, accr);
+            }
+        }
+    }
+}
+
+/// Whether the 512-bit tiles run (AVX-512F): they compute the same chains, lane for lane.
+fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return is_x86_feature_detected!("avx512f");
+    #[allow(unreachable_code)]
+    false
+}
+
 /// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for R rows, each an fma chain over k in order.
 fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32]) {
     assert!(a.len() == R * k && strip.len() == k * W);
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: the CPU has AVX-512F (checked); the slices' lengths are checked above.
+        return unsafe { simd::tile_rows_avx512(acc, a, k, strip) };
+    }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
         // SAFETY: the CPU has AVX and FMA (checked); the slices' lengths are checked above.
@@ -152,6 +199,11 @@ fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip
 fn tile_1x64(acc: &mut [[f32; W]; GROUP], a: &[f32], strips: [&[f32]; GROUP]) {
     let k = a.len();
     assert!(strips.iter().all(|s| s.len() == k * W));
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: as above, with AVX-512F.
+        return unsafe { simd::tile_1x64_avx512(acc, a, strips) };
+    }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
         // SAFETY: as above.
@@ -190,6 +242,60 @@ mod simd {
         for (accr, cr) in acc.iter_mut().zip(&c) {
             _mm256_storeu_ps(accr.as_mut_ptr(), cr[0]);
             _mm256_storeu_ps(accr.as_mut_ptr().add(8), cr[1]);
+        }
+    }
+
+    /// R rows × 16 columns in R 512-bit accumulators, the broadcast of a[r, k] folded into
+    /// each FMA.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_rows_avx512<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32]) {
+        let mut c = [_mm512_setzero_ps(); R];
+        let (ap, wp) = (a.as_ptr(), strip.as_ptr());
+        for kk in 0..k {
+            let w = _mm512_loadu_ps(wp.add(kk * W));
+            for (r, cr) in c.iter_mut().enumerate() {
+                *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), w, *cr);
+            }
+        }
+        for (accr, cr) in acc.iter_mut().zip(&c) {
+            _mm512_storeu_ps(accr.as_mut_ptr(), *cr);
+        }
+    }
+
+    /// 8 rows × two strips: 16 accumulators, each broadcast of a[r, k] used twice.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_8x32_avx512(acc: &mut [[[f32; W]; 8]; 2], a: &[f32], k: usize, strips: [&[f32]; 2]) {
+        assert!(a.len() == 8 * k && strips[0].len() == k * W && strips[1].len() == k * W);
+        // c[r] = (strip 0, strip 1) of row r
+        let mut c = [[_mm512_setzero_ps(); 2]; 8];
+        let (ap, w0p, w1p) = (a.as_ptr(), strips[0].as_ptr(), strips[1].as_ptr());
+        for kk in 0..k {
+            let w0 = _mm512_loadu_ps(w0p.add(kk * W));
+            let w1 = _mm512_loadu_ps(w1p.add(kk * W));
+            for (r, cr) in c.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*ap.add(r * k + kk));
+                cr[0] = _mm512_fmadd_ps(av, w0, cr[0]);
+                cr[1] = _mm512_fmadd_ps(av, w1, cr[1]);
+            }
+        }
+        for (r, cr) in c.iter().enumerate() {
+            _mm512_storeu_ps(acc[0][r].as_mut_ptr(), cr[0]);
+            _mm512_storeu_ps(acc[1][r].as_mut_ptr(), cr[1]);
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_1x64_avx512(acc: &mut [[f32; W]; GROUP], a: &[f32], strips: [&[f32]; GROUP]) {
+        let mut c = [_mm512_setzero_ps(); GROUP];
+        let p: [*const f32; GROUP] = std::array::from_fn(|q| strips[q].as_ptr());
+        for (kk, av) in a.iter().enumerate() {
+            let av = _mm512_set1_ps(*av);
+            for q in 0..GROUP {
+                c[q] = _mm512_fmadd_ps(av, _mm512_loadu_ps(p[q].add(kk * W)), c[q]);
+            }
+        }
+        for q in 0..GROUP {
+            _mm512_storeu_ps(acc[q].as_mut_ptr(), c[q]);
         }
     }
 
@@ -247,7 +353,7 @@ mod tests {
                 }
             }
             // every tiling of m rows (6-, 4-row tiles and single rows in their mixes)
-            for m in [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 32, 40] {
+            for m in [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 24, 25, 32, 37, 40] {
                 let mut c = vec![0f32; m * n];
                 matmul_rows(&mut c, &a[..m * k], &w, m);
                 for i in 0..m {

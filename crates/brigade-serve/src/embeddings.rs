@@ -1,0 +1,254 @@
+//! `POST /v1/embeddings` from a sentence-transformers folder (`--embedding-model DIR`): the
+//! request read field by field (`input` a string, a list of strings, token ids or lists of
+//! them; `encoding_format` float or base64; `dimensions` only equal to the model's), and an
+//! embedder thread that packs the texts of every request waiting into forward passes of at
+//! most `MAX_BATCH_TOKENS` tokens, shortest first, as `brigade embed` packs a shard. The
+//! encoder's products are row-invariant, so each vector is `brigade embed`'s for the same
+//! text bit for bit, whatever it was batched with.
+
+use crate::api::{self, field, type_name, ApiError};
+use crate::app::{error, unavailable, App};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use brigade::embed::{Encoder, Tokenized};
+use serde_json::{json, Value};
+use std::sync::{mpsc, Arc};
+
+/// Tokens in one forward pass at most (`brigade embed`'s default `--max-batch-tokens`).
+pub const MAX_BATCH_TOKENS: usize = 2048;
+/// Inputs one request may carry (OpenAI's limit).
+pub const MAX_INPUTS: usize = 2048;
+
+const FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
+
+/// A request's token sequences and where its vectors go.
+struct Job {
+    seqs: Vec<Vec<u32>>,
+    reply: tokio::sync::oneshot::Sender<Vec<f32>>,
+}
+
+/// The embedding model as the handlers see it.
+pub(crate) struct Embedder {
+    pub(crate) name: String,
+    dim: usize,
+    max_len: usize,
+    vocab: usize,
+    encoder: Arc<Encoder>,
+    tx: mpsc::Sender<Job>,
+}
+
+impl Embedder {
+    /// Loads the folder and starts its thread (its products on a pool of `threads`).
+    pub(crate) fn start(dir: &std::path::Path, name: Option<String>, threads: usize) -> anyhow::Result<Embedder> {
+        let encoder = Arc::new(Encoder::load(dir)?);
+        let (tx, rx) = mpsc::channel::<Job>();
+        let enc = encoder.clone();
+        std::thread::Builder::new().name("brigade-embed".into()).spawn(move || {
+            let ran = brigade::with_threads(threads, || serve_jobs(&enc, rx));
+            if ran.is_err() {
+                eprintln!("error: the embedding thread failed; stopping the server");
+                std::process::exit(1);
+            }
+        })?;
+        Ok(Embedder {
+            name: name.unwrap_or_else(|| encoder.name.clone()),
+            dim: encoder.dim(),
+            max_len: encoder.max_len,
+            vocab: encoder.bert.cfg.vocab,
+            encoder,
+            tx,
+        })
+    }
+}
+
+/// Takes every job waiting, packs their sequences shortest first into passes of at most
+/// `MAX_BATCH_TOKENS`, and answers each job with its vectors in order.
+fn serve_jobs(enc: &Encoder, rx: mpsc::Receiver<Job>) {
+    let dim = enc.dim();
+    while let Ok(first) = rx.recv() {
+        let jobs: Vec<Job> = std::iter::once(first).chain(rx.try_iter()).collect();
+        // (job, index in job) of every sequence, by length
+        let mut order: Vec<(usize, usize)> =
+            jobs.iter().enumerate().flat_map(|(j, job)| (0..job.seqs.len()).map(move |i| (j, i))).collect();
+        order.sort_by_key(|&(j, i)| jobs[j].seqs[i].len());
+        let mut out: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0f32; j.seqs.len() * dim]).collect();
+        let mut start = 0;
+        while start < order.len() {
+            let (mut end, mut tokens) = (start, 0);
+            while end < order.len() {
+                let (j, i) = order[end];
+                let l = jobs[j].seqs[i].len();
+                if end > start && tokens + l > MAX_BATCH_TOKENS {
+                    break;
+                }
+                tokens += l;
+                end += 1;
+            }
+            let seqs: Vec<&[u32]> = order[start..end].iter().map(|&(j, i)| jobs[j].seqs[i].as_slice()).collect();
+            let v = enc.embed_tokens(&seqs);
+            for (k, &(j, i)) in order[start..end].iter().enumerate() {
+                out[j][i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
+            }
+            start = end;
+        }
+        for (job, vectors) in jobs.into_iter().zip(out) {
+            let _ = job.reply.send(vectors);
+        }
+    }
+}
+
+/// What a request asks for.
+struct Request {
+    model: Option<String>,
+    input: Vec<Input>,
+    base64: bool,
+}
+
+enum Input {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+fn parse(body: &[u8], dim: usize) -> Result<Request, ApiError> {
+    let o = api::object_of(body, &[FIELDS])?;
+    let model = match field(&o, "model") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => return Err(ApiError::bad("model", format!("'model' must be a string, got {}", type_name(v)))),
+    };
+    let what = "'input' must be a string, a list of strings, a list of token ids or a list of lists of token ids";
+    let ids = |v: &[Value]| -> Option<Vec<u32>> {
+        v.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+    };
+    let input = match field(&o, "input") {
+        None => return Err(ApiError::bad("input", "'input' is required")),
+        Some(Value::String(s)) => vec![Input::Text(s.clone())],
+        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::bad("input", "'input' is an empty list")),
+        Some(Value::Array(a)) => match &a[0] {
+            Value::String(_) => a
+                .iter()
+                .map(|s| s.as_str().map(|s| Input::Text(s.to_string())).ok_or_else(|| ApiError::bad("input", what)))
+                .collect::<Result<_, _>>()?,
+            Value::Number(_) => vec![Input::Ids(ids(a).ok_or_else(|| ApiError::bad("input", what))?)],
+            Value::Array(_) => a
+                .iter()
+                .map(|p| match p {
+                    Value::Array(p) if !p.is_empty() => {
+                        ids(p).map(Input::Ids).ok_or_else(|| ApiError::bad("input", what))
+                    }
+                    _ => Err(ApiError::bad("input", what)),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err(ApiError::bad("input", what)),
+        },
+        Some(_) => return Err(ApiError::bad("input", what)),
+    };
+    if input.len() > MAX_INPUTS {
+        return Err(ApiError::bad("input", format!("'input' holds {} items; at most {MAX_INPUTS}", input.len())));
+    }
+    let base64 = match field(&o, "encoding_format") {
+        None => false,
+        Some(Value::String(s)) if s == "float" => false,
+        Some(Value::String(s)) if s == "base64" => true,
+        Some(_) => return Err(ApiError::bad("encoding_format", "'encoding_format' must be \"float\" or \"base64\"")),
+    };
+    match field(&o, "dimensions") {
+        None => {}
+        Some(Value::Number(n)) if n.as_u64() == Some(dim as u64) => {}
+        Some(v) => {
+            return Err(ApiError::bad(
+                "dimensions",
+                format!("'dimensions' {v} is not supported: this model's vectors have {dim} dimensions; leave it out or give {dim}"),
+            ))
+        }
+    }
+    if let Some(u) = field(&o, "user") {
+        if !u.is_string() {
+            return Err(ApiError::bad("user", format!("'user' must be a string, got {}", type_name(u))));
+        }
+    }
+    Ok(Request { model, input, base64 })
+}
+
+pub(crate) async fn embeddings(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let r = match answer(&app, &body).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => error(e),
+    };
+    app.metrics.count_status(r.status().as_u16());
+    r
+}
+
+async fn answer(app: &App, body: &[u8]) -> Result<Value, ApiError> {
+    let Some(slot) = &app.embedder else {
+        return Err(ApiError::bad(
+            "model",
+            "this server has no embedding model; start it with --embedding-model DIR (a sentence-transformers folder)",
+        ));
+    };
+    let Some(e) = slot.get() else { return Err(unavailable("the embedding model is still loading; retry shortly")) };
+    if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(unavailable("the server is shutting down"));
+    }
+    let req = parse(body, e.dim)?;
+    if let Some(m) = &req.model {
+        if *m != e.name {
+            return Err(ApiError {
+                status: 404,
+                message: format!("the model '{m}' does not exist; this server embeds with '{}'", e.name),
+                kind: "invalid_request_error",
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            });
+        }
+    }
+    let mut seqs = Vec::with_capacity(req.input.len());
+    for (i, inp) in req.input.iter().enumerate() {
+        let ids = match inp {
+            Input::Text(t) => {
+                let Tokenized { ids, .. } =
+                    e.encoder.tokenize(t).map_err(|err| ApiError::bad("input", format!("input {i}: {err}")))?;
+                ids
+            }
+            Input::Ids(ids) => {
+                if let Some(&t) = ids.iter().find(|&&t| t as usize >= e.vocab) {
+                    return Err(ApiError::bad(
+                        "input",
+                        format!("input {i}: token {t} is outside the vocabulary (0..{})", e.vocab),
+                    ));
+                }
+                if ids.len() > e.max_len {
+                    return Err(ApiError::bad(
+                        "input",
+                        format!("input {i} has {} tokens; this model takes at most {}", ids.len(), e.max_len),
+                    ));
+                }
+                ids.clone()
+            }
+        };
+        seqs.push(ids);
+    }
+    let tokens: usize = seqs.iter().map(Vec::len).sum();
+    let n = seqs.len();
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    e.tx.send(Job { seqs, reply }).map_err(|_| unavailable("the embedding thread stopped"))?;
+    let vectors = rx.await.map_err(|_| unavailable("the embedding thread stopped"))?;
+    let data: Vec<Value> = vectors
+        .chunks_exact(e.dim)
+        .take(n)
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if req.base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(json!({"object": "list", "data": data, "model": e.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
+}
