@@ -30,7 +30,7 @@ pub(crate) struct App {
     pub(crate) generates: bool,
     pub(crate) loaded: OnceLock<Loaded>,
     /// The embedding model, once loaded (`None`: none is served).
-    pub(crate) embedder: Option<OnceLock<crate::embeddings::Embedder>>,
+    pub(crate) embedder: Option<OnceLock<crate::embedder::Embedder>>,
     pub(crate) draining: AtomicBool,
     pub(crate) metrics: Metrics,
     /// Sequences accepted and not finished (running and waiting).

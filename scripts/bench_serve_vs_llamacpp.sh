@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# brigade serve against llama.cpp's llama-server, side by side on the same random-weight models
+# of published shapes with real tokenizers (qwen2.5-0.5b with the Qwen2 tokenizer, gpt2-small):
+# f32 against f32 GGUF, and brigade --weights int8 (and int8-channel) against q8_0; the same load
+# from `brigade bench serve` (32-token prompts, 64 tokens out, ignore_eos, streamed, concurrency 1
+# and 32), 2 threads each (`--threads 2` / `-t 2 -tb 2`), alternated ROUNDS times, each run on an
+# idle machine (../shared/peers/runq.py). Prints every run and the ratios of medians.
+#
+# Needs llama.cpp built by ../shared/peers/llamacpp/setup.sh (W=/tmp/llamacpp) and the peers'
+# venv (make_hf_model.py and the GGUF converter). Models are made once under $MODELS.
+# Usage: scripts/bench_serve_vs_llamacpp.sh  (env: ROUNDS=2, MODELS_LIST="qwen2.5-0.5b gpt2-small",
+#        MODELS=/tmp/brigade-llamacpp-models, W=/tmp/llamacpp, PEERS=../shared/peers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-2}
+MODELS_LIST=${MODELS_LIST:-"qwen2.5-0.5b gpt2-small"}
+MODELS=${MODELS:-/tmp/brigade-llamacpp-models}
+W=${W:-/tmp/llamacpp}
+PEERS=$(realpath "${PEERS:-../shared/peers}")
+SERVER="$W/build/bin/llama-server"
+[ -x "$SERVER" ] || { echo "llama-server not built: run W=$W bash $PEERS/llamacpp/setup.sh" >&2; exit 1; }
+cargo build --release -q
+BRIGADE=$(realpath target/release/brigade)
+LOG=$(mktemp -d)
+mkdir -p "$MODELS"
+for m in $MODELS_LIST; do
+  d="$MODELS/$m"
+  [ -f "$d/config.json" ] || "$PEERS/.venv/bin/python" "$PEERS/llamacpp/make_hf_model.py" "$m" "$d"
+  [ -f "$d.q8_0.gguf" ] || W="$W" bash "$PEERS/llamacpp/convert.sh" "$d" >/dev/null
+done
+load=(--concurrency 1,32 --prompt-len 32 --output-len 64 --threads 2 --json)
+llama() { # model gguf log
+  local port=$((18000 + RANDOM % 1000))
+  "$SERVER" -m "$2" -t 2 -tb 2 -c 8192 -np 32 --host 127.0.0.1 --port "$port" --no-webui >"$LOG/llama-server.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+  python3 "$PEERS/runq.py" --log "$3" --retries 2 -- "$BRIGADE" bench serve --checkpoint "$MODELS/$1" \
+    --url "http://127.0.0.1:$port" "${load[@]}"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+for _ in $(seq "$ROUNDS"); do
+  for m in $MODELS_LIST; do
+    for w in f32 int8 int8-channel; do
+      python3 "$PEERS/runq.py" --log "$LOG/$m.brigade.$w.jsonl" --retries 2 -- "$BRIGADE" bench serve \
+        --checkpoint "$MODELS/$m" --weights "$w" "${load[@]}"
+    done
+    llama "$m" "$MODELS/$m.f32.gguf" "$LOG/$m.llama.f32.jsonl"
+    llama "$m" "$MODELS/$m.q8_0.gguf" "$LOG/$m.llama.q8_0.jsonl"
+  done
+done
+python3 - "$LOG" $MODELS_LIST <<'PY'
+import glob, json, os, statistics, sys
+log, models = sys.argv[1], sys.argv[2:]
+med = statistics.median
+def runs(m, who, fmt):
+    rows = []
+    for l in open(os.path.join(log, f"{m}.{who}.{fmt}.jsonl")):
+        if l.startswith("{") and '"bench": "serve"' in l or l.startswith('{"bench"'):
+            rows.append(json.loads(l))
+    return [r for r in rows if r.get("bench") == "serve"]
+def at(rs, c, key):
+    return med(next(x for x in r["rows"] if x["concurrency"] == c)[key] for r in rs)
+for m in models:
+    out = {"summary": f"{m} shape, random weights, prompt 32, 64 out, ignore_eos, 2 threads, output tokens/s"}
+    for who, fmt in [("brigade", "f32"), ("brigade", "int8"), ("brigade", "int8-channel"), ("llama", "f32"), ("llama", "q8_0")]:
+        rs = runs(m, who, fmt)
+        for c in (1, 32):
+            out[f"{who}_{fmt}_{c}"] = round(at(rs, c, "output_tokens_per_s"), 1)
+        out[f"{who}_{fmt}_itl_p99_over_p50_32"] = round(at(rs, 32, "itl_p99_ms") / at(rs, 32, "itl_p50_ms"), 2)
+        if who == "brigade" and fmt == "f32":
+            out["brigade_f32_32_matmul_fraction"] = round(at(rs, 32, "matmul_limit_fraction"), 3)
+    for ours, theirs in [("f32", "f32"), ("int8", "q8_0"), ("int8-channel", "q8_0")]:
+        for c in (1, 32):
+            out[f"ratio_{ours}_vs_{theirs}_{c}"] = round(out[f"brigade_{ours}_{c}"] / out[f"llama_{theirs}_{c}"], 2)
+    print(json.dumps(out))
+PY
