@@ -72,8 +72,15 @@ async fn one(client: &reqwest::Client, load: &Load, prompt: Vec<u32>) -> Result<
     if let Some(m) = &load.model {
         body["model"] = json!(m);
     }
-    let t0 = Instant::now();
-    let r = client.post(format!("{}/v1/completions", load.url)).json(&body).send().await?;
+    let mut t0 = Instant::now();
+    let mut r = client.post(format!("{}/v1/completions", load.url)).json(&body).send().await;
+    if r.as_ref().is_err_and(|e| e.is_request() || e.is_connect()) {
+        // a pooled keep-alive connection the server had closed (llama-server closes one after
+        // a few requests): the request never reached it; send it once more, timed afresh
+        t0 = Instant::now();
+        r = client.post(format!("{}/v1/completions", load.url)).json(&body).send().await;
+    }
+    let r = r?;
     if !r.status().is_success() {
         bail!("HTTP {}: {}", r.status(), r.text().await.unwrap_or_default());
     }
@@ -183,6 +190,9 @@ pub async fn run(load: &Load) -> Result<Row> {
     }
     if ok == 0 {
         bail!("every request failed; the first: {:#}", first_error.expect("a failure"));
+    }
+    if let Some(e) = &first_error {
+        eprintln!("warning: {failed} of {} requests failed; the first: {e:#}", failed + ok);
     }
     ttft.sort_by(f64::total_cmp);
     itl.sort_by(f64::total_cmp);
