@@ -74,9 +74,12 @@ async fn one(client: &reqwest::Client, load: &Load, prompt: Vec<u32>) -> Result<
     }
     let mut t0 = Instant::now();
     let mut r = client.post(format!("{}/v1/completions", load.url)).json(&body).send().await;
-    if r.as_ref().is_err_and(|e| e.is_request() || e.is_connect()) {
+    for _ in 0..3 {
+        if !r.as_ref().is_err_and(|e| e.is_request() || e.is_connect()) {
+            break;
+        }
         // a pooled keep-alive connection the server had closed (llama-server closes one after
-        // a few requests): the request never reached it; send it once more, timed afresh
+        // a few requests): the request never reached it; send it again, timed afresh
         t0 = Instant::now();
         r = client.post(format!("{}/v1/completions", load.url)).json(&body).send().await;
     }

@@ -395,7 +395,7 @@ mod tests {
             let reference = Packed::new(&deq, k, n);
             let a: Vec<f32> = (0..23 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let mut want = vec![0f32; n];
-            for m in [1, 2, 3, 4, 5, 8, 9, 23] {
+            for m in [1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 23] {
                 let mut c = vec![0f32; m * n];
                 matmul_rows(&mut c, &a[..m * k], &q, m);
                 for i in 0..m {
