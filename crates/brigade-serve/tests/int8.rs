@@ -149,3 +149,50 @@ fn int8_error_against_f32_on_the_fixtures() {
         }
     }
 }
+
+/// Perplexity of a trained checkpoint (the README's addition model, byte tokens) on held-out
+/// problems — the answer's digits and newline, what it was trained to write — in f32 and in
+/// 8 bits, printed; a broken quantizer would be far off.
+#[test]
+fn int8_perplexity_of_a_trained_checkpoint_on_held_out_problems() {
+    use brigade::train::addition::Addition;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/addition_ckpt");
+    let (gpt, p) = load_model(&dir).unwrap();
+    let task = Addition { digits: 3, reverse: true };
+    let problems: Vec<(u64, u64)> = (0..4000u64)
+        .map(|i| ((i * 7919) % 1000, (i * 104_729 + 13) % 1000))
+        .filter(|&(a, b)| task.held_out(a, b))
+        .take(64)
+        .collect();
+    assert_eq!(problems.len(), 64);
+    let ppl = |fmt: WeightFormat| {
+        let m = Model::shard_as(&gpt, &p, None, fmt).unwrap();
+        let (mut nll, mut n) = (0f64, 0usize);
+        for &(a, b) in &problems {
+            let sum: String = format!("{:04}", a + b).chars().rev().collect();
+            let text = format!("{a:03}+{b:03}={sum}\n");
+            let toks: Vec<u32> = text.bytes().map(u32::from).collect();
+            let l = task.prompt_len();
+            let mut kv = KvCache::new(4, 4, m.layers_n, m.kv_width());
+            let blocks: Vec<usize> = (0..4).collect();
+            // the prompt, then each answer token but the last as its own item (teacher forcing)
+            let mut work = vec![Work { tokens: &toks[..l], start: 0, blocks: &blocks, logits: true }];
+            for i in l..toks.len() - 1 {
+                work.push(Work { tokens: &toks[i..i + 1], start: i, blocks: &blocks, logits: true });
+            }
+            for (row, &want) in m.step(&mut kv, &work).iter().zip(&toks[l..]) {
+                let mx = row.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y)) as f64;
+                let lse = mx + row.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
+                nll += lse - row[want as usize] as f64;
+                n += 1;
+            }
+        }
+        (nll / n as f64).exp()
+    };
+    let f32s = ppl(WeightFormat::F32);
+    for fmt in FORMATS {
+        let q = ppl(fmt);
+        println!("addition checkpoint, 64 held-out problems: perplexity of the answers f32 {f32s:.4}, {fmt:?} {q:.4} ({:+.2}%)", (q / f32s - 1.0) * 100.0);
+        assert!(q < 1.5 * f32s, "{fmt:?}: perplexity {q} against f32's {f32s}");
+    }
+}
