@@ -67,7 +67,7 @@ pub struct EmbedArgs {
     pub(crate) shard_size: usize,
     /// Tokens per forward pass at most (documents are packed without padding). 2048 keeps a
     /// pass's activations in cache (measured 1–2% faster than 8192 with two workers).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = brigade::embed::job::DEFAULT_MAX_BATCH_TOKENS)]
     pub(crate) max_batch_tokens: usize,
     /// What to do with a malformed line (invalid UTF-8, bad JSON, missing field).
     #[arg(long, value_enum, default_value = "fail")]

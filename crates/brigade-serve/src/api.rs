@@ -26,6 +26,17 @@ impl ApiError {
         }
     }
 
+    /// 404 for a request naming another model than the one this route serves.
+    pub fn model_not_found(asked: &str, what: &str, served: &str) -> ApiError {
+        ApiError {
+            status: 404,
+            message: format!("the model '{asked}' does not exist; this server {what} '{served}'"),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }
+    }
+
     pub fn body(&self) -> Value {
         serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
     }

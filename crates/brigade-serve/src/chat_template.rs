@@ -6,7 +6,7 @@
 //! writes, and the inputs `messages`, `tools` (none), `documents` (none),
 //! `add_generation_prompt` and the special tokens' text (`bos_token`, `eos_token`, …).
 
-use brigade::models::tokenizer::Tokenizer;
+use brigade::models::tokenizer::{special_token_text, Tokenizer};
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value as Json};
@@ -24,11 +24,6 @@ pub struct ChatTemplate {
     specials: Map<String, Json>,
     /// Ids that end a turn: the tokenizer's EOS and the template's end-of-turn token.
     pub end_of_turn: Vec<u32>,
-}
-
-/// A special token's text in `tokenizer_config.json`: a string, or `{"content": …}`.
-fn token_text(v: &Json) -> Option<&str> {
-    v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))
 }
 
 impl ChatTemplate {
@@ -88,7 +83,7 @@ impl ChatTemplate {
             .map_err(|e| format!("the chat template in {} does not parse: {}", file.display(), one_line(&e)))?;
         let mut specials = Map::new();
         for key in ["bos_token", "eos_token", "pad_token", "unk_token"] {
-            let text = config.get(key).and_then(token_text);
+            let text = config.get(key).and_then(special_token_text);
             specials.insert(key.into(), text.map_or(Json::Null, |s| Json::String(s.into())));
         }
         let mut end_of_turn = eos.to_vec();

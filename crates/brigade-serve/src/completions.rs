@@ -78,13 +78,7 @@ fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompt
     let l = serving(app)?;
     if let Some(m) = &req.model {
         if *m != app.name {
-            return Err(ApiError {
-                status: 404,
-                message: format!("the model '{m}' does not exist; this server serves '{}'", app.name),
-                kind: "invalid_request_error",
-                param: Some("model".into()),
-                code: Some("model_not_found"),
-            });
+            return Err(ApiError::model_not_found(m, "serves", &app.name));
         }
     }
     let mut prompts = Vec::new();
@@ -174,6 +168,10 @@ struct Choice<'a> {
     finish: Option<&'static str>,
     /// Each generated token's log-probability and its alternatives (when asked for).
     lp: Vec<TokenLogprobs>,
+    /// Where each of those tokens' text starts, in characters (OpenAI's `text_offset`), and
+    /// where the next one's will.
+    lp_offsets: Vec<usize>,
+    offset: usize,
     last: Option<Instant>,
 }
 
@@ -233,6 +231,8 @@ impl<'a> Choices<'a> {
                 tokens: Vec::new(),
                 finish: None,
                 lp: Vec::new(),
+                lp_offsets: Vec::new(),
+                offset: 0,
                 last: None,
             })
             .collect();
@@ -258,6 +258,11 @@ impl<'a> Choices<'a> {
         c.tokens.push(o.token);
         if req.logprobs.is_some() {
             c.lp.push((o.token, o.logprob, o.top.clone()));
+            if self.kind == Kind::Text {
+                // OpenAI counts offsets in characters, not bytes
+                c.lp_offsets.push(c.offset);
+                c.offset += token_text(l.tokenizer.as_ref(), o.token).chars().count();
+            }
         }
         // the end-of-text token ends the text; it is not part of it
         let eos = o.finished == Some(Finish::Stop);
@@ -283,20 +288,11 @@ impl<'a> Choices<'a> {
             return Value::Null;
         }
         let tok = self.l.tokenizer.as_ref();
-        let lp = &self.list[i].lp;
+        let (lp, offsets) = (&self.list[i].lp, &self.list[i].lp_offsets);
         match self.kind {
             Kind::Text => {
-                // OpenAI counts offsets in characters, not bytes
-                let offset0: usize = lp[..from].iter().map(|&(t, ..)| token_text(tok, t).chars().count()).sum();
-                let mut offsets = Vec::new();
-                let mut at = offset0;
-                let mut tokens = Vec::new();
-                for &(t, ..) in &lp[from..] {
-                    let tt = token_text(tok, t);
-                    offsets.push(at);
-                    at += tt.chars().count();
-                    tokens.push(tt);
-                }
+                let tokens: Vec<String> = lp[from..].iter().map(|&(t, ..)| token_text(tok, t)).collect();
+                let offsets = &offsets[from..];
                 let top: Vec<Value> = lp[from..]
                     .iter()
                     .map(|(_, _, top)| {

@@ -1,13 +1,11 @@
 //! The embedding model's thread: it owns the sentence-transformers encoder, takes every
 //! request waiting, and packs their token sequences shortest first into forward passes of at
-//! most `MAX_BATCH_TOKENS` tokens, as `brigade embed` packs a shard; each request gets its
-//! vectors in order.
+//! most `brigade embed`'s default `--max-batch-tokens`, through the function that packs
+//! `brigade embed`'s shards; each request gets its vectors in order.
 
+use brigade::embed::job::{embed_packed, DEFAULT_MAX_BATCH_TOKENS};
 use brigade::embed::Encoder;
 use std::sync::{mpsc, Arc};
-
-/// Tokens in one forward pass at most (`brigade embed`'s default `--max-batch-tokens`).
-pub const MAX_BATCH_TOKENS: usize = 2048;
 
 /// A request's token sequences and where its vectors go.
 pub(crate) struct Job {
@@ -27,7 +25,7 @@ pub(crate) struct Embedder {
 
 impl Embedder {
     /// Loads the folder and starts its thread (its products on a pool of `threads`).
-    pub(crate) fn start(dir: &std::path::Path, name: Option<String>, threads: usize) -> anyhow::Result<Embedder> {
+    pub(crate) fn start(dir: &std::path::Path, threads: usize) -> anyhow::Result<Embedder> {
         let encoder = Arc::new(Encoder::load(dir)?);
         let (tx, rx) = mpsc::channel::<Job>();
         let enc = encoder.clone();
@@ -39,7 +37,7 @@ impl Embedder {
             }
         })?;
         Ok(Embedder {
-            name: name.unwrap_or_else(|| encoder.name.clone()),
+            name: encoder.name.clone(),
             dim: encoder.dim(),
             max_len: encoder.max_len,
             vocab: encoder.bert.cfg.vocab,
@@ -49,38 +47,19 @@ impl Embedder {
     }
 }
 
-/// Takes every job waiting, packs their sequences shortest first into passes of at most
-/// `MAX_BATCH_TOKENS`, and answers each job with its vectors in order.
+/// Takes every job waiting, embeds all their sequences together, and answers each job with
+/// its vectors in order.
 fn serve_jobs(enc: &Encoder, rx: mpsc::Receiver<Job>) {
     let dim = enc.dim();
     while let Ok(first) = rx.recv() {
         let jobs: Vec<Job> = std::iter::once(first).chain(rx.try_iter()).collect();
-        // (job, index in job) of every sequence, by length
-        let mut order: Vec<(usize, usize)> =
-            jobs.iter().enumerate().flat_map(|(j, job)| (0..job.seqs.len()).map(move |i| (j, i))).collect();
-        order.sort_by_key(|&(j, i)| jobs[j].seqs[i].len());
-        let mut out: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0f32; j.seqs.len() * dim]).collect();
-        let mut start = 0;
-        while start < order.len() {
-            let (mut end, mut tokens) = (start, 0);
-            while end < order.len() {
-                let (j, i) = order[end];
-                let l = jobs[j].seqs[i].len();
-                if end > start && tokens + l > MAX_BATCH_TOKENS {
-                    break;
-                }
-                tokens += l;
-                end += 1;
-            }
-            let seqs: Vec<&[u32]> = order[start..end].iter().map(|&(j, i)| jobs[j].seqs[i].as_slice()).collect();
-            let v = enc.embed_tokens(&seqs);
-            for (k, &(j, i)) in order[start..end].iter().enumerate() {
-                out[j][i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
-            }
-            start = end;
-        }
-        for (job, vectors) in jobs.into_iter().zip(out) {
-            let _ = job.reply.send(vectors);
+        let seqs: Vec<&[u32]> = jobs.iter().flat_map(|j| j.seqs.iter().map(Vec::as_slice)).collect();
+        let vectors = embed_packed(enc, &seqs, DEFAULT_MAX_BATCH_TOKENS, &|_| {});
+        let mut at = 0;
+        for job in jobs {
+            let n = job.seqs.len() * dim;
+            let _ = job.reply.send(vectors[at..at + n].to_vec());
+            at += n;
         }
     }
 }

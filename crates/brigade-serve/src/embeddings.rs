@@ -117,13 +117,7 @@ async fn answer(app: &App, body: &[u8]) -> Result<Value, ApiError> {
     let req = parse(body, e.dim)?;
     if let Some(m) = &req.model {
         if *m != e.name {
-            return Err(ApiError {
-                status: 404,
-                message: format!("the model '{m}' does not exist; this server embeds with '{}'", e.name),
-                kind: "invalid_request_error",
-                param: Some("model".into()),
-                code: Some("model_not_found"),
-            });
+            return Err(ApiError::model_not_found(m, "embeds with", &e.name));
         }
     }
     let mut seqs = Vec::with_capacity(req.input.len());

@@ -122,7 +122,7 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
         let (app, o) = (app.clone(), o.clone());
         tokio::task::spawn_blocking(move || -> Result<()> {
             if let Some(dir) = &o.embedding_model {
-                let e = Embedder::start(dir, None, o.threads)?;
+                let e = Embedder::start(dir, o.threads)?;
                 eprintln!("brigade serve: embedding model {} loaded", e.name);
                 let _ = app.embedder.as_ref().expect("a slot for it").set(e);
             }

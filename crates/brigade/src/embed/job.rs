@@ -187,27 +187,40 @@ pub fn embed_docs(
         stats.truncated += t.truncated as u64;
         stats.empty += (t.ids.len() <= enc.special_tokens) as u64;
     }
-    let mut order: Vec<usize> = (0..docs.len()).collect();
-    order.sort_by_key(|&i| toks[i].ids.len());
+    let seqs: Vec<&[u32]> = toks.iter().map(|t| t.ids.as_slice()).collect();
+    Ok((embed_packed(enc, &seqs, max_batch_tokens, done), stats))
+}
+
+/// Tokens per forward pass at most, by default: 2048 keeps a pass's activations in cache
+/// (measured 1–2% faster than 8192 with two workers).
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 2048;
+
+/// Vectors `[seqs.len(), dim]` of token sequences in their order: sorted by length, packed into
+/// forward passes of at most `max_batch_tokens` tokens each (one sequence alone if longer);
+/// `done` hears each pass's count. `brigade embed`'s shards and the server's `/v1/embeddings`
+/// batches both go through here.
+pub fn embed_packed(enc: &Encoder, seqs: &[&[u32]], max_batch_tokens: usize, done: &dyn Fn(u64)) -> Vec<f32> {
+    let mut order: Vec<usize> = (0..seqs.len()).collect();
+    order.sort_by_key(|&i| seqs[i].len());
     let dim = enc.dim();
-    let mut out = vec![0f32; docs.len() * dim];
+    let mut out = vec![0f32; seqs.len() * dim];
     let mut start = 0;
     while start < order.len() {
         let mut end = start;
         let mut tokens = 0;
-        while end < order.len() && (end == start || tokens + toks[order[end]].ids.len() <= max_batch_tokens) {
-            tokens += toks[order[end]].ids.len();
+        while end < order.len() && (end == start || tokens + seqs[order[end]].len() <= max_batch_tokens) {
+            tokens += seqs[order[end]].len();
             end += 1;
         }
-        let seqs: Vec<&[u32]> = order[start..end].iter().map(|&i| toks[i].ids.as_slice()).collect();
-        let v = enc.embed_tokens(&seqs);
+        let batch: Vec<&[u32]> = order[start..end].iter().map(|&i| seqs[i]).collect();
+        let v = enc.embed_tokens(&batch);
         for (k, &i) in order[start..end].iter().enumerate() {
             out[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
         }
         done((end - start) as u64);
         start = end;
     }
-    Ok((out, stats))
+    out
 }
 
 /// Bytes as f32 words (the communicator moves f32; these are copied, never added).

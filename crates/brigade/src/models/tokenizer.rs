@@ -135,7 +135,7 @@ impl Tokenizer {
 }
 
 /// A special token's text in `tokenizer_config.json`: a string, or `{"content": …}`.
-fn token_text(v: &serde_json::Value) -> Option<&str> {
+pub fn special_token_text(v: &serde_json::Value) -> Option<&str> {
     v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))
 }
 
@@ -152,7 +152,7 @@ fn read_specials(t: &tokenizers::Tokenizer, path: &Path) -> Result<Specials> {
         match v.get(key).filter(|x| !x.is_null()) {
             None => Ok(None),
             Some(x) => {
-                let name = token_text(x).ok_or_else(|| {
+                let name = special_token_text(x).ok_or_else(|| {
                     Error::Data(format!("{}: {key} must be a string or an object with content", cfg_path.display()))
                 })?;
                 t.token_to_id(name).map(Some).ok_or_else(|| {

@@ -37,3 +37,25 @@ impl SendPtr {
         self.0.wrapping_add(offset)
     }
 }
+
+/// Columns in a strip of the row-invariant kernels (`rowwise`, `rowwise_int8`).
+pub(crate) const STRIP: usize = 16;
+
+/// Writes strip `s`'s columns of the row starting at `row0` of a `[_, n]` output (the strip's
+/// padding past `n` is not written): the row-invariant kernels' one store.
+pub(crate) fn store_strip(c: SendPtr, row0: usize, s: usize, n: usize, acc: &[f32; STRIP]) {
+    let width = STRIP.min(n - s * STRIP);
+    // SAFETY: each task writes the columns of its own strips only, in rows below m; tasks'
+    // strips are disjoint and `c` outlives the parallel loop.
+    let dst = unsafe { std::slice::from_raw_parts_mut(c.at(row0 + s * STRIP), width) };
+    dst.copy_from_slice(&acc[..width]);
+}
+
+/// Whether the 512-bit tiles of the row-invariant kernels run (AVX-512F): they compute the
+/// same chains as the 256-bit and portable ones, lane for lane.
+pub(crate) fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return is_x86_feature_detected!("avx512f");
+    #[allow(unreachable_code)]
+    false
+}

@@ -11,10 +11,9 @@
 //! row, say) 1 row × 64 columns — enough independent FMA chains to hide their latency.
 
 use super::rowwise_int8::{matmul_rows_int8, Int8};
-use super::SendPtr;
+use super::{store_strip as store, wide, SendPtr, STRIP as W};
 use rayon::prelude::*;
 
-const W: usize = 16;
 /// Strips per task (and per one-row tile).
 const GROUP: usize = 4;
 
@@ -164,14 +163,6 @@ fn rows_by_strip_pairs(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::op
     }
 }
 
-/// Whether the 512-bit tiles run (AVX-512F): they compute the same chains, lane for lane.
-fn wide() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return is_x86_feature_detected!("avx512f");
-    #[allow(unreachable_code)]
-    false
-}
-
 /// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for R rows, each an fma chain over k in order.
 fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32]) {
     assert!(a.len() == R * k && strip.len() == k * W);
@@ -315,15 +306,6 @@ mod simd {
             _mm256_storeu_ps(acc[q].as_mut_ptr().add(8), c[2 * q + 1]);
         }
     }
-}
-
-/// Writes strip `s`'s columns of the row starting at `row0` (the padding is not written).
-fn store(c: SendPtr, row0: usize, s: usize, n: usize, acc: &[f32; W]) {
-    let width = W.min(n - s * W);
-    // SAFETY: each task writes the columns of its own strips only, in rows below m; tasks'
-    // strips are disjoint and `c` outlives the parallel loop.
-    let dst = unsafe { std::slice::from_raw_parts_mut(c.at(row0 + s * W), width) };
-    dst.copy_from_slice(&acc[..width]);
 }
 
 #[cfg(test)]

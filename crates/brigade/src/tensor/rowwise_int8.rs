@@ -10,10 +10,9 @@
 //! dequantized vectors, the group's two scale vectors), and 1 row × 64 columns for the last
 //! rows (a decode's single row; one 512-bit register a strip where the CPU has AVX-512).
 
-use super::SendPtr;
+use super::{store_strip as store, wide, SendPtr, STRIP as W};
 use rayon::prelude::*;
 
-const W: usize = 16;
 /// Strips per task.
 const TASK: usize = 4;
 
@@ -96,7 +95,7 @@ pub fn matmul_rows_int8(c: &mut [f32], a: &[f32], w: &Int8, m: usize) {
         // with 512-bit registers, 8 rows × two strips first: each dequantized weight vector
         // feeds 8 FMAs
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f") {
+        if wide() {
             while i + 8 <= m {
                 for s in ss.clone().step_by(2) {
                     let s2 = (s + 1).min(ss.end - 1);
@@ -144,7 +143,7 @@ fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int8, s: usize) {
     assert_eq!(a.len(), 4 * k);
     let (q, sc) = w.strip(s);
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
+    if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
         return unsafe { simd::tile_rows_avx512(acc, a, k, w.group, q, sc) };
     }
@@ -172,7 +171,7 @@ fn tile_1x64(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int8, ss: [usize; TASK])
     assert_eq!(a.len(), k);
     let strips = ss.map(|s| w.strip(s));
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
+    if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
         return unsafe { simd::tile_1x64_avx512(acc, a, w.group, strips) };
     }
@@ -345,13 +344,4 @@ mod simd {
             _mm256_storeu_ps(acc[q].as_mut_ptr().add(8), c[2 * q + 1]);
         }
     }
-}
-
-/// Writes strip `s`'s columns of the row starting at `row0` (the padding is not written).
-fn store(c: SendPtr, row0: usize, s: usize, n: usize, acc: &[f32; W]) {
-    let width = W.min(n - s * W);
-    // SAFETY: each task writes the columns of its own strips only, in rows below m; tasks'
-    // strips are disjoint and `c` outlives the parallel loop.
-    let dst = unsafe { std::slice::from_raw_parts_mut(c.at(row0 + s * W), width) };
-    dst.copy_from_slice(&acc[..width]);
 }
