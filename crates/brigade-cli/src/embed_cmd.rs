@@ -8,6 +8,8 @@ use brigade::embed::Encoder;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum FormatArg {
@@ -101,12 +103,13 @@ impl EmbedArgs {
         }
     }
 
-    pub(crate) fn settings(&self) -> Settings {
+    pub(crate) fn settings(&self, stop: Option<Arc<AtomicBool>>) -> Settings {
         Settings {
             shard_size: self.shard_size,
             max_batch_tokens: self.max_batch_tokens,
             threads: self.threads,
             overwrite: self.overwrite,
+            stop,
         }
     }
 }
@@ -142,19 +145,23 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         bail!("--max-batch-tokens must be at least 1");
     }
     let enc = Encoder::load(model)?;
+    let stop = crate::interrupt::flag(
+        "\nbrigade: interrupted — finishing the shards in progress, then stopping (finished shards are kept: run the same command again to resume); interrupt again to quit at once\n",
+        "\nbrigade: interrupted again: quit at once; the finished shards are kept, and the ones in progress are redone when the same command runs again\n",
+    )?;
     let bar = Bar::new(!a.json);
     let report = match a.backend {
         BackendArg::Local => {
             let workers = a.workers.unwrap_or_else(crate::default_threads);
             crate::check_threads(workers, "--workers")?;
             crate::check_threads(workers * a.threads, "--workers × --threads")?;
-            run_local(&a, &enc, output, workers, &bar)?
+            run_local(&a, &enc, output, workers, &bar, stop)?
         }
         BackendArg::Mpi => {
             if a.workers.is_some() {
                 bail!("--workers is for the local backend; under mpirun every rank is one worker (mpirun -n N)");
             }
-            match run_mpi(&a, &enc, output, &bar)? {
+            match run_mpi(&a, &enc, output, &bar, stop)? {
                 Some(r) => r,
                 None => return Ok(()),
             }
@@ -164,13 +171,23 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     summary(&a, output, &report)
 }
 
-fn run_local(a: &EmbedArgs, enc: &Encoder, out: &Path, workers: usize, bar: &Bar) -> Result<Report> {
-    let (spec, s) = (a.spec(), a.settings());
+fn run_local(
+    a: &EmbedArgs,
+    enc: &Encoder,
+    out: &Path,
+    workers: usize,
+    bar: &Bar,
+    stop: Arc<AtomicBool>,
+) -> Result<Report> {
+    let (spec, s) = (a.spec(), a.settings(Some(stop)));
     let cfg = brigade_comm::local::LocalConfig { timeout: PEER_TIMEOUT, ..Default::default() };
     let mut res = brigade_comm::local::run_with(cfg, workers, |comm| job::run(&comm, &spec, enc, out, &s, bar))
         .map_err(|e| {
             let first = e.failures[0].1.clone();
-            if e.failures.iter().all(|(_, m)| *m == first) {
+            if first.starts_with("interrupted") {
+                bar.0.abandon();
+                crate::interrupt::Interrupted(first).into()
+            } else if e.failures.iter().all(|(_, m)| *m == first) {
                 anyhow::anyhow!("{first}")
             } else {
                 anyhow::anyhow!("{e}")
@@ -180,25 +197,31 @@ fn run_local(a: &EmbedArgs, enc: &Encoder, out: &Path, workers: usize, bar: &Bar
 }
 
 #[cfg(feature = "mpi")]
-fn run_mpi(a: &EmbedArgs, enc: &Encoder, out: &Path, bar: &Bar) -> Result<Option<Report>> {
+fn run_mpi(a: &EmbedArgs, enc: &Encoder, out: &Path, bar: &Bar, stop: Arc<AtomicBool>) -> Result<Option<Report>> {
     if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_SIZE").is_none() {
         bail!("--backend mpi needs to be started by mpirun or srun (e.g. mpirun -n 4 brigade embed --backend mpi …)");
     }
     let world = brigade_comm::Comm::new(Box::new(brigade_comm::mpi::world(PEER_TIMEOUT)?));
     let quiet = Bar(ProgressBar::hidden());
-    let res = job::run(&world, &a.spec(), enc, out, &a.settings(), if world.rank() == 0 { bar } else { &quiet });
+    let res =
+        job::run(&world, &a.spec(), enc, out, &a.settings(Some(stop)), if world.rank() == 0 { bar } else { &quiet });
     let rank = world.rank();
     drop(world);
     brigade_comm::mpi::finalize();
     match res {
         // rank 0 says what went wrong; the others' copy of its message would only repeat it
         Err(brigade::Error::Relayed(_)) if rank != 0 => std::process::exit(1),
+        Err(brigade::Error::Interrupted(_)) if rank != 0 => std::process::exit(130),
+        Err(brigade::Error::Interrupted(m)) => {
+            bar.0.abandon();
+            Err(crate::interrupt::Interrupted(m).into())
+        }
         r => Ok(r?),
     }
 }
 
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_: &EmbedArgs, _: &Encoder, _: &Path, _: &Bar) -> Result<Option<Report>> {
+fn run_mpi(_: &EmbedArgs, _: &Encoder, _: &Path, _: &Bar, _: Arc<AtomicBool>) -> Result<Option<Report>> {
     bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and start it under mpirun")
 }
 

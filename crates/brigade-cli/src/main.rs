@@ -16,6 +16,7 @@ static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
 
 mod bench;
 mod embed_cmd;
+mod interrupt;
 mod plan_cmd;
 mod sample_cmd;
 mod serve_cmd;
@@ -98,6 +99,6 @@ fn main() {
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
-        std::process::exit(if e.is::<train_cmd::Interrupted>() { 130 } else { 1 });
+        std::process::exit(if e.is::<interrupt::Interrupted>() { 130 } else { 1 });
     }
 }

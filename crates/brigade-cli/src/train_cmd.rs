@@ -4,20 +4,10 @@ use brigade::layout::Layout;
 use brigade::train::run::{self as job, JobOptions, JobReport, Observer, Outcome};
 use brigade::train::{EvalReport, StepStats, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-/// A run ended early by SIGINT or SIGTERM (after saving, where it could): exit status 130.
-#[derive(Debug)]
-pub struct Interrupted(pub String);
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Interrupted {}
+pub use crate::interrupt::Interrupted;
 
 /// Checks, before the run, that the timeline can be written to `path`.
 fn check_trace_path(path: &std::path::Path) -> Result<()> {
@@ -38,30 +28,14 @@ fn check_trace_path(path: &std::path::Path) -> Result<()> {
 /// SIGINT and SIGTERM set a flag that the loop reads after each step; a second signal ends
 /// the process at once.
 fn interrupt_flag(saving: bool) -> Result<Arc<AtomicBool>> {
-    let flag = Arc::new(AtomicBool::new(false));
-    // the first interrupt is acknowledged at once, from the handler itself (the step may take
-    // a while to finish, or end the process before any other thread could print)
-    let first: &'static [u8] = if saving {
-        "\nbrigade: interrupted — finishing the current step, then saving a checkpoint; interrupt again to quit at once without saving\n".as_bytes()
-    } else {
-        "\nbrigade: interrupted — finishing the current step, then stopping (no --out: nothing is saved); interrupt again to quit at once without saving\n".as_bytes()
-    };
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let f = Arc::clone(&flag);
-        // SAFETY: the action only swaps an atomic, writes to stderr with write(2) and calls
-        // _exit(2), all async-signal-safe.
-        unsafe {
-            signal_hook::low_level::register(sig, move || {
-                if f.swap(true, Ordering::SeqCst) {
-                    let msg = b"\nbrigade: interrupted again: quit at once, without saving\n";
-                    libc::write(2, msg.as_ptr().cast(), msg.len());
-                    libc::_exit(130);
-                }
-                libc::write(2, first.as_ptr().cast(), first.len());
-            })?;
-        }
-    }
-    Ok(flag)
+    crate::interrupt::flag(
+        if saving {
+            "\nbrigade: interrupted — finishing the current step, then saving a checkpoint; interrupt again to quit at once without saving\n"
+        } else {
+            "\nbrigade: interrupted — finishing the current step, then stopping (no --out: nothing is saved); interrupt again to quit at once without saving\n"
+        },
+        "\nbrigade: interrupted again: quit at once, without saving\n",
+    )
 }
 
 /// `--layout`, checked before any rank starts.
@@ -167,6 +141,12 @@ fn run_rank(
             let tr = Trainer::resume_on_world(dir, a.steps, &world, layout)?;
             if lead {
                 eprintln!("resuming {} at step {} of {}", dir.display(), tr.step, tr.cfg.steps);
+                if tr.step >= tr.cfg.steps {
+                    eprintln!(
+                        "the run is complete: nothing to train (it is evaluated again); give --steps above {} to extend it",
+                        tr.cfg.steps
+                    );
+                }
                 if tr.cfg.steps != before.steps {
                     // the schedule's length is the run's: a longer run stretches it
                     use brigade::train::optimizer::LrSchedule;

@@ -100,6 +100,12 @@ fn interrupted_and_resumed_cli_run_matches_uninterrupted() {
         std::fs::read(p.join("a/model.safetensors")).unwrap(),
         std::fs::read(p.join("b/model.safetensors")).unwrap()
     );
+    // resuming a finished run says so, and how to extend it
+    let again = brigade(&["train", "--resume", "a", "--threads", "1"], p);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{err}");
+    assert!(err.contains("the run is complete: nothing to train") && err.contains("--steps above 12"), "{err}");
+    assert_eq!(losses("a").len(), 12);
 }
 
 #[test]

@@ -116,20 +116,12 @@ fn killed_anywhere_and_resumed_gives_the_uninterrupted_bytes() {
     for (k, after) in [0usize, 3, 11].iter().enumerate() {
         let out = format!("kill{k}");
         let mut child = cmd(&job_args(&m, &out), &dir).stdout(std::process::Stdio::null()).spawn().unwrap();
-        let t0 = Instant::now();
-        loop {
-            let n = std::fs::read_dir(dir.join(&out))
-                .map(|r| r.filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".ids")).count())
-                .unwrap_or(0);
-            let started = dir.join(&out).join("manifest.json").exists();
-            if started && n >= *after || child.try_wait().unwrap().is_some() || t0.elapsed() > Duration::from_secs(120)
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_for_shards(&mut child, &dir.join(&out), *after);
+        // the job was really cut short: still running when killed, its output unfinished
+        assert!(child.try_wait().unwrap().is_none(), "killed after {after} shards: the job had already ended");
         child.kill().ok();
         child.wait().unwrap();
+        assert_ne!(snapshot(&dir.join(&out)), want, "killed after {after} shards: the output was already complete");
         ok(&job_args(&m, &out), &dir);
         assert_eq!(snapshot(&dir.join(&out)), want, "killed after {after} shards: resumed output differs");
     }
@@ -138,6 +130,70 @@ fn killed_anywhere_and_resumed_gives_the_uninterrupted_bytes() {
     let said = ok(&job_args(&m, "ref"), &dir);
     assert!(said.contains("nothing to do"), "{said}");
     assert_eq!(snapshot(&dir.join("ref")), want);
+}
+
+/// Waits until the job in `out` has started (its manifest names it) and holds at least `n`
+/// finished shards, or the child ends, or two minutes pass.
+fn wait_for_shards(child: &mut std::process::Child, out: &Path, n: usize) {
+    let t0 = Instant::now();
+    loop {
+        let done = std::fs::read_dir(out)
+            .map(|r| r.filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".ids")).count())
+            .unwrap_or(0);
+        let started = out.join("manifest.json").exists();
+        if started && done >= n || child.try_wait().unwrap().is_some() || t0.elapsed() > Duration::from_secs(120) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn signal(child: &std::process::Child, sig: &str) {
+    assert!(Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success());
+}
+
+#[test]
+fn ctrl_c_is_acknowledged_keeps_finished_shards_and_a_rerun_completes_the_job() {
+    let Some(m) = model() else { return };
+    let (_d, dir) = setup(300);
+    ok(&job_args(&m, "ref"), &dir);
+    let want = snapshot(&dir.join("ref"));
+    for (out, twice) in [("once", false), ("twice", true)] {
+        let mut child = cmd(&job_args(&m, out), &dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_shards(&mut child, &dir.join(out), 3);
+        assert!(child.try_wait().unwrap().is_none(), "{out}: the job ended before the interrupt");
+        signal(&child, "-INT");
+        if twice {
+            std::thread::sleep(Duration::from_millis(20));
+            signal(&child, "-INT");
+        }
+        let res = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&res.stderr);
+        assert_eq!(res.status.code(), Some(130), "{out}: {err}");
+        assert!(err.contains("interrupted — finishing the shards in progress, then stopping"), "{out}: {err}");
+        if twice {
+            assert!(err.contains("interrupted again: quit at once; the finished shards are kept"), "{err}");
+        } else {
+            // the job says how far it got and how to go on
+            let said = err.lines().find(|l| l.starts_with("error: interrupted: ")).unwrap_or_else(|| panic!("{err}"));
+            assert!(
+                said.contains("of 15 shards are complete") && said.contains("run the same command again"),
+                "{said}"
+            );
+            let done: usize = said["error: interrupted: ".len()..].split(' ').next().unwrap().parse().unwrap();
+            assert!((3..15).contains(&done), "{said}");
+            let left = snapshot(&dir.join(out));
+            assert_eq!(left.keys().filter(|k| k.ends_with(".npy")).count(), done, "{:?}", left.keys());
+        }
+        assert_ne!(snapshot(&dir.join(out)), want, "{out}: the output was complete despite the interrupt");
+        let said = ok(&job_args(&m, out), &dir);
+        assert!(said.contains("resumed:"), "{out}: {said}");
+        assert_eq!(snapshot(&dir.join(out)), want, "{out}: resumed output differs from the uninterrupted run");
+    }
 }
 
 #[test]

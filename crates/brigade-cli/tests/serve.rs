@@ -35,6 +35,8 @@ fn checkpoint() -> &'static Path {
                 fixture_tokenizer().to_str().unwrap(),
                 "--steps",
                 "30",
+                "--lr",
+                "3e-3",
                 "--threads",
                 "1",
                 "--out",
@@ -404,12 +406,15 @@ async fn sigterm_drains_in_flight_requests_and_exits_0() {
     let mut text = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
     let pid = s.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    // new requests are refused while the stream finishes
+    // while the stream finishes, the server still answers: /ready and new requests get 503
     tokio::time::sleep(Duration::from_millis(200)).await;
     let fresh = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
-    if let Ok(r) = fresh.post(&url).json(&json!({"prompt": [1], "max_tokens": 2})).send().await {
-        assert_eq!(r.status(), 503);
-    }
+    let r = fresh.post(&url).json(&json!({"prompt": [1], "max_tokens": 2})).send().await;
+    assert_eq!(r.expect("a request while draining was not answered").status(), 503);
+    let r = fresh.get(format!("{}/ready", s.url)).send().await;
+    let r = r.expect("/ready while draining was not answered");
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.text().await.unwrap(), "draining");
     while let Some(b) = body.next().await {
         text.push_str(std::str::from_utf8(&b.unwrap()).unwrap());
     }
@@ -450,6 +455,13 @@ fn bad_serve_flags_fail_cleanly() {
         "tp=3 does not divide the model's 4 attention heads",
     );
     common::fails_with(&["serve", "--model", "tiny", "--tp", "2", "--threads", "1"], d.path(), "--tp 2 needs");
+    common::fails_with(&["serve", "--model", "tiny", "--tp", "4", "--threads", "2"], d.path(), "give --threads 4");
+    // a tp that fits neither: both limits named
+    common::fails_with(
+        &["serve", "--model", "tiny", "--tp", "5", "--threads", "2"],
+        d.path(),
+        "use tp among 1, 2, 4 (or a model with more heads); a --tp above 2 also needs --threads at least as large",
+    );
     // the port taken by another server
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port().to_string();

@@ -296,8 +296,13 @@ impl<'a> Choices<'a> {
                 let top: Vec<Value> = lp[from..]
                     .iter()
                     .map(|(_, _, top)| {
-                        let m: serde_json::Map<String, Value> =
-                            top.iter().map(|&(t, l)| (token_text(tok, t), json!(l))).collect();
+                        // keyed by text, as OpenAI's legacy API is: where two tokens show the
+                        // same text (pieces of one character both decode to U+FFFD), the more
+                        // likely one, listed first, keeps the key
+                        let mut m = serde_json::Map::new();
+                        for &(t, l) in top {
+                            m.entry(token_text(tok, t)).or_insert_with(|| json!(l));
+                        }
                         Value::Object(m)
                     })
                     .collect();

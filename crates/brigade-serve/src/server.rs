@@ -72,9 +72,13 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
     if tp == 0 {
         bail!("--tp must be at least 1");
     }
-    crate::weights::check_tp(&cfg, tp).map_err(anyhow::Error::msg)?;
-    if tp > o.threads {
-        bail!("--tp {} needs at least as many --threads (one per rank), got {}", tp, o.threads);
+    // each rank is a thread: past --threads, the thread count binds as well as the heads
+    let threads = o.threads;
+    if let Err(m) = crate::weights::check_tp(&cfg, tp) {
+        bail!("{m}; a --tp above {threads} also needs --threads at least as large (one thread per rank; --threads is {threads})");
+    }
+    if tp > threads {
+        bail!("--tp {tp} needs at least as many --threads (one thread per rank), got {threads}; give --threads {tp}");
     }
     // each rank holds its key/value heads: the cache's MiB are per rank
     let width = crate::weights::kv_width(&cfg, tp);
@@ -173,6 +177,11 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
                 o.shutdown_timeout
             );
             draining.notify_one();
+            // keep accepting (answering /ready and new requests 503) until the sequences in
+            // flight are done; only then does the listener close
+            while app.inflight.load(Ordering::SeqCst) > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
     };
     let server = axum::serve(listener, router).with_graceful_shutdown(signal);

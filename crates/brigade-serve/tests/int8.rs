@@ -158,7 +158,7 @@ fn int8_perplexity_of_a_trained_checkpoint_on_held_out_problems() {
     use brigade::train::addition::Addition;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/addition_ckpt");
     let (gpt, p) = load_model(&dir).unwrap();
-    let task = Addition { digits: 3, reverse: true };
+    let task = Addition { digits: 3, reverse: true, carry_chains: 0.0 };
     let problems: Vec<(u64, u64)> = (0..4000u64)
         .map(|i| ((i * 7919) % 1000, (i * 104_729 + 13) % 1000))
         .filter(|&(a, b)| task.held_out(a, b))

@@ -14,6 +14,9 @@ pub enum Error {
     Data(String),
     #[error("checkpoint {}: {msg}", path.display())]
     Checkpoint { path: PathBuf, msg: String },
+    /// Stopped by SIGINT or SIGTERM; the message says what was kept and how to go on.
+    #[error("{0}")]
+    Interrupted(String),
     /// A message relayed from another rank, already worded for the user.
     #[error("{0}")]
     Relayed(String),

@@ -92,7 +92,7 @@ fn measure(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_token
             text_field: "text".into(),
             on_error: OnError::Fail,
         };
-        let s = Settings { shard_size, max_batch_tokens, threads, overwrite: true };
+        let s = Settings { shard_size, max_batch_tokens, threads, overwrite: true, stop: None };
         let mut res = brigade_comm::local::run(workers, |comm| job::run(&comm, &spec, &enc, &out, &s, &NoProgress))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let r = res.swap_remove(0).expect("rank 0 reports");

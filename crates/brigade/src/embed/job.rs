@@ -10,6 +10,8 @@ use crate::{Error, Result};
 use brigade_comm::Comm;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Clone, Debug)]
@@ -22,6 +24,9 @@ pub struct Settings {
     pub threads: usize,
     /// Replace another job's output in the directory.
     pub overwrite: bool,
+    /// Set (by a signal handler) to stop taking shards: the ones in progress are finished and
+    /// kept, the job ends with [`Error::Interrupted`] and a rerun resumes it.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 /// What a worker did.
@@ -33,6 +38,9 @@ pub struct WorkerStats {
     pub tokens: u64,
     /// Seconds spent reading, embedding and writing shards.
     pub busy_s: f64,
+    /// Stopped taking shards on an interrupt.
+    #[serde(default)]
+    pub stopped: bool,
 }
 
 /// The job's result, on rank 0.
@@ -118,10 +126,19 @@ pub fn run(
         crate::with_threads(s.threads, || work(&p, spec, enc, out, s, progress, &mut mine))??;
     }
     let all = all_gather_bytes(comm, serde_json::to_vec(&mine).expect("stats serialise"))?;
+    let workers: Vec<WorkerStats> = all.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect();
+    if workers.iter().any(|w| w.stopped) {
+        // every rank sees the same stats, so every rank ends alike
+        let done = p.done.len() + workers.iter().map(|w| w.shards).sum::<usize>();
+        return Err(Error::Interrupted(format!(
+            "interrupted: {done} of {} shards are complete in {}; run the same command again to embed the rest",
+            p.index.shards.len(),
+            out.display()
+        )));
+    }
     if comm.rank() != 0 {
         return Ok(None);
     }
-    let workers: Vec<WorkerStats> = all.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect();
     let manifest = if p.complete {
         output::read_manifest(out)?
     } else {
@@ -153,6 +170,10 @@ fn work(
         }
     });
     for shard in &p.index.shards {
+        if s.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
+            st.stopped = true;
+            break;
+        }
         if done[shard.index] || !output::claim(out, shard.index)? {
             continue;
         }

@@ -33,6 +33,9 @@ pub struct TrainConfig {
     pub digits: usize,
     /// Addition task: write the sum least significant digit first.
     pub reverse: bool,
+    /// Addition task: the fraction of training problems drawn with carry chains (digit pairs
+    /// summing to 9, which pass a carry on); the rest, and every held-out problem, uniform.
+    pub carry_chains: f32,
     pub steps: usize,
     /// Sequences per optimizer step.
     pub batch: usize,
@@ -67,11 +70,12 @@ impl Default for TrainConfig {
             tokenizer: None,
             digits: 3,
             reverse: true,
+            carry_chains: 0.25,
             steps: 3000,
             batch: 64,
             micro_batch: None,
             seq: None,
-            lr: 3e-3,
+            lr: 1e-3,
             min_lr: None,
             warmup: None,
             grad_clip: 1.0,
@@ -139,7 +143,11 @@ impl TrainConfig {
 
     /// The built-in addition task this run trains on, if it has no data file.
     pub fn addition(&self) -> Option<super::addition::Addition> {
-        self.data.is_none().then_some(super::addition::Addition { digits: self.digits, reverse: self.reverse })
+        self.data.is_none().then_some(super::addition::Addition {
+            digits: self.digits,
+            reverse: self.reverse,
+            carry_chains: self.carry_chains,
+        })
     }
 
     pub fn micro_batch(&self) -> usize {
@@ -179,6 +187,9 @@ impl TrainConfig {
                 self.batch,
                 self.seq.unwrap_or(1)
             ));
+        }
+        if !(0.0..=1.0).contains(&self.carry_chains) {
+            return bad(format!("carry_chains is a fraction of the problems: give 0 to 1, got {}", self.carry_chains));
         }
         if self.digits == 0 || self.digits > 9 {
             return bad(format!("digits must be between 1 and 9, got {}", self.digits));

@@ -63,8 +63,12 @@ impl RunState {
                 format.map_or("none".into(), |f| f.to_string())
             )));
         }
-        let config: TrainConfig =
+        let mut config: TrainConfig =
             serde_json::from_value(v["config"].clone()).map_err(|e| bad(format!("bad config ({e})")))?;
+        if v["config"].get("carry_chains").is_none() {
+            // written before the addition task drew carry chains: its problems were uniform
+            config.carry_chains = 0.0;
+        }
         config.validate().map_err(|e| bad(format!("bad config ({e})")))?;
         let step = v["step"].as_u64().ok_or_else(|| bad("missing 'step'".into()))? as usize;
         let losses: Vec<f32> =
