@@ -137,6 +137,45 @@ impl Server {
     }
 }
 
+impl Server {
+    /// A per-rank metric: rank → value.
+    async fn per_rank(&self, name: &str) -> std::collections::BTreeMap<usize, f64> {
+        let text = reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap();
+        let prefix = format!("{name}{{rank=\"");
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(|rest| {
+                let (rank, value) = rest.split_once("\"} ").unwrap();
+                (rank.parse().unwrap(), value.parse().unwrap())
+            })
+            .collect()
+    }
+}
+
+/// The reference the served log-probabilities are held to: the full forward of `ids` (no KV
+/// cache, no batching) with a log-softmax in f64; row j is the distribution of token j + 1.
+fn reference_logprobs(dir: &Path, ids: &[u32]) -> Vec<Vec<f64>> {
+    let (model, params) = brigade::models::checkpoint::load_model(dir).unwrap();
+    let mut acts = brigade::models::Activations::default();
+    model.logits(&params, ids, (1, ids.len()), &mut acts);
+    acts.logits
+        .chunks(model.cfg.vocab_size)
+        .map(|row| {
+            let m = row.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
+            let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+            row.iter().map(|&x| x as f64 - lse).collect()
+        })
+        .collect()
+}
+
+/// The `n` most likely tokens of a reference row, best first.
+fn reference_top(row: &[f64], n: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+    idx.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+    idx.truncate(n);
+    idx
+}
+
 fn ids(v: &Value) -> Vec<u32> {
     serde_json::from_value(v.clone()).unwrap()
 }
@@ -170,12 +209,25 @@ async fn completions_are_the_tokenizers_text_whole_or_streamed() {
             assert_eq!(lp["text_offset"][k], at, "token {k}");
             at += t.as_str().unwrap().chars().count();
         }
+        // every log-probability against the full forward's log-softmax: the chosen token's,
+        // and the top 3 keyed by text (where two show the same text, the likelier one's)
+        let prompt_ids = tok.encode(prompt).unwrap();
+        let all: Vec<u32> = prompt_ids.iter().chain(&gen).copied().collect();
+        let reference = reference_logprobs(checkpoint(), &all[..all.len() - 1]);
         for (k, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
-            let top = top.as_object().unwrap();
-            assert!(top.len() <= 3 && !top.is_empty());
-            let best = top.values().map(|v| v.as_f64().unwrap()).fold(f64::MIN, f64::max);
+            let row = &reference[prompt_ids.len() + k - 1];
             let chosen = lp["token_logprobs"][k].as_f64().unwrap();
-            assert!(chosen <= best + 1e-6 && chosen < 0.0, "token {k}: logprob {chosen} above the best {best}");
+            assert!((chosen - row[gen[k] as usize]).abs() < 1e-4, "token {k}: {chosen} vs {}", row[gen[k] as usize]);
+            let mut want = serde_json::Map::new();
+            for t in reference_top(row, 3) {
+                want.entry(tok.decode(&[t])).or_insert(json!(row[t as usize]));
+            }
+            let top = top.as_object().unwrap();
+            assert_eq!(top.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "token {k}: top 3");
+            for (text, v) in top {
+                let (got, w) = (v.as_f64().unwrap(), want[text].as_f64().unwrap());
+                assert!((got - w).abs() < 1e-4, "token {k}: top {text:?} {got} vs {w}");
+            }
         }
         assert_eq!(whole["usage"]["completion_tokens"], gen.len());
         assert_eq!(whole["usage"]["prompt_tokens"], tok.encode(prompt).unwrap().len());
@@ -239,7 +291,13 @@ async fn stop_strings_n_and_seeds() {
     assert_eq!(s.post(base.clone()).await.1["choices"], r["choices"]);
     // a stop string: the text ends before its first occurrence in the unstopped text
     let full = ch[0]["text"].as_str().unwrap().to_string();
-    let Some(stop) = full.chars().skip(3).find(|c| !c.is_whitespace()).map(|c| c.to_string()) else { return };
+    // (a text without such a character would leave the checks below unrun: fail instead)
+    let stop = full
+        .chars()
+        .skip(3)
+        .find(|c| !c.is_whitespace())
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| panic!("no character to stop at in {full:?}"));
     let mut b = base.clone();
     b["n"] = json!(1);
     b["stop"] = json!([stop.clone(), "@@never@@"]);
@@ -283,6 +341,14 @@ async fn tp_2_serves_the_same_tokens_and_logprobs_as_tp_1() {
     let two = start(&["--checkpoint", ck, "--tp", "2", "--threads", "2"]);
     one.wait_ready().await;
     two.wait_ready().await;
+    // the server really runs two ranks, each holding its own share, reported by the rank
+    let (w1, w2) = (one.per_rank("brigade_rank_weight_bytes").await, two.per_rank("brigade_rank_weight_bytes").await);
+    assert_eq!(w1.keys().copied().collect::<Vec<_>>(), [0], "{w1:?}");
+    assert_eq!(w2.keys().copied().collect::<Vec<_>>(), [0, 1], "{w2:?}");
+    let whole = w1[&0];
+    assert!(w2[&0] == w2[&1] && w2[&0] < whole && w2[&0] + w2[&1] >= whole, "tp 2 {w2:?}, tp 1 {whole}");
+    let kv = two.per_rank("brigade_rank_kv_blocks").await;
+    assert!(kv.len() == 2 && kv[&0] > 0.0 && kv[&0] == kv[&1], "{kv:?}");
     let bodies: Vec<Value> = (0..8)
         .map(|i| {
             let prompt = ["The planner", "Tensor parallelism splits", "x"][i % 3];
@@ -349,7 +415,9 @@ async fn overload_is_refused_with_503_and_a_disconnect_frees_the_sequence() {
     s.wait_ready().await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/completions", s.url);
-    let body = json!({"prompt": [1, 2, 3], "max_tokens": 40, "temperature": 0, "stream": true});
+    // long enough that finishing naturally (1000 decode steps of gpt2-small, tens of seconds)
+    // cannot meet the time bound below: only the abort frees them in time
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 1000, "temperature": 0, "stream": true});
     let mut streams = Vec::new();
     let mut refused = 0;
     for _ in 0..4 {
@@ -566,8 +634,27 @@ async fn chat_completions_render_the_models_template() {
             assert_eq!(c["message"]["content"].as_str().unwrap(), tok.decode(&gen), "{name}");
             let lp = c["logprobs"]["content"].as_array().unwrap();
             assert_eq!(lp.len(), 9);
-            for e in lp {
-                assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2);
+            // against the full forward's log-softmax: the chosen token and the top 2, in order
+            let prompt_ids = ids(&case["ids"]);
+            let all: Vec<u32> = prompt_ids.iter().chain(&gen).copied().collect();
+            let reference = reference_logprobs(model.path(), &all[..all.len() - 1]);
+            for (k, e) in lp.iter().enumerate() {
+                let row = &reference[prompt_ids.len() + k - 1];
+                let got = e["logprob"].as_f64().unwrap();
+                assert!(
+                    (got - row[gen[k] as usize]).abs() < 1e-4,
+                    "{name} token {k}: {got} vs {}",
+                    row[gen[k] as usize]
+                );
+                assert_eq!(e["token"], tok.decode(&[gen[k]]));
+                let top = e["top_logprobs"].as_array().unwrap();
+                let want = reference_top(row, 2);
+                assert_eq!(top.len(), 2);
+                for (t, w) in top.iter().zip(&want) {
+                    assert_eq!(t["token"], tok.decode(&[*w]), "{name} token {k}");
+                    let got = t["logprob"].as_f64().unwrap();
+                    assert!((got - row[*w as usize]).abs() < 1e-4, "{name} token {k}: {got} vs {}", row[*w as usize]);
+                }
                 assert_eq!(e["bytes"], json!(e["token"].as_str().unwrap().as_bytes()));
             }
             assert_eq!(r["usage"]["prompt_tokens"], case["ids"].as_array().unwrap().len());

@@ -1,5 +1,6 @@
 //! What `GET /metrics` reports, in Prometheus' text format: requests by status, queue depth,
-//! running batch size, KV blocks, prefix-cache hits, tokens, and latency histograms.
+//! running batch size, KV blocks, prefix-cache hits, tokens, latency histograms, and what
+//! each tensor-parallel rank holds.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -21,6 +22,10 @@ pub struct Metrics {
     pub prompt_tokens: Counter,
     pub ttft: Histogram,
     pub itl: Histogram,
+    /// Set by each tensor-parallel rank itself once its share is built: the rank's KV-cache
+    /// blocks and the bytes of its weights (so a scrape shows that N ranks run, each with 1/N).
+    pub rank_kv_blocks: Family<Vec<(String, String)>, Gauge>,
+    pub rank_weight_bytes: Family<Vec<(String, String)>, Gauge>,
     registry: Arc<Registry>,
 }
 
@@ -57,6 +62,13 @@ impl Metrics {
         r.register("brigade_prompt_tokens", "Prompt tokens of accepted requests", prompt_tokens.clone());
         r.register("brigade_time_to_first_token_seconds", "From a request's arrival to its first token", ttft.clone());
         r.register("brigade_inter_token_latency_seconds", "Between consecutive tokens of a sequence", itl.clone());
+        let (rank_kv_blocks, rank_weight_bytes) = (Family::default(), Family::default());
+        r.register("brigade_rank_kv_blocks", "KV-cache blocks each tensor-parallel rank holds", rank_kv_blocks.clone());
+        r.register(
+            "brigade_rank_weight_bytes",
+            "Bytes of the weights each tensor-parallel rank holds",
+            rank_weight_bytes.clone(),
+        );
         Metrics {
             requests,
             waiting,
@@ -69,12 +81,21 @@ impl Metrics {
             prompt_tokens,
             ttft,
             itl,
+            rank_kv_blocks,
+            rank_weight_bytes,
             registry: Arc::new(r),
         }
     }
 
     pub fn count_status(&self, code: u16) {
         self.requests.get_or_create(&vec![("status".to_string(), code.to_string())]).inc();
+    }
+
+    /// What rank `rank` holds, reported by the rank itself.
+    pub fn rank_holds(&self, rank: usize, kv_blocks: usize, weight_bytes: usize) {
+        let label = vec![("rank".to_string(), rank.to_string())];
+        self.rank_kv_blocks.get_or_create(&label).set(kv_blocks as i64);
+        self.rank_weight_bytes.get_or_create(&label).set(weight_bytes as i64);
     }
 
     pub fn render(&self) -> String {

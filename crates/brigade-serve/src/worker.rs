@@ -74,11 +74,16 @@ impl EngineHandle {
         if setup.tp == 1 {
             let model = Model::shard_as(&gpt, &params, None, setup.weights).expect("a single worker takes any model");
             let engine = engine_of(model);
+            metrics.rank_holds(0, engine.kv.total_blocks(), engine.model.weight_bytes().1);
             drop(params);
             return EngineHandle::start(engine, setup.threads, metrics);
         }
         let (tx, rx) = mpsc::channel();
         let rx = Mutex::new(Some(rx));
+        // each rank says when its share is built: the engine is ready (and /ready says so)
+        // only once every rank is
+        let (built_tx, built_rx) = mpsc::channel::<()>();
+        let built_tx = Mutex::new(built_tx);
         let join = std::thread::Builder::new()
             .name("brigade-tp".into())
             .spawn(move || {
@@ -90,13 +95,21 @@ impl EngineHandle {
                 let res = brigade_comm::local::run_with(cfg, setup.tp, |comm| -> Result<(), String> {
                     let rank = comm.rank();
                     let model = Model::shard_as(&gpt, &params, Some(comm), setup.weights)?;
+                    let built = built_tx.lock().expect("the ranks' sender").clone();
                     brigade::with_threads(per_rank, || {
                         if rank == 0 {
                             let rx = rx.lock().expect("one rank 0").take().expect("one rank 0");
-                            run(engine_of(model), rx, metrics.clone());
+                            let engine = engine_of(model);
+                            metrics.rank_holds(0, engine.kv.total_blocks(), engine.model.weight_bytes().1);
+                            let _ = built.send(());
+                            drop(built);
+                            run(engine, rx, metrics.clone());
                         } else {
                             let mut kv =
                                 KvCache::new(setup.kv_blocks, setup.block_size, model.layers_n, model.kv_width());
+                            metrics.rank_holds(rank, kv.total_blocks(), model.weight_bytes().1);
+                            let _ = built.send(());
+                            drop(built);
                             while model.follow(&mut kv) {}
                         }
                     })
@@ -108,6 +121,12 @@ impl EngineHandle {
                 }
             })
             .expect("spawn the engine's rank threads");
+        // (a rank that fails to build ends the process with its error instead)
+        for _ in 0..setup.tp {
+            if built_rx.recv().is_err() {
+                break;
+            }
+        }
         (EngineHandle { tx }, join)
     }
 

@@ -3,7 +3,7 @@
 //! refuses broken lists.
 
 use brigade::layout::Schedule;
-use brigade::parallel::pipeline::{build, chart, simulate, Action, Costs};
+use brigade::parallel::pipeline::{build, chart, simulate, Action, Costs, Plan};
 
 const KINDS: [Schedule; 4] = [Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZeroBubble];
 
@@ -17,13 +17,53 @@ fn per_chunk(v: usize) -> Costs {
     Costs::per_chunk(v)
 }
 
+/// Whether the documented rules admit a schedule (written here, not asked of `build`): model
+/// chunks (v > 1) only interleaved, and interleaving needs a multiple of pp micro-batches.
+fn admitted(kind: Schedule, pp: usize, m: usize, v: usize) -> bool {
+    (v == 1 || kind == Schedule::Interleaved) && (kind != Schedule::Interleaved || m.is_multiple_of(pp))
+}
+
+/// `build`, held to the rules: what they admit must build, what they refuse must be refused
+/// (`None`), and `counts` (ran, refused) keeps the tally the test checks against the table.
+fn built(kind: Schedule, pp: usize, m: usize, v: usize, counts: &mut (usize, usize)) -> Option<Plan> {
+    match build(kind, pp, m, v) {
+        Ok(plan) => {
+            assert!(admitted(kind, pp, m, v), "{kind:?} pp={pp} m={m} v={v}: built, though the rules refuse it");
+            counts.0 += 1;
+            Some(plan)
+        }
+        Err(e) => {
+            assert!(!admitted(kind, pp, m, v), "{kind:?} pp={pp} m={m} v={v}: refused ({e}), though valid");
+            counts.1 += 1;
+            None
+        }
+    }
+}
+
+/// Cases of a table over pp, m = 1..=16 and (schedule, v) pairs that the rules admit.
+fn admitted_count(pps: &[usize], kinds: &[(Schedule, usize)]) -> usize {
+    let mut n = 0;
+    for &pp in pps {
+        for &(kind, v) in kinds {
+            n += match kind {
+                // m = pp, 2pp, … up to 16
+                Schedule::Interleaved => 16 / pp,
+                _ if v == 1 => 16,
+                _ => 0,
+            };
+        }
+    }
+    n
+}
+
 #[test]
 fn every_schedule_runs_without_deadlock_at_its_theoretical_bubble() {
+    let mut counts = (0, 0);
     for pp in [1, 2, 3, 4, 8] {
         for m in 1..=16 {
             for kind in KINDS {
                 for v in [1, 2, 3] {
-                    let Ok(plan) = build(kind, pp, m, v) else { continue };
+                    let Some(plan) = built(kind, pp, m, v, &mut counts) else { continue };
                     let r =
                         simulate(&plan, &per_chunk(v)).unwrap_or_else(|e| panic!("{kind:?} pp={pp} m={m} v={v}: {e}"));
                     let what =
@@ -67,6 +107,12 @@ fn every_schedule_runs_without_deadlock_at_its_theoretical_bubble() {
             }
         }
     }
+    // no case vanished: 5 pp × 16 m × 4 schedules × 3 v; v > 1 only interleaved, and
+    // interleaving only with m a multiple of pp (16 + 8 + 5 + 4 + 2 counts of m, each v)
+    let pairs: Vec<(Schedule, usize)> = KINDS.iter().flat_map(|&k| [1, 2, 3].map(|v| (k, v))).collect();
+    let admitted = admitted_count(&[1, 2, 3, 4, 8], &pairs);
+    assert_eq!(admitted, 3 * 5 * 16 + 3 * (16 + 8 + 5 + 4 + 2));
+    assert_eq!(counts, (admitted, 5 * 16 * 4 * 3 - admitted));
 }
 
 #[test]
@@ -142,16 +188,18 @@ fn the_chart_shows_each_rank_order() {
 #[test]
 fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
     use brigade::plan::cost::{in_flight, in_flight_at, Layout, Recompute};
+    const KINDS_V: [(Schedule, usize); 5] = [
+        (Schedule::GPipe, 1),
+        (Schedule::OneFOneB, 1),
+        (Schedule::ZeroBubble, 1),
+        (Schedule::Interleaved, 2),
+        (Schedule::Interleaved, 3),
+    ];
+    let mut counts = (0, 0);
     for pp in [2, 3, 4, 8] {
         for m in 1..=16 {
-            for (kind, v) in [
-                (Schedule::GPipe, 1),
-                (Schedule::OneFOneB, 1),
-                (Schedule::ZeroBubble, 1),
-                (Schedule::Interleaved, 2),
-                (Schedule::Interleaved, 3),
-            ] {
-                let Ok(plan) = build(kind, pp, m, v) else { continue };
+            for (kind, v) in KINDS_V {
+                let Some(plan) = built(kind, pp, m, v, &mut counts) else { continue };
                 let r = simulate(&plan, &per_chunk(v)).unwrap();
                 let measured = *r.peak_activations.iter().max().unwrap() as f64 / v as f64;
                 let l = Layout {
@@ -183,4 +231,8 @@ fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
             }
         }
     }
+    // no case vanished: 4 pp × 16 m × 5 pairs, of which interleaving admits m a multiple of pp
+    let admitted = admitted_count(&[2, 3, 4, 8], &KINDS_V);
+    assert_eq!(admitted, 3 * 4 * 16 + 2 * (8 + 5 + 4 + 2));
+    assert_eq!(counts, (admitted, 4 * 16 * 5 - admitted));
 }
