@@ -29,9 +29,10 @@ pub struct ServeArgs {
     /// 0 picks a free port (printed at start).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Threads for the model's arithmetic (split evenly over the --tp ranks).
-    #[arg(long, default_value_t = crate::default_threads())]
-    threads: usize,
+    /// Threads for the model's arithmetic, split evenly over the --tp ranks (default: all
+    /// cores, and at least one a rank).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Shard the model over this many tensor-parallel ranks (threads): the same tokens as 1.
     #[arg(long, default_value_t = 1)]
     tp: usize,
@@ -78,7 +79,8 @@ impl Weights {
 }
 
 pub fn options(a: ServeArgs) -> Result<ServeOptions> {
-    crate::check_threads(a.threads, "--threads")?;
+    let threads = a.threads.unwrap_or_else(|| crate::default_threads().max(a.tp));
+    crate::check_threads(threads, "--threads")?;
     if a.tp == 0 || a.tp > 64 {
         bail!("--tp must be from 1 to 64, got {}", a.tp);
     }
@@ -117,7 +119,7 @@ pub fn options(a: ServeArgs) -> Result<ServeOptions> {
         name: a.served_model_name,
         host: a.host,
         port: a.port,
-        threads: a.threads,
+        threads,
         layout: brigade::layout::Layout { tp: a.tp, ..Default::default() },
         max_running: a.max_running,
         max_queued: a.max_queued,

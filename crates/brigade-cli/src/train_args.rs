@@ -49,9 +49,10 @@ pub struct TrainArgs {
     /// Evaluate every N steps (0: only at the end).
     #[arg(long, allow_negative_numbers = true, value_parser = whole)]
     pub(crate) eval_every: Option<usize>,
-    /// Intra-op threads (default: all cores).
-    #[arg(long, default_value_t = crate::default_threads())]
-    pub(crate) threads: usize,
+    /// Intra-op threads of each rank (default: this machine's cores divided among the ranks
+    /// that share it, at least 1).
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
     /// Directory for the final checkpoint (and periodic ones with --save-every).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
@@ -94,6 +95,11 @@ fn whole(s: &str) -> std::result::Result<usize, String> {
 }
 
 impl TrainArgs {
+    /// `--threads`, or this machine's cores divided among the `ranks` that share it.
+    pub(crate) fn threads_for(&self, ranks: usize) -> usize {
+        self.threads.unwrap_or_else(|| (crate::default_threads() / ranks.max(1)).max(1))
+    }
+
     /// Flags that change what the run computes, with their names (refused on --resume).
     pub(crate) fn numeric_overrides(&self) -> Vec<&'static str> {
         let mut v = Vec::new();

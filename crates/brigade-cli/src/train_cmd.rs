@@ -53,8 +53,10 @@ fn bucket_elems(a: &TrainArgs) -> Result<usize> {
     Ok(((a.bucket_mb * 1e6 / 4.0) as usize).max(1))
 }
 
-pub fn run(a: TrainArgs) -> Result<()> {
-    crate::check_threads(a.threads, "--threads")?;
+pub fn run(mut a: TrainArgs) -> Result<()> {
+    if let Some(t) = a.threads {
+        crate::check_threads(t, "--threads")?;
+    }
     if a.print_schedule {
         return print_schedule(&a);
     }
@@ -62,6 +64,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
         bail!("--save-every needs --out DIR to write checkpoints to");
     }
     let layout = parse_layout(&a)?;
+    // unset, each rank gets its share of the cores: the ranks of the layout here, or under
+    // mpirun the ranks on this node
+    let here = match a.backend.as_str() {
+        "mpi" => std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE").ok().and_then(|s| s.parse().ok()).unwrap_or(1),
+        _ => layout.world(),
+    };
+    a.threads = Some(a.threads_for(here));
     bucket_elems(&a)?;
     // where checkpoints go: --out, or back into the --resume directory
     if let Some(dir) = a.out.as_ref().or(a.resume.as_ref()) {
@@ -82,7 +91,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "local" => {
             let world = layout.world();
             crate::check_threads(world, "the layout's rank count")?;
-            crate::check_threads(world * a.threads, "ranks × --threads")?;
+            crate::check_threads(world * a.threads_for(world), "ranks × --threads")?;
             if world == 1 {
                 return run_rank(brigade_comm::local::solo(), &layout, cfg, &a, &stop);
             }
@@ -184,7 +193,7 @@ fn run_rank(
         trace: a.trace.clone(),
     };
     let mut bar = Bar::new(world.rank() == 0, a);
-    let outcome = brigade::with_threads(a.threads, || job::run(&mut tr, &opts, stop, &world, &mut bar))??;
+    let outcome = brigade::with_threads(a.threads_for(1), || job::run(&mut tr, &opts, stop, &world, &mut bar))??;
     if let Some(msg) = outcome.interrupted_message() {
         return Err(Interrupted(msg).into());
     }
@@ -253,7 +262,7 @@ impl Bar {
         );
         let now = std::time::Instant::now();
         let plain = (lead && !tty).then_some(Plain { every: 1, last: now, started: now, steps: 0 });
-        Bar { lead, bar, threads: a.threads, layout: a.layout.clone().unwrap_or_default(), plain }
+        Bar { lead, bar, threads: a.threads_for(1), layout: a.layout.clone().unwrap_or_default(), plain }
     }
 }
 

@@ -501,6 +501,14 @@ fn pipeline_schedules_print_as_charts_and_impossible_ones_are_refused() {
     let eight = ["train", "--batch", "8", "--micro-batch", "1", "--print-schedule", "--layout", "pp=4,v=2"];
     fails_with(&eight, p, "8 pipeline stages, but a model of 2 layers splits into only 4 units");
     fails_with(&[&base[..], &["pp=2,schedule=zb2"]].concat(), p, "expected gpipe, 1f1b, interleaved or zb");
+    // without --threads, the cores are divided among the ranks: eight of them run on any
+    // machine (on 2 cores, 8 × all cores would be 16 threads, past the limit), and a
+    // pipeline the model cannot take is refused for that reason, not for the threads
+    let out = ok(&["train", "--layout", "dp=8", "--steps", "2", "--eval-every", "0"], p);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert!(err.contains(&format!("· {} threads", (cores / 8).max(1))), "{err}");
+    fails_with(&["train", "--layout", "pp=8", "--steps", "2"], p, "8 pipeline stages, but a model of 2 layers");
     fails_with(&[&base[..], &["dp=2"]].concat(), p, "no pipeline to schedule");
     // the planner costs zero-bubble pipelines too
     let out = ok(

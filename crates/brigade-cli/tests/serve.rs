@@ -524,6 +524,9 @@ fn bad_serve_flags_fail_cleanly() {
     );
     common::fails_with(&["serve", "--model", "tiny", "--tp", "2", "--threads", "1"], d.path(), "--tp 2 needs");
     common::fails_with(&["serve", "--model", "tiny", "--tp", "4", "--threads", "2"], d.path(), "give --threads 4");
+    // unset, --threads covers the ranks: --tp 5 is refused for the heads alone
+    let err = common::fails_with(&["serve", "--model", "tiny", "--tp", "5"], d.path(), "use tp among 1, 2, 4");
+    assert!(!err.contains("--threads"), "{err}");
     // a tp that fits neither: both limits named
     common::fails_with(
         &["serve", "--model", "tiny", "--tp", "5", "--threads", "2"],

@@ -75,7 +75,10 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
     // each rank is a thread: past --threads, the thread count binds as well as the heads
     let threads = o.threads;
     if let Err(m) = crate::weights::check_tp(&cfg, tp) {
-        bail!("{m}; a --tp above {threads} also needs --threads at least as large (one thread per rank; --threads is {threads})");
+        if tp > threads {
+            bail!("{m}; a --tp above {threads} also needs --threads at least as large (one thread per rank; --threads is {threads})");
+        }
+        bail!("{m}");
     }
     if tp > threads {
         bail!("--tp {tp} needs at least as many --threads (one thread per rank), got {threads}; give --threads {tp}");
