@@ -100,6 +100,12 @@ impl TrainArgs {
         self.threads.unwrap_or_else(|| (crate::default_threads() / ranks.max(1)).max(1))
     }
 
+    /// The threads of each rank, once `train_cmd::run` has resolved `--threads` with
+    /// [`TrainArgs::threads_for`].
+    pub(crate) fn rank_threads(&self) -> usize {
+        self.threads.unwrap_or(1)
+    }
+
     /// Flags that change what the run computes, with their names (refused on --resume).
     pub(crate) fn numeric_overrides(&self) -> Vec<&'static str> {
         let mut v = Vec::new();

@@ -91,7 +91,7 @@ pub fn run(mut a: TrainArgs) -> Result<()> {
         "local" => {
             let world = layout.world();
             crate::check_threads(world, "the layout's rank count")?;
-            crate::check_threads(world * a.threads_for(world), "ranks × --threads")?;
+            crate::check_threads(world * a.rank_threads(), "ranks × --threads")?;
             if world == 1 {
                 return run_rank(brigade_comm::local::solo(), &layout, cfg, &a, &stop);
             }
@@ -193,7 +193,7 @@ fn run_rank(
         trace: a.trace.clone(),
     };
     let mut bar = Bar::new(world.rank() == 0, a);
-    let outcome = brigade::with_threads(a.threads_for(1), || job::run(&mut tr, &opts, stop, &world, &mut bar))??;
+    let outcome = brigade::with_threads(a.rank_threads(), || job::run(&mut tr, &opts, stop, &world, &mut bar))??;
     if let Some(msg) = outcome.interrupted_message() {
         return Err(Interrupted(msg).into());
     }
@@ -262,7 +262,7 @@ impl Bar {
         );
         let now = std::time::Instant::now();
         let plain = (lead && !tty).then_some(Plain { every: 1, last: now, started: now, steps: 0 });
-        Bar { lead, bar, threads: a.threads_for(1), layout: a.layout.clone().unwrap_or_default(), plain }
+        Bar { lead, bar, threads: a.rank_threads(), layout: a.layout.clone().unwrap_or_default(), plain }
     }
 }
 

@@ -70,11 +70,16 @@ impl EngineHandle {
         metrics: Metrics,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
         let per_rank = (setup.threads / setup.tp).max(1);
-        let engine_of = move |model: Model| Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
+        // rank 0's engine, which reports what it holds as every rank does
+        let reporter = metrics.clone();
+        let engine_of = move |model: Model| {
+            let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
+            reporter.rank_holds(0, engine.kv.total_blocks(), engine.model.weight_bytes().1);
+            engine
+        };
         if setup.tp == 1 {
             let model = Model::shard_as(&gpt, &params, None, setup.weights).expect("a single worker takes any model");
             let engine = engine_of(model);
-            metrics.rank_holds(0, engine.kv.total_blocks(), engine.model.weight_bytes().1);
             drop(params);
             return EngineHandle::start(engine, setup.threads, metrics);
         }
@@ -83,7 +88,6 @@ impl EngineHandle {
         // each rank says when its share is built: the engine is ready (and /ready says so)
         // only once every rank is
         let (built_tx, built_rx) = mpsc::channel::<()>();
-        let built_tx = Mutex::new(built_tx);
         let join = std::thread::Builder::new()
             .name("brigade-tp".into())
             .spawn(move || {
@@ -95,12 +99,11 @@ impl EngineHandle {
                 let res = brigade_comm::local::run_with(cfg, setup.tp, |comm| -> Result<(), String> {
                     let rank = comm.rank();
                     let model = Model::shard_as(&gpt, &params, Some(comm), setup.weights)?;
-                    let built = built_tx.lock().expect("the ranks' sender").clone();
+                    let built = built_tx.clone();
                     brigade::with_threads(per_rank, || {
                         if rank == 0 {
                             let rx = rx.lock().expect("one rank 0").take().expect("one rank 0");
                             let engine = engine_of(model);
-                            metrics.rank_holds(0, engine.kv.total_blocks(), engine.model.weight_bytes().1);
                             let _ = built.send(());
                             drop(built);
                             run(engine, rx, metrics.clone());
