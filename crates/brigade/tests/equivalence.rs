@@ -1,7 +1,10 @@
 //! The one invariant: for any layout of dp × pp × tp ranks, ZeRO stage, sequence parallelism,
 //! pipeline schedule, model chunks per rank, activation recompute, number of micro-batches and
 //! bucket size, the loss at every step and the final weights equal the single worker's on the
-//! same global batch (relative 1e-5), and a checkpoint saved under one layout resumes under
+//! same global batch (relative 1e-5); on every rank, every tensor it holds (replicated ones on
+//! each rank that holds them) starts from the single worker's weights, accumulates the single
+//! worker's first-step gradient (relative 1e-6, before Adam's normalisation can hide a wrong
+//! factor) and takes AdamW's first step from it; and a checkpoint saved under one layout resumes under
 //! another on the single worker's loss sequence — for both decoder families: GPT-2, and the
 //! Llama family (RMSNorm, rotary grouped-query attention with 8 query heads on 2 key/value
 //! heads, so tp = 4 and 8 replicate each key/value head; SwiGLU; an untied head).
@@ -65,16 +68,105 @@ fn norms(tr: &Trainer) -> Vec<(usize, f32)> {
     tr.history.iter().map(|s| (s.step, s.grad_norm)).collect()
 }
 
-fn single_worker(f: Family) -> Run {
+/// The single worker's first step, tensor by tensor: its weights before it and its
+/// accumulated gradient (before clipping).
+struct First {
+    before: Vec<f32>,
+    grads: Vec<f32>,
+    /// The single worker's tensors (which of them weight decay applies to).
+    layout: brigade::params::ParamLayout,
+}
+
+fn single_worker(f: Family) -> (Run, First) {
     let mut tr = Trainer::new(cfg(f, 16)).unwrap();
     if f == Family::Llama {
         let a = tr.model.cfg.llama().expect("the Llama family");
         assert_eq!((tr.model.cfg.n_head, a.n_kv_head, a.tied), (8, 2, false), "GQA 8:2, untied head");
     }
+    let before = tr.params.clone();
+    tr.train_step().unwrap();
+    let first = First { before, grads: tr.grads().to_vec(), layout: tr.model.layout.clone() };
+    let errors = first_step_errors(&tr, &first, (&first.grads, &first.before, &tr.params));
+    assert!(errors.failures.is_empty(), "the single worker's first step: {:#?}", errors.failures);
     while !tr.done() {
         tr.train_step().unwrap();
     }
-    Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr) }
+    (Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr) }, first)
+}
+
+/// How a rank's first step compares, tensor by tensor, with the single worker's.
+#[derive(Debug, Default)]
+struct FirstStep {
+    /// Tensors compared (every tensor this rank holds, both copies of a tied table).
+    tensors: usize,
+    /// The worst gradient error (`rel`) and its tensor.
+    worst: (f64, String),
+    failures: Vec<String>,
+}
+
+/// Compares a rank's first step with the single worker's `first`, on every tensor the rank
+/// holds (`parts.layout`, cut to its tensor-parallel slice and its stages): the weights before
+/// the step bit for bit (the same initialisation); the accumulated gradient `g` to 1e-6
+/// relative (‖a − b‖ / ‖b‖ over the tensor: the largest single coordinate's error, over the
+/// tensor's largest entry, sits at 5–10e-7 for every layout — f32 sums of 192 tokens in
+/// another order — so it is no bound 1e-6 can hold); and the weights `after` the step against AdamW's first step worked
+/// out here, in f64, from the rank's own gradient, the run's clipping factor and learning rate
+/// and each tensor's weight decay as the single worker's model declares it — to the rounding
+/// of one f32 step (2 ulp of the weight, 1e-6 of the update).
+fn first_step_errors(tr: &Trainer, first: &First, (g, before, after): (&[f32], &[f32], &[f32])) -> FirstStep {
+    let c = &tr.cfg;
+    let (want_g, want_before) = (tr.local_of_full(&first.grads), tr.local_of_full(&first.before));
+    let s = tr.history[0];
+    assert_eq!(s.step, 1, "the first step's statistics");
+    let clip = brigade::train::optimizer::clip_factor(s.grad_norm, c.grad_clip) as f64;
+    let (lr, a) = (s.lr as f64, c.adamw);
+    let mut out = FirstStep::default();
+    for spec in &tr.parts.layout.specs {
+        let name = &spec.name;
+        let of = |b: &[f32]| spec.view.of(b).to_vec();
+        out.tensors += 1;
+        if of(before) != of(&want_before) {
+            out.failures.push(format!("{name}: initial weights differ from the single worker's"));
+        }
+        let e = rel(&of(g), &of(&want_g));
+        if e > out.worst.0 {
+            out.worst = (e, name.clone());
+        }
+        if e >= 1e-6 {
+            out.failures.push(format!("{name}: gradient differs from the single worker's by {e:.2e}"));
+        }
+        let decay = first.layout.get(name).expect("every tensor is the model's").decay;
+        let shrink = if decay { 1.0 - lr * a.weight_decay as f64 } else { 1.0 };
+        let (b1, b2) = (a.beta1 as f64, a.beta2 as f64);
+        let mut worst = (0f64, 0usize);
+        for (i, ((&p, &g), &got)) in of(before).iter().zip(&of(g)).zip(&of(after)).enumerate() {
+            let (p, g) = (p as f64, g as f64 * clip);
+            let (m, v) = ((1.0 - b1) * g / (1.0 - b1), (1.0 - b2) * g * g / (1.0 - b2));
+            let want = p * shrink - lr * m / (v.sqrt() + a.eps as f64);
+            let bound = 2.0 * f32::EPSILON as f64 * p.abs().max(want.abs()) + 1e-6 * (want - p).abs();
+            let err = (got as f64 - want).abs() / bound.max(f64::MIN_POSITIVE);
+            if err > worst.0 {
+                worst = (err, i);
+            }
+        }
+        if worst.0 > 1.0 {
+            let i = worst.1;
+            out.failures.push(format!(
+                "{name}[{i}]: first update {:.6e}, AdamW of the rank's gradient gives {:.3} times the rounding bound away",
+                of(after)[i] - of(before)[i],
+                worst.0
+            ));
+        }
+    }
+    out
+}
+
+/// Where a run starts: from scratch (its first step checked tensor by tensor against the
+/// single worker's), or from a checkpoint.
+#[derive(Clone, Copy)]
+enum Start<'a> {
+    Fresh(&'a First),
+    Resume(&'a std::path::Path),
 }
 
 /// One layout of the matrix.
@@ -110,30 +202,50 @@ impl Case {
 /// optionally saving to `to`; returns the losses and the full weights, after checking that
 /// every rank agrees: replicas hold the same slices, replicated parameters are bitwise equal
 /// across each tensor-parallel group, and every rank gathers the same full model.
-fn run(f: Family, c: Case, from: Option<&std::path::Path>, to: Option<&std::path::Path>, until: usize) -> Run {
+fn run(f: Family, c: Case, from: Start, to: Option<&std::path::Path>, until: usize) -> Run {
     let layout = c.layout();
     let out = brigade_comm::local::run(layout.world(), |world| {
         let mesh = Mesh::new(&world, MeshShape::of(&layout))?;
         let mut tr = match from {
-            Some(dir) => Trainer::resume_on(dir, None, mesh, &layout)?,
-            None => Trainer::on_mesh(cfg(f, c.mb), mesh, &layout)?,
+            Start::Resume(dir) => Trainer::resume_on(dir, None, mesh, &layout)?,
+            Start::Fresh(_) => Trainer::on_mesh(cfg(f, c.mb), mesh, &layout)?,
         };
         tr.set_bucket_elems(c.bucket)?;
         // each rank runs on one thread, as a worker of a real run would
-        brigade::with_threads(1, || -> brigade::Result<()> {
+        let first = brigade::with_threads(1, || -> brigade::Result<Option<FirstStep>> {
+            let mut checked = None;
+            if let Start::Fresh(first) = from {
+                let before = tr.local_params()?.into_owned();
+                tr.train_step()?;
+                let (g, after) = (tr.local_grads()?.into_owned(), tr.local_params()?.into_owned());
+                checked = Some(first_step_errors(&tr, first, (&g, &before, &after)));
+            }
             while tr.step < until {
                 tr.train_step()?;
             }
-            Ok(())
+            Ok(checked)
         })??;
         if let Some(dir) = to {
             tr.save(dir)?;
         }
         let local = tr.local_params()?.into_owned();
         let full = tr.full_params()?.unwrap_or_else(|| local.clone());
-        Ok::<_, brigade::Error>((tr.losses.clone(), full, local, tr.parts.layout.clone(), norms(&tr)))
+        Ok::<_, brigade::Error>((tr.losses.clone(), full, local, tr.parts.layout.clone(), norms(&tr), first))
     })
     .unwrap();
+    if let Start::Fresh(_) = from {
+        let mut worst = (0f64, String::new());
+        for (r, o) in out.iter().enumerate() {
+            let first = o.5.as_ref().expect("a fresh run checks its first step");
+            assert_eq!(first.tensors, o.3.specs.len(), "{c:?}: rank {r} compared every tensor it holds");
+            assert!(first.tensors > 0, "{c:?}: rank {r} holds no tensor");
+            assert!(first.failures.is_empty(), "{f:?} {c:?}: rank {r}'s first step: {:#?}", first.failures);
+            if first.worst.0 >= worst.0 {
+                worst = (first.worst.0, format!("{} on rank {r}", first.worst.1));
+            }
+        }
+        println!("{f:?} {c:?}: first step's gradients within {:.2e} ({})", worst.0, worst.1);
+    }
     for (r, o) in out.iter().enumerate() {
         assert_eq!(o.0, out[0].0, "{c:?}: rank {r}'s losses differ from rank 0's");
         assert_eq!(o.1, out[0].1, "{c:?}: rank {r}'s full weights differ from rank 0's");
@@ -162,7 +274,7 @@ fn run(f: Family, c: Case, from: Option<&std::path::Path>, to: Option<&std::path
             }
         }
     }
-    let (losses, weights, _, _, norms) = out.into_iter().next().unwrap();
+    let (losses, weights, _, _, norms, _) = out.into_iter().next().unwrap();
     Run { losses, weights, norms }
 }
 
@@ -296,9 +408,9 @@ const PIPELINES: &[Case] = &[
 ];
 
 fn matrix_equals_the_single_worker(f: Family, cases: &[Case]) {
-    let want = single_worker(f);
+    let (want, first) = single_worker(f);
     for &c in cases {
-        let got = run(f, c, None, None, STEPS);
+        let got = run(f, c, Start::Fresh(&first), None, STEPS);
         assert_equivalent(f, &format!("{c:?}"), &got, &want);
     }
 }
@@ -326,12 +438,12 @@ fn every_llama_pipeline_equals_the_single_worker() {
 /// Saves `from` at step `at`, then resumes the checkpoint under each of `to` and on the single
 /// worker: every one continues the single worker's run.
 fn resumes_under(f: Family, from: Case, at: usize, to: &[Case]) {
-    let want = single_worker(f);
+    let (want, first) = single_worker(f);
     let d = tempfile::tempdir().unwrap();
     let ck = d.path().join("ck");
-    run(f, from, None, Some(&ck), at);
+    run(f, from, Start::Fresh(&first), Some(&ck), at);
     for &to in to {
-        let got = run(f, to, Some(&ck), None, STEPS);
+        let got = run(f, to, Start::Resume(&ck), None, STEPS);
         assert_equivalent(f, &format!("{from:?} → {to:?}"), &got, &want);
     }
     let mut tr = Trainer::resume(&ck, None).unwrap();

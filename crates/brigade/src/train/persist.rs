@@ -182,8 +182,9 @@ impl Trainer {
         Ok(full)
     }
 
-    /// This rank's buffer (in `parts.layout`) from one of the whole model.
-    pub(crate) fn local_of_full(&self, full: &[f32]) -> Vec<f32> {
+    /// This rank's buffer (in `parts.layout`) from one of the whole model: its stages'
+    /// tensors, each cut to its tensor-parallel slice (both copies of a tied table filled).
+    pub fn local_of_full(&self, full: &[f32]) -> Vec<f32> {
         let mine = self.parts.pick_from(&self.full_model.layout, full);
         self.parts.layout.slice_full(&mine, self.model.tp_rank, self.model.tp)
     }

@@ -247,6 +247,18 @@ impl Trainer {
         &self.grads
     }
 
+    /// The summed gradient of the last `accumulate_gradients` over this rank's whole
+    /// (tensor-parallel-local) parameters, in `parts.layout`, before clipping: its own, or under
+    /// ZeRO ≥ 1 gathered from the dp group's pieces (every rank of the group must call it then).
+    pub fn local_grads(&self) -> Result<std::borrow::Cow<'_, [f32]>> {
+        if self.dpc.zero == 0 {
+            return Ok(std::borrow::Cow::Borrowed(&self.grads));
+        }
+        let mut full = vec![0f32; self.parts.layout.total];
+        self.shards.gather(&self.mesh.dp, &self.gshard, &mut full)?;
+        Ok(std::borrow::Cow::Owned(full))
+    }
+
     /// This rank's whole (tensor-parallel-local) parameters: its own, or under ZeRO-3 gathered
     /// from the dp group's pieces (every rank of the group must call it then).
     pub fn local_params(&self) -> Result<std::borrow::Cow<'_, [f32]>> {
