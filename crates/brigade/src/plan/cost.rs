@@ -4,7 +4,11 @@
 use super::catalog::{Accelerator, ModelShape};
 use crate::layout::Schedule;
 pub use crate::layout::{Layout, Recompute};
+use crate::parallel::pipeline::Plan;
 use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
 
 /// Matrix products whose smallest per-GPU dimension is `x` run at `x / (x + SHAPE_X0)` of the
 /// large-matrix efficiency: slicing the hidden size over many tensor-parallel GPUs costs.
@@ -265,6 +269,65 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
     (state + act) / (1u64 << 30) as f64 + RESERVED_GIB
 }
 
+/// One micro-batch's work on a pipeline stage, seconds: its forward, its whole backward, and
+/// the weight-gradient half of that backward (what ZB-H1 defers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Work {
+    pub forward: f64,
+    pub backward: f64,
+    pub weight: f64,
+}
+
+/// ZB-H1 plans by (pp, micro-batches) (None: it does not build).
+type Plans = HashMap<(usize, usize), Option<Rc<Plan>>>;
+/// ZB-H1's idle seconds by (pp, micro-batches, the bits of F, B, W).
+type Idle = HashMap<(usize, usize, [u64; 3]), Option<f64>>;
+
+/// The busiest pipeline rank's idle seconds in a step of `micro` micro-batches of `work` each
+/// (split evenly over its v chunks). GPipe, 1F1B and interleaved 1F1B idle
+/// (pp − 1)/v · (F + B) — what the simulator gives their plans with equal chunks
+/// (`tests/planner_formulas.rs` checks it). ZB-H1's bubble is what the trainer's own plan
+/// takes: the simulator's makespan of `schedule::build(ZeroBubble, pp, micro)` with these
+/// costs, less the rank's work; its deferred W halves fill part of 1F1B's bubble (Qi et al.
+/// 2023 bound the rest by (pp − 1)(F + B − W), which is the fallback should the plan not build).
+pub fn pipeline_bubble(l: &Layout, micro: usize, w: Work) -> f64 {
+    use crate::parallel::pipeline::{schedule, simulate};
+    let (pp, v) = (l.pp as f64, l.v as f64);
+    if l.pp == 1 {
+        return 0.0;
+    }
+    if l.schedule != Schedule::ZeroBubble {
+        return (pp - 1.0) / v * (w.forward + w.backward);
+    }
+    let costs = simulate::Costs {
+        forward: w.forward,
+        backward: w.backward,
+        backward_input: w.backward - w.weight,
+        backward_weight: w.weight,
+        transfer: 0.0,
+    };
+    // a search asks for the same plan (pp, m) thousands of times, and for the same costs once
+    // per ZeRO stage: both are kept for the thread's later calls
+    thread_local! {
+        static PLANS: RefCell<Plans> = RefCell::default();
+        static IDLE: RefCell<Idle> = RefCell::default();
+    }
+    let key = (l.pp, micro, [w.forward.to_bits(), w.backward.to_bits(), w.weight.to_bits()]);
+    let idle = IDLE.with(|c| c.borrow().get(&key).copied()).unwrap_or_else(|| {
+        let plan = PLANS.with(|c| {
+            let mut c = c.borrow_mut();
+            let built = || schedule::build(Schedule::ZeroBubble, l.pp, micro, 1).ok().map(Rc::new);
+            c.entry((l.pp, micro)).or_insert_with(built).clone()
+        });
+        let idle = plan
+            .and_then(|p| simulate::simulate(&p, &costs).ok())
+            .map(|r| (r.makespan - micro as f64 * (w.forward + w.backward)).max(0.0));
+        IDLE.with(|c| c.borrow_mut().insert(key, idle));
+        idle
+    });
+    idle.unwrap_or((pp - 1.0) * (w.forward + w.backward - 2.0 * w.weight).max(0.0))
+}
+
 /// Step time and utilisation of one layout (the layout must be valid: see `search`).
 pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Estimate {
     let (lin, att) = layer_flops_per_token(m);
@@ -296,12 +359,14 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let compute_mb = lps * (fwd + bwd + rec) + head;
     let tp_mb = lps * tp_per_layer;
     let stage_mb = compute_mb + tp_mb;
-    let micro = (t.global_batch / (l.dp * micro_batch(t, l))) as f64;
-    // ZB-H1 fills the bubble with the deferred weight-gradient halves: of a stage's forward F,
-    // input-gradient B and weight-gradient W (B = W = half the backward), (pp − 1)(F + B − W)
-    // stays idle instead of (pp − 1)(F + B + W) (Qi et al. 2023)
-    let zb = if l.schedule == Schedule::ZeroBubble { fwd / (fwd + bwd + rec) } else { 1.0 };
-    let bubble = (l.pp - 1) as f64 / l.v as f64 * stage_mb * zb;
+    let micro = t.global_batch / (l.dp * micro_batch(t, l));
+    // a micro-batch on the busiest stage: its forward with the forward's two tensor-parallel
+    // collectives, its backward (recomputation and the other collectives), and the backward's
+    // weight-gradient half (the matrix products' weight side, no communication)
+    let forward = lps * (fwd + 2.0 * tp_per_layer / n_tp) + head / 3.0;
+    let work = Work { forward, backward: stage_mb - forward, weight: lps * bwd / 2.0 + head / 3.0 };
+    let bubble = pipeline_bubble(l, micro, work);
+    let micro = micro as f64;
     // Pipeline point-to-point: activations forward and gradients back, per chunk and micro-batch.
     let pp_bw = if l.tp * l.dp >= gpn { a.net_gbps } else { a.nvlink_gbps };
     let p2p = if l.pp > 1 { 2.0 * l.v as f64 * micro * (ALPHA_S + act_bytes / tp / (pp_bw * 1e9)) } else { 0.0 };

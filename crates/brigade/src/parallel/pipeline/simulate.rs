@@ -4,7 +4,6 @@
 //! time, the bubble and each rank's peak of micro-batches holding activations.
 
 use super::plan::{Action, Plan};
-use std::collections::HashMap;
 
 /// Seconds (or any unit) per action.
 #[derive(Clone, Copy, Debug)]
@@ -50,9 +49,6 @@ pub fn bubble_theory(plan: &Plan) -> f64 {
     simulate(plan, &Costs::per_chunk(plan.v)).map_or(f64::NAN, |r| r.bubble)
 }
 
-/// A transfer in flight: (is a gradient, micro-batch, receiving stage, from, to).
-type Key = (bool, usize, usize, usize, usize);
-
 pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
     let (pp, v) = (plan.pp, plan.v);
     if plan.ranks.len() != pp {
@@ -66,12 +62,15 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
     let mut busy = vec![0f64; pp];
     let mut held = vec![0usize; pp];
     let mut peak = vec![0usize; pp];
-    let mut inflight: HashMap<Key, f64> = HashMap::new();
-    // what each rank has: activations / gradients received or made locally, forwards done
-    let mut have_act: Vec<HashMap<(usize, usize), ()>> = vec![HashMap::new(); pp];
-    let mut have_grad: Vec<HashMap<(usize, usize), ()>> = vec![HashMap::new(); pp];
-    let mut done_f: Vec<HashMap<(usize, usize), ()>> = vec![HashMap::new(); pp];
-    let mut done_b: Vec<HashMap<(usize, usize), ()>> = vec![HashMap::new(); pp];
+    // transfers in flight, one slot per (is a gradient, micro-batch, receiving stage): the
+    // sender, the receiver and when it can be received
+    let slot = |grad: bool, mb: usize, s: usize| (grad as usize * plan.m + mb) * stages + s;
+    let mut inflight: Vec<Option<(usize, usize, f64)>> = vec![None; 2 * plan.m * stages];
+    // what each rank has: activations / gradients received or made locally, forwards done —
+    // one flag per (micro-batch, chunk), at `mb * v + chunk` (`check_work` bounds both)
+    let flags = vec![vec![false; plan.m * v]; pp];
+    let (mut have_act, mut have_grad, mut done_f, mut done_b) = (flags.clone(), flags.clone(), flags.clone(), flags);
+    let at = |mb: usize, chunk: usize| mb * v + chunk;
     loop {
         let mut progressed = false;
         for r in 0..pp {
@@ -80,14 +79,14 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
                 match a {
                     Action::Forward { mb, chunk } => {
                         let s = stage(r, chunk);
-                        if s > 0 && !have_act[r].contains_key(&(mb, chunk)) {
+                        if s > 0 && !have_act[r][at(mb, chunk)] {
                             // the previous stage on this same rank hands its output over
-                            let local = s % pp == 0 && done_f[r].contains_key(&(mb, chunk.wrapping_sub(1)));
+                            let local = s % pp == 0 && chunk > 0 && done_f[r][at(mb, chunk - 1)];
                             if !(pp == 1 && local) {
                                 return blocked("forward without the previous stage's activation".into());
                             }
                         }
-                        done_f[r].insert((mb, chunk), ());
+                        done_f[r][at(mb, chunk)] = true;
                         clock[r] += costs.forward;
                         busy[r] += costs.forward;
                         held[r] += 1;
@@ -95,16 +94,16 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
                     }
                     Action::Backward { mb, chunk } | Action::BackwardInput { mb, chunk } => {
                         let s = stage(r, chunk);
-                        if !done_f[r].contains_key(&(mb, chunk)) {
+                        if !done_f[r][at(mb, chunk)] {
                             return blocked("backward before its forward".into());
                         }
-                        if s + 1 < stages && !have_grad[r].contains_key(&(mb, chunk)) {
-                            let local = pp == 1 && done_b[r].contains_key(&(mb, chunk + 1));
+                        if s + 1 < stages && !have_grad[r][at(mb, chunk)] {
+                            let local = pp == 1 && chunk + 1 < v && done_b[r][at(mb, chunk + 1)];
                             if !local {
                                 return blocked("backward without the next stage's gradient".into());
                             }
                         }
-                        done_b[r].insert((mb, chunk), ());
+                        done_b[r][at(mb, chunk)] = true;
                         let whole = matches!(a, Action::Backward { .. });
                         let c = if whole { costs.backward } else { costs.backward_input };
                         clock[r] += c;
@@ -114,7 +113,7 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
                         }
                     }
                     Action::BackwardWeight { mb, chunk } => {
-                        if !done_b[r].contains_key(&(mb, chunk)) {
+                        if !done_b[r][at(mb, chunk)] {
                             return blocked("weight gradient before its input gradient".into());
                         }
                         clock[r] += costs.backward_weight;
@@ -122,29 +121,37 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
                         held[r] -= 1;
                     }
                     Action::SendActivation { mb, chunk, to } => {
-                        if !done_f[r].contains_key(&(mb, chunk)) {
+                        if !done_f[r][at(mb, chunk)] {
                             return blocked("sends an activation not yet computed".into());
                         }
-                        let key = (false, mb, stage(r, chunk) + 1, r, to);
-                        if inflight.insert(key, clock[r] + costs.transfer).is_some() {
+                        let s = stage(r, chunk) + 1;
+                        if s >= stages {
+                            return blocked("sends an activation past the last stage".into());
+                        }
+                        if inflight[slot(false, mb, s)].replace((r, to, clock[r] + costs.transfer)).is_some() {
                             return blocked("sends the same activation twice".into());
                         }
                     }
                     Action::SendGrad { mb, chunk, to } => {
-                        if !done_b[r].contains_key(&(mb, chunk)) {
+                        if !done_b[r][at(mb, chunk)] {
                             return blocked("sends a gradient not yet computed".into());
                         }
-                        let key = (true, mb, stage(r, chunk).wrapping_sub(1), r, to);
-                        if inflight.insert(key, clock[r] + costs.transfer).is_some() {
+                        let s = stage(r, chunk);
+                        if s == 0 {
+                            return blocked("sends a gradient before the first stage".into());
+                        }
+                        if inflight[slot(true, mb, s - 1)].replace((r, to, clock[r] + costs.transfer)).is_some() {
                             return blocked("sends the same gradient twice".into());
                         }
                     }
                     Action::RecvActivation { mb, chunk, from } | Action::RecvGrad { mb, chunk, from } => {
                         let grad = matches!(a, Action::RecvGrad { .. });
-                        let Some(at) = inflight.remove(&(grad, mb, stage(r, chunk), from, r)) else { break };
-                        clock[r] = clock[r].max(at);
+                        let k = slot(grad, mb, stage(r, chunk));
+                        let Some((_, _, ready)) = inflight[k].filter(|&(f, to, _)| (f, to) == (from, r)) else { break };
+                        inflight[k] = None;
+                        clock[r] = clock[r].max(ready);
                         let have = if grad { &mut have_grad[r] } else { &mut have_act[r] };
-                        have.insert((mb, chunk), ());
+                        have[at(mb, chunk)] = true;
                     }
                 }
                 pc[r] += 1;
@@ -160,8 +167,9 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
             return Err(format!("deadlock: {}", waiting.join("; ")));
         }
     }
-    if let Some(((grad, mb, s, from, to), _)) = inflight.iter().next() {
-        let what = if *grad { "gradient" } else { "activation" };
+    if let Some((k, (from, to, _))) = inflight.iter().enumerate().find_map(|(k, t)| t.map(|t| (k, t))) {
+        let (grad, mb, s) = (k / stages >= plan.m, k / stages % plan.m, k % stages);
+        let what = if grad { "gradient" } else { "activation" };
         return Err(format!(
             "rank {from} sends the {what} of micro-batch {mb} for stage {s} to rank {to}, which never receives it"
         ));
@@ -172,31 +180,39 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
 }
 
 /// Every (micro-batch, chunk) of every rank is computed exactly once: one forward and one
-/// whole backward, or its two halves.
+/// whole backward, or its two halves; and no action names a micro-batch or chunk the plan
+/// does not have.
 fn check_work(plan: &Plan) -> Result<(), String> {
+    let (m, v) = (plan.m, plan.v);
     for (r, list) in plan.ranks.iter().enumerate() {
-        let mut count: HashMap<(u8, usize, usize), usize> = HashMap::new();
+        // forwards, whole backwards, input halves, weight halves of each (micro-batch, chunk)
+        let mut count = vec![[0usize; 4]; m * v];
         for a in list {
-            let k = match *a {
-                Action::Forward { mb, chunk } => (0, mb, chunk),
-                Action::Backward { mb, chunk } => (1, mb, chunk),
-                Action::BackwardInput { mb, chunk } => (2, mb, chunk),
-                Action::BackwardWeight { mb, chunk } => (3, mb, chunk),
-                _ => continue,
+            let (k, mb, chunk) = match *a {
+                Action::Forward { mb, chunk } => (Some(0), mb, chunk),
+                Action::Backward { mb, chunk } => (Some(1), mb, chunk),
+                Action::BackwardInput { mb, chunk } => (Some(2), mb, chunk),
+                Action::BackwardWeight { mb, chunk } => (Some(3), mb, chunk),
+                Action::SendActivation { mb, chunk, .. }
+                | Action::SendGrad { mb, chunk, .. }
+                | Action::RecvActivation { mb, chunk, .. }
+                | Action::RecvGrad { mb, chunk, .. } => (None, mb, chunk),
             };
-            *count.entry(k).or_default() += 1;
+            if mb >= m || chunk >= v {
+                return Err(format!("rank {r}: {a:?} is outside the plan's {m} micro-batches and {v} chunks"));
+            }
+            if let Some(k) = k {
+                count[mb * v + chunk][k] += 1;
+            }
         }
-        for mb in 0..plan.m {
-            for chunk in 0..plan.v {
-                let n = |k: u8| count.get(&(k, mb, chunk)).copied().unwrap_or(0);
-                let backward_once = (n(1) == 1 && n(2) + n(3) == 0) || (n(1) == 0 && n(2) == 1 && n(3) == 1);
-                if n(0) != 1 || !backward_once {
+        for mb in 0..m {
+            for chunk in 0..v {
+                let n = count[mb * v + chunk];
+                let backward_once = (n[1] == 1 && n[2] + n[3] == 0) || (n[1] == 0 && n[2] == 1 && n[3] == 1);
+                if n[0] != 1 || !backward_once {
                     return Err(format!(
                         "rank {r} computes micro-batch {mb} chunk {chunk} {} time(s) forward and {}/{}/{} backward (whole/input/weight)",
-                        n(0),
-                        n(1),
-                        n(2),
-                        n(3)
+                        n[0], n[1], n[2], n[3]
                     ));
                 }
             }
