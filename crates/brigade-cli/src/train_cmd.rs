@@ -349,7 +349,9 @@ fn print_report(tr: &Trainer, r: &JobReport) -> Result<()> {
         eprintln!("checkpoint written to {}", dir.display());
     }
     if r.ranks.len() > 1 {
-        eprintln!("seconds per rank over these steps (compute · exposed communication · idle):");
+        eprintln!(
+            "seconds per rank over these steps (compute · optimizer · exposed communication · waiting for stages · other):"
+        );
         for (i, t) in r.ranks.iter().enumerate() {
             let c = tr.mesh.shape.coords(i);
             let piped = match tr.pipeline_plan() {
@@ -357,8 +359,8 @@ fn print_report(tr: &Trainer, r: &JobReport) -> Result<()> {
                 None => String::new(),
             };
             eprintln!(
-                "  rank {i} (dp {} pp {} tp {}): {:.2} · {:.2} · {:.2}{piped}",
-                c.dp, c.pp, c.tp, t.compute_s, t.comm_s, t.idle_s
+                "  rank {i} (dp {} pp {} tp {}): {:.2} · {:.2} · {:.2} · {:.2} · {:.2}{piped}",
+                c.dp, c.pp, c.tp, t.compute_s, t.optimizer_s, t.comm_s, t.wait_s, t.idle_s
             );
         }
     }

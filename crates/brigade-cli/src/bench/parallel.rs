@@ -59,13 +59,15 @@ pub fn run(f: Flags) -> Result<()> {
             if weak { "per-replica" } else { "global" }
         );
         outln!(
-            "{:<34} {:>5} {:>10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>9} {:>7} {:>7}",
+            "{:<34} {:>5} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>10} {:>9} {:>7} {:>7}",
             "layout",
             "ranks",
             "tokens/s",
             "speedup",
             "compute s",
+            "optim s",
             "exp.comm s",
+            "wait s",
             "other s",
             "peak MiB",
             "stash MiB",
@@ -81,19 +83,22 @@ pub fn run(f: Flags) -> Result<()> {
         let speedup = r.tokens_per_s / *base.get_or_insert(r.tokens_per_s);
         if json {
             rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,
-                "speedup": speedup, "compute_s": r.compute_s, "exposed_comm_s": r.exposed_comm_s,
-                "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank,
+                "speedup": speedup, "compute_s": r.compute_s, "optimizer_s": r.optimizer_s,
+                "exposed_comm_s": r.exposed_comm_s, "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s,
+                "pp_comm_s": r.pp_comm_s, "pipeline_wait_s": r.pipeline_wait_s, "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank,
                 "bubble_measured": r.bubble_measured, "bubble_theory": r.bubble_theory,
                 "stash_mib_per_rank": r.stash_mib}));
         } else {
             let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
             outln!(
-                "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>10.3} {:>10.3} {:>10.0} {:>9} {:>7} {:>7}",
+                "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>8.3} {:>10.3} {:>8.3} {:>8.3} {:>10.0} {:>9} {:>7} {:>7}",
                 r.ranks,
                 r.tokens_per_s,
                 speedup,
                 r.compute_s,
+                r.optimizer_s,
                 r.exposed_comm_s,
+                r.pipeline_wait_s,
                 r.other_s,
                 r.peak_mib_per_rank.unwrap_or(f64::NAN),
                 r.stash_mib.map_or("-".to_string(), |m| format!("{m:.1}")),

@@ -111,9 +111,14 @@ fn run_layout(step: &StepArgs, layout: &str, micro_batch: Option<usize>) -> Resu
         p.cores_floor_s
     );
     outln!(
-        "  measured: compute {:.3} s, exposed communication {:.3} s, other {:.3} s{}",
+        "  measured: compute {:.3} s, optimizer {:.3} s, exposed communication {:.3} s (tp {:.3}, dp {:.3}, pp {:.3}), waiting for stages {:.3} s, other {:.3} s{}",
         r.compute_s,
+        r.optimizer_s,
         r.exposed_comm_s,
+        r.tp_comm_s,
+        r.dp_comm_s,
+        r.pp_comm_s,
+        r.pipeline_wait_s,
         r.other_s,
         r.bubble_measured.map_or(String::new(), |b| format!(", bubble {}", pct(b)))
     );

@@ -162,12 +162,18 @@ pub struct ParallelBench {
     pub step_s_median: f64,
     pub tokens_per_s: f64,
     /// Per step, on the rank with the longest steps: forward and backward, less the
-    /// tensor-parallel collectives inside them.
+    /// collectives inside them (tensor-parallel ones, ZeRO-3's parameter waits).
     pub compute_s: f64,
-    /// Per step: communication nothing overlapped (gradient reduction waits, ZeRO gathers,
-    /// every tensor-parallel collective).
+    /// Per step: the gradient norm, clipping and AdamW.
+    pub optimizer_s: f64,
+    /// Per step: communication nothing overlapped, every group (`tp + dp + pp` below).
     pub exposed_comm_s: f64,
-    /// Per step: the rest (data, clipping, optimizer, waiting for peers).
+    pub tp_comm_s: f64,
+    pub dp_comm_s: f64,
+    pub pp_comm_s: f64,
+    /// Per step: waiting for another pipeline stage.
+    pub pipeline_wait_s: f64,
+    /// Per step: the rest (drawing the batch, bookkeeping, the barrier's skew).
     pub other_s: f64,
     /// The most bytes any rank held at once (parameters, gradients, optimizer state,
     /// activations, buffers), counted by the allocator; `None` without `alloc::RankAlloc`.
@@ -197,7 +203,7 @@ pub fn parallel_step(
         crate::alloc::reset_peak(world.rank());
         let mut tr = Trainer::on_world(cfg.clone(), &world, layout)?;
         tr.set_bucket_elems(bucket_elems)?;
-        crate::with_threads(threads, || -> crate::Result<(Vec<f64>, f64, f64, f64)> {
+        crate::with_threads(threads, || -> crate::Result<(Vec<f64>, [f64; 7], f64)> {
             for _ in 0..warmup {
                 tr.train_step()?;
             }
@@ -208,10 +214,19 @@ pub fn parallel_step(
                 tr.train_step()?;
                 times.push(t0.elapsed().as_secs_f64());
             }
-            // the trainer's own account of each step (tensor-parallel collectives are comm)
+            // the trainer's own account of each step
             let timed = &tr.history[tr.history.len() - steps..];
             let per = |f: fn(&crate::train::StepStats) -> f64| timed.iter().map(f).sum::<f64>() / steps as f64;
-            Ok((times, per(|s| s.compute_s), per(|s| s.comm_s), per(|s| s.bubble)))
+            let parts = [
+                per(|s| s.compute_s),
+                per(|s| s.optimizer_s),
+                per(|s| s.comm_s),
+                per(|s| s.tp_comm_s),
+                per(|s| s.dp_comm_s),
+                per(|s| s.pp_comm_s),
+                per(|s| s.pipeline_wait_s),
+            ];
+            Ok((times, parts, per(|s| s.bubble)))
         })?
         .map(|r| {
             (
@@ -228,7 +243,7 @@ pub fn parallel_step(
     let theory = per_rank[0].2;
     let stash = per_rank.iter().filter_map(|r| r.3).max();
     let per_rank: Vec<_> = per_rank.into_iter().map(|r| r.0).collect();
-    let bubble = per_rank.iter().map(|r| r.3).sum::<f64>() / per_rank.len() as f64;
+    let bubble = per_rank.iter().map(|r| r.2).sum::<f64>() / per_rank.len() as f64;
     // a step ends when its slowest rank ends
     let step_times: Vec<f64> = (0..steps).map(|s| per_rank.iter().map(|r| r.0[s]).fold(0.0, f64::max)).collect();
     let slowest = per_rank.iter().max_by(|a, b| median(&a.0).total_cmp(&median(&b.0))).expect("at least one rank");
@@ -238,9 +253,14 @@ pub fn parallel_step(
         ranks: layout.world(),
         step_s_median: step_s,
         tokens_per_s: tokens / step_s,
-        compute_s: slowest.1,
-        exposed_comm_s: slowest.2,
-        other_s: (step_s - slowest.1 - slowest.2).max(0.0),
+        compute_s: slowest.1[0],
+        optimizer_s: slowest.1[1],
+        exposed_comm_s: slowest.1[2],
+        tp_comm_s: slowest.1[3],
+        dp_comm_s: slowest.1[4],
+        pp_comm_s: slowest.1[5],
+        pipeline_wait_s: slowest.1[6],
+        other_s: (step_s - slowest.1[0] - slowest.1[1] - slowest.1[2] - slowest.1[6]).max(0.0),
         peak_mib_per_rank: peak.map(|b| b as f64 / (1 << 20) as f64),
         bubble_measured: theory.map(|_| bubble),
         bubble_theory: theory,

@@ -6,7 +6,7 @@
 //! in every backward), the tied token table's two copies over the pipeline, the replicated
 //! parameters over tp under sequence parallelism.
 
-use super::metrics::{note, PipelineStats};
+use super::metrics::{note, note_comm, Group, Part, PipelineStats};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::models::config::kv_copies;
@@ -23,17 +23,17 @@ use std::time::Instant;
 
 /// A span's name on the timeline: a pipeline's names its chunk (`forward mb3 c0`), the one
 /// stage without a pipeline does not (`forward mb3`).
-fn label(a: &Action, pipelined: bool) -> (String, &'static str) {
+fn label(a: &Action, pipelined: bool) -> (String, Part) {
     let c = |chunk: usize| if pipelined { format!(" c{chunk}") } else { String::new() };
     match *a {
-        Action::Forward { mb, chunk } => (format!("forward mb{mb}{}", c(chunk)), "compute"),
-        Action::Backward { mb, chunk } => (format!("backward mb{mb}{}", c(chunk)), "compute"),
-        Action::BackwardInput { mb, chunk } => (format!("backward (input) mb{mb}{}", c(chunk)), "compute"),
-        Action::BackwardWeight { mb, chunk } => (format!("backward (weight) mb{mb}{}", c(chunk)), "compute"),
-        Action::SendActivation { mb, .. } => (format!("send activation mb{mb}"), "comm"),
-        Action::SendGrad { mb, .. } => (format!("send gradient mb{mb}"), "comm"),
-        Action::RecvActivation { mb, .. } => (format!("wait for activation mb{mb}"), "bubble"),
-        Action::RecvGrad { mb, .. } => (format!("wait for gradient mb{mb}"), "bubble"),
+        Action::Forward { mb, chunk } => (format!("forward mb{mb}{}", c(chunk)), Part::Compute),
+        Action::Backward { mb, chunk } => (format!("backward mb{mb}{}", c(chunk)), Part::Compute),
+        Action::BackwardInput { mb, chunk } => (format!("backward (input) mb{mb}{}", c(chunk)), Part::Compute),
+        Action::BackwardWeight { mb, chunk } => (format!("backward (weight) mb{mb}{}", c(chunk)), Part::Compute),
+        Action::SendActivation { mb, .. } => (format!("send activation mb{mb}"), Part::Comm(Group::Pp)),
+        Action::SendGrad { mb, .. } => (format!("send gradient mb{mb}"), Part::Comm(Group::Pp)),
+        Action::RecvActivation { mb, .. } => (format!("wait for activation mb{mb}"), Part::Wait),
+        Action::RecvGrad { mb, .. } => (format!("wait for gradient mb{mb}"), Part::Wait),
     }
 }
 
@@ -75,7 +75,8 @@ struct RankStores<'a, 'b> {
     shards: &'a Shards,
     dp: &'a Comm,
     sync: Sync<'a>,
-    /// Seconds spent finishing ZeRO-2/3 stores after each backward (communication nothing hid).
+    /// Seconds ZeRO-2/3 stores waited inside the forwards and backwards: for gathered
+    /// parameters, and finishing each backward's reduce-scatters (communication nothing hid).
     exposed_s: f64,
 }
 
@@ -94,6 +95,7 @@ impl ChunkStores for RankStores<'_, '_> {
                 }
                 let store = open.as_mut().expect("a backward after its forward");
                 f(part, store)?;
+                self.exposed_s += std::mem::take(&mut store.waited_s);
                 if stage != Stage::Forward {
                     let t0 = Instant::now();
                     open.take().expect("opened by the forward").finish(self.gshard)?;
@@ -176,16 +178,24 @@ impl Trainer {
         let wall_s = started.elapsed().as_secs_f64();
         let RankStores { sync, exposed_s, .. } = stores;
         for (a, s, e) in &ran.spans {
-            let (name, cat) = label(a, self.layout.runs_executor());
-            note(&mut self.timeline, &mut self.clock, name, cat, step, (*s, *e));
+            let (name, part) = label(a, self.layout.runs_executor());
+            note(&mut self.timeline, &mut self.clock, name, part, step, (*s, *e));
         }
-        // the per-micro-batch reduce-scatters' waits were inside the backwards' spans
-        self.clock.compute -= exposed_s;
-        self.clock.comm += exposed_s;
+        // what the forwards' and backwards' spans hold that is not compute: ZeRO-2/3's waits for
+        // a unit's parameters and for the reduce-scatters (dp), the tensor-parallel collectives
+        self.clock.reclaim(exposed_s, Group::Dp);
+        let events = self.mesh.tp.take_trace();
+        let tp_s: f64 = events.iter().map(|e| (e.end - e.start).as_secs_f64()).sum();
+        self.clock.reclaim(tp_s, Group::Tp);
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.add_comm(self.mesh.tp.trace_epoch(), &events, step);
+        }
         if self.layout.runs_executor() {
+            let wait_s = ran.spans.iter().filter(|(a, ..)| label(a, true).1 == Part::Wait);
             self.pipeline = Some(PipelineStats {
                 wall_s,
-                compute_s: ran.compute_s(),
+                compute_s: (ran.compute_s() - exposed_s - tp_s).max(0.0),
+                wait_s: wait_s.map(|(_, s, e)| (*e - *s).as_secs_f64()).sum(),
                 peak_stashed: ran.peak,
                 peak_stash_bytes: ran.peak_bytes,
             });
@@ -210,20 +220,35 @@ impl Trainer {
             Sync::After | Sync::Sharded { .. } => None,
         };
         if let Some(name) = exposed {
-            note(&mut self.timeline, &mut self.clock, name, "comm", step, (t0, Instant::now()));
+            note_comm((&mut self.timeline, &mut self.clock), &self.mesh, name, Group::Dp, step, t0);
         }
         let t0 = Instant::now();
         self.parts.tie_grads(&self.mesh.pp, &mut self.grads)?;
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "tied table's gradient sum", Group::Pp, step, t0);
+        let t0 = Instant::now();
         if zero == 1 && !untied {
             UnitReducer::new(&self.shards, dp).finish(&self.grads, &mut self.gshard)?;
+            note_comm(
+                (&mut self.timeline, &mut self.clock),
+                &self.mesh,
+                "gradient reduce-scatter (exposed)",
+                Group::Dp,
+                step,
+                t0,
+            );
         }
+        let t0 = Instant::now();
         let g = if zero == 0 { &mut self.grads } else { &mut self.gshard };
         tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, Cut::Replicated))?;
         let copies = kv_copies(&self.parts.first().cfg, tp.size());
         tp_state::sum_shared_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, Cut::Shared), copies)?;
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "replicated gradients' sum", Group::Tp, step, t0);
         // the last stage's losses, to every stage
+        let t0 = Instant::now();
         let loss = data::sum_scalar(&self.mesh.pp, ran.loss)?;
-        note(&mut self.timeline, &mut self.clock, "gradient reduction", "comm", step, (t0, Instant::now()));
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", Group::Pp, step, t0);
+        // (the spans above already count the collectives' time: off the trace)
+        self.mesh.tp.take_trace();
         Ok(loss)
     }
 }

@@ -1,6 +1,7 @@
 //! What each step reports: its loss and learning rate, and where its time went on this rank.
 
 use super::timeline::Timeline;
+use crate::parallel::Mesh;
 use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
@@ -13,23 +14,94 @@ pub struct StepStats {
     pub tokens: usize,
     /// Tokens of the global batch per second of this step (wall clock, on this rank).
     pub tokens_per_s: f64,
-    /// This rank's seconds in forward, backward and the optimizer, collectives excluded.
+    /// This rank's seconds in forward and backward (recomputation included), the collectives
+    /// inside them excluded.
     pub compute_s: f64,
-    /// This rank's seconds in collectives nothing overlapped (tensor-parallel ones, waits for
-    /// gradient buckets, ZeRO gathers, scalar sums).
+    /// This rank's seconds in the gradient norm, clipping and AdamW (their sums over the groups
+    /// excluded).
+    #[serde(default)]
+    pub optimizer_s: f64,
+    /// This rank's seconds in collectives and messages nothing overlapped, every group:
+    /// `tp_comm_s + dp_comm_s + pp_comm_s`.
     pub comm_s: f64,
-    /// The rest of the step: data, bookkeeping, waiting for another pipeline stage.
+    /// Of `comm_s`: the tensor-parallel collectives (inside forward and backward, and the
+    /// gradient's sums over the group).
+    #[serde(default)]
+    pub tp_comm_s: f64,
+    /// Of `comm_s`: the data-parallel ones (gradient reductions left exposed, ZeRO's parameter
+    /// gathers, ZeRO-3's waits for a unit's parameters inside forward and backward, scalar sums).
+    #[serde(default)]
+    pub dp_comm_s: f64,
+    /// Of `comm_s`: the pipeline's sends, the tied table's sum, the loss and norm sums over stages.
+    #[serde(default)]
+    pub pp_comm_s: f64,
+    /// Seconds waiting for another pipeline stage's activation or gradient.
+    #[serde(default)]
+    pub pipeline_wait_s: f64,
+    /// The rest of the step: drawing the batch, bookkeeping.
     pub idle_s: f64,
     /// The share of the pipeline's time this rank waited for another stage (0 without one).
     #[serde(default)]
     pub bubble: f64,
 }
 
+/// A communicating group of the mesh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    Tp,
+    Dp,
+    Pp,
+}
+
+/// What a span of a step is: its line in the step's accounting and its category on the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Forward and backward passes.
+    Compute,
+    /// The gradient norm, clipping, AdamW.
+    Optimizer,
+    /// A collective or message of a group that nothing overlapped.
+    Comm(Group),
+    /// Waiting for another pipeline stage.
+    Wait,
+    /// Outside the step's own parts (drawing the batch, a checkpoint, an evaluation): the
+    /// timeline's category.
+    Other(&'static str),
+}
+
+impl Part {
+    /// The span's category on the timeline.
+    pub fn category(self) -> &'static str {
+        match self {
+            Part::Compute => "compute",
+            Part::Optimizer => "optimizer",
+            Part::Comm(_) => "comm",
+            Part::Wait => "bubble",
+            Part::Other(cat) => cat,
+        }
+    }
+}
+
 /// Where this step's time went so far on this rank, in seconds.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct StepClock {
     pub(crate) compute: f64,
-    pub(crate) comm: f64,
+    pub(crate) optimizer: f64,
+    /// By group: tp, dp, pp.
+    pub(crate) comm: [f64; 3],
+    pub(crate) wait: f64,
+}
+
+impl StepClock {
+    pub(crate) fn comm_mut(&mut self, g: Group) -> &mut f64 {
+        &mut self.comm[g as usize]
+    }
+
+    /// Moves `secs` counted as compute (a wait inside a forward or backward) to group `g`.
+    pub(crate) fn reclaim(&mut self, secs: f64, g: Group) {
+        self.compute -= secs;
+        *self.comm_mut(g) += secs;
+    }
 }
 
 /// Adds the span `start..end` to the timeline (if one is recorded) and to the step's clock.
@@ -37,18 +109,40 @@ pub(crate) fn note(
     timeline: &mut Option<Timeline>,
     clock: &mut StepClock,
     name: impl Into<String>,
-    cat: &'static str,
+    part: Part,
     step: usize,
     (start, end): (Instant, Instant),
 ) {
     let secs = (end - start).as_secs_f64();
-    match cat {
-        "compute" | "optimizer" => clock.compute += secs,
-        "comm" => clock.comm += secs,
-        _ => {}
+    match part {
+        Part::Compute => clock.compute += secs,
+        Part::Optimizer => clock.optimizer += secs,
+        Part::Comm(g) => *clock.comm_mut(g) += secs,
+        Part::Wait => clock.wait += secs,
+        Part::Other(_) => {}
     }
     if let Some(tl) = timeline.as_mut() {
-        tl.record_until(name, cat, step, start, end);
+        tl.record_until(name, part.category(), step, start, end);
+    }
+}
+
+/// `note` for a span of group `g`'s communication, left out where the group is one rank
+/// (nothing was sent: the span held only bookkeeping).
+pub(crate) fn note_comm(
+    (timeline, clock): (&mut Option<Timeline>, &mut StepClock),
+    mesh: &Mesh,
+    name: &str,
+    g: Group,
+    step: usize,
+    start: Instant,
+) {
+    let size = match g {
+        Group::Tp => mesh.tp.size(),
+        Group::Dp => mesh.dp.size(),
+        Group::Pp => mesh.pp.size(),
+    };
+    if size > 1 {
+        note(timeline, clock, name, Part::Comm(g), step, (start, Instant::now()));
     }
 }
 
@@ -57,19 +151,22 @@ pub(crate) fn note(
 pub struct PipelineStats {
     /// Seconds from the first action of the list to its last.
     pub wall_s: f64,
-    /// Seconds in forwards and backwards.
+    /// Seconds in forwards and backwards, the collectives inside them excluded.
     pub compute_s: f64,
+    /// Seconds waiting for another stage's activation or gradient.
+    pub wait_s: f64,
     /// The most micro-batch chunks holding their stash at once, and their bytes.
     pub peak_stashed: usize,
     pub peak_stash_bytes: usize,
 }
 
 impl PipelineStats {
-    /// The share of the pipeline's time this rank sat idle: 1 − compute / wall.
+    /// The share of the pipeline's time this rank waited for another stage: wait / wall
+    /// (its own sends and collectives are communication, not bubble).
     pub fn bubble(&self) -> f64 {
         if self.wall_s <= 0.0 {
             return 0.0;
         }
-        (1.0 - self.compute_s / self.wall_s).max(0.0)
+        (self.wait_s / self.wall_s).clamp(0.0, 1.0)
     }
 }

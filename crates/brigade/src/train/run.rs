@@ -4,7 +4,7 @@
 //! final evaluation. An [`Observer`] hears the progress; the caller prints.
 
 use super::evaluate::EvalReport;
-use super::metrics::StepStats;
+use super::metrics::{Part, StepStats};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use brigade_comm::{Comm, ReduceOp};
@@ -44,8 +44,14 @@ impl Observer for Quiet {}
 /// One rank's seconds over this job's steps, and its mean pipeline bubble.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RankTimes {
+    /// Forward and backward.
     pub compute_s: f64,
+    /// Gradient norm, clipping, AdamW.
+    pub optimizer_s: f64,
+    /// Exposed communication, every group.
     pub comm_s: f64,
+    /// Waiting for another pipeline stage.
+    pub wait_s: f64,
     pub idle_s: f64,
     pub bubble: f64,
 }
@@ -114,31 +120,41 @@ fn comm_err(e: brigade_comm::CommError) -> Error {
 
 /// Every rank's times over the steps after `start`, gathered on every rank.
 fn rank_times(tr: &Trainer, start: usize, world: &Comm) -> Result<Vec<RankTimes>> {
-    let mut mine = [0f32; 4];
+    const N: usize = 6;
+    let mut mine = [0f32; N];
     let taken: Vec<&StepStats> = tr.history.iter().filter(|s| s.step > start).collect();
     let steps = taken.len().max(1);
     for s in taken {
         mine[0] += s.compute_s as f32;
-        mine[1] += s.comm_s as f32;
-        mine[2] += s.idle_s as f32;
-        mine[3] += s.bubble as f32 / steps as f32;
+        mine[1] += s.optimizer_s as f32;
+        mine[2] += s.comm_s as f32;
+        mine[3] += s.pipeline_wait_s as f32;
+        mine[4] += s.idle_s as f32;
+        mine[5] += s.bubble as f32 / steps as f32;
     }
-    let mut all = vec![0f32; 4 * world.size()];
+    let mut all = vec![0f32; N * world.size()];
     if world.size() > 1 {
         world.all_gather(&mine, &mut all).map_err(comm_err)?;
     } else {
         all.copy_from_slice(&mine);
     }
     Ok(all
-        .chunks_exact(4)
-        .map(|c| RankTimes { compute_s: c[0] as f64, comm_s: c[1] as f64, idle_s: c[2] as f64, bubble: c[3] as f64 })
+        .chunks_exact(N)
+        .map(|c| RankTimes {
+            compute_s: c[0] as f64,
+            optimizer_s: c[1] as f64,
+            comm_s: c[2] as f64,
+            wait_s: c[3] as f64,
+            idle_s: c[4] as f64,
+            bubble: c[5] as f64,
+        })
         .collect())
 }
 
 fn save(tr: &mut Trainer, dir: &Path, step: usize) -> Result<()> {
     let t0 = Instant::now();
     tr.save(dir)?;
-    tr.trace("checkpoint", "io", step, t0);
+    tr.trace("checkpoint", Part::Other("io"), step, t0);
     Ok(())
 }
 
@@ -167,7 +183,7 @@ pub fn run(
             if lead {
                 let t0 = Instant::now();
                 let r = tr.evaluate_with(full.as_deref());
-                tr.trace("evaluate", "eval", s.step, t0);
+                tr.trace("evaluate", Part::Other("eval"), s.step, t0);
                 obs.evaluated(&s, &r);
             }
         }

@@ -5,7 +5,7 @@
 
 use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};
-use super::metrics::{note, PipelineStats, StepClock, StepStats};
+use super::metrics::{note, note_comm, Group, Part, PipelineStats, StepClock, StepStats};
 use super::optimizer::{clip_factor, AdamW, LrSchedule};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
@@ -121,7 +121,7 @@ impl Trainer {
     pub fn train_step(&mut self) -> Result<StepStats> {
         let t0 = Instant::now();
         let (x, y) = self.data.batch(self.cfg.seed, self.step, self.cfg.batch, self.seq);
-        self.trace("data", "data", self.step + 1, t0);
+        self.trace("data", Part::Other("data"), self.step + 1, t0);
         let data_s = t0.elapsed().as_secs_f64();
         let mut s = self.step_on(&x, &y)?;
         s.idle_s += data_s;
@@ -153,41 +153,54 @@ impl Trainer {
         let copies = kv_copies(&self.parts.first().cfg, tp.size());
         // the summed gradient this rank updates from: the whole one, or its ZeRO pieces
         let g = if self.dpc.zero == 0 { &mut self.grads } else { &mut self.gshard };
-        let sq = tp_state::grad_sq_norm(&tp, g, (&cut, &replicated), (&shared, copies))?;
+        let sq = tp_state::local_sq_norm(&tp, g, (&cut, &replicated), (&shared, copies));
+        self.trace("gradient norm", Part::Optimizer, step, t0);
+        // the sums of the squares over the groups: tp's slices, dp's ZeRO pieces, pp's stages
+        let t0 = Instant::now();
+        let sq = data::sum_scalar(&self.mesh.tp, sq)?;
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "gradient norm sum", Group::Tp, step, t0);
+        let t0 = Instant::now();
         let sq = data::sum_sharded(&self.mesh.dp, sq, &self.dpc)?;
-        // each stage holds its own layers
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "gradient norm sum", Group::Dp, step, t0);
+        let t0 = Instant::now();
         let sq = data::sum_scalar(&self.mesh.pp, sq)?;
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "gradient norm sum", Group::Pp, step, t0);
         let grad_norm = sq.sqrt() as f32;
         // clipping is the factor AdamW applies as it reads each gradient
         let clip = clip_factor(grad_norm, self.cfg.grad_clip);
-        self.trace("clip", "optimizer", step, t0);
         let t0 = Instant::now();
         match self.dpc.zero {
             0 => self.opt.step(&mut self.params, &self.grads, clip, lr),
             1 | 2 => {
                 let mut mine = self.shards.compact(&self.params);
                 self.opt.step(&mut mine, &self.gshard, clip, lr);
-                self.trace("adamw", "optimizer", step, t0);
+                self.trace("adamw", Part::Optimizer, step, t0);
                 let t0 = Instant::now();
                 self.shards.gather(&self.mesh.dp, &mine, &mut self.params)?;
-                self.trace("parameter all-gather (ZeRO)", "comm", step, t0);
+                note_comm(
+                    (&mut self.timeline, &mut self.clock),
+                    &self.mesh,
+                    "parameter all-gather (ZeRO)",
+                    Group::Dp,
+                    step,
+                    t0,
+                );
             }
             _ => self.opt.step(&mut self.pshard, &self.gshard, clip, lr),
         }
         if self.dpc.zero != 1 && self.dpc.zero != 2 {
-            self.trace("adamw", "optimizer", step, t0);
+            self.trace("adamw", Part::Optimizer, step, t0);
         }
         self.step = step;
         self.losses.push(loss);
         self.grad_norms.push(grad_norm);
-        // the tensor-parallel collectives ran inside forward and backward: count them as comm
-        let events = self.mesh.tp.take_trace();
-        let tp_s: f64 = events.iter().map(|e| (e.end - e.start).as_secs_f64()).sum();
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.add_comm(self.mesh.tp.trace_epoch(), &events, step);
-        }
+        // (the spans above counted the norm's tensor-parallel sum: off the trace)
+        self.mesh.tp.take_trace();
         let wall = started.elapsed().as_secs_f64();
-        let (compute_s, comm_s) = ((self.clock.compute - tp_s).max(0.0), self.clock.comm + tp_s);
+        let c = self.clock;
+        let [tp_comm_s, dp_comm_s, pp_comm_s] = c.comm;
+        let compute_s = c.compute.max(0.0);
+        let comm_s = tp_comm_s + dp_comm_s + pp_comm_s;
         let s = StepStats {
             step,
             loss,
@@ -196,8 +209,13 @@ impl Trainer {
             tokens: x.len(),
             tokens_per_s: x.len() as f64 / wall,
             compute_s,
+            optimizer_s: c.optimizer,
             comm_s,
-            idle_s: (wall - compute_s - comm_s).max(0.0),
+            tp_comm_s,
+            dp_comm_s,
+            pp_comm_s,
+            pipeline_wait_s: c.wait,
+            idle_s: (wall - compute_s - c.optimizer - comm_s - c.wait).max(0.0),
             bubble: self.pipeline.map_or(0.0, |p| p.bubble()),
         };
         self.history.push(s);
@@ -238,7 +256,10 @@ impl Trainer {
         let mine = self.mesh.coords.dp * per_rank..(self.mesh.coords.dp + 1) * per_rank;
         let (x, y) = (&x[mine.clone()], &y[mine]);
         let loss_sum = self.accumulate_share(x, y, t, scale)?;
-        Ok((data::sum_scalar(&self.mesh.dp, loss_sum)?, count))
+        let t0 = Instant::now();
+        let loss_sum = data::sum_scalar(&self.mesh.dp, loss_sum)?;
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", Group::Dp, self.step + 1, t0);
+        Ok((loss_sum, count))
     }
 
     /// The gradient left by the last `accumulate_gradients` (a step leaves it as it was: the
@@ -276,8 +297,8 @@ impl Trainer {
     }
 
     /// Adds a span to the timeline, if one is being recorded.
-    pub fn trace(&mut self, name: impl Into<String>, cat: &'static str, step: usize, start: Instant) {
-        note(&mut self.timeline, &mut self.clock, name, cat, step, (start, Instant::now()));
+    pub fn trace(&mut self, name: impl Into<String>, part: Part, step: usize, start: Instant) {
+        note(&mut self.timeline, &mut self.clock, name, part, step, (start, Instant::now()));
     }
 }
 

@@ -31,15 +31,30 @@ pub fn grad_sq_norm(
     (cut, replicated): (&[Range<usize>], &[Range<usize>]),
     (shared, copies): (&[Range<usize>], usize),
 ) -> Result<f64> {
+    let local = local_sq_norm(tp, g, (cut, replicated), (shared, copies));
+    if tp.size() == 1 {
+        return Ok(local);
+    }
+    let mut v = [local as f32];
+    tp.all_reduce(&mut v, ReduceOp::Sum)?;
+    Ok(v[0] as f64)
+}
+
+/// This rank's share of `grad_sq_norm` before the group's sum: its cut pieces, and the
+/// replicated and shared ones only where it is the first holder.
+pub fn local_sq_norm(
+    tp: &Tp,
+    g: &[f32],
+    (cut, replicated): (&[Range<usize>], &[Range<usize>]),
+    (shared, copies): (&[Range<usize>], usize),
+) -> f64 {
     let sq = |rs: &[Range<usize>]| rs.iter().map(|r| crate::tensor::math::grad_sq_norm(&g[r.clone()])).sum::<f64>();
     if tp.size() == 1 {
-        return Ok(sq(cut) + sq(replicated) + sq(shared));
+        return sq(cut) + sq(replicated) + sq(shared);
     }
     let replicated = if tp.rank() == 0 { sq(replicated) } else { 0.0 };
     let shared = if tp.rank().is_multiple_of(copies.max(1)) { sq(shared) } else { 0.0 };
-    let mut v = [(sq(cut) + replicated + shared) as f32];
-    tp.all_reduce(&mut v, ReduceOp::Sum)?;
-    Ok(v[0] as f64)
+    sq(cut) + replicated + shared
 }
 
 /// Under sequence parallelism each rank computed the gradients of the replicated parameters

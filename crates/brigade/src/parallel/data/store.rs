@@ -23,6 +23,9 @@ pub struct ShardStore<'a> {
     /// Units whose parameters forward has asked for, and times backward asked for unit 0.
     furthest: usize,
     embedding_backward_calls: usize,
+    /// Seconds this store has waited for gathered parameters (ZeRO-3), inside forward and
+    /// backward: communication, not compute (the trainer takes it).
+    pub waited_s: f64,
 }
 
 impl<'a> ShardStore<'a> {
@@ -40,6 +43,7 @@ impl<'a> ShardStore<'a> {
             pending: Vec::new(),
             furthest: 0,
             embedding_backward_calls: 0,
+            waited_s: 0.0,
         }
     }
 
@@ -63,7 +67,9 @@ impl<'a> ShardStore<'a> {
         }
         self.start_gather(u);
         if let Some(h) = self.prefetch[u].take() {
+            let t0 = std::time::Instant::now();
             self.windows[u] = Some(h.wait().map_err(comm_err)?);
+            self.waited_s += t0.elapsed().as_secs_f64();
         }
         if u != 0 {
             for (k, w) in self.windows.iter_mut().enumerate() {

@@ -1,0 +1,96 @@
+//! The trainer's account of a step names what the time was: one rank of a mesh is held back
+//! by a planted sleep before a step, and the rank that waits for it must book the wait as the
+//! communication (or pipeline wait) of the group it waited in — never as compute or optimizer.
+//! The sleep is 400 ms against a tiny model's step of milliseconds, so the bounds hold on a
+//! loaded machine too.
+
+use brigade::layout::Layout;
+use brigade::train::{StepStats, TrainConfig, Trainer};
+use std::time::Duration;
+
+const SLEEP: f64 = 0.4;
+
+fn cfg() -> TrainConfig {
+    TrainConfig {
+        model: "tiny".into(),
+        steps: 3,
+        batch: 8,
+        micro_batch: Some(2),
+        n_embd: Some(32),
+        n_head: Some(4),
+        n_layer: Some(2),
+        eval_every: 0,
+        ..TrainConfig::default()
+    }
+}
+
+/// Runs a warm-up step on every rank, then a step that rank `slow` starts `SLEEP` late;
+/// returns each rank's stats of that step.
+fn held_back(layout: &str, slow: usize) -> Vec<StepStats> {
+    let layout = Layout::parse(layout).unwrap();
+    brigade_comm::local::run(layout.world(), |world| {
+        let mut tr = Trainer::on_world(cfg(), &world, &layout)?;
+        brigade::with_threads(1, || -> brigade::Result<StepStats> {
+            tr.train_step()?;
+            world.barrier().map_err(|e| brigade::Error::Train(e.to_string()))?;
+            if world.rank() == slow {
+                std::thread::sleep(Duration::from_secs_f64(SLEEP));
+            }
+            tr.train_step()
+        })?
+    })
+    .unwrap()
+}
+
+/// The waiting rank's step: the wait where it belongs, nothing of it in compute or optimizer.
+fn check(what: &str, s: &StepStats, booked: f64) {
+    let parts = s.compute_s + s.optimizer_s + s.comm_s + s.pipeline_wait_s;
+    println!("{what}: {s:?}");
+    assert!(booked >= 0.9 * SLEEP, "{what}: the wait was booked as {booked:.3} s of the {SLEEP} s slept: {s:?}");
+    assert!(s.compute_s < SLEEP / 2.0, "{what}: compute {:.3} s holds the wait: {s:?}", s.compute_s);
+    assert!(s.optimizer_s < SLEEP / 2.0, "{what}: optimizer {:.3} s holds the wait: {s:?}", s.optimizer_s);
+    let total = s.tp_comm_s + s.dp_comm_s + s.pp_comm_s;
+    assert!((s.comm_s - total).abs() < 1e-9, "{what}: comm {} is not tp + dp + pp {total}", s.comm_s);
+    let wall = s.tokens as f64 / s.tokens_per_s;
+    assert!(parts <= wall * 1.001 + 1e-4, "{what}: the parts {parts:.3} s exceed the step's {wall:.3} s");
+}
+
+#[test]
+fn a_slow_replica_is_booked_as_data_parallel_communication() {
+    // the bucketed all-reduce after the last backward waits for the late replica
+    let s = held_back("dp=2", 1);
+    check("dp=2", &s[0], s[0].dp_comm_s);
+    // ZeRO-3: the first forward's parameter gather waits, inside the forward's span
+    let s = held_back("dp=2,zero=3", 1);
+    check("dp=2,zero=3", &s[0], s[0].dp_comm_s);
+    // ZeRO-1: the per-unit reduce-scatter
+    let s = held_back("dp=2,zero=1", 1);
+    check("dp=2,zero=1", &s[0], s[0].dp_comm_s);
+}
+
+#[test]
+fn a_slow_tensor_parallel_peer_is_booked_as_tensor_parallel_communication() {
+    // the first forward's all-reduce waits for the late peer
+    let s = held_back("tp=2", 1);
+    check("tp=2", &s[0], s[0].tp_comm_s);
+    // inside a pipeline stage: not compute, and not the pipeline's bubble either
+    let s = held_back("pp=2,tp=2", 1);
+    check("pp=2,tp=2", &s[0], s[0].tp_comm_s);
+    assert!(s[0].pipeline_wait_s < SLEEP / 2.0, "{:?}", s[0]);
+}
+
+#[test]
+fn a_slow_stage_is_booked_as_the_pipelines_wait() {
+    // stage 0 waits for stage 1's first gradient
+    let s = held_back("pp=2,schedule=1f1b", 1);
+    check("pp=2", &s[0], s[0].pipeline_wait_s);
+    assert!(s[0].bubble > 0.5, "the bubble share of a step mostly spent waiting: {:?}", s[0]);
+}
+
+#[test]
+fn a_single_worker_spends_nothing_on_communication_or_waiting() {
+    let mut tr = Trainer::new(cfg()).unwrap();
+    let s = tr.train_step().unwrap();
+    assert_eq!((s.comm_s, s.pipeline_wait_s, s.bubble), (0.0, 0.0, 0.0), "{s:?}");
+    assert!(s.compute_s > 0.0 && s.optimizer_s > 0.0, "{s:?}");
+}
