@@ -123,12 +123,13 @@ fn first_step_errors(tr: &Trainer, first: &First, (g, before, after): (&[f32], &
     let mut out = FirstStep::default();
     for spec in &tr.parts.layout.specs {
         let name = &spec.name;
-        let of = |b: &[f32]| spec.view.of(b).to_vec();
+        let of = |b| spec.view.of(b);
+        let (before, g, after) = (of(before), of(g), of(after));
         out.tensors += 1;
-        if of(before) != of(&want_before) {
+        if before != of(&want_before) {
             out.failures.push(format!("{name}: initial weights differ from the single worker's"));
         }
-        let e = rel(&of(g), &of(&want_g));
+        let e = rel(g, of(&want_g));
         if e > out.worst.0 {
             out.worst = (e, name.clone());
         }
@@ -139,7 +140,7 @@ fn first_step_errors(tr: &Trainer, first: &First, (g, before, after): (&[f32], &
         let shrink = if decay { 1.0 - lr * a.weight_decay as f64 } else { 1.0 };
         let (b1, b2) = (a.beta1 as f64, a.beta2 as f64);
         let mut worst = (0f64, 0usize);
-        for (i, ((&p, &g), &got)) in of(before).iter().zip(&of(g)).zip(&of(after)).enumerate() {
+        for (i, ((&p, &g), &got)) in before.iter().zip(g).zip(after).enumerate() {
             let (p, g) = (p as f64, g as f64 * clip);
             let (m, v) = ((1.0 - b1) * g / (1.0 - b1), (1.0 - b2) * g * g / (1.0 - b2));
             let want = p * shrink - lr * m / (v.sqrt() + a.eps as f64);
@@ -153,7 +154,7 @@ fn first_step_errors(tr: &Trainer, first: &First, (g, before, after): (&[f32], &
             let i = worst.1;
             out.failures.push(format!(
                 "{name}[{i}]: first update {:.6e}, AdamW of the rank's gradient gives {:.3} times the rounding bound away",
-                of(after)[i] - of(before)[i],
+                after[i] - before[i],
                 worst.0
             ));
         }

@@ -203,7 +203,7 @@ pub fn parallel_step(
         crate::alloc::reset_peak(world.rank());
         let mut tr = Trainer::on_world(cfg.clone(), &world, layout)?;
         tr.set_bucket_elems(bucket_elems)?;
-        crate::with_threads(threads, || -> crate::Result<(Vec<f64>, [f64; 7], f64)> {
+        crate::with_threads(threads, || -> crate::Result<(Vec<f64>, Vec<crate::train::StepStats>)> {
             for _ in 0..warmup {
                 tr.train_step()?;
             }
@@ -214,19 +214,8 @@ pub fn parallel_step(
                 tr.train_step()?;
                 times.push(t0.elapsed().as_secs_f64());
             }
-            // the trainer's own account of each step
-            let timed = &tr.history[tr.history.len() - steps..];
-            let per = |f: fn(&crate::train::StepStats) -> f64| timed.iter().map(f).sum::<f64>() / steps as f64;
-            let parts = [
-                per(|s| s.compute_s),
-                per(|s| s.optimizer_s),
-                per(|s| s.comm_s),
-                per(|s| s.tp_comm_s),
-                per(|s| s.dp_comm_s),
-                per(|s| s.pp_comm_s),
-                per(|s| s.pipeline_wait_s),
-            ];
-            Ok((times, parts, per(|s| s.bubble)))
+            // the trainer's own account of each timed step
+            Ok((times, tr.history[tr.history.len() - steps..].to_vec()))
         })?
         .map(|r| {
             (
@@ -243,24 +232,29 @@ pub fn parallel_step(
     let theory = per_rank[0].2;
     let stash = per_rank.iter().filter_map(|r| r.3).max();
     let per_rank: Vec<_> = per_rank.into_iter().map(|r| r.0).collect();
-    let bubble = per_rank.iter().map(|r| r.2).sum::<f64>() / per_rank.len() as f64;
+    // a part of the timed steps, per step, on one rank
+    let per = |timed: &[crate::train::StepStats], f: fn(&crate::train::StepStats) -> f64| {
+        timed.iter().map(f).sum::<f64>() / steps as f64
+    };
+    let bubble = per_rank.iter().map(|r| per(&r.1, |s| s.bubble)).sum::<f64>() / per_rank.len() as f64;
     // a step ends when its slowest rank ends
     let step_times: Vec<f64> = (0..steps).map(|s| per_rank.iter().map(|r| r.0[s]).fold(0.0, f64::max)).collect();
     let slowest = per_rank.iter().max_by(|a, b| median(&a.0).total_cmp(&median(&b.0))).expect("at least one rank");
     let step_s = median(&step_times);
+    let part = |f: fn(&crate::train::StepStats) -> f64| per(&slowest.1, f);
     let tokens = (cfg.batch * cfg.seq.unwrap_or(0)) as f64;
     Ok(ParallelBench {
         ranks: layout.world(),
         step_s_median: step_s,
         tokens_per_s: tokens / step_s,
-        compute_s: slowest.1[0],
-        optimizer_s: slowest.1[1],
-        exposed_comm_s: slowest.1[2],
-        tp_comm_s: slowest.1[3],
-        dp_comm_s: slowest.1[4],
-        pp_comm_s: slowest.1[5],
-        pipeline_wait_s: slowest.1[6],
-        other_s: (step_s - slowest.1[0] - slowest.1[1] - slowest.1[2] - slowest.1[6]).max(0.0),
+        compute_s: part(|s| s.compute_s),
+        optimizer_s: part(|s| s.optimizer_s),
+        exposed_comm_s: part(|s| s.comm_s),
+        tp_comm_s: part(|s| s.tp_comm_s),
+        dp_comm_s: part(|s| s.dp_comm_s),
+        pp_comm_s: part(|s| s.pp_comm_s),
+        pipeline_wait_s: part(|s| s.pipeline_wait_s),
+        other_s: (step_s - part(|s| s.compute_s + s.optimizer_s + s.comm_s + s.pipeline_wait_s)).max(0.0),
         peak_mib_per_rank: peak.map(|b| b as f64 / (1 << 20) as f64),
         bubble_measured: theory.map(|_| bubble),
         bubble_theory: theory,

@@ -4,7 +4,7 @@
 use super::catalog::{Accelerator, ModelShape};
 use crate::layout::Schedule;
 pub use crate::layout::{Layout, Recompute};
-use crate::parallel::pipeline::Plan;
+use crate::parallel::pipeline::{schedule, simulate, Plan};
 use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -291,7 +291,6 @@ type Idle = HashMap<(usize, usize, [u64; 3]), Option<f64>>;
 /// costs, less the rank's work; its deferred W halves fill part of 1F1B's bubble (Qi et al.
 /// 2023 bound the rest by (pp − 1)(F + B − W), which is the fallback should the plan not build).
 pub fn pipeline_bubble(l: &Layout, micro: usize, w: Work) -> f64 {
-    use crate::parallel::pipeline::{schedule, simulate};
     let (pp, v) = (l.pp as f64, l.v as f64);
     if l.pp == 1 {
         return 0.0;

@@ -177,8 +177,12 @@ impl Trainer {
         let ran = run_step(&self.list, comms, &mut stores, &data, self.layout.recompute, &mut self.pool)?;
         let wall_s = started.elapsed().as_secs_f64();
         let RankStores { sync, exposed_s, .. } = stores;
+        let mut wait_s = 0.0;
         for (a, s, e) in &ran.spans {
             let (name, part) = label(a, self.layout.runs_executor());
+            if part == Part::Wait {
+                wait_s += (*e - *s).as_secs_f64();
+            }
             note(&mut self.timeline, &mut self.clock, name, part, step, (*s, *e));
         }
         // what the forwards' and backwards' spans hold that is not compute: ZeRO-2/3's waits for
@@ -191,11 +195,10 @@ impl Trainer {
             tl.add_comm(self.mesh.tp.trace_epoch(), &events, step);
         }
         if self.layout.runs_executor() {
-            let wait_s = ran.spans.iter().filter(|(a, ..)| label(a, true).1 == Part::Wait);
             self.pipeline = Some(PipelineStats {
                 wall_s,
                 compute_s: (ran.compute_s() - exposed_s - tp_s).max(0.0),
-                wait_s: wait_s.map(|(_, s, e)| (*e - *s).as_secs_f64()).sum(),
+                wait_s,
                 peak_stashed: ran.peak,
                 peak_stash_bytes: ran.peak_bytes,
             });

@@ -20,28 +20,11 @@ pub fn gather_full(tp: &Comm, layout: &ParamLayout, local: &[f32]) -> Result<Vec
     Ok(layout.assemble_full(&all, tp.size()))
 }
 
-/// The squared L2 norm of the full model's gradient from this rank's `g`, whose ranges `cut`
-/// hold parameters cut across the group and `replicated` parameters every rank holds: the cut
-/// ones' squares summed over the group, the replicated ones (equal on every rank) counted once.
-/// `shared` ranges are held alike by each group of `copies` consecutive ranks: counted on the
-/// group's first.
-pub fn grad_sq_norm(
-    tp: &Tp,
-    g: &[f32],
-    (cut, replicated): (&[Range<usize>], &[Range<usize>]),
-    (shared, copies): (&[Range<usize>], usize),
-) -> Result<f64> {
-    let local = local_sq_norm(tp, g, (cut, replicated), (shared, copies));
-    if tp.size() == 1 {
-        return Ok(local);
-    }
-    let mut v = [local as f32];
-    tp.all_reduce(&mut v, ReduceOp::Sum)?;
-    Ok(v[0] as f64)
-}
-
-/// This rank's share of `grad_sq_norm` before the group's sum: its cut pieces, and the
-/// replicated and shared ones only where it is the first holder.
+/// This rank's share of the squared L2 norm of the full model's gradient, before the group's
+/// sum (a scalar all-reduce over tp gives the norm): of this rank's `g`, the ranges `cut` hold
+/// parameters cut across the group (each rank's squares count) and `replicated` parameters every
+/// rank holds (counted on rank 0 only); `shared` ranges are held alike by each group of `copies`
+/// consecutive ranks (counted on the group's first).
 pub fn local_sq_norm(
     tp: &Tp,
     g: &[f32],
