@@ -4,8 +4,9 @@
 # `cargo install cargo-mutants`. Results: target/mutants/<name>/mutants.out/{caught,missed,…}.txt;
 # every missed mutant is killed by a test or explained in docs/mutants.md.
 #   scripts/mutants.sh              all five files (about 40 minutes on 2 cores)
-#   scripts/mutants.sh optimizer    one of: optimizer trainer generate gpt chunks, or the parallel
-#                                   files: tp_comm vocab tp_state zero store stages executor gradients
+#   scripts/mutants.sh optimizer    one of: optimizer trainer generate gpt chunks, the parallel
+#                                   files: tp_comm vocab tp_state zero store stages executor gradients,
+#                                   the serving engine's: engine kv, the embedding job's: output
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A file=(
@@ -22,6 +23,9 @@ declare -A file=(
   [stages]=crates/brigade/src/parallel/pipeline/stages.rs
   [executor]=crates/brigade/src/parallel/pipeline/executor.rs
   [gradients]=crates/brigade/src/train/gradients.rs
+  [engine]=crates/brigade-serve/src/engine.rs
+  [kv]=crates/brigade-serve/src/kv.rs
+  [output]=crates/brigade/src/embed/output.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -37,6 +41,13 @@ declare -A tests=(
   [stages]="--test equivalence --test pipeline_parts"
   [executor]="--test pipeline_executor --test equivalence"
   [gradients]="--test equivalence --test micro_batching --test adamw_fixture"
+  [engine]="--lib --test engine --test tensor_parallel"
+  [kv]="--lib --test engine"
+  [output]="--test embed_job"
+)
+# the package whose tests a file's mutants run against, where it is not the file's own
+declare -A package=(
+  [output]=brigade-cli
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(optimizer trainer generate gpt chunks)
@@ -44,7 +55,9 @@ for n in "${names[@]}"; do
   out=target/mutants/$n
   mkdir -p "$out"
   # shellcheck disable=SC2086
-  cargo mutants --profile mutants -f "${file[$n]}" -o "$out" -- ${tests[$n]} || true
+  pkg=()
+  [ -z "${package[$n]:-}" ] || pkg=(--test-package "${package[$n]}")
+  cargo mutants --profile mutants "${pkg[@]}" -f "${file[$n]}" -o "$out" -- ${tests[$n]} || true
   m=$out/mutants.out
   printf '%-10s caught %3d  missed %3d  unviable %3d  timeout %3d\n' "$n" \
     "$(wc -l <"$m/caught.txt")" "$(wc -l <"$m/missed.txt")" "$(wc -l <"$m/unviable.txt")" "$(wc -l <"$m/timeout.txt")"

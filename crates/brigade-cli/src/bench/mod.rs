@@ -2,6 +2,7 @@
 //! the flags and helpers several share. Each prints ratios measured side by side in one run.
 
 mod args;
+mod beside;
 mod comm;
 mod embed;
 mod engine;
@@ -20,6 +21,10 @@ pub enum BenchCmd {
     /// --layout, of a parallel layout (rank threads, --threads each) from one rank's measured
     /// work, the groups' measured all-reduces and the schedule's simulated pipeline.
     Plan(plan::Flags),
+    /// What the machine takes from ranks side by side before any communication: kernels and
+    /// one worker's step alone on a core, then as independent copies at once; the ceiling of
+    /// a layout's speedup, and (--layouts) each layout as a fraction of it.
+    Beside(beside::Flags),
     /// Collective bandwidth and latency per message size, in nccl-tests' form, after a memcpy baseline.
     Comm(comm::Flags),
     /// f32 matmul GFLOP/s on the shapes of the PyTorch peer and of GPT-2's backward.
@@ -45,6 +50,7 @@ pub enum BenchCmd {
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Plan(f) => plan::run(f),
+        BenchCmd::Beside(f) => beside::run(f),
         BenchCmd::Comm(f) => comm::run(f),
         BenchCmd::Matmul(f) => matmul::run(f),
         BenchCmd::Parallel(f) => parallel::run(f),

@@ -1,5 +1,6 @@
 //! Measurements behind `brigade bench …`: each returns figures, the CLI only prints them.
 
+pub mod beside;
 pub mod breakdown;
 pub mod embed;
 pub mod machine;

@@ -1,0 +1,204 @@
+//! `brigade bench beside`: what this machine takes from ranks run side by side, before any
+//! communication — each kernel and one worker's training step alone on a core, then as
+//! independent copies at once — and so the ceiling of a layout's speedup, beside the
+//! layouts themselves (with --layouts) as a fraction of it.
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct Flags {
+    /// Copies run at once (the rank threads of the layouts compared).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) copies: usize,
+    #[arg(long, default_value = "gpt2-small")]
+    pub(crate) model: String,
+    #[arg(long, default_value_t = 256)]
+    pub(crate) seq: usize,
+    /// Global batch in sequences: one worker runs all of it alone, each copy its share.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) batch: usize,
+    /// Intra-op threads per copy (and per rank of --layouts).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
+    /// Training steps timed per measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) steps: usize,
+    /// Runs timed per kernel (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) reps: usize,
+    /// Layouts of --copies ranks to run after, as `bench parallel --layouts`, each reported
+    /// against the ceiling (e.g. "dp=2;pp=2,mb=1").
+    #[arg(long, default_value = "")]
+    pub(crate) layouts: String,
+    /// Skip the kernels (only the training steps and the layouts).
+    #[arg(long)]
+    pub(crate) no_kernels: bool,
+    /// Rounds of the whole measurement, one after another (this machine's speed drifts
+    /// between minutes: each round's ratios are taken within it, then their medians).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) rounds: usize,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// One round's figures: every ratio is taken within its round.
+struct Round {
+    kernels: Vec<brigade::bench::beside::Kernel>,
+    whole_s: f64,
+    share_alone_s: f64,
+    share_beside_s: f64,
+    /// Per layout: its step time and its schedule's bubble on paper.
+    layouts: Vec<(f64, Option<f64>)>,
+}
+
+impl Round {
+    /// A layout of `copies` ranks cannot beat `copies` workers that split the batch and never talk.
+    fn ceiling(&self) -> f64 {
+        self.whole_s / self.share_beside_s
+    }
+}
+
+pub fn run(f: Flags) -> Result<()> {
+    let Flags { copies, model, seq, batch, threads, steps, reps, layouts, no_kernels, rounds, json } = f;
+    crate::check_threads(copies * threads, "--copies × --threads")?;
+    if copies < 2 {
+        bail!("--copies must be at least 2 (one copy has nothing beside it)");
+    }
+    if steps == 0 || reps == 0 || rounds == 0 {
+        bail!("--steps, --reps and --rounds must be at least 1");
+    }
+    if batch % copies != 0 {
+        bail!("--batch {batch} does not split into {copies} copies: give a multiple of {copies}");
+    }
+    let mut parsed = Vec::new();
+    for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
+        let layout = brigade::layout::Layout::parse(l)?;
+        layout.check_training()?;
+        if layout.world() != copies {
+            bail!("layout '{l}' has {} ranks, not --copies {copies}: its ceiling is another one", layout.world());
+        }
+        parsed.push((l.to_string(), layout));
+    }
+    let (cfg, dir) = super::args::text_run(&model, seq, batch, None, steps + 3)?;
+    let share = brigade::train::TrainConfig { batch: batch / copies, ..cfg.clone() };
+    let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
+    let mut all = Vec::new();
+    for _ in 0..rounds {
+        let kernels = if no_kernels { Vec::new() } else { brigade::bench::beside::kernels(copies, reps)? };
+        let step = |c: &brigade::train::TrainConfig, n| brigade::bench::beside::worker_step_s(c, n, threads, steps);
+        let mut r = Round {
+            kernels,
+            whole_s: step(&cfg, 1)?,
+            share_alone_s: step(&share, 1)?,
+            share_beside_s: step(&share, copies)?,
+            layouts: Vec::new(),
+        };
+        for (_, layout) in &parsed {
+            let p = brigade::bench::parallel_step(cfg.clone(), layout, bucket, threads, 1, steps)?;
+            r.layouts.push((p.step_s_median, p.bubble_theory));
+        }
+        if !json {
+            print_round(&r, all.len() + 1, rounds, copies, &parsed)?;
+        }
+        all.push(r);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let med = |f: &dyn Fn(&Round) -> f64| brigade::bench::median(&all.iter().map(f).collect::<Vec<_>>());
+    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    // a pipeline's schedule idles its stages for its bubble even on a machine that takes
+    // nothing: its ceiling is the copies' times the busy share
+    let own = |r: &Round, i: usize| r.ceiling() * (1.0 - r.layouts[i].1.unwrap_or(0.0));
+    let speedup = |r: &Round, i: usize| r.whole_s / r.layouts[i].0;
+    if json {
+        let kernels: Vec<_> = (0..all[0].kernels.len())
+            .map(|k| {
+                serde_json::json!({"name": all[0].kernels[k].name, "unit": all[0].kernels[k].unit,
+                    "alone": r3(med(&|r| r.kernels[k].alone)), "beside": r3(med(&|r| r.kernels[k].beside)),
+                    "slowdown": r3(med(&|r| r.kernels[k].slowdown()))})
+            })
+            .collect();
+        let rows: Vec<_> = parsed
+            .iter()
+            .enumerate()
+            .map(|(i, (l, _))| {
+                serde_json::json!({"layout": l, "speedup": r3(med(&|r| speedup(r, i))),
+                    "ceiling": r3(med(&|r| own(r, i))), "of_ceiling": r3(med(&|r| speedup(r, i) / own(r, i))),
+                    "bubble_theory": all[0].layouts[i].1})
+            })
+            .collect();
+        outln!(
+            "{}",
+            serde_json::json!({"bench": "beside", "copies": copies, "model": model, "batch": batch, "seq": seq,
+                "threads": threads, "rounds": rounds, "kernels": kernels,
+                "step_s": {"whole_alone": r3(med(&|r| r.whole_s)), "share_alone": r3(med(&|r| r.share_alone_s)),
+                    "share_beside": r3(med(&|r| r.share_beside_s))},
+                "ceiling": r3(med(&|r| r.ceiling())), "layouts": rows})
+        );
+    } else if rounds > 1 {
+        outln!("medians of {rounds} rounds (each ratio taken within its round):");
+        for k in 0..all[0].kernels.len() {
+            outln!("  {:<36} slowdown beside {:.3}x", all[0].kernels[k].name, med(&|r| r.kernels[k].slowdown()));
+        }
+        outln!(
+            "  a copy's step beside the others: {:.3}x slower; ceiling of {copies} ranks {:.2}x",
+            med(&|r| r.share_beside_s / r.share_alone_s),
+            med(&|r| r.ceiling())
+        );
+        for (i, (l, _)) in parsed.iter().enumerate() {
+            outln!(
+                "  {l:<28} {:.2}x of ceiling {:.2}x ({:.1}%)",
+                med(&|r| speedup(r, i)),
+                med(&|r| own(r, i)),
+                100.0 * med(&|r| speedup(r, i) / own(r, i))
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_round(
+    r: &Round,
+    n: usize,
+    rounds: usize,
+    copies: usize,
+    parsed: &[(String, brigade::layout::Layout)],
+) -> Result<()> {
+    if rounds > 1 {
+        outln!("round {n} of {rounds}");
+    }
+    if !r.kernels.is_empty() {
+        outln!("kernels on one core alone, then {copies} copies at once (the slowest copy's rate)");
+        outln!("{:<36} {:>10} {:>10} {:>10}", "kernel", "alone", format!("×{copies}"), "slowdown");
+        for k in &r.kernels {
+            outln!("{:<36} {:>10.1} {:>10.1} {:>9.3}x  {}/s", k.name, k.alone, k.beside, k.slowdown(), k.unit);
+        }
+    }
+    outln!(
+        "one worker's step: {:.3} s alone on the whole batch; on its share of {copies}: {:.3} s alone, {:.3} s as \
+         {copies} copies at once ({:.3}x slower)",
+        r.whole_s,
+        r.share_alone_s,
+        r.share_beside_s,
+        r.share_beside_s / r.share_alone_s
+    );
+    outln!(
+        "ceiling of {copies} ranks on this machine (no communication): {:.2}x ({:.2}x if the copies did not slow \
+         each other)",
+        r.ceiling(),
+        r.whole_s / r.share_alone_s
+    );
+    if !parsed.is_empty() {
+        outln!("{:<28} {:>9} {:>9} {:>10} {:>10}", "layout", "speedup", "ceiling", "of ceiling", "bubble");
+    }
+    for ((l, _), &(step_s, bubble)) in parsed.iter().zip(&r.layouts) {
+        let speedup = r.whole_s / step_s;
+        let own = r.ceiling() * (1.0 - bubble.unwrap_or(0.0));
+        outln!(
+            "{l:<28} {speedup:>8.2}x {own:>8.2}x {:>9.1}% {:>10}",
+            100.0 * speedup / own,
+            bubble.map_or("-".to_string(), |b| format!("{:.1}%", 100.0 * b))
+        );
+    }
+    Ok(())
+}

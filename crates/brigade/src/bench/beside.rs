@@ -1,0 +1,170 @@
+//! What the machine itself takes from ranks run side by side: each kernel, and one worker's
+//! whole training step, timed alone on one core and then as `copies` independent copies at
+//! once, one core each, sharing nothing but the machine (its last-level cache, its memory
+//! bandwidth, its clocks). A copy's loss beside the others is lost by every layout of that
+//! many rank threads too, whatever its communication does: the ceiling of their speedup.
+
+use super::median;
+use crate::tensor::matmul;
+use crate::train::{TrainConfig, Trainer};
+use std::sync::Barrier;
+use std::time::Instant;
+
+/// One kernel's rate alone and beside: `unit` per second on one copy.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Kernel {
+    pub name: &'static str,
+    pub unit: &'static str,
+    /// Work per run in `unit`s (FLOP or bytes), for the rates.
+    pub work: f64,
+    pub alone: f64,
+    /// The slowest copy's rate when `copies` ran at once.
+    pub beside: f64,
+}
+
+impl Kernel {
+    /// How much slower a copy runs beside the others (1.0: not at all).
+    pub fn slowdown(&self) -> f64 {
+        self.alone / self.beside
+    }
+}
+
+/// Median seconds of `run` over `reps` runs in each of `copies` threads started together
+/// (a barrier before every run), each thread in a pool of `threads`; the slowest copy's.
+pub fn side_by_side<S>(
+    copies: usize,
+    threads: usize,
+    reps: usize,
+    setup: impl Fn() -> crate::Result<S> + Sync,
+    run: impl Fn(&mut S) -> crate::Result<()> + Sync,
+) -> crate::Result<f64> {
+    let go = Barrier::new(copies);
+    let per_copy = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..copies)
+            .map(|_| {
+                s.spawn(|| {
+                    crate::with_threads(threads, || -> crate::Result<f64> {
+                        // a copy that fails stops working but still meets the others at
+                        // every barrier, so that none waits for it forever
+                        let mut state = setup();
+                        let step = |state: &mut crate::Result<S>| {
+                            if let Ok(s) = state {
+                                if let Err(e) = run(s) {
+                                    *state = Err(e);
+                                }
+                            }
+                        };
+                        step(&mut state); // warm: pages touched, buffers allocated
+                        let mut times = Vec::new();
+                        for _ in 0..reps {
+                            go.wait();
+                            let t0 = Instant::now();
+                            step(&mut state);
+                            times.push(t0.elapsed().as_secs_f64());
+                        }
+                        state.map(|_| median(&times))
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| crate::Error::Train("a copy panicked".into())))
+            .collect::<Vec<_>>()
+    });
+    let mut worst: f64 = 0.0;
+    for t in per_copy {
+        worst = worst.max(t???);
+    }
+    Ok(worst)
+}
+
+/// Each kernel alone on one core, then `copies` of it at once: arithmetic in registers,
+/// matrix products in the shapes of a GPT-2-small step (one that stays in the core's caches,
+/// the LM head that streams a 154 MB table), and streaming copies and reads of 256 MiB.
+pub fn kernels(copies: usize, reps: usize) -> crate::Result<Vec<Kernel>> {
+    let mut out = Vec::new();
+    let mut measure = |name, unit, work: f64, t: &dyn Fn(usize) -> crate::Result<f64>| -> crate::Result<()> {
+        let alone = work / t(1)?;
+        let beside = work / t(copies)?;
+        out.push(Kernel { name, unit, work, alone, beside });
+        Ok(())
+    };
+    // 16 independent accumulators of 16 lanes: no memory traffic, only the core's arithmetic
+    const FMA_ITERS: usize = 1 << 22;
+    measure("arithmetic in registers", "GFLOP", 2.0 * 256.0 * FMA_ITERS as f64 / 1e9, &|c| {
+        side_by_side(
+            c,
+            1,
+            reps,
+            || Ok([[1.0f32; 16]; 16]),
+            |acc| {
+                let (m, a) = (std::hint::black_box(0.999_999f32), std::hint::black_box(1e-7f32));
+                for _ in 0..FMA_ITERS {
+                    for lane in acc.iter_mut() {
+                        for x in lane.iter_mut() {
+                            *x = *x * m + a;
+                        }
+                    }
+                }
+                std::hint::black_box(&acc);
+                Ok(())
+            },
+        )
+    })?;
+    for &(label, m, k, n, tb) in &[
+        ("matmul 2048×768×3072 (MLP)", 2048, 768, 3072, false),
+        ("matmul 1024×768×50257ᵀ (LM head)", 1024, 768, 50257, true),
+    ] {
+        measure(label, "GFLOP", 2.0 * (m * k * n) as f64 / 1e9, &|c| {
+            side_by_side(
+                c,
+                1,
+                reps,
+                || Ok((vec![0.5f32; m * k], vec![0.25f32; k * n], vec![0f32; m * n])),
+                |(a, b, y)| {
+                    matmul(y, a, b, m, k, n, false, tb, false);
+                    Ok(())
+                },
+            )
+        })?;
+    }
+    const BYTES: usize = 256 << 20;
+    measure("copy 256 MiB", "GB", 2.0 * BYTES as f64 / 1e9, &|c| {
+        side_by_side(
+            c,
+            1,
+            reps,
+            || Ok((vec![1f32; BYTES / 4], vec![0f32; BYTES / 4])),
+            |(s, d)| {
+                d.copy_from_slice(s);
+                Ok(())
+            },
+        )
+    })?;
+    measure("read 256 MiB", "GB", BYTES as f64 / 1e9, &|c| {
+        side_by_side(
+            c,
+            1,
+            reps,
+            || Ok(vec![1f32; BYTES / 4]),
+            |s| {
+                let sum = s.chunks_exact(16).fold([0f32; 16], |mut a, x| {
+                    a.iter_mut().zip(x).for_each(|(a, x)| *a += x);
+                    a
+                });
+                std::hint::black_box(sum);
+                Ok(())
+            },
+        )
+    })?;
+    Ok(out)
+}
+
+/// One worker's training step (a whole one: the batch drawn, forward, backward, norm,
+/// AdamW) of `cfg`, median seconds over `steps` timed steps after one warm-up, alone and
+/// with `copies` workers at once, `threads` threads each.
+pub fn worker_step_s(cfg: &TrainConfig, copies: usize, threads: usize, steps: usize) -> crate::Result<f64> {
+    let cfg = TrainConfig { steps: steps + 2, ..cfg.clone() };
+    side_by_side(copies, threads, steps, || Trainer::new(cfg.clone()), |tr| tr.train_step().map(|_| ()))
+}
