@@ -231,6 +231,54 @@ mod tests {
         kv.check();
     }
 
+    #[test]
+    fn sizes_and_slots_are_where_the_layout_says() {
+        // a block of 4 tokens, 3 layers, width 5: 3 · 2 · 4 · 5 floats = 480 bytes
+        assert_eq!(KvCache::blocks_for_bytes(3 * 480 + 479, 4, 3, 5), 3);
+        assert_eq!(KvCache::blocks_for_bytes(479, 4, 3, 5), 0);
+        let mut kv = KvCache::new(3, 4, 3, 5);
+        assert_eq!((kv.total_blocks(), kv.free_blocks(), kv.used_blocks()), (3, 3, 0));
+        // every (block, layer, k|v, slot) has its own width-long vector, none overlapping
+        let mut n = 0f32;
+        for b in 0..3 {
+            for l in 0..3 {
+                for kvi in 0..2 {
+                    for s in 0..4 {
+                        kv.slot_mut(b, l, kvi, s).iter_mut().for_each(|x| {
+                            *x = n;
+                            n += 1.0;
+                        });
+                    }
+                }
+            }
+        }
+        let mut n = 0f32;
+        for b in 0..3 {
+            for l in 0..3 {
+                for kvi in 0..2 {
+                    for s in 0..4 {
+                        let want: Vec<f32> = (0..5).map(|i| n + i as f32).collect();
+                        assert_eq!(kv.slot(b, l, kvi, s), &want[..], "block {b} layer {l} kv {kvi} slot {s}");
+                        n += 5.0;
+                    }
+                }
+            }
+        }
+        let b = kv.allocate().unwrap();
+        assert_eq!((kv.free_blocks(), kv.used_blocks()), (2, 1));
+        kv.release(&[b]);
+        assert_eq!(kv.used_blocks(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "released twice")]
+    fn a_block_released_twice_is_a_bug_caught() {
+        let mut kv = KvCache::new(2, 2, 1, 1);
+        let b = kv.allocate().unwrap();
+        kv.release(&[b]);
+        kv.release(&[b]);
+    }
+
     /// Random sequences against a plain model of who holds what: counts, the free queue and
     /// the prefix index stay consistent, no block is lost, and a hit always holds the tokens.
     #[test]

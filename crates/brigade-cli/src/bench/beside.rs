@@ -48,8 +48,23 @@ struct Round {
     whole_s: f64,
     share_alone_s: f64,
     share_beside_s: f64,
-    /// Per layout: its step time and its schedule's bubble on paper.
-    layouts: Vec<(f64, Option<f64>)>,
+    /// Per layout, medians over its paired steps: its speedup, the ceiling beside it, and the
+    /// schedule's bubble on paper.
+    layouts: Vec<Layout>,
+}
+
+struct Layout {
+    speedup: f64,
+    ceiling: f64,
+    bubble: Option<f64>,
+}
+
+impl Layout {
+    /// A pipeline's schedule idles its stages for its bubble even on a machine that takes
+    /// nothing: its ceiling is the copies' times the busy share.
+    fn own_ceiling(&self) -> f64 {
+        self.ceiling * (1.0 - self.bubble.unwrap_or(0.0))
+    }
 }
 
 impl Round {
@@ -68,7 +83,7 @@ pub fn run(f: Flags) -> Result<()> {
     if steps == 0 || reps == 0 || rounds == 0 {
         bail!("--steps, --reps and --rounds must be at least 1");
     }
-    if batch % copies != 0 {
+    if !batch.is_multiple_of(copies) {
         bail!("--batch {batch} does not split into {copies} copies: give a multiple of {copies}");
     }
     let mut parsed = Vec::new();
@@ -95,8 +110,11 @@ pub fn run(f: Flags) -> Result<()> {
             layouts: Vec::new(),
         };
         for (_, layout) in &parsed {
-            let p = brigade::bench::parallel_step(cfg.clone(), layout, bucket, threads, 1, steps)?;
-            r.layouts.push((p.step_s_median, p.bubble_theory));
+            let (paired, bubble) = brigade::bench::beside::paired_steps(&cfg, layout, bucket, threads, steps)?;
+            let med = |f: fn(&brigade::bench::beside::Paired) -> f64| {
+                brigade::bench::median(&paired.iter().map(f).collect::<Vec<_>>())
+            };
+            r.layouts.push(Layout { speedup: med(|p| p.speedup()), ceiling: med(|p| p.ceiling()), bubble });
         }
         if !json {
             print_round(&r, all.len() + 1, rounds, copies, &parsed)?;
@@ -106,10 +124,8 @@ pub fn run(f: Flags) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let med = |f: &dyn Fn(&Round) -> f64| brigade::bench::median(&all.iter().map(f).collect::<Vec<_>>());
     let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
-    // a pipeline's schedule idles its stages for its bubble even on a machine that takes
-    // nothing: its ceiling is the copies' times the busy share
-    let own = |r: &Round, i: usize| r.ceiling() * (1.0 - r.layouts[i].1.unwrap_or(0.0));
-    let speedup = |r: &Round, i: usize| r.whole_s / r.layouts[i].0;
+    let own = |r: &Round, i: usize| r.layouts[i].own_ceiling();
+    let speedup = |r: &Round, i: usize| r.layouts[i].speedup;
     if json {
         let kernels: Vec<_> = (0..all[0].kernels.len())
             .map(|k| {
@@ -124,7 +140,7 @@ pub fn run(f: Flags) -> Result<()> {
             .map(|(i, (l, _))| {
                 serde_json::json!({"layout": l, "speedup": r3(med(&|r| speedup(r, i))),
                     "ceiling": r3(med(&|r| own(r, i))), "of_ceiling": r3(med(&|r| speedup(r, i) / own(r, i))),
-                    "bubble_theory": all[0].layouts[i].1})
+                    "bubble_theory": all[0].layouts[i].bubble})
             })
             .collect();
         outln!(
@@ -189,15 +205,16 @@ fn print_round(
         r.whole_s / r.share_alone_s
     );
     if !parsed.is_empty() {
+        outln!("each layout's steps paired with the whole batch on one worker and {copies} copies on their shares, in turn:");
         outln!("{:<28} {:>9} {:>9} {:>10} {:>10}", "layout", "speedup", "ceiling", "of ceiling", "bubble");
     }
-    for ((l, _), &(step_s, bubble)) in parsed.iter().zip(&r.layouts) {
-        let speedup = r.whole_s / step_s;
-        let own = r.ceiling() * (1.0 - bubble.unwrap_or(0.0));
+    for ((l, _), x) in parsed.iter().zip(&r.layouts) {
         outln!(
-            "{l:<28} {speedup:>8.2}x {own:>8.2}x {:>9.1}% {:>10}",
-            100.0 * speedup / own,
-            bubble.map_or("-".to_string(), |b| format!("{:.1}%", 100.0 * b))
+            "{l:<28} {:>8.2}x {:>8.2}x {:>9.1}% {:>10}",
+            x.speedup,
+            x.own_ceiling(),
+            100.0 * x.speedup / x.own_ceiling(),
+            x.bubble.map_or("-".to_string(), |b| format!("{:.1}%", 100.0 * b))
         );
     }
     Ok(())

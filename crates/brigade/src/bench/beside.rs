@@ -168,3 +168,85 @@ pub fn worker_step_s(cfg: &TrainConfig, copies: usize, threads: usize, steps: us
     let cfg = TrainConfig { steps: steps + 2, ..cfg.clone() };
     side_by_side(copies, threads, steps, || Trainer::new(cfg.clone()), |tr| tr.train_step().map(|_| ()))
 }
+
+/// One step of a layout beside the steps that bound it, taken in turn on the same rank
+/// threads so that all three see the machine as it is at that moment: the whole batch on one
+/// worker (rank 0, the others waiting), `world` independent workers on their shares at once
+/// (each rank thread its own single worker, no communication), then the layout's step.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Paired {
+    pub whole_s: f64,
+    pub copies_s: f64,
+    pub layout_s: f64,
+}
+
+impl Paired {
+    /// The layout's speedup over the whole batch on one worker.
+    pub fn speedup(&self) -> f64 {
+        self.whole_s / self.layout_s
+    }
+    /// What no layout of these ranks can beat: the copies that never talk.
+    pub fn ceiling(&self) -> f64 {
+        self.whole_s / self.copies_s
+    }
+}
+
+/// `steps` paired steps (after one warm-up of each) of `layout` for `cfg`'s global batch,
+/// `threads` threads per rank; each figure the slowest rank's. With a pipeline, also its
+/// schedule's bubble on paper.
+pub fn paired_steps(
+    cfg: &TrainConfig,
+    layout: &crate::layout::Layout,
+    bucket_elems: usize,
+    threads: usize,
+    steps: usize,
+) -> crate::Result<(Vec<Paired>, Option<f64>)> {
+    let n = layout.world();
+    if !cfg.batch.is_multiple_of(n) {
+        return Err(crate::Error::Config(format!("batch {} does not split into {n} workers' shares", cfg.batch)));
+    }
+    let cfg = TrainConfig { steps: steps + 2, ..cfg.clone() };
+    let share = TrainConfig { batch: cfg.batch / n, ..cfg.clone() };
+    let per_rank = brigade_comm::local::run(n, |world| {
+        let err = |e: brigade_comm::CommError| crate::Error::Train(e.to_string());
+        let mut tr = Trainer::on_world(cfg.clone(), &world, layout)?;
+        tr.set_bucket_elems(bucket_elems)?;
+        let mut copy = Trainer::new(share.clone())?;
+        let mut whole = if world.rank() == 0 { Some(Trainer::new(cfg.clone())?) } else { None };
+        let bubble = tr.pipeline_plan().map(crate::parallel::pipeline::simulate::bubble_theory);
+        crate::with_threads(threads, || -> crate::Result<Vec<[f64; 3]>> {
+            let mut out = Vec::new();
+            for s in 0..=steps {
+                let mut t = [0.0; 3];
+                world.barrier().map_err(err)?;
+                let t0 = Instant::now();
+                if let Some(w) = &mut whole {
+                    w.train_step()?;
+                }
+                t[0] = t0.elapsed().as_secs_f64();
+                world.barrier().map_err(err)?;
+                let t0 = Instant::now();
+                copy.train_step()?;
+                t[1] = t0.elapsed().as_secs_f64();
+                world.barrier().map_err(err)?;
+                let t0 = Instant::now();
+                tr.train_step()?;
+                t[2] = t0.elapsed().as_secs_f64();
+                if s > 0 {
+                    out.push(t);
+                }
+            }
+            Ok(out)
+        })?
+        .map(|t| (t, bubble))
+    })
+    .map_err(|e| crate::Error::Train(e.to_string()))?;
+    let bubble = per_rank[0].1;
+    let paired = (0..steps)
+        .map(|s| {
+            let worst = |k: usize| per_rank.iter().map(|r| r.0[s][k]).fold(0.0, f64::max);
+            Paired { whole_s: worst(0), copies_s: worst(1), layout_s: worst(2) }
+        })
+        .collect();
+    Ok((paired, bubble))
+}

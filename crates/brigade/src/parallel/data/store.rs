@@ -140,3 +140,92 @@ impl UnitStore for ShardStore<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    const UNITS: [std::ops::Range<usize>; 5] = [0..4, 4..10, 10..13, 13..20, 20..22];
+
+    /// Units held gathered (ZeRO-3 windows) and units whose gather is in flight.
+    fn held(s: &ShardStore) -> (Vec<usize>, Vec<usize>) {
+        let some = |v: Vec<bool>| v.iter().enumerate().filter(|(_, &b)| b).map(|(i, _)| i).collect();
+        (some(s.windows.iter().map(Option::is_some).collect()), some(s.prefetch.iter().map(Option::is_some).collect()))
+    }
+
+    /// One micro-batch's calls in the executor's order, on 2 ranks, ZeRO-3 (`zero3`) or
+    /// ZeRO-2: each unit's parameters are the full buffer's, only unit 0 and the unit in use
+    /// stay gathered, the next unit's gather is in flight when it is needed next, and each
+    /// rank's gradient pieces end up the sum over ranks.
+    fn one_micro_batch(zero3: bool) -> Vec<Vec<(Vec<usize>, Vec<usize>)>> {
+        let full: Vec<f32> = (0..22).map(|i| i as f32).collect();
+        brigade_comm::local::run(2, |c| {
+            let shards = Shards::new(&UNITS, 2, c.rank(), true);
+            let pshard = shards.compact(&full);
+            let mut s = ShardStore::new(&shards, &c, (!zero3).then_some(&full[..]), &pshard);
+            let mut seen = Vec::new();
+            // forward: 0, 1, …, 4, then 0 again for the LM head
+            for u in [0, 1, 2, 3, 4, 0] {
+                assert_eq!(s.params(u)?, &full[UNITS[u].clone()], "forward unit {u}");
+                seen.push(held(&s));
+            }
+            // backward: 0 (the LM head), 4, …, 1, then 0 again for the embedding
+            for u in [0, 4, 3, 2, 1, 0] {
+                let (p, g) = s.params_grads(u)?;
+                assert_eq!(p, &full[UNITS[u].clone()], "backward unit {u}");
+                g.iter_mut().enumerate().for_each(|(i, g)| *g += (i + 1) as f32 * (c.rank() + 1) as f32);
+                seen.push(held(&s));
+                if u != 0 || seen.len() == 12 {
+                    s.grads_done(u)?;
+                }
+            }
+            let mut gshard = vec![0.5f32; shards.len];
+            s.finish(&mut gshard)?;
+            // the sum over ranks 1 and 2 of (i + 1) · rank — unit 0 twice (head and embedding)
+            let mut want = vec![0f32; 22];
+            for (u, r) in UNITS.iter().enumerate() {
+                for (i, w) in want[r.clone()].iter_mut().enumerate() {
+                    *w = 0.5 + 3.0 * (i + 1) as f32 * if u == 0 { 2.0 } else { 1.0 };
+                }
+            }
+            assert_eq!(gshard, shards.compact(&want), "rank {}", c.rank());
+            Ok::<_, Error>(seen)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn zero3_holds_the_embedding_and_one_block_and_prefetches_the_next() {
+        for seen in one_micro_batch(true) {
+            let (w, p): (Vec<_>, Vec<_>) = seen.into_iter().unzip();
+            // windows after each call, and gathers in flight
+            let want_w: [&[usize]; 12] = [
+                &[0],
+                &[0, 1],
+                &[0, 2],
+                &[0, 3],
+                &[0, 4],
+                &[0, 4],
+                &[0, 4],
+                &[0, 4],
+                &[0, 3],
+                &[0, 2],
+                &[0, 1],
+                &[0, 1],
+            ];
+            let want_p: [&[usize]; 12] = [&[1], &[2], &[3], &[4], &[], &[], &[], &[3], &[2], &[1], &[], &[]];
+            for i in 0..12 {
+                assert_eq!(w[i], want_w[i], "windows after call {i}");
+                assert_eq!(p[i], want_p[i], "gathers in flight after call {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn zero2_reads_the_whole_buffer_and_gathers_nothing() {
+        for seen in one_micro_batch(false) {
+            assert!(seen.iter().all(|(w, p)| w.is_empty() && p.is_empty()), "{seen:?}");
+        }
+    }
+}
