@@ -215,6 +215,8 @@ mod tests {
         assert_eq!(kv.match_prefix(&[1, 2, 3, 4]), blocks[..1].to_vec());
         // another first block does not match a later one with the same tokens
         assert_eq!(kv.match_prefix(&[3, 4, 1, 2, 0]), Vec::<usize>::new());
+        // lookups: 2 blocks tried, 1 (one token must run), 1 (a miss ends the walk); 3 hits
+        assert_eq!((kv.lookups, kv.hits), (4, 3));
         kv.release(&blocks);
         kv.release(&blocks[..2]);
         kv.release(&blocks[..1]);
@@ -268,6 +270,50 @@ mod tests {
         assert_eq!((kv.free_blocks(), kv.used_blocks()), (2, 1));
         kv.release(&[b]);
         assert_eq!(kv.used_blocks(), 0);
+    }
+
+    #[test]
+    fn a_hash_that_names_other_tokens_is_not_a_hit() {
+        // a collision planted by hand: the key of [7, 8] names a block that holds [1, 2]
+        let mut kv = KvCache::new(2, 2, 1, 1);
+        let b = kv.allocate().unwrap();
+        kv.publish(b, None, &[1, 2]);
+        kv.by_key.insert(key_of(None, &[7, 8]), b);
+        assert!(kv.match_prefix(&[7, 8, 0]).is_empty(), "a block was taken for tokens it does not hold");
+        // and a block whose tokens match under another parent is not a hit either
+        let c = kv.allocate().unwrap();
+        kv.publish(c, Some([9; 16]), &[3, 4]);
+        kv.by_key.insert(key_of(Some(&key_of(None, &[1, 2])), &[3, 4]), c);
+        assert_eq!(kv.match_prefix(&[1, 2, 3, 4, 0]), vec![b]);
+    }
+
+    #[test]
+    fn the_same_block_computed_twice_stays_findable_after_either_is_evicted() {
+        // two sequences computed the same first block before either published it
+        let mut kv = KvCache::new(3, 2, 1, 1);
+        let (a, b) = (kv.allocate().unwrap(), kv.allocate().unwrap());
+        let ka = kv.publish(a, None, &[5, 6]);
+        let kb = kv.publish(b, None, &[5, 6]);
+        assert_eq!(ka, kb);
+        kv.release(&[a]);
+        kv.release(&[b]);
+        // the first published copy is the cached one: a hit finds it
+        assert_eq!(kv.match_prefix(&[5, 6, 0]), vec![a]);
+        kv.release(&[a]);
+        // the never-used block is taken, then the copy that was never cached: the cached copy
+        // still hits
+        assert_eq!((kv.allocate(), kv.allocate()), (Some(2), Some(b)));
+        kv.check();
+        assert_eq!(kv.match_prefix(&[5, 6, 0]), vec![a], "the cached copy was lost when the other was taken");
+    }
+
+    #[test]
+    #[should_panic(expected = "block 0")]
+    fn the_bookkeeping_check_sees_a_block_both_held_and_queued() {
+        let mut kv = KvCache::new(2, 2, 1, 1);
+        kv.check();
+        kv.refs[0] = 1; // held, yet still in the free queue
+        kv.check();
     }
 
     #[test]
