@@ -162,3 +162,83 @@ fn prompts_beside_running_decodes_come_in_bounded_chunks() {
     e.step();
     assert_eq!((e.stats.prompt_tokens_computed - before) as usize, PREFILL_PER_DECODE * 22);
 }
+
+/// `top_logprobs`: the n most likely tokens of each step, best first, with their
+/// log-probabilities — against an independent log-softmax of the full-recompute logits.
+#[test]
+fn top_logprobs_are_the_most_likely_tokens_of_the_full_recompute() {
+    let (gpt, p) = common::model(Family::Gpt2, 97, 96, 5);
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 97).collect();
+    let mut engine = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
+    let sampling = Sampling { top_logprobs: 5, ..greedy(6) };
+    let got = run(&mut engine, vec![(0, Request { id: 1, prompt: prompt.clone(), sampling })]);
+    let mut seq = prompt;
+    let mut acts = Activations::default();
+    for (k, o) in got[&1].iter().enumerate() {
+        let logits = gpt.forward_last(&p, &seq, 1, seq.len(), &mut acts);
+        let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = mx + logits.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        assert_eq!(o.top.len(), 5, "step {k}");
+        for (j, &(t, lp)) in o.top.iter().enumerate() {
+            assert_eq!(t as usize, order[j], "step {k}: rank {j} of the top tokens");
+            assert!((lp as f64 - (logits[t as usize] as f64 - lse)).abs() < 1e-4, "step {k}: logprob of rank {j}");
+        }
+        assert_eq!(o.top[0].0, o.token, "greedy takes the most likely token");
+        seq.push(o.token);
+    }
+}
+
+/// Why each request ends (a stop token, its length, the context), what `add` refuses, and an
+/// aborted request — running or waiting — freeing its blocks without touching the others.
+#[test]
+fn requests_end_for_their_reasons_and_aborts_free_their_blocks() {
+    use brigade_serve::engine::Finish;
+    let (gpt, p) = common::model(Family::Gpt2, 97, 24, 7);
+    let new = |blocks| Engine::new(Model::new(&gpt, &p), blocks, 4, Limits { max_running: 2, max_step_tokens: 64 });
+    let prompt: Vec<u32> = (0..8).map(|i| (i * 5 + 1) % 97).collect();
+    let req = |id, sampling| Request { id, prompt: prompt.clone(), sampling };
+    // the free run: its third token becomes the stop token of the next one
+    let free = run(&mut new(64), vec![(0, req(1, greedy(10)))])[&1].clone();
+    assert_eq!(free.len(), 10);
+    assert_eq!(free.last().unwrap().finished, Some(Finish::Length));
+    assert!(free[..9].iter().all(|o| o.finished.is_none()));
+    let stop = free[2].token;
+    let first_stop = free.iter().position(|o| o.token == stop).unwrap();
+    let stopped = run(&mut new(64), vec![(0, req(2, Sampling { stop_tokens: vec![stop], ..greedy(10) }))])[&2].clone();
+    assert_eq!(stopped.len(), first_stop + 1);
+    assert_eq!(stopped.last().unwrap().finished, Some(Finish::Stop));
+    // the context (24) ends a request that asks for more: 8 prompt tokens + 16 generated
+    let long = run(&mut new(64), vec![(0, req(3, greedy(100)))])[&3].clone();
+    assert_eq!(long.len(), 16);
+    assert_eq!(long.last().unwrap().finished, Some(Finish::Context));
+    // refused before it runs, each naming why
+    let mut e = new(3);
+    let refuse = |e: &mut Engine, prompt: Vec<u32>| e.add(Request { id: 9, prompt, sampling: greedy(1) }).unwrap_err();
+    assert!(refuse(&mut e, vec![]).contains("empty"));
+    assert!(refuse(&mut e, vec![1; 24]).contains("context is 24"));
+    assert!(refuse(&mut e, vec![1, 97]).contains("token 97"));
+    assert!(refuse(&mut e, vec![1; 9]).contains("needs 4 KV blocks; the cache holds 3"));
+    e.add(Request { id: 10, prompt: vec![1; 8], sampling: greedy(1) }).unwrap();
+    assert_eq!(e.waiting(), 1);
+    // aborts: one running, one still waiting (max_running 2)
+    let mut e = new(64);
+    for id in [1, 4, 5] {
+        e.add(req(id, greedy(10))).unwrap();
+    }
+    e.step();
+    assert_eq!((e.running(), e.waiting()), (2, 1));
+    e.abort(4);
+    e.abort(5);
+    assert_eq!((e.running(), e.waiting()), (1, 0));
+    let mut rest = Vec::new();
+    while e.has_work() {
+        rest.extend(e.step());
+    }
+    assert_eq!(rest.len(), 9, "the request left runs to its end");
+    assert!(rest.iter().all(|o| o.id == 1));
+    let tokens: Vec<u32> = rest.iter().map(|o| o.token).collect();
+    assert_eq!(tokens, free[1..].iter().map(|o| o.token).collect::<Vec<_>>(), "the aborts changed another request");
+    assert_eq!(e.kv.free_blocks(), e.kv.total_blocks(), "every block is back");
+}
