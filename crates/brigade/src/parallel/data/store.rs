@@ -223,6 +223,29 @@ mod tests {
     }
 
     #[test]
+    fn a_backward_first_prefetches_the_last_block_once() {
+        // a store whose first call is the LM head's backward (nothing gathered by a forward):
+        // the head's call starts the last block's gather, the embedding's second call does not
+        let full: Vec<f32> = (0..22).map(|i| i as f32).collect();
+        let seen = brigade_comm::local::run(2, |c| {
+            let shards = Shards::new(&UNITS, 2, c.rank(), true);
+            let pshard = shards.compact(&full);
+            let mut s = ShardStore::new(&shards, &c, None, &pshard);
+            let mut seen = Vec::new();
+            for u in [0, 4, 3, 2, 1, 0] {
+                s.params_grads(u)?;
+                seen.push(held(&s));
+            }
+            Ok::<_, Error>(seen)
+        })
+        .unwrap();
+        for seen in seen {
+            let p: Vec<Vec<usize>> = seen.into_iter().map(|(_, p)| p).collect();
+            assert_eq!(p, [vec![4], vec![3], vec![2], vec![1], vec![], vec![]]);
+        }
+    }
+
+    #[test]
     fn zero2_reads_the_whole_buffer_and_gathers_nothing() {
         for seen in one_micro_batch(false) {
             assert!(seen.iter().all(|(w, p)| w.is_empty() && p.is_empty()), "{seen:?}");
