@@ -222,23 +222,60 @@ fn requests_end_for_their_reasons_and_aborts_free_their_blocks() {
     assert!(refuse(&mut e, vec![1; 9]).contains("needs 4 KV blocks; the cache holds 3"));
     e.add(Request { id: 10, prompt: vec![1; 8], sampling: greedy(1) }).unwrap();
     assert_eq!(e.waiting(), 1);
-    // aborts: one running, one still waiting (max_running 2)
+    // an 8-token prompt fills 2 blocks of 4, no more
     let mut e = new(64);
-    for id in [1, 4, 5] {
+    e.add(req(1, greedy(10))).unwrap();
+    e.step();
+    assert_eq!(e.kv.used_blocks(), 2);
+    // aborts: one running, one of two still waiting (max_running 2)
+    let mut e = new(64);
+    for id in [1, 4, 5, 6] {
         e.add(req(id, greedy(10))).unwrap();
     }
     e.step();
-    assert_eq!((e.running(), e.waiting()), (2, 1));
+    assert_eq!((e.running(), e.waiting()), (2, 2));
     e.abort(4);
     e.abort(5);
-    assert_eq!((e.running(), e.waiting()), (1, 0));
-    let mut rest = Vec::new();
+    assert_eq!((e.running(), e.waiting()), (1, 1));
+    let mut rest: HashMap<u64, Vec<u32>> = HashMap::new();
     while e.has_work() {
-        rest.extend(e.step());
+        for o in e.step() {
+            rest.entry(o.id).or_default().push(o.token);
+        }
     }
-    assert_eq!(rest.len(), 9, "the request left runs to its end");
-    assert!(rest.iter().all(|o| o.id == 1));
-    let tokens: Vec<u32> = rest.iter().map(|o| o.token).collect();
-    assert_eq!(tokens, free[1..].iter().map(|o| o.token).collect::<Vec<_>>(), "the aborts changed another request");
+    let want: Vec<u32> = free.iter().map(|o| o.token).collect();
+    assert_eq!(rest.len(), 2, "only the requests left run");
+    assert_eq!(rest[&1], want[1..], "the aborts changed another request");
+    assert_eq!(rest[&6], want, "the request left waiting runs as alone");
     assert_eq!(e.kv.free_blocks(), e.kv.total_blocks(), "every block is back");
+}
+
+/// The step's token budget binds decodes and prompt chunks together: a prompt alone comes in
+/// chunks of the whole budget, and decodes take their tokens out of it before any prompt.
+#[test]
+fn the_step_budget_counts_every_token() {
+    let (gpt, p) = common::model(Family::Gpt2, 97, 96, 9);
+    let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 10 });
+    let req = |id: u64, len: u64| Request {
+        id,
+        prompt: (0..len).map(|i| ((i * (id + 2) + id) % 97) as u32).collect(),
+        sampling: greedy(40),
+    };
+    let taken = |e: &mut Engine| {
+        let before = e.stats.prompt_tokens_computed;
+        let out = e.step();
+        (e.stats.prompt_tokens_computed - before, out.len())
+    };
+    e.add(req(1, 30)).unwrap();
+    // 30 prompt tokens, 10 a step; the last chunk samples the first token
+    assert_eq!([taken(&mut e), taken(&mut e), taken(&mut e)], [(10, 0), (10, 0), (10, 1)]);
+    // 3 short prompts beside 1 decode: 9 tokens left, 2 each
+    for id in 2..5 {
+        e.add(req(id, 2)).unwrap();
+    }
+    assert_eq!(taken(&mut e), (6, 4));
+    // 4 decodes leave 6 tokens of the 10 for a new prompt
+    e.add(req(5, 20)).unwrap();
+    assert_eq!(taken(&mut e), (6, 4));
+    assert_eq!(taken(&mut e), (6, 4));
 }
