@@ -278,4 +278,15 @@ fn the_step_budget_counts_every_token() {
     e.add(req(5, 20)).unwrap();
     assert_eq!(taken(&mut e), (6, 4));
     assert_eq!(taken(&mut e), (6, 4));
+    // 4 prompts of 6 and nothing decoding: the budget of 10 admits two (the second with 4 of
+    // its tokens) and no one with nothing to run; then 1 decode, the rest of the second's
+    // prompt, the third's whole and 1 token of the fourth's
+    let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 10 });
+    for id in 10..14 {
+        e.add(req(id, 6)).unwrap();
+    }
+    assert_eq!(taken(&mut e), (10, 1));
+    assert_eq!((e.running(), e.waiting()), (2, 2));
+    assert_eq!(taken(&mut e), (2 + 6 + 1, 3));
+    assert_eq!((e.running(), e.waiting()), (4, 0));
 }
