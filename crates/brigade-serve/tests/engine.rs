@@ -289,4 +289,16 @@ fn the_step_budget_counts_every_token() {
     assert_eq!((e.running(), e.waiting()), (2, 2));
     assert_eq!(taken(&mut e), (2 + 6 + 1, 3));
     assert_eq!((e.running(), e.waiting()), (4, 0));
+    // a prompt whose first 8 tokens (2 blocks of 4) are cached computes only the rest
+    let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
+    let first = req(20, 11);
+    let mut again = first.clone();
+    again.id = 21;
+    again.prompt.truncate(8);
+    again.prompt.extend([1, 2, 3, 4, 5]);
+    e.add(first).unwrap();
+    assert_eq!(taken(&mut e), (11, 1));
+    e.add(again).unwrap();
+    assert_eq!(taken(&mut e).0, 13 - 8);
+    assert_eq!(e.kv.hits, 2);
 }
