@@ -278,6 +278,7 @@ fn the_step_budget_counts_every_token() {
     e.add(req(5, 20)).unwrap();
     assert_eq!(taken(&mut e), (6, 4));
     assert_eq!(taken(&mut e), (6, 4));
+    assert_eq!(e.stats.steps, 6, "forward passes counted");
     // 4 prompts of 6 and nothing decoding: the budget of 10 admits two (the second with 4 of
     // its tokens) and no one with nothing to run; then 1 decode, the rest of the second's
     // prompt, the third's whole and 1 token of the fourth's
