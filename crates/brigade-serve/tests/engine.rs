@@ -279,6 +279,7 @@ fn the_step_budget_counts_every_token() {
     assert_eq!(taken(&mut e), (6, 4));
     assert_eq!(taken(&mut e), (6, 4));
     assert_eq!(e.stats.steps, 6, "forward passes counted");
+    assert_eq!(e.stats.generated, 1 + 4 + 4 + 4, "tokens generated counted");
     // 4 prompts of 6 and nothing decoding: the budget of 10 admits two (the second with 4 of
     // its tokens) and no one with nothing to run; then 1 decode, the rest of the second's
     // prompt, the third's whole and 1 token of the fourth's
