@@ -164,6 +164,25 @@ mod tests {
     }
 
     #[test]
+    fn compact_ranges_tile_the_pieces_without_empty_ranges() {
+        // units that end where tensors end (as a model's units do), cut over 2 and 3 ranks
+        let gpt = crate::models::Gpt::new(crate::models::GptConfig::preset("tiny").unwrap()).unwrap();
+        let layout = &gpt.layout;
+        let units: Vec<Range<usize>> = layout.specs.iter().map(|s| s.view.offset..s.view.offset + s.view.len).collect();
+        for (dp, rank) in [(2, 0), (2, 1), (3, 2)] {
+            let s = Shards::new(&units, dp, rank, true);
+            let mut covered = vec![0u8; s.len];
+            for which in [Cut::Cut, Cut::Replicated, Cut::Shared] {
+                for r in s.compact_ranges(layout, which) {
+                    assert!(!r.is_empty(), "dp={dp} rank {rank}: an empty range {r:?}");
+                    covered[r].iter_mut().for_each(|c| *c += 1);
+                }
+            }
+            assert!(covered.iter().all(|&c| c == 1), "dp={dp} rank {rank}: the ranges do not tile the pieces once");
+        }
+    }
+
+    #[test]
     fn unit_reduce_scatter_and_gather_invert_each_other() {
         let units = [0..5, 5..7, 7..14];
         let out = brigade_comm::local::run(3, |c| {
@@ -180,6 +199,23 @@ mod tests {
         let want: Vec<f32> = (0..14).map(|i| (i * 30 + 3) as f32).collect();
         for b in out {
             assert_eq!(b, want);
+        }
+    }
+
+    #[test]
+    fn unsharded_pieces_gather_as_a_copy() {
+        // without ZeRO every rank holds whole units (a checkpoint of plain dp gathers so)
+        let units = [0..5, 5..7, 7..14];
+        let out = brigade_comm::local::run(3, |c| {
+            let s = Shards::new(&units, 3, c.rank(), false);
+            let mine: Vec<f32> = (0..14).map(|i| (i * 10 + c.rank()) as f32).collect();
+            let mut back = vec![0f32; 14];
+            s.gather(&c, &s.compact(&mine), &mut back)?;
+            Ok::<_, Error>((mine, back))
+        })
+        .unwrap();
+        for (mine, back) in out {
+            assert_eq!(back, mine);
         }
     }
 }
