@@ -72,6 +72,22 @@ pub(crate) fn text_run(
     Ok((cfg, dir))
 }
 
+/// `--layouts`: layouts separated by ';' (blanks ignored), each parsed, checked as a training
+/// layout and then by the benchmark's own `check`, in order, with the text it was given as.
+pub(crate) fn training_layouts(
+    layouts: &str,
+    check: impl Fn(&str, &brigade::layout::Layout) -> Result<()>,
+) -> Result<Vec<(String, brigade::layout::Layout)>> {
+    let mut parsed = Vec::new();
+    for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
+        let layout = brigade::layout::Layout::parse(l)?;
+        layout.check_training()?;
+        check(l, &layout)?;
+        parsed.push((l.to_string(), layout));
+    }
+    Ok(parsed)
+}
+
 /// A fresh private directory under the system's temporary directory.
 pub(crate) fn tempfile_dir() -> Result<std::path::PathBuf> {
     let d = std::env::temp_dir().join(format!("brigade-bench-{}", std::process::id()));

@@ -86,15 +86,12 @@ pub fn run(f: Flags) -> Result<()> {
     if !batch.is_multiple_of(copies) {
         bail!("--batch {batch} does not split into {copies} copies: give a multiple of {copies}");
     }
-    let mut parsed = Vec::new();
-    for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
-        let layout = brigade::layout::Layout::parse(l)?;
-        layout.check_training()?;
+    let parsed = super::args::training_layouts(&layouts, |l, layout| {
         if layout.world() != copies {
             bail!("layout '{l}' has {} ranks, not --copies {copies}: its ceiling is another one", layout.world());
         }
-        parsed.push((l.to_string(), layout));
-    }
+        Ok(())
+    })?;
     let (cfg, dir) = super::args::text_run(&model, seq, batch, None, steps + 3)?;
     let share = brigade::train::TrainConfig { batch: batch / copies, ..cfg.clone() };
     let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;

@@ -41,13 +41,9 @@ pub fn run(f: Flags) -> Result<()> {
     if steps == 0 {
         bail!("--steps must be at least 1");
     }
-    let mut parsed = Vec::new();
-    for l in layouts.split(';').map(str::trim).filter(|l| !l.is_empty()) {
-        let layout = brigade::layout::Layout::parse(l)?;
-        layout.check_training()?;
-        crate::check_threads(layout.world() * threads, &format!("layout '{l}': ranks × --threads"))?;
-        parsed.push((l.to_string(), layout));
-    }
+    let parsed = super::args::training_layouts(&layouts, |l, layout| {
+        crate::check_threads(layout.world() * threads, &format!("layout '{l}': ranks × --threads"))
+    })?;
     if parsed.is_empty() {
         bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");
     }

@@ -15,8 +15,6 @@ use std::time::Instant;
 pub struct Kernel {
     pub name: &'static str,
     pub unit: &'static str,
-    /// Work per run in `unit`s (FLOP or bytes), for the rates.
-    pub work: f64,
     pub alone: f64,
     /// The slowest copy's rate when `copies` ran at once.
     pub beside: f64,
@@ -87,7 +85,7 @@ pub fn kernels(copies: usize, reps: usize) -> crate::Result<Vec<Kernel>> {
     let mut measure = |name, unit, work: f64, t: &dyn Fn(usize) -> crate::Result<f64>| -> crate::Result<()> {
         let alone = work / t(1)?;
         let beside = work / t(copies)?;
-        out.push(Kernel { name, unit, work, alone, beside });
+        out.push(Kernel { name, unit, alone, beside });
         Ok(())
     };
     // 16 independent accumulators of 16 lanes: no memory traffic, only the core's arithmetic
@@ -149,11 +147,7 @@ pub fn kernels(copies: usize, reps: usize) -> crate::Result<Vec<Kernel>> {
             reps,
             || Ok(vec![1f32; BYTES / 4]),
             |s| {
-                let sum = s.chunks_exact(16).fold([0f32; 16], |mut a, x| {
-                    a.iter_mut().zip(x).for_each(|(a, x)| *a += x);
-                    a
-                });
-                std::hint::black_box(sum);
+                std::hint::black_box(super::machine::read_all(s));
                 Ok(())
             },
         )
