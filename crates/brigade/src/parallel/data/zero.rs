@@ -24,6 +24,8 @@ pub struct Shards {
     pub at: Vec<usize>,
     /// Elements of the compact buffer.
     pub len: usize,
+    /// Whether the units are cut across the dp group (else every rank holds them whole).
+    pub sharded: bool,
 }
 
 impl Shards {
@@ -45,7 +47,7 @@ impl Shards {
             at.push(len);
             len += p.len();
         }
-        Shards { units: units.to_vec(), pieces, at, len }
+        Shards { units: units.to_vec(), pieces, at, len, sharded: sharded && dp > 1 }
     }
 
     /// This rank's pieces copied out of a full buffer, end to end.
@@ -77,11 +79,13 @@ impl Shards {
         out
     }
 
-    /// The full buffer from every rank's compact pieces (collective over the dp group).
+    /// The full buffer from every rank's compact pieces (collective over the dp group). Whether
+    /// a unit is copied or gathered is decided alike on every rank (a unit shorter than dp is
+    /// whole on one rank and empty on the others, and is still gathered).
     pub fn gather(&self, dp: &Comm, compact: &[f32], full: &mut [f32]) -> Result<()> {
         for u in 0..self.units.len() {
             let r = self.units[u].clone();
-            if dp.size() == 1 || self.pieces[u] == r {
+            if dp.size() == 1 || !self.sharded {
                 full[r].copy_from_slice(&compact[self.piece(u)]);
             } else {
                 dp.all_gather(&compact[self.piece(u)], &mut full[r]).map_err(comm_err)?;
@@ -199,6 +203,58 @@ mod tests {
         let want: Vec<f32> = (0..14).map(|i| (i * 30 + 3) as f32).collect();
         for b in out {
             assert_eq!(b, want);
+        }
+    }
+
+    #[test]
+    fn overlapped_units_launch_once_each_as_backward_finishes_them() {
+        // backward finishes the units last first; each reduce-scatter starts once, when its
+        // unit is final, and carries the gradient as it was then
+        let units = [0..5, 5..7, 7..14];
+        let out = brigade_comm::local::run(2, |c| {
+            let s = Shards::new(&units, 2, c.rank(), true);
+            let mut g = vec![0f32; 14];
+            let mut r = UnitReducer::new(&s, &c);
+            let mut launched = Vec::new();
+            for unit in units.iter().rev() {
+                g[unit.clone()].iter_mut().zip(unit.clone()).for_each(|(x, i)| *x = (i * 10 + c.rank()) as f32);
+                r.ready(&g, unit.start);
+                launched.push(r.pending.iter().map(|(u, _)| *u).collect::<Vec<_>>());
+                // a later write to a launched unit does not reach its sum
+                g[unit.clone()].fill(f32::NAN);
+            }
+            r.ready(&g, 0);
+            let again: Vec<usize> = r.pending.iter().map(|(u, _)| *u).collect();
+            let mut mine = vec![0f32; s.len];
+            r.finish(&g, &mut mine)?;
+            let mut back = vec![0f32; 14];
+            s.gather(&c, &mine, &mut back)?;
+            Ok::<_, Error>((launched, again, back))
+        })
+        .unwrap();
+        let want: Vec<f32> = (0..14).map(|i| (i * 20 + 1) as f32).collect();
+        for (launched, again, back) in out {
+            assert_eq!(launched, vec![vec![2], vec![2, 1], vec![2, 1, 0]]);
+            assert_eq!(again, vec![2, 1, 0], "a unit launched twice");
+            assert_eq!(back, want);
+        }
+    }
+
+    #[test]
+    fn a_unit_shorter_than_dp_is_gathered_on_every_rank() {
+        // a 1-element unit over 3 ranks: whole on rank 0, empty on ranks 1 and 2; every rank
+        // must still take part in its gather
+        let units = [0..1, 1..3, 3..8];
+        let out = brigade_comm::local::run(3, |c| {
+            let s = Shards::new(&units, 3, c.rank(), true);
+            let full: Vec<f32> = (0..8).map(|i| i as f32).collect();
+            let mut back = vec![f32::NAN; 8];
+            s.gather(&c, &s.compact(&full), &mut back)?;
+            Ok::<_, Error>(back)
+        })
+        .unwrap();
+        for b in out {
+            assert_eq!(b, (0..8).map(|i| i as f32).collect::<Vec<_>>());
         }
     }
 
