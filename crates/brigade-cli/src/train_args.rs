@@ -56,9 +56,15 @@ pub struct TrainArgs {
     /// Directory for the final checkpoint (and periodic ones with --save-every).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
-    /// Save a checkpoint every N steps (needs --out).
-    #[arg(long, allow_negative_numbers = true, value_parser = whole)]
-    pub(crate) save_every: Option<usize>,
+    /// Save a checkpoint every N steps (500) or every so much time (90s, 15m, 2h; rank 0's
+    /// clock), needs --out. The state is copied at the step's end and written in the background
+    /// while training goes on (at most one save in flight).
+    #[arg(long, allow_negative_numbers = true, value_parser = save_interval)]
+    pub(crate) save_every: Option<brigade::train::run::SaveEvery>,
+    /// Write each periodic checkpoint before the next step starts instead of in the background
+    /// (the step waits for the files; for comparison).
+    #[arg(long)]
+    pub(crate) save_in_foreground: bool,
     /// Continue the run saved in this checkpoint directory (may extend it with --steps).
     #[arg(long)]
     pub(crate) resume: Option<PathBuf>,
@@ -175,4 +181,8 @@ impl TrainArgs {
         }
         Ok(c)
     }
+}
+
+fn save_interval(s: &str) -> Result<brigade::train::run::SaveEvery, String> {
+    brigade::train::run::SaveEvery::parse(s)
 }

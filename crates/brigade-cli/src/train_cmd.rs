@@ -60,8 +60,8 @@ pub fn run(mut a: TrainArgs) -> Result<()> {
     if a.print_schedule {
         return print_schedule(&a);
     }
-    if a.save_every.is_some() && a.out.is_none() {
-        bail!("--save-every needs --out DIR to write checkpoints to");
+    if a.save_every.is_some() && a.out.is_none() && a.resume.is_none() {
+        bail!("--save-every needs --out DIR (or --resume DIR) to write checkpoints to");
     }
     let layout = parse_layout(&a)?;
     // unset, each rank gets its share of the cores: the ranks of the layout here, or under
@@ -189,6 +189,7 @@ fn run_rank(
     let opts = JobOptions {
         out: a.out.clone().or_else(|| a.resume.clone()),
         save_every: a.save_every,
+        save_in_foreground: a.save_in_foreground,
         stop_after: a.stop_after,
         trace: a.trace.clone(),
     };
@@ -347,6 +348,22 @@ fn print_report(tr: &Trainer, r: &JobReport) -> Result<()> {
     eprintln!("{} steps in {:.1}s ({:.0} tokens/s), final loss {:.4}", r.steps, r.secs, r.tokens_per_s, r.final_loss);
     if let Some(dir) = &r.saved {
         eprintln!("checkpoint written to {}", dir.display());
+    }
+    let periodic: Vec<_> = r.saves.iter().take(r.saves.len().saturating_sub(1)).collect();
+    if !periodic.is_empty() {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let stall = median(periodic.iter().map(|s| s.stall_s).collect());
+        let write = median(periodic.iter().filter_map(|s| s.write_s).collect());
+        let how = if periodic[0].background { "in the background" } else { "in the foreground" };
+        eprintln!(
+            "{} periodic checkpoints written {how}: each held its step {:.3}s (median), the files took {:.2}s",
+            periodic.len(),
+            stall,
+            write
+        );
     }
     if r.ranks.len() > 1 {
         eprintln!(

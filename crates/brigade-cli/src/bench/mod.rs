@@ -3,6 +3,7 @@
 
 mod args;
 mod beside;
+mod checkpoint;
 mod comm;
 mod embed;
 mod engine;
@@ -25,6 +26,9 @@ pub enum BenchCmd {
     /// one worker's step alone on a core, then as independent copies at once; the ceiling of
     /// a layout's speedup, and (--layouts) each layout as a fraction of it.
     Beside(beside::Flags),
+    /// What a periodic checkpoint costs training: the same job without saves, with saves
+    /// written in the foreground and in the background; the step's wait and the job's time.
+    Checkpoint(checkpoint::Flags),
     /// Collective bandwidth and latency per message size, in nccl-tests' form, after a memcpy baseline.
     Comm(comm::Flags),
     /// f32 matmul GFLOP/s on the shapes of the PyTorch peer and of GPT-2's backward.
@@ -51,6 +55,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Plan(f) => plan::run(f),
         BenchCmd::Beside(f) => beside::run(f),
+        BenchCmd::Checkpoint(f) => checkpoint::run(f),
         BenchCmd::Comm(f) => comm::run(f),
         BenchCmd::Matmul(f) => matmul::run(f),
         BenchCmd::Parallel(f) => parallel::run(f),

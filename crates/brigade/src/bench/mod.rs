@@ -2,6 +2,7 @@
 
 pub mod beside;
 pub mod breakdown;
+pub mod checkpoint;
 pub mod embed;
 pub mod machine;
 

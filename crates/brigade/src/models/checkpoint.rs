@@ -450,17 +450,42 @@ pub fn check_writable_dir(dir: &Path) -> Result<()> {
 }
 
 /// `.NAME.tmp-PID` and `.NAME.old-PID` beside `dir` whose process is gone: left by a save that
-/// was killed (a gpt2-small one is 239 MB).
+/// was killed (a gpt2-small one is 239 MB). A save killed between its two renames left no
+/// `dir`, the previous checkpoint in `.old-PID` and the new one, complete and synced, in
+/// `.tmp-PID` (the old one is moved aside only once the new one is whole): the new one is put
+/// in place before anything is removed.
 fn remove_stale_temporaries(dir: &Path) -> Result<()> {
     let (parent, name) = split_dir(dir)?;
     let Ok(entries) = std::fs::read_dir(&parent) else { return Ok(()) };
+    let mut stale: Vec<(u32, bool, PathBuf)> = Vec::new();
     for e in entries.flatten() {
         let file = e.file_name().to_string_lossy().into_owned();
-        let pid = [".tmp-", ".old-"].iter().find_map(|k| file.strip_prefix(&format!(".{name}{k}")));
-        let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let found = [(".tmp-", true), (".old-", false)]
+            .iter()
+            .find_map(|(k, tmp)| file.strip_prefix(&format!(".{name}{k}")).map(|pid| (pid.to_string(), *tmp)));
+        let Some((pid, tmp)) = found else { continue };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
         let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
         if !alive && e.path().is_dir() {
-            let _ = std::fs::remove_dir_all(e.path());
+            stale.push((pid, tmp, e.path()));
+        }
+    }
+    if !dir.exists() {
+        // the newest save killed between its renames: its complete checkpoint, else the previous
+        let moved_aside = |want_tmp: bool, pid: u32| stale.iter().find(|(p, t, _)| *p == pid && *t == want_tmp);
+        let rescued = stale
+            .iter()
+            .filter(|(_, tmp, _)| !*tmp)
+            .find_map(|(pid, _, old)| moved_aside(true, *pid).map(|(_, _, new)| new).or(Some(old)))
+            .filter(|p| is_checkpoint(p))
+            .cloned();
+        if let Some(p) = rescued {
+            std::fs::rename(&p, dir).map_err(io(dir))?;
+        }
+    }
+    for (_, _, p) in stale {
+        if p.exists() {
+            let _ = std::fs::remove_dir_all(p);
         }
     }
     Ok(())
@@ -490,6 +515,8 @@ pub fn write_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> R
         std::fs::rename(dir, &old).map_err(io(dir))?;
     }
     std::fs::rename(&tmp, dir).map_err(io(dir))?;
+    // the renames themselves reach the disk
+    let _ = std::fs::File::open(&parent).and_then(|d| d.sync_all());
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
 }
@@ -509,5 +536,83 @@ pub fn trained_with_tokenizer_file(dir: &Path) -> Result<Option<bool>> {
     match v.get("config").and_then(|c| c.get("tokenizer")) {
         Some(t) => Ok(Some(!t.is_null())),
         None => Err(Error::ckpt(&path, "has no config.tokenizer entry; it was not written by brigade train")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in checkpoint: its state file says which one it is.
+    fn ckpt(dir: &Path, which: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(STATE_FILE), which).unwrap();
+        std::fs::write(dir.join(MODEL_FILE), which.repeat(100)).unwrap();
+    }
+
+    fn which(dir: &Path) -> Option<String> {
+        std::fs::read_to_string(dir.join(STATE_FILE)).ok()
+    }
+
+    /// Every state a save of `write_atomically` can be killed in leaves, once the next run
+    /// has looked at the directory, the previous checkpoint or the new one, whole, and no
+    /// temporary beside it.
+    #[test]
+    fn a_save_killed_at_any_stage_leaves_the_old_or_the_new_checkpoint() {
+        let dead = 999_999_999u32; // no such process
+        type Stage<'a> = (&'a str, Option<&'a str>, Option<&'a str>, Option<&'a str>, Option<&'a str>);
+        let stages: &[Stage] = &[
+            // (stage, dir, .tmp, .old, what must be at dir after)
+            ("filling the first save", None, Some("partial"), None, None),
+            ("filling", Some("A"), Some("partial"), None, Some("A")),
+            ("filled and synced, before the renames", Some("A"), Some("B"), None, Some("A")),
+            ("between the two renames", None, Some("B"), Some("A"), Some("B")),
+            ("after the renames, before the old one is removed", Some("B"), None, Some("A"), Some("B")),
+        ];
+        for &(stage, at, tmp, old, want) in stages {
+            let d = tempfile::tempdir().unwrap();
+            let dir = d.path().join("ck");
+            if let Some(w) = at {
+                ckpt(&dir, w);
+            }
+            let tmp_dir = d.path().join(format!(".ck.tmp-{dead}"));
+            match tmp {
+                Some("partial") => {
+                    std::fs::create_dir(&tmp_dir).unwrap();
+                    std::fs::write(tmp_dir.join(MODEL_FILE), b"half").unwrap();
+                }
+                Some(w) => ckpt(&tmp_dir, w),
+                None => {}
+            }
+            if let Some(w) = old {
+                ckpt(&d.path().join(format!(".ck.old-{dead}")), w);
+            }
+            check_output_dir(&dir).unwrap();
+            assert_eq!(which(&dir).as_deref(), want, "killed {stage}");
+            if let Some(w) = want {
+                assert_eq!(
+                    std::fs::read_to_string(dir.join(MODEL_FILE)).unwrap(),
+                    w.repeat(100),
+                    "killed {stage}: a mix"
+                );
+            }
+            let left: Vec<String> = std::fs::read_dir(d.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with('.'))
+                .collect();
+            assert!(left.is_empty(), "killed {stage}: left behind {left:?}");
+        }
+    }
+
+    /// A living process's temporaries are its own business: never touched.
+    #[test]
+    fn a_running_save_is_left_alone() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("ck");
+        let tmp = d.path().join(format!(".ck.tmp-{}", std::process::id()));
+        ckpt(&tmp, "B");
+        check_output_dir(&dir).unwrap();
+        assert!(tmp.exists() && !dir.exists());
     }
 }

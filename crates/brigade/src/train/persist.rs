@@ -11,40 +11,43 @@ use crate::layout::Layout;
 use crate::models::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use crate::nn::tp::state::gather_full;
 use crate::parallel::Mesh;
+use crate::params::ParamLayout;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-impl Trainer {
-    /// Writes a complete checkpoint to `dir` (atomically).
-    /// Every rank of the mesh calls it (ZeRO shards of the moments are gathered first); the
-    /// first rank writes. The files hold the full model whatever the layout.
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        let local = &self.parts.layout;
-        // ZeRO pieces gathered over the dp group, then the full tensors from the slices of the
-        // tensor-parallel group and the stages of the pipeline
-        let (mut m, mut v) = (vec![0f32; local.total], vec![0f32; local.total]);
-        self.shards.gather(&self.mesh.dp, &self.opt.m, &mut m)?;
-        self.shards.gather(&self.mesh.dp, &self.opt.v, &mut v)?;
-        let params = self.full_of_local(&self.local_params()?)?;
-        let mut m = self.full_of_local(&m)?;
-        let v = self.full_of_local(&v)?;
-        if self.mesh.dp.rank() != 0 || self.mesh.tp.rank() != 0 || self.mesh.pp.rank() != 0 {
-            return Ok(());
-        }
+/// Everything a checkpoint holds, copied out of the trainer at a step boundary: written
+/// afterwards (on another thread while training goes on, or at once) to the same bytes.
+pub struct Snapshot {
+    step: usize,
+    layout: ParamLayout,
+    params: Vec<f32>,
+    /// The first moments, then the second.
+    moments: Vec<f32>,
+    optimizer_step: u64,
+    hf_config: serde_json::Value,
+    state: RunState,
+    history: Vec<StepStats>,
+    title: String,
+    /// The tokenizer's file, its `tokenizer_config.json` and its own chat template, where any.
+    tokenizer_files: Vec<(PathBuf, &'static str)>,
+}
+
+impl Snapshot {
+    /// The optimizer step the snapshot was taken after.
+    pub fn step(&self) -> usize {
+        self.step
+    }
+
+    /// Writes the checkpoint to `dir` (atomically: the previous one stays whole until the
+    /// rename).
+    pub fn write(&self, dir: &Path) -> Result<()> {
         checkpoint::write_atomically(dir, |tmp| {
-            let layout = &self.full_model.layout;
-            checkpoint::save_tensors(&tmp.join(checkpoint::MODEL_FILE), layout, &params, "", None)?;
-            checkpoint::write_json(&tmp.join(checkpoint::CONFIG_FILE), &checkpoint::hf_config(&self.model.cfg))?;
-            let meta = HashMap::from([("step".to_string(), self.opt.t.to_string())]);
-            m.extend_from_slice(&v);
-            checkpoint::save_tensors(&tmp.join(OPTIMIZER_FILE), &moments_layout(layout), &m, "", Some(meta))?;
-            let state = RunState {
-                config: self.cfg.clone(),
-                step: self.step,
-                losses: self.losses.clone(),
-                fingerprints: self.fingerprints(),
-            };
-            checkpoint::write_json(&tmp.join(STATE_FILE), &state.to_json())?;
+            checkpoint::save_tensors(&tmp.join(checkpoint::MODEL_FILE), &self.layout, &self.params, "", None)?;
+            checkpoint::write_json(&tmp.join(checkpoint::CONFIG_FILE), &self.hf_config)?;
+            let meta = HashMap::from([("step".to_string(), self.optimizer_step.to_string())]);
+            let moments = moments_layout(&self.layout);
+            checkpoint::save_tensors(&tmp.join(OPTIMIZER_FILE), &moments, &self.moments, "", Some(meta))?;
+            checkpoint::write_json(&tmp.join(STATE_FILE), &self.state.to_json())?;
             let mut lines = String::new();
             for s in &self.history {
                 lines += &serde_json::to_string(s).expect("numbers serialise");
@@ -52,25 +55,73 @@ impl Trainer {
             }
             let path = tmp.join(checkpoint::METRICS_FILE);
             std::fs::write(&path, lines).map_err(|e| Error::io(&path, e))?;
-            let title = format!("{} · {} steps", self.cfg.model, self.step);
-            super::plot::loss_curve(&tmp.join(checkpoint::LOSS_PLOT_FILE), &self.losses, &title)?;
-            if let Tokenizer::Hf(_, src, _, sp) = &self.tokenizer {
-                let dst = tmp.join(TOKENIZER_FILE);
+            super::plot::loss_curve(&tmp.join(checkpoint::LOSS_PLOT_FILE), &self.state.losses, &self.title)?;
+            for (src, name) in &self.tokenizer_files {
+                let dst = tmp.join(name);
                 std::fs::copy(src, &dst).map_err(|e| Error::io(&dst, e))?;
-                // its special tokens and chat template, so that the directory loads alone
-                if let Some(cfg) = &sp.config {
-                    let dst = tmp.join(crate::models::tokenizer::TOKENIZER_CONFIG_FILE);
-                    std::fs::copy(cfg, &dst).map_err(|e| Error::io(&dst, e))?;
-                }
-                // a template of its own file (transformers 5 saves it so) wins over the config's
-                let jinja = src.with_file_name(crate::models::tokenizer::CHAT_TEMPLATE_FILE);
-                if jinja.is_file() {
-                    let dst = tmp.join(crate::models::tokenizer::CHAT_TEMPLATE_FILE);
-                    std::fs::copy(&jinja, &dst).map_err(|e| Error::io(&dst, e))?;
-                }
             }
             Ok(())
         })
+    }
+}
+
+impl Trainer {
+    /// Writes a complete checkpoint to `dir` (atomically).
+    /// Every rank of the mesh calls it (ZeRO shards of the moments are gathered first); the
+    /// first rank writes. The files hold the full model whatever the layout.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        match self.snapshot()? {
+            Some(s) => s.write(dir),
+            None => Ok(()),
+        }
+    }
+
+    /// The checkpoint's contents, copied now: every rank of the mesh calls it (the ZeRO
+    /// pieces, tensor-parallel slices and pipeline stages are gathered); the first rank gets
+    /// the snapshot, the others `None`.
+    pub fn snapshot(&self) -> Result<Option<Snapshot>> {
+        let local = &self.parts.layout;
+        // ZeRO pieces gathered over the dp group, then the full tensors from the slices of the
+        // tensor-parallel group and the stages of the pipeline
+        let (mut m, mut v) = (vec![0f32; local.total], vec![0f32; local.total]);
+        self.shards.gather(&self.mesh.dp, &self.opt.m, &mut m)?;
+        self.shards.gather(&self.mesh.dp, &self.opt.v, &mut v)?;
+        let params = self.full_of_local(&self.local_params()?)?;
+        let mut moments = self.full_of_local(&m)?;
+        moments.extend_from_slice(&self.full_of_local(&v)?);
+        if self.mesh.dp.rank() != 0 || self.mesh.tp.rank() != 0 || self.mesh.pp.rank() != 0 {
+            return Ok(None);
+        }
+        let mut tokenizer_files = Vec::new();
+        if let Tokenizer::Hf(_, src, _, sp) = &self.tokenizer {
+            tokenizer_files.push((src.clone(), TOKENIZER_FILE));
+            // its special tokens and chat template, so that the directory loads alone
+            if let Some(cfg) = &sp.config {
+                tokenizer_files.push((cfg.clone(), crate::models::tokenizer::TOKENIZER_CONFIG_FILE));
+            }
+            // a template of its own file (transformers 5 saves it so) wins over the config's
+            let jinja = src.with_file_name(crate::models::tokenizer::CHAT_TEMPLATE_FILE);
+            if jinja.is_file() {
+                tokenizer_files.push((jinja, crate::models::tokenizer::CHAT_TEMPLATE_FILE));
+            }
+        }
+        Ok(Some(Snapshot {
+            step: self.step,
+            layout: self.full_model.layout.clone(),
+            params,
+            moments,
+            optimizer_step: self.opt.t,
+            hf_config: checkpoint::hf_config(&self.model.cfg),
+            state: RunState {
+                config: self.cfg.clone(),
+                step: self.step,
+                losses: self.losses.clone(),
+                fingerprints: self.fingerprints(),
+            },
+            history: self.history.clone(),
+            title: format!("{} · {} steps", self.cfg.model, self.step),
+            tokenizer_files,
+        }))
     }
 
     /// Fingerprints of the data file and the tokenizer this run reads (null where none).

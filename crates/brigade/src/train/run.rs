@@ -5,20 +5,156 @@
 
 use super::evaluate::EvalReport;
 use super::metrics::{Part, StepStats};
+use super::persist::Snapshot;
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use brigade_comm::{Comm, ReduceOp};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::Instant;
+
+/// How often a job writes a checkpoint: every N steps, or every so many seconds of its wall
+/// clock (rank 0's clock decides for every rank).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SaveEvery {
+    Steps(usize),
+    Secs(f64),
+}
+
+impl SaveEvery {
+    /// `500` (steps), `500steps`, `90s`, `15m` / `15min`, `2h`.
+    pub fn parse(text: &str) -> std::result::Result<SaveEvery, String> {
+        let t = text.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let bad = || format!("'{text}' is not a save interval; give steps (500) or a time (90s, 15m, 2h)");
+        let secs = match unit.trim() {
+            "" | "steps" | "step" => {
+                let n: usize = num.parse().map_err(|_| bad())?;
+                if n == 0 {
+                    return Err(format!("'{text}': save every 1 step or more"));
+                }
+                return Ok(SaveEvery::Steps(n));
+            }
+            "s" | "sec" | "secs" => 1.0,
+            "m" | "min" | "mins" => 60.0,
+            "h" | "hour" | "hours" => 3600.0,
+            _ => return Err(bad()),
+        };
+        let x: f64 = num.parse().map_err(|_| bad())?;
+        if !(x.is_finite() && x > 0.0 && x * secs <= 1e7) {
+            return Err(format!("'{text}': give a time above 0 and at most 1e7 seconds"));
+        }
+        Ok(SaveEvery::Secs(x * secs))
+    }
+}
+
+impl std::fmt::Display for SaveEvery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SaveEvery::Steps(n) => write!(f, "{n} steps"),
+            SaveEvery::Secs(s) => write!(f, "{s} s"),
+        }
+    }
+}
+
+/// One checkpoint the job wrote: how long its step waited for it (the state copied, and in
+/// the foreground the files written; with a background save still writing, the wait for it),
+/// and how long the files took to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SaveRecord {
+    pub step: usize,
+    pub stall_s: f64,
+    /// `None` on the ranks that do not write (every rank but the first).
+    pub write_s: Option<f64>,
+    pub background: bool,
+}
+
+/// The job's checkpoints: the state copied at the step boundary, the files written on a
+/// thread of their own while the next steps run (at most one save in flight: a second waits
+/// for the first), or at once in the foreground.
+struct Saver {
+    dir: PathBuf,
+    background: bool,
+    inflight: Option<(usize, JoinHandle<Result<f64>>)>,
+    records: Vec<SaveRecord>,
+    /// When the last save began (or the job, before one).
+    last: Instant,
+    /// The step of the last checkpoint that is (or is being) written.
+    saved_step: Option<usize>,
+}
+
+impl Saver {
+    fn new(dir: PathBuf, background: bool) -> Saver {
+        Saver { dir, background, inflight: None, records: Vec::new(), last: Instant::now(), saved_step: None }
+    }
+
+    /// Saves the trainer's state after `step` (every rank calls it).
+    fn save(&mut self, tr: &mut Trainer, background: bool) -> Result<()> {
+        let step = tr.step;
+        let t0 = Instant::now();
+        self.last = t0;
+        let snap = tr.snapshot()?;
+        let write_s = match snap {
+            None => None,
+            Some(snap) => {
+                self.wait()?;
+                if background {
+                    let dir = self.dir.clone();
+                    let h = std::thread::Builder::new()
+                        .name("brigade-save".into())
+                        .spawn(move || timed_write(&snap, &dir))
+                        .map_err(|e| Error::Train(format!("cannot start the checkpoint writer: {e}")))?;
+                    self.inflight = Some((self.records.len(), h));
+                    None
+                } else {
+                    Some(timed_write(&snap, &self.dir).map_err(|e| save_failed(step, &self.dir, e))?)
+                }
+            }
+        };
+        tr.trace("checkpoint", Part::Other("io"), step, t0);
+        self.records.push(SaveRecord { step, stall_s: t0.elapsed().as_secs_f64(), write_s, background });
+        self.saved_step = Some(step);
+        Ok(())
+    }
+
+    /// Waits for the save in flight, if any; its failure is this job's.
+    fn wait(&mut self) -> Result<()> {
+        let Some((k, h)) = self.inflight.take() else { return Ok(()) };
+        let step = self.records[k].step;
+        let secs = h
+            .join()
+            .map_err(|_| Error::Train(format!("the writer of step {step}'s checkpoint panicked")))?
+            .map_err(|e| save_failed(step, &self.dir, e))?;
+        self.records[k].write_s = Some(secs);
+        Ok(())
+    }
+}
+
+fn timed_write(snap: &Snapshot, dir: &Path) -> Result<f64> {
+    let t0 = Instant::now();
+    snap.write(dir)?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+fn save_failed(step: usize, dir: &Path, e: Error) -> Error {
+    Error::Train(format!(
+        "the checkpoint of step {step} could not be written to {} ({e}); the previous checkpoint there is intact",
+        dir.display()
+    ))
+}
 
 /// What the job does beside stepping.
 #[derive(Clone, Debug, Default)]
 pub struct JobOptions {
     /// Where checkpoints go (the last one when the job ends or is stopped).
     pub out: Option<PathBuf>,
-    /// A checkpoint every this many steps (needs `out`).
-    pub save_every: Option<usize>,
+    /// A checkpoint every this many steps or seconds (needs `out`).
+    pub save_every: Option<SaveEvery>,
+    /// Write each periodic checkpoint before the next step (as brigade did before background
+    /// saves; for comparison): the step waits for the files.
+    pub save_in_foreground: bool,
     /// Stop after this step, as if asked to (for tests of an interrupted run).
     pub stop_after: Option<usize>,
     /// Write every rank's Chrome trace-event timeline here (the trainer must record one).
@@ -93,6 +229,8 @@ pub struct JobReport {
     pub final_loss: f32,
     /// Where the final checkpoint went.
     pub saved: Option<PathBuf>,
+    /// Every checkpoint this job wrote, the final one last.
+    pub saves: Vec<SaveRecord>,
     /// Every rank's times, by rank.
     pub ranks: Vec<RankTimes>,
     /// With a pipeline: the bubble measured (mean over ranks) and the schedule's on paper.
@@ -105,13 +243,14 @@ pub struct JobReport {
     pub sample: Option<String>,
 }
 
-/// Whether any rank was asked to stop: every rank must stop after the same step.
-fn any_rank_stopping(world: &Comm, stop: &AtomicBool) -> Result<bool> {
-    let mut v = [stop.load(Ordering::Relaxed) as u8 as f32];
+/// What the ranks decide together after a step: whether any rank was asked to stop, and
+/// whether a save is due on any (every rank must stop, and save, after the same step).
+fn agree(world: &Comm, stop: &AtomicBool, save_due: bool) -> Result<(bool, bool)> {
+    let mut v = [stop.load(Ordering::Relaxed) as u8 as f32, save_due as u8 as f32];
     if world.size() > 1 {
         world.all_reduce(&mut v, ReduceOp::Max).map_err(comm_err)?;
     }
-    Ok(v[0] > 0.0)
+    Ok((v[0] > 0.0, v[1] > 0.0))
 }
 
 fn comm_err(e: brigade_comm::CommError) -> Error {
@@ -151,10 +290,13 @@ fn rank_times(tr: &Trainer, start: usize, world: &Comm) -> Result<Vec<RankTimes>
         .collect())
 }
 
-fn save(tr: &mut Trainer, dir: &Path, step: usize) -> Result<()> {
-    let t0 = Instant::now();
-    tr.save(dir)?;
-    tr.trace("checkpoint", Part::Other("io"), step, t0);
+/// The save in flight finished, then the final checkpoint written in the foreground (unless
+/// the last save was of this very step).
+fn finish_saves(sv: &mut Saver, tr: &mut Trainer) -> Result<()> {
+    sv.wait()?;
+    if sv.saved_step != Some(tr.step) {
+        sv.save(tr, false)?;
+    }
     Ok(())
 }
 
@@ -173,6 +315,7 @@ pub fn run(
     let start_step = tr.step;
     let steps = tr.cfg.steps;
     let stop_at = opts.stop_after.map_or(steps, |s| s.min(steps));
+    let mut saver = opts.out.clone().map(|dir| Saver::new(dir, !opts.save_in_foreground));
     while tr.step < stop_at {
         let s = tr.train_step()?;
         let rate = (tr.step - start_step) as f64 * tr.tokens_per_step() as f64 / t0.elapsed().as_secs_f64();
@@ -187,23 +330,29 @@ pub fn run(
                 obs.evaluated(&s, &r);
             }
         }
-        if let (Some(dir), Some(every)) = (&opts.out, opts.save_every) {
-            if every > 0 && s.step.is_multiple_of(every) {
-                save(tr, dir, s.step)?;
-            }
+        let due = match (&saver, opts.save_every) {
+            (Some(_), Some(SaveEvery::Steps(n))) => n > 0 && s.step.is_multiple_of(n),
+            (Some(sv), Some(SaveEvery::Secs(x))) => lead && sv.last.elapsed().as_secs_f64() >= x,
+            _ => false,
+        };
+        let (stopping, due) = agree(world, stop, due)?;
+        let stopping = stopping && tr.step < steps;
+        // the last step's checkpoint is the final one, written below
+        if let Some(sv) = saver.as_mut().filter(|_| due && !stopping && tr.step < stop_at) {
+            sv.save(tr, sv.background)?;
         }
-        if any_rank_stopping(world, stop)? && tr.step < steps {
+        if stopping {
             obs.stepped();
-            if let Some(dir) = &opts.out {
-                tr.save(dir)?;
+            if let Some(sv) = saver.as_mut() {
+                finish_saves(sv, tr)?;
             }
             return Ok(Outcome::Interrupted { step: tr.step, steps, saved: opts.out.clone() });
         }
     }
     obs.stepped();
     let secs = t0.elapsed().as_secs_f64();
-    if let Some(dir) = &opts.out {
-        tr.save(dir)?;
+    if let Some(sv) = saver.as_mut() {
+        finish_saves(sv, tr)?;
     }
     let full = if tr.step < steps { None } else { tr.full_params()? };
     let trace = match &tr.timeline {
@@ -218,6 +367,7 @@ pub fn run(
         tokens_per_s: taken as f64 * tr.tokens_per_step() as f64 / secs,
         final_loss: tr.losses.last().copied().unwrap_or(f32::NAN),
         saved: opts.out.clone(),
+        saves: saver.map(|sv| sv.records).unwrap_or_default(),
         bubble: tr.pipeline_plan().map(|plan| {
             let mean = ranks.iter().map(|t| t.bubble).sum::<f64>() / ranks.len() as f64;
             (mean, crate::parallel::pipeline::simulate::bubble_theory(plan))
@@ -242,4 +392,28 @@ pub fn run(
         report.eval = Some(eval);
     }
     Ok(Outcome::Finished(Box::new(report)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_intervals_parse_as_steps_or_times_and_nonsense_is_refused() {
+        let ok = [
+            ("500", SaveEvery::Steps(500)),
+            ("3steps", SaveEvery::Steps(3)),
+            ("1 step", SaveEvery::Steps(1)),
+            ("90s", SaveEvery::Secs(90.0)),
+            ("15m", SaveEvery::Secs(900.0)),
+            ("1.5min", SaveEvery::Secs(90.0)),
+            ("2h", SaveEvery::Secs(7200.0)),
+        ];
+        for (text, want) in ok {
+            assert_eq!(SaveEvery::parse(text), Ok(want), "{text}");
+        }
+        for bad in ["", "0", "-3", "0s", "15x", "m", "1e9h", "nan s", "1.5"] {
+            assert!(SaveEvery::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
 }
