@@ -22,8 +22,13 @@ pub struct SaveMode {
     pub stall_s: f64,
     /// Median seconds the files took to write.
     pub write_s: f64,
+    /// Median CPU seconds of the writing.
+    pub write_cpu_s: f64,
     /// Seconds the job took longer than without saves, per save.
     pub cost_per_save_s: f64,
+    /// Each periodic save's wait and write, in order (the first one allocates the copy).
+    pub stalls_s: Vec<f64>,
+    pub writes_s: Vec<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -61,6 +66,7 @@ pub fn save_stall(cfg: TrainConfig, saves: usize, dir: &Path) -> Result<Checkpoi
         let periodic = &r.saves[..r.saves.len().saturating_sub(1)];
         let stall = median(&periodic.iter().map(|s| s.stall_s).collect::<Vec<_>>());
         let write = median(&periodic.iter().filter_map(|s| s.write_s).collect::<Vec<_>>());
+        let cpu = median(&periodic.iter().filter_map(|s| s.write_cpu_s).collect::<Vec<_>>());
         if out.is_some() {
             bytes = ["model.safetensors", "optimizer.safetensors"]
                 .iter()
@@ -74,7 +80,10 @@ pub fn save_stall(cfg: TrainConfig, saves: usize, dir: &Path) -> Result<Checkpoi
             job_s: r.secs,
             stall_s: if out.is_some() { stall } else { 0.0 },
             write_s: if out.is_some() { write } else { 0.0 },
+            write_cpu_s: if out.is_some() { cpu } else { 0.0 },
             cost_per_save_s: if out.is_some() { (r.secs - base) / saves as f64 } else { 0.0 },
+            stalls_s: periodic.iter().map(|s| s.stall_s).collect(),
+            writes_s: periodic.iter().filter_map(|s| s.write_s).collect(),
         });
         let _ = std::fs::remove_dir_all(&ck);
     }

@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 /// Everything a checkpoint holds, copied out of the trainer at a step boundary: written
 /// afterwards (on another thread while training goes on, or at once) to the same bytes.
 pub struct Snapshot {
+    /// Whether this rank writes it (the first rank of the mesh).
+    writes: bool,
     step: usize,
     layout: ParamLayout,
     params: Vec<f32>,
@@ -36,6 +38,11 @@ impl Snapshot {
     /// The optimizer step the snapshot was taken after.
     pub fn step(&self) -> usize {
         self.step
+    }
+
+    /// Whether this rank writes the checkpoint (the first rank of the mesh).
+    pub fn writes(&self) -> bool {
+        self.writes
     }
 
     /// Writes the checkpoint to `dir` (atomically: the previous one stays whole until the
@@ -80,18 +87,41 @@ impl Trainer {
     /// pieces, tensor-parallel slices and pipeline stages are gathered); the first rank gets
     /// the snapshot, the others `None`.
     pub fn snapshot(&self) -> Result<Option<Snapshot>> {
+        let s = self.snapshot_into(None)?;
+        Ok(s.writes.then_some(s))
+    }
+
+    /// `snapshot` into the buffers of an earlier snapshot (`reuse`), so that a job's periodic
+    /// saves copy the state without allocating it again. Every rank gets one; only the first
+    /// rank's `writes`.
+    pub fn snapshot_into(&self, reuse: Option<Snapshot>) -> Result<Snapshot> {
         let local = &self.parts.layout;
-        // ZeRO pieces gathered over the dp group, then the full tensors from the slices of the
-        // tensor-parallel group and the stages of the pipeline
-        let (mut m, mut v) = (vec![0f32; local.total], vec![0f32; local.total]);
-        self.shards.gather(&self.mesh.dp, &self.opt.m, &mut m)?;
-        self.shards.gather(&self.mesh.dp, &self.opt.v, &mut v)?;
-        let params = self.full_of_local(&self.local_params()?)?;
-        let mut moments = self.full_of_local(&m)?;
-        moments.extend_from_slice(&self.full_of_local(&v)?);
-        if self.mesh.dp.rank() != 0 || self.mesh.tp.rank() != 0 || self.mesh.pp.rank() != 0 {
-            return Ok(None);
+        let total = self.full_model.layout.total;
+        let (mut params, mut moments) = reuse.map(|s| (s.params, s.moments)).unwrap_or_default();
+        params.resize(total, 0.0);
+        moments.resize(2 * total, 0.0);
+        let dp = &self.mesh.dp;
+        if self.mesh.tp.size() == 1 && self.mesh.pp.size() == 1 && self.parts.chunks.len() == 1 {
+            // this rank's layout is the whole model's: the ZeRO pieces straight into place
+            assert_eq!(local.total, total, "one chunk, no tp: the whole model");
+            match self.dpc.zero >= 3 {
+                true => self.shards.gather(dp, &self.pshard, &mut params)?,
+                false => params.copy_from_slice(&self.params),
+            }
+            let (m, v) = moments.split_at_mut(total);
+            self.shards.gather(dp, &self.opt.m, m)?;
+            self.shards.gather(dp, &self.opt.v, v)?;
+        } else {
+            // ZeRO pieces gathered over the dp group, then the full tensors from the slices of
+            // the tensor-parallel group and the stages of the pipeline
+            let (mut m, mut v) = (vec![0f32; local.total], vec![0f32; local.total]);
+            self.shards.gather(dp, &self.opt.m, &mut m)?;
+            self.shards.gather(dp, &self.opt.v, &mut v)?;
+            params.copy_from_slice(&self.full_of_local(&self.local_params()?)?);
+            moments[..total].copy_from_slice(&self.full_of_local(&m)?);
+            moments[total..].copy_from_slice(&self.full_of_local(&v)?);
         }
+        let writes = self.mesh.dp.rank() == 0 && self.mesh.tp.rank() == 0 && self.mesh.pp.rank() == 0;
         let mut tokenizer_files = Vec::new();
         if let Tokenizer::Hf(_, src, _, sp) = &self.tokenizer {
             tokenizer_files.push((src.clone(), TOKENIZER_FILE));
@@ -105,7 +135,8 @@ impl Trainer {
                 tokenizer_files.push((jinja, crate::models::tokenizer::CHAT_TEMPLATE_FILE));
             }
         }
-        Ok(Some(Snapshot {
+        Ok(Snapshot {
+            writes,
             step: self.step,
             layout: self.full_model.layout.clone(),
             params,
@@ -121,7 +152,7 @@ impl Trainer {
             history: self.history.clone(),
             title: format!("{} · {} steps", self.cfg.model, self.step),
             tokenizer_files,
-        }))
+        })
     }
 
     /// Fingerprints of the data file and the tokenizer this run reads (null where none).

@@ -68,6 +68,8 @@ pub struct SaveRecord {
     pub stall_s: f64,
     /// `None` on the ranks that do not write (every rank but the first).
     pub write_s: Option<f64>,
+    /// The CPU seconds the writing took (in the background: a core training did not get).
+    pub write_cpu_s: Option<f64>,
     pub background: bool,
 }
 
@@ -77,7 +79,9 @@ pub struct SaveRecord {
 struct Saver {
     dir: PathBuf,
     background: bool,
-    inflight: Option<(usize, JoinHandle<Result<f64>>)>,
+    inflight: Option<(usize, JoinHandle<(Result<(f64, f64)>, Snapshot)>)>,
+    /// The buffers of the last snapshot, for the next (allocated once for the job).
+    spare: Option<Snapshot>,
     records: Vec<SaveRecord>,
     /// When the last save began (or the job, before one).
     last: Instant,
@@ -87,7 +91,15 @@ struct Saver {
 
 impl Saver {
     fn new(dir: PathBuf, background: bool) -> Saver {
-        Saver { dir, background, inflight: None, records: Vec::new(), last: Instant::now(), saved_step: None }
+        Saver {
+            dir,
+            background,
+            inflight: None,
+            spare: None,
+            records: Vec::new(),
+            last: Instant::now(),
+            saved_step: None,
+        }
     }
 
     /// Saves the trainer's state after `step` (every rank calls it).
@@ -95,26 +107,28 @@ impl Saver {
         let step = tr.step;
         let t0 = Instant::now();
         self.last = t0;
-        let snap = tr.snapshot()?;
-        let write_s = match snap {
-            None => None,
-            Some(snap) => {
-                self.wait()?;
-                if background {
-                    let dir = self.dir.clone();
-                    let h = std::thread::Builder::new()
-                        .name("brigade-save".into())
-                        .spawn(move || timed_write(&snap, &dir))
-                        .map_err(|e| Error::Train(format!("cannot start the checkpoint writer: {e}")))?;
-                    self.inflight = Some((self.records.len(), h));
-                    None
-                } else {
-                    Some(timed_write(&snap, &self.dir).map_err(|e| save_failed(step, &self.dir, e))?)
-                }
-            }
+        // the save in flight gives its buffers back (a disk slower than the steps waits here)
+        self.wait()?;
+        let snap = tr.snapshot_into(self.spare.take())?;
+        let write_s = if !snap.writes() {
+            self.spare = Some(snap);
+            None
+        } else if background {
+            let dir = self.dir.clone();
+            let h = std::thread::Builder::new()
+                .name("brigade-save".into())
+                .spawn(move || (timed_write(&snap, &dir), snap))
+                .map_err(|e| Error::Train(format!("cannot start the checkpoint writer: {e}")))?;
+            self.inflight = Some((self.records.len(), h));
+            None
+        } else {
+            let w = timed_write(&snap, &self.dir).map_err(|e| save_failed(step, &self.dir, e))?;
+            self.spare = Some(snap);
+            Some(w)
         };
         tr.trace("checkpoint", Part::Other("io"), step, t0);
-        self.records.push(SaveRecord { step, stall_s: t0.elapsed().as_secs_f64(), write_s, background });
+        let (write_s, write_cpu_s) = (write_s.map(|w: (f64, f64)| w.0), write_s.map(|w| w.1));
+        self.records.push(SaveRecord { step, stall_s: t0.elapsed().as_secs_f64(), write_s, write_cpu_s, background });
         self.saved_step = Some(step);
         Ok(())
     }
@@ -123,19 +137,31 @@ impl Saver {
     fn wait(&mut self) -> Result<()> {
         let Some((k, h)) = self.inflight.take() else { return Ok(()) };
         let step = self.records[k].step;
-        let secs = h
-            .join()
-            .map_err(|_| Error::Train(format!("the writer of step {step}'s checkpoint panicked")))?
-            .map_err(|e| save_failed(step, &self.dir, e))?;
-        self.records[k].write_s = Some(secs);
+        let (written, snap) =
+            h.join().map_err(|_| Error::Train(format!("the writer of step {step}'s checkpoint panicked")))?;
+        self.spare = Some(snap);
+        let (wall, cpu) = written.map_err(|e| save_failed(step, &self.dir, e))?;
+        (self.records[k].write_s, self.records[k].write_cpu_s) = (Some(wall), Some(cpu));
         Ok(())
     }
 }
 
-fn timed_write(snap: &Snapshot, dir: &Path) -> Result<f64> {
-    let t0 = Instant::now();
+/// Writes `snap`: its wall seconds and the CPU seconds of the writing thread.
+fn timed_write(snap: &Snapshot, dir: &Path) -> Result<(f64, f64)> {
+    let (t0, cpu0) = (Instant::now(), thread_cpu_s());
     snap.write(dir)?;
-    Ok(t0.elapsed().as_secs_f64())
+    Ok((t0.elapsed().as_secs_f64(), thread_cpu_s() - cpu0))
+}
+
+/// CPU seconds (user and system) the calling thread has used.
+fn thread_cpu_s() -> f64 {
+    // SAFETY: getrusage fills the struct it is given; RUSAGE_THREAD is the calling thread
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+        return f64::NAN;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
 }
 
 fn save_failed(step: usize, dir: &Path, e: Error) -> Error {
