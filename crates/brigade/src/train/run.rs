@@ -76,10 +76,14 @@ pub struct SaveRecord {
 /// The job's checkpoints: the state copied at the step boundary, the files written on a
 /// thread of their own while the next steps run (at most one save in flight: a second waits
 /// for the first), or at once in the foreground.
+/// A background write: its wall and CPU seconds, and the snapshot's buffers back.
+type Writer = JoinHandle<(Result<(f64, f64)>, Snapshot)>;
+
 struct Saver {
     dir: PathBuf,
     background: bool,
-    inflight: Option<(usize, JoinHandle<(Result<(f64, f64)>, Snapshot)>)>,
+    /// The record's index and the writer, which hands back the seconds and the buffers.
+    inflight: Option<(usize, Writer)>,
     /// The buffers of the last snapshot, for the next (allocated once for the job).
     spare: Option<Snapshot>,
     records: Vec<SaveRecord>,
