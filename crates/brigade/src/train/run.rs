@@ -73,12 +73,12 @@ pub struct SaveRecord {
     pub background: bool,
 }
 
-/// The job's checkpoints: the state copied at the step boundary, the files written on a
-/// thread of their own while the next steps run (at most one save in flight: a second waits
-/// for the first), or at once in the foreground.
 /// A background write: its wall and CPU seconds, and the snapshot's buffers back.
 type Writer = JoinHandle<(Result<(f64, f64)>, Snapshot)>;
 
+/// The job's checkpoints: the state copied at the step boundary, the files written on a
+/// thread of their own while the next steps run (at most one save in flight: a second waits
+/// for the first), or at once in the foreground.
 struct Saver {
     dir: PathBuf,
     background: bool,
