@@ -99,6 +99,13 @@ fn main() {
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
-        std::process::exit(if e.is::<interrupt::Interrupted>() { 130 } else { 1 });
+        let code = if e.is::<interrupt::Interrupted>() {
+            130
+        } else if e.is::<train_cmd::RankLost>() {
+            train_cmd::RANK_LOST_EXIT
+        } else {
+            1
+        };
+        std::process::exit(code);
     }
 }

@@ -9,6 +9,23 @@ use std::sync::Arc;
 
 pub use crate::interrupt::Interrupted;
 
+/// A run that failed because a rank did (it panicked, lost its peers, or a collective passed
+/// its deadline) rather than because of its settings: exit status 75, which `brigade launch`
+/// restarts from the last checkpoint.
+#[derive(Debug)]
+pub struct RankLost(pub String);
+
+impl std::fmt::Display for RankLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RankLost {}
+
+/// The exit status of a run that failed because a rank did.
+pub const RANK_LOST_EXIT: i32 = 75;
+
 /// Checks, before the run, that the timeline can be written to `path`.
 fn check_trace_path(path: &std::path::Path) -> Result<()> {
     if path.is_dir() {
@@ -99,12 +116,14 @@ pub fn run(mut a: TrainArgs) -> Result<()> {
                 |e| {
                     // every rank refuses a bad setting alike: say it once
                     let first = e.failures[0].1.clone();
+                    let panicked = e.failures.iter().any(|(_, m)| m.starts_with("panicked"));
                     if first.starts_with("interrupted") {
                         Interrupted(first).into()
-                    } else if e.failures.iter().all(|(_, m)| *m == first) {
+                    } else if e.failures.iter().all(|(_, m)| *m == first) && !panicked {
                         anyhow::anyhow!("{first}")
                     } else {
-                        anyhow::anyhow!("{e}")
+                        // not every rank refused alike: one failed and the others lost it
+                        RankLost(e.to_string()).into()
                     }
                 },
             )

@@ -6,6 +6,7 @@
 //! in every backward), the tied token table's two copies over the pipeline, the replicated
 //! parameters over tp under sequence parallelism.
 
+use super::fault;
 use super::metrics::{note, note_comm, Group, Part, PipelineStats};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
@@ -78,6 +79,11 @@ struct RankStores<'a, 'b> {
     /// Seconds ZeRO-2/3 stores waited inside the forwards and backwards: for gathered
     /// parameters, and finishing each backward's reduce-scatters (communication nothing hid).
     exposed_s: f64,
+    /// The step being taken, this rank of the world and the step's micro-batches (for the
+    /// recovery tests' planted faults).
+    step: usize,
+    rank: usize,
+    micro_batches: usize,
 }
 
 impl ChunkStores for RankStores<'_, '_> {
@@ -85,7 +91,11 @@ impl ChunkStores for RankStores<'_, '_> {
         &self.parts.chunks[c]
     }
 
-    fn with(&mut self, c: usize, _mb: usize, stage: Stage, f: OnStore) -> Result<()> {
+    fn with(&mut self, c: usize, mb: usize, stage: Stage, f: OnStore) -> Result<()> {
+        if mb + 1 == self.micro_batches {
+            let point = if stage == Stage::Forward { fault::Point::Forward } else { fault::Point::Backward };
+            fault::at(point, self.step, self.rank);
+        }
         let part = &self.parts.chunks[c];
         let span = self.parts.spans[c].clone();
         match (&mut self.sync, stage) {
@@ -171,6 +181,9 @@ impl Trainer {
             dp,
             sync,
             exposed_s: 0.0,
+            step,
+            rank: self.mesh.shape.rank(self.mesh.coords),
+            micro_batches: tokens.len(),
         };
         let started = Instant::now();
         let comms = (&self.mesh.pp, &tp);
@@ -203,6 +216,7 @@ impl Trainer {
                 peak_stash_bytes: ran.peak_bytes,
             });
         }
+        fault::at(fault::Point::Reduce, step, self.mesh.shape.rank(self.mesh.coords));
         let t0 = Instant::now();
         let exposed = match sync {
             Sync::Buckets(r) => {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod data;
 pub mod diagnose;
 pub mod evaluate;
+pub mod fault;
 pub mod gradients;
 pub mod memory;
 pub mod metrics;

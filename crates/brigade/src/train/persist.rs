@@ -50,6 +50,7 @@ impl Snapshot {
     pub fn write(&self, dir: &Path) -> Result<()> {
         checkpoint::write_atomically(dir, |tmp| {
             checkpoint::save_tensors(&tmp.join(checkpoint::MODEL_FILE), &self.layout, &self.params, "", None)?;
+            super::fault::at(super::fault::Point::Writing, self.step, 0);
             checkpoint::write_json(&tmp.join(checkpoint::CONFIG_FILE), &self.hf_config)?;
             let meta = HashMap::from([("step".to_string(), self.optimizer_step.to_string())]);
             let moments = moments_layout(&self.layout);
@@ -68,7 +69,9 @@ impl Snapshot {
                 std::fs::copy(src, &dst).map_err(|e| Error::io(&dst, e))?;
             }
             Ok(())
-        })
+        })?;
+        super::fault::at(super::fault::Point::Renamed, self.step, 0);
+        Ok(())
     }
 }
 
