@@ -17,6 +17,7 @@ static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
 mod bench;
 mod embed_cmd;
 mod interrupt;
+mod launch_cmd;
 mod plan_cmd;
 mod sample_cmd;
 mod serve_cmd;
@@ -36,6 +37,8 @@ struct Cli {
 enum Cmd {
     /// Train a GPT model (default: the built-in addition task on the `tiny` preset).
     Train(Box<train_cmd::TrainArgs>),
+    /// Supervise a training job: restart it from its last checkpoint when a rank dies.
+    Launch(launch_cmd::LaunchArgs),
     /// Generate text from a checkpoint directory (ours or a Hugging Face GPT-2).
     Sample(sample_cmd::SampleArgs),
     /// Predict step time, memory and utilisation of 3D layouts on a cluster, and pick the best.
@@ -91,6 +94,7 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Train(a) => train_cmd::run(*a),
+        Cmd::Launch(a) => launch_cmd::run(a),
         Cmd::Sample(a) => sample_cmd::run(a),
         Cmd::Plan(a) => plan_cmd::run(*a),
         Cmd::Embed(a) => embed_cmd::run(*a),
