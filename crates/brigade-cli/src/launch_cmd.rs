@@ -1,29 +1,49 @@
-//! `brigade launch -- train …`: runs a training job in a child process and, when a rank dies
-//! (the process killed, a rank thread panicking, a collective past its deadline: the child's
-//! exit status 75, a signal or a panic), restarts it from the last complete checkpoint, up to
-//! `--max-restarts` times. A failure of the settings (exit status 1 or 2) or an interrupt (130)
-//! is not retried.
+//! `brigade launch -- train …`: runs a training job — its rank threads in a child process, or
+//! with `--np N` one rank a process under `mpirun` — and, when a rank dies (a process killed,
+//! a rank thread panicking, a collective past its deadline: the child's exit status 75, a
+//! signal or a panic), restarts it from the last complete checkpoint, up to `--max-restarts`
+//! times, saying how many steps were redone. With `--min-ranks M` a death costs the world its
+//! rank (under `--hosts`, the hosts that no longer answer), and the job resumes on the ranks
+//! left, at least M, under the layout the planner finds fastest for them. A failure of the
+//! settings (exit status 1 or 2) or an interrupt (130) is not retried.
 
-use crate::train_cmd::{TrainArgs, RANK_LOST_EXIT};
+use crate::train_args::{KEPT_ON_RESUME, KEPT_SWITCHES};
+use crate::train_cmd::{TrainArgs, PROGRESS_ENV, RANK_LOST_EXIT};
 use anyhow::{bail, Context, Result};
+use brigade::layout::Layout;
 use clap::{Args, Parser};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant, SystemTime};
 
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
     /// Restarts allowed after a rank's death before the job is given up.
     #[arg(long, default_value_t = 3)]
     pub(crate) max_restarts: usize,
+    /// Resume on fewer ranks after a death (elastic): each death takes its rank out of the
+    /// world (under --hosts, every host that no longer answers), down to this many ranks; the
+    /// planner picks the remaining world's layout. Unset, a restart keeps the world.
+    #[arg(long)]
+    pub(crate) min_ranks: Option<usize>,
+    /// Run N ranks as processes under mpirun (`train --backend mpi`; a build with
+    /// --features mpi). Unset, the ranks are threads of one child process.
+    #[arg(long)]
+    pub(crate) np: Option<usize>,
+    /// Hosts for mpirun: H1,H2,… or H1:SLOTS,H2:SLOTS,… (unset slots: --np split evenly).
+    #[arg(long, requires = "np")]
+    pub(crate) hosts: Option<String>,
+    /// More flags for mpirun, as one string (e.g. "--mca btl_tcp_if_include 10.0.0.0/24").
+    #[arg(long, requires = "np", allow_hyphen_values = true)]
+    pub(crate) mpirun_args: Option<String>,
+    /// The accelerator the planner ranks layouts for when it resumes on fewer ranks (as
+    /// `brigade plan --gpu`).
+    #[arg(long, default_value = "h100-sxm")]
+    pub(crate) gpu: String,
     /// The command to supervise: `train` and its flags (it needs --out DIR to restart from).
     #[arg(last = true, required = true, num_args = 1..)]
     pub(crate) command: Vec<String>,
 }
-
-/// The flags a resumed run takes over from the first one (the rest come from the checkpoint).
-const KEPT_ON_RESUME: &[&str] =
-    &["--steps", "--threads", "--layout", "--save-every", "--backend", "--bucket-mb", "--trace", "--eval-every"];
-const KEPT_SWITCHES: &[&str] = &["--save-in-foreground"];
 
 #[derive(Parser)]
 #[command(name = "brigade")]
@@ -31,6 +51,16 @@ struct TrainOnly {
     #[command(flatten)]
     train: TrainArgs,
 }
+
+/// Where the ranks run: threads of one child, or processes under mpirun on some hosts.
+#[derive(Clone, Debug)]
+enum Ranks {
+    Threads,
+    Mpi { hosts: Vec<(String, usize)>, extra: Vec<String> },
+}
+
+/// How long a host may take to run `true` under mpirun before it counts as gone.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn run(a: LaunchArgs) -> Result<()> {
     let Some((cmd, rest)) = a.command.split_first() else { bail!("give the command to run after --: train …") };
@@ -46,68 +76,215 @@ pub fn run(a: LaunchArgs) -> Result<()> {
     if t.save_every.is_none() {
         eprintln!("brigade launch: no --save-every: a restart redoes the run from its start (or from --resume)");
     }
+    let mut layout = Layout::parse(t.layout.as_deref().unwrap_or(""))?;
+    let mut world = layout.world();
+    let mut ranks = ranks(&a, &t, world)?;
+    if let Some(m) = a.min_ranks {
+        if m == 0 || m > world {
+            bail!("--min-ranks must be between 1 and the job's {world} ranks, got {m}");
+        }
+    }
+    // checked now, not after the first death
+    let acc = brigade::plan::catalog::accelerator(&a.gpu)?;
     let exe = std::env::current_exe().context("cannot find the brigade executable")?;
+    let progress = std::env::temp_dir().join(format!("brigade-launch-{}.progress", std::process::id()));
+    let _cleanup = Remove(progress.clone());
+    // a checkpoint already there when a fresh run starts is an older run's, replaced at the
+    // first save: a death before that restarts from the start, not from it
+    let fresh_mark = if t.resume.is_none() { mark(&out) } else { None };
     let mut args: Vec<String> = a.command.clone();
-    let mut restarts = 0;
+    let (mut restarts, mut redone) = (0, 0);
     let mut had_checkpoint = t.resume.is_some();
     loop {
-        let started = saved_step(&out);
-        let status =
-            Command::new(&exe).args(&args).status().with_context(|| format!("cannot start {}", exe.display()))?;
+        let _ = std::fs::remove_file(&progress);
+        let status = child(&exe, &args, &ranks, world, &progress)?
+            .status()
+            .with_context(|| format!("cannot start {}", exe.display()))?;
         if status.success() {
             if restarts > 0 {
-                eprintln!("brigade launch: finished after {restarts} restart(s)");
+                eprintln!("brigade launch: finished after {restarts} restart(s), {redone} step(s) redone");
             }
             return Ok(());
         }
-        if !rank_died(status) {
+        if !rank_died(status, &ranks) {
             // the run's own error was printed by it: its settings, or an interrupt
             std::process::exit(status.code().unwrap_or(1));
         }
-        let reached = saved_step(&out);
+        let reached = std::fs::read_to_string(&progress).ok().and_then(|s| s.trim().parse::<usize>().ok());
         if restarts == a.max_restarts {
             bail!(
                 "a rank died ({}) and --max-restarts {} is spent; the last checkpoint{} is left in {}",
                 describe(status),
                 a.max_restarts,
-                reached.map_or(" (none)".to_string(), |s| format!(" (step {s})")),
+                saved_step(&out).map_or(" (none)".to_string(), |s| format!(" (step {s})")),
                 out.display()
             );
         }
         restarts += 1;
         // a save killed between its renames is put back in place first
         brigade::models::checkpoint::check_output_dir(&out)?;
-        match saved_step(&out) {
-            Some(step) => {
-                had_checkpoint = true;
-                args = resume_args(rest, &out);
-                eprintln!(
-                    "brigade launch: a rank died ({}); restart {restarts} of {} from the checkpoint of step {step}{}",
-                    describe(status),
-                    a.max_restarts,
-                    started.map_or(String::new(), |s| format!(" (this attempt began at step {s})"))
-                );
-            }
+        let from = match mark(&out) {
+            Some(m) if fresh_mark.is_none_or(|f| f != m) => Some(m.0),
+            Some(_) => None,
             None if had_checkpoint => {
                 bail!(
                     "the checkpoint directory {} vanished; nothing to resume from (nothing was deleted)",
                     out.display()
                 )
             }
-            None => eprintln!(
-                "brigade launch: a rank died ({}) before the first checkpoint; restart {restarts} of {} from the start",
-                describe(status),
-                a.max_restarts
-            ),
+            None => None,
+        };
+        had_checkpoint |= from.is_some();
+        let lost = reached.map(|r| r.saturating_sub(from.unwrap_or(0)));
+        redone += lost.unwrap_or(0);
+        eprintln!(
+            "brigade launch: a rank died ({}){}; restart {restarts} of {} from {}{}",
+            describe(status),
+            reached.map_or(String::new(), |r| format!(" after step {r}")),
+            a.max_restarts,
+            from.map_or("the start (no checkpoint yet)".to_string(), |s| format!("the checkpoint of step {s}")),
+            lost.map_or(String::new(), |n| format!(": {n} finished step(s) to redo"))
+        );
+        // the ranks left, and the layout they resume under
+        let left = match (&a.min_ranks, &mut ranks) {
+            (_, Ranks::Mpi { hosts, extra }) if hosts.len() > 1 => {
+                let gone = unanswering(hosts, extra);
+                if !gone.is_empty() && a.min_ranks.is_none() {
+                    bail!(
+                        "host(s) {} no longer answer; give --min-ranks to resume on the rest (the checkpoint is kept in {})",
+                        gone.join(", "),
+                        out.display()
+                    );
+                }
+                hosts.retain(|(h, _)| !gone.contains(h));
+                hosts.iter().map(|(_, s)| s).sum::<usize>().min(world)
+            }
+            (Some(_), _) => world - 1,
+            (None, _) => world,
+        };
+        if left < world {
+            let m = a.min_ranks.unwrap_or(world);
+            if left < m {
+                bail!(
+                    "{left} rank(s) remain, fewer than --min-ranks {m}; the checkpoint{} is kept in {}",
+                    from.map_or(" (none)".to_string(), |s| format!(" of step {s}")),
+                    out.display()
+                );
+            }
+            let cfg = match from {
+                Some(_) => brigade::train::persist::saved_config(&out)?,
+                None => t.config()?,
+            };
+            let (n, e) = fewer(&cfg, left, m, &acc)?;
+            let skipped = match n < left {
+                true if n + 1 == left => format!("; no layout of {left} ranks trains it"),
+                true => format!("; no layout of {}–{left} ranks trains it", n + 1),
+                false => String::new(),
+            };
+            eprintln!(
+                "brigade launch: resumed step {} on {n} ranks as {} (was {world} ranks as {layout}; the planner's fastest layout of {n} ranks on {}, {:.3} ms a step there{skipped})",
+                from.unwrap_or(0),
+                e.layout,
+                a.gpu,
+                1e3 * e.step_time_s
+            );
+            (layout, world) = (e.layout, n);
         }
+        args = match from {
+            Some(_) => resume_args(rest, &out, &layout),
+            None => with_layout(&a.command, &layout),
+        };
     }
 }
 
-/// Whether the child failed because a rank did: killed by a signal, a panic (101), or the
-/// run's own word for it (75).
-fn rank_died(status: ExitStatus) -> bool {
+/// The ranks the job runs on, checked against its layout.
+fn ranks(a: &LaunchArgs, t: &TrainArgs, world: usize) -> Result<Ranks> {
+    let Some(np) = a.np else { return Ok(Ranks::Threads) };
+    if !cfg!(feature = "mpi") {
+        bail!("--np runs the ranks under mpirun, but this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev)");
+    }
+    if np != world {
+        bail!("--np {np} does not match the layout's {world} rank(s); give train --layout whose dp·pp·tp = {np}");
+    }
+    if t.backend == "local" && a.command.iter().any(|s| s.starts_with("--backend")) {
+        bail!("--np runs one rank a process: drop train's --backend local (launch passes --backend mpi)");
+    }
+    let extra: Vec<String> = a.mpirun_args.as_deref().unwrap_or("").split_whitespace().map(str::to_string).collect();
+    let hosts = match &a.hosts {
+        None => Vec::new(),
+        Some(s) => {
+            let names: Vec<&str> = s.split(',').map(str::trim).filter(|h| !h.is_empty()).collect();
+            if names.is_empty() {
+                bail!("--hosts is empty; give H1,H2,… or H1:SLOTS,H2:SLOTS,…");
+            }
+            let mut hosts = Vec::new();
+            for h in &names {
+                hosts.push(match h.rsplit_once(':') {
+                    Some((name, n)) => match n.parse::<usize>() {
+                        Ok(n) if n > 0 => (name.to_string(), n),
+                        _ => bail!("--hosts {h}: the slots after ':' must be a whole number of 1 or more"),
+                    },
+                    None if np.is_multiple_of(names.len()) => (h.to_string(), np / names.len()),
+                    None => bail!(
+                        "--np {np} does not split evenly over {} hosts; give each its slots (H1:SLOTS,…)",
+                        names.len()
+                    ),
+                });
+            }
+            let slots: usize = hosts.iter().map(|(_, s)| s).sum();
+            if slots < np {
+                bail!("--hosts has {slots} slot(s) for --np {np}; give more hosts or slots");
+            }
+            hosts
+        }
+    };
+    Ok(Ranks::Mpi { hosts, extra })
+}
+
+/// mpirun's own flags: as root it needs leave, and ranks may outnumber cores (the tests').
+fn mpirun_base() -> Vec<String> {
+    let mut v = vec!["--oversubscribe".to_string()];
+    // SAFETY: geteuid only reads the process's credentials
+    if unsafe { libc::geteuid() } == 0 {
+        v.push("--allow-run-as-root".into());
+    }
+    v
+}
+
+/// The child process of one attempt.
+fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Path) -> Result<Command> {
+    let mut c;
+    match ranks {
+        Ranks::Threads => {
+            c = Command::new(exe);
+            c.args(args);
+        }
+        Ranks::Mpi { hosts, extra } => {
+            c = Command::new("mpirun");
+            c.args(["-n", &world.to_string()]).args(mpirun_base());
+            if !hosts.is_empty() {
+                let list: Vec<String> = hosts.iter().map(|(h, s)| format!("{h}:{s}")).collect();
+                c.args(["--host", &list.join(",")]);
+            }
+            // the progress file's name reaches ranks on other hosts too
+            c.args(["-x", PROGRESS_ENV]).args(extra).arg(exe).args(args);
+            if !args.iter().any(|s| s.starts_with("--backend")) {
+                c.args(["--backend", "mpi"]);
+            }
+        }
+    }
+    c.env(PROGRESS_ENV, progress);
+    Ok(c)
+}
+
+/// Whether the child failed because a rank did: killed by a signal, a panic (101), the run's
+/// own word for it (75); under mpirun also a rank's signal as mpirun reports it (128 + n).
+fn rank_died(status: ExitStatus, ranks: &Ranks) -> bool {
     use std::os::unix::process::ExitStatusExt as _;
-    status.signal().is_some() || matches!(status.code(), Some(RANK_LOST_EXIT) | Some(101))
+    let mpi = matches!(ranks, Ranks::Mpi { .. });
+    status.signal().is_some()
+        || matches!(status.code(), Some(RANK_LOST_EXIT) | Some(101))
+        || (mpi && status.code().is_some_and(|c| c > 128 && c != 130))
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -117,8 +294,69 @@ fn describe(status: ExitStatus) -> String {
         (Some(s), _) => format!("killed by signal {s}"),
         (_, Some(RANK_LOST_EXIT)) => "a rank failed".into(),
         (_, Some(101)) => "it panicked".into(),
+        (_, Some(137)) => "a rank was killed by SIGKILL".into(),
+        (_, Some(c)) if c > 128 => format!("a rank was killed by signal {}", c - 128),
         (_, c) => format!("exit status {c:?}"),
     }
+}
+
+/// The hosts among `hosts` that do not run `true` under mpirun within [`PROBE_TIMEOUT`].
+fn unanswering(hosts: &[(String, usize)], extra: &[String]) -> Vec<String> {
+    let mut gone = Vec::new();
+    for (h, _) in hosts {
+        let mut c = Command::new("mpirun");
+        c.args(["-n", "1"]).args(mpirun_base()).args(["--host", &format!("{h}:1")]).args(extra).arg("true");
+        c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        let ok = match c.spawn() {
+            Err(_) => false,
+            Ok(mut p) => {
+                let until = Instant::now() + PROBE_TIMEOUT;
+                loop {
+                    match p.try_wait() {
+                        Ok(Some(s)) => break s.success(),
+                        Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(100)),
+                        _ => {
+                            let _ = p.kill();
+                            let _ = p.wait();
+                            break false;
+                        }
+                    }
+                }
+            }
+        };
+        if !ok {
+            gone.push(h.clone());
+        }
+    }
+    gone
+}
+
+/// The most ranks, from `left` down to `min`, that some layout can train the run on, with
+/// the planner's pick of that world.
+fn fewer(
+    cfg: &brigade::train::TrainConfig,
+    left: usize,
+    min: usize,
+    acc: &brigade::plan::Accelerator,
+) -> Result<(usize, brigade::plan::Estimate)> {
+    let mut first = None;
+    for n in (min..=left).rev() {
+        match brigade::plan::elastic::relayout(cfg, n, acc) {
+            Ok(e) => return Ok((n, e)),
+            Err(e) => first = first.or(Some(e)),
+        }
+    }
+    bail!(
+        "no layout of {min} to {left} ranks can train this run ({}); the checkpoint is kept",
+        first.map(|e| e.to_string()).unwrap_or_default()
+    )
+}
+
+/// The complete checkpoint in `dir`: its step, and when its state was written.
+fn mark(dir: &Path) -> Option<(usize, SystemTime)> {
+    let step = saved_step(dir)?;
+    let at = std::fs::metadata(dir.join(brigade::models::checkpoint::STATE_FILE)).and_then(|m| m.modified()).ok()?;
+    Some((step, at))
 }
 
 /// The step of the complete checkpoint in `dir`, if one is there.
@@ -126,24 +364,92 @@ fn saved_step(dir: &Path) -> Option<usize> {
     brigade::train::state::RunState::read(dir).ok().map(|s| s.step)
 }
 
-/// `train --resume OUT --out OUT` with the flags a resumed run may take from the first one.
-fn resume_args(first: &[String], out: &Path) -> Vec<String> {
+/// `train --resume OUT --out OUT` with the flags a resumed run may take from the first one,
+/// under `layout`.
+fn resume_args(first: &[String], out: &Path, layout: &Layout) -> Vec<String> {
     let out = out.display().to_string();
     let mut v: Vec<String> = ["train", "--resume", &out, "--out", &out].iter().map(|s| s.to_string()).collect();
     let mut i = 0;
     while i < first.len() {
         let a = &first[i];
         let name = a.split('=').next().unwrap_or(a);
+        let value = !a.contains('=') && i + 1 < first.len();
         if KEPT_SWITCHES.contains(&name) {
             v.push(a.clone());
+        } else if name == "--layout" || name == "--out" {
+            // given above and below
+            i += usize::from(value);
         } else if KEPT_ON_RESUME.contains(&name) {
             v.push(a.clone());
-            if !a.contains('=') && i + 1 < first.len() {
+            if value {
                 v.push(first[i + 1].clone());
                 i += 1;
             }
         }
         i += 1;
     }
+    v.extend(["--layout".to_string(), layout.to_string()]);
     v
+}
+
+/// The first command with its `--layout` replaced by `layout` (a fresh start on fewer ranks).
+fn with_layout(first: &[String], layout: &Layout) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut i = 0;
+    while i < first.len() {
+        let a = &first[i];
+        if a == "--layout" {
+            i += 2;
+            continue;
+        }
+        if !a.starts_with("--layout=") {
+            v.push(a.clone());
+        }
+        i += 1;
+    }
+    v.extend(["--layout".to_string(), layout.to_string()]);
+    v
+}
+
+/// Removes a file when dropped.
+struct Remove(PathBuf);
+impl Drop for Remove {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn a_resume_keeps_the_allowed_flags_and_takes_the_new_layout() {
+        let first = s(&["--steps", "8", "--layout", "dp=4", "--batch", "8", "--save-every=2", "--threads", "1"]);
+        let l = Layout::parse("dp=2,tp=2").unwrap();
+        let got = resume_args(&first, Path::new("ck"), &l);
+        assert_eq!(
+            got,
+            s(&[
+                "train",
+                "--resume",
+                "ck",
+                "--out",
+                "ck",
+                "--steps",
+                "8",
+                "--save-every=2",
+                "--threads",
+                "1",
+                "--layout",
+                "dp=2,tp=2"
+            ])
+        );
+        let fresh = with_layout(&s(&["train", "--layout=dp=4", "--steps", "3", "--layout", "dp=4"]), &l);
+        assert_eq!(fresh, s(&["train", "--steps", "3", "--layout", "dp=2,tp=2"]));
+    }
 }

@@ -95,6 +95,22 @@ pub struct TrainArgs {
     pub(crate) stop_after: Option<usize>,
 }
 
+/// The flags a resumed run takes over from the first one (`--resume` refuses the others:
+/// they change what the run computes, and the checkpoint holds them).
+pub(crate) const KEPT_ON_RESUME: &[&str] = &[
+    "--steps",
+    "--threads",
+    "--layout",
+    "--out",
+    "--save-every",
+    "--backend",
+    "--bucket-mb",
+    "--trace",
+    "--eval-every",
+];
+/// The switches (flags without a value) a resumed run takes over.
+pub(crate) const KEPT_SWITCHES: &[&str] = &["--save-in-foreground"];
+
 /// A count flag's value: a whole number (a negative one is named as such, not taken for a flag).
 fn whole(s: &str) -> std::result::Result<usize, String> {
     s.parse::<usize>().map_err(|_| format!("must be a whole number, 0 or more, got {s}"))

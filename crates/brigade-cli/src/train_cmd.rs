@@ -99,7 +99,16 @@ pub fn run(mut a: TrainArgs) -> Result<()> {
     if a.resume.is_some() {
         let fixed = a.numeric_overrides();
         if !fixed.is_empty() {
-            bail!("{} cannot change on --resume (the run's settings come from its checkpoint); only --steps, --threads, --layout, --out, --save-every may be given", fixed.join(", "));
+            bail!(
+                "{} cannot change on --resume (the run's settings come from its checkpoint); only {} may be given",
+                fixed.join(", "),
+                crate::train_args::KEPT_ON_RESUME
+                    .iter()
+                    .chain(crate::train_args::KEPT_SWITCHES)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
     }
     let cfg = if a.resume.is_some() { None } else { Some(a.config()?) };
@@ -262,7 +271,13 @@ struct Bar {
     threads: usize,
     layout: String,
     plain: Option<Plain>,
+    /// `BRIGADE_PROGRESS=FILE` (set by `brigade launch`): rank 0 writes the last step it
+    /// finished there, so that a supervisor knows how far a run that died had got.
+    progress: Option<std::path::PathBuf>,
 }
+
+/// The environment variable naming the file a run's last finished step is written to.
+pub const PROGRESS_ENV: &str = "BRIGADE_PROGRESS";
 
 struct Plain {
     every: usize,
@@ -282,12 +297,16 @@ impl Bar {
         );
         let now = std::time::Instant::now();
         let plain = (lead && !tty).then_some(Plain { every: 1, last: now, started: now, steps: 0 });
-        Bar { lead, bar, threads: a.rank_threads(), layout: a.layout.clone().unwrap_or_default(), plain }
+        let progress = std::env::var_os(PROGRESS_ENV).filter(|_| lead).map(std::path::PathBuf::from);
+        Bar { lead, bar, threads: a.rank_threads(), layout: a.layout.clone().unwrap_or_default(), plain, progress }
     }
 }
 
 impl Observer for Bar {
     fn start(&mut self, tr: &Trainer) {
+        if let Some(path) = &self.progress {
+            let _ = std::fs::write(path, format!("{}\n", tr.step));
+        }
         let m = &tr.model.cfg;
         let (layout, per_rank) = match tr.mesh.shape.world() {
             1 => (String::new(), String::new()),
@@ -323,6 +342,10 @@ impl Observer for Bar {
     }
 
     fn step(&mut self, s: &StepStats, rate: f64) {
+        if let Some(path) = &self.progress {
+            // a report, not state: a write that fails costs the supervisor its count, no more
+            let _ = std::fs::write(path, format!("{}\n", s.step));
+        }
         self.bar.set_position(s.step as u64);
         self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
         if let Some(p) = &mut self.plain {

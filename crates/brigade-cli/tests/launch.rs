@@ -71,3 +71,106 @@ fn spent_restarts_end_the_job_with_one_line_and_keep_the_checkpoint() {
     assert_eq!(o.status.code(), Some(1));
     assert!(!String::from_utf8_lossy(&o.stderr).contains("restart"));
 }
+
+/// Every tensor of a checkpoint's model, by name.
+fn tensors(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut v: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            assert_eq!(t.dtype(), safetensors::Dtype::F32, "{n}");
+            (n, t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn losses(dir: &Path) -> Vec<f64> {
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("trainer_state.json")).unwrap()).unwrap();
+    s["losses"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// Runs `brigade ARGS` in `dir` with a planted fault (fired once when `once`).
+fn brigade(dir: &Path, args: &[&str], fault: Option<&str>, once: bool) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_brigade"));
+    c.args(args).current_dir(dir);
+    if let Some(f) = fault {
+        c.env("BRIGADE_FAULT", f);
+    }
+    if once {
+        c.env("BRIGADE_FAULT_ONCE", dir.join("fired"));
+    }
+    c.output().unwrap()
+}
+
+const ELASTIC: &[&str] = &[
+    "train",
+    "--steps",
+    "8",
+    "--batch",
+    "12",
+    "--layout",
+    "dp=4",
+    "--threads",
+    "1",
+    "--save-every",
+    "2",
+    "--eval-every",
+    "0",
+];
+
+#[test]
+fn a_run_that_loses_a_rank_resumes_on_fewer_under_the_planners_layout_and_matches_the_uninterrupted_run() {
+    let d = tempfile::tempdir().unwrap();
+    let whole = brigade(d.path(), &[ELASTIC, &["--out", "whole"]].concat(), None, false);
+    assert!(whole.status.success(), "{}", String::from_utf8_lossy(&whole.stderr));
+    let args = [&["launch", "--min-ranks", "2", "--"], ELASTIC, &["--out", "el"]].concat();
+    let o = brigade(d.path(), &args, Some("backward:5:2:kill"), true);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    // 4 ranks less one: dp=3 splits the batch of 12, and the log says so
+    let line = err.lines().find(|l| l.contains("resumed step")).unwrap_or_else(|| panic!("no resume line: {err}"));
+    assert!(line.contains(" on 3 ranks as "), "{line}");
+    let (got, want) = (tensors(&d.path().join("el")), tensors(&d.path().join("whole")));
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for ((n, g), (m, w)) in got.iter().zip(&want) {
+        assert_eq!(n, m);
+        for (a, b) in g.iter().zip(w) {
+            num += ((a - b) as f64).powi(2);
+            den += (*b as f64).powi(2);
+        }
+    }
+    let rel = (num / den).sqrt();
+    assert!(rel < 1e-5, "the elastic run's weights differ from the uninterrupted run's by {rel:.2e}");
+    let (lg, lw) = (losses(&d.path().join("el")), losses(&d.path().join("whole")));
+    assert_eq!(lg.len(), 8);
+    for (s, (g, w)) in lg.iter().zip(&lw).enumerate() {
+        assert!(((g - w) / w).abs() < 1e-5, "step {}: loss {g} vs {w}", s + 1);
+    }
+}
+
+#[test]
+fn fewer_ranks_than_min_ranks_end_the_job_with_one_line_and_keep_the_checkpoint() {
+    let d = tempfile::tempdir().unwrap();
+    // the fault fires on every attempt: 4 ranks, then 3, then 2 < --min-ranks 3
+    let args = [&["launch", "--min-ranks", "3", "--"], ELASTIC, &["--out", "ck"]].concat();
+    let o = brigade(d.path(), &args, Some("backward:5:1:kill"), false);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("on 3 ranks as dp=3"), "{err}");
+    let last = err.lines().last().unwrap();
+    assert!(last.contains("2 rank(s) remain, fewer than --min-ranks 3"), "{err}");
+    assert!(d.path().join("ck/model.safetensors").is_file(), "the checkpoint was deleted");
+    // --min-ranks beyond the world, or zero: refused before anything runs
+    for m in ["0", "5"] {
+        let args = [&["launch", "--min-ranks", m, "--"], ELASTIC, &["--out", "x"]].concat();
+        let o = brigade(d.path(), &args, None, false);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("--min-ranks must be between 1 and the job's 4 ranks"), "{err}");
+        assert!(!d.path().join("x").exists());
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod cost;
+pub mod elastic;
 pub mod local;
 pub mod search;
 

@@ -94,6 +94,13 @@ impl Trainer {
         Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout: *layout, list })
     }
 
+    /// Whether `layout` can train `cfg` (every check a rank makes before it communicates), and
+    /// if so the model it trains and the sequence length: what a planner needs to rank it.
+    pub fn check_layout(cfg: &TrainConfig, layout: &Layout) -> Result<(crate::models::GptConfig, usize)> {
+        let p = Trainer::prepare(cfg.clone(), layout)?;
+        Ok((p.mcfg, p.seq))
+    }
+
     /// This rank's trainer for a prepared run.
     pub(crate) fn build(run: Prepared, mesh: Mesh) -> Result<Trainer> {
         let Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout, list } = run;
