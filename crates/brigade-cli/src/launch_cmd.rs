@@ -106,7 +106,7 @@ pub fn run(a: LaunchArgs) -> Result<()> {
             }
             return Ok(());
         }
-        if !rank_died(status, &ranks) {
+        if !rank_died(status, &ranks, progress.exists()) {
             // the run's own error was printed by it: its settings, or an interrupt
             std::process::exit(status.code().unwrap_or(1));
         }
@@ -278,13 +278,18 @@ fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Pa
 }
 
 /// Whether the child failed because a rank did: killed by a signal, a panic (101), the run's
-/// own word for it (75); under mpirun also a rank's signal as mpirun reports it (128 + n).
-fn rank_died(status: ExitStatus, ranks: &Ranks) -> bool {
+/// own word for it (75). Under mpirun, which reports a lost rank or host by its own codes
+/// (128 + a rank's signal, a signal's number, 1), any failure but an interrupt (130) or a
+/// usage error (2) once training has `started` (its progress file written), and before that
+/// a rank's signal.
+fn rank_died(status: ExitStatus, ranks: &Ranks, started: bool) -> bool {
     use std::os::unix::process::ExitStatusExt as _;
     let mpi = matches!(ranks, Ranks::Mpi { .. });
+    let code = status.code();
     status.signal().is_some()
-        || matches!(status.code(), Some(RANK_LOST_EXIT) | Some(101))
-        || (mpi && status.code().is_some_and(|c| c > 128 && c != 130))
+        || matches!(code, Some(RANK_LOST_EXIT) | Some(101))
+        || (mpi && code.is_some_and(|c| c > 128 && c != 130))
+        || (mpi && started && code.is_some_and(|c| c != 130 && c != 2))
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -296,7 +301,8 @@ fn describe(status: ExitStatus) -> String {
         (_, Some(101)) => "it panicked".into(),
         (_, Some(137)) => "a rank was killed by SIGKILL".into(),
         (_, Some(c)) if c > 128 => format!("a rank was killed by signal {}", c - 128),
-        (_, c) => format!("exit status {c:?}"),
+        (_, Some(c)) => format!("exit status {c}"),
+        (_, None) => "no exit status".into(),
     }
 }
 

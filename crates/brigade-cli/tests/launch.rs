@@ -46,6 +46,9 @@ fn a_killed_rank_is_restarted_from_its_checkpoint_and_the_run_ends_bit_identical
         assert!(o.status.success(), "{fault}: {err}");
         assert!(err.contains("restart 1 of 2") && err.contains("finished after 1 restart"), "{fault}: {err}");
         assert!(bytes(&d.path().join(&out)) == want, "{fault}: the supervised run's weights differ");
+        // at most one save is in flight when a rank dies: at most two saves' worth redone
+        let redo = redone(&err);
+        assert!(redo <= 2 * 2, "{fault}: {redo} steps redone: {err}");
     }
 }
 
@@ -70,6 +73,14 @@ fn spent_restarts_end_the_job_with_one_line_and_keep_the_checkpoint() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(!String::from_utf8_lossy(&o.stderr).contains("restart"));
+}
+
+/// The finished steps the supervisor said a restart redoes.
+fn redone(log: &str) -> usize {
+    let line =
+        log.lines().find(|l| l.contains("finished step(s) to redo")).unwrap_or_else(|| panic!("no count: {log}"));
+    let n = line.rsplit(": ").next().unwrap().split(' ').next().unwrap();
+    n.parse().unwrap_or_else(|_| panic!("{line}"))
 }
 
 /// Every tensor of a checkpoint's model, by name.
