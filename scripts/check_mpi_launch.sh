@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `brigade launch --np 4` under mpirun (one rank a process, dp=2 × tp=2): a rank killed with
 # SIGKILL mid-forward, mid-backward, inside the gradient all-reduce, during a background save
-# and right after a save's rename, or panicking, and the supervised job finishes with final
+# and right after a save's rename, or panicking, or hanging (caught by --hang-timeout), and the supervised job finishes with final
 # weights and AdamW moments bit-identical to an uninterrupted run of the same layout, having
 # redone at most two saves' worth of steps (at most one save is in flight when a rank dies);
 # with --min-ranks 2 a death resumes on 3 ranks — no layout of 3 trains the batch of 8, so 2 —
@@ -31,6 +31,10 @@ for fault in forward:3:1:kill backward:5:2:kill reduce:4:3:kill writing:4:0:kill
     cmp -s "$tmp/run$n/$f.safetensors" "$tmp/whole/$f.safetensors" || { echo "mpi launch: $fault: $f.safetensors differs from the uninterrupted run's" >&2; exit 1; }
   done
 done
+# a rank stuck outside any collective: the supervisor's --hang-timeout kills mpirun's job
+sup hung backward:5:2:hang --hang-timeout 5
+grep -q "the job hung" "$tmp/hung.log" || { echo "mpi launch: the hang was not named:"; cat "$tmp/hung.log"; exit 1; } >&2
+cmp -s "$tmp/hung/model.safetensors" "$tmp/whole/model.safetensors" || { echo "mpi launch: after a hang the weights differ" >&2; exit 1; }
 sup elastic backward:5:1:kill --min-ranks 2
 grep -q "resumed step [0-9]* on 2 ranks as" "$tmp/elastic.log" || { echo "mpi launch: no elastic resume on 2 ranks:"; cat "$tmp/elastic.log"; exit 1; } >&2
 python3 - "$tmp" <<'PY'
@@ -50,4 +54,4 @@ rel = (sum((x - y) ** 2 for x, y in zip(g, w)) / sum(y * y for y in w)) ** 0.5
 assert len(g) == len(w) and rel < 1e-5, f"elastic: the weights differ from the uninterrupted run's by {rel:.2e}"
 print(f"mpi launch: resumed on fewer ranks, the weights are within {rel:.1e} of the uninterrupted run's")
 PY
-echo "mpi launch: killed at forward, backward, all-reduce, a half-written save and a renamed one, or panicking: bit-identical after the restart; $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/elastic.log")"
+echo "mpi launch: killed at forward, backward, all-reduce, a half-written save and a renamed one, panicking or hung: bit-identical after the restart; $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/elastic.log")"

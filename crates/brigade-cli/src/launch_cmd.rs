@@ -36,6 +36,10 @@ pub struct LaunchArgs {
     /// More flags for mpirun, as one string (e.g. "--mca btl_tcp_if_include 10.0.0.0/24").
     #[arg(long, requires = "np", allow_hyphen_values = true)]
     pub(crate) mpirun_args: Option<String>,
+    /// A job that finishes no step for this many seconds (a rank stuck outside any
+    /// collective, which no deadline catches) is taken for hung: killed and restarted.
+    #[arg(long, default_value_t = 1800.0)]
+    pub(crate) hang_timeout: f64,
     /// The accelerator the planner ranks layouts for when it resumes on fewer ranks (as
     /// `brigade plan --gpu`).
     #[arg(long, default_value = "h100-sxm")]
@@ -79,6 +83,9 @@ pub fn run(a: LaunchArgs) -> Result<()> {
     let mut layout = Layout::parse(t.layout.as_deref().unwrap_or(""))?;
     let mut world = layout.world();
     let mut ranks = ranks(&a, &t, world)?;
+    if !(a.hang_timeout.is_finite() && a.hang_timeout >= 1.0) {
+        bail!("--hang-timeout must be a number of seconds, 1 or more, got {}", a.hang_timeout);
+    }
     if let Some(m) = a.min_ranks {
         if m == 0 || m > world {
             bail!("--min-ranks must be between 1 and the job's {world} ranks, got {m}");
@@ -97,16 +104,17 @@ pub fn run(a: LaunchArgs) -> Result<()> {
     let mut had_checkpoint = t.resume.is_some();
     loop {
         let _ = std::fs::remove_file(&progress);
-        let status = child(&exe, &args, &ranks, world, &progress)?
-            .status()
+        let job = child(&exe, &args, &ranks, world, &progress)?
+            .spawn()
             .with_context(|| format!("cannot start {}", exe.display()))?;
+        let (status, hung) = watch(job, &progress, Duration::from_secs_f64(a.hang_timeout), &ranks)?;
         if status.success() {
             if restarts > 0 {
                 eprintln!("brigade launch: finished after {restarts} restart(s), {redone} step(s) redone");
             }
             return Ok(());
         }
-        if !rank_died(status, &ranks, progress.exists()) {
+        if !hung && !rank_died(status, &ranks, progress.exists()) {
             // the run's own error was printed by it: its settings, or an interrupt
             std::process::exit(status.code().unwrap_or(1));
         }
@@ -139,7 +147,10 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         redone += lost.unwrap_or(0);
         eprintln!(
             "brigade launch: a rank died ({}){}; restart {restarts} of {} from {}{}",
-            describe(status),
+            match hung {
+                true => format!("no step finished in {} s: the job hung, and was killed", a.hang_timeout),
+                false => describe(status),
+            },
             reached.map_or(String::new(), |r| format!(" after step {r}")),
             a.max_restarts,
             from.map_or("the start (no checkpoint yet)".to_string(), |s| format!("the checkpoint of step {s}")),
@@ -275,6 +286,33 @@ fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Pa
     }
     c.env(PROGRESS_ENV, progress);
     Ok(c)
+}
+
+/// Waits for the job; when neither it started nor its progress file changed for `hang`, it
+/// is killed (mpirun first asked to end its ranks). Its status, and whether it hung.
+fn watch(mut job: std::process::Child, progress: &Path, hang: Duration, ranks: &Ranks) -> Result<(ExitStatus, bool)> {
+    let started = SystemTime::now();
+    loop {
+        if let Some(s) = job.try_wait().context("cannot wait for the job")? {
+            return Ok((s, false));
+        }
+        let last = std::fs::metadata(progress).and_then(|m| m.modified()).unwrap_or(started).max(started);
+        if SystemTime::now().duration_since(last).unwrap_or_default() > hang {
+            if matches!(ranks, Ranks::Mpi { .. }) {
+                // SAFETY: signals our own child; mpirun ends its ranks on SIGTERM
+                unsafe {
+                    libc::kill(job.id() as i32, libc::SIGTERM);
+                }
+                let until = Instant::now() + Duration::from_secs(20);
+                while Instant::now() < until && job.try_wait()?.is_none() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            let _ = job.kill();
+            return Ok((job.wait()?, true));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Whether the child failed because a rank did: killed by a signal, a panic (101), the run's

@@ -185,3 +185,19 @@ fn fewer_ranks_than_min_ranks_end_the_job_with_one_line_and_keep_the_checkpoint(
         assert!(!d.path().join("x").exists());
     }
 }
+
+#[test]
+fn a_rank_that_hangs_outside_any_collective_is_killed_after_the_hang_timeout_and_the_run_ends_bit_identical() {
+    let d = tempfile::tempdir().unwrap();
+    assert!(train(d.path(), "whole", None, None).status.success());
+    let t0 = std::time::Instant::now();
+    let o = train(d.path(), "hung", Some(&["--hang-timeout", "3"]), Some("backward:5:1:hang"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("no step finished in 3 s: the job hung"), "{err}");
+    assert!(bytes(&d.path().join("hung")) == bytes(&d.path().join("whole")), "the restarted run's weights differ");
+    assert!(t0.elapsed().as_secs() < 120, "the hang was not caught promptly");
+    // a timeout that is no number of seconds is refused before anything runs
+    let o = train(d.path(), "x", Some(&["--hang-timeout", "0"]), None);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--hang-timeout must be"));
+}

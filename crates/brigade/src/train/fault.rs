@@ -3,7 +3,7 @@
 //! run), `backward` (the same, backward), `reduce` (the data-parallel gradient reduction, the
 //! other ranks inside it), `writing` (a checkpoint half written: its weights file done),
 //! `renamed` (right after a checkpoint's rename) — by `kill` (SIGKILL to the whole process)
-//! or `panic` (the rank's thread panics). With `BRIGADE_FAULT_ONCE=FILE` it fires only while
+//! or `panic` (the rank's thread panics) or `hang` (the rank stops, forever). With `BRIGADE_FAULT_ONCE=FILE` it fires only while
 //! FILE does not exist, creating it first, so a restarted job runs clean. Read once per
 //! process; unset, every check is one load of a cached `None`.
 
@@ -23,7 +23,14 @@ struct Fault {
     point: Point,
     step: usize,
     rank: usize,
-    kill: bool,
+    action: Action,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Kill,
+    Panic,
+    Hang,
 }
 
 fn planted() -> Option<&'static Fault> {
@@ -32,7 +39,9 @@ fn planted() -> Option<&'static Fault> {
 }
 
 fn parse(s: &str) -> Fault {
-    let bad = || panic!("BRIGADE_FAULT={s}: give POINT:STEP:RANK:ACTION, e.g. backward:3:1:kill");
+    let bad = || {
+        panic!("BRIGADE_FAULT={s}: give POINT:STEP:RANK:ACTION (ACTION kill, panic or hang), e.g. backward:3:1:kill")
+    };
     let f: Vec<&str> = s.split(':').collect();
     let [point, step, rank, action] = f[..] else { bad() };
     let point = match point {
@@ -43,12 +52,13 @@ fn parse(s: &str) -> Fault {
         "renamed" => Point::Renamed,
         _ => bad(),
     };
-    let kill = match action {
-        "kill" => true,
-        "panic" => false,
+    let action = match action {
+        "kill" => Action::Kill,
+        "panic" => Action::Panic,
+        "hang" => Action::Hang,
         _ => bad(),
     };
-    Fault { point, step: step.parse().unwrap_or_else(|_| bad()), rank: rank.parse().unwrap_or_else(|_| bad()), kill }
+    Fault { point, step: step.parse().unwrap_or_else(|_| bad()), rank: rank.parse().unwrap_or_else(|_| bad()), action }
 }
 
 /// Fails here if the planted fault names this point, step (1-based, the step being taken or
@@ -65,7 +75,12 @@ pub fn at(point: Point, step: usize, rank: usize) {
         let _ = std::fs::write(&mark, b"fired\n");
     }
     eprintln!("brigade: planted fault: {point:?} of step {step} on rank {rank}");
-    if f.kill {
+    if f.action == Action::Hang {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+    if f.action == Action::Kill {
         // SAFETY: signals this very process, as an operator's kill -9 would
         unsafe {
             libc::kill(libc::getpid(), libc::SIGKILL);
