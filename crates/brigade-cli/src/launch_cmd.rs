@@ -107,7 +107,11 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         let job = child(&exe, &args, &ranks, world, &progress)?
             .spawn()
             .with_context(|| format!("cannot start {}", exe.display()))?;
-        let (status, hung) = watch(job, &progress, Duration::from_secs_f64(a.hang_timeout), &ranks)?;
+        let seen = |m: Option<(usize, SystemTime)>| m.is_some() && m != fresh_mark;
+        let (status, hung, saved) =
+            watch(job, &progress, Duration::from_secs_f64(a.hang_timeout), &ranks, || seen(mark(&out)))?;
+        // a checkpoint this job wrote, seen while it ran: one that vanishes later is missed
+        had_checkpoint |= saved;
         if status.success() {
             if restarts > 0 {
                 eprintln!("brigade launch: finished after {restarts} restart(s), {redone} step(s) redone");
@@ -289,12 +293,24 @@ fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Pa
 }
 
 /// Waits for the job; when neither it started nor its progress file changed for `hang`, it
-/// is killed (mpirun first asked to end its ranks). Its status, and whether it hung.
-fn watch(mut job: std::process::Child, progress: &Path, hang: Duration, ranks: &Ranks) -> Result<(ExitStatus, bool)> {
+/// is killed (mpirun first asked to end its ranks). Its status, whether it hung, and whether
+/// `saved` (polled four times a second) ever said a checkpoint of this job was there.
+fn watch(
+    mut job: std::process::Child,
+    progress: &Path,
+    hang: Duration,
+    ranks: &Ranks,
+    saved: impl Fn() -> bool,
+) -> Result<(ExitStatus, bool, bool)> {
     let started = SystemTime::now();
+    let (mut seen, mut polled) = (false, Instant::now());
     loop {
         if let Some(s) = job.try_wait().context("cannot wait for the job")? {
-            return Ok((s, false));
+            return Ok((s, false, seen));
+        }
+        if polled.elapsed() >= Duration::from_millis(250) {
+            seen |= saved();
+            polled = Instant::now();
         }
         let last = std::fs::metadata(progress).and_then(|m| m.modified()).unwrap_or(started).max(started);
         if SystemTime::now().duration_since(last).unwrap_or_default() > hang {
@@ -309,7 +325,7 @@ fn watch(mut job: std::process::Child, progress: &Path, hang: Duration, ranks: &
                 }
             }
             let _ = job.kill();
-            return Ok((job.wait()?, true));
+            return Ok((job.wait()?, true, seen));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -201,3 +201,35 @@ fn a_rank_that_hangs_outside_any_collective_is_killed_after_the_hang_timeout_and
     let o = train(d.path(), "x", Some(&["--hang-timeout", "0"]), None);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--hang-timeout must be"));
 }
+
+#[test]
+fn a_checkpoint_directory_that_vanished_ends_the_job_with_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    // rank 1 hangs in step 5; while it does, the checkpoints (steps 2 and 4) are deleted
+    let mut c = Command::new(env!("CARGO_BIN_EXE_brigade"));
+    c.args(["launch", "--hang-timeout", "4", "--"]).args(TRAIN).args(["--out", "gone"]);
+    c.current_dir(d.path()).env("BRIGADE_FAULT", "backward:5:1:hang");
+    c.stderr(std::process::Stdio::piped()).stdout(std::process::Stdio::null());
+    let job = c.spawn().unwrap();
+    let state = d.path().join("gone/trainer_state.json");
+    let t0 = std::time::Instant::now();
+    loop {
+        let step = std::fs::read(&state)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["step"].as_u64());
+        if step == Some(4) {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 60, "no checkpoint of step 4");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // the supervisor looks for checkpoints four times a second; rank 1 hangs for 4 s
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    std::fs::remove_dir_all(d.path().join("gone")).unwrap();
+    let o = job.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.lines().last().unwrap().contains("the checkpoint directory") && err.contains("vanished"), "{err}");
+    assert!(!err.contains("restart 1 of"), "{err}");
+}
