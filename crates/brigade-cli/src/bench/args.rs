@@ -3,9 +3,9 @@
 use anyhow::Result;
 use clap::Args;
 
-/// The training step a benchmark times.
+/// The training step's shape a benchmark runs at.
 #[derive(Args, Debug)]
-pub struct StepArgs {
+pub struct ShapeArgs {
     #[arg(long, default_value = "gpt2-small")]
     pub(crate) model: String,
     #[arg(long, default_value_t = 256)]
@@ -14,12 +14,19 @@ pub struct StepArgs {
     pub(crate) batch: usize,
     #[arg(long, default_value_t = crate::default_threads())]
     pub(crate) threads: usize,
-    /// Steps timed (the median is reported).
-    #[arg(long, default_value_t = 5)]
-    pub(crate) steps: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// The training step a benchmark times.
+#[derive(Args, Debug)]
+pub struct StepArgs {
+    #[command(flatten)]
+    pub(crate) shape: ShapeArgs,
+    /// Steps timed (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) steps: usize,
 }
 
 /// The generation load a serving benchmark runs: a model shape, concurrent requests, prompt

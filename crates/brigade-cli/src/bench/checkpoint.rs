@@ -7,17 +7,8 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct Flags {
-    #[arg(long, default_value = "gpt2-small")]
-    pub(crate) model: String,
-    #[arg(long, default_value_t = 256)]
-    pub(crate) seq: usize,
-    #[arg(long, default_value_t = 4)]
-    pub(crate) batch: usize,
-    #[arg(long, default_value_t = crate::default_threads())]
-    pub(crate) threads: usize,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) shape: super::args::ShapeArgs,
     /// Periodic saves in each run (a save after each of the first N steps).
     #[arg(long, default_value_t = 3)]
     pub(crate) saves: usize,
@@ -27,7 +18,7 @@ pub struct Flags {
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    let Flags { model, seq, batch, threads, json, saves, dir } = f;
+    let Flags { shape: super::args::ShapeArgs { model, seq, batch, threads, json }, saves, dir } = f;
     if saves == 0 {
         bail!("--saves must be at least 1");
     }

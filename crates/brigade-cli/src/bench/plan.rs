@@ -4,7 +4,7 @@
 //! rank's work at its micro-batch and tensor slice, the all-reduces of its groups, the memory
 //! bandwidth, and the schedule's simulated pipeline (`plan::local::predict_parallel`).
 
-use super::args::StepArgs;
+use super::args::{ShapeArgs, StepArgs};
 use anyhow::{bail, Result};
 use brigade::plan::local::{Collectives, LocalRun};
 use clap::Args;
@@ -26,7 +26,7 @@ pub fn run(f: Flags) -> Result<()> {
     if let Some(layout) = &f.layout {
         return run_layout(&f.step, layout, f.micro_batch);
     }
-    let StepArgs { model, seq, batch, threads, steps, json } = f.step;
+    let StepArgs { shape: ShapeArgs { model, seq, batch, threads, json }, steps } = f.step;
 
     if steps == 0 {
         bail!("--steps must be at least 1");
@@ -50,7 +50,7 @@ pub fn run(f: Flags) -> Result<()> {
 }
 
 fn run_layout(step: &StepArgs, layout: &str, micro_batch: Option<usize>) -> Result<()> {
-    let StepArgs { model, seq, batch, threads, steps, json } = step;
+    let StepArgs { shape: ShapeArgs { model, seq, batch, threads, json }, steps } = step;
     let (model, seq, batch, threads, steps, json) = (model.as_str(), *seq, *batch, *threads, *steps, *json);
     if steps == 0 {
         bail!("--steps must be at least 1");

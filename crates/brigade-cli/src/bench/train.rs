@@ -1,7 +1,7 @@
 //! `brigade bench train`: training-step throughput and model FLOP utilisation against this
 //! machine's matmul rate, optionally with every kernel of the step timed alone.
 
-use super::args::StepArgs;
+use super::args::{ShapeArgs, StepArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 
@@ -20,7 +20,8 @@ pub struct Flags {
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    let Flags { step: StepArgs { model, seq, batch, threads, steps, json }, warmup, breakdown } = f;
+    let Flags { step: StepArgs { shape: ShapeArgs { model, seq, batch, threads, json }, steps }, warmup, breakdown } =
+        f;
 
     if steps == 0 {
         bail!("--steps must be at least 1");
