@@ -215,9 +215,6 @@ pub fn run(a: LaunchArgs) -> Result<()> {
 /// The ranks the job runs on, checked against its layout.
 fn ranks(a: &LaunchArgs, t: &TrainArgs, world: usize) -> Result<Ranks> {
     let Some(np) = a.np else { return Ok(Ranks::Threads) };
-    if !cfg!(feature = "mpi") {
-        bail!("--np runs the ranks under mpirun, but this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev)");
-    }
     if np != world {
         bail!("--np {np} does not match the layout's {world} rank(s); give train --layout whose dp·pp·tp = {np}");
     }
@@ -253,6 +250,9 @@ fn ranks(a: &LaunchArgs, t: &TrainArgs, world: usize) -> Result<Ranks> {
             hosts
         }
     };
+    if !cfg!(feature = "mpi") {
+        bail!("--np runs the ranks under mpirun, but this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev)");
+    }
     Ok(Ranks::Mpi { hosts, extra })
 }
 

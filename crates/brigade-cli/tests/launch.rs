@@ -233,3 +233,32 @@ fn a_checkpoint_directory_that_vanished_ends_the_job_with_one_line() {
     assert!(err.lines().last().unwrap().contains("the checkpoint directory") && err.contains("vanished"), "{err}");
     assert!(!err.contains("restart 1 of"), "{err}");
 }
+
+#[test]
+fn bad_launch_flags_are_refused_with_one_line_before_anything_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--np", "4", "--hosts", "a,b,c"], "--np 4 does not split evenly over 3 hosts"),
+        (&["--np", "4", "--hosts", "a:2,b:x"], "the slots after ':' must be a whole number"),
+        (&["--np", "4", "--hosts", "a:1,b:2"], "--hosts has 3 slot(s) for --np 4"),
+        (&["--np", "4", "--hosts", " , "], "--hosts is empty"),
+        (&["--np", "3"], "--np 3 does not match the layout's 4 rank(s)"),
+        (&["--gpu", "tpu9"], "unknown accelerator 'tpu9'"),
+        (&["--hang-timeout", "nan"], "--hang-timeout must be"),
+    ];
+    for (flags, want) in cases {
+        let args = [&["launch"], *flags, &["--"], ELASTIC, &["--out", "x"]].concat();
+        let o = brigade(d.path(), &args, None, false);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{flags:?} was accepted");
+        assert!(err.contains(want), "{flags:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{flags:?}: {err}");
+        assert!(!d.path().join("x").exists(), "{flags:?} wrote output");
+    }
+    // without an MPI build, --np says how to get one
+    if !cfg!(feature = "mpi") {
+        let args = [&["launch", "--np", "4", "--"], ELASTIC, &["--out", "x"]].concat();
+        let err = String::from_utf8_lossy(&brigade(d.path(), &args, None, false).stderr).to_string();
+        assert!(err.contains("built without MPI"), "{err}");
+    }
+}
