@@ -16,6 +16,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod model;
 mod paged_attention;
+pub mod program;
 pub mod served;
 pub mod server;
 pub mod text;
