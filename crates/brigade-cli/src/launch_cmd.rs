@@ -162,7 +162,7 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         );
         // the ranks left, and the layout they resume under
         let left = match (&a.min_ranks, &mut ranks) {
-            (_, Ranks::Mpi { hosts, extra }) if hosts.len() > 1 => {
+            (_, Ranks::Mpi { hosts, extra }) if !hosts.is_empty() => {
                 let gone = unanswering(hosts, extra);
                 if !gone.is_empty() && a.min_ranks.is_none() {
                     bail!(
