@@ -37,21 +37,5 @@ grep -q "the job hung" "$tmp/hung.log" || { echo "mpi launch: the hang was not n
 cmp -s "$tmp/hung/model.safetensors" "$tmp/whole/model.safetensors" || { echo "mpi launch: after a hang the weights differ" >&2; exit 1; }
 sup elastic backward:5:1:kill --min-ranks 2
 grep -q "resumed step [0-9]* on 2 ranks as" "$tmp/elastic.log" || { echo "mpi launch: no elastic resume on 2 ranks:"; cat "$tmp/elastic.log"; exit 1; } >&2
-python3 - "$tmp" <<'PY'
-import json, struct, sys
-d = sys.argv[1]
-def weights(n):
-    b = open(f"{d}/{n}/model.safetensors", "rb").read()
-    k = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + k])
-    out = []
-    for name in sorted(x for x in h if x != "__metadata__"):
-        s, e = h[name]["data_offsets"]
-        out += struct.unpack(f"<{(e - s) // 4}f", b[8 + k + s:8 + k + e])
-    return out
-g, w = weights("elastic"), weights("whole")
-rel = (sum((x - y) ** 2 for x, y in zip(g, w)) / sum(y * y for y in w)) ** 0.5
-assert len(g) == len(w) and rel < 1e-5, f"elastic: the weights differ from the uninterrupted run's by {rel:.2e}"
-print(f"mpi launch: resumed on fewer ranks, the weights are within {rel:.1e} of the uninterrupted run's")
-PY
+scripts/weights_close.py "$tmp/elastic" "$tmp/whole" --within 1e-5 --what "mpi launch: resumed on fewer ranks, against the uninterrupted run"
 echo "mpi launch: killed at forward, backward, all-reduce, a half-written save and a renamed one, panicking or hung: bit-identical after the restart; $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/elastic.log")"

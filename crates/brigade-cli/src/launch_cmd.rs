@@ -104,7 +104,7 @@ pub fn run(a: LaunchArgs) -> Result<()> {
     let mut had_checkpoint = t.resume.is_some();
     loop {
         let _ = std::fs::remove_file(&progress);
-        let job = child(&exe, &args, &ranks, world, &progress)?
+        let job = child(&exe, &args, &ranks, world, &progress)
             .spawn()
             .with_context(|| format!("cannot start {}", exe.display()))?;
         let seen = |m: Option<(usize, SystemTime)>| m.is_some() && m != fresh_mark;
@@ -267,7 +267,7 @@ fn mpirun_base() -> Vec<String> {
 }
 
 /// The child process of one attempt.
-fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Path) -> Result<Command> {
+fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Path) -> Command {
     let mut c;
     match ranks {
         Ranks::Threads => {
@@ -289,7 +289,7 @@ fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Pa
         }
     }
     c.env(PROGRESS_ENV, progress);
-    Ok(c)
+    c
 }
 
 /// Waits for the job; when neither it started nor its progress file changed for `hang`, it
@@ -319,15 +319,24 @@ fn watch(
                 unsafe {
                     libc::kill(job.id() as i32, libc::SIGTERM);
                 }
-                let until = Instant::now() + Duration::from_secs(20);
-                while Instant::now() < until && job.try_wait()?.is_none() {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+                wait_within(&mut job, Duration::from_secs(20));
             }
             let _ = job.kill();
             return Ok((job.wait()?, true, seen));
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The child's status if it ends within `limit` (checked every 100 ms), else `None`.
+fn wait_within(p: &mut std::process::Child, limit: Duration) -> Option<ExitStatus> {
+    let until = Instant::now() + limit;
+    loop {
+        match p.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(100)),
+            _ => return None,
+        }
     }
 }
 
@@ -369,20 +378,14 @@ fn unanswering(hosts: &[(String, usize)], extra: &[String]) -> Vec<String> {
         c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
         let ok = match c.spawn() {
             Err(_) => false,
-            Ok(mut p) => {
-                let until = Instant::now() + PROBE_TIMEOUT;
-                loop {
-                    match p.try_wait() {
-                        Ok(Some(s)) => break s.success(),
-                        Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(100)),
-                        _ => {
-                            let _ = p.kill();
-                            let _ = p.wait();
-                            break false;
-                        }
-                    }
+            Ok(mut p) => match wait_within(&mut p, PROBE_TIMEOUT) {
+                Some(s) => s.success(),
+                None => {
+                    let _ = p.kill();
+                    let _ = p.wait();
+                    false
                 }
-            }
+            },
         };
         if !ok {
             gone.push(h.clone());

@@ -58,12 +58,13 @@ mod tests {
     fn the_pick_has_the_world_and_the_batch_and_is_the_fastest_the_trainer_takes() {
         let acc = super::super::catalog::accelerator("h100-sxm").unwrap();
         let cfg = tiny();
+        let t = Training { global_batch: 6, flash_attention: false, precision: Precision::Fp32 };
+        let (m, seq) = Trainer::check_layout(&cfg, &Layout::default()).unwrap();
+        let shape = ModelShape::of(&m, seq);
         for world in 1..=6 {
+            let all = rank_all(&shape, &acc, world, &t, &Spec::default());
             let Ok(e) = relayout(&cfg, world, &acc) else {
                 // a world no layout can train: none of its layouts is accepted
-                let t = Training { global_batch: 6, flash_attention: false, precision: Precision::Fp32 };
-                let (m, seq) = Trainer::check_layout(&cfg, &Layout::default()).unwrap();
-                let all = rank_all(&ModelShape::of(&m, seq), &acc, world, &t, &Spec::default());
                 assert!(all.iter().all(|e| Trainer::check_layout(&cfg, &e.layout).is_err()), "world {world}");
                 continue;
             };
@@ -71,9 +72,7 @@ mod tests {
             assert!(e.fits);
             Trainer::check_layout(&cfg, &e.layout).unwrap();
             // no accepted, fitting layout of the world is predicted faster
-            let t = Training { global_batch: 6, flash_attention: false, precision: Precision::Fp32 };
-            let (m, seq) = Trainer::check_layout(&cfg, &Layout::default()).unwrap();
-            for o in rank_all(&ModelShape::of(&m, seq), &acc, world, &t, &Spec::default()) {
+            for o in all {
                 if o.fits && Trainer::check_layout(&cfg, &o.layout).is_ok() {
                     assert!(o.step_time_s >= e.step_time_s, "{} beats the pick {}", o.layout, e.layout);
                 }

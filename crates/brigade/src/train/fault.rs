@@ -2,10 +2,11 @@
 //! RANK fail at POINT of step STEP — `forward` (a micro-batch's forward, after the first has
 //! run), `backward` (the same, backward), `reduce` (the data-parallel gradient reduction, the
 //! other ranks inside it), `writing` (a checkpoint half written: its weights file done),
-//! `renamed` (right after a checkpoint's rename) — by `kill` (SIGKILL to the whole process)
-//! or `panic` (the rank's thread panics) or `hang` (the rank stops, forever). With `BRIGADE_FAULT_ONCE=FILE` it fires only while
-//! FILE does not exist, creating it first, so a restarted job runs clean. Read once per
-//! process; unset, every check is one load of a cached `None`.
+//! `renamed` (right after a checkpoint's rename) — by `kill` (SIGKILL to the whole process),
+//! `panic` (the rank's thread panics) or `hang` (the rank stops, forever). With
+//! `BRIGADE_FAULT_ONCE=FILE` it fires only while FILE does not exist, creating it first, so a
+//! restarted job runs clean. Read once per process; unset, every check is one load of a
+//! cached `None`.
 
 use std::sync::OnceLock;
 
