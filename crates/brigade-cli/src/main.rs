@@ -19,6 +19,7 @@ mod embed_cmd;
 mod interrupt;
 mod launch_cmd;
 mod plan_cmd;
+mod run_cmd;
 mod sample_cmd;
 mod serve_cmd;
 mod train_args;
@@ -47,6 +48,8 @@ enum Cmd {
     Embed(Box<embed_cmd::EmbedArgs>),
     /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API, with continuous batching.
     Serve(Box<serve_cmd::ServeArgs>),
+    /// Run a program of generation calls (fork, map, select, join) inside the engine.
+    Run(Box<run_cmd::RunArgs>),
     /// Measure speed, side by side with a baseline measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -99,6 +102,7 @@ fn main() {
         Cmd::Plan(a) => plan_cmd::run(*a),
         Cmd::Embed(a) => embed_cmd::run(*a),
         Cmd::Serve(a) => serve_cmd::run(*a),
+        Cmd::Run(a) => run_cmd::run(*a),
         Cmd::Bench { what } => bench::run(what),
     };
     if let Err(e) = res {

@@ -29,6 +29,19 @@ pub struct ServeArgs {
     /// 0 picks a free port (printed at start).
     #[arg(long, default_value_t = 8000)]
     port: u16,
+    /// Sequences waiting beyond the running batch; past them requests get 503 + Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_queued: usize,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Seconds to finish in-flight requests after SIGTERM before exiting.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_timeout: f64,
+}
+
+/// The engine's flags, as `serve` and `run` take them.
+#[derive(Args, Debug)]
+pub(crate) struct EngineArgs {
     /// Threads for the model's arithmetic, split evenly over the --tp ranks (default: all
     /// cores, and at least one a rank).
     #[arg(long)]
@@ -39,9 +52,6 @@ pub struct ServeArgs {
     /// Sequences in the running batch.
     #[arg(long, default_value_t = 64)]
     max_running: usize,
-    /// Sequences waiting beyond the running batch; past them requests get 503 + Retry-After.
-    #[arg(long, default_value_t = 256)]
-    max_queued: usize,
     /// Tokens in one forward pass (decodes first, then prompt chunks).
     #[arg(long, default_value_t = 512)]
     max_step_tokens: usize,
@@ -51,13 +61,50 @@ pub struct ServeArgs {
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Seconds to finish in-flight requests after SIGTERM before exiting.
-    #[arg(long, default_value_t = 30.0)]
-    shutdown_timeout: f64,
     /// How the matrices are held: f32, or quantized to 8 bits at load (int8: a scale per
     /// output column and group of 32 inputs; int8-channel: one per output column).
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
+}
+
+impl EngineArgs {
+    /// Checks the flags; the options with the model's source and the server's settings
+    /// left at their defaults (no server: no port, no queue, no drain).
+    pub(crate) fn options(&self, source: Option<Source>) -> Result<ServeOptions> {
+        let threads = self.threads.unwrap_or_else(|| crate::default_threads().max(self.tp));
+        crate::check_threads(threads, "--threads")?;
+        if self.tp == 0 || self.tp > 64 {
+            bail!("--tp must be from 1 to 64, got {}", self.tp);
+        }
+        if self.max_running == 0 || self.max_running > 4096 {
+            bail!("--max-running must be from 1 to 4096, got {}", self.max_running);
+        }
+        if self.block_size == 0 || self.block_size > 1024 {
+            bail!("--block-size must be from 1 to 1024 tokens, got {}", self.block_size);
+        }
+        if self.max_step_tokens == 0 || self.max_step_tokens > 1 << 16 {
+            bail!("--max-step-tokens must be from 1 to 65536, got {}", self.max_step_tokens);
+        }
+        if self.kv_cache_mib == 0 || self.kv_cache_mib > 1 << 20 {
+            bail!("--kv-cache-mib must be from 1 to 1048576, got {}", self.kv_cache_mib);
+        }
+        Ok(ServeOptions {
+            source,
+            embedding_model: None,
+            name: None,
+            host: String::new(),
+            port: 0,
+            threads,
+            layout: brigade::layout::Layout { tp: self.tp, ..Default::default() },
+            max_running: self.max_running,
+            max_queued: 0,
+            max_step_tokens: self.max_step_tokens,
+            kv_cache_mib: self.kv_cache_mib,
+            block_size: self.block_size,
+            shutdown_timeout: Duration::ZERO,
+            weights: self.weights.format(),
+        })
+    }
 }
 
 /// `--weights`: the choices clap lists when the value is not one of them.
@@ -79,28 +126,11 @@ impl Weights {
 }
 
 pub fn options(a: ServeArgs) -> Result<ServeOptions> {
-    let threads = a.threads.unwrap_or_else(|| crate::default_threads().max(a.tp));
-    crate::check_threads(threads, "--threads")?;
-    if a.tp == 0 || a.tp > 64 {
-        bail!("--tp must be from 1 to 64, got {}", a.tp);
-    }
     if !(a.shutdown_timeout >= 0.0 && a.shutdown_timeout <= 86_400.0) {
         bail!("--shutdown-timeout must be from 0 to 86400 seconds, got {}", a.shutdown_timeout);
     }
-    if a.max_running == 0 || a.max_running > 4096 {
-        bail!("--max-running must be from 1 to 4096, got {}", a.max_running);
-    }
     if a.max_queued > 1 << 20 {
         bail!("--max-queued must be at most {}, got {}", 1 << 20, a.max_queued);
-    }
-    if a.block_size == 0 || a.block_size > 1024 {
-        bail!("--block-size must be from 1 to 1024 tokens, got {}", a.block_size);
-    }
-    if a.max_step_tokens == 0 || a.max_step_tokens > 1 << 16 {
-        bail!("--max-step-tokens must be from 1 to 65536, got {}", a.max_step_tokens);
-    }
-    if a.kv_cache_mib == 0 || a.kv_cache_mib > 1 << 20 {
-        bail!("--kv-cache-mib must be from 1 to 1048576, got {}", a.kv_cache_mib);
     }
     let source = match (a.checkpoint, a.model) {
         (Some(dir), None) => Some(Source::Checkpoint(dir)),
@@ -114,20 +144,13 @@ pub fn options(a: ServeArgs) -> Result<ServeOptions> {
         }
     }
     Ok(ServeOptions {
-        source,
         embedding_model: a.embedding_model,
         name: a.served_model_name,
         host: a.host,
         port: a.port,
-        threads,
-        layout: brigade::layout::Layout { tp: a.tp, ..Default::default() },
-        max_running: a.max_running,
         max_queued: a.max_queued,
-        max_step_tokens: a.max_step_tokens,
-        kv_cache_mib: a.kv_cache_mib,
-        block_size: a.block_size,
         shutdown_timeout: Duration::from_secs_f64(a.shutdown_timeout),
-        weights: a.weights.format(),
+        ..a.engine.options(source)?
     })
 }
 

@@ -4,6 +4,7 @@
 use crate::api::ApiError;
 use crate::metrics::Metrics;
 use crate::worker::EngineHandle;
+use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -73,4 +74,15 @@ impl Drop for InFlight {
         }
         self.app.inflight.fetch_sub(self.ids.len(), Ordering::SeqCst);
     }
+}
+
+/// Events sent on a channel as a server-sent-events response: each item is one whole event.
+pub(crate) fn event_stream(rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::convert::Infallible>>) -> Response {
+    let body =
+        Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) }));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .expect("a valid response")
 }

@@ -3,14 +3,13 @@
 //! streamed as server-sent events, aborted if the client goes away.
 
 use crate::api::{self, ApiError, Completion, Prompt};
-use crate::app::{error, unavailable, unix_now, App, InFlight, Loaded};
-use crate::engine::{Finish, Output, Request, Sampling};
+use crate::app::{error, event_stream, unavailable, unix_now, App, InFlight, Loaded};
+use crate::engine::{Admit, Finish, Output, Request, Sampling};
 use crate::metrics::Metrics;
 use crate::text::{token_text, Detok};
 use anyhow::Result;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -53,9 +52,9 @@ pub(crate) async fn respond(app: Arc<App>, req: Completion, kind: Kind, started:
 }
 
 /// A prompt as tokens, and how many tokens to generate for it (`max_tokens`, or its default).
-struct Prompted {
-    ids: Vec<u32>,
-    max_tokens: usize,
+pub(crate) struct Prompted {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) max_tokens: usize,
 }
 
 /// Whether the server takes requests now (loaded, not draining), and the model if so.
@@ -73,6 +72,68 @@ pub(crate) fn serving(app: &App) -> Result<&Loaded, ApiError> {
     Ok(l)
 }
 
+/// A prompt as token ids: text through the model's tokenizer (400 without one).
+pub(crate) fn prompt_ids(l: &Loaded, p: &Prompt) -> Result<Vec<u32>, ApiError> {
+    Ok(match p {
+        Prompt::Ids(ids) => ids.clone(),
+        Prompt::Text(t) => match &l.tokenizer {
+            Some(tok) => tok.encode(t).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
+            None => {
+                return Err(ApiError::bad(
+                    "prompt",
+                    "this model has no tokenizer.json; send the prompt as token ids (a list of integers)",
+                ))
+            }
+        },
+    })
+}
+
+/// Checks a prompt's tokens against the model, the context and the cache, with the tokens to
+/// generate for it (`max_tokens`, or its default).
+pub(crate) fn prompted(l: &Loaded, req: &Completion, ids: Vec<u32>) -> Result<Prompted, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::bad("prompt", "the prompt is empty (no tokens)"));
+    }
+    if let Some(&t) = ids.iter().find(|&&t| t as usize >= l.vocab) {
+        return Err(ApiError::bad("prompt", format!("token {t} is outside the vocabulary (0..{})", l.vocab)));
+    }
+    if ids.len() >= l.context {
+        return Err(ApiError::bad(
+            "prompt",
+            format!(
+                "the prompt has {} tokens; this model's maximum context length is {} tokens, prompt and at least one generated token; shorten the prompt",
+                ids.len(),
+                l.context
+            ),
+        ));
+    }
+    let want = req.max_tokens.unwrap_or(16.min(l.context - ids.len()));
+    if ids.len() + want > l.context {
+        return Err(ApiError::bad(
+            if req.max_tokens.is_some() { "max_tokens" } else { "prompt" },
+            format!(
+                "this model's maximum context length is {} tokens; the request asks for {} ({} in the prompt, {want} to generate); shorten the prompt or lower max_tokens",
+                l.context,
+                ids.len() + want,
+                ids.len()
+            ),
+        ));
+    }
+    // what the engine asks of a sequence: its blocks at the end, and at admission the
+    // prompt's blocks and one more
+    let blocks = (ids.len() + want).div_ceil(l.block_size).max(ids.len().div_ceil(l.block_size) + 1);
+    if blocks > l.kv_blocks {
+        return Err(ApiError::bad(
+            "max_tokens",
+            format!(
+                "the request needs {blocks} KV-cache blocks; the server holds {} (restart it with a larger --kv-cache-mib)",
+                l.kv_blocks
+            ),
+        ));
+    }
+    Ok(Prompted { ids, max_tokens: want })
+}
+
 /// Checks a request against the model and the limits and queues its sequences.
 fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompted>, InFlight), ApiError> {
     let l = serving(app)?;
@@ -83,59 +144,8 @@ fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompt
     }
     let mut prompts = Vec::new();
     for p in &req.prompts {
-        let ids = match p {
-            Prompt::Ids(ids) => ids.clone(),
-            Prompt::Text(t) => match &l.tokenizer {
-                Some(tok) => tok.encode(t).map_err(|e| ApiError::bad("prompt", e.to_string()))?,
-                None => {
-                    return Err(ApiError::bad(
-                        "prompt",
-                        "this model has no tokenizer.json; send the prompt as token ids (a list of integers)",
-                    ))
-                }
-            },
-        };
-        if ids.is_empty() {
-            return Err(ApiError::bad("prompt", "the prompt is empty (no tokens)"));
-        }
-        if let Some(&t) = ids.iter().find(|&&t| t as usize >= l.vocab) {
-            return Err(ApiError::bad("prompt", format!("token {t} is outside the vocabulary (0..{})", l.vocab)));
-        }
-        if ids.len() >= l.context {
-            return Err(ApiError::bad(
-                "prompt",
-                format!(
-                    "the prompt has {} tokens; this model's maximum context length is {} tokens, prompt and at least one generated token; shorten the prompt",
-                    ids.len(),
-                    l.context
-                ),
-            ));
-        }
-        let want = req.max_tokens.unwrap_or(16.min(l.context - ids.len()));
-        if ids.len() + want > l.context {
-            return Err(ApiError::bad(
-                if req.max_tokens.is_some() { "max_tokens" } else { "prompt" },
-                format!(
-                    "this model's maximum context length is {} tokens; the request asks for {} ({} in the prompt, {want} to generate); shorten the prompt or lower max_tokens",
-                    l.context,
-                    ids.len() + want,
-                    ids.len()
-                ),
-            ));
-        }
-        // what the engine asks of a sequence: its blocks at the end, and at admission the
-        // prompt's blocks and one more
-        let blocks = (ids.len() + want).div_ceil(l.block_size).max(ids.len().div_ceil(l.block_size) + 1);
-        if blocks > l.kv_blocks {
-            return Err(ApiError::bad(
-                "max_tokens",
-                format!(
-                    "the request needs {blocks} KV-cache blocks; the server holds {} (restart it with a larger --kv-cache-mib)",
-                    l.kv_blocks
-                ),
-            ));
-        }
-        prompts.push(Prompted { ids, max_tokens: want });
+        let ids = prompt_ids(l, p)?;
+        prompts.push(prompted(l, &req, ids)?);
     }
     let seqs = prompts.len() * req.n;
     if seqs > app.capacity {
@@ -162,10 +172,10 @@ fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompt
 type TokenLogprobs = (u32, f32, Vec<(u32, f32)>);
 
 /// One choice being generated.
-struct Choice<'a> {
-    detok: Detok<'a>,
-    tokens: Vec<u32>,
-    finish: Option<&'static str>,
+pub(crate) struct Choice<'a> {
+    pub(crate) detok: Detok<'a>,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) finish: Option<&'static str>,
     /// Each generated token's log-probability and its alternatives (when asked for).
     lp: Vec<TokenLogprobs>,
     /// Where each of those tokens' text starts, in characters (OpenAI's `text_offset`), and
@@ -173,6 +183,24 @@ struct Choice<'a> {
     lp_offsets: Vec<usize>,
     offset: usize,
     last: Option<Instant>,
+}
+
+/// How choice `j` of a request is sampled: its settings, its seed (choice j of `seed: S` is
+/// seeded `S + j·φ`, so choice j of `n: N` is the same whatever N), and the tokens that end it.
+pub(crate) fn sampling(l: &Loaded, req: &Completion, kind: Kind, max_tokens: usize, j: usize) -> Sampling {
+    Sampling {
+        temperature: req.temperature,
+        top_k: req.top_k,
+        top_p: req.top_p,
+        seed: req.seed.unwrap_or(0).wrapping_add((j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        max_tokens,
+        stop_tokens: match (req.ignore_eos, kind) {
+            (true, _) => vec![],
+            (false, Kind::Text) => l.eos.clone(),
+            (false, Kind::Chat) => l.chat.as_ref().map_or_else(|_| l.eos.clone(), |t| t.end_of_turn.clone()),
+        },
+        top_logprobs: req.logprobs.unwrap_or(0),
+    }
 }
 
 /// Sends the sequences to the engine; returns the receiver of their tokens.
@@ -190,41 +218,32 @@ fn submit(
         app.metrics.prompt_tokens.inc_by(p.ids.len() as u64);
         for j in 0..req.n {
             let id = *ids.next().expect("an id per sequence");
-            let sampling = Sampling {
-                temperature: req.temperature,
-                top_k: req.top_k,
-                top_p: req.top_p,
-                seed: req.seed.unwrap_or(0).wrapping_add((j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                max_tokens: p.max_tokens,
-                stop_tokens: match (req.ignore_eos, kind) {
-                    (true, _) => vec![],
-                    (false, Kind::Text) => l.eos.clone(),
-                    (false, Kind::Chat) => l.chat.as_ref().map_or_else(|_| l.eos.clone(), |t| t.end_of_turn.clone()),
-                },
-                top_logprobs: req.logprobs.unwrap_or(0),
-            };
-            l.engine.add(Request { id, prompt: p.ids.clone(), sampling }, tx.clone());
+            let sampling = sampling(l, req, kind, p.max_tokens, j);
+            // choices after the first share its prompt's keys and values
+            let admit = Admit { follows: (j > 0).then_some(id - j as u64), ..Default::default() };
+            l.engine.add_with(Request { id, prompt: p.ids.clone(), sampling }, admit, tx.clone());
         }
     }
     rx
 }
 
 /// The choices of one request (sequence ids `base..`), as their tokens arrive.
-struct Choices<'a> {
-    list: Vec<Choice<'a>>,
+pub(crate) struct Choices<'a> {
+    pub(crate) list: Vec<Choice<'a>>,
     /// Choices not finished yet.
-    open: usize,
+    pub(crate) open: usize,
     base: u64,
     l: &'a Loaded,
-    req: &'a Completion,
+    /// The request's `logprobs`.
+    logprobs: Option<usize>,
     kind: Kind,
     started: Instant,
 }
 
 impl<'a> Choices<'a> {
-    fn new(l: &'a Loaded, req: &'a Completion, kind: Kind, guard: &InFlight, started: Instant) -> Choices<'a> {
-        let list: Vec<Choice> = guard
-            .ids
+    /// The choices of `req`, whose sequences are `ids` (consecutive).
+    pub(crate) fn new(l: &'a Loaded, req: &Completion, kind: Kind, ids: &[u64], started: Instant) -> Choices<'a> {
+        let list: Vec<Choice> = ids
             .iter()
             .map(|_| Choice {
                 detok: Detok::new(l.tokenizer.as_ref(), &req.stop),
@@ -236,14 +255,14 @@ impl<'a> Choices<'a> {
                 last: None,
             })
             .collect();
-        Choices { open: list.len(), list, base: guard.ids[0], l, req, kind, started }
+        Choices { open: list.len(), list, base: ids[0], l, logprobs: req.logprobs, kind, started }
     }
 
     /// Takes one engine output into its choice: the choice's index and the text that became
     /// final, or `None` for a choice that already ended (at a stop string). A choice that ends
     /// here before the engine finished it is aborted in the engine.
-    fn take(&mut self, o: &Output, metrics: &Metrics) -> Option<(usize, String)> {
-        let (l, req) = (self.l, self.req);
+    pub(crate) fn take(&mut self, o: &Output, metrics: &Metrics) -> Option<(usize, String)> {
+        let l = self.l;
         let i = (o.id - self.base) as usize;
         let c = &mut self.list[i];
         if c.finish.is_some() {
@@ -256,7 +275,7 @@ impl<'a> Choices<'a> {
         }
         c.last = Some(now);
         c.tokens.push(o.token);
-        if req.logprobs.is_some() {
+        if self.logprobs.is_some() {
             c.lp.push((o.token, o.logprob, o.top.clone()));
             if self.kind == Kind::Text {
                 // OpenAI counts offsets in characters, not bytes
@@ -284,7 +303,7 @@ impl<'a> Choices<'a> {
 
     /// Log-probabilities of choice `i`'s tokens from `from` on, in OpenAI's layout of the API.
     fn logprobs(&self, i: usize, from: usize) -> Value {
-        if self.req.logprobs.is_none() {
+        if self.logprobs.is_none() {
             return Value::Null;
         }
         let tok = self.l.tokenizer.as_ref();
@@ -368,7 +387,7 @@ async fn whole(
 ) -> Response {
     let l = app.loaded.get().expect("accepted only once loaded");
     let mut rx = submit(l, &req, kind, &prompts, &guard, app);
-    let mut choices = Choices::new(l, &req, kind, &guard, started);
+    let mut choices = Choices::new(l, &req, kind, &guard.ids, started);
     while choices.open > 0 {
         match rx.recv().await {
             Some(Ok(o)) => {
@@ -426,7 +445,7 @@ fn stream(
     tokio::spawn(async move {
         let l = app.loaded.get().expect("accepted only once loaded");
         let mut engine_rx = submit(l, &req, kind, &prompts, &guard, &app);
-        let mut choices = Choices::new(l, &req, kind, &guard, started);
+        let mut choices = Choices::new(l, &req, kind, &guard.ids, started);
         let (id, object) = names(kind, choices.base, true);
         let created = unix_now();
         let event = |v: &Value| Ok(Bytes::from(format!("data: {v}\n\n")));
@@ -493,11 +512,5 @@ fn stream(
         let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
         drop(guard);
     });
-    let body =
-        Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) }));
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(body)
-        .expect("a valid response")
+    event_stream(rx)
 }

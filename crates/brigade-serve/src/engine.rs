@@ -36,6 +36,21 @@ pub struct Request {
     pub sampling: Sampling,
 }
 
+/// How a request shares work with another, or has its tokens given: what a program's branches
+/// and a select's scoring ask of the engine beyond a plain request.
+#[derive(Clone, Debug, Default)]
+pub struct Admit {
+    /// A sibling whose prompt shares this one's leading tokens (a fork's or a map's branch 0):
+    /// this request waits until the sibling has computed the shared tokens, then takes their
+    /// keys and values — whole blocks through the prefix cache, the partial last one copied —
+    /// instead of computing them again. A sibling that is gone shares only what is cached.
+    pub follows: Option<u64>,
+    /// Tokens emitted in this order in place of sampled ones, each reported with its
+    /// log-probability under the model (a select scoring its choices); the request ends after
+    /// the last of them.
+    pub forced: Vec<u32>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {
     /// `max_tokens` generated.
@@ -46,8 +61,9 @@ pub enum Finish {
     Context,
 }
 
-/// A token generated for a request in a step.
-#[derive(Clone, Debug, PartialEq)]
+/// A token generated for a request in a step. Two are equal when they carry the same token,
+/// scores and finish, however much of the prompt came from the cache (`prompt_computed`).
+#[derive(Clone, Debug)]
 pub struct Output {
     pub id: u64,
     pub token: u32,
@@ -56,6 +72,15 @@ pub struct Output {
     /// The `top_logprobs` most likely tokens and their log-probabilities, best first.
     pub top: Vec<(u32, f32)>,
     pub finished: Option<Finish>,
+    /// Prompt tokens the engine computed for this request so far (the rest came from the cache
+    /// or a sibling).
+    pub prompt_computed: usize,
+}
+
+impl PartialEq for Output {
+    fn eq(&self, o: &Output) -> bool {
+        (self.id, self.token, self.logprob, &self.top, self.finished) == (o.id, o.token, o.logprob, &o.top, o.finished)
+    }
 }
 
 struct Seq {
@@ -70,6 +95,9 @@ struct Seq {
     parent: Option<BlockKey>,
     sampling: Sampling,
     rng: ChaCha8Rng,
+    follows: Option<u64>,
+    forced: Vec<u32>,
+    prompt_computed: usize,
 }
 
 impl Seq {
@@ -104,6 +132,8 @@ pub struct Stats {
     pub preemptions: u64,
     pub prompt_tokens_computed: u64,
     pub generated: u64,
+    /// Prompt tokens whose keys and values were copied from a sibling's partial block.
+    pub prompt_tokens_copied: u64,
 }
 
 /// `ln Σ exp(x)` over a row of logits, in a fixed order (8 lanes, then the lanes in order)
@@ -137,6 +167,40 @@ fn top_tokens(row: &[f32], n: usize) -> Vec<u32> {
     idx
 }
 
+enum Sibling {
+    None,
+    Pending,
+    Ready(usize),
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Step times measured on the engine's own model and threads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepProfile {
+    /// `(b, seconds)`: a decode step of b sequences, b = 1, 2, 4, … up to the running limit.
+    pub decode: Vec<(usize, f64)>,
+    /// Seconds per token of a 64-token prompt chunk.
+    pub prefill_per_token: f64,
+}
+
+impl StepProfile {
+    /// The widest measured batch whose decode step costs at most 1.5× one sequence's: up to
+    /// there the step is still bound by reading the weights, so one more branch in it costs
+    /// little; past it each adds its own arithmetic and slows every sequence in the batch.
+    pub fn knee(&self) -> usize {
+        let one = self.decode.first().map_or(0.0, |d| d.1);
+        self.decode.iter().filter(|d| d.1 <= 1.5 * one).map(|d| d.0).max().unwrap_or(1)
+    }
+
+    /// A decode step's seconds for a batch of 1.
+    pub fn decode_one(&self) -> f64 {
+        self.decode.first().map_or(0.0, |d| d.1)
+    }
+}
+
 pub struct Engine {
     pub model: Model,
     pub kv: KvCache,
@@ -144,16 +208,73 @@ pub struct Engine {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     pub stats: Stats,
+    profile: Option<StepProfile>,
 }
 
 impl Engine {
     pub fn new(model: Model, kv_blocks: usize, block_size: usize, limits: Limits) -> Engine {
         let kv = KvCache::new(kv_blocks, block_size, model.layers_n, model.kv_width());
-        Engine { model, kv, limits, waiting: VecDeque::new(), running: Vec::new(), stats: Stats::default() }
+        Engine {
+            model,
+            kv,
+            limits,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: Stats::default(),
+            profile: None,
+        }
+    }
+
+    /// Measures (once; later calls return the first measurement) a decode step of b
+    /// sequences for b = 1, 2, 4, … up to the running limit and the free blocks, each the
+    /// fastest of 3, and a 64-token prompt chunk — on scratch blocks taken from the free queue
+    /// and given back. Running sequences wait for it (well under a second on gpt2-small).
+    pub fn profile(&mut self) -> StepProfile {
+        if let Some(p) = &self.profile {
+            return p.clone();
+        }
+        let bs = self.kv.block_size;
+        let time = |engine: &mut Engine, work: &[(Vec<u32>, usize, Vec<usize>)]| {
+            let w: Vec<Work> =
+                work.iter().map(|(t, start, blocks)| Work { tokens: t, start: *start, blocks, logits: true }).collect();
+            (0..3)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    engine.model.step(&mut engine.kv, &w);
+                    t0.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let mut decode = Vec::new();
+        let mut b = 1;
+        while b <= self.limits.max_running.max(1) {
+            let blocks: Vec<usize> = (0..b).map_while(|_| self.kv.allocate()).collect();
+            if blocks.len() < b {
+                self.kv.release(&blocks);
+                break;
+            }
+            let work: Vec<_> = blocks.iter().map(|&k| (vec![0u32], bs - 1, vec![k])).collect();
+            decode.push((b, time(self, &work)));
+            self.kv.release(&blocks);
+            b *= 2;
+        }
+        let n = 64.min(self.model.context - 1).min(self.limits.max_step_tokens);
+        let blocks: Vec<usize> = (0..n.div_ceil(bs)).map_while(|_| self.kv.allocate()).collect();
+        let prefill_per_token =
+            if blocks.len() * bs >= n { time(self, &[(vec![0u32; n], 0, blocks.clone())]) / n as f64 } else { 0.0 };
+        self.kv.release(&blocks);
+        let p = StepProfile { decode, prefill_per_token };
+        self.profile = Some(p.clone());
+        p
     }
 
     /// Queues a request; refused (with the reason) if it can never run.
     pub fn add(&mut self, r: Request) -> Result<(), String> {
+        self.add_with(r, Admit::default())
+    }
+
+    /// Queues a request that shares a sibling's prompt or has its tokens given (see [`Admit`]).
+    pub fn add_with(&mut self, r: Request, admit: Admit) -> Result<(), String> {
         if r.prompt.is_empty() {
             return Err("the prompt is empty".into());
         }
@@ -171,9 +292,15 @@ impl Engine {
         if need > self.kv.total_blocks() {
             return Err(format!("the prompt needs {need} KV blocks; the cache holds {}", self.kv.total_blocks()));
         }
+        if let Some(&t) = admit.forced.iter().find(|&&t| t as usize >= self.model.vocab) {
+            return Err(format!("forced token {t} is outside the vocabulary (0..{})", self.model.vocab));
+        }
         let rng = ChaCha8Rng::seed_from_u64(r.sampling.seed);
         self.waiting.push_back(Seq {
             id: r.id,
+            prompt_computed: 0,
+            follows: admit.follows,
+            forced: admit.forced,
             tokens: r.prompt,
             generated: 0,
             computed: 0,
@@ -226,6 +353,51 @@ impl Engine {
         self.stats.preemptions += 1;
     }
 
+    /// Where a waiting sequence's sibling stands: still to compute their shared prompt (the
+    /// sequence waits), running with it computed (index in `running`), or gone (no sibling).
+    fn sibling(&self, s: &Seq) -> Sibling {
+        let Some(f) = s.follows else { return Sibling::None };
+        if self.waiting.iter().any(|x| x.id == f) {
+            return Sibling::Pending;
+        }
+        let Some(d) = self.running.iter().position(|x| x.id == f) else { return Sibling::None };
+        let shared = common_prefix(&self.running[d].tokens, &s.tokens).min(s.tokens.len() - 1);
+        if self.running[d].computed < shared && self.running[d].generated == 0 {
+            Sibling::Pending
+        } else {
+            Sibling::Ready(d)
+        }
+    }
+
+    /// Gives `s` (its cached full blocks taken) the rest of the prompt it shares with running
+    /// sequence `d`, up to its last token (which must run for its logits): whole blocks of
+    /// `d`'s taken as they are, a partial one copied into a new block. False when the cache is
+    /// out of blocks.
+    fn copy_from(&mut self, d: usize, s: &mut Seq) -> bool {
+        let bs = self.kv.block_size;
+        let donor = &self.running[d];
+        let shared = common_prefix(&donor.tokens, &s.tokens).min(s.tokens.len() - 1).min(donor.computed);
+        let mut copies = Vec::new();
+        while s.computed < shared {
+            let at = s.computed / bs;
+            let src = donor.blocks[at];
+            let n = (shared - s.computed).min(bs);
+            if n == bs {
+                // a whole block (not yet in the prefix cache's reach): shared as it is
+                self.kv.take(src);
+                s.blocks.push(src);
+            } else {
+                let Some(dst) = self.kv.allocate() else { return false };
+                copies.push((src, dst, n));
+                s.blocks.push(dst);
+                self.stats.prompt_tokens_copied += n as u64;
+            }
+            s.computed += n;
+        }
+        self.model.copy_rows(&mut self.kv, &copies);
+        true
+    }
+
     /// One iteration: schedules, runs one forward pass, samples. Returns the tokens made.
     pub fn step(&mut self) -> Vec<Output> {
         let mut budget = self.limits.max_step_tokens;
@@ -267,19 +439,36 @@ impl Engine {
                 }
             }
         }
-        // 3. new sequences while there is room
-        while budget > 0 && self.running.len() < self.limits.max_running {
-            let Some(mut s) = self.waiting.pop_front() else { break };
+        // 3. new sequences while there is room, in order; a branch whose sibling has not yet
+        // computed their shared prompt waits for it (the sequences behind it do not)
+        let mut w = 0;
+        while budget > 0 && self.running.len() < self.limits.max_running && w < self.waiting.len() {
+            let donor = match self.sibling(&self.waiting[w]) {
+                Sibling::Pending => {
+                    w += 1;
+                    continue;
+                }
+                Sibling::Ready(d) => Some(d),
+                Sibling::None => None,
+            };
+            let mut s = self.waiting.remove(w).expect("an index in the queue");
             let (hit, parent) = self.kv.match_prefix_keyed(&s.tokens);
             s.computed = hit.len() * self.kv.block_size;
             s.published = hit.len();
             s.parent = parent;
             s.blocks = hit;
+            if let Some(d) = donor {
+                if !self.copy_from(d, &mut s) {
+                    s.uncache(&mut self.kv);
+                    self.waiting.insert(w, s);
+                    break;
+                }
+            }
             let n = (s.tokens.len() - s.computed).min(budget);
             let upto = s.computed + n;
             if !Self::grow(&mut self.kv, &mut s, upto) {
                 s.uncache(&mut self.kv);
-                self.waiting.push_front(s);
+                self.waiting.insert(w, s);
                 break;
             }
             budget -= n;
@@ -315,6 +504,7 @@ impl Engine {
             }
             if s.generated == 0 {
                 self.stats.prompt_tokens_computed += n as u64;
+                s.prompt_computed += n;
             }
             s.computed += n;
             let bs = self.kv.block_size;
@@ -335,14 +525,17 @@ impl Engine {
                 seed: 0,
                 stop: None,
             };
-            let tok = pick(&row, &opt, &mut s.rng);
+            let tok = match s.forced.get(s.generated) {
+                Some(&t) => t,
+                None => pick(&row, &opt, &mut s.rng),
+            };
             let lse = log_sum_exp(&row);
             s.tokens.push(tok);
             s.generated += 1;
             self.stats.generated += 1;
             let fin = if s.sampling.stop_tokens.contains(&tok) {
                 Some(Finish::Stop)
-            } else if s.generated >= s.sampling.max_tokens {
+            } else if s.generated >= s.sampling.max_tokens || (!s.forced.is_empty() && s.generated == s.forced.len()) {
                 Some(Finish::Length)
             } else if s.tokens.len() >= self.model.context {
                 Some(Finish::Context)
@@ -351,7 +544,14 @@ impl Engine {
             };
             let top =
                 top_tokens(&row, s.sampling.top_logprobs).into_iter().map(|t| (t, row[t as usize] - lse)).collect();
-            out.push(Output { id: s.id, token: tok, logprob: row[tok as usize] - lse, top, finished: fin });
+            out.push(Output {
+                id: s.id,
+                token: tok,
+                logprob: row[tok as usize] - lse,
+                top,
+                finished: fin,
+                prompt_computed: s.prompt_computed,
+            });
             if fin.is_some() {
                 finished.push(i);
             }

@@ -155,6 +155,26 @@ impl KvCache {
         key
     }
 
+    /// Takes one more hold on block `b`, which a sequence holds (to share it as it is).
+    pub fn take(&mut self, b: usize) {
+        if self.refs[b] == 0 {
+            self.take_from_queue(b);
+        }
+        self.refs[b] += 1;
+    }
+
+    /// Copies the keys and values of the first `n` slots of block `src` into block `dst`, in
+    /// every layer.
+    pub fn copy_slots(&mut self, src: usize, dst: usize, n: usize) {
+        assert!(n <= self.block_size && src != dst);
+        for layer in 0..self.layers {
+            for kv in 0..2 {
+                let (from, to) = (self.offset(src, layer, kv, 0), self.offset(dst, layer, kv, 0));
+                self.data.copy_within(from..from + n * self.width, to);
+            }
+        }
+    }
+
     /// A sequence lets go of its blocks (given first to last); each goes back to the free
     /// queue when no one holds it. The tail is queued first, so it is evicted first and the
     /// head — the likelier shared prefix — stays cached longest (as vLLM does).

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod model;
 mod paged_attention;
 pub mod program;
+mod programs;
 pub mod served;
 pub mod server;
 pub mod text;

@@ -50,6 +50,8 @@ struct OwnedWork {
 
 /// The message that ends a follower's loop (instead of a work count).
 const STOP: u32 = u32::MAX;
+/// A message of block copies: `(src, dst, slots)` triples follow.
+const COPY: u32 = u32::MAX - 1;
 
 /// One sequence's share of a step: its `tokens` at positions `start..start + tokens.len()`,
 /// its block table, and whether the step must return its last token's logits.
@@ -112,12 +114,34 @@ impl Model {
         self.forward(kv, work)
     }
 
+    /// Copies the first `slots` slots of block `src` into block `dst` for each `(src, dst,
+    /// slots)`: a branch taking its sibling's partial block. Every rank copies its own heads.
+    pub fn copy_rows(&self, kv: &mut KvCache, copies: &[(usize, usize, usize)]) {
+        if copies.is_empty() {
+            return;
+        }
+        if self.comm.is_some() {
+            let mut msg = vec![COPY];
+            msg.extend(copies.iter().flat_map(|&(s, d, n)| [s as u32, d as u32, n as u32]));
+            self.send(&msg);
+        }
+        for &(s, d, n) in copies {
+            kv.copy_slots(s, d, n);
+        }
+    }
+
     /// On a rank other than 0: takes the next step's work from rank 0 and runs it; false once
     /// rank 0 has stopped.
     pub fn follow(&self, kv: &mut KvCache) -> bool {
         let msg = self.receive();
         if msg[0] == STOP {
             return false;
+        }
+        if msg[0] == COPY {
+            for c in msg[1..].chunks_exact(3) {
+                kv.copy_slots(c[0] as usize, c[1] as usize, c[2] as usize);
+            }
+            return true;
         }
         let mut it = msg[1..].iter().map(|&v| v as usize);
         let mut owned = Vec::new();

@@ -60,7 +60,6 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
     if (l.dp, l.pp, l.v, l.zero, l.sp) != (1, 1, 1, 0, false) {
         bail!("serving splits the model over tensor-parallel ranks only; give --tp N, not the layout '{l}'");
     }
-    let tp = l.tp;
     let Some(source) = &o.source else {
         if o.embedding_model.is_none() {
             bail!("give a model to serve: --checkpoint DIR or --model PRESET, and/or --embedding-model DIR");
@@ -68,6 +67,14 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
         let rt = runtime()?;
         return rt.block_on(serve(o, 0, on_listen));
     };
+    let kv_blocks = engine_blocks(&o, source)?;
+    runtime()?.block_on(serve(o, kv_blocks, on_listen))
+}
+
+/// Checks the engine's settings against the model (`--tp`, `--threads`, the cache) and
+/// returns the KV blocks the cache holds.
+pub(crate) fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize> {
+    let tp = o.layout.tp;
     let cfg = source.config()?;
     if tp == 0 {
         bail!("--tp must be at least 1");
@@ -95,7 +102,25 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
             block_mib
         );
     }
-    runtime()?.block_on(serve(o, kv_blocks, on_listen))
+    Ok(kv_blocks)
+}
+
+/// Loads the model and starts its engine: what handlers (or `brigade run`) use.
+pub(crate) fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metrics) -> Result<Loaded> {
+    let Served { gpt, params, tokenizer, eos } = source.load()?;
+    let (context, vocab) = (gpt.cfg.block_size, gpt.cfg.vocab_size);
+    let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
+    let setup = EngineSetup {
+        kv_blocks,
+        block_size: o.block_size,
+        limits,
+        tp: o.layout.tp,
+        threads: o.threads,
+        weights: o.weights,
+    };
+    let (handle, _join) = EngineHandle::start_model(gpt, params, setup, metrics.clone());
+    let chat = chat_template(tokenizer.as_ref(), &eos, source);
+    Ok(Loaded { engine: handle, tokenizer, eos, chat, context, vocab, kv_blocks, block_size: o.block_size })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -134,25 +159,11 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
                 let _ = app.embedder.as_ref().expect("a slot for it").set(e);
             }
             let Some(source) = &o.source else { return Ok(()) };
-            let Served { gpt, params, tokenizer, eos } = source.load()?;
-            let (context, vocab) = (gpt.cfg.block_size, gpt.cfg.vocab_size);
-            let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
-            let setup = EngineSetup {
-                kv_blocks,
-                block_size: o.block_size,
-                limits,
-                tp: o.layout.tp,
-                threads: o.threads,
-                weights: o.weights,
-            };
-            let (handle, _join) = EngineHandle::start_model(gpt, params, setup, app.metrics.clone());
-            let chat = chat_template(tokenizer.as_ref(), &eos, source);
+            let loaded = load(&o, source, kv_blocks, &app.metrics)?;
             // a preset has no tokenizer by design; a checkpoint without a template is worth a line
-            if let (Err(why), Source::Checkpoint(_)) = (&chat, source) {
+            if let (Err(why), Source::Checkpoint(_)) = (&loaded.chat, source) {
                 eprintln!("brigade serve: no chat API for this model: {why}");
             }
-            let loaded =
-                Loaded { engine: handle, tokenizer, eos, chat, context, vocab, kv_blocks, block_size: o.block_size };
             let _ = app.loaded.set(loaded);
             eprintln!("brigade serve: {} loaded; ready", app.name);
             Ok(())
@@ -162,6 +173,7 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/programs", post(crate::programs::programs))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
@@ -258,7 +270,7 @@ async fn wait_for_signal() {
 async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let path = uri.path();
     let hint =
-        "; it serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /ready and /metrics";
+        "; it serves POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, POST /v1/programs, GET /v1/models, /health, /ready and /metrics";
     let body = json!({"error": {
         "message": format!("no route {method} {path}{hint}"),
         "type": "invalid_request_error", "param": null, "code": "unknown_url",

@@ -8,7 +8,7 @@ use brigade::models::tokenizer::Tokenizer;
 pub struct Detok<'a> {
     /// `None`: the model has no tokenizer; text stays empty (clients read token ids).
     tok: Option<&'a Tokenizer>,
-    stops: &'a [String],
+    stops: Vec<String>,
     ids: Vec<u32>,
     /// Decoded text so far (final up to `sent`).
     text: String,
@@ -17,8 +17,8 @@ pub struct Detok<'a> {
 }
 
 impl<'a> Detok<'a> {
-    pub fn new(tok: Option<&'a Tokenizer>, stops: &'a [String]) -> Detok<'a> {
-        Detok { tok, stops, ids: Vec::new(), text: String::new(), sent: 0, stopped: false }
+    pub fn new(tok: Option<&'a Tokenizer>, stops: &[String]) -> Detok<'a> {
+        Detok { tok, stops: stops.to_vec(), ids: Vec::new(), text: String::new(), sent: 0, stopped: false }
     }
 
     /// Adds a generated token; returns the text that became final. After a stop string,

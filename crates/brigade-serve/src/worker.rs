@@ -3,7 +3,7 @@
 //! that goes away (its client disconnected) drops its receiver; the thread sees the closed
 //! channel and aborts the sequence, so its KV blocks are free at the next step.
 
-use crate::engine::{Engine, Limits, Output, Request};
+use crate::engine::{Admit, Engine, Limits, Output, Request, StepProfile};
 use crate::kv::KvCache;
 use crate::metrics::Metrics;
 use crate::model::Model;
@@ -29,8 +29,9 @@ pub struct EngineSetup {
 }
 
 enum Cmd {
-    Add(Request, UnboundedSender<Result<Output, String>>),
+    Add(Request, Admit, UnboundedSender<Result<Output, String>>),
     Abort(u64),
+    Profile(tokio::sync::oneshot::Sender<StepProfile>),
     Stop,
 }
 
@@ -135,7 +136,19 @@ impl EngineHandle {
 
     /// Queues a request; its tokens (or an error) arrive on `out`.
     pub fn add(&self, r: Request, out: UnboundedSender<Result<Output, String>>) {
-        let _ = self.tx.send(Cmd::Add(r, out));
+        self.add_with(r, Admit::default(), out);
+    }
+
+    /// Queues a request that shares a sibling's prompt or has its tokens given.
+    pub fn add_with(&self, r: Request, admit: Admit, out: UnboundedSender<Result<Output, String>>) {
+        let _ = self.tx.send(Cmd::Add(r, admit, out));
+    }
+
+    /// The engine's measured step times (measured at the first call, between two steps).
+    pub async fn profile(&self) -> Option<StepProfile> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = self.tx.send(Cmd::Profile(tx));
+        rx.await.ok()
     }
 
     pub fn abort(&self, id: u64) {
@@ -170,9 +183,9 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
         cmds.extend(rx.try_iter());
         for c in cmds {
             match c {
-                Cmd::Add(r, out) => {
+                Cmd::Add(r, admit, out) => {
                     let id = r.id;
-                    match engine.add(r) {
+                    match engine.add_with(r, admit) {
                         Ok(()) => {
                             outs.insert(id, out);
                         }
@@ -184,6 +197,9 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
                 Cmd::Abort(id) => {
                     engine.abort(id);
                     outs.remove(&id);
+                }
+                Cmd::Profile(reply) => {
+                    let _ = reply.send(engine.profile());
                 }
                 Cmd::Stop => return engine,
             }

@@ -304,3 +304,128 @@ fn the_step_budget_counts_every_token() {
     assert_eq!(taken(&mut e).0, 13 - 8);
     assert_eq!(e.kv.hits, 2);
 }
+
+/// Branches that share a prompt (a fork of 8 over a 203-token prompt; map-like branches that
+/// share a prefix and then differ) computed with `follows`: each branch's tokens and
+/// log-probabilities are bit-identical to the same request alone, while the shared prompt is
+/// computed once — whole blocks through the prefix cache, the partial last one copied. Also
+/// crowded and preempted, and for both families.
+#[test]
+fn branches_share_their_prompt_and_give_what_each_gives_alone() {
+    use brigade_serve::engine::Admit;
+    for f in FAMILIES {
+        let (gpt, p) = common::model(f, 97, 256, 11);
+        let prompt: Vec<u32> = (0..203).map(|i| (i * 29 + 7) % 97).collect();
+        let seeded = |j: u64| Sampling { seed: 7 + j, max_tokens: 12, ..want_seeded_sampling() };
+        let alone = |r: Request| {
+            let mut e = Engine::new(Model::new(&gpt, &p), 256, 4, Limits { max_running: 64, max_step_tokens: 4096 });
+            run(&mut e, vec![(0, r)])
+        };
+        // the fork: 8 branches of one prompt, arriving together
+        let mut e = Engine::new(Model::new(&gpt, &p), 256, 4, Limits { max_running: 64, max_step_tokens: 4096 });
+        for j in 0..8u64 {
+            let admit = Admit { follows: (j > 0).then_some(100), ..Default::default() };
+            e.add_with(Request { id: 100 + j, prompt: prompt.clone(), sampling: seeded(j) }, admit).unwrap();
+        }
+        let mut got: HashMap<u64, Vec<Output>> = HashMap::new();
+        while e.has_work() {
+            for o in e.step() {
+                got.entry(o.id).or_default().push(o);
+            }
+        }
+        for j in 0..8u64 {
+            let want = alone(Request { id: 100 + j, prompt: prompt.clone(), sampling: seeded(j) });
+            let strip = |v: &[Output]| v.iter().map(|o| (o.token, o.logprob, o.finished)).collect::<Vec<_>>();
+            assert_eq!(strip(&got[&(100 + j)]), strip(&want[&(100 + j)]), "{f:?}: branch {j} changed by sharing");
+        }
+        // one branch computes 203; each of the others only its last token (202 = 50 blocks
+        // of 4 and 2 slots, copied)
+        assert_eq!(e.stats.prompt_tokens_computed, 203 + 7, "{f:?}");
+        assert_eq!(e.stats.prompt_tokens_copied, 7 * 2, "{f:?}");
+        assert_eq!(got[&101][0].prompt_computed, 1);
+        assert_eq!(got[&100][0].prompt_computed, 203);
+        assert_eq!(e.kv.free_blocks(), e.kv.total_blocks(), "{f:?}: shared blocks all given back");
+        e.kv.check();
+        // map-like branches: a shared 50-token head, then each its own item; crowded with
+        // others, a small cache (preemption), a 24-token step budget (chunked prompts)
+        let head: Vec<u32> = (0..50).map(|i| (i * 13 + 3) % 97).collect();
+        let item = |j: u64| {
+            let mut t = head.clone();
+            t.extend((0..3 + j).map(|i| ((i * 7 + j * 5) % 97) as u32));
+            t
+        };
+        let mut arrivals = Vec::new();
+        for j in 0..6u64 {
+            arrivals.push((3, Request { id: 200 + j, prompt: item(j), sampling: seeded(j) }, j > 0));
+        }
+        for j in 0..12u64 {
+            let prompt: Vec<u32> = (0..5 + j * 3).map(|i| ((i * 31 + j * 17) % 97) as u32).collect();
+            arrivals.push((j as usize, Request { id: 300 + j, prompt, sampling: greedy(20) }, false));
+        }
+        let mut e = Engine::new(Model::new(&gpt, &p), 60, 4, Limits { max_running: 16, max_step_tokens: 24 });
+        let mut got: HashMap<u64, Vec<Output>> = HashMap::new();
+        let mut step = 0;
+        while e.has_work() || arrivals.iter().any(|a| a.0 >= step) {
+            for (s, r, follows) in &arrivals {
+                if *s == step {
+                    let admit = Admit { follows: follows.then_some(200), ..Default::default() };
+                    e.add_with(r.clone(), admit).unwrap();
+                }
+            }
+            for o in e.step() {
+                got.entry(o.id).or_default().push(o);
+            }
+            step += 1;
+            assert!(step < 10_000);
+        }
+        assert!(e.stats.preemptions > 0, "{f:?}: the test meant to preempt");
+        assert!(e.stats.prompt_tokens_copied > 0, "{f:?}: the test meant to copy a partial block");
+        for (_, r, _) in arrivals {
+            let id = r.id;
+            let strip = |v: &[Output]| v.iter().map(|o| (o.token, o.logprob, o.finished)).collect::<Vec<_>>();
+            assert_eq!(strip(&got[&id]), strip(&alone(r)[&id]), "{f:?}: request {id} changed by sharing");
+        }
+        assert_eq!(e.kv.free_blocks(), e.kv.total_blocks());
+        e.kv.check();
+    }
+}
+
+/// Forced tokens (a select scoring a choice): emitted in order whatever the sampler would
+/// pick, each with its log-probability under the model — against an independent log-softmax
+/// of the full-recompute logits — and the request ends after the last.
+#[test]
+fn forced_tokens_are_scored_by_the_full_recompute() {
+    use brigade_serve::engine::{Admit, Finish};
+    let (gpt, p) = common::model(Family::Gpt2, 97, 96, 5);
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 97).collect();
+    let forced = vec![5u32, 60, 60, 1];
+    let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
+    let admit = Admit { forced: forced.clone(), ..Default::default() };
+    e.add_with(
+        Request { id: 1, prompt: prompt.clone(), sampling: Sampling { seed: 3, ..want_seeded_sampling() } },
+        admit,
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    while e.has_work() {
+        got.extend(e.step());
+    }
+    assert_eq!(got.iter().map(|o| o.token).collect::<Vec<_>>(), forced);
+    assert_eq!(got.last().unwrap().finished, Some(Finish::Length));
+    let mut seq = prompt;
+    let mut acts = Activations::default();
+    for (k, o) in got.iter().enumerate() {
+        let logits = gpt.forward_last(&p, &seq, 1, seq.len(), &mut acts);
+        let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = mx + logits.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
+        let want = logits[forced[k] as usize] as f64 - lse;
+        assert!((o.logprob as f64 - want).abs() < 1e-4, "token {k}: {} vs {want}", o.logprob);
+        seq.push(forced[k]);
+    }
+    // a forced token outside the vocabulary is refused
+    let bad = Admit { forced: vec![97], ..Default::default() };
+    assert!(e
+        .add_with(Request { id: 2, prompt: vec![1, 2], sampling: greedy(2) }, bad)
+        .unwrap_err()
+        .contains("outside"));
+}

@@ -4,7 +4,7 @@
 
 mod common;
 
-use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
+use brigade_serve::engine::{Admit, Engine, Limits, Output, Request, Sampling};
 use brigade_serve::kv::KvCache;
 use brigade_serve::model::{Model, Work};
 use common::{Family, FAMILIES};
@@ -132,6 +132,13 @@ fn engine_on_ranks(f: Family, tp: usize) {
         for r in &requests {
             e.add(r.clone()).unwrap();
         }
+        // three branches sharing request 5's prompt: its partial block copied on every rank
+        for k in 0..3u64 {
+            let mut r = requests[5].clone();
+            r.id = 10 + k;
+            r.sampling.seed = 100 + k;
+            e.add_with(r, Admit { follows: Some(5), ..Default::default() }).unwrap();
+        }
         let mut out = Vec::new();
         while e.has_work() {
             out.extend(e.step());
@@ -155,5 +162,7 @@ fn engine_on_ranks(f: Family, tp: usize) {
     })
     .unwrap();
     assert_eq!(got[0], want, "{f:?} on {tp} ranks");
-    assert_eq!(want.len(), 120);
+    assert_eq!(want.len(), 180);
+    // the branches were computed from the copied blocks: each ran only its last prompt token
+    assert!(want.iter().filter(|o| o.id >= 10).all(|o| o.prompt_computed == 1));
 }

@@ -1,6 +1,8 @@
 //! Running the `brigade` binary as a user does, shared by the CLI test files.
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

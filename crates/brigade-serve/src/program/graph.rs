@@ -29,6 +29,9 @@ pub enum Fanout {
     Fork(usize),
     /// A branch per item of node `over`'s output.
     Map { over: String, split: Split },
+    /// A branch per item of a list the program gives (`"map": {"items": [...]}`): a plan whose
+    /// points are known, or a benchmark's fixed width.
+    Items(Vec<String>),
     /// One of the given continuations, by the model's log-probability.
     Select(Vec<String>),
 }
@@ -42,6 +45,8 @@ pub struct Node {
     pub settings: Map<String, Value>,
     /// The nodes it depends on, in index order.
     pub deps: Vec<usize>,
+    /// Seconds from the program's start by which the node must be done, or it fails.
+    pub deadline_s: Option<f64>,
 }
 
 /// `max_parallel`: chosen by the engine, or a bound.
@@ -55,6 +60,8 @@ pub enum Width {
 pub struct Program {
     pub model: Option<String>,
     pub max_parallel: Width,
+    /// Server-sent events: each node's result as it ends, then the whole.
+    pub stream: bool,
     /// In a topological order (every node after the nodes it depends on).
     pub nodes: Vec<Node>,
 }
@@ -79,7 +86,7 @@ impl Default for Limits {
 }
 
 /// Keys of a node that are the program's, not completions settings.
-const NODE_KEYS: &[&str] = &["id", "prompt", "fork", "map", "choices"];
+const NODE_KEYS: &[&str] = &["id", "prompt", "fork", "map", "choices", "deadline_s"];
 /// Completions settings a node may not set: the program sets them.
 const REFUSED: &[&str] = &["prompt", "n", "stream", "model", "echo"];
 
@@ -100,8 +107,8 @@ impl Program {
     pub fn from_value(v: &Value, limits: &Limits) -> Result<Program, String> {
         let top = v.as_object().ok_or("a program is an object with \"nodes\"")?;
         for k in top.keys() {
-            if !["model", "max_parallel", "nodes"].contains(&k.as_str()) {
-                return Err(format!("unknown program key '{k}'; a program has model, max_parallel and nodes"));
+            if !["model", "max_parallel", "stream", "nodes"].contains(&k.as_str()) {
+                return Err(format!("unknown program key '{k}'; a program has model, max_parallel, stream and nodes"));
             }
         }
         let model = match top.get("model") {
@@ -116,6 +123,11 @@ impl Program {
                 Some(n) if n >= 1 => Width::Max(n as usize),
                 _ => return Err(format!("\"max_parallel\" must be \"auto\" or a whole number of 1 or more, got {x}")),
             },
+        };
+        let stream = match top.get("stream") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(x) => return Err(format!("\"stream\" must be true or false, got {x}")),
         };
         let list = top.get("nodes").and_then(Value::as_array).ok_or("a program needs \"nodes\": a list of nodes")?;
         if list.is_empty() {
@@ -169,7 +181,7 @@ impl Program {
             n.deps.sort_unstable();
             sorted.push(n);
         }
-        let p = Program { model, max_parallel, nodes: sorted };
+        let p = Program { model, max_parallel, stream, nodes: sorted };
         let total = p.token_bound(limits);
         if total > limits.max_total_tokens {
             return Err(format!(
@@ -235,6 +247,7 @@ fn branch_bound(n: &Node, limits: &Limits) -> usize {
         Fanout::One | Fanout::Select(_) => 1,
         Fanout::Fork(k) => *k,
         Fanout::Map { .. } => limits.max_branches,
+        Fanout::Items(items) => items.len(),
     }
 }
 
@@ -272,7 +285,7 @@ fn node(i: usize, v: &Value, limits: &Limits) -> Result<Node, String> {
                 ))
             }
         },
-        Some("map") => map(&id, &o["map"])?,
+        Some("map") => map(&id, &o["map"], limits)?,
         _ => {
             let c = o["choices"].as_array().filter(|c| !c.is_empty() && c.iter().all(Value::is_string));
             let Some(c) = c else {
@@ -288,7 +301,7 @@ fn node(i: usize, v: &Value, limits: &Limits) -> Result<Node, String> {
             Fanout::Select(c.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect())
         }
     };
-    if prompt.uses_item() && !matches!(fanout, Fanout::Map { .. }) {
+    if prompt.uses_item() && !matches!(fanout, Fanout::Map { .. } | Fanout::Items(_)) {
         return Err(format!("node '{id}' uses {{{{item}}}} but maps over nothing; give it \"map\""));
     }
     let mut settings = Map::new();
@@ -306,13 +319,37 @@ fn node(i: usize, v: &Value, limits: &Limits) -> Result<Node, String> {
             return Err(format!("node '{id}': \"max_tokens\" must be a whole number, got {m}"));
         }
     }
-    Ok(Node { id, prompt, fanout, settings, deps: Vec::new() })
+    let deadline_s = match o.get("deadline_s") {
+        None | Some(Value::Null) => None,
+        Some(x) => match x.as_f64() {
+            Some(d) if d > 0.0 && d.is_finite() => Some(d),
+            _ => return Err(format!("node '{id}': \"deadline_s\" must be a number of seconds above 0, got {x}")),
+        },
+    };
+    Ok(Node { id, prompt, fanout, settings, deps: Vec::new(), deadline_s })
 }
 
-fn map(id: &str, v: &Value) -> Result<Fanout, String> {
+fn map(id: &str, v: &Value, limits: &Limits) -> Result<Fanout, String> {
     let o = v.as_object().ok_or_else(|| {
-        format!("node '{id}': \"map\" is {{\"over\": ID, \"split\": \"lines\" | \"json\" | {{\"regex\": R}}}}")
+        format!("node '{id}': \"map\" is {{\"over\": ID, \"split\": \"lines\" | \"json\" | {{\"regex\": R}}}} or {{\"items\": [...]}}")
     })?;
+    if let Some(items) = o.get("items") {
+        let list = items.as_array().filter(|a| !a.is_empty() && a.iter().all(Value::is_string));
+        let Some(list) = list else {
+            return Err(format!("node '{id}': \"map\": {{\"items\": …}} must be a non-empty list of strings"));
+        };
+        if o.len() > 1 {
+            return Err(format!("node '{id}': \"map\" takes either \"items\" or \"over\" (and \"split\")"));
+        }
+        if list.len() > limits.max_branches {
+            return Err(format!(
+                "node '{id}' maps over {} items; at most {} are allowed",
+                list.len(),
+                limits.max_branches
+            ));
+        }
+        return Ok(Fanout::Items(list.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect()));
+    }
     let over = o
         .get("over")
         .and_then(Value::as_str)

@@ -1,0 +1,372 @@
+//! `POST /v1/programs` and `brigade run` from outside. The reference is the completions API
+//! itself: every node's output must equal what `/v1/completions` returns for the node's
+//! rendered prompt and settings (a fork as `n`, a map item as its own request), the calls sent
+//! one at a time — alone, and again inside a crowd of other requests with chunked prompts and
+//! preemption. A select's scores are held to an independent full forward's log-softmax.
+
+mod common;
+
+use common::server::{checkpoint, fixture_tokenizer, start, Server};
+use common::{fails_with, ok};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Every shape: a greedy node, a map over its words (seeded), a fork (seeded, top-k), a select,
+/// a map over given items, and a join with a stop string.
+fn every_shape() -> Value {
+    json!({"nodes": [
+        {"id": "answer", "prompt": "{{expand[0]}} {{pick}} {{vote[2]}}", "max_tokens": 8, "temperature": 0.0, "stop": ["e "]},
+        {"id": "outline", "prompt": "The mesh", "max_tokens": 10, "temperature": 1.0, "seed": 5, "top_k": 40},
+        {"id": "expand", "map": {"over": "outline", "split": {"regex": "\\s+"}}, "prompt": "Expand {{item}}:", "max_tokens": 8, "temperature": 0.7, "seed": 3},
+        {"id": "vote", "fork": 3, "prompt": "{{outline}} so", "seed": 11, "temperature": 1.0, "top_k": 40, "max_tokens": 8},
+        {"id": "pick", "prompt": "{{vote[1]}} is", "choices": [" good", " bad", " the mesh"]},
+        {"id": "list", "map": {"items": ["alpha", "beta"]}, "prompt": "{{outline}} {{item}}", "max_tokens": 6, "temperature": 0}
+    ]})
+}
+
+fn node<'a>(p: &'a Value, id: &str) -> &'a Value {
+    let n = &p["nodes"][id];
+    assert!(n.is_object(), "no node {id} in {p}");
+    assert!(n["error"].is_null(), "node {id} failed: {}", n["error"]);
+    n
+}
+
+/// The completions request a node's branch stands for: the node's settings, the rendered
+/// prompt, a fork's `n`.
+fn completion_of(spec: &Value, id: &str, prompt: &str) -> Value {
+    let s = spec["nodes"].as_array().unwrap().iter().find(|n| n["id"] == id).unwrap();
+    let mut body = json!({"prompt": prompt, "return_token_ids": true});
+    for (k, v) in s.as_object().unwrap() {
+        if !["id", "prompt", "fork", "map", "choices", "deadline_s"].contains(&k.as_str()) {
+            body[k] = v.clone();
+        }
+    }
+    if let Some(n) = s.get("fork") {
+        body["n"] = n.clone();
+    }
+    body
+}
+
+/// Each node's branches against `/v1/completions`, one call at a time in topological order.
+async fn check_against_completions(s: &Server, spec: &Value, got: &Value) {
+    for id in ["outline", "expand", "vote", "list", "answer"] {
+        let n = node(got, id);
+        let branches = n["branches"].as_array().unwrap();
+        let forked = spec["nodes"].as_array().unwrap().iter().any(|x| x["id"] == id && x.get("fork").is_some());
+        if forked {
+            let (st, r) = s.post(completion_of(spec, id, branches[0]["prompt"].as_str().unwrap())).await;
+            assert_eq!(st, 200, "{r}");
+            let choices = r["choices"].as_array().unwrap();
+            assert_eq!(choices.len(), branches.len(), "{id}: a fork of N is n: N");
+            for (j, (b, c)) in branches.iter().zip(choices).enumerate() {
+                assert_eq!(b["prompt"], branches[0]["prompt"]);
+                assert_eq!(b["token_ids"], c["token_ids"], "{id}[{j}]: tokens differ from choice {j}");
+                assert_eq!(b["text"], c["text"], "{id}[{j}]");
+                assert_eq!(b["finish_reason"], c["finish_reason"], "{id}[{j}]");
+            }
+        } else {
+            for (j, b) in branches.iter().enumerate() {
+                let (st, r) = s.post(completion_of(spec, id, b["prompt"].as_str().unwrap())).await;
+                assert_eq!(st, 200, "{r}");
+                let c = &r["choices"][0];
+                assert_eq!(b["token_ids"], c["token_ids"], "{id}[{j}]: tokens differ from the completion");
+                assert_eq!(b["text"], c["text"], "{id}[{j}]");
+                assert_eq!(b["finish_reason"], c["finish_reason"], "{id}[{j}]");
+            }
+        }
+    }
+}
+
+/// `{{X}}` is X's branches joined by newlines, `{{X[i]}}` one branch, `{{item}}` the item.
+fn check_rendering(got: &Value) {
+    let text = |id: &str, j: usize| node(got, id)["branches"][j]["text"].as_str().unwrap().to_string();
+    let outline = text("outline", 0);
+    let words: Vec<&str> = outline.split(char::is_whitespace).filter(|w| !w.is_empty()).collect();
+    let expand = node(got, "expand")["branches"].as_array().unwrap();
+    assert!(words.len() >= 2, "the test needs a map of several items; the outline is {outline:?}");
+    assert_eq!(expand.len(), words.len(), "one branch per item of {outline:?}");
+    for (b, w) in expand.iter().zip(&words) {
+        assert_eq!(b["prompt"], format!("Expand {w}:"));
+    }
+    assert_eq!(node(got, "vote")["branches"][0]["prompt"], format!("{outline} so"));
+    assert_eq!(node(got, "list")["branches"][1]["prompt"], format!("{outline} beta"));
+    let pick = node(got, "pick")["choice"].as_str().unwrap().to_string();
+    assert_eq!(
+        node(got, "answer")["branches"][0]["prompt"],
+        format!("{} {pick} {}", text("expand", 0), text("vote", 2))
+    );
+}
+
+/// A select's scores: the mean log-probability of each choice's tokens after the prompt, by
+/// the full forward of the checkpoint (no cache, no batching) in f64; the pick is the best.
+fn check_select(got: &Value) {
+    let tok = brigade::models::tokenizer::Tokenizer::from_file(&fixture_tokenizer()).unwrap();
+    let (model, params) = brigade::models::checkpoint::load_model(checkpoint()).unwrap();
+    let n = node(got, "pick");
+    let prompt = tok.encode(n["branches"][0]["prompt"].as_str().unwrap()).unwrap();
+    let mut best = (f64::NEG_INFINITY, String::new());
+    for (j, choice) in [" good", " bad", " the mesh"].iter().enumerate() {
+        let c = tok.encode(choice).unwrap();
+        let ids: Vec<u32> = prompt.iter().chain(&c).copied().collect();
+        let mut acts = brigade::models::Activations::default();
+        model.logits(&params, &ids, (1, ids.len()), &mut acts);
+        let rows: Vec<&[f32]> = acts.logits.chunks(model.cfg.vocab_size).collect();
+        let mut sum = 0.0;
+        for t in prompt.len()..ids.len() {
+            let row = rows[t - 1];
+            let m = row.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
+            let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+            sum += row[ids[t] as usize] as f64 - lse;
+        }
+        let want = sum / c.len() as f64;
+        let score = n["scores"][j].as_f64().unwrap();
+        assert!((score - want).abs() < 1e-4, "choice {choice:?}: score {score}, the full forward's {want}");
+        assert_eq!(n["branches"][j]["token_ids"], json!(c), "a choice's tokens are forced");
+        if want > best.0 + 1e-9 {
+            best = (want, choice.to_string());
+        }
+    }
+    assert_eq!(n["choice"], best.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_node_equals_the_completions_api_alone_and_in_a_crowd() {
+    // chunked prompts (16 tokens a step), 2-token blocks, a 1 MiB cache (256 blocks): a crowd
+    // preempts
+    let s = start(&[
+        "--checkpoint",
+        checkpoint().to_str().unwrap(),
+        "--max-step-tokens",
+        "16",
+        "--block-size",
+        "2",
+        "--kv-cache-mib",
+        "1",
+    ]);
+    s.wait_ready().await;
+    let spec = every_shape();
+    let (st, alone) = s.post_to("/v1/programs", spec.clone()).await;
+    assert_eq!(st, 200, "{alone}");
+    check_rendering(&alone);
+    check_select(&alone);
+    check_against_completions(&s, &spec, &alone).await;
+    // the branches shared their prompts: a fork's branches after the first computed one token
+    for b in node(&alone, "vote")["branches"].as_array().unwrap()[1..].iter() {
+        assert_eq!(b["prompt_tokens_computed"], 1, "{b}");
+    }
+    assert!(alone["prefill_tokens_saved"].as_u64().unwrap() > 0);
+    let generated: usize = alone["nodes"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|n| n["branches"].as_array().unwrap().clone())
+        .map(|b| b["token_ids"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(alone["generated_tokens"], generated);
+    assert!(alone["failed"].as_array().unwrap().is_empty());
+    // the critical path ends at the node that ended last and walks back through inputs
+    let path: Vec<String> = serde_json::from_value(alone["critical_path"].clone()).unwrap();
+    assert_eq!(path.first().map(String::as_str), Some("outline"));
+    // in a crowd: 12 long completions beside it, and the program twice more at once
+    let before = s.metric("brigade_preemptions_total").await;
+    let crowd = (0..12).map(|i| {
+        let prompt = ["The planner", "A pipeline", "x"][i % 3];
+        s.post(json!({"prompt": prompt, "max_tokens": 50, "temperature": 0.9, "seed": i, "ignore_eos": true}))
+    });
+    let programs = (0..2).map(|_| s.post_to("/v1/programs", spec.clone()));
+    let (others, again) = tokio::join!(futures_util::future::join_all(crowd), futures_util::future::join_all(programs));
+    assert!(others.iter().all(|(st, _)| *st == 200));
+    assert!(s.metric("brigade_preemptions_total").await > before, "the crowd was meant to preempt");
+    for (st, r) in again {
+        assert_eq!(st, 200, "{r}");
+        for (id, n) in alone["nodes"].as_object().unwrap() {
+            let strip = |n: &Value| {
+                n["branches"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| (b["prompt"].clone(), b["token_ids"].clone(), b["text"].clone()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(strip(&r["nodes"][id]), strip(n), "node {id} changed in the crowd");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_node_fails_its_dependents_and_no_other() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    s.wait_ready().await;
+    // the tiny model's context is 64 tokens
+    let long = "{{a}} ".repeat(40);
+    let spec = json!({"nodes": [
+        {"id": "a", "prompt": "The mesh", "max_tokens": 10, "temperature": 0},
+        {"id": "too_long", "prompt": long, "max_tokens": 4},
+        {"id": "after_long", "prompt": "{{too_long}} and", "max_tokens": 4},
+        {"id": "not_json", "map": {"over": "a", "split": "json"}, "prompt": "{{item}}", "max_tokens": 4},
+        {"id": "late", "prompt": "{{a}}", "max_tokens": 40, "ignore_eos": true, "deadline_s": 0.000001},
+        {"id": "after_late", "prompt": "{{late}}", "max_tokens": 4},
+        {"id": "fine", "prompt": "{{a}} too", "max_tokens": 4, "temperature": 0}
+    ]});
+    let (st, r) = s.post_to("/v1/programs", spec).await;
+    assert_eq!(st, 200, "{r}");
+    let err =
+        |id: &str| r["nodes"][id]["error"].as_str().unwrap_or_else(|| panic!("{id} did not fail: {r}")).to_string();
+    assert!(err("too_long").contains("context"), "{}", err("too_long"));
+    assert!(err("after_long").contains("'too_long', which failed"), "{}", err("after_long"));
+    assert!(err("not_json").contains("not a JSON array"), "{}", err("not_json"));
+    assert!(err("late").contains("deadline"), "{}", err("late"));
+    assert!(err("after_late").contains("'late', which failed"));
+    assert!(r["nodes"]["a"]["error"].is_null() && r["nodes"]["fine"]["error"].is_null(), "{r}");
+    let mut failed: Vec<String> = serde_json::from_value(r["failed"].clone()).unwrap();
+    failed.sort();
+    assert_eq!(failed, ["after_late", "after_long", "late", "not_json", "too_long"]);
+    // nothing is left running or holding blocks
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(s.metric("brigade_running_sequences").await, 0.0);
+    assert_eq!(s.metric("brigade_kv_blocks_used").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_programs_are_refused_before_anything_runs() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    s.wait_ready().await;
+    for (body, status, want) in [
+        (json!({"nodes": [{"id": "a", "prompt": "{{b}}"}, {"id": "b", "prompt": "{{a}}"}]}), 400, "cycle"),
+        (json!({"nodes": [{"id": "a", "prompt": "{{nope}}"}]}), 400, "'nope'"),
+        (
+            json!({"nodes": [{"id": "a", "prompt": "x", "temperature": 5}]}),
+            400,
+            "node 'a': 'temperature' must be from 0 to 2",
+        ),
+        (
+            json!({"nodes": [{"id": "a", "prompt": "x", "frobnicate": 1}]}),
+            400,
+            "node 'a': unsupported parameter 'frobnicate'",
+        ),
+        (json!({"nodes": [{"id": "a", "prompt": "x", "stream": true}]}), 400, "set by the program"),
+        (json!({"model": "other", "nodes": [{"id": "a", "prompt": "x"}]}), 404, "does not exist"),
+        (json!({"nodes": [{"id": "a", "prompt": "x", "fork": 1000}]}), 400, "fork"),
+        (json!([1, 2]), 400, "object"),
+    ] {
+        let (st, r) = s.post_to("/v1/programs", body.clone()).await;
+        assert_eq!(st, status, "{body}: {r}");
+        let m = r["error"]["message"].as_str().unwrap();
+        assert!(m.contains(want), "{body}: {m}");
+    }
+    assert_eq!(s.metric("brigade_generation_tokens_total").await, 0.0, "nothing ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_streamed_program_sends_each_node_as_it_ends_then_the_result() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    s.wait_ready().await;
+    let mut spec = every_shape();
+    let (_, whole) = s.post_to("/v1/programs", spec.clone()).await;
+    spec["stream"] = json!(true);
+    let events = s.stream_to("/v1/programs", spec).await;
+    let (nodes, last) = events.split_at(events.len() - 1);
+    assert_eq!(nodes.len(), 6, "an event per node");
+    let mut ends = Vec::new();
+    for e in nodes {
+        let id = e["node"].as_str().unwrap();
+        assert_eq!(e["branches"].as_array().unwrap().len(), whole["nodes"][id]["branches"].as_array().unwrap().len());
+        // greedy and seeded nodes: the same tokens as the unstreamed run
+        for (a, b) in e["branches"].as_array().unwrap().iter().zip(whole["nodes"][id]["branches"].as_array().unwrap()) {
+            assert_eq!(a["token_ids"], b["token_ids"], "{id}");
+        }
+        ends.push(e["end_s"].as_f64().unwrap());
+    }
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]), "events in the order the nodes ended: {ends:?}");
+    assert_eq!(last[0]["object"], "program.result");
+    assert_eq!(last[0]["nodes"].as_object().unwrap().len(), 6);
+}
+
+/// A client that goes away mid-program aborts all of it: generation stops long before the
+/// program's tokens are made, and every block is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_goes_away_aborts_the_whole_program() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap(), "--threads", "1"]);
+    s.wait_ready().await;
+    // a chain of 31 forks of 32 × 30 tokens, each after a select on the one before: ≥ 930
+    // steps one after another, far longer than the 300 ms the client waits
+    let fork = |i: usize, prompt: String| json!({"id": format!("n{i}"), "prompt": prompt, "fork": 32, "max_tokens": 30, "ignore_eos": true, "seed": 1, "temperature": 1.0});
+    let mut nodes = vec![fork(0, "The mesh".into())];
+    for i in 1..31 {
+        nodes.push(json!({"id": format!("s{i}"), "prompt": format!("{{{{n{}[0]}}}}", i - 1), "choices": [" a", " b"]}));
+        nodes.push(fork(i, format!("The mesh{{{{s{i}}}}}")));
+    }
+    let total: f64 = 31.0 * 32.0 * 30.0;
+    let client = reqwest::Client::new();
+    let send = client.post(format!("{}/v1/programs", s.url)).json(&json!({"nodes": nodes})).send();
+    assert!(tokio::time::timeout(Duration::from_millis(300), send).await.is_err(), "the program ended within 300 ms");
+    let t0 = Instant::now();
+    loop {
+        if s.metric("brigade_running_sequences").await == 0.0 && s.metric("brigade_kv_blocks_used").await == 0.0 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "the program's sequences still run 5 s after the client left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let made = s.metric("brigade_generation_tokens_total").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(s.metric("brigade_generation_tokens_total").await, made, "generation went on");
+    assert!(made < total / 2.0, "{made} of {total} tokens: the program was not cut short");
+}
+
+/// `brigade run` runs the same program (TOML here) with the same runner: the same outputs as
+/// the server's; a bad program or file ends with one line and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn brigade_run_gives_the_servers_result_without_a_server() {
+    let d = tempfile::tempdir().unwrap();
+    let toml = r#"
+[[nodes]]
+id = "outline"
+prompt = "The mesh"
+max_tokens = 10
+temperature = 0
+
+[[nodes]]
+id = "vote"
+prompt = "{{outline}} so"
+fork = 3
+seed = 11
+temperature = 1.0
+max_tokens = 8
+
+[[nodes]]
+id = "pick"
+prompt = "{{vote[1]}} is"
+choices = [" good", " bad"]
+"#;
+    std::fs::write(d.path().join("p.toml"), toml).unwrap();
+    let ck = checkpoint().to_str().unwrap();
+    ok(&["run", "p.toml", "--checkpoint", ck, "--threads", "1", "--out", "r.json"], d.path());
+    let local: Value = serde_json::from_slice(&std::fs::read(d.path().join("r.json")).unwrap()).unwrap();
+    let s = start(&["--checkpoint", ck]);
+    s.wait_ready().await;
+    let spec = json!({"nodes": [
+        {"id": "outline", "prompt": "The mesh", "max_tokens": 10, "temperature": 0},
+        {"id": "vote", "prompt": "{{outline}} so", "fork": 3, "seed": 11, "temperature": 1.0, "max_tokens": 8},
+        {"id": "pick", "prompt": "{{vote[1]}} is", "choices": [" good", " bad"]}]});
+    let (_, served) = s.post_to("/v1/programs", spec).await;
+    for id in ["outline", "vote", "pick"] {
+        for (a, b) in local["nodes"][id]["branches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(served["nodes"][id]["branches"].as_array().unwrap())
+        {
+            assert_eq!((&a["prompt"], &a["token_ids"]), (&b["prompt"], &b["token_ids"]), "{id}");
+        }
+    }
+    assert_eq!(local["nodes"]["pick"]["choice"], served["nodes"]["pick"]["choice"]);
+    // bad input: one line, nothing written
+    std::fs::write(d.path().join("cycle.json"), r#"{"nodes": [{"id": "a", "prompt": "{{a}}"}]}"#).unwrap();
+    fails_with(&["run", "cycle.json", "--checkpoint", ck, "--out", "c.json"], d.path(), "names itself");
+    fails_with(&["run", "missing.json", "--checkpoint", ck], d.path(), "cannot read the program");
+    std::fs::write(d.path().join("bad.toml"), "nodes = 3").unwrap();
+    fails_with(&["run", "bad.toml", "--checkpoint", ck], d.path(), "nodes");
+    assert!(!Path::new(&d.path().join("c.json")).exists());
+}

@@ -1,0 +1,492 @@
+//! Runs a program inside the engine: a node enters the running batch as soon as the nodes it
+//! names are done; its branches (a fork's, a map's items, a select's choices) are sequences of
+//! the engine that share their prompt's keys and values with branch 0 (`Admit::follows`);
+//! while the program's width is spent, the branch of the node with the longest remaining path
+//! goes first. Each node's sequences are built exactly as `/v1/completions` builds a request's
+//! (`completions::{prompted, sampling, Choices}`), so a node's output is what that API returns
+//! for its rendered prompt and settings. A node that fails fails the nodes that depend on it
+//! and no other; the result names which and why.
+
+use super::graph::{split, Fanout, Node, Program, Width};
+use crate::api::{self, Completion, Prompt};
+use crate::app::Loaded;
+use crate::completions::{prompt_ids, prompted, sampling, Choices, Kind};
+use crate::engine::{Admit, Output, Request, Sampling, StepProfile};
+use crate::metrics::Metrics;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::unbounded_channel;
+
+/// What a run needs of the server (or of `brigade run`'s engine without one).
+pub(crate) struct Ctx<'a> {
+    pub(crate) l: &'a Loaded,
+    pub(crate) metrics: &'a Metrics,
+    pub(crate) next_id: &'a AtomicU64,
+    /// The most branches of one node (a map's items are only known when it starts).
+    pub(crate) max_branches: usize,
+}
+
+/// Checks, before anything runs, what the graph's own checks cannot: that the model can take
+/// text prompts, and every node's settings as `/v1/completions` would check them.
+pub(crate) fn check(p: &Program, l: &Loaded) -> Result<(), String> {
+    let Some(tok) = &l.tokenizer else {
+        return Err("this model has no tokenizer.json, and programs are text; serve a checkpoint that has one".into());
+    };
+    for n in &p.nodes {
+        completion(n, vec!["x".into()]).map_err(|e| format!("node '{}': {e}", n.id))?;
+        if let Fanout::Select(choices) = &n.fanout {
+            for c in choices {
+                if tok.encode(c).map_err(|e| e.to_string())?.is_empty() {
+                    return Err(format!("node '{}': the choice {c:?} is no tokens", n.id));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The node's settings as a completions request for `prompts` (a fork's N as `n`).
+fn completion(n: &Node, prompts: Vec<String>) -> Result<Completion, String> {
+    let mut body: Map<String, Value> = n.settings.clone();
+    body.insert("prompt".into(), json!(prompts));
+    if let Fanout::Fork(k) = n.fanout {
+        body.insert("n".into(), json!(k));
+    }
+    let bytes = serde_json::to_vec(&Value::Object(body)).expect("JSON");
+    api::parse(&bytes).map_err(|e| e.message)
+}
+
+enum State {
+    Waiting,
+    Running,
+    Done,
+    Failed(String),
+}
+
+struct Branch {
+    prompt: String,
+    request: Request,
+    admit: Admit,
+    submitted: bool,
+    done: bool,
+    start_s: Option<f64>,
+    end_s: Option<f64>,
+    prompt_computed: usize,
+    /// Sum of the forced tokens' log-probabilities (a select's choice).
+    logprob: f64,
+}
+
+struct Run<'a> {
+    state: State,
+    branches: Vec<Branch>,
+    choices: Option<Choices<'a>>,
+    /// Each branch's text once done (a select's: the chosen choice).
+    texts: Vec<String>,
+    /// A select's mean log-probability of each choice.
+    scores: Vec<f64>,
+    start_s: Option<f64>,
+    end_s: Option<f64>,
+}
+
+impl Run<'_> {
+    fn finished(&self) -> bool {
+        matches!(self.state, State::Done | State::Failed(_))
+    }
+}
+
+/// Runs `p` to its end; `on_node` gets each node's result as it ends. Returns the result.
+pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Value)) -> Value {
+    let l = ctx.l;
+    let profile: StepProfile =
+        l.engine.profile().await.unwrap_or(StepProfile { decode: vec![], prefill_per_token: 0.0 });
+    let t0 = Instant::now();
+    let knee = profile.knee().max(1);
+    let remaining = p.remaining_path();
+    let (tx, mut rx) = unbounded_channel::<Result<Output, String>>();
+    let mut runs: Vec<Run> = p
+        .nodes
+        .iter()
+        .map(|_| Run {
+            state: State::Waiting,
+            branches: Vec::new(),
+            choices: None,
+            texts: Vec::new(),
+            scores: Vec::new(),
+            start_s: None,
+            end_s: None,
+        })
+        .collect();
+    let mut owner: HashMap<u64, (usize, usize)> = HashMap::new();
+    // every sequence submitted is aborted when the run ends, however it ends (a client that
+    // goes away drops this future)
+    let mut submitted = Aborts { l, ids: Vec::new() };
+    let mut inflight = 0usize;
+    let mut width_at_start = None;
+    let now = |t0: Instant| t0.elapsed().as_secs_f64();
+    loop {
+        // nodes whose inputs are in: started, or failed with the input that failed
+        for i in 0..p.nodes.len() {
+            if !matches!(runs[i].state, State::Waiting) {
+                continue;
+            }
+            let node = &p.nodes[i];
+            if let Some(&d) = node.deps.iter().find(|&&d| matches!(runs[d].state, State::Failed(_))) {
+                fail(&mut runs[i], format!("it depends on '{}', which failed", p.nodes[d].id), t0);
+                on_node(node_event(&p.nodes[i], &runs[i]));
+                continue;
+            }
+            if node.deps.iter().all(|&d| matches!(runs[d].state, State::Done)) {
+                match start(ctx, p, i, &runs) {
+                    Ok((branches, choices)) => {
+                        let r = &mut runs[i];
+                        for (j, b) in branches.iter().enumerate() {
+                            owner.insert(b.request.id, (i, j));
+                        }
+                        r.branches = branches;
+                        r.choices = Some(choices);
+                        r.state = State::Running;
+                        r.start_s = Some(now(t0));
+                    }
+                    Err(e) => {
+                        fail(&mut runs[i], e, t0);
+                        on_node(node_event(&p.nodes[i], &runs[i]));
+                    }
+                }
+            }
+        }
+        // deadlines
+        let t = now(t0);
+        for (i, node) in p.nodes.iter().enumerate() {
+            if let (Some(d), false) = (node.deadline_s, runs[i].finished()) {
+                if t >= d {
+                    inflight -= stop_branches(&mut runs[i], l);
+                    fail(&mut runs[i], format!("its deadline of {d} s passed before it finished"), t0);
+                    on_node(node_event(node, &runs[i]));
+                }
+            }
+        }
+        if runs.iter().all(Run::finished) {
+            break;
+        }
+        // branches into the engine while the width allows, longest remaining path first
+        let width = match p.max_parallel {
+            Width::Max(n) => n,
+            Width::Auto => {
+                let busy = (ctx.metrics.running.get() + ctx.metrics.waiting.get()).max(0) as usize;
+                knee.saturating_sub(busy.saturating_sub(inflight)).max(1)
+            }
+        };
+        width_at_start.get_or_insert(width);
+        while inflight < width {
+            let next = (0..p.nodes.len())
+                .filter(|&i| matches!(runs[i].state, State::Running))
+                .filter_map(|i| runs[i].branches.iter().position(|b| !b.submitted).map(|j| (i, j)))
+                .max_by_key(|&(i, _)| (remaining[i], usize::MAX - i));
+            let Some((i, j)) = next else { break };
+            let b = &mut runs[i].branches[j];
+            b.submitted = true;
+            b.start_s = Some(now(t0));
+            inflight += 1;
+            submitted.ids.push(b.request.id);
+            l.engine.add_with(b.request.clone(), b.admit.clone(), tx.clone());
+        }
+        // the next token, or the next deadline
+        let next_deadline = p
+            .nodes
+            .iter()
+            .zip(&runs)
+            .filter(|(_, r)| !r.finished())
+            .filter_map(|(n, _)| n.deadline_s)
+            .fold(f64::INFINITY, f64::min);
+        let wait = Duration::from_secs_f64((next_deadline - now(t0)).clamp(0.0, 3600.0));
+        let msg = tokio::select! {
+            m = rx.recv() => m,
+            _ = tokio::time::sleep(wait) => continue,
+        };
+        let o = match msg {
+            Some(Ok(o)) => o,
+            Some(Err(e)) => {
+                // the engine refused a sequence: its node fails (the sender does not say
+                // which, so the oldest running node with an unfinished branch is not named;
+                // every check the engine makes was made before, so this does not happen)
+                for (i, r) in runs.iter_mut().enumerate() {
+                    if matches!(r.state, State::Running) {
+                        inflight -= stop_branches(r, l);
+                        fail(r, format!("the engine refused it: {e}"), t0);
+                        on_node(node_event(&p.nodes[i], r));
+                    }
+                }
+                continue;
+            }
+            None => unreachable!("the run holds a sender"),
+        };
+        let Some(&(i, j)) = owner.get(&o.id) else { continue };
+        let r = &mut runs[i];
+        if !matches!(r.state, State::Running) {
+            continue;
+        }
+        let choices = r.choices.as_mut().expect("a running node has its choices");
+        let b = &mut r.branches[j];
+        b.prompt_computed = o.prompt_computed;
+        b.logprob += o.logprob as f64;
+        choices.take(&o, ctx.metrics);
+        if !b.done && choices.list[j].finish.is_some() {
+            b.done = true;
+            b.end_s = Some(now(t0));
+            inflight -= 1;
+        }
+        if r.branches.iter().all(|b| b.done) {
+            finish(&p.nodes[i], r, t0);
+            on_node(node_event(&p.nodes[i], r));
+        }
+    }
+    drop(submitted);
+    result(p, &runs, &profile, width_at_start.unwrap_or(1), t0)
+}
+
+/// Aborts every sequence it names when dropped (finished ones are no longer in the engine).
+struct Aborts<'a> {
+    l: &'a Loaded,
+    ids: Vec<u64>,
+}
+
+impl Drop for Aborts<'_> {
+    fn drop(&mut self) {
+        for &id in &self.ids {
+            self.l.engine.abort(id);
+        }
+    }
+}
+
+/// Aborts a node's submitted, unfinished branches; returns how many.
+fn stop_branches(r: &mut Run, l: &Loaded) -> usize {
+    let mut n = 0;
+    for b in &mut r.branches {
+        if b.submitted && !b.done {
+            l.engine.abort(b.request.id);
+            n += 1;
+        }
+        b.done = true;
+    }
+    n
+}
+
+fn fail(r: &mut Run, why: String, t0: Instant) {
+    r.state = State::Failed(why);
+    r.end_s = Some(t0.elapsed().as_secs_f64());
+}
+
+/// A node's branches, as the completions API would build its sequences.
+fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<Branch>, Choices<'a>), String> {
+    let l = ctx.l;
+    let node = &p.nodes[i];
+    let texts = |name: &str| p.nodes.iter().position(|n| n.id == name).map(|k| &runs[k].texts[..]);
+    let prompts: Vec<String> = match &node.fanout {
+        Fanout::Map { over, split: how } => {
+            let input = texts(over).expect("a checked reference").join("\n");
+            let items = split(how, &input).map_err(|e| format!("its map over '{over}': {e}"))?;
+            if items.is_empty() {
+                return Err(format!("its map over '{over}' found no items in {:?}", preview(&input)));
+            }
+            if items.len() > ctx.max_branches {
+                return Err(format!(
+                    "its map over '{over}' found {} items; at most {} branches are allowed",
+                    items.len(),
+                    ctx.max_branches
+                ));
+            }
+            items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?
+        }
+        Fanout::Items(items) => items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?,
+        _ => vec![node.prompt.render(texts, None)?],
+    };
+    let mut req = completion(node, prompts.clone())?;
+    if req.seed.is_none() && req.temperature > 0.0 {
+        // as the completions API: sampling without a seed draws one
+        req.seed = Some(rand::random());
+    }
+    let mut checked = Vec::new();
+    for text in &prompts {
+        let ids = prompt_ids(l, &Prompt::Text(text.clone())).map_err(|e| e.message)?;
+        checked.push(prompted(l, &req, ids).map_err(|e| format!("its rendered prompt: {}", e.message))?);
+    }
+    let count = match &node.fanout {
+        Fanout::Fork(k) => *k,
+        Fanout::Select(c) => c.len(),
+        _ => checked.len(),
+    };
+    let base = ctx.next_id.fetch_add(count as u64, Ordering::SeqCst);
+    let ids: Vec<u64> = (base..base + count as u64).collect();
+    let follows = |j: usize| (j > 0).then_some(base);
+    let branch = |j: usize, prompt: &str, ids_: &[u32], sampling: Sampling, forced: Vec<u32>| Branch {
+        prompt: prompt.to_string(),
+        request: Request { id: base + j as u64, prompt: ids_.to_vec(), sampling },
+        admit: Admit { follows: follows(j), forced },
+        submitted: false,
+        done: false,
+        start_s: None,
+        end_s: None,
+        prompt_computed: 0,
+        logprob: 0.0,
+    };
+    let mut branches = Vec::new();
+    match &node.fanout {
+        Fanout::Select(choices) => {
+            let tok = l.tokenizer.as_ref().expect("checked: the model has a tokenizer");
+            let c0 = &checked[0];
+            for (j, c) in choices.iter().enumerate() {
+                let forced = tok.encode(c).map_err(|e| e.to_string())?;
+                if c0.ids.len() + forced.len() > l.context {
+                    return Err(format!(
+                        "its prompt and the choice {c:?} are {} tokens; the model's context is {}",
+                        c0.ids.len() + forced.len(),
+                        l.context
+                    ));
+                }
+                let s = Sampling {
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    seed: 0,
+                    max_tokens: forced.len(),
+                    stop_tokens: vec![],
+                    top_logprobs: 0,
+                };
+                branches.push(branch(j, &prompts[0], &c0.ids, s, forced));
+            }
+        }
+        Fanout::Fork(k) => {
+            for j in 0..*k {
+                let s = sampling(l, &req, Kind::Text, checked[0].max_tokens, j);
+                branches.push(branch(j, &prompts[0], &checked[0].ids, s, vec![]));
+            }
+        }
+        _ => {
+            for (j, c) in checked.iter().enumerate() {
+                let s = sampling(l, &req, Kind::Text, c.max_tokens, 0);
+                branches.push(branch(j, &prompts[j], &c.ids, s, vec![]));
+            }
+        }
+    }
+    let started = Instant::now();
+    Ok((branches, Choices::new(l, &req, Kind::Text, &ids, started)))
+}
+
+/// A node whose branches are all done: its texts (a select's: the choice of highest mean
+/// log-probability per token, the first among equals, as SGLang's `select`).
+fn finish(node: &Node, r: &mut Run, t0: Instant) {
+    let choices = r.choices.as_ref().expect("a running node has its choices");
+    match &node.fanout {
+        Fanout::Select(options) => {
+            r.scores = r.branches.iter().map(|b| b.logprob / b.request.sampling.max_tokens as f64).collect();
+            let best = (0..options.len()).fold(0, |a, k| if r.scores[k] > r.scores[a] { k } else { a });
+            r.texts = vec![options[best].clone()];
+        }
+        _ => r.texts = choices.list.iter().map(|c| c.detok.text().to_string()).collect(),
+    }
+    r.state = State::Done;
+    r.end_s = Some(t0.elapsed().as_secs_f64());
+}
+
+fn preview(s: &str) -> String {
+    let p: String = s.chars().take(60).collect();
+    if p.len() < s.len() {
+        format!("{p}…")
+    } else {
+        p
+    }
+}
+
+/// A node's part of the result.
+fn node_value(node: &Node, r: &Run) -> Value {
+    let choices = r.choices.as_ref();
+    let branches: Vec<Value> = r
+        .branches
+        .iter()
+        .enumerate()
+        .map(|(j, b)| {
+            let c = choices.map(|c| &c.list[j]);
+            let text = match (&node.fanout, &r.state) {
+                (Fanout::Select(options), _) => options[j].clone(),
+                _ => c.map(|c| c.detok.text().to_string()).unwrap_or_default(),
+            };
+            json!({
+                "prompt": b.prompt,
+                "text": text,
+                "token_ids": c.map(|c| c.tokens.clone()).unwrap_or_default(),
+                "finish_reason": c.and_then(|c| c.finish),
+                "start_s": b.start_s,
+                "end_s": b.end_s,
+                "prompt_tokens": b.request.prompt.len(),
+                "prompt_tokens_computed": b.prompt_computed,
+            })
+        })
+        .collect();
+    let mut v = json!({
+        "branches": branches,
+        "error": match &r.state { State::Failed(e) => Some(e.clone()), _ => None },
+        "start_s": r.start_s,
+        "end_s": r.end_s,
+    });
+    if let (Fanout::Select(_), State::Done) = (&node.fanout, &r.state) {
+        v["choice"] = json!(r.texts[0]);
+        v["scores"] = json!(r.scores);
+    }
+    v
+}
+
+fn node_event(node: &Node, r: &Run) -> Value {
+    let mut v = node_value(node, r);
+    v["node"] = json!(node.id);
+    v
+}
+
+fn result(p: &Program, runs: &[Run], profile: &StepProfile, width: usize, t0: Instant) -> Value {
+    let mut nodes = Map::new();
+    let (mut generated, mut saved, mut sequential) = (0usize, 0usize, 0f64);
+    for (n, r) in p.nodes.iter().zip(runs) {
+        nodes.insert(n.id.clone(), node_value(n, r));
+        if let Some(c) = &r.choices {
+            for (b, c) in r.branches.iter().zip(&c.list) {
+                generated += c.tokens.len();
+                if c.tokens.is_empty() {
+                    continue;
+                }
+                let len = b.request.prompt.len();
+                saved += len.saturating_sub(b.prompt_computed);
+                // the same call alone: its whole prompt, then a decode step per token
+                sequential += len as f64 * profile.prefill_per_token + c.tokens.len() as f64 * profile.decode_one();
+            }
+        }
+    }
+    let makespan = t0.elapsed().as_secs_f64();
+    json!({
+        "object": "program.result",
+        "nodes": nodes,
+        "critical_path": critical_path(p, runs),
+        "makespan_s": makespan,
+        "sequential_estimate_s": sequential,
+        "speedup_estimate": if makespan > 0.0 { sequential / makespan } else { 0.0 },
+        "generated_tokens": generated,
+        "prefill_tokens_saved": saved,
+        "max_parallel": width,
+        "max_parallel_auto": p.max_parallel == Width::Auto,
+        "failed": p.nodes.iter().zip(runs).filter(|(_, r)| matches!(r.state, State::Failed(_))).map(|(n, _)| n.id.clone()).collect::<Vec<_>>(),
+    })
+}
+
+/// The path that set the makespan: from the node that ended last back through, at each step,
+/// the input that ended last.
+fn critical_path(p: &Program, runs: &[Run]) -> Vec<String> {
+    let end = |i: usize| runs[i].end_s.unwrap_or(0.0);
+    let Some(mut i) = (0..p.nodes.len()).max_by(|&a, &b| end(a).total_cmp(&end(b))) else { return vec![] };
+    let mut path = vec![p.nodes[i].id.clone()];
+    while let Some(&d) = p.nodes[i].deps.iter().max_by(|&&a, &&b| end(a).total_cmp(&end(b))) {
+        path.push(p.nodes[d].id.clone());
+        i = d;
+    }
+    path.reverse();
+    path
+}
