@@ -22,6 +22,8 @@ pub(crate) struct Loaded {
     pub(crate) vocab: usize,
     pub(crate) kv_blocks: usize,
     pub(crate) block_size: usize,
+    /// Sequences in the engine's running batch.
+    pub(crate) max_running: usize,
 }
 
 pub(crate) struct App {

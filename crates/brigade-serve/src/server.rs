@@ -120,7 +120,17 @@ pub(crate) fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics:
     };
     let (handle, _join) = EngineHandle::start_model(gpt, params, setup, metrics.clone());
     let chat = chat_template(tokenizer.as_ref(), &eos, source);
-    Ok(Loaded { engine: handle, tokenizer, eos, chat, context, vocab, kv_blocks, block_size: o.block_size })
+    Ok(Loaded {
+        engine: handle,
+        tokenizer,
+        eos,
+        chat,
+        context,
+        vocab,
+        kv_blocks,
+        block_size: o.block_size,
+        max_running: o.max_running,
+    })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -10,6 +10,7 @@ mod engine;
 mod matmul;
 mod parallel;
 mod plan;
+mod programs;
 mod serve;
 mod train;
 
@@ -47,6 +48,9 @@ pub enum BenchCmd {
     /// server at --url) and a load generator of streamed completions; vLLM's serving figures
     /// per load, and the fraction of the weight-read and matmul limits measured in the run.
     Serve(serve::Flags),
+    /// Programs of generation calls inside the engine against the same calls one at a time
+    /// and driven by a client through /v1/completions.
+    Programs(programs::Flags),
     /// Training-step throughput and model FLOP utilisation against this machine's matmul rate.
     Train(train::Flags),
 }
@@ -62,6 +66,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Embed(f) => embed::run(f),
         BenchCmd::Engine(f) => engine::run(f),
         BenchCmd::Serve(f) => serve::run(f),
+        BenchCmd::Programs(f) => programs::run(f),
         BenchCmd::Train(f) => train::run(f),
     }
 }

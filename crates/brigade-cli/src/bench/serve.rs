@@ -211,7 +211,12 @@ fn model_name(a: &Run) -> String {
 }
 
 /// `brigade serve` on a free loopback port, in this process; returns its URL once ready.
-fn start_server(source: Source, threads: usize, (tp, weights): (usize, WeightFormat), max_c: usize) -> Result<String> {
+pub(crate) fn start_server(
+    source: Source,
+    threads: usize,
+    (tp, weights): (usize, WeightFormat),
+    max_c: usize,
+) -> Result<String> {
     let o = ServeOptions {
         source: Some(source),
         embedding_model: None,

@@ -102,7 +102,6 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
     let profile: StepProfile =
         l.engine.profile().await.unwrap_or(StepProfile { decode: vec![], prefill_per_token: 0.0 });
     let t0 = Instant::now();
-    let knee = profile.knee().max(1);
     let remaining = p.remaining_path();
     let (tx, mut rx) = unbounded_channel::<Result<Output, String>>();
     let mut runs: Vec<Run> = p
@@ -171,14 +170,14 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
             break;
         }
         // branches into the engine while the width allows, longest remaining path first
+        // the other sequences in the engine (its gauges count this program's too)
+        let all = (ctx.metrics.running.get() + ctx.metrics.waiting.get()).max(0) as usize;
+        let others = all.saturating_sub(inflight);
         let width = match p.max_parallel {
             Width::Max(n) => n,
-            Width::Auto => {
-                let busy = (ctx.metrics.running.get() + ctx.metrics.waiting.get()).max(0) as usize;
-                knee.saturating_sub(busy.saturating_sub(inflight)).max(1)
-            }
+            Width::Auto => profile.width(others, l.max_running),
         };
-        width_at_start.get_or_insert(width);
+        width_at_start.get_or_insert((width, others));
         while inflight < width {
             let next = (0..p.nodes.len())
                 .filter(|&i| matches!(runs[i].state, State::Running))
@@ -243,7 +242,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
         }
     }
     drop(submitted);
-    result(p, &runs, &profile, width_at_start.unwrap_or(1), t0)
+    result(p, &runs, &profile, width_at_start.unwrap_or((1, 0)), t0)
 }
 
 /// Aborts every sequence it names when dropped (finished ones are no longer in the engine).
@@ -443,7 +442,9 @@ fn node_event(node: &Node, r: &Run) -> Value {
     v
 }
 
-fn result(p: &Program, runs: &[Run], profile: &StepProfile, width: usize, t0: Instant) -> Value {
+/// The result; `(width, others)`: the program's width when it started and the sequences of
+/// others it was chosen beside.
+fn result(p: &Program, runs: &[Run], profile: &StepProfile, (width, others): (usize, usize), t0: Instant) -> Value {
     let mut nodes = Map::new();
     let (mut generated, mut saved, mut sequential) = (0usize, 0usize, 0f64);
     for (n, r) in p.nodes.iter().zip(runs) {
@@ -473,6 +474,10 @@ fn result(p: &Program, runs: &[Run], profile: &StepProfile, width: usize, t0: In
         "prefill_tokens_saved": saved,
         "max_parallel": width,
         "max_parallel_auto": p.max_parallel == Width::Auto,
+        // what `auto` is chosen from: the engine's decode step time by batch size
+        "decode_step_s": profile.decode,
+        "decode_knee": profile.knee(),
+        "others_at_start": others,
         "failed": p.nodes.iter().zip(runs).filter(|(_, r)| matches!(r.state, State::Failed(_))).map(|(n, _)| n.id.clone()).collect::<Vec<_>>(),
     })
 }
