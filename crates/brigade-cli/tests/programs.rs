@@ -21,7 +21,8 @@ fn every_shape() -> Value {
         {"id": "expand", "map": {"over": "outline", "split": {"regex": "\\s+"}}, "prompt": "Expand {{item}}:", "max_tokens": 8, "temperature": 0.7, "seed": 3},
         {"id": "vote", "fork": 3, "prompt": "{{outline}} so", "seed": 11, "temperature": 1.0, "top_k": 40, "max_tokens": 8},
         {"id": "pick", "prompt": "{{vote[1]}} is", "choices": [" good", " bad", " the mesh"]},
-        {"id": "list", "map": {"items": ["alpha", "beta"]}, "prompt": "{{outline}} {{item}}", "max_tokens": 6, "temperature": 0}
+        {"id": "list", "map": {"items": ["alpha", "beta"]}, "prompt": "{{outline}} {{item}}", "max_tokens": 6, "temperature": 0},
+        {"id": "code", "prompt": "{{outline}} code:", "max_tokens": 8, "temperature": 0.9, "seed": 2, "guided_regex": "[0-9]{3}-[a-z]{2}"}
     ]})
 }
 
@@ -50,7 +51,7 @@ fn completion_of(spec: &Value, id: &str, prompt: &str) -> Value {
 
 /// Each node's branches against `/v1/completions`, one call at a time in topological order.
 async fn check_against_completions(s: &Server, spec: &Value, got: &Value) {
-    for id in ["outline", "expand", "vote", "list", "answer"] {
+    for id in ["outline", "expand", "vote", "list", "answer", "code"] {
         let n = node(got, id);
         let branches = n["branches"].as_array().unwrap();
         let forked = spec["nodes"].as_array().unwrap().iter().any(|x| x["id"] == id && x.get("fork").is_some());
@@ -207,7 +208,9 @@ async fn a_failed_node_fails_its_dependents_and_no_other() {
         {"id": "not_json", "map": {"over": "a", "split": "json"}, "prompt": "{{item}}", "max_tokens": 4},
         {"id": "late", "prompt": "{{a}}", "max_tokens": 40, "ignore_eos": true, "deadline_s": 0.000001},
         {"id": "after_late", "prompt": "{{late}}", "max_tokens": 4},
-        {"id": "fine", "prompt": "{{a}} too", "max_tokens": 4, "temperature": 0}
+        {"id": "fine", "prompt": "{{a}} too", "max_tokens": 4, "temperature": 0},
+        {"id": "unmet", "prompt": "{{a}}", "max_tokens": 2, "guided_regex": "[a-z]{10}"},
+        {"id": "after_unmet", "prompt": "{{unmet}}", "max_tokens": 2}
     ]});
     let (st, r) = s.post_to("/v1/programs", spec).await;
     assert_eq!(st, 200, "{r}");
@@ -218,10 +221,12 @@ async fn a_failed_node_fails_its_dependents_and_no_other() {
     assert!(err("not_json").contains("not a JSON array"), "{}", err("not_json"));
     assert!(err("late").contains("deadline"), "{}", err("late"));
     assert!(err("after_late").contains("'late', which failed"));
+    assert!(err("unmet").contains("did not meet its constraint within max_tokens (2)"), "{}", err("unmet"));
+    assert!(err("after_unmet").contains("'unmet', which failed"));
     assert!(r["nodes"]["a"]["error"].is_null() && r["nodes"]["fine"]["error"].is_null(), "{r}");
     let mut failed: Vec<String> = serde_json::from_value(r["failed"].clone()).unwrap();
     failed.sort();
-    assert_eq!(failed, ["after_late", "after_long", "late", "not_json", "too_long"]);
+    assert_eq!(failed, ["after_late", "after_long", "after_unmet", "late", "not_json", "too_long", "unmet"]);
     // nothing is left running or holding blocks
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(s.metric("brigade_running_sequences").await, 0.0);
@@ -249,6 +254,11 @@ async fn bad_programs_are_refused_before_anything_runs() {
         (json!({"model": "other", "nodes": [{"id": "a", "prompt": "x"}]}), 404, "does not exist"),
         (json!({"nodes": [{"id": "a", "prompt": "x", "fork": 1000}]}), 400, "fork"),
         (json!([1, 2]), 400, "object"),
+        (
+            json!({"nodes": [{"id": "a", "prompt": "x", "guided_regex": "("}]}),
+            400,
+            "node 'a': the constraint does not compile",
+        ),
     ] {
         let (st, r) = s.post_to("/v1/programs", body.clone()).await;
         assert_eq!(st, status, "{body}: {r}");
@@ -267,7 +277,7 @@ async fn a_streamed_program_sends_each_node_as_it_ends_then_the_result() {
     spec["stream"] = json!(true);
     let events = s.stream_to("/v1/programs", spec).await;
     let (nodes, last) = events.split_at(events.len() - 1);
-    assert_eq!(nodes.len(), 6, "an event per node");
+    assert_eq!(nodes.len(), 7, "an event per node");
     let mut ends = Vec::new();
     for e in nodes {
         let id = e["node"].as_str().unwrap();
@@ -280,7 +290,7 @@ async fn a_streamed_program_sends_each_node_as_it_ends_then_the_result() {
     }
     assert!(ends.windows(2).all(|w| w[0] <= w[1]), "events in the order the nodes ended: {ends:?}");
     assert_eq!(last[0]["object"], "program.result");
-    assert_eq!(last[0]["nodes"].as_object().unwrap().len(), 6);
+    assert_eq!(last[0]["nodes"].as_object().unwrap().len(), 7);
 }
 
 /// A client that goes away mid-program aborts all of it: generation stops long before the
@@ -369,4 +379,77 @@ choices = [" good", " bad"]
     std::fs::write(d.path().join("bad.toml"), "nodes = 3").unwrap();
     fails_with(&["run", "bad.toml", "--checkpoint", ck], d.path(), "nodes");
     assert!(!Path::new(&d.path().join("c.json")).exists());
+}
+
+/// `[0-9]{3}-[a-z]{2}`, checked by hand.
+fn is_code(t: &str) -> bool {
+    let b = t.as_bytes();
+    b.len() == 6 && b[..3].iter().all(u8::is_ascii_digit) && b[3] == b'-' && b[4..].iter().all(u8::is_ascii_lowercase)
+}
+
+/// Structured outputs through `/v1/completions`: a regex, a choice and a JSON schema, each
+/// output in its language and ended by it ("stop"), sampled (the constraint masks, the
+/// sampler still draws); alone and in a crowd, the same tokens; bad constraints get 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn structured_outputs_parse_and_stay_batch_invariant() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap(), "--max-step-tokens", "16", "--block-size", "2"]);
+    s.wait_ready().await;
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+        "required": ["ok", "n"], "additionalProperties": false});
+    let bodies = [
+        json!({"prompt": "The mesh", "max_tokens": 10, "temperature": 0.9, "seed": 1, "n": 3, "guided_regex": "[0-9]{3}-[a-z]{2}"}),
+        json!({"prompt": "The mesh", "max_tokens": 10, "temperature": 1.0, "seed": 2, "n": 4, "guided_choice": ["alpha", "beta gamma", "delta"]}),
+        json!({"prompt": "The mesh", "max_tokens": 40, "temperature": 0.9, "seed": 3,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": schema}}}),
+        json!({"prompt": "A pipeline", "max_tokens": 40, "temperature": 0.9, "seed": 4, "guided_json": schema}),
+    ];
+    let mut alone = Vec::new();
+    for b in &bodies {
+        let mut b = b.clone();
+        b["return_token_ids"] = json!(true);
+        let (st, r) = s.post(b.clone()).await;
+        assert_eq!(st, 200, "{b}: {r}");
+        for c in r["choices"].as_array().unwrap() {
+            let t = c["text"].as_str().unwrap();
+            assert_eq!(c["finish_reason"], "stop", "{b}: {t:?}");
+            if b.get("guided_regex").is_some() {
+                assert!(is_code(t), "{t:?} is not [0-9]{{3}}-[a-z]{{2}}");
+            } else if b.get("guided_choice").is_some() {
+                assert!(["alpha", "beta gamma", "delta"].contains(&t), "{t:?}");
+            } else {
+                let v: Value = serde_json::from_str(t).unwrap_or_else(|e| panic!("{t:?} is not JSON: {e}"));
+                assert!(v["ok"].is_boolean() && [1, 2, 3].contains(&v["n"].as_i64().unwrap_or(0)), "{v}");
+                assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+            }
+        }
+        alone.push(r["choices"].clone());
+    }
+    // the choices of one request were sampled, not all forced alike
+    let texts: Vec<&str> = alone[1].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+    assert!(texts.iter().any(|t| *t != texts[0]), "4 seeded choices all gave {texts:?}");
+    // in a crowd: the same tokens
+    let crowd = (0..8).map(|i| {
+        s.post(json!({"prompt": "x y", "max_tokens": 30 + i, "temperature": 0.8, "seed": i, "ignore_eos": true}))
+    });
+    let again = bodies.iter().map(|b| {
+        let mut b = b.clone();
+        b["return_token_ids"] = json!(true);
+        s.post(b)
+    });
+    let (_, again) = tokio::join!(futures_util::future::join_all(crowd), futures_util::future::join_all(again));
+    for (i, (st, r)) in again.into_iter().enumerate() {
+        assert_eq!(st, 200);
+        assert_eq!(r["choices"], alone[i], "request {i} changed in the crowd");
+    }
+    // bad constraints: 400 naming the field, before anything runs
+    for (body, param) in [
+        (json!({"prompt": "x", "guided_regex": "("}), "guided_regex"),
+        (json!({"prompt": "x", "guided_regex": "a", "guided_choice": ["b"]}), "guided_choice"),
+        (json!({"prompt": "x", "guided_choice": []}), "guided_choice"),
+        (json!({"prompt": "x", "response_format": {"type": "json_schema"}}), "response_format"),
+        (json!({"prompt": "x", "guided_json": "not json"}), "guided_json"),
+    ] {
+        let (st, e) = s.post(body.clone()).await;
+        assert_eq!((st, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
+    }
 }

@@ -569,7 +569,7 @@ async fn chat_completions_render_the_models_template() {
                 "tools",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+                json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}),
                 "response_format",
             ),
             (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}), "max_tokens"),
@@ -581,6 +581,18 @@ async fn chat_completions_render_the_models_template() {
             .post_to("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}))
             .await;
         assert_eq!(st, 200);
+        // structured output through the chat API: the message parses and follows the schema
+        let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+            "required": ["ok", "n"], "additionalProperties": false});
+        let body = json!({"messages": [{"role": "user", "content": "Answer in JSON"}], "max_tokens": 40, "temperature": 0.9, "seed": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": schema}}});
+        let (st, r) = s.post_to("/v1/chat/completions", body).await;
+        assert_eq!(st, 200, "{r}");
+        let content = r["choices"][0]["message"]["content"].as_str().unwrap();
+        let v: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{name}: {content:?} is not JSON: {e}"));
+        assert!(v["ok"].is_boolean() && [1, 2, 3].contains(&v["n"].as_i64().unwrap_or(0)), "{name}: {v}");
+        assert_eq!(v.as_object().unwrap().len(), 2, "{name}: {v}");
+        assert_eq!(r["choices"][0]["finish_reason"], "stop");
     }
 }
 

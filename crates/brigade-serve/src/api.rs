@@ -67,6 +67,8 @@ pub struct Completion {
     pub include_usage: bool,
     pub ignore_eos: bool,
     pub return_token_ids: bool,
+    /// Structured output: what every choice's text must be.
+    pub constraint: Option<crate::constraint::Spec>,
 }
 
 /// The most choices one request may ask for.
@@ -92,6 +94,10 @@ pub(crate) const COMMON: &[&str] = &[
     "frequency_penalty",
     "logit_bias",
     "user",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
 ];
 
 /// The fields only `/v1/completions` takes.
@@ -287,7 +293,9 @@ pub(crate) fn common(o: &Map<String, Value>) -> Result<Completion, ApiError> {
             return Err(ApiError::bad("user", format!("'user' must be a string, got {}", type_name(u))));
         }
     }
+    let constraint = constraint(o)?;
     Ok(Completion {
+        constraint,
         model,
         prompts: Vec::new(),
         max_tokens,
@@ -303,6 +311,54 @@ pub(crate) fn common(o: &Map<String, Value>) -> Result<Completion, ApiError> {
         ignore_eos: bool_field(o, "ignore_eos")?,
         return_token_ids: bool_field(o, "return_token_ids")?,
     })
+}
+
+/// A structured-output request: OpenAI's `response_format` (`json_schema`, `json_object`,
+/// `text`) or vLLM's `guided_json`, `guided_regex`, `guided_choice` — at most one of them.
+fn constraint(o: &Map<String, Value>) -> Result<Option<crate::constraint::Spec>, ApiError> {
+    use crate::constraint::Spec;
+    let given: Vec<&str> = ["response_format", "guided_json", "guided_regex", "guided_choice"]
+        .into_iter()
+        .filter(|k| field(o, k).is_some())
+        .collect();
+    if given.len() > 1 {
+        return Err(ApiError::bad(given[1], format!("give one of {}, not several", given.join(" and "))));
+    }
+    let Some(&k) = given.first() else { return Ok(None) };
+    let v = &o[k];
+    let bad = |m: &str| Err(ApiError::bad(k, m.to_string()));
+    match k {
+        "response_format" => {
+            let kind = v.get("type").and_then(Value::as_str);
+            match kind {
+                Some("text") => Ok(None),
+                Some("json_object") => Ok(Some(Spec::JsonObject)),
+                Some("json_schema") => match v.get("json_schema").and_then(|j| j.get("schema")) {
+                    Some(s) if s.is_object() => Ok(Some(Spec::JsonSchema(s.clone()))),
+                    _ => bad("'response_format' of type json_schema needs \"json_schema\": {\"schema\": {…}}"),
+                },
+                _ => bad("'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", …}"),
+            }
+        }
+        "guided_json" => match v {
+            Value::Object(_) => Ok(Some(Spec::JsonSchema(v.clone()))),
+            Value::String(t) => match serde_json::from_str::<Value>(t) {
+                Ok(s) if s.is_object() => Ok(Some(Spec::JsonSchema(s))),
+                _ => bad("'guided_json' must be a JSON schema (an object, or its text)"),
+            },
+            _ => bad("'guided_json' must be a JSON schema (an object, or its text)"),
+        },
+        "guided_regex" => match v.as_str() {
+            Some(r) if !r.is_empty() => Ok(Some(Spec::Regex(r.to_string()))),
+            _ => bad("'guided_regex' must be a non-empty string"),
+        },
+        _ => match v.as_array() {
+            Some(a) if !a.is_empty() && a.iter().all(|c| c.as_str().is_some_and(|c| !c.is_empty())) => {
+                Ok(Some(Spec::Choice(a.iter().filter_map(Value::as_str).map(str::to_string).collect())))
+            }
+            _ => bad("'guided_choice' must be a non-empty list of non-empty strings"),
+        },
+    }
 }
 
 /// Parses and checks a `/v1/completions` body (limits that depend on the model are checked

@@ -24,6 +24,34 @@ pub(crate) struct Loaded {
     pub(crate) block_size: usize,
     /// Sequences in the engine's running batch.
     pub(crate) max_running: usize,
+    /// The structured-output engine over the tokenizer, built at the first constrained request.
+    pub(crate) grammars: OnceLock<Result<crate::constraint::Grammars, String>>,
+}
+
+impl Loaded {
+    /// The structured-output engine, or why this model has none.
+    pub(crate) fn grammars(&self) -> Result<&crate::constraint::Grammars, String> {
+        self.grammars
+            .get_or_init(|| match &self.tokenizer {
+                Some(brigade::models::tokenizer::Tokenizer::Hf(_, path, ..)) => {
+                    crate::constraint::Grammars::load(path, self.vocab, &self.eos)
+                }
+                _ => Err("structured outputs need the model's tokenizer.json; this model has none".into()),
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// A fresh constraint for one sequence of `req`, if it asks for one.
+    pub(crate) fn constraint(
+        &self,
+        req: &crate::api::Completion,
+    ) -> Result<Option<Box<dyn crate::engine::Constrain>>, String> {
+        match &req.constraint {
+            None => Ok(None),
+            Some(spec) => self.grammars()?.constraint(spec).map(Some),
+        }
+    }
 }
 
 pub(crate) struct App {

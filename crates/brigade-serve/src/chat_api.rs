@@ -30,7 +30,6 @@ const CHAT: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
-    "response_format",
     "modalities",
     "audio",
     "functions",
@@ -179,18 +178,6 @@ pub fn parse(body: &[u8]) -> Result<Chat, ApiError> {
             return Err(ApiError::bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false"));
         }
     }
-    match field(&o, "response_format") {
-        None => {}
-        Some(v)
-            if v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().is_some_and(|m| m.len() == 1) => {
-        }
-        Some(_) => {
-            return refuse(
-                "response_format",
-                "structured outputs are not served yet; leave it out or use {\"type\": \"text\"}",
-            )
-        }
-    }
     match field(&o, "modalities") {
         None => {}
         Some(Value::Array(a)) if a.iter().all(|m| m == "text") => {}
@@ -308,7 +295,7 @@ mod tests {
             (r#"{"messages": [{"role": "user", "content": "x", "mood": "sad"}]}"#.into(), "messages[0].mood"),
             (format!(r#"{{{m}, "tools": [{{"type": "function"}}]}}"#), "tools"),
             (format!(r#"{{{m}, "tool_choice": "auto"}}"#), "tool_choice"),
-            (format!(r#"{{{m}, "response_format": {{"type": "json_object"}}}}"#), "response_format"),
+            (format!(r#"{{{m}, "response_format": {{"type": "xml"}}}}"#), "response_format"),
             (format!(r#"{{{m}, "audio": {{"voice": "x"}}}}"#), "audio"),
             (format!(r#"{{{m}, "modalities": ["text", "audio"]}}"#), "modalities"),
             (format!(r#"{{{m}, "top_logprobs": 2}}"#), "top_logprobs"),

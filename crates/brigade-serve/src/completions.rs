@@ -134,6 +134,15 @@ pub(crate) fn prompted(l: &Loaded, req: &Completion, ids: Vec<u32>) -> Result<Pr
     Ok(Prompted { ids, max_tokens: want })
 }
 
+/// The field a request's constraint came in (for its 400).
+fn constraint_param(req: &Completion) -> &'static str {
+    match req.constraint {
+        Some(crate::constraint::Spec::Regex(_)) => "guided_regex",
+        Some(crate::constraint::Spec::Choice(_)) => "guided_choice",
+        _ => "response_format",
+    }
+}
+
 /// Checks a request against the model and the limits and queues its sequences.
 fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompted>, InFlight), ApiError> {
     let l = serving(app)?;
@@ -142,6 +151,8 @@ fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompt
             return Err(ApiError::model_not_found(m, "serves", &app.name));
         }
     }
+    let param = if req.constraint.is_some() { constraint_param(&req) } else { "" };
+    l.constraint(&req).map_err(|e| ApiError::bad(param, e))?;
     let mut prompts = Vec::new();
     for p in &req.prompts {
         let ids = prompt_ids(l, p)?;
@@ -220,7 +231,14 @@ fn submit(
             let id = *ids.next().expect("an id per sequence");
             let sampling = sampling(l, req, kind, p.max_tokens, j);
             // choices after the first share its prompt's keys and values
-            let admit = Admit { follows: (j > 0).then_some(id - j as u64), ..Default::default() };
+            let constraint = match l.constraint(req) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    continue;
+                }
+            };
+            let admit = Admit { follows: (j > 0).then_some(id - j as u64), constraint, ..Default::default() };
             l.engine.add_with(Request { id, prompt: p.ids.clone(), sampling }, admit, tx.clone());
         }
     }
@@ -290,7 +308,7 @@ impl<'a> Choices<'a> {
             c.finish = Some("stop");
         } else if let Some(f) = o.finished {
             piece.push_str(&c.detok.finish());
-            c.finish = Some(if f == Finish::Stop { "stop" } else { "length" });
+            c.finish = Some(if matches!(f, Finish::Stop | Finish::Done) { "stop" } else { "length" });
         }
         if c.finish.is_some() {
             self.open -= 1;

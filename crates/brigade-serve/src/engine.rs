@@ -36,9 +36,20 @@ pub struct Request {
     pub sampling: Sampling,
 }
 
-/// How a request shares work with another, or has its tokens given: what a program's branches
-/// and a select's scoring ask of the engine beyond a plain request.
-#[derive(Clone, Debug, Default)]
+/// A constraint on a sequence's tokens (structured outputs): which tokens may come next.
+pub trait Constrain: Send {
+    /// Sets every token the constraint forbids next to −∞; false when it allows none.
+    fn mask(&mut self, row: &mut [f32]) -> bool;
+    /// Takes the token emitted; true when the output is complete (nothing may follow).
+    fn commit(&mut self, token: u32) -> bool;
+    /// Whether the output so far is complete.
+    fn satisfied(&mut self) -> bool;
+}
+
+/// How a request shares work with another, has its tokens given, or is constrained: what a
+/// program's branches, a select's scoring and structured outputs ask of the engine beyond a
+/// plain request.
+#[derive(Default)]
 pub struct Admit {
     /// A sibling whose prompt shares this one's leading tokens (a fork's or a map's branch 0):
     /// this request waits until the sibling has computed the shared tokens, then takes their
@@ -49,6 +60,19 @@ pub struct Admit {
     /// log-probability under the model (a select scoring its choices); the request ends after
     /// the last of them.
     pub forced: Vec<u32>,
+    /// Only tokens this constraint allows are sampled; the request ends when its output is
+    /// complete.
+    pub constraint: Option<Box<dyn Constrain>>,
+}
+
+impl std::fmt::Debug for Admit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admit")
+            .field("follows", &self.follows)
+            .field("forced", &self.forced)
+            .field("constrained", &self.constraint.is_some())
+            .finish()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +83,8 @@ pub enum Finish {
     Stop,
     /// The model's context is full.
     Context,
+    /// The constraint's output is complete (its last token is part of the text).
+    Done,
 }
 
 /// A token generated for a request in a step. Two are equal when they carry the same token,
@@ -75,6 +101,8 @@ pub struct Output {
     /// Prompt tokens the engine computed for this request so far (the rest came from the cache
     /// or a sibling).
     pub prompt_computed: usize,
+    /// A constrained request that ended (by length or context) before its output was complete.
+    pub unmet: bool,
 }
 
 impl PartialEq for Output {
@@ -98,6 +126,7 @@ struct Seq {
     follows: Option<u64>,
     forced: Vec<u32>,
     prompt_computed: usize,
+    constraint: Option<Box<dyn Constrain>>,
 }
 
 impl Seq {
@@ -339,6 +368,7 @@ impl Engine {
             prompt_computed: 0,
             follows: admit.follows,
             forced: admit.forced,
+            constraint: admit.constraint,
             tokens: r.prompt,
             generated: 0,
             computed: 0,
@@ -563,17 +593,31 @@ impl Engine {
                 seed: 0,
                 stop: None,
             };
-            let tok = match s.forced.get(s.generated) {
-                Some(&t) => t,
-                None => pick(&row, &opt, &mut s.rng),
+            let masked = s.constraint.as_mut().map(|c| {
+                let mut m = row.clone();
+                let any = c.mask(&mut m);
+                (m, any)
+            });
+            let tok = match (s.forced.get(s.generated), &masked) {
+                (Some(&t), _) => t,
+                (None, Some((m, true))) => pick(m, &opt, &mut s.rng),
+                (None, _) => pick(&row, &opt, &mut s.rng),
             };
+            // a constraint that allows nothing more (it cannot be met from here) ends it
+            let dead = matches!(masked, Some((_, false)));
+            let complete = !dead && s.constraint.as_mut().is_some_and(|c| c.commit(tok));
             let lse = log_sum_exp(&row);
             s.tokens.push(tok);
             s.generated += 1;
             self.stats.generated += 1;
             let fin = if s.sampling.stop_tokens.contains(&tok) {
                 Some(Finish::Stop)
-            } else if s.generated >= s.sampling.max_tokens || (!s.forced.is_empty() && s.generated == s.forced.len()) {
+            } else if complete {
+                Some(Finish::Done)
+            } else if dead
+                || s.generated >= s.sampling.max_tokens
+                || (!s.forced.is_empty() && s.generated == s.forced.len())
+            {
                 Some(Finish::Length)
             } else if s.tokens.len() >= self.model.context {
                 Some(Finish::Context)
@@ -589,6 +633,9 @@ impl Engine {
                 top,
                 finished: fin,
                 prompt_computed: s.prompt_computed,
+                unmet: fin.is_some()
+                    && fin != Some(Finish::Done)
+                    && s.constraint.as_mut().is_some_and(|c| !c.satisfied()),
             });
             if fin.is_some() {
                 finished.push(i);

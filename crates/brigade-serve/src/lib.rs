@@ -8,6 +8,7 @@ mod chat;
 pub mod chat_api;
 pub mod chat_template;
 mod completions;
+pub mod constraint;
 mod embedder;
 mod embeddings;
 pub mod engine;

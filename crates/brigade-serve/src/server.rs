@@ -130,6 +130,7 @@ pub(crate) fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics:
         kv_blocks,
         block_size: o.block_size,
         max_running: o.max_running,
+        grammars: std::sync::OnceLock::new(),
     })
 }
 

@@ -35,7 +35,8 @@ pub(crate) fn check(p: &Program, l: &Loaded) -> Result<(), String> {
         return Err("this model has no tokenizer.json, and programs are text; serve a checkpoint that has one".into());
     };
     for n in &p.nodes {
-        completion(n, vec!["x".into()]).map_err(|e| format!("node '{}': {e}", n.id))?;
+        let req = completion(n, vec!["x".into()]).map_err(|e| format!("node '{}': {e}", n.id))?;
+        l.constraint(&req).map_err(|e| format!("node '{}': {e}", n.id))?;
         if let Fanout::Select(choices) = &n.fanout {
             for c in choices {
                 if tok.encode(c).map_err(|e| e.to_string())?.is_empty() {
@@ -76,6 +77,8 @@ struct Branch {
     prompt_computed: usize,
     /// Sum of the forced tokens' log-probabilities (a select's choice).
     logprob: f64,
+    /// Its constraint was not met when it ended.
+    unmet: bool,
 }
 
 struct Run<'a> {
@@ -189,7 +192,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
             b.start_s = Some(now(t0));
             inflight += 1;
             submitted.ids.push(b.request.id);
-            l.engine.add_with(b.request.clone(), b.admit.clone(), tx.clone());
+            l.engine.add_with(b.request.clone(), std::mem::take(&mut b.admit), tx.clone());
         }
         // the next token, or the next deadline
         let next_deadline = p
@@ -229,6 +232,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
         let choices = r.choices.as_mut().expect("a running node has its choices");
         let b = &mut r.branches[j];
         b.prompt_computed = o.prompt_computed;
+        b.unmet |= o.unmet;
         b.logprob += o.logprob as f64;
         choices.take(&o, ctx.metrics);
         if !b.done && choices.list[j].finish.is_some() {
@@ -237,7 +241,13 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
             inflight -= 1;
         }
         if r.branches.iter().all(|b| b.done) {
-            finish(&p.nodes[i], r, t0);
+            match r.branches.iter().position(|b| b.unmet) {
+                Some(j) => {
+                    let max = r.branches[j].request.sampling.max_tokens;
+                    fail(r, format!("branch {j}'s output did not meet its constraint within max_tokens ({max})"), t0)
+                }
+                None => finish(&p.nodes[i], r, t0),
+            }
             on_node(node_event(&p.nodes[i], r));
         }
     }
@@ -319,17 +329,23 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<
     let base = ctx.next_id.fetch_add(count as u64, Ordering::SeqCst);
     let ids: Vec<u64> = (base..base + count as u64).collect();
     let follows = |j: usize| (j > 0).then_some(base);
-    let branch = |j: usize, prompt: &str, ids_: &[u32], sampling: Sampling, forced: Vec<u32>| Branch {
-        prompt: prompt.to_string(),
-        request: Request { id: base + j as u64, prompt: ids_.to_vec(), sampling },
-        admit: Admit { follows: follows(j), forced },
-        submitted: false,
-        done: false,
-        start_s: None,
-        end_s: None,
-        prompt_computed: 0,
-        logprob: 0.0,
-    };
+    let constrained = !matches!(node.fanout, Fanout::Select(_));
+    let branch =
+        |j: usize, prompt: &str, ids_: &[u32], sampling: Sampling, forced: Vec<u32>| -> Result<Branch, String> {
+            let constraint = if constrained { l.constraint(&req)? } else { None };
+            Ok(Branch {
+                prompt: prompt.to_string(),
+                request: Request { id: base + j as u64, prompt: ids_.to_vec(), sampling },
+                admit: Admit { follows: follows(j), forced, constraint },
+                submitted: false,
+                done: false,
+                start_s: None,
+                end_s: None,
+                prompt_computed: 0,
+                logprob: 0.0,
+                unmet: false,
+            })
+        };
     let mut branches = Vec::new();
     match &node.fanout {
         Fanout::Select(choices) => {
@@ -353,19 +369,19 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<
                     stop_tokens: vec![],
                     top_logprobs: 0,
                 };
-                branches.push(branch(j, &prompts[0], &c0.ids, s, forced));
+                branches.push(branch(j, &prompts[0], &c0.ids, s, forced)?);
             }
         }
         Fanout::Fork(k) => {
             for j in 0..*k {
                 let s = sampling(l, &req, Kind::Text, checked[0].max_tokens, j);
-                branches.push(branch(j, &prompts[0], &checked[0].ids, s, vec![]));
+                branches.push(branch(j, &prompts[0], &checked[0].ids, s, vec![])?);
             }
         }
         _ => {
             for (j, c) in checked.iter().enumerate() {
                 let s = sampling(l, &req, Kind::Text, c.max_tokens, 0);
-                branches.push(branch(j, &prompts[j], &c.ids, s, vec![]));
+                branches.push(branch(j, &prompts[j], &c.ids, s, vec![])?);
             }
         }
     }

@@ -1,0 +1,121 @@
+//! Structured outputs: a sequence's tokens constrained to a JSON schema, a regex or a list of
+//! choices, enforced at each decoding step by masking every token that would leave the
+//! language — by `llguidance` (the engine llama.cpp and vLLM use) over a token trie of the
+//! served tokenizer (`toktrie_hf_tokenizers`). The mask depends only on the sequence's own
+//! tokens, so constrained outputs stay batch-invariant.
+
+use crate::engine::Constrain;
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What a request constrains its output to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Spec {
+    /// `response_format: {"type": "json_schema", "json_schema": {"schema": S}}`, or vLLM's
+    /// `guided_json`.
+    JsonSchema(Value),
+    /// `response_format: {"type": "json_object"}`: any JSON object.
+    JsonObject,
+    /// vLLM's `guided_regex`.
+    Regex(String),
+    /// vLLM's `guided_choice`: exactly one of these strings.
+    Choice(Vec<String>),
+}
+
+impl Spec {
+    fn grammar(&self) -> TopLevelGrammar {
+        // JSON as Python's `json.dumps` writes it (", " and ": ", no other whitespace), unless
+        // the schema sets llguidance's own options
+        let compact = |mut s: Value| {
+            if let Some(o) = s.as_object_mut() {
+                o.entry("x-guidance").or_insert_with(
+                    || serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+                );
+            }
+            TopLevelGrammar::from_json_schema(s)
+        };
+        match self {
+            Spec::JsonSchema(s) => compact(s.clone()),
+            Spec::JsonObject => compact(serde_json::json!({"type": "object"})),
+            Spec::Regex(r) => TopLevelGrammar::from_regex(r),
+            Spec::Choice(c) => {
+                let alts: Vec<String> = c.iter().map(|s| regex_escape(s)).collect();
+                TopLevelGrammar::from_regex(&format!("({})", alts.join("|")))
+            }
+        }
+    }
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::new();
+    for ch in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(ch) {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// The served tokenizer's token trie and a parser factory over it (built once, shared).
+pub struct Grammars {
+    factory: Arc<ParserFactory>,
+}
+
+impl Grammars {
+    /// From the model's `tokenizer.json`, for a vocabulary of `vocab` (the model's: tokens past
+    /// the tokenizer's are never allowed) ending generation with `eos`.
+    pub fn load(tokenizer: &Path, vocab: usize, eos: &[u32]) -> Result<Grammars, String> {
+        let mut bt = toktrie_hf_tokenizers::ByteTokenizer::from_file(tokenizer).map_err(|e| e.to_string())?;
+        if !eos.is_empty() {
+            bt.set_eos_tokens(eos);
+        }
+        let env = bt.into_tok_env(Some(vocab)).map_err(|e| e.to_string())?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.set_stderr_log_level(0);
+        Ok(Grammars { factory: Arc::new(factory) })
+    }
+
+    /// A fresh constraint for one sequence; a spec that does not compile is an error naming why.
+    pub fn constraint(&self, spec: &Spec) -> Result<Box<dyn Constrain>, String> {
+        let parser =
+            self.factory.create_parser(spec.grammar()).map_err(|e| format!("the constraint does not compile: {e}"))?;
+        Ok(Box::new(Guided { m: Matcher::new(Ok(parser)) }))
+    }
+}
+
+struct Guided {
+    m: Matcher,
+}
+
+impl Constrain for Guided {
+    fn mask(&mut self, row: &mut [f32]) -> bool {
+        let Ok(mask) = self.m.compute_mask_or_eos() else { return false };
+        let mut any = false;
+        for (t, v) in row.iter_mut().enumerate() {
+            if mask.is_allowed(t as u32) {
+                any = true;
+            } else {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        any
+    }
+
+    fn commit(&mut self, token: u32) -> bool {
+        if self.m.is_stopped() {
+            return true;
+        }
+        if self.m.consume_token(token).is_err() {
+            return true;
+        }
+        self.m.is_stopped()
+    }
+
+    fn satisfied(&mut self) -> bool {
+        self.m.is_stopped() || self.m.is_accepting().unwrap_or(false)
+    }
+}
