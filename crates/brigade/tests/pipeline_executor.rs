@@ -26,6 +26,8 @@ fn every_schedule_executed_equals_the_whole_model() {
     let params = whole.init_params(3);
     let (b, t) = (2, 8);
     let (mut ran, mut refused) = (0, Vec::new());
+    // 1F1B's stash bytes on each rank, by (pp, recompute) and m
+    let mut one_f_one_b: std::collections::BTreeMap<(usize, String), Vec<(usize, Vec<usize>)>> = Default::default();
     for m in [1, 2, 4, 8] {
         let tokens: Vec<Vec<u32>> =
             (0..m).map(|k| (0..b * t).map(|i| ((i * 5 + k * 3 + 1) % 37) as u32).collect()).collect();
@@ -88,7 +90,15 @@ fn every_schedule_executed_equals_the_whole_model() {
                         .map(|((part, params), grads)| Chunk { part, params, grads })
                         .collect();
                     let data = MicroBatches { tokens: &tokens, targets: &targets, b, t, scale };
+                    let t0 = std::time::Instant::now();
                     let ran = run_step(&plan, (&comm, &Tp::SOLO), &mut chunks, &data, recompute, &mut Vec::new())?;
+                    // the forwards' and backwards' seconds: some, and within the step
+                    let wall = t0.elapsed().as_secs_f64();
+                    assert!(
+                        ran.compute_s() > 0.0 && ran.compute_s() <= wall,
+                        "compute {} s of {wall} s",
+                        ran.compute_s()
+                    );
                     let (loss, peak) = (ran.loss, (ran.peak, ran.peak_bytes));
                     // each tensor's gradient by name, for the check
                     let named: Vec<(String, Vec<f32>)> = parts
@@ -132,10 +142,20 @@ fn every_schedule_executed_equals_the_whole_model() {
                         assert!(with < before, "{what}: rank {r} stashed {with} bytes, {before} with less recompute");
                     }
                 }
+                if kind == Schedule::OneFOneB {
+                    one_f_one_b.entry((pp, format!("{recompute:?}"))).or_default().push((m, bytes.clone()));
+                }
                 kept_bytes = bytes;
             }
         }
     }
+    // 1F1B holds at most pp − r micro-batches whatever m: once m ≥ pp, more micro-batches stash
+    // no more bytes (what is taken from the stash is given back — under full recompute too)
+    for ((pp, recompute), by_m) in &one_f_one_b {
+        let at = |m: usize| &by_m.iter().find(|(k, _)| *k == m).expect("every m ran").1;
+        assert_eq!(at(8), at(4), "1F1B pp={pp} recompute={recompute}: stash bytes grew with m");
+    }
+    assert_eq!(one_f_one_b.len(), 2 * 3, "two 1F1B depths × three recompute modes");
     // 4 micro-batch counts × 7 schedules, less the three refused by name: no case vanished
     assert_eq!(refused, REFUSED.to_vec(), "the refused cases");
     assert_eq!(ran, 4 * 7 - REFUSED.len());

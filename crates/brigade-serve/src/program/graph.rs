@@ -414,6 +414,75 @@ fn topological(nodes: &[Node], deps: &[Vec<usize>]) -> Result<Vec<usize>, String
     Ok(order)
 }
 
+/// A program built in Rust, node by node, as its JSON form would be written: `build` runs the
+/// same checks as parsing it.
+#[derive(Clone, Debug, Default)]
+pub struct Builder {
+    top: Map<String, Value>,
+    nodes: Vec<Value>,
+}
+
+impl Builder {
+    pub fn new() -> Builder {
+        Builder::default()
+    }
+
+    pub fn model(mut self, name: &str) -> Builder {
+        self.top.insert("model".into(), Value::from(name));
+        self
+    }
+
+    pub fn max_parallel(mut self, n: usize) -> Builder {
+        self.top.insert("max_parallel".into(), Value::from(n));
+        self
+    }
+
+    /// A node: its id, prompt template and `/v1/completions` settings (a JSON object, e.g.
+    /// `json!({"max_tokens": 32, "temperature": 0})`; anything else counts as none).
+    pub fn node(mut self, id: &str, prompt: &str, settings: Value) -> Builder {
+        let mut n = settings.as_object().cloned().unwrap_or_default();
+        n.insert("id".into(), Value::from(id));
+        n.insert("prompt".into(), Value::from(prompt));
+        self.nodes.push(Value::Object(n));
+        self
+    }
+
+    /// A fork of `n` branches.
+    pub fn fork(self, id: &str, n: usize, prompt: &str, settings: Value) -> Builder {
+        self.with_last(id, prompt, settings, "fork", Value::from(n))
+    }
+
+    /// A map over node `over`'s output, split by `split` (`"lines"`, `"json"` or `{"regex": R}`).
+    pub fn map(self, id: &str, over: &str, split: Value, prompt: &str, settings: Value) -> Builder {
+        self.with_last(id, prompt, settings, "map", serde_json::json!({"over": over, "split": split}))
+    }
+
+    /// A select among `choices`.
+    pub fn select(self, id: &str, prompt: &str, choices: &[&str]) -> Builder {
+        self.with_last(id, prompt, Value::Null, "choices", Value::from(choices.to_vec()))
+    }
+
+    fn with_last(self, id: &str, prompt: &str, settings: Value, key: &str, v: Value) -> Builder {
+        let mut b = self.node(id, prompt, settings);
+        if let Some(Value::Object(n)) = b.nodes.last_mut() {
+            n.insert(key.into(), v);
+        }
+        b
+    }
+
+    /// The JSON form (what `POST /v1/programs` takes).
+    pub fn to_json(&self) -> Value {
+        let mut top = self.top.clone();
+        top.insert("nodes".into(), Value::Array(self.nodes.clone()));
+        Value::Object(top)
+    }
+
+    /// The program, checked as a parsed one is.
+    pub fn build(&self, limits: &Limits) -> Result<Program, String> {
+        Program::from_value(&self.to_json(), limits)
+    }
+}
+
 /// A map node's items from its input's output.
 pub fn split(how: &Split, text: &str) -> Result<Vec<String>, String> {
     Ok(match how {
@@ -520,6 +589,38 @@ map = { over = "plan", split = { regex = ",\\s*" } }
         // the cycle is named in order, back to its start
         let e = Program::from_json(cases[0].0, &l).unwrap_err();
         assert!(e.contains("a → b → c → a"), "{e}");
+    }
+
+    #[test]
+    fn the_builder_makes_the_program_the_json_form_makes() {
+        let built = Builder::new()
+            .model("m")
+            .max_parallel(3)
+            .node("outline", "Question: q\nOutline:", serde_json::json!({"max_tokens": 32, "temperature": 0}))
+            .map(
+                "expand",
+                "outline",
+                Value::from("lines"),
+                "{{outline}}\nExpand: {{item}}",
+                serde_json::json!({"max_tokens": 48}),
+            )
+            .fork("vote", 4, "{{outline[0]}}", serde_json::json!({"seed": 7}))
+            .select("pick", "{{vote}}", &["yes", "no"]);
+        let p = built.build(&Limits::default()).unwrap();
+        let text = built.to_json().to_string();
+        let q = Program::from_json(&text, &Limits::default()).unwrap();
+        let shape = |p: &Program| {
+            p.nodes
+                .iter()
+                .map(|n| (n.id.clone(), n.deps.clone(), format!("{:?}", n.fanout), n.settings.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shape(&p), shape(&q));
+        assert_eq!((p.max_parallel, p.model.as_deref()), (Width::Max(3), Some("m")));
+        assert!(matches!(p.nodes[3].fanout, Fanout::Select(_)) && matches!(p.nodes[2].fanout, Fanout::Fork(4)));
+        // and its mistakes are the parser's
+        let e = Builder::new().node("a", "{{a}}", Value::Null).build(&Limits::default()).unwrap_err();
+        assert!(e.contains("names itself"), "{e}");
     }
 
     #[test]

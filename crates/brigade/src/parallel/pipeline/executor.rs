@@ -324,3 +324,24 @@ fn forward(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::tag;
+
+    /// Every (micro-batch, receiving stage, activation or gradient) has its own tag.
+    #[test]
+    fn message_tags_are_distinct() {
+        let stages = 6;
+        let mut seen = std::collections::HashSet::new();
+        for mb in 0..16 {
+            for to in 0..stages {
+                for grad in [false, true] {
+                    assert!(seen.insert(tag(mb, to, stages, grad)), "tag of mb {mb} stage {to} grad {grad} repeats");
+                }
+            }
+        }
+        assert_eq!(tag(0, 0, stages, false), 0);
+        assert_eq!(tag(1, 2, stages, true), ((stages + 2) * 2 + 1) as u32);
+    }
+}
