@@ -21,13 +21,15 @@ const REFUSED: [(Schedule, usize, usize, usize); 3] =
 
 #[test]
 fn every_schedule_executed_equals_the_whole_model() {
+    /// A run's micro-batch count and each rank's peak stash bytes.
+    type StashBytes = (usize, Vec<usize>);
     let cfg = GptConfig { n_layer: 6, n_head: 2, n_embd: 16, vocab_size: 37, block_size: 8, arch: Default::default() };
     let whole = Gpt::new(cfg).unwrap();
     let params = whole.init_params(3);
     let (b, t) = (2, 8);
     let (mut ran, mut refused) = (0, Vec::new());
     // 1F1B's stash bytes on each rank, by (pp, recompute) and m
-    let mut one_f_one_b: std::collections::BTreeMap<(usize, String), Vec<(usize, Vec<usize>)>> = Default::default();
+    let mut one_f_one_b: std::collections::BTreeMap<(usize, String), Vec<StashBytes>> = Default::default();
     for m in [1, 2, 4, 8] {
         let tokens: Vec<Vec<u32>> =
             (0..m).map(|k| (0..b * t).map(|i| ((i * 5 + k * 3 + 1) % 37) as u32).collect()).collect();
