@@ -12,13 +12,16 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// Every shape: a greedy node, a map over its words (seeded), a fork (seeded, top-k), a select,
-/// a map over given items, and a join with a stop string.
+/// Every shape: an outline constrained to 3–5 words (so that the map over its words has
+/// several items whatever the tiny model writes), a map over them (seeded), a fork (seeded,
+/// top-k), a select, a map over given items, a join with a stop string, a regex-constrained
+/// node.
 fn every_shape() -> Value {
     json!({"nodes": [
         {"id": "answer", "prompt": "{{expand[0]}} {{pick}} {{vote[2]}}", "max_tokens": 8, "temperature": 0.0, "stop": ["e "]},
-        {"id": "outline", "prompt": "The mesh", "max_tokens": 10, "temperature": 1.0, "seed": 5, "top_k": 40},
-        {"id": "expand", "map": {"over": "outline", "split": {"regex": "\\s+"}}, "prompt": "Expand {{item}}:", "max_tokens": 8, "temperature": 0.7, "seed": 3},
+        {"id": "outline", "prompt": "The mesh", "max_tokens": 30, "temperature": 1.0, "seed": 5, "top_k": 40,
+            "guided_regex": "[a-z]{2,6}( [a-z]{2,6}){2,4}"},
+        {"id": "expand", "map": {"over": "outline", "split": {"regex": " "}}, "prompt": "Expand {{item}}:", "max_tokens": 8, "temperature": 0.7, "seed": 3},
         {"id": "vote", "fork": 3, "prompt": "{{outline}} so", "seed": 11, "temperature": 1.0, "top_k": 40, "max_tokens": 8},
         {"id": "pick", "prompt": "{{vote[1]}} is", "choices": [" good", " bad", " the mesh"]},
         {"id": "list", "map": {"items": ["alpha", "beta"]}, "prompt": "{{outline}} {{item}}", "max_tokens": 6, "temperature": 0},
@@ -83,9 +86,9 @@ async fn check_against_completions(s: &Server, spec: &Value, got: &Value) {
 fn check_rendering(got: &Value) {
     let text = |id: &str, j: usize| node(got, id)["branches"][j]["text"].as_str().unwrap().to_string();
     let outline = text("outline", 0);
-    let words: Vec<&str> = outline.split(char::is_whitespace).filter(|w| !w.is_empty()).collect();
+    let words: Vec<&str> = outline.split(' ').filter(|w| !w.is_empty()).collect();
     let expand = node(got, "expand")["branches"].as_array().unwrap();
-    assert!(words.len() >= 2, "the test needs a map of several items; the outline is {outline:?}");
+    assert!((3..=5).contains(&words.len()), "the outline {outline:?} is not 3 to 5 words");
     assert_eq!(expand.len(), words.len(), "one branch per item of {outline:?}");
     for (b, w) in expand.iter().zip(&words) {
         assert_eq!(b["prompt"], format!("Expand {w}:"));
@@ -169,11 +172,12 @@ async fn every_node_equals_the_completions_api_alone_and_in_a_crowd() {
     // the critical path ends at the node that ended last and walks back through inputs
     let path: Vec<String> = serde_json::from_value(alone["critical_path"].clone()).unwrap();
     assert_eq!(path.first().map(String::as_str), Some("outline"));
-    // in a crowd: 12 long completions beside it, and the program twice more at once
+    // in a crowd: 24 long completions beside it (24 × 58 tokens against a cache of 512), and the
+    // program twice more at once
     let before = s.metric("brigade_preemptions_total").await;
-    let crowd = (0..12).map(|i| {
+    let crowd = (0..24).map(|i| {
         let prompt = ["The planner", "A pipeline", "x"][i % 3];
-        s.post(json!({"prompt": prompt, "max_tokens": 50, "temperature": 0.9, "seed": i, "ignore_eos": true}))
+        s.post(json!({"prompt": prompt, "max_tokens": 55, "temperature": 0.9, "seed": i, "ignore_eos": true}))
     });
     let programs = (0..2).map(|_| s.post_to("/v1/programs", spec.clone()));
     let (others, again) = tokio::join!(futures_util::future::join_all(crowd), futures_util::future::join_all(programs));
@@ -199,8 +203,8 @@ async fn every_node_equals_the_completions_api_alone_and_in_a_crowd() {
 async fn a_failed_node_fails_its_dependents_and_no_other() {
     let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
     s.wait_ready().await;
-    // the tiny model's context is 64 tokens
-    let long = "{{a}} ".repeat(40);
+    // the tiny model's context is 64 tokens: far more than that, whatever the tokenizer merges
+    let long = format!("{{{{a}}}} {}", "The mesh of ranks, 42 pipelines; ".repeat(30));
     let spec = json!({"nodes": [
         {"id": "a", "prompt": "The mesh", "max_tokens": 10, "temperature": 0},
         {"id": "too_long", "prompt": long, "max_tokens": 4},
@@ -293,20 +297,63 @@ async fn a_streamed_program_sends_each_node_as_it_ends_then_the_result() {
     assert_eq!(last[0]["nodes"].as_object().unwrap().len(), 7);
 }
 
-/// A client that goes away mid-program aborts all of it: generation stops long before the
-/// program's tokens are made, and every block is free.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_client_that_goes_away_aborts_the_whole_program() {
-    let s = start(&["--checkpoint", checkpoint().to_str().unwrap(), "--threads", "1"]);
-    s.wait_ready().await;
-    // a chain of 31 forks of 32 × 30 tokens, each after a select on the one before: ≥ 930
-    // steps one after another, far longer than the 300 ms the client waits
+/// A chain of 31 forks of 32 × 30 tokens, each after a select on the one before: ≥ 930 steps
+/// one after another, far longer than the few hundred milliseconds the tests wait.
+fn chain() -> Vec<Value> {
     let fork = |i: usize, prompt: String| json!({"id": format!("n{i}"), "prompt": prompt, "fork": 32, "max_tokens": 30, "ignore_eos": true, "seed": 1, "temperature": 1.0});
     let mut nodes = vec![fork(0, "The mesh".into())];
     for i in 1..31 {
         nodes.push(json!({"id": format!("s{i}"), "prompt": format!("{{{{n{}[0]}}}}", i - 1), "choices": [" a", " b"]}));
         nodes.push(fork(i, format!("The mesh{{{{s{i}}}}}")));
     }
+    nodes
+}
+
+/// A program takes places in flight like requests do (its `max_parallel`): past the server's
+/// limit a program or a completion gets 503 with Retry-After, and the places come back after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overload_refuses_programs_with_503() {
+    let s = start(&[
+        "--checkpoint",
+        checkpoint().to_str().unwrap(),
+        "--max-running",
+        "2",
+        "--max-queued",
+        "0",
+        "--threads",
+        "1",
+    ]);
+    s.wait_ready().await;
+    let client = reqwest::Client::new();
+    let long = client.post(format!("{}/v1/programs", s.url)).json(&json!({"max_parallel": 2, "nodes": chain()})).send();
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let r = client
+            .post(format!("{}/v1/programs", s.url))
+            .json(&json!({"nodes": [{"id": "a", "prompt": "x", "max_tokens": 2}]}))
+            .send()
+            .await
+            .unwrap();
+        let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+        let (st, body): (u16, Value) = (r.status().as_u16(), r.json().await.unwrap());
+        let (st2, _) = s.post(json!({"prompt": "x", "max_tokens": 2})).await;
+        (st, body, retry, st2)
+    };
+    let (first, (st, body, retry, st2)) = tokio::join!(long, probe);
+    assert_eq!((st, retry.as_deref()), (503, Some("1")), "{body}");
+    assert_eq!(st2, 503, "a completion past the limit too");
+    assert_eq!(first.unwrap().status(), 200);
+    let (st, r) = s.post_to("/v1/programs", json!({"nodes": [{"id": "a", "prompt": "x", "max_tokens": 2}]})).await;
+    assert_eq!(st, 200, "the places came back: {r}");
+}
+
+/// A client that goes away mid-program aborts all of it: generation stops long before the
+/// program's tokens are made, and every block is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_goes_away_aborts_the_whole_program() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap(), "--threads", "1"]);
+    s.wait_ready().await;
+    let nodes = chain();
     let total: f64 = 31.0 * 32.0 * 30.0;
     let client = reqwest::Client::new();
     let send = client.post(format!("{}/v1/programs", s.url)).json(&json!({"nodes": nodes})).send();
