@@ -191,7 +191,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// A checkpoint of the preset's shape with random weights and the tokenizer, in a temporary
 /// directory.
 fn checkpoint_dir(model: &str, tokenizer: &std::path::Path) -> Result<tempfile::TempDir> {
-    let cfg = GptConfig::preset(model)?;
+    let mut cfg = GptConfig::preset(model)?;
+    let words = brigade::models::tokenizer::Tokenizer::from_file(tokenizer)?.vocab_size();
+    if words > cfg.vocab_size {
+        // a shape whose own tokenizer is not here: its vocabulary widened to the one given
+        eprintln!(
+            "bench programs: {model}'s vocabulary widened from {} to the tokenizer's {words} tokens",
+            cfg.vocab_size
+        );
+        cfg.vocab_size = words;
+    }
     let gpt = Gpt::new(cfg)?;
     let params = gpt.init_params(1);
     let d = tempfile::tempdir()?;
@@ -272,6 +281,15 @@ async fn measure(f: &Flags, url: &str) -> Result<()> {
         }
         rows.push(row);
     }
+    // what bounds the speedups: the engine's own decode step time by batch size
+    let profile = post(&client, url, "/v1/programs", &json!({"nodes": [gen("p", "x", 1)]})).await?;
+    let curve: Vec<String> = profile["decode_step_s"]
+        .as_array()
+        .map(|a| a.iter().map(|d| format!("{} → {:.1} ms", d[0], 1e3 * d[1].as_f64().unwrap_or(0.0))).collect())
+        .unwrap_or_default();
+    if !f.json {
+        outln!("the engine's decode step by batch size: {}", curve.join(", "));
+    }
     // the fork's prompt tokens: computed by the engine against one branch's prompt
     let fork = post(&client, url, "/v1/programs", &fork_of_8()).await?;
     let branches = fork["nodes"]["vote"]["branches"].as_array().context("the fork's branches")?;
@@ -330,7 +348,7 @@ async fn measure(f: &Flags, url: &str) -> Result<()> {
         outln!(
             "{}",
             json!({"bench": "programs", "model": f.model, "threads": f.threads, "repeats": f.repeats,
-                "shapes": rows, "fork": fork_row, "background": load_rows})
+                "shapes": rows, "fork": fork_row, "background": load_rows, "decode_step_s": profile["decode_step_s"]})
         );
     }
     Ok(())
