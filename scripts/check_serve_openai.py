@@ -11,6 +11,7 @@ on the first mismatch. CI runs it (after `pip install openai`).
 
     python3 scripts/check_serve_openai.py [path/to/brigade]
 """
+import json
 import os
 import signal
 import subprocess
@@ -173,14 +174,26 @@ else:
             r = client.chat.completions.create(model="chat", messages=msgs, n=2, max_tokens=3, seed=2,
                                                extra_body={"ignore_eos": True})
             check(sorted(ch.index for ch in r.choices) == [0, 1], "n=2: two choices")
+            # structured output: the client's own response_format, a message that parses
+            schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+                      "required": ["ok", "n"], "additionalProperties": False}
+            r = client.chat.completions.create(model="chat", messages=msgs, max_tokens=40, temperature=0.9, seed=4,
+                                               response_format={"type": "json_schema",
+                                                                "json_schema": {"name": "v", "schema": schema}})
+            try:
+                v = json.loads(r.choices[0].message.content)
+                ok = isinstance(v.get("ok"), bool) and v.get("n") in (1, 2, 3) and len(v) == 2
+            except ValueError:
+                ok = False
+            check(ok and r.choices[0].finish_reason == "stop", f"response_format json_schema: {r.choices[0].message.content!r}")
             for what, call in [
                 ("an unknown role", lambda: client.chat.completions.create(
                     model="chat", messages=[{"role": "wizard", "content": "x"}])),
                 ("tools", lambda: client.chat.completions.create(
                     model="chat", messages=msgs,
                     tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])),
-                ("response_format json_object", lambda: client.chat.completions.create(
-                    model="chat", messages=msgs, response_format={"type": "json_object"})),
+                ("a guided_regex that does not compile", lambda: client.chat.completions.create(
+                    model="chat", messages=msgs, extra_body={"guided_regex": "("})),
                 ("empty messages", lambda: client.chat.completions.create(model="chat", messages=[])),
             ]:
                 try:
