@@ -287,18 +287,11 @@ fn node(i: usize, v: &Value, limits: &Limits) -> Result<Node, String> {
         },
         Some("map") => map(&id, &o["map"], limits)?,
         _ => {
-            let c = o["choices"].as_array().filter(|c| !c.is_empty() && c.iter().all(Value::is_string));
-            let Some(c) = c else {
-                return Err(format!("node '{id}': \"choices\" must be a non-empty list of strings"));
-            };
-            if c.len() > limits.max_branches {
-                return Err(format!(
-                    "node '{id}' has {} choices; at most {} are allowed",
-                    c.len(),
-                    limits.max_branches
-                ));
-            }
-            Fanout::Select(c.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect())
+            let c = branch_list(&o["choices"], limits).map_err(|n| match n {
+                None => format!("node '{id}': \"choices\" must be a non-empty list of strings"),
+                Some(n) => format!("node '{id}' has {n} choices; at most {} are allowed", limits.max_branches),
+            })?;
+            Fanout::Select(c)
         }
     };
     if prompt.uses_item() && !matches!(fanout, Fanout::Map { .. } | Fanout::Items(_)) {
@@ -334,21 +327,16 @@ fn map(id: &str, v: &Value, limits: &Limits) -> Result<Fanout, String> {
         format!("node '{id}': \"map\" is {{\"over\": ID, \"split\": \"lines\" | \"json\" | {{\"regex\": R}}}} or {{\"items\": [...]}}")
     })?;
     if let Some(items) = o.get("items") {
-        let list = items.as_array().filter(|a| !a.is_empty() && a.iter().all(Value::is_string));
-        let Some(list) = list else {
+        let list = branch_list(items, limits);
+        if let Err(None) = list {
             return Err(format!("node '{id}': \"map\": {{\"items\": …}} must be a non-empty list of strings"));
-        };
+        }
         if o.len() > 1 {
             return Err(format!("node '{id}': \"map\" takes either \"items\" or \"over\" (and \"split\")"));
         }
-        if list.len() > limits.max_branches {
-            return Err(format!(
-                "node '{id}' maps over {} items; at most {} are allowed",
-                list.len(),
-                limits.max_branches
-            ));
-        }
-        return Ok(Fanout::Items(list.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect()));
+        return list.map(Fanout::Items).map_err(|n| {
+            format!("node '{id}' maps over {} items; at most {} are allowed", n.unwrap_or(0), limits.max_branches)
+        });
     }
     let over = o
         .get("over")
@@ -374,6 +362,21 @@ fn map(id: &str, v: &Value, limits: &Limits) -> Result<Fanout, String> {
         }
     }
     Ok(Fanout::Map { over: over.to_string(), split })
+}
+
+/// A node's given branches (a select's choices, a map's items): a non-empty list of strings,
+/// at most `max_branches` long. `Err(None)`: not such a list; `Err(Some(n))`: `n` are too many.
+fn branch_list(v: &Value, limits: &Limits) -> Result<Vec<String>, Option<usize>> {
+    let list: Vec<String> = match v.as_array() {
+        Some(a) if !a.is_empty() => {
+            a.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<_>>().ok_or(None)?
+        }
+        _ => return Err(None),
+    };
+    if list.len() > limits.max_branches {
+        return Err(Some(list.len()));
+    }
+    Ok(list)
 }
 
 /// Kahn's order, earliest index first among the ready; a cycle is named.
