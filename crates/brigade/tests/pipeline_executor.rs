@@ -29,7 +29,7 @@ fn every_schedule_executed_equals_the_whole_model() {
     let (b, t) = (2, 8);
     let (mut ran, mut refused) = (0, Vec::new());
     // 1F1B's stash bytes on each rank, by (pp, recompute) and m
-    let mut one_f_one_b: std::collections::BTreeMap<(usize, String), Vec<StashBytes>> = Default::default();
+    let mut one_f_one_b: std::collections::BTreeMap<(String, usize, String), Vec<StashBytes>> = Default::default();
     for m in [1, 2, 4, 8] {
         let tokens: Vec<Vec<u32>> =
             (0..m).map(|k| (0..b * t).map(|i| ((i * 5 + k * 3 + 1) % 37) as u32).collect()).collect();
@@ -48,6 +48,7 @@ fn every_schedule_executed_equals_the_whole_model() {
         for (kind, pp, v) in [
             (Schedule::GPipe, 2, 1),
             (Schedule::OneFOneB, 2, 1),
+            (Schedule::OneFOneB, 3, 1),
             (Schedule::OneFOneB, 4, 1),
             (Schedule::ZeroBubble, 3, 1),
             (Schedule::Interleaved, 2, 2),
@@ -130,11 +131,16 @@ fn every_schedule_executed_equals_the_whole_model() {
                     let e = rel(&got, s.view.of(&want));
                     assert!(e < 1e-6, "{what}: {} differs by {e:.1e}", s.name);
                 }
-                // the executor holds what the schedule says: 1F1B at most pp − r micro-batches
-                if kind == Schedule::OneFOneB {
-                    for (r, o) in out.iter().enumerate() {
-                        assert!(o.1 .0 <= (pp - r).min(m), "{what}: rank {r} held {}", o.1 .0);
-                    }
+                // the executor holds what the schedule says: 1F1B at most pp − r micro-batches,
+                // ZB-H1 (whose rule lets a rank start a forward while fewer than pp micro-batches
+                // hold activations, counting those waiting for their W) at most pp
+                for (r, o) in out.iter().enumerate() {
+                    let most = match kind {
+                        Schedule::OneFOneB => (pp - r).min(m),
+                        Schedule::ZeroBubble => pp.min(m),
+                        _ => m * v, // a stash entry per (micro-batch, chunk)
+                    };
+                    assert!(o.1 .0 <= most, "{what}: rank {r} held {}", o.1 .0);
                 }
                 // selective recompute keeps no attention scores, full recompute each micro-batch's
                 // input only: a smaller stash on every rank, each time
@@ -144,21 +150,34 @@ fn every_schedule_executed_equals_the_whole_model() {
                         assert!(with < before, "{what}: rank {r} stashed {with} bytes, {before} with less recompute");
                     }
                 }
-                if kind == Schedule::OneFOneB {
-                    one_f_one_b.entry((pp, format!("{recompute:?}"))).or_default().push((m, bytes.clone()));
+                if matches!(kind, Schedule::OneFOneB | Schedule::ZeroBubble) {
+                    let key = (format!("{kind:?}"), pp, format!("{recompute:?}"));
+                    one_f_one_b.entry(key).or_default().push((m, bytes.clone()));
                 }
                 kept_bytes = bytes;
             }
         }
     }
+    let at = |key: (&str, usize, &str), m: usize| {
+        let by_m = &one_f_one_b[&(key.0.to_string(), key.1, key.2.to_string())];
+        by_m.iter().find(|(k, _)| *k == m).expect("every m ran").1.clone()
+    };
     // 1F1B holds at most pp − r micro-batches whatever m: once m ≥ pp, more micro-batches stash
     // no more bytes (what is taken from the stash is given back — under full recompute too)
-    for ((pp, recompute), by_m) in &one_f_one_b {
-        let at = |m: usize| &by_m.iter().find(|(k, _)| *k == m).expect("every m ran").1;
-        assert_eq!(at(8), at(4), "1F1B pp={pp} recompute={recompute}: stash bytes grew with m");
+    for (kind, pp, recompute) in one_f_one_b.keys().filter(|k| k.0 == "OneFOneB") {
+        let key = (kind.as_str(), *pp, recompute.as_str());
+        assert_eq!(at(key, 8), at(key, 4), "{kind} pp={pp} recompute={recompute}: stash bytes grew with m");
     }
-    assert_eq!(one_f_one_b.len(), 2 * 3, "two 1F1B depths × three recompute modes");
-    // 4 micro-batch counts × 7 schedules, less the three refused by name: no case vanished
+    // a zero-bubble B leaves its weight gradients' inputs for its W: under full recompute, where
+    // 1F1B's stash is each micro-batch's input only, ZB-H1 holds more on every rank, at every m
+    for m in [1, 2, 4, 8] {
+        let (zb, one) = (at(("ZeroBubble", 3, "Full"), m), at(("OneFOneB", 3, "Full"), m));
+        for r in 0..3 {
+            assert!(zb[r] > 4 * one[r], "m={m} rank {r}: ZB-H1 stashed {} bytes, 1F1B {}", zb[r], one[r]);
+        }
+    }
+    assert_eq!(one_f_one_b.len(), 4 * 3, "three 1F1B depths and one zero-bubble × three recompute modes");
+    // 4 micro-batch counts × 8 schedules, less the three refused by name: no case vanished
     assert_eq!(refused, REFUSED.to_vec(), "the refused cases");
-    assert_eq!(ran, 4 * 7 - REFUSED.len());
+    assert_eq!(ran, 4 * 8 - REFUSED.len());
 }

@@ -299,6 +299,8 @@ pub fn run_step(
             chunks.done(c)?;
         }
     }
+    // every stash and every deferred weight gradient was taken back: the accounting closes
+    debug_assert_eq!(bytes, 0, "rank {rank}: {bytes} stash bytes counted after the step");
     Ok(ran)
 }
 
