@@ -795,6 +795,33 @@ mod tests {
     }
 
     #[test]
+    fn removing_what_is_gone_is_fine_and_what_cannot_go_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        remove(&d.path().join("never-there")).unwrap();
+        // a directory where a shard file should be: remove_file fails, and says so
+        let p = d.path().join(stats_name(0));
+        fs::create_dir(&p).unwrap();
+        assert!(err(remove(&p)).contains("shard-00000.stats.json"));
+        // ... so a resume that must clear it is refused rather than left half-cleared
+        let j = job(vec![text_file("a.txt", 2)]);
+        fs::write(
+            d.path().join(MANIFEST),
+            serde_json::to_vec(&Manifest {
+                format: FORMAT.into(),
+                complete: false,
+                job: j.clone(),
+                totals: Totals::default(),
+                skipped: vec![],
+                shards: vec![],
+            })
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(prepare(d.path(), &j, false).is_err());
+        assert!(p.is_dir());
+    }
+
+    #[test]
     fn a_claim_is_taken_once_and_never_on_a_finished_shard() {
         let d = tempfile::tempdir().unwrap();
         assert!(claim(d.path(), 0).unwrap());
@@ -968,6 +995,26 @@ mod tests {
         let e = verify_problems(d.path());
         assert!(e.contains("ids missing: 4") && e.contains("ids appear twice: 1"), "{e}");
         assert!(!e.contains("the input had"), "{e}");
+
+        // at most five of each are named
+        let d = tempfile::tempdir().unwrap();
+        let (_, mut m) = finished(d.path());
+        let twice = ["0", "1", "2", "3", "4", "0", "1", "2", "3", "4"].map(String::from);
+        commit_shard(d.path(), 3, &vectors(10, 0.0), 3, &twice, ShardStats::default()).unwrap();
+        fs::remove_file(d.path().join(stats_name(3))).unwrap();
+        let mut more = m.shards[0].clone();
+        more.index = 3;
+        (more.embeddings, more.ids, more.count) = (npy_name(3), ids_name(3), 10);
+        more.sha256 = sha256(&fs::read(d.path().join(npy_name(3))).unwrap());
+        more.ids_sha256 = sha256(&fs::read(d.path().join(ids_name(3))).unwrap());
+        m.shards.push(more);
+        m.totals.documents = 15;
+        m.job.input[0].lines = 20; // ids 5…19 missing
+        fs::write(d.path().join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        let e = verify_problems(d.path());
+        let line = |want: &str| e.lines().any(|l| l.trim() == want);
+        assert!(line("ids appear twice: 0, 1, 2, 3, 4"), "{e}");
+        assert!(line("ids missing: 5, 6, 7, 8, 9"), "{e}");
 
         // a skipped line is not missing: files a (3 lines), b (3 lines), b's line 2 skipped
         let d = tempfile::tempdir().unwrap();
