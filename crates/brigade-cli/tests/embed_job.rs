@@ -91,14 +91,40 @@ fn killed_anywhere_and_resumed_gives_the_uninterrupted_bytes() {
     assert_eq!(want.len(), 1 + 2 * 15, "15 shards of 20 and the manifest: {:?}", want.keys());
     ok(&["embed", "--verify", "ref"], &dir);
 
-    // a crash at each step of a shard's commit and of the manifest's
-    let points =
-        ["npy-written:3", "stats-written:5", "npy-renamed:7", "committed:2", "before-manifest:0", "manifest-written:0"];
-    for (k, point) in points.iter().enumerate() {
+    // a crash at each step of a shard's commit and of the manifest's, each leaving the window it
+    // names: (point, files there, files not there, the manifest's `complete`)
+    type Window = (&'static str, &'static [&'static str], &'static [&'static str], bool);
+    let points: [Window; 6] = [
+        ("npy-written:3", &["shard-00003.npy.tmp"], &["shard-00003.ids.tmp", "shard-00003.stats.json"], false),
+        (
+            "stats-written:5",
+            &["shard-00005.npy.tmp", "shard-00005.ids.tmp", "shard-00005.stats.json"],
+            &["shard-00005.npy"],
+            false,
+        ),
+        (
+            "npy-renamed:7",
+            &["shard-00007.npy", "shard-00007.ids.tmp"],
+            &["shard-00007.ids", "shard-00007.npy.tmp"],
+            false,
+        ),
+        ("committed:2", &["shard-00002.ids", "shard-00002.claim"], &["shard-00002.ids.tmp"], false),
+        ("before-manifest:0", &["shard-00014.ids", "shard-00014.stats.json"], &["shard-00014.claim"], false),
+        ("manifest-written:0", &["shard-00000.stats.json"], &["manifest.json.tmp"], true),
+    ];
+    for (k, (point, there, absent, complete)) in points.iter().enumerate() {
         let out = format!("crash{k}");
         let res = cmd(&job_args(&m, &out), &dir).env("BRIGADE_EMBED_CRASH", point).output().unwrap();
         assert!(!res.status.success(), "{point}: the planted crash did not happen");
         let left = snapshot(&dir.join(&out));
+        for f in *there {
+            assert!(left.contains_key(*f), "{point}: {f} should be there: {:?}", left.keys());
+        }
+        for f in *absent {
+            assert!(!left.contains_key(*f), "{point}: {f} should not be there yet: {:?}", left.keys());
+        }
+        let manifest: serde_json::Value = serde_json::from_slice(&left["manifest.json"]).unwrap();
+        assert_eq!(manifest["complete"], *complete, "{point}");
         assert!(
             left.len() < want.len() || left.keys().any(|n| !want.contains_key(n)) || left != want,
             "{point}: nothing to resume"
