@@ -7,6 +7,8 @@
 #   scripts/mutants.sh optimizer    one of: optimizer trainer generate gpt chunks, the parallel
 #                                   files: tp_comm vocab tp_state zero store stages executor gradients,
 #                                   the serving engine's: engine kv, the embedding job's: output
+#                                   (its unit tests) and output_job (the same file against
+#                                   brigade-cli's embedding job, for the crash hook)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A file=(
@@ -26,6 +28,7 @@ declare -A file=(
   [engine]=crates/brigade-serve/src/engine.rs
   [kv]=crates/brigade-serve/src/kv.rs
   [output]=crates/brigade/src/embed/output.rs
+  [output_job]=crates/brigade/src/embed/output.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -43,11 +46,12 @@ declare -A tests=(
   [gradients]="--test equivalence --test micro_batching --test adamw_fixture"
   [engine]="--lib --test engine --test tensor_parallel"
   [kv]="--lib --test engine"
-  [output]="--test embed_job"
+  [output]="--lib -- embed::output"
+  [output_job]="--test embed_job"
 )
 # the package whose tests a file's mutants run against, where it is not the file's own
 declare -A package=(
-  [output]=brigade-cli
+  [output_job]=brigade-cli
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(optimizer trainer generate gpt chunks)
