@@ -63,6 +63,10 @@ fn a_slow_replica_is_booked_as_data_parallel_communication() {
     // ZeRO-3: the first forward's parameter gather waits, inside the forward's span
     let s = held_back("dp=2,zero=3", 1);
     check("dp=2,zero=3", &s[0], s[0].dp_comm_s);
+    // ZeRO-2: the full parameters need no gather; the first backward's reduce-scatters wait,
+    // as its store finishes them
+    let s = held_back("dp=2,zero=2", 1);
+    check("dp=2,zero=2", &s[0], s[0].dp_comm_s);
     // ZeRO-1: the per-unit reduce-scatter
     let s = held_back("dp=2,zero=1", 1);
     check("dp=2,zero=1", &s[0], s[0].dp_comm_s);
