@@ -98,3 +98,37 @@ fn a_single_worker_spends_nothing_on_communication_or_waiting() {
     assert_eq!((s.comm_s, s.pipeline_wait_s, s.bubble), (0.0, 0.0, 0.0), "{s:?}");
     assert!(s.compute_s > 0.0 && s.optimizer_s > 0.0, "{s:?}");
 }
+
+/// Each rank's (reductions launched while the forwards and backwards ran, reductions) of a step.
+fn reductions(layout: &str) -> Vec<(usize, usize)> {
+    let layout = Layout::parse(layout).unwrap();
+    brigade_comm::local::run(layout.world(), |world| {
+        let mut tr = Trainer::on_world(cfg(), &world, &layout)?;
+        brigade::with_threads(1, || tr.train_step().map(|s| (s.dp_overlapped, s.dp_reductions)))?
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_step_says_how_many_gradient_reductions_its_backward_hid() {
+    // plain dp: every bucket launched as the last backward finishes it; ZeRO-1 on one stage:
+    // every unit's reduce-scatter; a pipeline of interleaved chunks: every chunk's all-reduce,
+    // as its last backward ends
+    for layout in ["dp=2", "dp=2,zero=1", "dp=2,pp=2", "dp=2,pp=2,v=2,schedule=interleaved"] {
+        let r = reductions(layout);
+        assert_eq!(r.len(), 4.min(Layout::parse(layout).unwrap().world()));
+        for (rank, &(hid, all)) in r.iter().enumerate() {
+            assert!(all >= 1 && hid == all, "{layout}: rank {rank} launched {hid} of {all} under the backward");
+        }
+    }
+    // ZeRO-1 with a pipeline sums the tied table's copies first: every reduce-scatter after
+    let r = reductions("dp=2,pp=2,zero=1");
+    assert!(r.iter().all(|&(hid, all)| hid == 0 && all > 1), "{r:?}");
+    // one chunk of the model per rank: as many units as dp=2,zero=1's whole model has, split
+    let whole = reductions("dp=2,zero=1")[0].1;
+    assert_eq!(r[0].1 + r[1].1, whole, "the stages' units are the model's: {r:?}");
+    // nothing to reduce, and ZeRO-2/3's stores (which reduce inside each backward)
+    for layout in ["dp=1", "tp=2", "dp=2,zero=2", "dp=2,zero=3"] {
+        assert!(reductions(layout).iter().all(|&r| r == (0, 0)), "{layout}");
+    }
+}

@@ -56,6 +56,16 @@ enum Sync<'a> {
 }
 
 impl Sync<'_> {
+    /// The reductions launched so far, and all there will be (0, 0: none, or inside the stores).
+    fn launched(&self) -> (usize, usize) {
+        match self {
+            Sync::Buckets(r) => r.launched(),
+            Sync::Units(r) => r.launched(),
+            Sync::Chunks(pending) => (pending.len(), pending.len()),
+            Sync::After | Sync::Sharded { .. } => (0, 0),
+        }
+    }
+
     /// The reduction that overlaps the chunk's last backward, if this rank has one.
     fn overlapped(&mut self) -> Option<&mut dyn OnReady> {
         match self {
@@ -217,6 +227,7 @@ impl Trainer {
             });
         }
         fault::at(fault::Point::Reduce, step, self.mesh.shape.rank(self.mesh.coords));
+        self.clock.dp_reductions = sync.launched();
         let t0 = Instant::now();
         let exposed = match sync {
             Sync::Buckets(r) => {
@@ -244,7 +255,9 @@ impl Trainer {
         note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "tied table's gradient sum", Group::Pp, step, t0);
         let t0 = Instant::now();
         if zero == 1 && !untied {
-            UnitReducer::new(&self.shards, dp).finish(&self.grads, &mut self.gshard)?;
+            let r = UnitReducer::new(&self.shards, dp);
+            self.clock.dp_reductions = r.launched();
+            r.finish(&self.grads, &mut self.gshard)?;
             note_comm(
                 (&mut self.timeline, &mut self.clock),
                 &self.mesh,

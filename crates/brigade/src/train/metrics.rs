@@ -43,6 +43,15 @@ pub struct StepStats {
     /// The share of the pipeline's time this rank waited for another stage (0 without one).
     #[serde(default)]
     pub bubble: f64,
+    /// This rank's data-parallel gradient reductions (buckets, ZeRO-1 units, or pipeline chunks)
+    /// launched while its forwards and backwards ran, each as its gradients became final: the
+    /// ones the backward can hide. Of `dp_reductions`; the rest start after the list, exposed.
+    /// Both 0 with nothing to reduce, and under ZeRO-2/3, whose stores reduce-scatter inside
+    /// each backward.
+    #[serde(default)]
+    pub dp_overlapped: usize,
+    #[serde(default)]
+    pub dp_reductions: usize,
 }
 
 /// A communicating group of the mesh.
@@ -90,6 +99,8 @@ pub(crate) struct StepClock {
     /// By group: tp, dp, pp.
     pub(crate) comm: [f64; 3],
     pub(crate) wait: f64,
+    /// Data-parallel gradient reductions: (launched during the list, all).
+    pub(crate) dp_reductions: (usize, usize),
 }
 
 impl StepClock {

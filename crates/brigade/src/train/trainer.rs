@@ -217,6 +217,8 @@ impl Trainer {
             pipeline_wait_s: c.wait,
             idle_s: (wall - compute_s - c.optimizer - comm_s - c.wait).max(0.0),
             bubble: self.pipeline.map_or(0.0, |p| p.bubble()),
+            dp_overlapped: c.dp_reductions.0,
+            dp_reductions: c.dp_reductions.1,
         };
         self.history.push(s);
         Ok(s)

@@ -89,6 +89,11 @@ impl<'a> BucketReducer<'a> {
         BucketReducer { dp, buckets: buckets(total, cfg.bucket_elems), next: 0, pending: Vec::new() }
     }
 
+    /// (buckets launched, buckets)
+    pub fn launched(&self) -> (usize, usize) {
+        (self.next, self.buckets.len())
+    }
+
     /// `g[from..]` holds final gradients: launch the buckets that lie inside it.
     pub fn ready(&mut self, g: &[f32], from: usize) {
         while self.next < self.buckets.len() && self.buckets[self.next].start >= from {

@@ -131,6 +131,11 @@ impl<'a> UnitReducer<'a> {
         UnitReducer { shards, dp, launched: vec![false; shards.units.len()], pending: Vec::new() }
     }
 
+    /// (units launched, units)
+    pub fn launched(&self) -> (usize, usize) {
+        (self.launched.iter().filter(|&&l| l).count(), self.launched.len())
+    }
+
     pub fn ready(&mut self, g: &[f32], from: usize) {
         for (u, r) in self.shards.units.iter().enumerate() {
             if !self.launched[u] && r.start >= from {
