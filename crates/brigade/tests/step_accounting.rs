@@ -101,9 +101,17 @@ fn a_single_worker_spends_nothing_on_communication_or_waiting() {
 
 /// Each rank's (reductions launched while the forwards and backwards ran, reductions) of a step.
 fn reductions(layout: &str) -> Vec<(usize, usize)> {
+    reductions_in_buckets(layout, None)
+}
+
+/// The same, with gradient buckets of `bucket` elements.
+fn reductions_in_buckets(layout: &str, bucket: Option<usize>) -> Vec<(usize, usize)> {
     let layout = Layout::parse(layout).unwrap();
     brigade_comm::local::run(layout.world(), |world| {
         let mut tr = Trainer::on_world(cfg(), &world, &layout)?;
+        if let Some(elems) = bucket {
+            tr.set_bucket_elems(elems)?;
+        }
         brigade::with_threads(1, || tr.train_step().map(|s| (s.dp_overlapped, s.dp_reductions)))?
     })
     .unwrap()
@@ -121,6 +129,9 @@ fn a_step_says_how_many_gradient_reductions_its_backward_hid() {
             assert!(all >= 1 && hid == all, "{layout}: rank {rank} launched {hid} of {all} under the backward");
         }
     }
+    // small buckets: one all-reduce each, every one launched as the backward finishes it
+    let r = reductions_in_buckets("dp=2", Some(5000));
+    assert!(r.iter().all(|&(hid, all)| hid == all && all > 3), "{r:?}");
     // ZeRO-1 with a pipeline sums the tied table's copies first: every reduce-scatter after
     let r = reductions("dp=2,pp=2,zero=1");
     assert!(r.iter().all(|&(hid, all)| hid == 0 && all > 1), "{r:?}");

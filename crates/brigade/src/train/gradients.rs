@@ -218,13 +218,8 @@ impl Trainer {
             tl.add_comm(self.mesh.tp.trace_epoch(), &events, step);
         }
         if self.layout.runs_executor() {
-            self.pipeline = Some(PipelineStats {
-                wall_s,
-                compute_s: (ran.compute_s() - exposed_s - tp_s).max(0.0),
-                wait_s,
-                peak_stashed: ran.peak,
-                peak_stash_bytes: ran.peak_bytes,
-            });
+            self.pipeline =
+                Some(PipelineStats { wall_s, wait_s, peak_stashed: ran.peak, peak_stash_bytes: ran.peak_bytes });
         }
         fault::at(fault::Point::Reduce, step, self.mesh.shape.rank(self.mesh.coords));
         self.clock.dp_reductions = sync.launched();

@@ -162,8 +162,6 @@ pub(crate) fn note_comm(
 pub struct PipelineStats {
     /// Seconds from the first action of the list to its last.
     pub wall_s: f64,
-    /// Seconds in forwards and backwards, the collectives inside them excluded.
-    pub compute_s: f64,
     /// Seconds waiting for another stage's activation or gradient.
     pub wait_s: f64,
     /// The most micro-batch chunks holding their stash at once, and their bytes.
