@@ -28,8 +28,8 @@ fn every_schedule_executed_equals_the_whole_model() {
     let params = whole.init_params(3);
     let (b, t) = (2, 8);
     let (mut ran, mut refused) = (0, Vec::new());
-    // 1F1B's stash bytes on each rank, by (pp, recompute) and m
-    let mut one_f_one_b: std::collections::BTreeMap<(String, usize, String), Vec<StashBytes>> = Default::default();
+    // 1F1B's and ZB-H1's stash bytes on each rank, by (schedule, pp, recompute) and m
+    let mut stash_bytes: std::collections::HashMap<(Schedule, usize, Recompute), Vec<StashBytes>> = Default::default();
     for m in [1, 2, 4, 8] {
         let tokens: Vec<Vec<u32>> =
             (0..m).map(|k| (0..b * t).map(|i| ((i * 5 + k * 3 + 1) % 37) as u32).collect()).collect();
@@ -151,32 +151,31 @@ fn every_schedule_executed_equals_the_whole_model() {
                     }
                 }
                 if matches!(kind, Schedule::OneFOneB | Schedule::ZeroBubble) {
-                    let key = (format!("{kind:?}"), pp, format!("{recompute:?}"));
-                    one_f_one_b.entry(key).or_default().push((m, bytes.clone()));
+                    stash_bytes.entry((kind, pp, recompute)).or_default().push((m, bytes.clone()));
                 }
                 kept_bytes = bytes;
             }
         }
     }
-    let at = |key: (&str, usize, &str), m: usize| {
-        let by_m = &one_f_one_b[&(key.0.to_string(), key.1, key.2.to_string())];
-        by_m.iter().find(|(k, _)| *k == m).expect("every m ran").1.clone()
+    let at = |key: (Schedule, usize, Recompute), m: usize| {
+        &stash_bytes[&key].iter().find(|(k, _)| *k == m).expect("every m ran").1
     };
     // 1F1B holds at most pp − r micro-batches whatever m: once m ≥ pp, more micro-batches stash
     // no more bytes (what is taken from the stash is given back — under full recompute too)
-    for (kind, pp, recompute) in one_f_one_b.keys().filter(|k| k.0 == "OneFOneB") {
-        let key = (kind.as_str(), *pp, recompute.as_str());
-        assert_eq!(at(key, 8), at(key, 4), "{kind} pp={pp} recompute={recompute}: stash bytes grew with m");
+    for &(kind, pp, recompute) in stash_bytes.keys().filter(|k| k.0 == Schedule::OneFOneB) {
+        let key = (kind, pp, recompute);
+        assert_eq!(at(key, 8), at(key, 4), "1F1B pp={pp} recompute={recompute:?}: stash bytes grew with m");
     }
     // a zero-bubble B leaves its weight gradients' inputs for its W: under full recompute, where
     // 1F1B's stash is each micro-batch's input only, ZB-H1 holds more on every rank, at every m
     for m in [1, 2, 4, 8] {
-        let (zb, one) = (at(("ZeroBubble", 3, "Full"), m), at(("OneFOneB", 3, "Full"), m));
+        let (zb, one) =
+            (at((Schedule::ZeroBubble, 3, Recompute::Full), m), at((Schedule::OneFOneB, 3, Recompute::Full), m));
         for r in 0..3 {
             assert!(zb[r] > 4 * one[r], "m={m} rank {r}: ZB-H1 stashed {} bytes, 1F1B {}", zb[r], one[r]);
         }
     }
-    assert_eq!(one_f_one_b.len(), 4 * 3, "three 1F1B depths and one zero-bubble × three recompute modes");
+    assert_eq!(stash_bytes.len(), 4 * 3, "three 1F1B depths and one zero-bubble × three recompute modes");
     // 4 micro-batch counts × 8 schedules, less the three refused by name: no case vanished
     assert_eq!(refused, REFUSED.to_vec(), "the refused cases");
     assert_eq!(ran, 4 * 8 - REFUSED.len());
