@@ -1,6 +1,6 @@
 pub use crate::train_args::TrainArgs;
 use anyhow::{bail, Context, Result};
-use brigade::layout::Layout;
+use brigade::layout::{Axis, Layout};
 use brigade::train::run::{self as job, JobOptions, JobReport, Observer, Outcome};
 use brigade::train::{EvalReport, StepStats, TrainConfig, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -419,7 +419,14 @@ fn print_report(tr: &Trainer, r: &JobReport) -> Result<()> {
             };
             eprintln!(
                 "  rank {i} (dp {} pp {} tp {}): {:.2} · {:.2} · {:.2} · {:.2} · {:.2}{piped}",
-                c.dp, c.pp, c.tp, t.compute_s, t.optimizer_s, t.comm_s, t.wait_s, t.idle_s
+                c[Axis::Dp],
+                c[Axis::Pp],
+                c[Axis::Tp],
+                t.compute_s,
+                t.optimizer_s,
+                t.comm_s,
+                t.wait_s,
+                t.idle_s
             );
         }
     }

@@ -8,6 +8,56 @@
 use crate::error::{Error, Result};
 use serde::Serialize;
 
+/// An axis of the device mesh. The first four multiply into the ranks, outer to inner (the
+/// order of the variants): pipeline stages outermost, then data replicas, then the context
+/// (sequence) split, then tensor slices innermost, as Megatron-LM orders them (a
+/// tensor-parallel group stays inside a node). The expert axis multiplies nothing: it is a
+/// second factoring of the data × context ranks (Megatron-Core's expert grid), so `ep` divides
+/// `dp · cp`. `parallel::mesh` builds the groups of these axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Axis {
+    Pp,
+    Dp,
+    Cp,
+    Tp,
+    Ep,
+}
+
+impl Axis {
+    /// Every axis, in the order of the variants.
+    pub const ALL: [Axis; 5] = [Axis::Pp, Axis::Dp, Axis::Cp, Axis::Tp, Axis::Ep];
+    /// The axes whose degrees multiply into the ranks, outer to inner.
+    pub const RANKS: [Axis; 4] = [Axis::Pp, Axis::Dp, Axis::Cp, Axis::Tp];
+
+    /// Its name in a layout string (`dp=2`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::Pp => "pp",
+            Axis::Dp => "dp",
+            Axis::Cp => "cp",
+            Axis::Tp => "tp",
+            Axis::Ep => "ep",
+        }
+    }
+}
+
+/// Refuses a world of another size than the product of `degrees` (the rank axes, in the
+/// order a message names them), saying what would fit.
+pub(crate) fn check_world_of(degrees: &[(Axis, usize)], world: usize) -> Result<()> {
+    let need: usize = degrees.iter().map(|&(_, d)| d).product();
+    if need != world {
+        let each: Vec<String> = degrees.iter().map(|(a, d)| format!("{}={d}", a.name())).collect();
+        let names: Vec<&str> = degrees.iter().map(|(a, _)| a.name()).collect();
+        return Err(Error::Layout(format!(
+            "the layout {} needs {need} ranks but {world} were started; start {need} ranks or change the layout so that {} = {world}",
+            each.join(" × "),
+            names.join("·"),
+        )));
+    }
+    Ok(())
+}
+
 /// The pipeline schedules `schedule=…` names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum Schedule {
@@ -123,6 +173,16 @@ impl Spec {
                 "tp" => f.tp = Some(num()?),
                 "pp" => f.pp = Some(num()?),
                 "dp" => f.dp = Some(num()?),
+                // named by the mesh already; training them arrives with their own layers
+                "cp" | "ep" => {
+                    let n = num()?;
+                    if n != 1 {
+                        let what = if k == "cp" { "context" } else { "expert" };
+                        return Err(Error::Layout(format!(
+                            "{k}={n}: {what} parallelism is not supported yet (brigade trains with {k}=1 only); drop {k} or set {k}=1"
+                        )));
+                    }
+                }
                 "mb" => f.mb = Some(num()?),
                 "v" => f.v = Some(num()?),
                 "recompute" => {
@@ -226,9 +286,20 @@ impl Layout {
         Spec::parse(s)?.layout()
     }
 
-    /// Ranks in the mesh: dp · pp · tp.
+    /// Ranks in the mesh: the product of the rank axes' degrees, dp · pp · tp (cp = 1).
     pub fn world(&self) -> usize {
-        self.dp * self.pp * self.tp
+        Axis::RANKS.iter().map(|&a| self.degree(a)).product()
+    }
+
+    /// The layout's degree on `axis`: context and expert parallelism are 1 until training
+    /// runs them (parsing refuses anything else).
+    pub fn degree(&self, axis: Axis) -> usize {
+        match axis {
+            Axis::Pp => self.pp,
+            Axis::Dp => self.dp,
+            Axis::Tp => self.tp,
+            Axis::Cp | Axis::Ep => 1,
+        }
     }
 
     /// The schedule's name, "none" without a pipeline.
@@ -300,17 +371,7 @@ impl Layout {
 
     /// Refuses a world of another size, saying what would fit.
     pub fn check_world(&self, world: usize) -> Result<()> {
-        if self.world() != world {
-            return Err(Error::Layout(format!(
-                "the layout dp={} × pp={} × tp={} needs {} ranks but {world} were started; start {} ranks or change the layout so that dp·pp·tp = {world}",
-                self.dp,
-                self.pp,
-                self.tp,
-                self.world(),
-                self.world()
-            )));
-        }
-        Ok(())
+        check_world_of(&[(Axis::Dp, self.dp), (Axis::Pp, self.pp), (Axis::Tp, self.tp)], world)
     }
 }
 
@@ -364,6 +425,26 @@ mod tests {
             assert!(Spec::parse(bad).is_err(), "{bad} accepted");
         }
         assert!(Layout::parse("dp=18446744073709551615,tp=2").is_err(), "overflowing world accepted");
+    }
+
+    #[test]
+    fn a_layout_answers_its_degree_on_every_axis() {
+        let l = Layout::parse("dp=2,pp=3,tp=4,cp=1,ep=1").unwrap();
+        let degrees: Vec<usize> = Axis::ALL.iter().map(|&a| l.degree(a)).collect();
+        assert_eq!(degrees, [3, 2, 1, 4, 1], "pp, dp, cp, tp, ep");
+        assert_eq!(l, Layout::parse("dp=2,pp=3,tp=4").unwrap(), "cp=1 and ep=1 are the defaults");
+        assert_eq!(l.world(), 24);
+        // not silently accepted: training with them arrives in their own issues
+        for (bad, want) in [("cp=2", "context parallelism is not supported yet"), ("dp=4,ep=2", "expert parallelism")] {
+            let e = Layout::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+        assert!(Layout::parse("cp=0").is_err());
+        let e = Layout::parse("dp=2,tp=2").unwrap().check_world(8).unwrap_err().to_string();
+        assert!(
+            e.contains("the layout dp=2 × pp=1 × tp=2 needs 4 ranks but 8 were started; start 4 ranks or change the layout so that dp·pp·tp = 8"),
+            "{e}"
+        );
     }
 
     #[test]

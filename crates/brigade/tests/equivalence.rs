@@ -9,7 +9,7 @@
 //! Llama family (RMSNorm, rotary grouped-query attention with 8 query heads on 2 key/value
 //! heads, so tp = 4 and 8 replicate each key/value head; SwiGLU; an untied head).
 
-use brigade::layout::{Layout, Recompute, Schedule as Kind};
+use brigade::layout::{Axis, Layout, Schedule as Kind};
 use brigade::parallel::data::DataParallel;
 use brigade::parallel::{Mesh, MeshShape};
 use brigade::params::Split;
@@ -170,48 +170,27 @@ enum Start<'a> {
     Resume(&'a std::path::Path),
 }
 
-/// One layout of the matrix.
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    dp: usize,
-    pp: usize,
-    tp: usize,
-    pipe: Pipe,
-    zero: u8,
-    sp: bool,
-    mb: usize,
-    bucket: usize,
-}
-
-/// A case's pipeline: its schedule (unset: the layout's default), chunks per rank, recompute.
-#[derive(Clone, Copy, Debug)]
-struct Pipe {
-    schedule: Option<Kind>,
-    v: usize,
-    recompute: Recompute,
-}
-
-impl Case {
-    fn layout(&self) -> Layout {
-        let Pipe { schedule, v, recompute } = self.pipe;
-        let schedule = schedule.unwrap_or(Kind::default_for(v));
-        Layout { dp: self.dp, pp: self.pp, tp: self.tp, mb: None, v, schedule, recompute, zero: self.zero, sp: self.sp }
-    }
-}
+/// One layout of the matrix: the layout as `brigade train --layout` takes it (parsed by the
+/// same parser; unnamed fields at their defaults, so a new dimension adds rows and edits
+/// none), the run's micro-batch (sequences per forward pass) and the bucket size in gradient
+/// elements.
+type Case = (&'static str, usize, usize);
 
 /// Runs every rank of the case's mesh until step `until` (optionally resuming `from`),
 /// optionally saving to `to`; returns the losses and the full weights, after checking that
 /// every rank agrees: replicas hold the same slices, replicated parameters are bitwise equal
 /// across each tensor-parallel group, and every rank gathers the same full model.
 fn run(f: Family, c: Case, from: Start, to: Option<&std::path::Path>, until: usize) -> Run {
-    let layout = c.layout();
+    let (spec, mb, bucket) = c;
+    let layout = Layout::parse(spec).unwrap();
+    let (dp, tp) = (layout.degree(Axis::Dp), layout.degree(Axis::Tp));
     let out = brigade_comm::local::run(layout.world(), |world| {
         let mesh = Mesh::new(&world, MeshShape::of(&layout))?;
         let mut tr = match from {
             Start::Resume(dir) => Trainer::resume_on(dir, None, mesh, &layout)?,
-            Start::Fresh(_) => Trainer::on_mesh(cfg(f, c.mb), mesh, &layout)?,
+            Start::Fresh(_) => Trainer::on_mesh(cfg(f, mb), mesh, &layout)?,
         };
-        tr.set_bucket_elems(c.bucket)?;
+        tr.set_bucket_elems(bucket)?;
         // each rank runs on one thread, as a worker of a real run would
         let first = brigade::with_threads(1, || -> brigade::Result<Option<FirstStep>> {
             let mut checked = None;
@@ -251,8 +230,8 @@ fn run(f: Family, c: Case, from: Start, to: Option<&std::path::Path>, until: usi
         assert_eq!(o.0, out[0].0, "{c:?}: rank {r}'s losses differ from rank 0's");
         assert_eq!(o.1, out[0].1, "{c:?}: rank {r}'s full weights differ from rank 0's");
         // ranks are ordered (pp, dp, tp): the stage's first replica, and its first tp rank
-        let stage = r / (c.dp * c.tp) * (c.dp * c.tp);
-        let replica = stage + r % c.tp;
+        let stage = r / (dp * tp) * (dp * tp);
+        let replica = stage + r % tp;
         assert_eq!(o.2, out[replica].2, "{c:?}: rank {r} and its replica {replica} hold different slices");
         for s in o.3.specs.iter().filter(|s| s.split == Split::Replicated) {
             let first = s.view.of(&out[stage].2);
@@ -261,7 +240,7 @@ fn run(f: Family, c: Case, from: Start, to: Option<&std::path::Path>, until: usi
         // a key/value head replicated over `copies` tp ranks: the copies stay bitwise equal
         for s in &o.3.specs {
             if let Split::Shared { copies } = s.split {
-                let first = r - r % c.tp + (r % c.tp) / copies * copies;
+                let first = r - r % tp + (r % tp) / copies * copies;
                 let want = s.view.of(&out[first].2);
                 assert_eq!(s.view.of(&o.2), want, "{c:?}: copy of {} on rank {r} differs from rank {first}'s", s.name);
             }
@@ -269,7 +248,7 @@ fn run(f: Family, c: Case, from: Start, to: Option<&std::path::Path>, until: usi
         // the tied token table's two copies (first and last stage) stay equal
         if let (Some(head), Some(first)) = (o.3.specs.iter().rev().find(|s| s.name == "wte.weight"), out.first()) {
             let embedding = first.3.specs.iter().find(|s| s.name == "wte.weight").unwrap();
-            if r.is_multiple_of(c.tp) {
+            if r.is_multiple_of(tp) {
                 let e = rel(head.view.of(&o.2), embedding.view.of(&first.2));
                 assert!(e == 0.0, "{c:?}: rank {r}'s copy of wte differs from the embedding's by {e:.2e}");
             }
@@ -323,22 +302,6 @@ fn assert_equivalent(f: Family, what: &str, got: &Run, want: &Run) {
     assert!(worst.0 < 1e-3, "{what}: {} differs from the single worker by {:.2e}", worst.1, worst.0);
 }
 
-const NONE: Pipe = Pipe { schedule: None, v: 1, recompute: Recompute::None };
-const fn pipe(schedule: Kind, v: usize, recompute: Recompute) -> Pipe {
-    Pipe { schedule: Some(schedule), v, recompute }
-}
-const GPIPE: Pipe = pipe(Kind::GPipe, 1, Recompute::None);
-const GPIPE_FULL: Pipe = pipe(Kind::GPipe, 1, Recompute::Full);
-const F1B1: Pipe = pipe(Kind::OneFOneB, 1, Recompute::None);
-const F1B1_FULL: Pipe = pipe(Kind::OneFOneB, 1, Recompute::Full);
-const ZB: Pipe = pipe(Kind::ZeroBubble, 1, Recompute::None);
-const ZB_FULL: Pipe = pipe(Kind::ZeroBubble, 1, Recompute::Full);
-const INTER: Pipe = pipe(Kind::Interleaved, 2, Recompute::None);
-const INTER_FULL: Pipe = pipe(Kind::Interleaved, 2, Recompute::Full);
-const F1B1_SEL: Pipe = pipe(Kind::OneFOneB, 1, Recompute::Selective);
-const ZB_SEL: Pipe = pipe(Kind::ZeroBubble, 1, Recompute::Selective);
-const INTER_SEL: Pipe = pipe(Kind::Interleaved, 2, Recompute::Selective);
-
 const SMALL: usize = 1000; // splits every layer's matrices over several buckets
 const BIG: usize = 25_000_000 / 4; // the whole model in one bucket
 
@@ -347,36 +310,36 @@ const BIG: usize = 25_000_000 / 4; // the whole model in one bucket
 /// rank from 1 to 8, both bucket regimes.
 #[rustfmt::skip]
 const MATRIX: &[Case] = &[
-    Case { dp: 1, pp: 1, tp: 1, zero: 0, sp: false, mb: 16, bucket: BIG, pipe: NONE },
-    Case { dp: 1, pp: 1, tp: 1, zero: 1, sp: false, mb: 4, bucket: SMALL, pipe: NONE },
-    Case { dp: 1, pp: 1, tp: 1, zero: 3, sp: false, mb: 8, bucket: BIG, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 1, zero: 1, sp: false, mb: 2, bucket: SMALL, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 1, zero: 0, sp: false, mb: 4, bucket: 7919, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 1, zero: 2, sp: false, mb: 4, bucket: BIG, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 1, zero: 3, sp: false, mb: 2, bucket: SMALL, pipe: NONE },
-    Case { dp: 1, pp: 1, tp: 2, zero: 0, sp: false, mb: 16, bucket: BIG, pipe: NONE },
-    Case { dp: 1, pp: 1, tp: 2, zero: 1, sp: true, mb: 4, bucket: SMALL, pipe: NONE },
-    Case { dp: 4, pp: 1, tp: 1, zero: 0, sp: false, mb: 1, bucket: SMALL, pipe: NONE },
-    Case { dp: 4, pp: 1, tp: 1, zero: 1, sp: false, mb: 4, bucket: BIG, pipe: NONE },
-    Case { dp: 4, pp: 1, tp: 1, zero: 3, sp: false, mb: 1, bucket: BIG, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 2, zero: 1, sp: true, mb: 2, bucket: 7919, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 2, zero: 0, sp: false, mb: 4, bucket: SMALL, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 2, zero: 2, sp: true, mb: 2, bucket: SMALL, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 2, zero: 3, sp: false, mb: 8, bucket: BIG, pipe: NONE },
-    Case { dp: 1, pp: 1, tp: 4, zero: 0, sp: false, mb: 8, bucket: BIG, pipe: NONE },
-    Case { dp: 1, pp: 1, tp: 4, zero: 0, sp: true, mb: 2, bucket: SMALL, pipe: NONE },
-    Case { dp: 8, pp: 1, tp: 1, zero: 1, sp: false, mb: 2, bucket: BIG, pipe: NONE },
-    Case { dp: 8, pp: 1, tp: 1, zero: 0, sp: false, mb: 1, bucket: SMALL, pipe: NONE },
-    Case { dp: 8, pp: 1, tp: 1, zero: 2, sp: false, mb: 1, bucket: BIG, pipe: NONE },
-    Case { dp: 8, pp: 1, tp: 1, zero: 3, sp: false, mb: 2, bucket: SMALL, pipe: NONE },
-    Case { dp: 4, pp: 1, tp: 2, zero: 0, sp: true, mb: 2, bucket: SMALL, pipe: NONE },
-    Case { dp: 4, pp: 1, tp: 2, zero: 1, sp: false, mb: 1, bucket: BIG, pipe: NONE },
-    Case { dp: 4, pp: 1, tp: 2, zero: 3, sp: true, mb: 2, bucket: BIG, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 4, zero: 1, sp: false, mb: 4, bucket: BIG, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 4, zero: 0, sp: true, mb: 2, bucket: 7919, pipe: NONE },
-    Case { dp: 2, pp: 1, tp: 4, zero: 2, sp: false, mb: 2, bucket: SMALL, pipe: NONE },
-    Case { dp: 1, pp: 1, tp: 8, zero: 0, sp: true, mb: 4, bucket: BIG, pipe: NONE },
-    Case { dp: 1, pp: 1, tp: 8, zero: 1, sp: false, mb: 2, bucket: SMALL, pipe: NONE },
+    ("dp=1", 16, BIG),
+    ("zero=1", 4, SMALL),
+    ("zero=3", 8, BIG),
+    ("dp=2,zero=1", 2, SMALL),
+    ("dp=2", 4, 7919),
+    ("dp=2,zero=2", 4, BIG),
+    ("dp=2,zero=3", 2, SMALL),
+    ("tp=2", 16, BIG),
+    ("tp=2,zero=1,sp=1", 4, SMALL),
+    ("dp=4", 1, SMALL),
+    ("dp=4,zero=1", 4, BIG),
+    ("dp=4,zero=3", 1, BIG),
+    ("dp=2,tp=2,zero=1,sp=1", 2, 7919),
+    ("dp=2,tp=2", 4, SMALL),
+    ("dp=2,tp=2,zero=2,sp=1", 2, SMALL),
+    ("dp=2,tp=2,zero=3", 8, BIG),
+    ("tp=4", 8, BIG),
+    ("tp=4,sp=1", 2, SMALL),
+    ("dp=8,zero=1", 2, BIG),
+    ("dp=8", 1, SMALL),
+    ("dp=8,zero=2", 1, BIG),
+    ("dp=8,zero=3", 2, SMALL),
+    ("dp=4,tp=2,sp=1", 2, SMALL),
+    ("dp=4,tp=2,zero=1", 1, BIG),
+    ("dp=4,tp=2,zero=3,sp=1", 2, BIG),
+    ("dp=2,tp=4,zero=1", 4, BIG),
+    ("dp=2,tp=4,sp=1", 2, 7919),
+    ("dp=2,tp=4,zero=2", 2, SMALL),
+    ("tp=8,sp=1", 4, BIG),
+    ("tp=8,zero=1", 2, SMALL),
 ];
 
 /// Every factorisation of 2, 4 and 8 ranks into (dp, pp, tp) with pp > 1, and the pipeline
@@ -385,27 +348,27 @@ const MATRIX: &[Case] = &[
 /// (fewer than pp too), stages of unequal cost (8 blocks beside the head on up to 8 stages).
 #[rustfmt::skip]
 const PIPELINES: &[Case] = &[
-    Case { dp: 1, pp: 2, tp: 1, zero: 0, sp: false, mb: 2, bucket: BIG, pipe: GPIPE },
-    Case { dp: 1, pp: 2, tp: 1, zero: 1, sp: false, mb: 16, bucket: SMALL, pipe: ZB_FULL },
-    Case { dp: 1, pp: 2, tp: 1, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: INTER_SEL },
-    Case { dp: 1, pp: 4, tp: 1, zero: 1, sp: false, mb: 4, bucket: BIG, pipe: F1B1 },
-    Case { dp: 1, pp: 4, tp: 1, zero: 0, sp: false, mb: 2, bucket: BIG, pipe: INTER_FULL },
-    Case { dp: 2, pp: 2, tp: 1, zero: 1, sp: false, mb: 1, bucket: SMALL, pipe: F1B1 },
-    Case { dp: 2, pp: 2, tp: 1, zero: 0, sp: false, mb: 2, bucket: SMALL, pipe: ZB_FULL },
-    Case { dp: 1, pp: 2, tp: 2, zero: 0, sp: true, mb: 2, bucket: BIG, pipe: F1B1 },
-    Case { dp: 1, pp: 2, tp: 2, zero: 1, sp: false, mb: 8, bucket: BIG, pipe: GPIPE_FULL },
-    Case { dp: 1, pp: 8, tp: 1, zero: 0, sp: false, mb: 2, bucket: BIG, pipe: F1B1 },
-    Case { dp: 1, pp: 8, tp: 1, zero: 1, sp: false, mb: 4, bucket: BIG, pipe: ZB_SEL },
-    Case { dp: 2, pp: 4, tp: 1, zero: 1, sp: false, mb: 2, bucket: 7919, pipe: INTER },
-    Case { dp: 4, pp: 2, tp: 1, zero: 1, sp: false, mb: 1, bucket: SMALL, pipe: GPIPE_FULL },
-    Case { dp: 1, pp: 4, tp: 2, zero: 1, sp: true, mb: 2, bucket: BIG, pipe: ZB },
-    Case { dp: 2, pp: 2, tp: 2, zero: 1, sp: true, mb: 2, bucket: SMALL, pipe: F1B1_SEL },
-    Case { dp: 1, pp: 1, tp: 2, zero: 0, sp: true, mb: 4, bucket: BIG, pipe: F1B1_SEL },
-    Case { dp: 2, pp: 2, tp: 2, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: INTER_FULL },
-    Case { dp: 1, pp: 2, tp: 4, zero: 0, sp: true, mb: 4, bucket: BIG, pipe: GPIPE },
-    Case { dp: 1, pp: 1, tp: 1, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: F1B1_FULL },
-    Case { dp: 2, pp: 1, tp: 2, zero: 1, sp: true, mb: 2, bucket: SMALL, pipe: F1B1_FULL },
-    Case { dp: 1, pp: 1, tp: 1, zero: 1, sp: false, mb: 8, bucket: BIG, pipe: INTER },
+    ("pp=2,schedule=gpipe", 2, BIG),
+    ("pp=2,zero=1,schedule=zb,recompute=full", 16, SMALL),
+    ("pp=2,schedule=interleaved,v=2,recompute=selective", 4, BIG),
+    ("pp=4,zero=1,schedule=1f1b", 4, BIG),
+    ("pp=4,schedule=interleaved,v=2,recompute=full", 2, BIG),
+    ("dp=2,pp=2,zero=1,schedule=1f1b", 1, SMALL),
+    ("dp=2,pp=2,schedule=zb,recompute=full", 2, SMALL),
+    ("pp=2,tp=2,sp=1,schedule=1f1b", 2, BIG),
+    ("pp=2,tp=2,zero=1,schedule=gpipe,recompute=full", 8, BIG),
+    ("pp=8,schedule=1f1b", 2, BIG),
+    ("pp=8,zero=1,schedule=zb,recompute=selective", 4, BIG),
+    ("dp=2,pp=4,zero=1,schedule=interleaved,v=2", 2, 7919),
+    ("dp=4,pp=2,zero=1,schedule=gpipe,recompute=full", 1, SMALL),
+    ("pp=4,tp=2,zero=1,sp=1,schedule=zb", 2, BIG),
+    ("dp=2,pp=2,tp=2,zero=1,sp=1,schedule=1f1b,recompute=selective", 2, SMALL),
+    ("tp=2,sp=1,schedule=1f1b,recompute=selective", 4, BIG),
+    ("dp=2,pp=2,tp=2,schedule=interleaved,v=2,recompute=full", 4, BIG),
+    ("pp=2,tp=4,sp=1,schedule=gpipe", 4, BIG),
+    ("schedule=1f1b,recompute=full", 4, BIG),
+    ("dp=2,tp=2,zero=1,sp=1,schedule=1f1b,recompute=full", 2, SMALL),
+    ("zero=1,schedule=interleaved,v=2", 8, BIG),
 ];
 
 fn matrix_equals_the_single_worker(f: Family, cases: &[Case]) {
@@ -464,15 +427,15 @@ fn a_checkpoint_resumes_under_another_layout() {
 
 #[rustfmt::skip]
 fn checkpoint_resumes_under_another_layout(f: Family) {
-    let from = Case { dp: 2, pp: 1, tp: 2, zero: 1, sp: true, mb: 2, bucket: SMALL, pipe: NONE };
+    let from = ("dp=2,tp=2,zero=1,sp=1", 2, SMALL);
     resumes_under(f, from, 3, &[
-        Case { dp: 1, pp: 1, tp: 4, zero: 0, sp: false, mb: 4, bucket: BIG, pipe: NONE },
-        Case { dp: 4, pp: 1, tp: 1, zero: 1, sp: false, mb: 2, bucket: SMALL, pipe: NONE },
-        Case { dp: 2, pp: 1, tp: 2, zero: 1, sp: false, mb: 8, bucket: 7919, pipe: NONE },
-        Case { dp: 4, pp: 1, tp: 1, zero: 3, sp: false, mb: 4, bucket: BIG, pipe: NONE },
-        Case { dp: 2, pp: 1, tp: 2, zero: 2, sp: true, mb: 2, bucket: SMALL, pipe: NONE },
-        Case { dp: 2, pp: 2, tp: 2, zero: 1, sp: false, mb: 4, bucket: BIG, pipe: INTER },
-        Case { dp: 1, pp: 4, tp: 1, zero: 0, sp: false, mb: 2, bucket: BIG, pipe: ZB_FULL },
+        ("tp=4", 4, BIG),
+        ("dp=4,zero=1", 2, SMALL),
+        ("dp=2,tp=2,zero=1", 8, 7919),
+        ("dp=4,zero=3", 4, BIG),
+        ("dp=2,tp=2,zero=2,sp=1", 2, SMALL),
+        ("dp=2,pp=2,tp=2,zero=1,schedule=interleaved,v=2", 4, BIG),
+        ("pp=4,schedule=zb,recompute=full", 2, BIG),
     ]);
 }
 
@@ -485,11 +448,11 @@ fn a_pipeline_checkpoint_resumes_under_another_layout() {
 
 #[rustfmt::skip]
 fn pipeline_checkpoint_resumes_under_another_layout(f: Family) {
-    let from = Case { dp: 1, pp: 4, tp: 2, zero: 1, sp: true, mb: 2, bucket: SMALL, pipe: F1B1 };
+    let from = ("pp=4,tp=2,zero=1,sp=1,schedule=1f1b", 2, SMALL);
     resumes_under(f, from, 2, &[
-        Case { dp: 2, pp: 1, tp: 2, zero: 3, sp: false, mb: 4, bucket: BIG, pipe: NONE },
-        Case { dp: 2, pp: 2, tp: 1, zero: 0, sp: false, mb: 1, bucket: SMALL, pipe: GPIPE_FULL },
-        Case { dp: 1, pp: 8, tp: 1, zero: 1, sp: false, mb: 2, bucket: BIG, pipe: ZB },
+        ("dp=2,tp=2,zero=3", 4, BIG),
+        ("dp=2,pp=2,schedule=gpipe,recompute=full", 1, SMALL),
+        ("pp=8,zero=1,schedule=zb", 2, BIG),
     ]);
 }
 

@@ -6,7 +6,9 @@
 use super::config::{kv_copies, GptConfig};
 use crate::error::Result;
 use crate::nn::tp::Tp;
-use crate::nn::{ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, Grouped, LayerNorm, LnStash, Mlp};
+use crate::nn::{
+    ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, Grouped, LayerNorm, LnStash, Mlp, MlpScratch,
+};
 use crate::nn::{MlpStash, Norm, RmsNorm};
 use crate::params::ParamLayout;
 use crate::tensor::elementwise::residual_bias_forward;
@@ -145,7 +147,7 @@ impl Block {
         self.mlp.c_proj.bias_backward(gr.g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln2.out, hfull)?;
-        self.mlp.backward(gr, h, &st.mlp, dy, dpart, dh, (dup, dx2));
+        self.mlp.backward(gr, h, &st.mlp, dy, dpart, MlpScratch { dh, dup, dx2 });
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
         self.ln_2.backward(gr.p, gr.g, &st.x2, &st.ln2, d, dresid);
         self.attn.c_proj.bias_backward(gr.g, dresid);

@@ -27,6 +27,14 @@ pub struct MlpStash {
     pub act: Vec<f32>,
 }
 
+/// The backward's scratch buffers: the hidden units' gradient `dh`, and under SwiGLU the up
+/// projection's gradient `dup` and its share `dx2` of the input gradient.
+pub struct MlpScratch<'a> {
+    pub dh: &'a mut Vec<f32>,
+    pub dup: &'a mut Vec<f32>,
+    pub dx2: &'a mut Vec<f32>,
+}
+
 impl MlpStash {
     pub fn floats(&self) -> usize {
         self.fc.len() + self.gate.len() + self.act.len()
@@ -67,19 +75,9 @@ impl Mlp {
         self.c_proj.forward_partial(p, &st.act, part);
     }
 
-    /// Overwrites `dx` with this rank's part of the input gradient; `dh`, `dup` and `dx2` are
-    /// scratch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
-        &self,
-        gr: &mut Grads,
-        x: &[f32],
-        st: &MlpStash,
-        dout: &[f32],
-        dx: &mut Vec<f32>,
-        dh: &mut Vec<f32>,
-        (dup, dx2): (&mut Vec<f32>, &mut Vec<f32>),
-    ) {
+    /// Overwrites `dx` with this rank's part of the input gradient.
+    pub fn backward(&self, gr: &mut Grads, x: &[f32], st: &MlpStash, dout: &[f32], dx: &mut Vec<f32>, sc: MlpScratch) {
+        let MlpScratch { dh, dup, dx2 } = sc;
         let Grads { p, g, dw } = gr;
         let (p, g) = (*p, &mut **g);
         ensure(dh, st.act.len());

@@ -13,7 +13,7 @@ pub mod wgrad;
 pub use attention::{AttnScratch, AttnStash, CausalSelfAttention, Grouped, Qkv};
 pub use layernorm::{LayerNorm, LnStash};
 pub use linear::Linear;
-pub use mlp::{Mlp, MlpStash};
+pub use mlp::{Mlp, MlpScratch, MlpStash};
 pub use norm::{Norm, RmsNorm};
 pub use wgrad::{Deferred, Spare, WeightGrads};
 

@@ -1,4 +1,4 @@
-//! What spans ranks in training: the device mesh, data parallelism with ZeRO (`data`), and
+//! What spans ranks in training: the device mesh (named axes, groups asked for by axes), data parallelism with ZeRO (`data`), and
 //! pipeline parallelism with schedules as data (`pipeline`). Tensor and sequence parallelism
 //! live inside the layers (`nn::tp`).
 
@@ -6,4 +6,4 @@ pub mod data;
 pub mod mesh;
 pub mod pipeline;
 
-pub use mesh::{Coords, Mesh, MeshShape};
+pub use mesh::{Axis, Coords, Mesh, MeshShape};

@@ -1,13 +1,14 @@
 //! A rank's share of a step's gradient, the same path for every layout: its micro-batches
 //! through its list of the plan (the executor; without a pipeline the list is one stage, 1F1B
 //! over the micro-batches), each pass on the store its data parallelism asks for, then the
-//! sums the layout adds — the replicas over dp (all-reduce by buckets during the last
-//! backward, or chunk by chunk; ZeRO-1's reduce-scatter; ZeRO-2/3's per-unit reduce-scatter
-//! in every backward), the tied token table's two copies over the pipeline, the replicated
-//! parameters over tp under sequence parallelism.
+//! sums the layout adds, each over the group of the mesh axes it names — the replicas over
+//! dp × cp ([`REPLICAS`]: all-reduce by buckets during the last backward, or chunk by chunk;
+//! ZeRO-1's reduce-scatter; ZeRO-2/3's per-unit reduce-scatter in every backward), the tied
+//! token table's two copies over the pipeline (pp), the replicated parameters over tp under
+//! sequence parallelism.
 
 use super::fault;
-use super::metrics::{note, note_comm, Group, Part, PipelineStats};
+use super::metrics::{note, note_comm, Part, PipelineStats};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::models::config::kv_copies;
@@ -19,8 +20,15 @@ use crate::parallel::data::zero::{Cut, Shards, UnitReducer};
 use crate::parallel::data::{self, BucketReducer, OnReady};
 use crate::parallel::pipeline::executor::{run_step, ChunkStores, MicroBatches, OnStore, Stage};
 use crate::parallel::pipeline::{Action, RankModel};
+use crate::parallel::Axis;
 use brigade_comm::{Comm, Handle, ReduceOp};
 use std::time::Instant;
+
+/// The ranks that hold the same parameters and see different tokens: a gradient is summed over
+/// them, ZeRO cuts its pieces across them, the loss adds up over them. The data-parallel group
+/// while cp = 1; once sequences are split over cp, each rank holds part of every sequence of its
+/// replica too (torchtitan's `loss` mesh, picotron's `cp_dp_group`).
+pub(crate) const REPLICAS: &[Axis] = &[Axis::Dp, Axis::Cp];
 
 /// A span's name on the timeline: a pipeline's names its chunk (`forward mb3 c0`), the one
 /// stage without a pipeline does not (`forward mb3`).
@@ -31,8 +39,8 @@ fn label(a: &Action, pipelined: bool) -> (String, Part) {
         Action::Backward { mb, chunk } => (format!("backward mb{mb}{}", c(chunk)), Part::Compute),
         Action::BackwardInput { mb, chunk } => (format!("backward (input) mb{mb}{}", c(chunk)), Part::Compute),
         Action::BackwardWeight { mb, chunk } => (format!("backward (weight) mb{mb}{}", c(chunk)), Part::Compute),
-        Action::SendActivation { mb, .. } => (format!("send activation mb{mb}"), Part::Comm(Group::Pp)),
-        Action::SendGrad { mb, .. } => (format!("send gradient mb{mb}"), Part::Comm(Group::Pp)),
+        Action::SendActivation { mb, .. } => (format!("send activation mb{mb}"), Part::Comm(Axis::Pp)),
+        Action::SendGrad { mb, .. } => (format!("send gradient mb{mb}"), Part::Comm(Axis::Pp)),
         Action::RecvActivation { mb, .. } => (format!("wait for activation mb{mb}"), Part::Wait),
         Action::RecvGrad { mb, .. } => (format!("wait for gradient mb{mb}"), Part::Wait),
     }
@@ -166,12 +174,12 @@ impl Trainer {
         let mb = self.micro;
         let tokens: Vec<Vec<u32>> = x.chunks(mb * t).map(<[u32]>::to_vec).collect();
         let targets: Vec<Vec<i32>> = y.chunks(mb * t).map(<[i32]>::to_vec).collect();
-        let tp = Tp::new(&self.mesh.tp, self.layout.sp);
+        let tp = Tp::new(self.mesh.group(&[Axis::Tp]), self.layout.sp);
         let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale };
-        let (dp, zero) = (&self.mesh.dp, self.dpc.zero);
+        let (dp, zero) = (self.mesh.group(REPLICAS), self.dpc.zero);
         let one_chunk = self.parts.chunks.len() == 1;
         // the tied table's copies are summed over the pipeline before ZeRO-1 cuts the sum
-        let untied = self.mesh.pp.size() == 1 && one_chunk;
+        let untied = self.mesh.group(&[Axis::Pp]).size() == 1 && one_chunk;
         let sync = match zero {
             _ if zero >= 2 => {
                 Sync::Sharded { open: None, full: (zero == 2).then_some(&self.params[..]), pshard: &self.pshard }
@@ -192,11 +200,11 @@ impl Trainer {
             sync,
             exposed_s: 0.0,
             step,
-            rank: self.mesh.shape.rank(self.mesh.coords),
+            rank: self.mesh.rank(),
             micro_batches: tokens.len(),
         };
         let started = Instant::now();
-        let comms = (&self.mesh.pp, &tp);
+        let comms = (self.mesh.group(&[Axis::Pp]), &tp);
         let ran = run_step(&self.list, comms, &mut stores, &data, self.layout.recompute, &mut self.pool)?;
         let wall_s = started.elapsed().as_secs_f64();
         let RankStores { sync, exposed_s, .. } = stores;
@@ -210,18 +218,19 @@ impl Trainer {
         }
         // what the forwards' and backwards' spans hold that is not compute: ZeRO-2/3's waits for
         // a unit's parameters and for the reduce-scatters (dp), the tensor-parallel collectives
-        self.clock.reclaim(exposed_s, Group::Dp);
-        let events = self.mesh.tp.take_trace();
+        self.clock.reclaim(exposed_s, Axis::Dp);
+        let tp_comm = self.mesh.group(&[Axis::Tp]);
+        let events = tp_comm.take_trace();
         let tp_s: f64 = events.iter().map(|e| (e.end - e.start).as_secs_f64()).sum();
-        self.clock.reclaim(tp_s, Group::Tp);
+        self.clock.reclaim(tp_s, Axis::Tp);
         if let Some(tl) = self.timeline.as_mut() {
-            tl.add_comm(self.mesh.tp.trace_epoch(), &events, step);
+            tl.add_comm(tp_comm.trace_epoch(), &events, step);
         }
         if self.layout.runs_executor() {
             self.pipeline =
                 Some(PipelineStats { wall_s, wait_s, peak_stashed: ran.peak, peak_stash_bytes: ran.peak_bytes });
         }
-        fault::at(fault::Point::Reduce, step, self.mesh.shape.rank(self.mesh.coords));
+        fault::at(fault::Point::Reduce, step, self.mesh.rank());
         self.clock.dp_reductions = sync.launched();
         let t0 = Instant::now();
         let exposed = match sync {
@@ -243,11 +252,18 @@ impl Trainer {
             Sync::After | Sync::Sharded { .. } => None,
         };
         if let Some(name) = exposed {
-            note_comm((&mut self.timeline, &mut self.clock), &self.mesh, name, Group::Dp, step, t0);
+            note_comm((&mut self.timeline, &mut self.clock), &self.mesh, name, REPLICAS, step, t0);
         }
         let t0 = Instant::now();
-        self.parts.tie_grads(&self.mesh.pp, &mut self.grads)?;
-        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "tied table's gradient sum", Group::Pp, step, t0);
+        self.parts.tie_grads(self.mesh.group(&[Axis::Pp]), &mut self.grads)?;
+        note_comm(
+            (&mut self.timeline, &mut self.clock),
+            &self.mesh,
+            "tied table's gradient sum",
+            &[Axis::Pp],
+            step,
+            t0,
+        );
         let t0 = Instant::now();
         if zero == 1 && !untied {
             let r = UnitReducer::new(&self.shards, dp);
@@ -257,7 +273,7 @@ impl Trainer {
                 (&mut self.timeline, &mut self.clock),
                 &self.mesh,
                 "gradient reduce-scatter (exposed)",
-                Group::Dp,
+                REPLICAS,
                 step,
                 t0,
             );
@@ -267,13 +283,20 @@ impl Trainer {
         tp_state::sum_replicated_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, Cut::Replicated))?;
         let copies = kv_copies(&self.parts.first().cfg, tp.size());
         tp_state::sum_shared_grads(&tp, g, &self.shards.compact_ranges(&self.parts.layout, Cut::Shared), copies)?;
-        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "replicated gradients' sum", Group::Tp, step, t0);
+        note_comm(
+            (&mut self.timeline, &mut self.clock),
+            &self.mesh,
+            "replicated gradients' sum",
+            &[Axis::Tp],
+            step,
+            t0,
+        );
         // the last stage's losses, to every stage
         let t0 = Instant::now();
-        let loss = data::sum_scalar(&self.mesh.pp, ran.loss)?;
-        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", Group::Pp, step, t0);
+        let loss = data::sum_scalar(self.mesh.group(&[Axis::Pp]), ran.loss)?;
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", &[Axis::Pp], step, t0);
         // (the spans above already count the collectives' time: off the trace)
-        self.mesh.tp.take_trace();
+        self.mesh.group(&[Axis::Tp]).take_trace();
         Ok(loss)
     }
 }

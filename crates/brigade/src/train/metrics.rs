@@ -1,7 +1,7 @@
 //! What each step reports: its loss and learning rate, and where its time went on this rank.
 
 use super::timeline::Timeline;
-use crate::parallel::Mesh;
+use crate::parallel::{Axis, Mesh};
 use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
@@ -54,14 +54,6 @@ pub struct StepStats {
     pub dp_reductions: usize,
 }
 
-/// A communicating group of the mesh.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Group {
-    Tp,
-    Dp,
-    Pp,
-}
-
 /// What a span of a step is: its line in the step's accounting and its category on the timeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
@@ -69,8 +61,9 @@ pub enum Part {
     Compute,
     /// The gradient norm, clipping, AdamW.
     Optimizer,
-    /// A collective or message of a group that nothing overlapped.
-    Comm(Group),
+    /// A collective or message that nothing overlapped, counted under a mesh axis (a group of
+    /// several axes under its outermost: the dp × cp gradient sum under dp).
+    Comm(Axis),
     /// Waiting for another pipeline stage.
     Wait,
     /// Outside the step's own parts (drawing the batch, a checkpoint, an evaluation): the
@@ -96,22 +89,22 @@ impl Part {
 pub(crate) struct StepClock {
     pub(crate) compute: f64,
     pub(crate) optimizer: f64,
-    /// By group: tp, dp, pp.
-    pub(crate) comm: [f64; 3],
+    /// By axis (`Axis as usize`).
+    pub(crate) comm: [f64; 5],
     pub(crate) wait: f64,
     /// Data-parallel gradient reductions: (launched during the list, all).
     pub(crate) dp_reductions: (usize, usize),
 }
 
 impl StepClock {
-    pub(crate) fn comm_mut(&mut self, g: Group) -> &mut f64 {
-        &mut self.comm[g as usize]
+    pub(crate) fn comm_mut(&mut self, a: Axis) -> &mut f64 {
+        &mut self.comm[a as usize]
     }
 
-    /// Moves `secs` counted as compute (a wait inside a forward or backward) to group `g`.
-    pub(crate) fn reclaim(&mut self, secs: f64, g: Group) {
+    /// Moves `secs` counted as compute (a wait inside a forward or backward) to axis `a`.
+    pub(crate) fn reclaim(&mut self, secs: f64, a: Axis) {
         self.compute -= secs;
-        *self.comm_mut(g) += secs;
+        *self.comm_mut(a) += secs;
     }
 }
 
@@ -137,23 +130,19 @@ pub(crate) fn note(
     }
 }
 
-/// `note` for a span of group `g`'s communication, left out where the group is one rank
-/// (nothing was sent: the span held only bookkeeping).
+/// `note` for a span of communication over the group of `axes` (counted under the outermost),
+/// left out where the group is one rank (nothing was sent: the span held only bookkeeping).
 pub(crate) fn note_comm(
     (timeline, clock): (&mut Option<Timeline>, &mut StepClock),
     mesh: &Mesh,
     name: &str,
-    g: Group,
+    axes: &[Axis],
     step: usize,
     start: Instant,
 ) {
-    let size = match g {
-        Group::Tp => mesh.tp.size(),
-        Group::Dp => mesh.dp.size(),
-        Group::Pp => mesh.pp.size(),
-    };
-    if size > 1 {
-        note(timeline, clock, name, Part::Comm(g), step, (start, Instant::now()));
+    let outer = *axes.iter().min().expect("a group spans at least one axis");
+    if mesh.group(axes).size() > 1 {
+        note(timeline, clock, name, Part::Comm(outer), step, (start, Instant::now()));
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::config::TrainConfig;
 use super::data::{Dataset, Fingerprint, Tokenizer};
+use super::gradients::REPLICAS;
 use super::metrics::StepStats;
 use super::state::{Fingerprints, RunState};
 use super::trainer::Trainer;
@@ -10,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::models::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use crate::nn::tp::state::gather_full;
-use crate::parallel::Mesh;
+use crate::parallel::{Axis, Mesh};
 use crate::params::ParamLayout;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -103,8 +104,9 @@ impl Trainer {
         let (mut params, mut moments) = reuse.map(|s| (s.params, s.moments)).unwrap_or_default();
         params.resize(total, 0.0);
         moments.resize(2 * total, 0.0);
-        let dp = &self.mesh.dp;
-        if self.mesh.tp.size() == 1 && self.mesh.pp.size() == 1 && self.parts.chunks.len() == 1 {
+        let dp = self.mesh.group(REPLICAS);
+        let alone = |a: Axis| self.mesh.group(&[a]).size() == 1;
+        if alone(Axis::Tp) && alone(Axis::Pp) && self.parts.chunks.len() == 1 {
             // this rank's layout is the whole model's: the ZeRO pieces straight into place
             assert_eq!(local.total, total, "one chunk, no tp: the whole model");
             match self.dpc.zero >= 3 {
@@ -124,7 +126,7 @@ impl Trainer {
             moments[..total].copy_from_slice(&self.full_of_local(&m)?);
             moments[total..].copy_from_slice(&self.full_of_local(&v)?);
         }
-        let writes = self.mesh.dp.rank() == 0 && self.mesh.tp.rank() == 0 && self.mesh.pp.rank() == 0;
+        let writes = self.mesh.rank() == 0;
         let mut tokenizer_files = Vec::new();
         if let Tokenizer::Hf(_, src, _, sp) = &self.tokenizer {
             tokenizer_files.push((src.clone(), TOKENIZER_FILE));
@@ -252,15 +254,15 @@ impl Trainer {
     /// (in `parts.layout`): gathered over the tensor-parallel group, and over the pipeline's
     /// stages. Every rank of both groups calls it and gets the whole buffer.
     pub(crate) fn full_of_local(&self, local: &[f32]) -> Result<Vec<f32>> {
-        let mine = gather_full(&self.mesh.tp, &self.parts.layout, local)?;
-        if self.mesh.pp.size() == 1 && self.parts.chunks.len() == 1 {
+        let mine = gather_full(self.mesh.group(&[Axis::Tp]), &self.parts.layout, local)?;
+        let stages = self.mesh.group(&[Axis::Pp]);
+        if stages.size() == 1 && self.parts.chunks.len() == 1 {
             return Ok(mine);
         }
         let mut full = self.parts.place_in(&self.full_model.layout, &mine);
-        if self.mesh.pp.size() > 1 {
+        if stages.size() > 1 {
             // each tensor lives on one stage, zeros elsewhere: the sum is the model
-            self.mesh
-                .pp
+            stages
                 .all_reduce(&mut full, brigade_comm::ReduceOp::Sum)
                 .map_err(|e| Error::Train(format!("gathering the model across the pipeline's stages failed: {e}")))?;
         }

@@ -4,6 +4,7 @@
 
 use super::config::TrainConfig;
 use super::data::{Dataset, TextData, Tokenizer};
+use super::gradients::REPLICAS;
 use super::metrics::StepClock;
 use super::optimizer::{AdamW, LrSchedule};
 use super::trainer::Trainer;
@@ -13,7 +14,7 @@ use crate::models::Gpt;
 use crate::parallel::data::zero::Shards;
 use crate::parallel::data::DataParallel;
 use crate::parallel::pipeline::{self, stages::stage_units, RankModel};
-use crate::parallel::Mesh;
+use crate::parallel::{Axis, Mesh};
 
 /// A run checked before any rank communicates (see `Trainer::prepare`).
 pub(crate) struct Prepared {
@@ -105,16 +106,20 @@ impl Trainer {
     pub(crate) fn build(run: Prepared, mesh: Mesh) -> Result<Trainer> {
         let Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout, list } = run;
         let dpc = DataParallel { zero: layout.zero, ..DataParallel::default() };
-        let (tp, pp) = ((mesh.coords.tp, mesh.shape.tp), (mesh.coords.pp, mesh.shape.pp));
+        let on = |a: Axis| (mesh.coords[a], mesh.shape.degree(a));
+        let (tp, pp) = (on(Axis::Tp), on(Axis::Pp));
         let parts = match layout.runs_executor() {
             true => RankModel::stage(mcfg, tp, pp, layout.v, seq)?,
             false => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
         };
         let model = parts.first().clone();
         // tensor-parallel collectives run inside forward and backward: timed from their trace
-        mesh.tp.enable_tracing(mesh.tp.size() > 1);
+        let tp_comm = mesh.group(&[Axis::Tp]);
+        tp_comm.enable_tracing(tp_comm.size() > 1);
         let mut params = parts.layout.init_shard(cfg.seed, tp.0, tp.1);
-        let shards = Shards::new(&parts.units, mesh.dp.size(), mesh.dp.rank(), dpc.zero > 0);
+        // ZeRO cuts its pieces across the ranks a gradient is summed over
+        let replicas = mesh.group(REPLICAS);
+        let shards = Shards::new(&parts.units, replicas.size(), replicas.rank(), dpc.zero > 0);
         let opt = AdamW::over(cfg.adamw, &parts.layout, &shards.pieces);
         // what each ZeRO stage keeps whole, and what only in pieces
         let pshard = if dpc.zero >= 3 { shards.compact(&std::mem::take(&mut params)) } else { Vec::new() };

@@ -5,7 +5,8 @@
 
 use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};
-use super::metrics::{note, note_comm, Group, Part, PipelineStats, StepClock, StepStats};
+use super::gradients::REPLICAS;
+use super::metrics::{note, note_comm, Part, PipelineStats, StepClock, StepStats};
 use super::optimizer::{clip_factor, AdamW, LrSchedule};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
@@ -16,7 +17,7 @@ use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::zero::{Cut, Shards};
 use crate::parallel::data::{self, DataParallel};
 use crate::parallel::pipeline::{Plan, RankModel};
-use crate::parallel::{Mesh, MeshShape};
+use crate::parallel::{Axis, Mesh, MeshShape};
 use crate::params::ParamLayout;
 use std::time::Instant;
 
@@ -81,7 +82,7 @@ impl Trainer {
     /// `layout` (whose degrees are the mesh's).
     pub fn on_mesh(cfg: TrainConfig, mesh: Mesh, layout: &Layout) -> Result<Trainer> {
         if MeshShape::of(layout) != mesh.shape {
-            return Err(Error::Layout(format!("the layout '{layout}' is not the mesh's {:?}", mesh.shape)));
+            return Err(Error::Layout(format!("the layout '{layout}' is not the mesh's {}", mesh.shape)));
         }
         let run = Trainer::prepare(cfg, layout)?;
         Trainer::build(run, mesh)
@@ -145,7 +146,7 @@ impl Trainer {
             return Err(Error::Train(self.explain_nonfinite_loss(loss, step)));
         }
         let t0 = Instant::now();
-        let tp = Tp::new(&self.mesh.tp, self.layout.sp);
+        let tp = Tp::new(self.mesh.group(&[Axis::Tp]), self.layout.sp);
         // every parameter once: the head's copy of the tied table left out
         let layout = &self.norm_layout;
         let ranges = |which| self.shards.compact_ranges(layout, which);
@@ -153,18 +154,16 @@ impl Trainer {
         let copies = kv_copies(&self.parts.first().cfg, tp.size());
         // the summed gradient this rank updates from: the whole one, or its ZeRO pieces
         let g = if self.dpc.zero == 0 { &mut self.grads } else { &mut self.gshard };
-        let sq = tp_state::local_sq_norm(&tp, g, (&cut, &replicated), (&shared, copies));
+        let mut sq = tp_state::local_sq_norm(&tp, g, (&cut, &replicated), (&shared, copies));
         self.trace("gradient norm", Part::Optimizer, step, t0);
-        // the sums of the squares over the groups: tp's slices, dp's ZeRO pieces, pp's stages
-        let t0 = Instant::now();
-        let sq = data::sum_scalar(&self.mesh.tp, sq)?;
-        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "gradient norm sum", Group::Tp, step, t0);
-        let t0 = Instant::now();
-        let sq = data::sum_sharded(&self.mesh.dp, sq, &self.dpc)?;
-        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "gradient norm sum", Group::Dp, step, t0);
-        let t0 = Instant::now();
-        let sq = data::sum_scalar(&self.mesh.pp, sq)?;
-        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "gradient norm sum", Group::Pp, step, t0);
+        // the sums of the squares over the groups: tp's slices, the replicas' ZeRO pieces, pp's
+        // stages
+        for (axes, sharded) in [(&[Axis::Tp][..], false), (REPLICAS, true), (&[Axis::Pp], false)] {
+            let t0 = Instant::now();
+            let group = self.mesh.group(axes);
+            sq = if sharded { data::sum_sharded(group, sq, &self.dpc)? } else { data::sum_scalar(group, sq)? };
+            note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "gradient norm sum", axes, step, t0);
+        }
         let grad_norm = sq.sqrt() as f32;
         // clipping is the factor AdamW applies as it reads each gradient
         let clip = clip_factor(grad_norm, self.cfg.grad_clip);
@@ -176,12 +175,12 @@ impl Trainer {
                 self.opt.step(&mut mine, &self.gshard, clip, lr);
                 self.trace("adamw", Part::Optimizer, step, t0);
                 let t0 = Instant::now();
-                self.shards.gather(&self.mesh.dp, &mine, &mut self.params)?;
+                self.shards.gather(self.mesh.group(REPLICAS), &mine, &mut self.params)?;
                 note_comm(
                     (&mut self.timeline, &mut self.clock),
                     &self.mesh,
                     "parameter all-gather (ZeRO)",
-                    Group::Dp,
+                    REPLICAS,
                     step,
                     t0,
                 );
@@ -195,10 +194,11 @@ impl Trainer {
         self.losses.push(loss);
         self.grad_norms.push(grad_norm);
         // (the spans above counted the norm's tensor-parallel sum: off the trace)
-        self.mesh.tp.take_trace();
+        self.mesh.group(&[Axis::Tp]).take_trace();
         let wall = started.elapsed().as_secs_f64();
         let c = self.clock;
-        let [tp_comm_s, dp_comm_s, pp_comm_s] = c.comm;
+        let on = |a: Axis| c.comm[a as usize];
+        let (tp_comm_s, dp_comm_s, pp_comm_s) = (on(Axis::Tp), on(Axis::Dp), on(Axis::Pp));
         let compute_s = c.compute.max(0.0);
         let comm_s = tp_comm_s + dp_comm_s + pp_comm_s;
         let s = StepStats {
@@ -254,13 +254,14 @@ impl Trainer {
         // to the single worker's.
         let scale = 1.0 / count as f32;
         // This rank's share of the global batch: a contiguous block of whole sequences.
-        let per_rank = (b / self.mesh.shape.dp) * t;
-        let mine = self.mesh.coords.dp * per_rank..(self.mesh.coords.dp + 1) * per_rank;
+        let (replica, replicas) = (self.mesh.coords[Axis::Dp], self.mesh.shape.degree(Axis::Dp));
+        let per_rank = (b / replicas) * t;
+        let mine = replica * per_rank..(replica + 1) * per_rank;
         let (x, y) = (&x[mine.clone()], &y[mine]);
         let loss_sum = self.accumulate_share(x, y, t, scale)?;
         let t0 = Instant::now();
-        let loss_sum = data::sum_scalar(&self.mesh.dp, loss_sum)?;
-        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", Group::Dp, self.step + 1, t0);
+        let loss_sum = data::sum_scalar(self.mesh.group(REPLICAS), loss_sum)?;
+        note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", REPLICAS, self.step + 1, t0);
         Ok((loss_sum, count))
     }
 
@@ -278,7 +279,7 @@ impl Trainer {
             return Ok(std::borrow::Cow::Borrowed(&self.grads));
         }
         let mut full = vec![0f32; self.parts.layout.total];
-        self.shards.gather(&self.mesh.dp, &self.gshard, &mut full)?;
+        self.shards.gather(self.mesh.group(REPLICAS), &self.gshard, &mut full)?;
         Ok(std::borrow::Cow::Owned(full))
     }
 
@@ -289,7 +290,7 @@ impl Trainer {
             return Ok(std::borrow::Cow::Borrowed(&self.params));
         }
         let mut full = vec![0f32; self.parts.layout.total];
-        self.shards.gather(&self.mesh.dp, &self.pshard, &mut full)?;
+        self.shards.gather(self.mesh.group(REPLICAS), &self.pshard, &mut full)?;
         Ok(std::borrow::Cow::Owned(full))
     }
 

@@ -35,7 +35,6 @@ impl ColumnParallelLinear {
     /// The weight stored `[out, in]` (`torch.nn.Linear`), rows cut across the group; with
     /// `copies` > 1 the output is cut into tp / copies blocks, each held by `copies`
     /// consecutive ranks (key/value heads replicated when tp exceeds them). The bias is optional.
-    #[allow(clippy::too_many_arguments)]
     pub fn out_in(
         layout: &mut ParamLayout,
         prefix: &str,
