@@ -2,6 +2,22 @@
 //! (`gradients.rs`: micro-batches through the executor, the layout's sums) → the global norm
 //! and clipping factor → AdamW on what this rank holds (whole, or its ZeRO pieces). The job
 //! that repeats it is `run.rs`.
+//!
+//! `Trainer` is one struct with one `impl Trainer` block per file of `train/`, by what it does:
+//!
+//! - `setup.rs`: `prepare` (every check that needs no peer), `check_layout`, `build` (this
+//!   rank's model part, its ZeRO pieces, the optimizer);
+//! - `trainer.rs` (here): `new`, `on_mesh`, `on_world`; `train_step`, `step_on` (the norm,
+//!   clipping, AdamW), `accumulate_gradients` (this rank's share of the batch); `grads`,
+//!   `local_grads`, `local_params`; settings and counters (`set_bucket_elems`,
+//!   `pipeline_plan`, `micro_batch`, `done`, `tokens_per_step`, `trace`);
+//! - `gradients.rs`: `accumulate_share`, the share through the executor and the sums over the
+//!   mesh's groups;
+//! - `persist.rs`: `save`, `snapshot`, `snapshot_into`, `fingerprints`; `resume`, `resume_on`,
+//!   `resume_on_world`; `full_of_local`, `local_of_full` (the whole model ↔ this rank's buffer);
+//! - `evaluate.rs`: `evaluate`, `evaluate_with`, `full_params`, `whole_model`, `sample_text`,
+//!   `data_prompt`;
+//! - `diagnose.rs`: `explain_nonfinite_loss`.
 
 use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};
