@@ -17,18 +17,12 @@ use crate::models::Gpt;
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::store::ShardStore;
 use crate::parallel::data::zero::{Cut, Shards, UnitReducer};
-use crate::parallel::data::{self, BucketReducer, OnReady};
+use crate::parallel::data::{self, BucketReducer, OnReady, REPLICAS};
 use crate::parallel::pipeline::executor::{run_step, ChunkStores, MicroBatches, OnStore, Stage};
 use crate::parallel::pipeline::{Action, RankModel};
 use crate::parallel::Axis;
 use brigade_comm::{Comm, Handle, ReduceOp};
 use std::time::Instant;
-
-/// The ranks that hold the same parameters and see different tokens: a gradient is summed over
-/// them, ZeRO cuts its pieces across them, the loss adds up over them. The data-parallel group
-/// while cp = 1; once sequences are split over cp, each rank holds part of every sequence of its
-/// replica too (torchtitan's `loss` mesh, picotron's `cp_dp_group`).
-pub(crate) const REPLICAS: &[Axis] = &[Axis::Dp, Axis::Cp];
 
 /// A span's name on the timeline: a pipeline's names its chunk (`forward mb3 c0`), the one
 /// stage without a pipeline does not (`forward mb3`).

@@ -3,7 +3,6 @@
 
 use super::config::TrainConfig;
 use super::data::{Dataset, Fingerprint, Tokenizer};
-use super::gradients::REPLICAS;
 use super::metrics::StepStats;
 use super::state::{Fingerprints, RunState};
 use super::trainer::Trainer;
@@ -11,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::models::checkpoint::{self, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_FILE};
 use crate::nn::tp::state::gather_full;
+use crate::parallel::data::REPLICAS;
 use crate::parallel::{Axis, Mesh};
 use crate::params::ParamLayout;
 use std::collections::HashMap;

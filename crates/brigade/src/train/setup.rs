@@ -4,7 +4,6 @@
 
 use super::config::TrainConfig;
 use super::data::{Dataset, TextData, Tokenizer};
-use super::gradients::REPLICAS;
 use super::metrics::StepClock;
 use super::optimizer::{AdamW, LrSchedule};
 use super::trainer::Trainer;
@@ -12,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::layout::{Layout, Schedule};
 use crate::models::Gpt;
 use crate::parallel::data::zero::Shards;
-use crate::parallel::data::DataParallel;
+use crate::parallel::data::{DataParallel, REPLICAS};
 use crate::parallel::pipeline::{self, stages::stage_units, RankModel};
 use crate::parallel::{Axis, Mesh};
 

@@ -21,7 +21,6 @@
 
 use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};
-use super::gradients::REPLICAS;
 use super::metrics::{note, note_comm, Part, PipelineStats, StepClock, StepStats};
 use super::optimizer::{clip_factor, AdamW, LrSchedule};
 use super::timeline::Timeline;
@@ -31,7 +30,7 @@ use crate::models::config::kv_copies;
 use crate::models::{Activations, Gpt};
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::zero::{Cut, Shards};
-use crate::parallel::data::{self, DataParallel};
+use crate::parallel::data::{self, DataParallel, REPLICAS};
 use crate::parallel::pipeline::{Plan, RankModel};
 use crate::parallel::{Axis, Mesh, MeshShape};
 use crate::params::ParamLayout;

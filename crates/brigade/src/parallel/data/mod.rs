@@ -9,8 +9,16 @@ pub mod store;
 pub mod zero;
 
 use crate::error::{Error, Result};
+use crate::parallel::mesh::Axis;
 use brigade_comm::{Comm, ReduceOp};
 use std::ops::Range;
+
+/// The axes of the group data parallelism runs over: the ranks that hold the same parameters
+/// and see different tokens. A gradient is summed over them, ZeRO cuts its pieces across them,
+/// the loss adds up over them. The dp group while cp = 1; once sequences are split over cp,
+/// each rank also holds part of every sequence of its replica (torchtitan's `loss` mesh,
+/// picotron's `cp_dp_group`, Megatron-Core's dp × cp group).
+pub const REPLICAS: &[Axis] = &[Axis::Dp, Axis::Cp];
 
 /// How gradients are reduced and optimizer state is split over the dp group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
