@@ -267,8 +267,70 @@ mod tests {
         ] {
             assert_eq!(GptConfig::preset(name).unwrap().num_params(), want, "{name}");
         }
-        let tiny = GptConfig::preset("llama-tiny").unwrap();
-        assert_eq!(Gpt::new(tiny).unwrap().num_params() as u128, tiny.num_params());
+        for f in Family::ALL {
+            let tiny = GptConfig::preset(f.tiny_preset()).unwrap();
+            assert_eq!(Gpt::new(tiny).unwrap().num_params() as u128, tiny.num_params(), "{}", f.name());
+        }
+    }
+
+    /// Every family: each preset written as a Hugging Face `config.json` reads back as itself.
+    #[test]
+    fn every_preset_round_trips_through_its_hf_config() {
+        let path = std::path::Path::new("config.json");
+        for (name, cfg) in PRESETS {
+            let text = cfg.hf_config().to_string();
+            let back = crate::models::checkpoint::parse_model_config(&text, path).unwrap();
+            assert_eq!(back, *cfg, "{name}");
+        }
+        for f in Family::ALL {
+            assert!(PRESETS.iter().any(|(_, c)| c.family.name() == f.name()), "{} has presets", f.name());
+        }
+    }
+
+    /// Every family: the tensors a model holds are exactly those its description names (the
+    /// names serving and checkpoints read), in the description's order, with its widths.
+    #[test]
+    fn every_familys_tensors_are_the_ones_its_description_names() {
+        for f in Family::ALL {
+            let cfg = GptConfig::example(f, 97, 32);
+            let gpt = Gpt::new(cfg).unwrap();
+            let mut want: Vec<(String, Vec<usize>)> = vec![(cfg.embedding_name().into(), vec![97, cfg.n_embd])];
+            if let Positions::Learned { name } = cfg.positions() {
+                want.push((name, vec![32, cfg.n_embd]));
+            }
+            let norm = |n: &NormSpec, want: &mut Vec<(String, Vec<usize>)>| {
+                want.push((format!("{}.weight", n.name), vec![cfg.n_embd]));
+                if let crate::models::family::NormKind::Layer { .. } = n.kind {
+                    want.push((format!("{}.bias", n.name), vec![cfg.n_embd]));
+                }
+            };
+            for i in 0..cfg.n_layer {
+                let b = cfg.block(i);
+                let lin = |(l, _): (&Linear, Cut), want: &mut Vec<(String, Vec<usize>)>| {
+                    let shape = match l.orient {
+                        crate::models::family::Orient::InOut => vec![l.d_in, l.d_out],
+                        crate::models::family::Orient::OutIn => vec![l.d_out, l.d_in],
+                    };
+                    want.push((l.weight(), shape));
+                    if l.bias {
+                        want.push((l.bias_name(), vec![l.d_out]));
+                    }
+                };
+                norm(&b.ln_1, &mut want);
+                let ls = b.linears();
+                let attn_end = ls.iter().position(|(l, _)| *l == &b.attn.o).unwrap() + 1;
+                ls[..attn_end].iter().for_each(|&x| lin(x, &mut want));
+                norm(&b.ln_2, &mut want);
+                ls[attn_end..].iter().for_each(|&x| lin(x, &mut want));
+            }
+            norm(&cfg.final_norm(), &mut want);
+            if !cfg.tied() {
+                want.push((cfg.head_name().into(), vec![97, cfg.n_embd]));
+            }
+            let got: Vec<(String, Vec<usize>)> =
+                gpt.layout.specs.iter().map(|s| (s.name.clone(), s.shape.clone())).collect();
+            assert_eq!(got, want, "{}", f.name());
+        }
     }
 
     #[test]
