@@ -1,4 +1,4 @@
-"""Makes crates/brigade-serve/tests/fixtures/chat_templates.json: conversations rendered by
+"""Makes crates/brigade/tests/fixtures/chat_templates.json: conversations rendered by
 `transformers`' `apply_chat_template` with the real Llama 3 and Qwen2 tokenizer folders of
 ../shared/tokenizers (their own Jinja chat templates), the rendered text and its token ids
 (tokenize=True, as a server tokenizes it). brigade's test `chat_templates` renders the same
@@ -13,7 +13,7 @@ import os
 from transformers import AutoTokenizer
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "tokenizers")
-OUT = "crates/brigade-serve/tests/fixtures/chat_templates.json"
+OUT = "crates/brigade/tests/fixtures/chat_templates.json"
 
 CONVERSATIONS = [
     ([{"role": "user", "content": "Hello!"}], True),

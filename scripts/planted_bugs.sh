@@ -38,11 +38,11 @@ bugs=(
   "grouped-query attention: each query head's dk, dv overwrite the group's instead of adding@@crates/brigade/src/tensor/attention.rs@@s/let beta = j > 0;/let beta = false;/@@brigade"
   "grouped-query attention: query heads read key/value heads round-robin, not by group@@crates/brigade/src/tensor/attention.rs@@s/let kvh = h \/ s.group\(\);/let kvh = h % s.kv_heads;/@@brigade"
   "rotary backward: the gradient rotated forward again, not back@@crates/brigade/src/nn/attention.rs@@s/rope_rows\(&mut dqkv\[rq.clone\(\)\], self.heads, &st.rope, \|r\| r % t, true\);/rope_rows(\&mut dqkv[rq.clone()], self.heads, \&st.rope, |r| r % t, false);/@@brigade"
-  "Llama 3 rope scaling ignored@@crates/brigade/src/models/block.rs@@s/inv_freq\(a.head_dim, a.rope_theta, scaling\)/inv_freq(a.head_dim, a.rope_theta, scaling.filter(|_| false))/@@brigade"
+  "Llama 3 rope scaling ignored@@crates/brigade/src/models/family/spec.rs@@s/inv_freq\(hd, \*theta, scaling\)/inv_freq(hd, *theta, scaling.filter(|_| false))/@@brigade"
   "RMSNorm epsilon fixed at 1e-6@@crates/brigade/src/tensor/rmsnorm.rs@@s/\(ms \+ eps as f64\)/(ms + 1e-6)/@@brigade"
   "replicated key/value heads: copies' gradients not summed@@crates/brigade/src/nn/tp/state.rs@@s/if copies <= 1 \|\| shared.is_empty\(\)/if true/@@brigade"
   "replicated key/value heads: every copy counted in the gradient norm@@crates/brigade/src/nn/tp/state.rs@@s/let shared = if tp.rank\(\).is_multiple_of\(copies.max\(1\)\)/let shared = if true/@@brigade"
-  "Qwen2: no biases on q, k, v@@crates/brigade/src/models/arch.rs@@s/qkv_bias: ty == \"qwen2\" \|\| bias,/qkv_bias: bias,/@@brigade"
+  "Qwen2: no biases on q, k, v@@crates/brigade/src/models/family/llama.rs@@s/qkv_bias: ty == \"qwen2\" \|\| bias,/qkv_bias: bias,/@@brigade"
 )
 
 only=("$@")

@@ -434,7 +434,7 @@ async fn the_addition_checkpoint_answers_as_brigade_sample_does() {
 /// A random-weight Llama-family folder in Hugging Face's form (config.json, model.safetensors)
 /// with the real tokenizer folder `../shared/tokenizers/NAME` copied in (its chat template).
 fn chat_model(name: &str) -> Option<tempfile::TempDir> {
-    use brigade::models::arch::{Arch, Llama};
+    use brigade::models::family::Llama;
     use brigade::models::{checkpoint, Gpt, GptConfig};
     let tok_dir = common::shared(&format!("tokenizers/{name}"))?;
     let tok = brigade::models::tokenizer::Tokenizer::from_file(&tok_dir).unwrap();
@@ -455,7 +455,7 @@ fn chat_model(name: &str) -> Option<tempfile::TempDir> {
         n_embd: 16,
         vocab_size: tok.vocab_size(),
         block_size: 256,
-        arch: Arch::Llama(a),
+        family: a.into(),
     };
     let gpt = Gpt::new(cfg).unwrap();
     let params = gpt.init_params(7);
@@ -470,7 +470,7 @@ fn chat_model(name: &str) -> Option<tempfile::TempDir> {
 
 /// The fixture's conversations as `transformers` renders and tokenizes them.
 fn chat_cases(name: &str) -> Vec<Value> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade-serve/tests/fixtures/chat_templates.json");
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/chat_templates.json");
     let all: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     all.into_iter().filter(|c| c["tokenizer"] == name && c["add_generation_prompt"] == true).collect()
 }

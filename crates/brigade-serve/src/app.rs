@@ -17,7 +17,7 @@ pub(crate) struct Loaded {
     pub(crate) tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
     pub(crate) eos: Vec<u32>,
     /// The model's chat template, or why there is none (the 400 a chat request gets).
-    pub(crate) chat: Result<crate::chat_template::ChatTemplate, String>,
+    pub(crate) chat: Result<brigade::models::chat_template::ChatTemplate, String>,
     pub(crate) context: usize,
     pub(crate) vocab: usize,
     pub(crate) kv_blocks: usize,

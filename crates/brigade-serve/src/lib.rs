@@ -6,7 +6,6 @@ pub mod api;
 mod app;
 mod chat;
 pub mod chat_api;
-pub mod chat_template;
 mod completions;
 pub mod constraint;
 mod embedder;

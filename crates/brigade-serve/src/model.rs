@@ -15,7 +15,7 @@
 //! Tensor parallelism (`--tp N`): rank r holds its block of query heads with their key/value
 //! heads (cut as the training's column-parallel layers cut them; key/value heads held by
 //! several ranks when tp exceeds them), those keys and values in its KV cache, its block of
-//! output columns of every other product, and its block of the vocabulary for the head. Megatron's row-parallel layers (`c_proj`, `mlp.c_proj`)
+//! output columns of every other product, and its block of the vocabulary for the head. Megatron's row-parallel layers (the attention's and the MLP's output projections)
 //! would sum partial products over k across ranks — a different order of additions than one
 //! worker's, so tokens could change at near-ties. Here every product is split by output
 //! columns instead and its input all-gathered, so each output element is the same `fma` chain

@@ -5,7 +5,6 @@
 
 use crate::app::{unix_now, App, Loaded};
 use crate::chat::chat_completions;
-use crate::chat_template::ChatTemplate;
 use crate::completions::completions;
 use crate::embedder::Embedder;
 use crate::embeddings::embeddings;
@@ -21,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use brigade::layout::Layout;
+use brigade::models::chat_template::ChatTemplate;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};

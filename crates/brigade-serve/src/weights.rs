@@ -1,32 +1,37 @@
 //! A model's weights arranged for batched inference, on one rank of a tensor-parallel group:
 //! each product packed once for `matmul_rows`, cut by output columns (query heads with their
-//! key/value heads, MLP units, output features, the vocabulary), for both families.
+//! key/value heads, MLP units, output features, the vocabulary), for every family — read from
+//! the family's description (`brigade::models::family`: each product's tensor name, widths,
+//! bias and storage order), never from its name.
 //!
-//! GPT-2 keeps its `[in, out]` weights (`c_attn`, `c_fc`, …) and its fused q|k|v; the Llama
-//! family's `[out, in]` weights (Hugging Face's layout) are packed from their rows, q|k|v and
-//! gate|up each fused into one product of this rank's rows. Key/value heads are this rank's
-//! own when tp divides them, or (tp above them) the one head its query heads read, held by
-//! `tp / kv_heads` ranks — as the training's `Split::Shared` holds them.
+//! Weights stored `[in, out]` (GPT-2's Conv1D) keep that layout, cut by columns (a fused
+//! q|k|v by columns of each part); weights stored `[out, in]` (`torch.nn.Linear`) are packed
+//! from their rows, q|k|v and gate|up each fused into one product of this rank's rows.
+//! Key/value heads are cut by the training's own rule (`Split::kv_heads`): this rank's own
+//! when tp divides them, or (tp above them) the one head its query heads read, held by
+//! `tp / kv_heads` ranks.
 
+use brigade::models::config::kv_copies;
+use brigade::models::family::{BlockSpec, Linear, MlpSpec, NormKind, NormSpec, Orient, Positions, Qkv};
 use brigade::models::{Gpt, GptConfig};
 use brigade::params::Split;
-use brigade::tensor::rope::{inv_freq, RopeTable};
+use brigade::tensor::rope::RopeTable;
 use brigade::tensor::rowwise::Packed;
 
 /// A normalisation's weights.
 pub(crate) enum Norm {
-    /// GPT-2's LayerNorm (eps 1e-5): scale and shift.
-    Layer(Vec<f32>, Vec<f32>),
-    /// The Llama family's RMSNorm: scale and epsilon.
+    /// LayerNorm: scale, shift and epsilon.
+    Layer(Vec<f32>, Vec<f32>, f32),
+    /// RMSNorm: scale and epsilon.
     Rms(Vec<f32>, f32),
 }
 
 impl Norm {
     pub(crate) fn row(&self, out: &mut [f32], x: &[f32]) {
         match self {
-            Norm::Layer(w, b) => {
+            Norm::Layer(w, b, eps) => {
                 out.copy_from_slice(x);
-                brigade::tensor::layernorm::layernorm_row(out, w, b, brigade::tensor::layernorm::EPS);
+                brigade::tensor::layernorm::layernorm_row(out, w, b, *eps);
             }
             Norm::Rms(w, eps) => {
                 brigade::tensor::rmsnorm::rmsnorm_row(out, x, w, *eps);
@@ -46,7 +51,7 @@ pub(crate) struct Layer {
     /// The whole projection's bias (added after the gather).
     pub(crate) bproj: Option<Vec<f32>>,
     pub(crate) norm2: Norm,
-    /// GPT-2: `[C, 4C/tp]`; Llama: `[C, 2·M/tp]`, gate | up of this rank's units.
+    /// GELU: `[C, M/tp]`; SwiGLU: `[C, 2·M/tp]`, gate | up of this rank's units.
     pub(crate) wfc: Packed,
     pub(crate) bfc: Option<Vec<f32>>,
     /// `[M, C/tp]`.
@@ -67,7 +72,7 @@ pub(crate) struct Dims {
     /// MLP units of the whole model, and this rank's.
     pub(crate) mlp: usize,
     pub(crate) mlp_local: usize,
-    /// GELU on `c_fc` (GPT-2) or SwiGLU on gate | up (Llama).
+    /// GELU on one product, or SwiGLU on gate | up.
     pub(crate) swiglu: bool,
 }
 
@@ -86,7 +91,7 @@ pub(crate) struct Weights {
     pub(crate) dims: Dims,
     /// `[V, C]`: the token embedding (whole: any token may come).
     pub(crate) embed: Vec<f32>,
-    /// GPT-2's learned positions `[context, C]`; the Llama family rotates instead (`rope`).
+    /// A learned position table `[context, C]`; rotary positions rotate instead (`rope`).
     pub(crate) wpe: Option<Vec<f32>>,
     pub(crate) rope: Option<RopeTable>,
     pub(crate) layers: Vec<Layer>,
@@ -137,11 +142,6 @@ pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Rows `r0..r1` of a row-major `[_, k]` matrix.
-fn rows(w: &[f32], k: usize, r: std::ops::Range<usize>) -> &[f32] {
-    &w[r.start * k..r.end * k]
-}
-
 fn quantize(p: &mut Packed, group: usize) {
     let f32s = std::mem::replace(p, Packed::new(&[], 0, 0));
     *p = f32s.quantized_int8(group);
@@ -183,9 +183,7 @@ impl Weights {
     fn shard_f32(gpt: &Gpt, params: &[f32], rank: usize, tp: usize) -> Result<Weights, String> {
         let cfg = &gpt.cfg;
         check_tp(cfg, tp)?;
-        let get = |name: &str| -> Vec<f32> {
-            gpt.layout.get(name).unwrap_or_else(|| panic!("a whole model has {name}")).view.of(params).to_vec()
-        };
+        let cut = Cutter { gpt, params, rank, tp, copies: kv_copies(cfg, tp) };
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
         let vl = v.div_ceil(tp);
         let vocab_block = |table: &[f32]| {
@@ -193,129 +191,152 @@ impl Weights {
             Split::Vocab.slice(table, &[v, c], rank, tp, &mut block);
             Packed::from_transposed(&block, vl, c)
         };
-        let Some(a) = cfg.llama() else {
-            return Ok(Self::gpt2(gpt, params, rank, tp, &vocab_block));
+        let norm = |n: &NormSpec| match n.kind {
+            NormKind::Layer { eps } => {
+                Norm::Layer(cut.whole(&format!("{}.weight", n.name)), cut.whole(&format!("{}.bias", n.name)), eps)
+            }
+            NormKind::Rms { eps } => Norm::Rms(cut.whole(&format!("{}.weight", n.name)), eps),
         };
-        let (heads, kv, hd) = (cfg.n_head, a.n_kv_head, a.head_dim);
-        let (hl, m) = (heads / tp, a.intermediate);
-        let ml = m / tp;
-        // this rank's key/value heads: its own block, or the one its query heads share
-        let kv_range = if tp <= kv {
-            rank * kv / tp..(rank + 1) * kv / tp
-        } else {
-            (rank * hl) / (heads / kv)..(rank * hl) / (heads / kv) + 1
+        let mut swiglu = false;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let b = cfg.block(i);
+            let (wqkv, bqkv) = match &b.attn.qkv {
+                Qkv::Fused(l) => cut.columns(&b, &[l], 3)?,
+                Qkv::Separate { q, k, v } => cut.columns(&b, &[q, k, v], 1)?,
+            };
+            let (wproj, bproj) = cut.outputs(&b.attn.o)?;
+            let (wfc, bfc) = match &b.mlp {
+                MlpSpec::Gelu { fc, .. } => cut.columns(&b, &[fc], 1)?,
+                MlpSpec::SwiGlu { gate, up, .. } => cut.columns(&b, &[gate, up], 1)?,
+            };
+            let (wout, bout) = match &b.mlp {
+                MlpSpec::Gelu { proj: l, .. } | MlpSpec::SwiGlu { down: l, .. } => cut.outputs(l)?,
+            };
+            swiglu = matches!(b.mlp, MlpSpec::SwiGlu { .. });
+            layers.push(Layer {
+                norm1: norm(&b.ln_1),
+                wqkv,
+                bqkv,
+                wproj,
+                bproj,
+                norm2: norm(&b.ln_2),
+                wfc,
+                bfc,
+                wout,
+                bout,
+            });
+        }
+        let embed = cut.whole(cfg.embedding_name());
+        let head = if cfg.tied() { vocab_block(&embed) } else { vocab_block(&cut.whole(cfg.head_name())) };
+        let hd = cfg.head_dim();
+        let positions = cfg.positions();
+        let (wpe, rope) = match &positions {
+            Positions::Learned { name } => (Some(cut.whole(name)), None),
+            Positions::Rotary { .. } => {
+                let inv_freq = positions.inv_freq(hd).expect("rotary positions have frequencies");
+                (None, Some(RopeTable::new(&inv_freq, cfg.block_size)))
+            }
         };
-        let kvl = kv_range.len();
-        let (q_rows, kv_rows) = (rank * hl * hd..(rank + 1) * hl * hd, kv_range.start * hd..kv_range.end * hd);
-        let cl = c / tp;
-        let layers = (0..cfg.n_layer)
-            .map(|i| {
-                let p = |s: &str| get(&format!("model.layers.{i}.{s}"));
-                let at = |s: &str| p(&format!("self_attn.{s}"));
-                let mut qkv = Vec::with_capacity((hl + 2 * kvl) * hd * c);
-                qkv.extend_from_slice(rows(&at("q_proj.weight"), c, q_rows.clone()));
-                qkv.extend_from_slice(rows(&at("k_proj.weight"), c, kv_rows.clone()));
-                qkv.extend_from_slice(rows(&at("v_proj.weight"), c, kv_rows.clone()));
-                let bqkv = a.qkv_bias.then(|| {
-                    let mut b = at("q_proj.bias")[q_rows.clone()].to_vec();
-                    b.extend_from_slice(&at("k_proj.bias")[kv_rows.clone()]);
-                    b.extend_from_slice(&at("v_proj.bias")[kv_rows.clone()]);
-                    b
-                });
-                let mut gate_up = rows(&p("mlp.gate_proj.weight"), c, rank * ml..(rank + 1) * ml).to_vec();
-                gate_up.extend_from_slice(rows(&p("mlp.up_proj.weight"), c, rank * ml..(rank + 1) * ml));
-                let norm = |s: &str| Norm::Rms(p(&format!("{s}.weight")), a.rms_eps);
-                Layer {
-                    norm1: norm("input_layernorm"),
-                    wqkv: Packed::from_transposed(&qkv, (hl + 2 * kvl) * hd, c),
-                    bqkv,
-                    wproj: Packed::from_transposed(
-                        rows(&at("o_proj.weight"), heads * hd, rank * cl..(rank + 1) * cl),
-                        cl,
-                        heads * hd,
-                    ),
-                    bproj: a.o_bias.then(|| at("o_proj.bias")),
-                    norm2: norm("post_attention_layernorm"),
-                    wfc: Packed::from_transposed(&gate_up, 2 * ml, c),
-                    bfc: None,
-                    wout: Packed::from_transposed(
-                        rows(&p("mlp.down_proj.weight"), m, rank * cl..(rank + 1) * cl),
-                        cl,
-                        m,
-                    ),
-                    bout: None,
-                }
-            })
-            .collect();
-        let embed = get("model.embed_tokens.weight");
-        let head = if a.tied { vocab_block(&embed) } else { vocab_block(&get("lm_head.weight")) };
-        let scaling = a
-            .rope_scaling
-            .map(|r| (r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings));
-        let rope = RopeTable::new(&inv_freq(hd, a.rope_theta, scaling), cfg.block_size);
+        let (m, heads) = (cfg.mlp_width(), cfg.n_head);
         Ok(Weights {
-            dims: Dims { c, heads: hl, kv_heads: kvl, hd, q_all: heads * hd, mlp: m, mlp_local: ml, swiglu: true },
+            dims: Dims {
+                c,
+                heads: heads / tp,
+                kv_heads: cfg.kv_heads() * cut.copies / tp,
+                hd,
+                q_all: cfg.q_width(),
+                mlp: m,
+                mlp_local: m / tp,
+                swiglu,
+            },
             embed,
-            wpe: None,
-            rope: Some(rope),
+            wpe,
+            rope,
             layers,
-            norm_f: Norm::Rms(get("model.norm.weight"), a.rms_eps),
+            norm_f: norm(&cfg.final_norm()),
             head,
         })
     }
+}
 
-    fn gpt2(gpt: &Gpt, params: &[f32], rank: usize, tp: usize, vocab_block: &dyn Fn(&[f32]) -> Packed) -> Weights {
-        let cfg = &gpt.cfg;
-        let c = cfg.n_embd;
-        let get = |name: &str| -> Vec<f32> {
-            gpt.layout.get(name).unwrap_or_else(|| panic!("a whole GPT-2 has {name}")).view.of(params).to_vec()
-        };
-        // this rank's block of columns, cut as the training's column-parallel layers cut them
-        let cut = |name: String, shape: [usize; 2], parts: usize| -> Vec<f32> {
-            let full = get(&name);
-            let split = Split::Cols { parts };
-            let mut out = vec![0f32; split.local_shape(&shape, tp).iter().product()];
-            split.slice(&full, &shape, rank, tp, &mut out);
-            out
-        };
-        let ln = |p: &str| Norm::Layer(get(&format!("{p}.weight")), get(&format!("{p}.bias")));
-        let layers = (0..cfg.n_layer)
-            .map(|i| {
-                let p = |s: &str| format!("h.{i}.{s}");
-                Layer {
-                    norm1: ln(&p("ln_1")),
-                    wqkv: Packed::new(&cut(p("attn.c_attn.weight"), [c, 3 * c], 3), c, 3 * c / tp),
-                    bqkv: Some(cut(p("attn.c_attn.bias"), [1, 3 * c], 3)),
-                    wproj: Packed::new(&cut(p("attn.c_proj.weight"), [c, c], 1), c, c / tp),
-                    bproj: Some(get(&p("attn.c_proj.bias"))),
-                    norm2: ln(&p("ln_2")),
-                    wfc: Packed::new(&cut(p("mlp.c_fc.weight"), [c, 4 * c], 1), c, 4 * c / tp),
-                    bfc: Some(cut(p("mlp.c_fc.bias"), [1, 4 * c], 1)),
-                    wout: Packed::new(&cut(p("mlp.c_proj.weight"), [4 * c, c], 1), 4 * c, c / tp),
-                    bout: Some(get(&p("mlp.c_proj.bias"))),
+/// Cuts a whole model's tensors for one rank of a tensor-parallel group.
+struct Cutter<'a> {
+    gpt: &'a Gpt,
+    params: &'a [f32],
+    rank: usize,
+    tp: usize,
+    /// Ranks holding each key/value head.
+    copies: usize,
+}
+
+impl Cutter<'_> {
+    fn whole(&self, name: &str) -> Vec<f32> {
+        let spec = self.gpt.layout.get(name).unwrap_or_else(|| panic!("a whole model has {name}"));
+        spec.view.of(self.params).to_vec()
+    }
+
+    /// This rank's piece of `full` (shape `shape`) as `split` cuts it.
+    fn piece(&self, full: &[f32], shape: &[usize], split: Split) -> Vec<f32> {
+        let mut out = vec![0f32; split.local_shape(shape, self.tp).iter().product()];
+        split.slice(full, shape, self.rank, self.tp, &mut out);
+        out
+    }
+
+    /// This rank's output columns of the products `ls` (which read one input), side by side
+    /// in one packed product, and their biases; a product stored `[in, out]` whose outputs
+    /// are `parts` segments (a fused q|k|v) is cut in each. The key/value heads' products are
+    /// cut by `Split::kv_heads`, as training cuts them.
+    fn columns(&self, b: &BlockSpec, ls: &[&Linear], parts: usize) -> Result<(Packed, Option<Vec<f32>>), String> {
+        let d_in = ls[0].d_in;
+        let mut w_pieces = Vec::with_capacity(ls.len());
+        let mut b_pieces = Vec::with_capacity(ls.len());
+        for &l in ls {
+            let split = match l.orient {
+                Orient::OutIn if b.is_kv(l) => Split::kv_heads(self.copies),
+                Orient::OutIn => Split::Rows,
+                Orient::InOut if b.is_kv(l) && self.copies > 1 => {
+                    return Err(format!("{}: key/value heads stored [in, out] cannot be replicated", l.name))
                 }
-            })
-            .collect();
-        let embed = get("wte.weight");
-        let head = vocab_block(&embed);
-        let hl = cfg.n_head / tp;
-        Weights {
-            dims: Dims {
-                c,
-                heads: hl,
-                kv_heads: hl,
-                hd: c / cfg.n_head,
-                q_all: c,
-                mlp: 4 * c,
-                mlp_local: 4 * c / tp,
-                swiglu: false,
-            },
-            embed,
-            wpe: Some(get("wpe.weight")),
-            rope: None,
-            layers,
-            norm_f: ln("ln_f"),
-            head,
+                Orient::InOut => Split::Cols { parts },
+            };
+            let shape = match l.orient {
+                Orient::OutIn => [l.d_out, l.d_in],
+                Orient::InOut => [l.d_in, l.d_out],
+            };
+            w_pieces.push((l.orient, self.piece(&self.whole(&l.weight()), &shape, split)));
+            b_pieces.push(l.bias.then(|| self.piece(&self.whole(&l.bias_name()), &[l.d_out], split)));
         }
+        let bias = match b_pieces.iter().filter(|b| b.is_some()).count() {
+            0 => None,
+            n if n == ls.len() => Some(b_pieces.into_iter().flatten().flatten().collect()),
+            _ => return Err(format!("{}: some products reading one input have biases, others not", ls[0].name)),
+        };
+        Ok((pack(&w_pieces, d_in)?, bias))
+    }
+
+    /// A product cut by its outputs into `tp` blocks (serving's output projections: every
+    /// output element the whole `fma` chain over its input), with its whole bias (added after
+    /// the gather).
+    fn outputs(&self, l: &Linear) -> Result<(Packed, Option<Vec<f32>>), String> {
+        let (split, shape) = match l.orient {
+            Orient::OutIn => (Split::Rows, [l.d_out, l.d_in]),
+            Orient::InOut => (Split::Cols { parts: 1 }, [l.d_in, l.d_out]),
+        };
+        let w = self.piece(&self.whole(&l.weight()), &shape, split);
+        Ok((pack(&[(l.orient, w)], l.d_in)?, l.bias.then(|| self.whole(&l.bias_name()))))
+    }
+}
+
+/// Pieces of products reading `d_in` inputs, side by side in one packed product: pieces
+/// stored `[out, in]` one after another (rows), or one piece stored `[in, out]`.
+fn pack(pieces: &[(Orient, Vec<f32>)], d_in: usize) -> Result<Packed, String> {
+    match pieces {
+        [(Orient::InOut, w)] => Ok(Packed::new(w, d_in, w.len() / d_in)),
+        ps if ps.iter().all(|(o, _)| *o == Orient::OutIn) => {
+            let rows: Vec<f32> = ps.iter().flat_map(|(_, w)| w.iter().copied()).collect();
+            Ok(Packed::from_transposed(&rows, rows.len() / d_in, d_in))
+        }
+        _ => Err("products stored [in, out] are served one at a time".into()),
     }
 }

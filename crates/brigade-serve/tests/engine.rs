@@ -125,7 +125,7 @@ fn batch_invariance(f: Family) {
 fn prompts_beside_running_decodes_come_in_bounded_chunks() {
     use brigade_serve::engine::{MIN_PREFILL, PREFILL_PER_DECODE};
     let cfg =
-        GptConfig { n_layer: 1, n_head: 2, n_embd: 32, vocab_size: 50, block_size: 512, arch: Default::default() };
+        GptConfig { n_layer: 1, n_head: 2, n_embd: 32, vocab_size: 50, block_size: 512, family: Default::default() };
     let gpt = Gpt::new(cfg).unwrap();
     let p = gpt.init_params(1);
     let mut e = Engine::new(Model::new(&gpt, &p), 512, 4, Limits { max_running: 64, max_step_tokens: 400 });

@@ -12,7 +12,7 @@ use std::path::Path;
 #[test]
 fn forward_last_is_the_last_row_of_the_full_logits() {
     let cfg =
-        GptConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 37, block_size: 160, arch: Default::default() };
+        GptConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 37, block_size: 160, family: Default::default() };
     let model = Gpt::new(cfg).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let mut params = model.layout.init(9);
@@ -56,7 +56,8 @@ fn the_readme_addition_checkpoint_answers_621() {
 #[test]
 fn generation_stops_at_the_stop_token() {
     use brigade::models::{generate, SampleOptions};
-    let cfg = GptConfig { n_layer: 1, n_head: 2, n_embd: 16, vocab_size: 11, block_size: 32, arch: Default::default() };
+    let cfg =
+        GptConfig { n_layer: 1, n_head: 2, n_embd: 16, vocab_size: 11, block_size: 32, family: Default::default() };
     let model = Gpt::new(cfg).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(8);
     let mut params = model.layout.init(3);

@@ -332,7 +332,8 @@ fn rope_backward_matches_finite_differences() {
 /// The whole model: every parameter tensor gets sampled coordinates checked.
 #[test]
 fn gpt_gradient_matches_finite_differences() {
-    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 23, block_size: 8, arch: Default::default() };
+    let cfg =
+        GptConfig { n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 23, block_size: 8, family: Default::default() };
     model_gradient_matches_finite_differences(cfg);
 }
 
@@ -340,7 +341,7 @@ fn gpt_gradient_matches_finite_differences() {
 /// (second) MQA with a tied head and llama3 rope scaling.
 #[test]
 fn llama_gradient_matches_finite_differences() {
-    use brigade::models::config::{Arch, Llama, Llama3Rope};
+    use brigade::models::family::{Llama, Llama3Rope};
     let a = Llama {
         n_kv_head: 2,
         head_dim: 6,
@@ -352,7 +353,7 @@ fn llama_gradient_matches_finite_differences() {
         qkv_bias: true,
         o_bias: true,
     };
-    let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 16, vocab_size: 23, block_size: 8, arch: Arch::Llama(a) };
+    let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 16, vocab_size: 23, block_size: 8, family: a.into() };
     model_gradient_matches_finite_differences(cfg);
     let scaling = Some(Llama3Rope {
         factor: 4.0,
@@ -362,7 +363,7 @@ fn llama_gradient_matches_finite_differences() {
     });
     let mqa =
         Llama { n_kv_head: 1, head_dim: 8, tied: true, qkv_bias: false, o_bias: false, rope_scaling: scaling, ..a };
-    model_gradient_matches_finite_differences(GptConfig { arch: Arch::Llama(mqa), ..cfg });
+    model_gradient_matches_finite_differences(GptConfig { family: mqa.into(), ..cfg });
 }
 
 fn model_gradient_matches_finite_differences(cfg: GptConfig) {

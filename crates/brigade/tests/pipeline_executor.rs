@@ -23,7 +23,8 @@ const REFUSED: [(Schedule, usize, usize, usize); 3] =
 fn every_schedule_executed_equals_the_whole_model() {
     /// A run's micro-batch count and each rank's peak stash bytes.
     type StashBytes = (usize, Vec<usize>);
-    let cfg = GptConfig { n_layer: 6, n_head: 2, n_embd: 16, vocab_size: 37, block_size: 8, arch: Default::default() };
+    let cfg =
+        GptConfig { n_layer: 6, n_head: 2, n_embd: 16, vocab_size: 37, block_size: 8, family: Default::default() };
     let whole = Gpt::new(cfg).unwrap();
     let params = whole.init_params(3);
     let (b, t) = (2, 8);

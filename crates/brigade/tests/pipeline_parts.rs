@@ -15,7 +15,8 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 #[test]
 #[allow(clippy::single_range_in_vec_init)] // a list of cuts, the first of one stage
 fn stages_run_in_turn_equal_the_whole_model() {
-    let cfg = GptConfig { n_layer: 4, n_head: 4, n_embd: 32, vocab_size: 61, block_size: 16, arch: Default::default() };
+    let cfg =
+        GptConfig { n_layer: 4, n_head: 4, n_embd: 32, vocab_size: 61, block_size: 16, family: Default::default() };
     let whole = Gpt::new(cfg).unwrap();
     let params = whole.init_params(5);
     let (b, t) = (3, 16);

@@ -2,46 +2,17 @@
 //! init's so that logits are far from uniform and ties are rare.
 #![allow(dead_code)]
 
-use brigade::models::arch::{Arch, Llama, Llama3Rope};
 use brigade::models::{Gpt, GptConfig};
 use std::path::{Path, PathBuf};
 
-/// The families the engine serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    /// 4 heads of 16.
-    Gpt2,
-    /// GQA 8:2 with head width 8, q/k/v and output biases, Llama 3 rope scaling over 32
-    /// original positions, an untied head: every part of the family.
-    Llama,
-}
+/// The families the engine serves, each with the small model its tests run
+/// (`Family::example`: every part of the family).
+pub use brigade::models::family::Family;
 
-pub const FAMILIES: [Family; 2] = [Family::Gpt2, Family::Llama];
+pub const FAMILIES: [Family; Family::ALL.len()] = Family::ALL;
 
 pub fn config(f: Family, vocab: usize, context: usize) -> GptConfig {
-    let mut cfg =
-        GptConfig { n_layer: 2, n_head: 4, n_embd: 64, vocab_size: vocab, block_size: context, arch: Arch::Gpt2 };
-    if f == Family::Llama {
-        cfg.n_head = 8;
-        let rope = Llama3Rope {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 32,
-        };
-        cfg.arch = Arch::Llama(Llama {
-            n_kv_head: 2,
-            head_dim: 8,
-            intermediate: 96,
-            rms_eps: 1e-5,
-            rope_theta: 500_000.0,
-            rope_scaling: Some(rope),
-            tied: false,
-            qkv_bias: true,
-            o_bias: true,
-        });
-    }
-    cfg
+    GptConfig::example(f, vocab, context)
 }
 
 /// A model of family `f` and its parameters (drawn from `seed`, scaled by 4).

@@ -5,6 +5,7 @@
 //! the step as it really runs.
 
 use super::machine::time_it;
+use crate::models::family::{BlockSpec, MlpSpec, NormKind, Orient, Positions, Qkv};
 use crate::models::GptConfig;
 use crate::nn::{LayerNorm, LnStash};
 use crate::params::ParamLayout;
@@ -67,40 +68,89 @@ fn linear_rows(name: &str, calls: usize, n: usize, (d_in, d_out): (usize, usize)
     ]
 }
 
-/// The Llama family's own memory-bound kernels: RMSNorm, the rotation, SwiGLU.
-fn llama_rows(cfg: &GptConfig, n: usize, seq: usize) -> Vec<KernelRow> {
+/// The block's memory-bound kernels, by its kinds: the norms, the rotation (rotary
+/// positions), the activation, the residual adds, and the input gradients added where several
+/// products read one input.
+fn memory_bound_rows(cfg: &GptConfig, block: &BlockSpec, n: usize, seq: usize) -> Vec<KernelRow> {
     use crate::tensor::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
     use crate::tensor::rope::{inv_freq, rope_rows, RopeTable};
     let (c, l, m) = (cfg.n_embd, cfg.n_layer, cfg.mlp_width());
     let mut rows = Vec::new();
     let x: Vec<f32> = (0..n * c).map(|i| (i % 17) as f32 * 0.1).collect();
-    let w = vec![1f32; c];
-    let (mut out, mut rstd, mut dx, mut dw) = (vec![0f32; n * c], vec![0f32; n], vec![0f32; n * c], vec![0f32; c]);
+    let (mut out, mut dx) = (vec![0f32; n * c], vec![0f32; n * c]);
     let bytes = 4.0 * (n * c) as f64;
-    let f = time_it(|| rmsnorm_forward(&mut out, &mut rstd, &x, &w, c, 1e-5));
-    rows.push(row("RMSNorm forward", 2 * l + 1, f, 2.0 * bytes, "GB/s"));
-    let b = time_it(|| rmsnorm_backward(&mut dx, &mut dw, &x, &x, &rstd, &w, c));
-    rows.push(row("RMSNorm backward", 2 * l + 1, b, 4.0 * bytes, "GB/s"));
-    let tab = RopeTable::new(&inv_freq(cfg.head_dim(), 10_000.0, None), seq);
-    let mut q = vec![0.5f32; n * cfg.q_width()];
-    let mut k = vec![0.5f32; n * cfg.kv_width()];
-    let qk = 4.0 * (q.len() + k.len()) as f64;
-    let r = time_it(|| {
-        rope_rows(&mut q, cfg.n_head, &tab, |r| r % seq, false);
-        rope_rows(&mut k, cfg.kv_heads(), &tab, |r| r % seq, false);
-    });
-    rows.push(row("rotary q, k (forward; the backward alike)", 2 * l, r, 2.0 * qk, "GB/s"));
-    let gate: Vec<f32> = (0..n * m).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
-    let (mut act, mut dup) = (vec![0f32; n * m], vec![0f32; n * m]);
-    let mb = 4.0 * (n * m) as f64;
-    let f = time_it(|| crate::tensor::elementwise::swiglu_forward(&mut act, &gate, &gate));
-    rows.push(row("SwiGLU forward", l, f, 3.0 * mb, "GB/s"));
-    let b = time_it(|| crate::tensor::elementwise::swiglu_backward(&mut act, &mut dup, &gate, &gate));
-    rows.push(row("SwiGLU backward", l, b, 5.0 * mb, "GB/s"));
-    let res = time_it(|| residual_bias_forward(&mut out, &x, &dx, &[]));
-    rows.push(row("residual", 2 * l, res, 3.0 * bytes, "GB/s"));
-    let add = time_it(|| crate::tensor::elementwise::add_into(&mut dx, &x));
-    rows.push(row("input gradients added (k, v, up)", 3 * l, add, 3.0 * bytes, "GB/s"));
+    match block.ln_1.kind {
+        NormKind::Layer { .. } => {
+            let mut layout = ParamLayout::default();
+            let ln = LayerNorm::new(&mut layout, "ln", c);
+            let p = layout.init(0);
+            let mut g = vec![0f32; layout.total];
+            let mut st = LnStash::default();
+            let f = time_it(|| ln.forward(&p, &x, &mut st));
+            rows.push(row("LayerNorm forward", 2 * l + 1, f, 2.0 * bytes, "GB/s"));
+            let b = time_it(|| ln.backward(&p, &mut g, &x, &st, &x, &mut dx));
+            rows.push(row("LayerNorm backward", 2 * l + 1, b, 4.0 * bytes, "GB/s"));
+        }
+        NormKind::Rms { .. } => {
+            let w = vec![1f32; c];
+            let (mut rstd, mut dw) = (vec![0f32; n], vec![0f32; c]);
+            let f = time_it(|| rmsnorm_forward(&mut out, &mut rstd, &x, &w, c, 1e-5));
+            rows.push(row("RMSNorm forward", 2 * l + 1, f, 2.0 * bytes, "GB/s"));
+            let b = time_it(|| rmsnorm_backward(&mut dx, &mut dw, &x, &x, &rstd, &w, c));
+            rows.push(row("RMSNorm backward", 2 * l + 1, b, 4.0 * bytes, "GB/s"));
+        }
+    }
+    if let Positions::Rotary { .. } = cfg.positions() {
+        let tab = RopeTable::new(&inv_freq(cfg.head_dim(), 10_000.0, None), seq);
+        let mut q = vec![0.5f32; n * cfg.q_width()];
+        let mut k = vec![0.5f32; n * cfg.kv_width()];
+        let qk = 4.0 * (q.len() + k.len()) as f64;
+        let r = time_it(|| {
+            rope_rows(&mut q, cfg.n_head, &tab, |r| r % seq, false);
+            rope_rows(&mut k, cfg.kv_heads(), &tab, |r| r % seq, false);
+        });
+        rows.push(row("rotary q, k (forward; the backward alike)", 2 * l, r, 2.0 * qk, "GB/s"));
+    }
+    match block.mlp {
+        MlpSpec::Gelu { .. } => {
+            let h: Vec<f32> = (0..n * m).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
+            let mut act = vec![0f32; n * m];
+            let mb = 4.0 * (n * m) as f64;
+            let f = time_it(|| gelu_forward(&mut act, &h));
+            rows.push(row("GELU forward", l, f, 2.0 * mb, "GB/s"));
+            let b = time_it(|| gelu_backward(&mut act, &h));
+            rows.push(row("GELU backward", l, b, 3.0 * mb, "GB/s"));
+        }
+        MlpSpec::SwiGlu { .. } => {
+            let gate: Vec<f32> = (0..n * m).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
+            let (mut act, mut dup) = (vec![0f32; n * m], vec![0f32; n * m]);
+            let mb = 4.0 * (n * m) as f64;
+            let f = time_it(|| crate::tensor::elementwise::swiglu_forward(&mut act, &gate, &gate));
+            rows.push(row("SwiGLU forward", l, f, 3.0 * mb, "GB/s"));
+            let b = time_it(|| crate::tensor::elementwise::swiglu_backward(&mut act, &mut dup, &gate, &gate));
+            rows.push(row("SwiGLU backward", l, b, 5.0 * mb, "GB/s"));
+        }
+    }
+    if block.attn.o.bias {
+        let bias = vec![0.1f32; c];
+        let r = time_it(|| residual_bias_forward(&mut out, &x, &dx, &bias));
+        rows.push(row("residual + bias", 2 * l, r, 3.0 * bytes, "GB/s"));
+    } else {
+        let res = time_it(|| residual_bias_forward(&mut out, &x, &dx, &[]));
+        rows.push(row("residual", 2 * l, res, 3.0 * bytes, "GB/s"));
+    }
+    // every product after the first of a group reading one input adds its input gradient
+    let extra: Vec<&str> = block
+        .product_groups()
+        .into_iter()
+        .flat_map(|g| g.into_iter().skip(1).map(|(lin, _)| lin.name.rsplit('.').next().unwrap_or("")))
+        .map(|name| name.strip_suffix("_proj").unwrap_or(name))
+        .collect();
+    if !extra.is_empty() {
+        let add = time_it(|| crate::tensor::elementwise::add_into(&mut dx, &x));
+        let what = format!("input gradients added ({})", extra.join(", "));
+        rows.push(row(what, extra.len() * l, add, 3.0 * bytes, "GB/s"));
+    }
     rows
 }
 
@@ -108,20 +158,17 @@ fn llama_rows(cfg: &GptConfig, n: usize, seq: usize) -> Vec<KernelRow> {
 pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
     let (n, c, v, l) = (batch * seq, cfg.n_embd, cfg.vocab_size, cfg.n_layer);
     let mut rows = Vec::new();
-    if cfg.llama().is_some() {
-        let (q, kv, m) = (cfg.q_width(), cfg.kv_width(), cfg.mlp_width());
-        rows.extend(linear_rows("self_attn.q_proj", l, n, (c, q), true));
-        rows.extend(linear_rows("self_attn.k_proj + v_proj", 2 * l, n, (c, kv), true));
-        rows.extend(linear_rows("self_attn.o_proj", l, n, (q, c), true));
-        rows.extend(linear_rows("mlp.gate_proj + up_proj", 2 * l, n, (c, m), true));
-        rows.extend(linear_rows("mlp.down_proj", l, n, (m, c), true));
-        rows.extend(llama_rows(cfg, n, seq));
-    } else {
-        rows.extend(linear_rows("attn.c_attn", l, n, (c, 3 * c), false));
-        rows.extend(linear_rows("attn.c_proj", l, n, (c, c), false));
-        rows.extend(linear_rows("mlp.c_fc", l, n, (c, 4 * c), false));
-        rows.extend(linear_rows("mlp.c_proj", l, n, (4 * c, c), false));
+    let block = cfg.block(0);
+    for group in block.product_groups() {
+        let first = group[0].0;
+        let mut label = block.local(&first.name).to_string();
+        for (lin, _) in &group[1..] {
+            label = format!("{label} + {}", lin.name.rsplit('.').next().unwrap_or(""));
+        }
+        let out_in = first.orient == Orient::OutIn;
+        rows.extend(linear_rows(&label, group.len() * l, n, (first.d_in, first.d_out), out_in));
     }
+    rows.extend(memory_bound_rows(cfg, &block, n, seq));
     // the tied LM head: logits = h·wteᵀ, dwte += dlogitsᵀ·h, dh = dlogits·wte
     {
         let h = vec![0.5f32; n * c];
@@ -148,9 +195,9 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
         let b = time_it(|| cross_entropy_backward(&mut dl, &lse, &targets, VocabWindow::whole(v), 1.0 / n as f32));
         rows.push(row("cross-entropy backward", 1, b, 2.0 * bytes, "GB/s"));
     }
-    let s = match cfg.llama() {
-        None => AttnShape::fused(batch, seq, c, cfg.n_head),
-        Some(_) => AttnShape::grouped(batch, seq, cfg.n_head, cfg.kv_heads(), cfg.head_dim()),
+    let s = match block.attn.qkv {
+        Qkv::Fused(_) => AttnShape::fused(batch, seq, c, cfg.n_head),
+        Qkv::Separate { .. } => AttnShape::grouped(batch, seq, cfg.n_head, cfg.kv_heads(), cfg.head_dim()),
     };
     {
         let qkv = vec![0.1f32; s.qkv_len()];
@@ -163,33 +210,6 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
         rows.push(row("attention forward (causal)", l, f, flops, "GFLOP/s"));
         let b = time_it(|| attention_backward(&mut dqkv, &out, &qkv, &probs, s));
         rows.push(row("attention backward", l, b, 2.0 * flops, "GFLOP/s"));
-    }
-    if cfg.llama().is_none() {
-        let mut layout = ParamLayout::default();
-        let ln = LayerNorm::new(&mut layout, "ln", c);
-        let p = layout.init(0);
-        let mut g = vec![0f32; layout.total];
-        let x: Vec<f32> = (0..n * c).map(|i| (i % 17) as f32 * 0.1).collect();
-        let mut st = LnStash::default();
-        let mut dx = vec![0f32; n * c];
-        let bytes = 4.0 * (n * c) as f64;
-        let f = time_it(|| ln.forward(&p, &x, &mut st));
-        rows.push(row("LayerNorm forward", 2 * l + 1, f, 2.0 * bytes, "GB/s"));
-        let b = time_it(|| ln.backward(&p, &mut g, &x, &st, &x, &mut dx));
-        rows.push(row("LayerNorm backward", 2 * l + 1, b, 4.0 * bytes, "GB/s"));
-        let mut out = vec![0f32; n * c];
-        let bias = vec![0.1f32; c];
-        let r = time_it(|| residual_bias_forward(&mut out, &x, &dx, &bias));
-        rows.push(row("residual + bias", 2 * l, r, 3.0 * bytes, "GB/s"));
-    }
-    if cfg.llama().is_none() {
-        let x: Vec<f32> = (0..4 * n * c).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
-        let mut out = vec![0f32; 4 * n * c];
-        let bytes = 4.0 * (4 * n * c) as f64;
-        let f = time_it(|| gelu_forward(&mut out, &x));
-        rows.push(row("GELU forward", l, f, 2.0 * bytes, "GB/s"));
-        let b = time_it(|| gelu_backward(&mut out, &x));
-        rows.push(row("GELU backward", l, b, 3.0 * bytes, "GB/s"));
     }
     {
         let model = crate::models::Gpt::new(*cfg).expect("a valid preset");

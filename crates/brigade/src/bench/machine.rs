@@ -2,6 +2,7 @@
 //! --local` and `brigade bench plan` feed the planner's local cost model (`plan::local`).
 
 use super::median;
+use crate::models::family::Qkv;
 use crate::models::GptConfig;
 use crate::plan::local::{Collectives, Machine};
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
@@ -94,28 +95,14 @@ pub fn measure(cfg: &GptConfig, batch: usize, seq: usize, tp: usize) -> Machine 
     // hidden units
     let (hd, heads) = (cfg.head_dim(), cfg.n_head / tp);
     let kv_heads = cfg.kv_heads() * crate::models::config::kv_copies(cfg, tp) / tp;
-    let (q, kv, m) = (heads * hd, kv_heads * hd, cfg.mlp_width() / tp);
-    let kinds: Vec<(&str, [f64; 3])> = match cfg.llama() {
-        None => vec![
-            ("attn.c_attn", linear_parts_s(n, c, 3 * c / tp)),
-            ("attn.c_proj", linear_parts_s(n, c / tp, c)),
-            ("mlp.c_fc", linear_parts_s(n, c, 4 * c / tp)),
-            ("mlp.c_proj", linear_parts_s(n, 4 * c / tp, c)),
-        ],
-        Some(_) => {
-            let kvp = linear_parts_s(n, c, kv);
-            let gate = linear_parts_s(n, c, m);
-            vec![
-                ("self_attn.q_proj", linear_parts_s(n, c, q)),
-                ("self_attn.k_proj", kvp),
-                ("self_attn.v_proj", kvp),
-                ("self_attn.o_proj", linear_parts_s(n, q, c)),
-                ("mlp.gate_proj", gate),
-                ("mlp.up_proj", gate),
-                ("mlp.down_proj", linear_parts_s(n, m, c)),
-            ]
-        }
-    };
+    // each group of products of one shape (k with v, gate with up) timed once
+    let block = cfg.block(0);
+    let mut kinds: Vec<(&str, [f64; 3])> = Vec::new();
+    for group in block.product_groups() {
+        let (d_in, d_out) = crate::models::config::local_dims(cfg, &block, group[0], tp);
+        let parts = linear_parts_s(n, d_in, d_out);
+        kinds.extend(group.iter().map(|(l, _)| (block.local(&l.name), parts)));
+    }
     let mut block_matmul_s = [0.0; 3];
     for (_, parts) in &kinds {
         block_matmul_s.iter_mut().zip(parts).for_each(|(a, b)| *a += b);
@@ -136,9 +123,9 @@ pub fn measure(cfg: &GptConfig, batch: usize, seq: usize, tp: usize) -> Machine 
     ];
     matmul_s.push(("lm_head".to_string(), head_matmul_s.iter().sum()));
     drop((logits, dwte));
-    let s = match cfg.llama() {
-        None => AttnShape::fused(batch, seq, c / tp, heads),
-        Some(_) => AttnShape::grouped(batch, seq, heads, kv_heads, hd),
+    let s = match block.attn.qkv {
+        Qkv::Fused(_) => AttnShape::fused(batch, seq, c / tp, heads),
+        Qkv::Separate { .. } => AttnShape::grouped(batch, seq, heads, kv_heads, hd),
     };
     let qkv = vec![0.1f32; s.qkv_len()];
     let mut out = vec![0f32; s.out_len()];

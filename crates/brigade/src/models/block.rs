@@ -1,9 +1,11 @@
-//! One pre-norm transformer block of either family, cut across a tensor-parallel group:
-//! attention by heads and the MLP by hidden units, the residual stream on this rank's rows.
-//! GPT-2: LayerNorm, fused biased q|k|v, GELU. Llama family: RMSNorm, rotary grouped-query
-//! attention, SwiGLU — the same two residual branches and the same collectives.
+//! One pre-norm transformer block as its family's spec (`family::BlockSpec`) describes it, cut
+//! across a tensor-parallel group: attention by heads and the MLP by hidden units, the
+//! residual stream on this rank's rows. LayerNorm or RMSNorm; a fused biased q|k|v or
+//! separate (grouped-query, rotary) projections; GELU or SwiGLU — the same two residual
+//! branches and the same collectives.
 
 use super::config::{kv_copies, GptConfig};
+use super::family::{MlpSpec, NormKind, NormSpec, Qkv};
 use crate::error::Result;
 use crate::nn::tp::Tp;
 use crate::nn::{
@@ -73,43 +75,44 @@ pub(crate) struct Scratch {
 }
 
 impl Block {
+    /// Block `i` as the family's spec describes it, cut for a group of `tp`.
     pub(crate) fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig, tp: usize) -> Block {
         let c = cfg.n_embd;
-        let std = 0.02;
-        if let Some(a) = cfg.llama() {
-            let pre = format!("model.layers.{i}");
-            let rms = |layout: &mut ParamLayout, name: &str| {
-                Norm::Rms(RmsNorm::new(layout, &format!("{pre}.{name}"), c, a.rms_eps))
-            };
-            let shape = Grouped {
-                c,
-                heads: cfg.n_head,
-                kv_heads: a.n_kv_head,
-                hd: a.head_dim,
-                tp,
-                copies: kv_copies(cfg, tp),
-                qkv_bias: a.qkv_bias,
-                o_bias: a.o_bias,
-            };
-            let scaling = a
-                .rope_scaling
-                .map(|r| (r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings));
-            let inv_freq = crate::tensor::rope::inv_freq(a.head_dim, a.rope_theta, scaling);
-            return Block {
-                ln_1: rms(layout, "input_layernorm"),
-                attn: CausalSelfAttention::grouped(layout, &format!("{pre}.self_attn"), shape, inv_freq, std),
-                ln_2: rms(layout, "post_attention_layernorm"),
-                mlp: Mlp::swiglu(layout, &format!("{pre}.mlp"), (c, a.intermediate), tp, std),
-            };
-        }
-        // GPT-2 scales the projections into the residual stream by 1/sqrt(2·n_layer).
-        let proj_std = 0.02 / (2.0 * cfg.n_layer as f32).sqrt();
-        Block {
-            ln_1: Norm::Layer(LayerNorm::new(layout, &format!("h.{i}.ln_1"), c)),
-            attn: CausalSelfAttention::new(layout, &format!("h.{i}.attn"), (c, cfg.n_head), tp, (std, proj_std)),
-            ln_2: Norm::Layer(LayerNorm::new(layout, &format!("h.{i}.ln_2"), c)),
-            mlp: Mlp::new(layout, &format!("h.{i}.mlp"), c, tp, (std, proj_std)),
-        }
+        let spec = cfg.block(i);
+        let (std, proj_std) = (spec.std, spec.proj_std);
+        let norm = |layout: &mut ParamLayout, n: &NormSpec| match n.kind {
+            NormKind::Layer { .. } => Norm::Layer(LayerNorm::new(layout, &n.name, c)),
+            NormKind::Rms { eps } => Norm::Rms(RmsNorm::new(layout, &n.name, c, eps)),
+        };
+        let ln_1 = norm(layout, &spec.ln_1);
+        let attn = match &spec.attn.qkv {
+            Qkv::Fused(qkv) => {
+                let names = (qkv.name.as_str(), spec.attn.o.name.as_str());
+                CausalSelfAttention::new(layout, names, (c, cfg.n_head), tp, (std, proj_std))
+            }
+            Qkv::Separate { q, k, v } => {
+                let shape = Grouped {
+                    c,
+                    heads: cfg.n_head,
+                    kv_heads: cfg.kv_heads(),
+                    hd: cfg.head_dim(),
+                    tp,
+                    copies: kv_copies(cfg, tp),
+                    qkv_bias: q.bias,
+                    o_bias: spec.attn.o.bias,
+                };
+                let names = [q.name.as_str(), &k.name, &v.name, &spec.attn.o.name];
+                CausalSelfAttention::grouped(layout, names, shape, cfg.positions().inv_freq(cfg.head_dim()), std)
+            }
+        };
+        let ln_2 = norm(layout, &spec.ln_2);
+        let mlp = match &spec.mlp {
+            MlpSpec::Gelu { fc, proj } => Mlp::new(layout, (&fc.name, &proj.name), (c, fc.d_out), tp, (std, proj_std)),
+            MlpSpec::SwiGlu { gate, up, down } => {
+                Mlp::swiglu(layout, [&gate.name, &up.name, &down.name], (c, gate.d_out), tp, std)
+            }
+        };
+        Block { ln_1, attn, ln_2, mlp }
     }
 
     /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows of `b`

@@ -5,7 +5,6 @@
 //! written to a temporary directory and renamed into place, so a crash never leaves half of one.
 
 use crate::error::{Error, Result};
-use crate::models::arch::{self, Arch};
 use crate::models::{Gpt, GptConfig};
 use crate::params::ParamLayout;
 use safetensors::{Dtype, SafeTensors};
@@ -283,36 +282,12 @@ pub fn load_weights(dir: &Path, layout: &ParamLayout) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// A Hugging Face `config.json` for `cfg` (GPT-2's, or the Llama family's).
+/// A Hugging Face `config.json` for `cfg` (its family's).
 pub fn hf_config(cfg: &GptConfig) -> serde_json::Value {
-    if let Some(a) = cfg.llama() {
-        let shape = [cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.block_size];
-        return arch::llama_json(shape, a, (None, None));
-    }
-    serde_json::json!({
-        "model_type": "gpt2",
-        "architectures": ["GPT2LMHeadModel"],
-        "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head,
-        "n_embd": cfg.n_embd,
-        "vocab_size": cfg.vocab_size,
-        "n_positions": cfg.block_size,
-        "n_ctx": cfg.block_size,
-        "n_inner": null,
-        "activation_function": "gelu_new",
-        "layer_norm_epsilon": crate::tensor::layernorm::EPS,
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "tie_word_embeddings": true,
-        "torch_dtype": "float32",
-        // GPT-2's <|endoftext|> where the vocabulary is GPT-2's; none for byte-level models
-        "bos_token_id": (cfg.vocab_size == 50257).then_some(50256),
-        "eos_token_id": (cfg.vocab_size == 50257).then_some(50256)
-    })
+    cfg.hf_config()
 }
 
-/// Reads a Hugging Face GPT-2 `config.json` (ours or one from the Hub).
+/// Reads a Hugging Face `config.json` (ours or one from the Hub).
 pub fn read_model_config(dir: &Path) -> Result<GptConfig> {
     let path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| {
@@ -321,61 +296,14 @@ pub fn read_model_config(dir: &Path) -> Result<GptConfig> {
     parse_model_config(&text, &path)
 }
 
-/// The model shape from the text of a Hugging Face `config.json` of GPT-2 or the Llama family
-/// (`path` names it in errors).
+/// The model shape from the text of a Hugging Face `config.json` of any family brigade
+/// implements (`path` names it in errors).
 pub fn parse_model_config(text: &str, path: &Path) -> Result<GptConfig> {
     let path = path.to_path_buf();
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| Error::ckpt(&path, format!("not valid JSON ({e})")))?;
-    if let Some(t) = v
-        .get("layer_types")
-        .and_then(|l| l.as_array())
-        .and_then(|l| l.iter().find(|t| t.as_str() != Some("full_attention")))
-    {
-        return Err(Error::ckpt(
-            &path,
-            format!("layer_types holds {t}; brigade implements full causal attention only"),
-        ));
-    }
-    if arch::is_llama_family(&v).map_err(|e| Error::ckpt(&path, e))? {
-        let ([n_layer, n_head, n_embd, vocab_size, block_size], a) =
-            arch::parse_llama(&v).map_err(|e| Error::ckpt(&path, e))?;
-        let cfg = GptConfig { n_layer, n_head, n_embd, vocab_size, block_size, arch: Arch::Llama(a) };
-        cfg.validate().map_err(|e| Error::ckpt(&path, e.to_string()))?;
-        return Ok(cfg);
-    }
-    let field = |k: &str| -> Result<usize> {
-        v.get(k)
-            .and_then(|x| x.as_u64())
-            .map(|x| x as usize)
-            .ok_or_else(|| Error::ckpt(&path, format!("missing integer field '{k}'; is this a GPT-2 config?")))
-    };
-    if let Some(act) = v.get("activation_function").and_then(|a| a.as_str()) {
-        if act != "gelu_new" && act != "gelu_pytorch_tanh" {
-            return Err(Error::ckpt(
-                &path,
-                format!(
-                    "activation_function '{act}' is not supported; brigade implements GPT-2's tanh GELU (gelu_new)"
-                ),
-            ));
-        }
-    }
-    if let Some(inner) = v.get("n_inner").and_then(|x| x.as_u64()) {
-        if inner as usize != 4 * field("n_embd")? {
-            return Err(Error::ckpt(
-                &path,
-                format!("n_inner {inner} is not supported; brigade's MLP width is 4·n_embd"),
-            ));
-        }
-    }
-    let cfg = GptConfig {
-        n_layer: field("n_layer")?,
-        n_head: field("n_head")?,
-        n_embd: field("n_embd")?,
-        vocab_size: field("vocab_size")?,
-        block_size: field("n_positions")?,
-        arch: Arch::Gpt2,
-    };
+    let (shape, family) = crate::models::family::read_hf(&v).map_err(|e| Error::ckpt(&path, e))?;
+    let cfg = GptConfig::new(shape, family);
     cfg.validate().map_err(|e| Error::ckpt(&path, e.to_string()))?;
     Ok(cfg)
 }

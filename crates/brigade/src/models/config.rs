@@ -1,12 +1,14 @@
-//! A decoder's shape — GPT-2 or the Llama family — named presets, the bounds a config must
-//! keep, parameter and FLOP counts.
+//! A decoder's shape: the numbers every family shares and (`family`) what its family adds —
+//! named presets, the bounds a config must keep, parameter and FLOP counts, the tensor-parallel
+//! degrees it takes. What a family is lives in `family/`; this file asks it.
 
 use crate::error::{Error, Result};
-pub use crate::models::arch::{Arch, Llama, Llama3Rope};
+use crate::models::family::{self as fam, Cut, Linear, NormSpec, Qkv};
+pub use crate::models::family::{BlockSpec, Family, Llama, Llama3Rope, Positions, Shape};
 use serde::{Deserialize, Serialize};
 
-/// The shape both families share, and (`arch`) what the Llama family adds. `n_embd` is the
-/// hidden size, `block_size` the longest sequence (GPT-2's position table, Llama's
+/// The shape every family shares, and (`family`) what the family adds. `n_embd` is the hidden
+/// size, `block_size` the longest sequence (GPT-2's position table, Llama's
 /// `max_position_embeddings`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GptConfig {
@@ -16,7 +18,7 @@ pub struct GptConfig {
     pub vocab_size: usize,
     pub block_size: usize,
     #[serde(default)]
-    pub arch: Arch,
+    pub family: Family,
 }
 
 /// Bounds far beyond any model brigade trains, that keep every size computed from a config
@@ -24,54 +26,34 @@ pub struct GptConfig {
 pub const MAX_DIM: usize = 1 << 24;
 pub const MAX_PARAMS: u128 = 1 << 40;
 
-/// A Llama-family preset: (layers, heads, hidden, vocab, positions), key/value heads, head
-/// width, MLP width, rope θ and scaling, RMSNorm ε, tied head, q/k/v biases.
-#[allow(clippy::too_many_arguments)]
-const fn llama(
-    [n_layer, n_head, n_embd, vocab_size, block_size]: [usize; 5],
-    n_kv_head: usize,
-    head_dim: usize,
-    intermediate: usize,
-    (rope_theta, rope_scaling): (f64, Option<Llama3Rope>),
-    rms_eps: f32,
-    tied: bool,
-    qkv_bias: bool,
-) -> GptConfig {
-    let a =
-        Llama { n_kv_head, head_dim, intermediate, rms_eps, rope_theta, rope_scaling, tied, qkv_bias, o_bias: false };
-    GptConfig { n_layer, n_head, n_embd, vocab_size, block_size, arch: Arch::Llama(a) }
+/// Named model sizes: each family's (`family::PRESETS`): `tiny` and `llama-tiny` for tests and
+/// the built-in task, GPT-2 and the Llama family at their published shapes for benchmarks and
+/// the planner.
+pub const PRESETS: &[(&str, GptConfig)] = &presets();
+
+const fn presets() -> [(&'static str, GptConfig); fam::PRESETS.len()] {
+    let mut out = [("", GptConfig::new(Shape::of([0; 5]), Family::Gpt2)); fam::PRESETS.len()];
+    let mut i = 0;
+    while i < out.len() {
+        let (name, s, f) = fam::PRESETS[i];
+        out[i] = (name, GptConfig::new(s, f));
+        i += 1;
+    }
+    out
 }
 
-/// Llama 3.1's long-context rope scaling (factor 8 over 8192 positions); Llama 3.2's is 32.
-const LLAMA31_ROPE: Llama3Rope =
-    Llama3Rope { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 };
-const LLAMA32_ROPE: Llama3Rope = Llama3Rope { factor: 32.0, ..LLAMA31_ROPE };
-
-/// Named model sizes: `tiny` and `llama-tiny` for tests and the built-in task, the GPT-2 and
-/// Llama families at their published shapes (from each model's `config.json` on the Hub) for
-/// benchmarks and the planner.
-#[rustfmt::skip]
-pub const PRESETS: &[(&str, GptConfig)] = &[
-    ("tiny", GptConfig { n_layer: 2, n_head: 4, n_embd: 128, vocab_size: 256, block_size: 64, arch: Arch::Gpt2 }),
-    ("gpt2-small", GptConfig { n_layer: 12, n_head: 12, n_embd: 768, vocab_size: 50257, block_size: 1024, arch: Arch::Gpt2 }),
-    ("gpt2-medium", GptConfig { n_layer: 24, n_head: 16, n_embd: 1024, vocab_size: 50257, block_size: 1024, arch: Arch::Gpt2 }),
-    ("gpt2-large", GptConfig { n_layer: 36, n_head: 20, n_embd: 1280, vocab_size: 50257, block_size: 1024, arch: Arch::Gpt2 }),
-    ("gpt2-xl", GptConfig { n_layer: 48, n_head: 25, n_embd: 1600, vocab_size: 50257, block_size: 1024, arch: Arch::Gpt2 }),
-    // GQA 4:2 and an untied head: every part of the family in a model of 0.43M parameters
-    ("llama-tiny", llama([2, 4, 128, 256, 64], 2, 32, 352, (10_000.0, None), 1e-5, false, false)),
-    // HuggingFaceTB/SmolLM2-135M
-    ("smollm2-135m", llama([30, 9, 576, 49152, 8192], 3, 64, 1536, (100_000.0, None), 1e-5, true, false)),
-    // Qwen/Qwen2.5-0.5B
-    ("qwen2.5-0.5b", llama([24, 14, 896, 151936, 32768], 2, 64, 4864, (1e6, None), 1e-6, true, true)),
-    // meta-llama/Llama-3.2-1B
-    ("llama3.2-1b", llama([16, 32, 2048, 128256, 131072], 8, 64, 8192, (500_000.0, Some(LLAMA32_ROPE)), 1e-5, true, false)),
-    // meta-llama/Meta-Llama-3-8B, -70B, and Llama 3.1's 405B
-    ("llama3-8b", llama([32, 32, 4096, 128256, 8192], 8, 128, 14336, (500_000.0, None), 1e-5, false, false)),
-    ("llama3-70b", llama([80, 64, 8192, 128256, 8192], 8, 128, 28672, (500_000.0, None), 1e-5, false, false)),
-    ("llama3-405b", llama([126, 128, 16384, 128256, 131072], 8, 128, 53248, (500_000.0, Some(LLAMA31_ROPE)), 1e-5, false, false)),
-];
-
 impl GptConfig {
+    /// A config of `family` at shape `s`.
+    pub const fn new(s: Shape, family: Family) -> GptConfig {
+        let Shape { n_layer, n_head, n_embd, vocab_size, block_size } = s;
+        GptConfig { n_layer, n_head, n_embd, vocab_size, block_size, family }
+    }
+
+    /// The small model the tests run for `family` (`Family::ALL` lists them).
+    pub fn example(family: Family, vocab: usize, context: usize) -> GptConfig {
+        GptConfig::new(family.example(vocab, context), family)
+    }
+
     pub fn preset(name: &str) -> Result<GptConfig> {
         PRESETS.iter().find(|(n, _)| *n == name).map(|(_, c)| *c).ok_or_else(|| {
             let known: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
@@ -79,22 +61,23 @@ impl GptConfig {
         })
     }
 
-    /// The Llama family's fields, when the config is of that family.
-    pub fn llama(&self) -> Option<&Llama> {
-        match &self.arch {
-            Arch::Llama(a) => Some(a),
-            Arch::Gpt2 => None,
-        }
+    /// The numbers every family shares.
+    pub fn shape(&self) -> Shape {
+        Shape::of([self.n_layer, self.n_head, self.n_embd, self.vocab_size, self.block_size])
+    }
+
+    fn ask(&self) -> &dyn fam::Describe {
+        self.family.describe()
     }
 
     /// Key/value heads (GPT-2: one per query head).
     pub fn kv_heads(&self) -> usize {
-        self.llama().map_or(self.n_head, |a| a.n_kv_head)
+        self.ask().kv_heads(&self.shape())
     }
 
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {
-        self.llama().map_or(self.n_embd / self.n_head.max(1), |a| a.head_dim)
+        self.ask().head_dim(&self.shape())
     }
 
     /// Widths of all query heads and of all key (or value) heads.
@@ -107,12 +90,42 @@ impl GptConfig {
 
     /// The MLP's hidden width (GPT-2: 4·C).
     pub fn mlp_width(&self) -> usize {
-        self.llama().map_or(4 * self.n_embd, |a| a.intermediate)
+        self.ask().mlp_width(&self.shape())
     }
 
     /// Whether the LM head is the token table.
     pub fn tied(&self) -> bool {
-        self.llama().is_none_or(|a| a.tied)
+        self.ask().tied()
+    }
+
+    /// Block `i`'s spec: its norms, products and tensor names.
+    pub fn block(&self, i: usize) -> BlockSpec {
+        self.ask().block(&self.shape(), i)
+    }
+
+    /// How positions enter: a learned table or rotary frequencies.
+    pub fn positions(&self) -> Positions {
+        self.ask().positions(&self.shape())
+    }
+
+    /// The token table's tensor name.
+    pub fn embedding_name(&self) -> &'static str {
+        self.ask().embedding()
+    }
+
+    /// The final norm before the head.
+    pub fn final_norm(&self) -> NormSpec {
+        self.ask().final_norm()
+    }
+
+    /// An untied LM head's tensor name.
+    pub fn head_name(&self) -> &'static str {
+        self.ask().head_name()
+    }
+
+    /// A Hugging Face `config.json` of the model.
+    pub fn hf_config(&self) -> serde_json::Value {
+        self.ask().hf_config(&self.shape())
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -123,13 +136,7 @@ impl GptConfig {
             ("vocab_size", self.vocab_size),
             ("block_size", self.block_size),
         ];
-        if let Some(a) = self.llama() {
-            z.extend([
-                ("num_key_value_heads", a.n_kv_head),
-                ("head_dim", a.head_dim),
-                ("intermediate_size", a.intermediate),
-            ]);
-        }
+        z.extend(self.ask().sizes());
         if let Some((k, _)) = z.iter().find(|(_, v)| *v == 0) {
             return Err(Error::Config(format!("{k} must be at least 1")));
         }
@@ -142,47 +149,27 @@ impl GptConfig {
                 self.num_params()
             )));
         }
-        match self.llama() {
-            None if !self.n_embd.is_multiple_of(self.n_head) => Err(Error::Config(format!(
-                "n_embd ({}) must be divisible by n_head ({}); pick n_head among the divisors of n_embd",
-                self.n_embd, self.n_head
-            ))),
-            Some(a) if !self.n_head.is_multiple_of(a.n_kv_head) => Err(Error::Config(format!(
-                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({}): each key/value head serves a whole group of query heads",
-                self.n_head, a.n_kv_head
-            ))),
-            Some(a) if !a.head_dim.is_multiple_of(2) => Err(Error::Config(format!(
-                "head_dim = {} is odd; rotary embeddings rotate pairs of a head's dimensions",
-                a.head_dim
-            ))),
-            Some(a) if !(a.rms_eps > 0.0 && a.rope_theta > 1.0) => Err(Error::Config(format!(
-                "rms_norm_eps ({}) must be positive and rope_theta ({}) above 1",
-                a.rms_eps, a.rope_theta
-            ))),
-            _ => Ok(()),
-        }
+        self.ask().check(&self.shape()).map_err(Error::Config)
     }
 
     /// The weight matrices of one block (attention and MLP), counted without overflow.
     pub fn block_matrices(&self) -> u128 {
-        let (c, q, kv, m) =
-            (self.n_embd as u128, self.q_width() as u128, self.kv_width() as u128, self.mlp_width() as u128);
-        let mlp = if self.llama().is_some() { 3 } else { 2 };
-        c * (q + 2 * kv) + q * c + mlp * c * m
+        self.block(0).matrices()
     }
 
     /// Every parameter (embeddings, blocks, final norm, an untied head), counted without overflow.
     pub fn num_params(&self) -> u128 {
         let (l, c, v) = (self.n_layer as u128, self.n_embd as u128, self.vocab_size as u128);
-        match self.llama() {
-            None => (v + self.block_size as u128) * c + l * (self.block_matrices() + 13 * c) + 2 * c,
-            Some(a) => {
-                let (q, kv) = (self.q_width() as u128, self.kv_width() as u128);
-                let biases = if a.qkv_bias { q + 2 * kv } else { 0 } + if a.o_bias { c } else { 0 };
-                let heads = if a.tied { 1 } else { 2 };
-                heads * v * c + l * (self.block_matrices() + biases + 2 * c) + c
-            }
-        }
+        let block = self.block(0);
+        let positions = match self.positions() {
+            Positions::Learned { .. } => self.block_size as u128 * c,
+            Positions::Rotary { .. } => 0,
+        };
+        let heads = if self.tied() { 1 } else { 2 };
+        heads * v * c
+            + positions
+            + l * (block.matrices() + block.vectors(self.n_embd))
+            + self.final_norm().params(self.n_embd)
     }
 
     /// Parameters counted by the 6·N FLOP rule: the block matrices and the LM head.
@@ -197,9 +184,9 @@ impl GptConfig {
     }
 }
 
-/// Refuses a tensor-parallel degree that does not divide the attention heads, or (Llama
-/// family) fits neither of the two ways to place the key/value heads: tp divides them (each
-/// rank holds its own), or tp is a multiple of them (each is replicated on tp / kv ranks).
+/// Refuses a tensor-parallel degree that does not divide the attention heads, or (separate
+/// key/value heads) fits neither of the two ways to place them: tp divides them (each rank
+/// holds its own), or tp is a multiple of them (each is replicated on tp / kv ranks).
 pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
     let (h, kv) = (cfg.n_head, cfg.kv_heads());
     let mlp = cfg.mlp_width();
@@ -208,7 +195,7 @@ pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
     };
     if !fits(tp) {
         let ok: Vec<String> = (1..=h).filter(|&d| fits(d)).map(|d| d.to_string()).collect();
-        let what = if cfg.llama().is_none() {
+        let what = if matches!(cfg.block(0).attn.qkv, Qkv::Fused(_)) {
             format!("the model's {h} attention heads")
         } else {
             format!("the model's {h} query heads, {kv} key/value heads (or a multiple of them) and MLP width {mlp}")
@@ -219,6 +206,16 @@ pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Product `l` of `block` (cut `cut`) on one rank of a tensor-parallel group of `tp`: its
+/// `(d_in, d_out)` there (key/value heads counted with their copies).
+pub fn local_dims(cfg: &GptConfig, block: &BlockSpec, (l, cut): (&Linear, Cut), tp: usize) -> (usize, usize) {
+    match cut {
+        Cut::Cols if block.is_kv(l) => (l.d_in, l.d_out * kv_copies(cfg, tp) / tp),
+        Cut::Cols => (l.d_in, l.d_out / tp),
+        Cut::Rows => (l.d_in / tp, l.d_out),
+    }
 }
 
 /// How many ranks of a tensor-parallel group of `tp` hold each key/value head (1 when tp
@@ -270,8 +267,70 @@ mod tests {
         ] {
             assert_eq!(GptConfig::preset(name).unwrap().num_params(), want, "{name}");
         }
-        let tiny = GptConfig::preset("llama-tiny").unwrap();
-        assert_eq!(Gpt::new(tiny).unwrap().num_params() as u128, tiny.num_params());
+        for f in Family::ALL {
+            let tiny = GptConfig::preset(f.tiny_preset()).unwrap();
+            assert_eq!(Gpt::new(tiny).unwrap().num_params() as u128, tiny.num_params(), "{}", f.name());
+        }
+    }
+
+    /// Every family: each preset written as a Hugging Face `config.json` reads back as itself.
+    #[test]
+    fn every_preset_round_trips_through_its_hf_config() {
+        let path = std::path::Path::new("config.json");
+        for (name, cfg) in PRESETS {
+            let text = cfg.hf_config().to_string();
+            let back = crate::models::checkpoint::parse_model_config(&text, path).unwrap();
+            assert_eq!(back, *cfg, "{name}");
+        }
+        for f in Family::ALL {
+            assert!(PRESETS.iter().any(|(_, c)| c.family.name() == f.name()), "{} has presets", f.name());
+        }
+    }
+
+    /// Every family: the tensors a model holds are exactly those its description names (the
+    /// names serving and checkpoints read), in the description's order, with its widths.
+    #[test]
+    fn every_familys_tensors_are_the_ones_its_description_names() {
+        for f in Family::ALL {
+            let cfg = GptConfig::example(f, 97, 32);
+            let gpt = Gpt::new(cfg).unwrap();
+            let mut want: Vec<(String, Vec<usize>)> = vec![(cfg.embedding_name().into(), vec![97, cfg.n_embd])];
+            if let Positions::Learned { name } = cfg.positions() {
+                want.push((name, vec![32, cfg.n_embd]));
+            }
+            let norm = |n: &NormSpec, want: &mut Vec<(String, Vec<usize>)>| {
+                want.push((format!("{}.weight", n.name), vec![cfg.n_embd]));
+                if let crate::models::family::NormKind::Layer { .. } = n.kind {
+                    want.push((format!("{}.bias", n.name), vec![cfg.n_embd]));
+                }
+            };
+            for i in 0..cfg.n_layer {
+                let b = cfg.block(i);
+                let lin = |(l, _): (&Linear, Cut), want: &mut Vec<(String, Vec<usize>)>| {
+                    let shape = match l.orient {
+                        crate::models::family::Orient::InOut => vec![l.d_in, l.d_out],
+                        crate::models::family::Orient::OutIn => vec![l.d_out, l.d_in],
+                    };
+                    want.push((l.weight(), shape));
+                    if l.bias {
+                        want.push((l.bias_name(), vec![l.d_out]));
+                    }
+                };
+                norm(&b.ln_1, &mut want);
+                let ls = b.linears();
+                let attn_end = ls.iter().position(|(l, _)| *l == &b.attn.o).unwrap() + 1;
+                ls[..attn_end].iter().for_each(|&x| lin(x, &mut want));
+                norm(&b.ln_2, &mut want);
+                ls[attn_end..].iter().for_each(|&x| lin(x, &mut want));
+            }
+            norm(&cfg.final_norm(), &mut want);
+            if !cfg.tied() {
+                want.push((cfg.head_name().into(), vec![97, cfg.n_embd]));
+            }
+            let got: Vec<(String, Vec<usize>)> =
+                gpt.layout.specs.iter().map(|s| (s.name.clone(), s.shape.clone())).collect();
+            assert_eq!(got, want, "{}", f.name());
+        }
     }
 
     #[test]
@@ -283,16 +342,15 @@ mod tests {
         assert_eq!((kv_copies(&cfg, 4), kv_copies(&cfg, 2)), (2, 1));
         // 6 query heads on 3 key/value heads: 2 ranks can neither split nor replicate them
         cfg.n_head = 6;
-        if let Arch::Llama(a) = &mut cfg.arch {
-            (a.n_kv_head, a.intermediate) = (3, 360);
-        }
+        let more = crate::models::family::Overrides { reshaped: false, n_kv_head: Some(3), intermediate: Some(360) };
+        cfg.family.reshape(&cfg.shape(), more, "llama-tiny").unwrap();
         let e = check_tp(&cfg, 2).unwrap_err().to_string();
         assert!(e.contains("tp=2") && e.contains("among 1, 3, 6"), "{e}");
     }
 
     #[test]
     fn configs_beyond_reason_are_refused() {
-        let ok = GptConfig { n_layer: 2, n_head: 2, n_embd: 8, vocab_size: 10, block_size: 4, arch: Arch::Gpt2 };
+        let ok = GptConfig { n_layer: 2, n_head: 2, n_embd: 8, vocab_size: 10, block_size: 4, family: Family::Gpt2 };
         assert!(ok.validate().is_ok());
         let edge = GptConfig { vocab_size: MAX_DIM, ..ok };
         assert!(edge.validate().is_ok(), "a dimension at the bound is allowed");
@@ -305,7 +363,7 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?} accepted");
         }
-        let at = GptConfig { n_layer: 1, n_head: 1, n_embd: 1, vocab_size: 1, block_size: 1, arch: Arch::Gpt2 };
+        let at = GptConfig { n_layer: 1, n_head: 1, n_embd: 1, vocab_size: 1, block_size: 1, family: Family::Gpt2 };
         // (vocab 1 + positions 1)·1 + one block of 12·1² + 13·1 + ln_f 2
         assert_eq!(at.num_params(), 2 + 25 + 2);
     }

@@ -1,11 +1,12 @@
-//! The decoder of both families. GPT-2: token + position embedding, pre-LayerNorm blocks,
-//! final LayerNorm, LM head tied to the token embedding. Llama family: token embedding,
-//! pre-RMSNorm blocks with rotary grouped-query attention and SwiGLU, final RMSNorm, a tied or
-//! untied head. Parameter names follow Hugging Face's (`h.0.attn.c_attn.weight`,
+//! Training's decoder, for every family, built from its description (`family/`): the token
+//! embedding (plus a learned position table, or rotary positions inside attention), the
+//! pre-norm blocks, the final norm, an LM head tied to the token table or its own. Parameter
+//! names are the family's Hugging Face names (`h.0.attn.c_attn.weight`,
 //! `model.layers.0.self_attn.q_proj.weight`).
 
 use super::block::{Block, BlockStash, Scratch};
 pub use super::config::{check_tp, GptConfig, MAX_DIM, MAX_PARAMS, PRESETS};
+use super::family::{NormKind, Positions};
 pub use super::pass::{Input, Output, Pass};
 use super::units::Whole;
 use crate::error::{Error, Result};
@@ -117,8 +118,8 @@ impl Gpt {
             return Err(Error::Layout(format!("units {holds:?} of a model with units 0..={last}")));
         }
         let (has_embedding, has_head) = (holds.start == 0, holds.end == last + 1);
-        let llama = cfg.llama().copied();
-        let table_name = if llama.is_some() { "model.embed_tokens.weight" } else { "wte.weight" };
+        let table_name = cfg.embedding_name();
+        let positions = cfg.positions();
         let table = |unit: &mut ParamLayout, name: &str| {
             let shape = [cfg.vocab_size, cfg.n_embd];
             unit.add_split(name, &shape, Split::Vocab, tp, Init::Normal(0.02), true)
@@ -129,10 +130,10 @@ impl Gpt {
         if has_embedding {
             let mut unit = ParamLayout::default();
             wte = table(&mut unit, table_name);
-            wpe = match llama {
+            wpe = match &positions {
                 // rotary positions: no table (an empty view just after the token table)
-                Some(_) => View { offset: wte.offset + wte.len, len: 0 },
-                None => unit.add("wpe.weight", &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true),
+                Positions::Rotary { .. } => View { offset: wte.offset + wte.len, len: 0 },
+                Positions::Learned { name } => unit.add(name, &[cfg.block_size, cfg.n_embd], Init::Normal(0.02), true),
             };
             units.push(layout.append(&unit));
         }
@@ -143,14 +144,15 @@ impl Gpt {
             units.push(layout.append(&unit));
         }
         let mut unit = ParamLayout::default();
-        let ln_f = match llama {
-            Some(a) => Norm::Rms(RmsNorm::new(&mut unit, "model.norm", cfg.n_embd, a.rms_eps)),
-            None => Norm::Layer(LayerNorm::new(&mut unit, "ln_f", cfg.n_embd)),
+        let final_norm = cfg.final_norm();
+        let ln_f = match final_norm.kind {
+            NormKind::Rms { eps } => Norm::Rms(RmsNorm::new(&mut unit, &final_norm.name, cfg.n_embd, eps)),
+            NormKind::Layer { .. } => Norm::Layer(LayerNorm::new(&mut unit, &final_norm.name, cfg.n_embd)),
         };
         let mut head = View { offset: 0, len: 0 };
         if has_head {
             if !cfg.tied() {
-                head = table(&mut unit, "lm_head.weight");
+                head = table(&mut unit, cfg.head_name());
             } else if !has_embedding {
                 wte = table(&mut unit, table_name);
             }
@@ -406,7 +408,7 @@ mod tests {
     #[test]
     fn inputs_are_checked() {
         let cfg =
-            GptConfig { n_layer: 1, n_head: 2, n_embd: 8, vocab_size: 10, block_size: 4, arch: Default::default() };
+            GptConfig { n_layer: 1, n_head: 2, n_embd: 8, vocab_size: 10, block_size: 4, family: Default::default() };
         let m = Gpt::new(cfg).unwrap();
         assert!(m.check_input(&[1, 2, 3, 4], 1, 4).is_ok());
         assert!(m.check_input(&[], 1, 0).is_err(), "empty sequence");

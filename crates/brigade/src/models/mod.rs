@@ -1,8 +1,9 @@
-pub mod arch;
 pub mod bert;
 pub mod block;
+pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
+pub mod family;
 pub mod generate;
 pub mod gpt;
 pub mod pass;

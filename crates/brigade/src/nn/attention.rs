@@ -72,32 +72,41 @@ pub struct Grouped {
 }
 
 impl CausalSelfAttention {
-    /// `std` and `proj_std`: the initial scale of `c_attn` and of `c_proj`.
+    /// A fused, biased q | k | v (`c_attn`, stored `[in, out]`) and output projection
+    /// (`c_proj`), named as the family's spec names them; `std` and `proj_std` their initial
+    /// scales.
     pub fn new(
         layout: &mut ParamLayout,
-        prefix: &str,
+        (c_attn, c_proj): (&str, &str),
         (c, heads): (usize, usize),
         tp: usize,
         (std, proj_std): (f32, f32),
     ) -> Self {
-        let c_attn = ColumnParallelLinear::new(layout, &format!("{prefix}.c_attn"), c, 3 * c, 3, tp, std);
-        let c_proj = RowParallelLinear::new(layout, &format!("{prefix}.c_proj"), c, c, tp, proj_std);
+        let c_attn = ColumnParallelLinear::new(layout, c_attn, c, 3 * c, 3, tp, std);
+        let c_proj = RowParallelLinear::new(layout, c_proj, c, c, tp, proj_std);
         let (heads, hd) = (heads / tp, c / heads);
         CausalSelfAttention { qkv: Qkv::Fused(c_attn), c_proj, heads, kv_heads: heads, hd, c: c / tp, rope: None }
     }
 
-    /// The Llama family's attention (`self_attn.{q,k,v,o}_proj`, weights `[out, in]`), with
-    /// rotary frequencies `inv_freq`. Key/value heads are cut across the group with their query
-    /// heads, or (tp above them) each held by `copies` ranks.
-    pub fn grouped(layout: &mut ParamLayout, prefix: &str, s: Grouped, inv_freq: Vec<f32>, std: f32) -> Self {
+    /// Separate q, k, v and output projections (weights `[out, in]`, named `[q, k, v, o]` as
+    /// the family's spec names them), with rotary frequencies `rope` (none: positions were
+    /// added to the input). Key/value heads are cut across the group with their query heads,
+    /// or (tp above them) each held by `copies` ranks.
+    pub fn grouped(
+        layout: &mut ParamLayout,
+        [q, k, v, o]: [&str; 4],
+        s: Grouped,
+        rope: Option<Vec<f32>>,
+        std: f32,
+    ) -> Self {
         let (qw, kvw) = (s.heads * s.hd, s.kv_heads * s.hd);
         let col = |layout: &mut ParamLayout, name: &str, w: usize, copies: usize| {
-            ColumnParallelLinear::out_in(layout, &format!("{prefix}.{name}"), (s.c, w), s.tp, copies, std, s.qkv_bias)
+            ColumnParallelLinear::out_in(layout, name, (s.c, w), s.tp, copies, std, s.qkv_bias)
         };
-        let q = col(layout, "q_proj", qw, 1);
-        let k = col(layout, "k_proj", kvw, s.copies);
-        let v = col(layout, "v_proj", kvw, s.copies);
-        let c_proj = RowParallelLinear::out_in(layout, &format!("{prefix}.o_proj"), (qw, s.c), s.tp, std, s.o_bias);
+        let q = col(layout, q, qw, 1);
+        let k = col(layout, k, kvw, s.copies);
+        let v = col(layout, v, kvw, s.copies);
+        let c_proj = RowParallelLinear::out_in(layout, o, (qw, s.c), s.tp, std, s.o_bias);
         CausalSelfAttention {
             qkv: Qkv::Separate { q, k, v },
             c_proj,
@@ -105,7 +114,7 @@ impl CausalSelfAttention {
             kv_heads: s.kv_heads * s.copies / s.tp,
             hd: s.hd,
             c: qw / s.tp,
-            rope: Some(inv_freq),
+            rope,
         }
     }
 

@@ -42,17 +42,32 @@ impl MlpStash {
 }
 
 impl Mlp {
-    pub fn new(layout: &mut ParamLayout, prefix: &str, c: usize, tp: usize, (std, proj_std): (f32, f32)) -> Mlp {
-        let c_fc = ColumnParallelLinear::new(layout, &format!("{prefix}.c_fc"), c, 4 * c, 1, tp, std);
-        let c_proj = RowParallelLinear::new(layout, &format!("{prefix}.c_proj"), 4 * c, c, tp, proj_std);
+    /// GELU between two biased products stored `[in, out]` (`c_fc`, `c_proj`, named as the
+    /// family's spec names them) of hidden width `m`.
+    pub fn new(
+        layout: &mut ParamLayout,
+        (c_fc, c_proj): (&str, &str),
+        (c, m): (usize, usize),
+        tp: usize,
+        (std, proj_std): (f32, f32),
+    ) -> Mlp {
+        let c_fc = ColumnParallelLinear::new(layout, c_fc, c, m, 1, tp, std);
+        let c_proj = RowParallelLinear::new(layout, c_proj, m, c, tp, proj_std);
         Mlp { c_fc, gate: None, c_proj }
     }
 
-    /// The Llama family's SwiGLU of hidden width `m`, weights stored `[out, in]` without biases.
-    pub fn swiglu(layout: &mut ParamLayout, prefix: &str, (c, m): (usize, usize), tp: usize, std: f32) -> Mlp {
-        let gate = ColumnParallelLinear::out_in(layout, &format!("{prefix}.gate_proj"), (c, m), tp, 1, std, false);
-        let c_fc = ColumnParallelLinear::out_in(layout, &format!("{prefix}.up_proj"), (c, m), tp, 1, std, false);
-        let c_proj = RowParallelLinear::out_in(layout, &format!("{prefix}.down_proj"), (m, c), tp, std, false);
+    /// SwiGLU of hidden width `m` (`[gate, up, down]` named as the family's spec names them),
+    /// weights stored `[out, in]` without biases.
+    pub fn swiglu(
+        layout: &mut ParamLayout,
+        [gate, up, down]: [&str; 3],
+        (c, m): (usize, usize),
+        tp: usize,
+        std: f32,
+    ) -> Mlp {
+        let gate = ColumnParallelLinear::out_in(layout, gate, (c, m), tp, 1, std, false);
+        let c_fc = ColumnParallelLinear::out_in(layout, up, (c, m), tp, 1, std, false);
+        let c_proj = RowParallelLinear::out_in(layout, down, (m, c), tp, std, false);
         Mlp { c_fc, gate: Some(gate), c_proj }
     }
 

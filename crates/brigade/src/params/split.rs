@@ -22,6 +22,17 @@ pub enum Split {
 }
 
 impl Split {
+    /// How rows of key/value heads are cut over a tensor-parallel group whose ranks hold each
+    /// head `copies` times: each rank its own block (`copies` 1: tp divides the heads), or each
+    /// head on `copies` consecutive ranks. Training's and serving's one rule.
+    pub fn kv_heads(copies: usize) -> Split {
+        if copies > 1 {
+            Split::Shared { copies }
+        } else {
+            Split::Rows
+        }
+    }
+
     pub fn local_shape(&self, full: &[usize], tp: usize) -> Vec<usize> {
         let mut s = full.to_vec();
         match *self {

@@ -30,7 +30,7 @@ impl ModelShape {
             heads: cfg.n_head,
             kv_heads: cfg.kv_heads(),
             ffn: cfg.mlp_width(),
-            swiglu: cfg.llama().is_some(),
+            swiglu: matches!(cfg.block(0).mlp, crate::models::family::MlpSpec::SwiGlu { .. }),
             seq,
             vocab: cfg.vocab_size,
             tied: cfg.tied(),

@@ -70,15 +70,17 @@ pub struct LocalPrediction {
 /// cross-entropy over the vocabulary (four passes over the logits).
 fn elementwise_bytes_per_token(cfg: &GptConfig) -> f64 {
     let c = cfg.n_embd as f64;
-    let per_layer = match cfg.llama() {
-        None => {
+    // by the block's kinds: a GELU MLP with biased Conv1D products (GPT-2), or SwiGLU with
+    // separate, rotated projections (the Llama family)
+    let per_layer = match cfg.block(0).mlp {
+        crate::models::family::MlpSpec::Gelu { .. } => {
             2.0 * 6.0 * c // two LayerNorms: x, out forward; x, dout, dx backward
         + 20.0 * c // GELU on 4C: read/write forward, two reads and a write backward
         + 6.0 * c // two residual adds
         + 9.0 * c // bias broadcasts into 3C, C, 4C, C outputs
         + 8.0 * c // bias gradients and the activation-gradient accumulations
         }
-        Some(_) => {
+        crate::models::family::MlpSpec::SwiGlu { .. } => {
             let (q, kv, m) = (cfg.q_width() as f64, cfg.kv_width() as f64, cfg.mlp_width() as f64);
             2.0 * 6.0 * c // two RMSNorms
             + 4.0 * (q + kv) // rotating q and k in place, forward and (inverse) backward

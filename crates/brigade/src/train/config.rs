@@ -103,34 +103,20 @@ impl TrainConfig {
     /// tokenizer's vocabulary, which the model's must cover.
     pub fn model_config(&self, data_vocab: usize) -> Result<GptConfig> {
         let p = GptConfig::preset(&self.model)?;
-        let cfg = GptConfig {
+        let mut cfg = GptConfig {
             n_layer: self.n_layer.unwrap_or(p.n_layer),
             n_head: self.n_head.unwrap_or(p.n_head),
             n_embd: self.n_embd.unwrap_or(p.n_embd),
             block_size: self.block_size.unwrap_or(p.block_size),
             vocab_size: self.vocab_size.unwrap_or(p.vocab_size.max(data_vocab)),
-            arch: p.arch,
+            family: p.family,
         };
-        let mut cfg = cfg;
-        match &mut cfg.arch {
-            crate::models::config::Arch::Llama(a) => {
-                // a changed width or head count keeps the heads of hidden / heads
-                if self.n_embd.is_some() || self.n_head.is_some() {
-                    a.head_dim = cfg.n_embd / cfg.n_head.max(1);
-                    a.n_kv_head = a.n_kv_head.min(cfg.n_head);
-                }
-                a.n_kv_head = self.n_kv_head.unwrap_or(a.n_kv_head);
-                a.intermediate = self.intermediate_size.unwrap_or(a.intermediate);
-            }
-            crate::models::config::Arch::Gpt2 => {
-                if self.n_kv_head.is_some() || self.intermediate_size.is_some() {
-                    return Err(Error::Config(format!(
-                        "n_kv_head and intermediate_size set the Llama family's shape; {} is a GPT-2 preset (use e.g. model = \"llama-tiny\")",
-                        self.model
-                    )));
-                }
-            }
-        }
+        let changes = crate::models::family::Overrides {
+            reshaped: self.n_embd.is_some() || self.n_head.is_some(),
+            n_kv_head: self.n_kv_head,
+            intermediate: self.intermediate_size,
+        };
+        cfg.family.reshape(&cfg.shape(), changes, &self.model).map_err(Error::Config)?;
         cfg.validate()?;
         if cfg.vocab_size < data_vocab {
             return Err(Error::Config(format!(

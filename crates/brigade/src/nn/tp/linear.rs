@@ -44,7 +44,7 @@ impl ColumnParallelLinear {
         std: f32,
         bias: bool,
     ) -> Self {
-        let split = if copies > 1 { Split::Shared { copies } } else { Split::Rows };
+        let split = Split::kv_heads(copies);
         let w = layout.add_split(&format!("{prefix}.weight"), &[d_out, d_in], split, tp, Init::Normal(std), true);
         let b = if bias {
             layout.add_split(&format!("{prefix}.bias"), &[d_out], split, tp, Init::Zeros, false)

@@ -6,8 +6,8 @@
 
 mod common;
 
+use brigade::models::chat_template::ChatTemplate;
 use brigade::models::tokenizer::Tokenizer;
-use brigade_serve::chat_template::ChatTemplate;
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -67,11 +67,12 @@ fn template_errors_are_one_line() {
     let t = ChatTemplate::load(&tok, &[]).unwrap().unwrap();
     let ok = t.render(&serde_json::json!([{"role": "user", "content": "  hi  "}]), true, &Map::new()).unwrap();
     assert_eq!(ok, "hi", "Python's str.strip through pycompat");
-    let e = t.render(&serde_json::json!([{"role": "system", "content": "x"}]), true, &Map::new()).unwrap_err();
+    let e =
+        t.render(&serde_json::json!([{"role": "system", "content": "x"}]), true, &Map::new()).unwrap_err().to_string();
     assert!(e.contains("Conversations must start with a user turn") && !e.contains('\n'), "{e}");
     // one that does not parse
     std::fs::write(d.path().join("chat_template.jinja"), "{% for m in messages %}{{ m.content }}").unwrap();
-    let e = ChatTemplate::load(&tok, &[]).err().expect("refused");
+    let e = ChatTemplate::load(&tok, &[]).err().expect("refused").to_string();
     assert!(e.contains("does not parse") && e.contains("chat_template.jinja") && !e.contains('\n'), "{e}");
     // none at all
     std::fs::remove_file(d.path().join("chat_template.jinja")).unwrap();

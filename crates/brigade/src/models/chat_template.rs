@@ -5,8 +5,9 @@
 //! `raise_exception`, `strftime_now`, a `tojson` that writes what Python's `json.dumps`
 //! writes, and the inputs `messages`, `tools` (none), `documents` (none),
 //! `add_generation_prompt` and the special tokens' text (`bos_token`, `eos_token`, …).
+//! Beside the tokenizer so that serving's chat API and training's conversations render alike.
 
-use brigade::models::tokenizer::{special_token_text, Tokenizer};
+use super::tokenizer::{special_token_text, Tokenizer};
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value as Json};
@@ -15,6 +16,24 @@ use std::path::{Path, PathBuf};
 /// The tokens that end an assistant's turn in the templates of the common families, when the
 /// template writes them and the vocabulary has them (beside the tokenizer's EOS).
 const END_OF_TURN: &[&str] = &["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>"];
+
+/// Why a chat template cannot be loaded or rendered, on one line, naming the file or what the
+/// template refused.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ChatTemplateError(pub String);
+
+impl From<String> for ChatTemplateError {
+    fn from(s: String) -> ChatTemplateError {
+        ChatTemplateError(s)
+    }
+}
+
+impl From<ChatTemplateError> for String {
+    fn from(e: ChatTemplateError) -> String {
+        e.0
+    }
+}
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -29,17 +48,17 @@ pub struct ChatTemplate {
 impl ChatTemplate {
     /// The template of the tokenizer `tok` (from the folder of its `tokenizer.json`), `None`
     /// when the folder has none; an error for one that is unreadable or does not parse.
-    pub fn load(tok: &Tokenizer, eos: &[u32]) -> Result<Option<ChatTemplate>, String> {
+    pub fn load(tok: &Tokenizer, eos: &[u32]) -> Result<Option<ChatTemplate>, ChatTemplateError> {
         let Tokenizer::Hf(t, path, ..) = tok else { return Ok(None) };
         let dir = path.parent().unwrap_or(Path::new("."));
-        let config_path = dir.join(brigade::models::tokenizer::TOKENIZER_CONFIG_FILE);
+        let config_path = dir.join(super::tokenizer::TOKENIZER_CONFIG_FILE);
         let config: Map<String, Json> = match std::fs::read_to_string(&config_path) {
             Ok(text) => {
                 serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", config_path.display()))?
             }
             Err(_) => Map::new(),
         };
-        let jinja = dir.join(brigade::models::tokenizer::CHAT_TEMPLATE_FILE);
+        let jinja = dir.join(super::tokenizer::CHAT_TEMPLATE_FILE);
         let (source, file) = if jinja.is_file() {
             let s = std::fs::read_to_string(&jinja).map_err(|e| format!("cannot read {}: {e}", jinja.display()))?;
             (s, jinja)
@@ -53,14 +72,16 @@ impl ChatTemplate {
                     match default.and_then(|t| t.get("template")).and_then(Json::as_str) {
                         Some(s) => (s.to_string(), config_path.clone()),
                         None => {
-                            return Err(format!(
+                            return Err(ChatTemplateError(format!(
                                 "{}: chat_template is a list without a template named \"default\"",
                                 config_path.display()
-                            ))
+                            )))
                         }
                     }
                 }
-                Some(_) => return Err(format!("{}: chat_template must be a string", config_path.display())),
+                Some(_) => {
+                    return Err(ChatTemplateError(format!("{}: chat_template must be a string", config_path.display())))
+                }
             }
         };
         let mut env = Environment::new();
@@ -105,7 +126,7 @@ impl ChatTemplate {
         messages: &Json,
         add_generation_prompt: bool,
         kwargs: &Map<String, Json>,
-    ) -> Result<String, String> {
+    ) -> Result<String, ChatTemplateError> {
         let mut ctx = kwargs.clone();
         for (k, v) in &self.specials {
             ctx.insert(k.clone(), v.clone());
@@ -116,7 +137,7 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
         let tmpl = self.env.get_template("chat").expect("added at load");
         tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
-            .map_err(|e| format!("the chat template failed: {}", one_line(&e)))
+            .map_err(|e| ChatTemplateError(format!("the chat template failed: {}", one_line(&e))))
     }
 }
 

@@ -1,30 +1,18 @@
-//! What sets a Llama-family decoder (Llama 2/3, Qwen2/2.5, Mistral without a sliding window,
-//! SmolLM2, TinyLlama) apart from GPT-2: RMSNorm, rotary positions (optionally with Llama 3's
-//! frequency scaling), a SwiGLU MLP, grouped-query attention, biases on q/k/v only (Qwen2) and a
-//! tied or untied head — read from and written as a Hugging Face `config.json`.
+//! The Llama family (Llama 2/3, Qwen2/2.5, Mistral without a sliding window, SmolLM2,
+//! TinyLlama): RMSNorm, rotary positions (optionally with Llama 3's frequency scaling), a
+//! SwiGLU MLP, grouped-query attention with separate q/k/v projections stored `[out, in]`,
+//! biases on q/k/v only (Qwen2) or on all four (Llama's `attention_bias`), a tied or untied
+//! head — read from and written as a Hugging Face `config.json`. Tensor names as
+//! `LlamaForCausalLM`'s (`model.layers.0.self_attn.q_proj.weight`).
 
+use super::spec::{
+    AttnSpec, BlockSpec, Describe, Linear, Llama3Rope, MlpSpec, NormKind, NormSpec, Orient, Overrides, Positions, Qkv,
+    Shape,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Which decoder family a config describes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub enum Arch {
-    /// Learned positions, LayerNorm, GELU MLP of width 4·C, fused biased q|k|v, tied head.
-    #[default]
-    Gpt2,
-    Llama(Llama),
-}
-
-/// Llama 3's `rope_scaling` (`rope_type: "llama3"`): long wavelengths divided by `factor`,
-/// short ones kept, those between interpolated.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Llama3Rope {
-    pub factor: f64,
-    pub low_freq_factor: f64,
-    pub high_freq_factor: f64,
-    pub original_max_position_embeddings: usize,
-}
-
+/// What a Llama-family model has beyond the shared shape.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Llama {
     /// Key/value heads (grouped-query attention: each serves n_head / n_kv_head query heads).
@@ -42,6 +30,175 @@ pub struct Llama {
     pub qkv_bias: bool,
     /// A bias on the output projection (Llama's `attention_bias`; Qwen2 has none).
     pub o_bias: bool,
+}
+
+/// The fields the presets share unless they say otherwise.
+const BASE: Llama = Llama {
+    n_kv_head: 8,
+    head_dim: 64,
+    intermediate: 0,
+    rms_eps: 1e-5,
+    rope_theta: 500_000.0,
+    rope_scaling: None,
+    tied: false,
+    qkv_bias: false,
+    o_bias: false,
+};
+
+/// Llama 3.1's long-context rope scaling (factor 8 over 8192 positions); Llama 3.2's is 32.
+const LLAMA31_ROPE: Llama3Rope =
+    Llama3Rope { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 };
+const LLAMA32_ROPE: Llama3Rope = Llama3Rope { factor: 32.0, ..LLAMA31_ROPE };
+
+/// Named Llama-family shapes `[layers, heads, hidden, vocab, positions]` and fields: `llama-tiny`
+/// for tests, then published models (from each one's `config.json` on the Hub).
+#[rustfmt::skip]
+pub const PRESETS: &[(&str, [usize; 5], Llama)] = &[
+    // GQA 4:2 and an untied head: every part of the family in a model of 0.43M parameters
+    ("llama-tiny", [2, 4, 128, 256, 64], Llama { n_kv_head: 2, head_dim: 32, intermediate: 352, rope_theta: 10_000.0, ..BASE }),
+    // HuggingFaceTB/SmolLM2-135M
+    ("smollm2-135m", [30, 9, 576, 49152, 8192], Llama { n_kv_head: 3, intermediate: 1536, rope_theta: 100_000.0, tied: true, ..BASE }),
+    // Qwen/Qwen2.5-0.5B
+    ("qwen2.5-0.5b", [24, 14, 896, 151936, 32768], Llama { n_kv_head: 2, intermediate: 4864, rope_theta: 1e6, rms_eps: 1e-6, tied: true, qkv_bias: true, ..BASE }),
+    // meta-llama/Llama-3.2-1B
+    ("llama3.2-1b", [16, 32, 2048, 128256, 131072], Llama { intermediate: 8192, rope_scaling: Some(LLAMA32_ROPE), tied: true, ..BASE }),
+    // meta-llama/Meta-Llama-3-8B, -70B, and Llama 3.1's 405B
+    ("llama3-8b", [32, 32, 4096, 128256, 8192], Llama { head_dim: 128, intermediate: 14336, ..BASE }),
+    ("llama3-70b", [80, 64, 8192, 128256, 8192], Llama { head_dim: 128, intermediate: 28672, ..BASE }),
+    ("llama3-405b", [126, 128, 16384, 128256, 131072], Llama { head_dim: 128, intermediate: 53248, rope_scaling: Some(LLAMA31_ROPE), ..BASE }),
+];
+
+/// The fields of the small model the tests run for this family, with every part of it: GQA
+/// 8:2 with head width 8, q/k/v and output biases, Llama 3 rope scaling over 32 original
+/// positions, an untied head.
+pub const EXAMPLE: Llama = Llama {
+    n_kv_head: 2,
+    head_dim: 8,
+    intermediate: 96,
+    rms_eps: 1e-5,
+    rope_theta: 500_000.0,
+    rope_scaling: Some(Llama3Rope {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 32,
+    }),
+    tied: false,
+    qkv_bias: true,
+    o_bias: true,
+};
+
+/// The shape of that model: 8 query heads in 64.
+pub fn example(vocab: usize, context: usize) -> Shape {
+    Shape::of([2, 8, 64, vocab, context])
+}
+
+fn linear(name: String, (d_in, d_out): (usize, usize), bias: bool) -> Linear {
+    Linear { name, d_in, d_out, bias, orient: Orient::OutIn }
+}
+
+impl Describe for Llama {
+    fn kv_heads(&self, _: &Shape) -> usize {
+        self.n_kv_head
+    }
+
+    fn head_dim(&self, _: &Shape) -> usize {
+        self.head_dim
+    }
+
+    fn mlp_width(&self, _: &Shape) -> usize {
+        self.intermediate
+    }
+
+    fn tied(&self) -> bool {
+        self.tied
+    }
+
+    fn sizes(&self) -> Vec<(&'static str, usize)> {
+        vec![
+            ("num_key_value_heads", self.n_kv_head),
+            ("head_dim", self.head_dim),
+            ("intermediate_size", self.intermediate),
+        ]
+    }
+
+    fn check(&self, s: &Shape) -> Result<(), String> {
+        if !s.n_head.is_multiple_of(self.n_kv_head) {
+            return Err(format!(
+                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({}): each key/value head serves a whole group of query heads",
+                s.n_head, self.n_kv_head
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "head_dim = {} is odd; rotary embeddings rotate pairs of a head's dimensions",
+                self.head_dim
+            ));
+        }
+        if !(self.rms_eps > 0.0 && self.rope_theta > 1.0) {
+            return Err(format!(
+                "rms_norm_eps ({}) must be positive and rope_theta ({}) above 1",
+                self.rms_eps, self.rope_theta
+            ));
+        }
+        Ok(())
+    }
+
+    fn block(&self, s: &Shape, i: usize) -> BlockSpec {
+        let (c, m) = (s.n_embd, self.intermediate);
+        let (q, kv) = (s.n_head * self.head_dim, self.n_kv_head * self.head_dim);
+        let prefix = format!("model.layers.{i}");
+        let rms = |n: &str| NormSpec { kind: NormKind::Rms { eps: self.rms_eps }, name: format!("{prefix}.{n}") };
+        let at = |n: &str| format!("{prefix}.self_attn.{n}");
+        let mlp = |n: &str| format!("{prefix}.mlp.{n}");
+        BlockSpec {
+            ln_1: rms("input_layernorm"),
+            attn: AttnSpec {
+                qkv: Qkv::Separate {
+                    q: linear(at("q_proj"), (c, q), self.qkv_bias),
+                    k: linear(at("k_proj"), (c, kv), self.qkv_bias),
+                    v: linear(at("v_proj"), (c, kv), self.qkv_bias),
+                },
+                o: linear(at("o_proj"), (q, c), self.o_bias),
+            },
+            ln_2: rms("post_attention_layernorm"),
+            mlp: MlpSpec::SwiGlu {
+                gate: linear(mlp("gate_proj"), (c, m), false),
+                up: linear(mlp("up_proj"), (c, m), false),
+                down: linear(mlp("down_proj"), (m, c), false),
+            },
+            std: 0.02,
+            proj_std: 0.02,
+            prefix,
+        }
+    }
+
+    fn positions(&self, _: &Shape) -> Positions {
+        Positions::Rotary { theta: self.rope_theta, scaling: self.rope_scaling }
+    }
+
+    fn embedding(&self) -> &'static str {
+        "model.embed_tokens.weight"
+    }
+
+    fn final_norm(&self) -> NormSpec {
+        NormSpec { kind: NormKind::Rms { eps: self.rms_eps }, name: "model.norm".into() }
+    }
+
+    fn hf_config(&self, s: &Shape) -> Value {
+        to_json(s, self, (None, None))
+    }
+
+    fn reshape(&mut self, s: &Shape, o: Overrides, _: &str) -> Result<(), String> {
+        // a changed width or head count keeps the heads of hidden / heads
+        if o.reshaped {
+            self.head_dim = s.n_embd / s.n_head.max(1);
+            self.n_kv_head = self.n_kv_head.min(s.n_head);
+        }
+        self.n_kv_head = o.n_kv_head.unwrap_or(self.n_kv_head);
+        self.intermediate = o.intermediate.unwrap_or(self.intermediate);
+        Ok(())
+    }
 }
 
 /// The refusal for a config key brigade does not implement.
@@ -67,30 +224,11 @@ fn need(v: &Value, k: &str) -> Result<usize, String> {
     uint(v, k)?.ok_or_else(|| format!("missing integer field '{k}'; is this a Llama-family config?"))
 }
 
-/// The model families a `config.json` may name.
-pub const FAMILIES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM (and GPT2LMHeadModel)";
-
-/// Whether a `config.json` describes a Llama-family model (else GPT-2; anything else refused).
-pub fn is_llama_family(v: &Value) -> Result<bool, String> {
-    let ty = v.get("model_type").and_then(Value::as_str);
-    let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
-    match (ty, arch) {
-        (Some("llama" | "qwen2" | "mistral"), _) => Ok(true),
-        (Some("gpt2"), _) | (None, None | Some("GPT2LMHeadModel")) => Ok(false),
-        (None, Some("LlamaForCausalLM" | "Qwen2ForCausalLM" | "MistralForCausalLM")) => Ok(true),
-        (ty, arch) => Err(format!(
-            "model_type {:?} (architectures {:?}) is not supported; brigade loads {FAMILIES}",
-            ty.unwrap_or("none"),
-            arch.unwrap_or("none")
-        )),
-    }
-}
-
 /// (n_layer, n_head, n_embd, vocab_size, max positions, the family's own fields) from a Hugging
 /// Face `config.json` of the Llama family, in the Hub's form (`rope_theta`, `rope_scaling`) or
 /// transformers 5's (`rope_parameters`). Any value brigade does not implement is refused
 /// naming its key.
-pub fn parse_llama(v: &Value) -> Result<([usize; 5], Llama), String> {
+pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
     let ty = v.get("model_type").and_then(Value::as_str).unwrap_or("llama");
     let act = v.get("hidden_act").or_else(|| v.get("hidden_activation"));
     if let Some(a) = act.filter(|a| a.as_str() != Some("silu")) {
@@ -192,13 +330,13 @@ pub fn parse_llama(v: &Value) -> Result<([usize; 5], Llama), String> {
         o_bias: ty != "qwen2" && bias,
     };
     let positions = uint(v, "max_position_embeddings")?.unwrap_or(2048);
-    Ok(([layers, heads, hidden, need(v, "vocab_size")?, positions], arch))
+    Ok((Shape::of([layers, heads, hidden, need(v, "vocab_size")?, positions]), arch))
 }
 
 /// A Hugging Face `config.json` for a Llama-family model (Qwen2's class when it has q/k/v
 /// biases only, else Llama's), in the Hub's form, which transformers 4 and 5 both read.
-pub fn llama_json(shape: [usize; 5], a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Value {
-    let [layers, heads, hidden, vocab, positions] = shape;
+pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Value {
+    let Shape { n_layer: layers, n_head: heads, n_embd: hidden, vocab_size: vocab, block_size: positions } = *s;
     let qwen = a.qkv_bias && !a.o_bias;
     let scaling = a.rope_scaling.map(|r| {
         serde_json::json!({
@@ -255,8 +393,8 @@ mod tests {
 
     #[test]
     fn hub_and_transformers5_forms_read_alike() {
-        let (shape, a) = parse_llama(&llama3()).unwrap();
-        assert_eq!(shape, [2, 8, 64, 99, 256]);
+        let (shape, a) = parse(&llama3()).unwrap();
+        assert_eq!(shape, Shape::of([2, 8, 64, 99, 256]));
         assert_eq!((a.n_kv_head, a.head_dim, a.intermediate, a.tied, a.qkv_bias), (2, 8, 160, false, false));
         assert_eq!(a.rope_theta, 500000.0);
         assert_eq!(a.rope_scaling.unwrap().factor, 8.0);
@@ -266,10 +404,10 @@ mod tests {
         o.remove("rope_theta");
         p["rope_theta"] = json!(500000.0);
         o.insert("rope_parameters".into(), p);
-        assert_eq!(parse_llama(&v5).unwrap(), (shape, a));
+        assert_eq!(parse(&v5).unwrap(), (shape, a));
         // written back and read again: the same model
-        let back = llama_json(shape, &a, (None, None));
-        assert_eq!(parse_llama(&back).unwrap(), (shape, a));
+        let back = to_json(&shape, &a, (None, None));
+        assert_eq!(parse(&back).unwrap(), (shape, a));
     }
 
     #[test]
@@ -278,10 +416,10 @@ mod tests {
             "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
             "vocab_size": 50, "tie_word_embeddings": true, "rope_theta": 1e6,
             "sliding_window": 4096, "use_sliding_window": false, "rope_scaling": null});
-        let (_, a) = parse_llama(&v).unwrap();
+        let (_, a) = parse(&v).unwrap();
         assert!(a.qkv_bias && !a.o_bias && a.tied && a.rope_scaling.is_none());
         assert_eq!((a.head_dim, a.rope_theta), (8, 1e6));
-        assert_eq!(parse_llama(&llama_json([1, 4, 32, 50, 2048], &a, (None, None))).unwrap().1, a);
+        assert_eq!(parse(&to_json(&Shape::of([1, 4, 32, 50, 2048]), &a, (None, None))).unwrap().1, a);
     }
 
     /// A config as `checkpoint::parse_model_config` reads it: parsed, then validated.
@@ -309,6 +447,6 @@ mod tests {
         }
         let mut v = llama3();
         v["model_type"] = json!("mixtral");
-        assert!(is_llama_family(&v).unwrap_err().contains("mixtral"));
+        assert!(super::super::read_hf(&v).unwrap_err().contains("mixtral"));
     }
 }
