@@ -4,11 +4,11 @@
 //! server-sent events: each node's result as it ends, the whole result, `[DONE]`. A client
 //! that goes away aborts the program and frees every branch's blocks.
 
-use crate::api::ApiError;
-use crate::app::{error, event_stream, unavailable, App};
-use crate::completions::serving;
+use super::app::{error, event_stream, unavailable, App};
+use super::completions::serving;
 use crate::program::run::{check, run, Ctx};
 use crate::program::{Limits, Program, Width};
+use crate::request::ApiError;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
