@@ -33,7 +33,7 @@ fn bad(message: String) -> ApiError {
 fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Program, usize), ApiError> {
     let l = serving(app)?;
     let text = std::str::from_utf8(body).map_err(|_| bad("the request body is not UTF-8".into()))?;
-    let p = Program::from_json(text, &Limits::default()).map_err(bad)?;
+    let p = Program::from_json(text, &Limits::default()).map_err(|e| bad(e.0))?;
     if let Some(m) = &p.model {
         if *m != app.name {
             return Err(ApiError::model_not_found(m, "serves", &app.name));

@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicU64;
 pub fn run_text(o: &ServeOptions, text: &str, toml: bool, on_node: impl FnMut(Value)) -> Result<Value> {
     let limits = Limits::default();
     let p = if toml { Program::from_toml(text, &limits) } else { Program::from_json(text, &limits) };
-    let p = p.map_err(ServeError::Program)?;
+    let p = p.map_err(|e| ServeError::Program(e.0))?;
     let Some(source) = &o.source else {
         return Err(ServeError::Setting("give the model: --checkpoint DIR or --model PRESET".into()));
     };
