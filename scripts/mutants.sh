@@ -6,7 +6,8 @@
 #   scripts/mutants.sh              all five files (about 40 minutes on 2 cores)
 #   scripts/mutants.sh optimizer    one of: optimizer trainer generate gpt chunks, the parallel
 #                                   files: tp_comm vocab tp_state zero store stages executor gradients,
-#                                   the serving engine's: engine kv, the embedding job's: output
+#                                   the serving engine's: engine (its scheduler) advance kv (its
+#                                   block pool), the embedding job's: output
 #                                   (its unit tests) and output_job (the same file against
 #                                   brigade-cli's embedding job, for the crash hook)
 set -euo pipefail
@@ -25,8 +26,9 @@ declare -A file=(
   [stages]=crates/brigade/src/parallel/pipeline/stages.rs
   [executor]=crates/brigade/src/parallel/pipeline/executor.rs
   [gradients]=crates/brigade/src/train/gradients.rs
-  [engine]=crates/brigade-serve/src/engine.rs
-  [kv]=crates/brigade-serve/src/kv.rs
+  [engine]=crates/brigade-serve/src/engine/scheduler.rs
+  [advance]=crates/brigade-serve/src/engine/advance.rs
+  [kv]=crates/brigade-serve/src/engine/block_pool.rs
   [output]=crates/brigade/src/embed/output.rs
   [output_job]=crates/brigade/src/embed/output.rs
 )
@@ -45,6 +47,7 @@ declare -A tests=(
   [executor]="--test pipeline_executor --test equivalence"
   [gradients]="--test equivalence --test micro_batching --test adamw_fixture --test step_accounting"
   [engine]="--lib --test engine --test tensor_parallel"
+  [advance]="--lib --test engine --test tensor_parallel"
   [kv]="--lib --test engine"
   [output]="--lib -- embed::output"
   [output_job]="--test embed_job"

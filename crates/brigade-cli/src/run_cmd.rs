@@ -5,7 +5,7 @@
 
 use crate::serve_cmd::EngineArgs;
 use anyhow::{bail, Context, Result};
-use brigade_serve::served::Source;
+use brigade_serve::source::Source;
 use clap::Args;
 use std::path::PathBuf;
 

@@ -1,9 +1,10 @@
 //! `brigade serve`: the OpenAI-compatible completions server.
 
 use anyhow::{bail, Result};
-use brigade_serve::served::Source;
-use brigade_serve::server::{self, ServeOptions};
-use brigade_serve::weights::WeightFormat;
+use brigade_serve::http;
+use brigade_serve::model::weights::WeightFormat;
+use brigade_serve::source::Source;
+use brigade_serve::startup::ServeOptions;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -162,8 +163,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    server::run(o, |addr| {
+    http::run(o, |addr| {
         // one line that scripts (and the tests) read for the port
         println!("brigade serve: listening on http://{addr}");
-    })
+    })?;
+    Ok(())
 }

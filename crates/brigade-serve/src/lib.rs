@@ -1,25 +1,21 @@
 //! brigade-serve: batched GPT inference — a paged KV cache with prefix caching, one forward
 //! pass per step over every running sequence, iteration-level scheduling, batch-invariant
 //! outputs — behind an OpenAI-compatible HTTP API (`brigade serve`).
+//!
+//! The layers, from the bottom: `model/` the serving model (weights, the batched forward,
+//! paged attention, the cache's floats); `engine/` the scheduler over the cache's blocks,
+//! the step, the engine's thread(s); `request/` a request shaped for the engine, whatever
+//! brought it; `startup` loading the model and starting its engine; `program/` programs of
+//! generation calls run inside the engine; `http/` the axum server and its handlers — the only
+//! layer that knows HTTP.
 
-pub mod api;
-mod app;
-mod chat;
-pub mod chat_api;
-mod completions;
 pub mod constraint;
-mod embedder;
-mod embeddings;
 pub mod engine;
-pub mod kv;
-pub mod loadgen;
+pub mod error;
+pub mod http;
 pub mod metrics;
 pub mod model;
-mod paged_attention;
 pub mod program;
-mod programs;
-pub mod served;
-pub mod server;
-pub mod text;
-pub mod weights;
-pub mod worker;
+pub mod request;
+pub mod source;
+pub mod startup;

@@ -61,7 +61,7 @@ fn greedy_against_the_generator(f: Family) {
         seq.push(best);
     }
     assert_eq!(tokens.len(), 30);
-    assert_eq!(engine.kv.free_blocks(), engine.kv.total_blocks(), "a finished request frees its blocks");
+    assert_eq!(engine.pool().free_blocks(), engine.pool().total_blocks(), "a finished request frees its blocks");
 }
 
 fn want_seeded_sampling() -> Sampling {
@@ -108,8 +108,8 @@ fn batch_invariance(f: Family) {
     arrivals.push((60, probe(4, Sampling { seed: 9, ..want_seeded_sampling() })));
     let mut e = Engine::new(Model::new(&gpt, &p), 40, 4, Limits { max_running: 32, max_step_tokens: 24 });
     let got = run(&mut e, arrivals.clone());
-    assert!(e.stats.preemptions > 0, "the test meant to preempt");
-    assert!(e.kv.hits > 0, "the test meant to hit the prefix cache");
+    assert!(e.stats().preemptions > 0, "the test meant to preempt");
+    assert!(e.pool().hits > 0, "the test meant to hit the prefix cache");
     assert_eq!(got[&1], want_greedy, "{f:?}: greedy output changed inside a batch");
     assert_eq!(got[&2], want_seeded, "{f:?}: seeded sampling changed inside a batch");
     // every request, each run alone, gives what it gave in the crowd
@@ -118,7 +118,7 @@ fn batch_invariance(f: Family) {
         assert_eq!(got[&id], alone(r)[&id], "{f:?}: request {id} changed inside a batch");
     }
     assert_eq!(got.len(), 34, "every request finished");
-    assert_eq!(e.kv.free_blocks(), e.kv.total_blocks());
+    assert_eq!(e.pool().free_blocks(), e.pool().total_blocks());
 }
 
 #[test]
@@ -138,15 +138,15 @@ fn prompts_beside_running_decodes_come_in_bounded_chunks() {
     // nothing decoding: a long prompt takes the whole budget
     e.add(req(1, 300)).unwrap();
     e.step();
-    assert_eq!(e.stats.prompt_tokens_computed, 300);
+    assert_eq!(e.stats().prompt_tokens_computed, 300);
     // 1 decoding: another long prompt gets MIN_PREFILL a step, then 2 per decode as they grow
     e.add(req(2, 300)).unwrap();
-    let mut before = e.stats.prompt_tokens_computed;
+    let mut before = e.stats().prompt_tokens_computed;
     let mut steps = 0;
-    while e.stats.prompt_tokens_computed < 600 {
+    while e.stats().prompt_tokens_computed < 600 {
         e.step();
-        let (took, left) = (e.stats.prompt_tokens_computed - before, 600 - before);
-        before = e.stats.prompt_tokens_computed;
+        let (took, left) = (e.stats().prompt_tokens_computed - before, 600 - before);
+        before = e.stats().prompt_tokens_computed;
         assert_eq!(took as usize, (left as usize).min(MIN_PREFILL.max(PREFILL_PER_DECODE)));
         steps += 1;
     }
@@ -158,9 +158,9 @@ fn prompts_beside_running_decodes_come_in_bounded_chunks() {
     e.step();
     e.step();
     e.add(req(3, 200)).unwrap();
-    let before = e.stats.prompt_tokens_computed;
+    let before = e.stats().prompt_tokens_computed;
     e.step();
-    assert_eq!((e.stats.prompt_tokens_computed - before) as usize, PREFILL_PER_DECODE * 22);
+    assert_eq!((e.stats().prompt_tokens_computed - before) as usize, PREFILL_PER_DECODE * 22);
 }
 
 /// `top_logprobs`: the n most likely tokens of each step, best first, with their
@@ -215,7 +215,9 @@ fn requests_end_for_their_reasons_and_aborts_free_their_blocks() {
     assert_eq!(long.last().unwrap().finished, Some(Finish::Context));
     // refused before it runs, each naming why
     let mut e = new(3);
-    let refuse = |e: &mut Engine, prompt: Vec<u32>| e.add(Request { id: 9, prompt, sampling: greedy(1) }).unwrap_err();
+    let refuse = |e: &mut Engine, prompt: Vec<u32>| {
+        e.add(Request { id: 9, prompt, sampling: greedy(1) }).unwrap_err().to_string()
+    };
     assert!(refuse(&mut e, vec![]).contains("empty"));
     assert!(refuse(&mut e, vec![1; 24]).contains("context is 24"));
     assert!(refuse(&mut e, vec![1, 97]).contains("token 97"));
@@ -226,7 +228,7 @@ fn requests_end_for_their_reasons_and_aborts_free_their_blocks() {
     let mut e = new(64);
     e.add(req(1, greedy(10))).unwrap();
     e.step();
-    assert_eq!(e.kv.used_blocks(), 2);
+    assert_eq!(e.pool().used_blocks(), 2);
     // aborts: one running, one of two still waiting (max_running 2)
     let mut e = new(64);
     for id in [1, 4, 5, 6] {
@@ -247,7 +249,7 @@ fn requests_end_for_their_reasons_and_aborts_free_their_blocks() {
     assert_eq!(rest.len(), 2, "only the requests left run");
     assert_eq!(rest[&1], want[1..], "the aborts changed another request");
     assert_eq!(rest[&6], want, "the request left waiting runs as alone");
-    assert_eq!(e.kv.free_blocks(), e.kv.total_blocks(), "every block is back");
+    assert_eq!(e.pool().free_blocks(), e.pool().total_blocks(), "every block is back");
 }
 
 /// The step's token budget binds decodes and prompt chunks together: a prompt alone comes in
@@ -262,9 +264,9 @@ fn the_step_budget_counts_every_token() {
         sampling: greedy(40),
     };
     let taken = |e: &mut Engine| {
-        let before = e.stats.prompt_tokens_computed;
+        let before = e.stats().prompt_tokens_computed;
         let out = e.step();
-        (e.stats.prompt_tokens_computed - before, out.len())
+        (e.stats().prompt_tokens_computed - before, out.len())
     };
     e.add(req(1, 30)).unwrap();
     // 30 prompt tokens, 10 a step; the last chunk samples the first token
@@ -278,8 +280,8 @@ fn the_step_budget_counts_every_token() {
     e.add(req(5, 20)).unwrap();
     assert_eq!(taken(&mut e), (6, 4));
     assert_eq!(taken(&mut e), (6, 4));
-    assert_eq!(e.stats.steps, 6, "forward passes counted");
-    assert_eq!(e.stats.generated, 1 + 4 + 4 + 4, "tokens generated counted");
+    assert_eq!(e.stats().steps, 6, "forward passes counted");
+    assert_eq!(e.stats().generated, 1 + 4 + 4 + 4, "tokens generated counted");
     // 4 prompts of 6 and nothing decoding: the budget of 10 admits two (the second with 4 of
     // its tokens) and no one with nothing to run; then 1 decode, the rest of the second's
     // prompt, the third's whole and 1 token of the fourth's
@@ -302,7 +304,7 @@ fn the_step_budget_counts_every_token() {
     assert_eq!(taken(&mut e), (11, 1));
     e.add(again).unwrap();
     assert_eq!(taken(&mut e).0, 13 - 8);
-    assert_eq!(e.kv.hits, 2);
+    assert_eq!(e.pool().hits, 2);
 }
 
 /// Branches that share a prompt (a fork of 8 over a 203-token prompt; map-like branches that
@@ -340,12 +342,12 @@ fn branches_share_their_prompt_and_give_what_each_gives_alone() {
         }
         // one branch computes 203; each of the others only its last token (202 = 50 blocks
         // of 4 and 2 slots, copied)
-        assert_eq!(e.stats.prompt_tokens_computed, 203 + 7, "{f:?}");
-        assert_eq!(e.stats.prompt_tokens_copied, 7 * 2, "{f:?}");
+        assert_eq!(e.stats().prompt_tokens_computed, 203 + 7, "{f:?}");
+        assert_eq!(e.stats().prompt_tokens_copied, 7 * 2, "{f:?}");
         assert_eq!(got[&101][0].prompt_computed, 1);
         assert_eq!(got[&100][0].prompt_computed, 203);
-        assert_eq!(e.kv.free_blocks(), e.kv.total_blocks(), "{f:?}: shared blocks all given back");
-        e.kv.check();
+        assert_eq!(e.pool().free_blocks(), e.pool().total_blocks(), "{f:?}: shared blocks all given back");
+        e.pool().check();
         // map-like branches: a shared 50-token head, then each its own item; crowded with
         // others, a small cache (preemption), a 24-token step budget (chunked prompts)
         let head: Vec<u32> = (0..50).map(|i| (i * 13 + 3) % 97).collect();
@@ -378,15 +380,15 @@ fn branches_share_their_prompt_and_give_what_each_gives_alone() {
             step += 1;
             assert!(step < 10_000);
         }
-        assert!(e.stats.preemptions > 0, "{f:?}: the test meant to preempt");
-        assert!(e.stats.prompt_tokens_copied > 0, "{f:?}: the test meant to copy a partial block");
+        assert!(e.stats().preemptions > 0, "{f:?}: the test meant to preempt");
+        assert!(e.stats().prompt_tokens_copied > 0, "{f:?}: the test meant to copy a partial block");
         for (_, r, _) in arrivals {
             let id = r.id;
             let strip = |v: &[Output]| v.iter().map(|o| (o.token, o.logprob, o.finished)).collect::<Vec<_>>();
             assert_eq!(strip(&got[&id]), strip(&alone(r)[&id]), "{f:?}: request {id} changed by sharing");
         }
-        assert_eq!(e.kv.free_blocks(), e.kv.total_blocks());
-        e.kv.check();
+        assert_eq!(e.pool().free_blocks(), e.pool().total_blocks());
+        e.pool().check();
     }
 }
 
@@ -427,5 +429,6 @@ fn forced_tokens_are_scored_by_the_full_recompute() {
     assert!(e
         .add_with(Request { id: 2, prompt: vec![1, 2], sampling: greedy(2) }, bad)
         .unwrap_err()
+        .to_string()
         .contains("outside"));
 }

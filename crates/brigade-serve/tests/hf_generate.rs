@@ -8,7 +8,7 @@
 use brigade::models::checkpoint::load_model;
 use brigade::models::Gpt;
 use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
-use brigade_serve::kv::KvCache;
+use brigade_serve::model::KvStore;
 use brigade_serve::model::{Model, Work};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
@@ -55,7 +55,7 @@ fn on_ranks(gpt: &Gpt, params: &[f32], tp: usize, requests: &[Request]) -> Vec<u
             e.model.stop_followers();
             Ok(out)
         } else {
-            let mut kv = KvCache::new(64, 4, m.layers_n, m.kv_width());
+            let mut kv = KvStore::new(64, 4, m.layers_n, m.kv_width());
             while m.follow(&mut kv) {}
             Ok(vec![])
         }
@@ -100,7 +100,7 @@ fn matches_generate(name: &str, tps: &[usize]) {
     let hf = f32s(&st, "long_logits");
     let vocab = gpt.cfg.vocab_size;
     let m = Model::new(&gpt, &params);
-    let mut kv = KvCache::new(32, 4, m.layers_n, m.kv_width());
+    let mut kv = KvStore::new(32, 4, m.layers_n, m.kv_width());
     let blocks: Vec<usize> = (0..t.div_ceil(4)).collect();
     let row = &long[..t];
     let mut last = Vec::new();

@@ -10,9 +10,9 @@ mod common;
 use brigade::models::checkpoint::load_model;
 use brigade::models::Gpt;
 use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
-use brigade_serve::kv::KvCache;
+use brigade_serve::model::weights::WeightFormat;
+use brigade_serve::model::KvStore;
 use brigade_serve::model::{Model, Work};
-use brigade_serve::weights::WeightFormat;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -70,7 +70,7 @@ fn int8_outputs_do_not_depend_on_the_batch_or_the_ranks() {
                     e.model.stop_followers();
                     Ok(out)
                 } else {
-                    let mut kv = KvCache::new(40, 4, m.layers_n, m.kv_width());
+                    let mut kv = KvStore::new(40, 4, m.layers_n, m.kv_width());
                     while m.follow(&mut kv) {}
                     Ok(HashMap::new())
                 }
@@ -85,7 +85,7 @@ fn int8_outputs_do_not_depend_on_the_batch_or_the_ranks() {
 fn logit_error(gpt: &Gpt, p: &[f32], tokens: &[u32], fmt: WeightFormat) -> (f32, f32) {
     let logits = |fmt| {
         let m = Model::shard_as(gpt, p, None, fmt).unwrap();
-        let mut kv = KvCache::new(tokens.len().div_ceil(4) + 1, 4, m.layers_n, m.kv_width());
+        let mut kv = KvStore::new(tokens.len().div_ceil(4) + 1, 4, m.layers_n, m.kv_width());
         let blocks: Vec<usize> = (0..tokens.len().div_ceil(4)).collect();
         m.step(&mut kv, &[Work { tokens, start: 0, blocks: &blocks, logits: true }]).remove(0)
     };
@@ -112,7 +112,7 @@ fn greedy_agreement(gpt: &Gpt, p: &[f32], fmt: WeightFormat) -> (f64, f64) {
         prefix += gen.iter().zip(&own[&r.id]).take_while(|(a, b)| **a == b.token).count();
         // one step: the prompt, then each generated token as its own item over the same
         // blocks (every row's keys are written before any row attends), each with its logits
-        let mut kv = KvCache::new(16, 16, q.layers_n, q.kv_width());
+        let mut kv = KvStore::new(16, 16, q.layers_n, q.kv_width());
         let blocks: Vec<usize> = (0..16).collect();
         let l = r.prompt.len();
         let mut work = vec![Work { tokens: &r.prompt, start: 0, blocks: &blocks, logits: true }];
@@ -173,7 +173,7 @@ fn int8_perplexity_of_a_trained_checkpoint_on_held_out_problems() {
             let text = format!("{a:03}+{b:03}={sum}\n");
             let toks: Vec<u32> = text.bytes().map(u32::from).collect();
             let l = task.prompt_len();
-            let mut kv = KvCache::new(4, 4, m.layers_n, m.kv_width());
+            let mut kv = KvStore::new(4, 4, m.layers_n, m.kv_width());
             let blocks: Vec<usize> = (0..4).collect();
             // the prompt, then each answer token but the last as its own item (teacher forcing)
             let mut work = vec![Work { tokens: &toks[..l], start: 0, blocks: &blocks, logits: true }];

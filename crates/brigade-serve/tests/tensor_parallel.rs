@@ -5,12 +5,12 @@
 mod common;
 
 use brigade_serve::engine::{Admit, Engine, Limits, Output, Request, Sampling};
-use brigade_serve::kv::KvCache;
+use brigade_serve::model::KvStore;
 use brigade_serve::model::{Model, Work};
 use common::{Family, FAMILIES};
 
 /// Three sequences over three steps: whole prompts, then a chunk beside decodes, then decodes.
-fn steps(model: &Model, kv: &mut KvCache) -> Vec<Vec<f32>> {
+fn steps(model: &Model, kv: &mut KvStore) -> Vec<Vec<f32>> {
     let a: Vec<u32> = (0..9).map(|i| (i * 7 + 1) % 101).collect();
     let b: Vec<u32> = (0..14).map(|i| (i * 13 + 2) % 101).collect();
     let c: Vec<u32> = (0..5).map(|i| (i * 3 + 50) % 101).collect();
@@ -63,14 +63,14 @@ fn sharded_logits(f: Family) {
     // vocabulary 101: not a multiple of the group size (the head's padding is dropped)
     let (gpt, p) = common::model(f, 101, 64, 5);
     let one = Model::new(&gpt, &p);
-    let mut kv = KvCache::new(16, 4, 2, one.kv_width());
+    let mut kv = KvStore::new(16, 4, 2, one.kv_width());
     let want = steps(&one, &mut kv);
     assert_eq!(want.len(), 7);
     for &tp in sizes(f) {
         let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
             let rank = comm.rank();
             let m = Model::shard(&gpt, &p, Some(comm))?;
-            let mut kv = KvCache::new(16, 4, 2, m.kv_width());
+            let mut kv = KvStore::new(16, 4, 2, m.kv_width());
             // GPT-2: its heads' share of 64; Llama: one of the 2 key/value heads of 8 (its own
             // at tp 2, shared by 2 or 4 ranks at tp 4 or 8)
             let want = if f == Family::Gpt2 { 64 / tp } else { 8 };
@@ -156,7 +156,7 @@ fn engine_on_ranks(f: Family, tp: usize) {
             e.model.stop_followers();
             Ok(out)
         } else {
-            let mut kv = KvCache::new(40, 4, 2, m.kv_width());
+            let mut kv = KvStore::new(40, 4, 2, m.kv_width());
             while m.follow(&mut kv) {}
             Ok(vec![])
         }

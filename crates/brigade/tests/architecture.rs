@@ -1,8 +1,10 @@
 //! The floors of docs/architecture.md, checked on the source: every `use` and every path
 //! written out (`crate::…`, `super::…`, `brigade::…`) is resolved to the file it names, and
 //! no file may name one on a higher floor, no two files may name each other (nor any longer
-//! circle of files), and serving and embedding name nothing of the trainer. A `mod.rs` (or
-//! `lib.rs`) declaring and re-exporting its own children is the room's door, not an import.
+//! circle of files), serving and embedding name nothing of the trainer, and serving's layers
+//! hold: its model reaches no engine file, its programs no HTTP file (nor axum). A `mod.rs`
+//! (or `lib.rs`) declaring and re-exporting its own children is the room's door, not an
+//! import.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -260,6 +262,66 @@ fn serving_and_embedding_name_nothing_of_the_trainer() {
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// A file of brigade-serve's room `room` (`model`, `engine`, `http`, `program`, …).
+fn in_serve_room(f: &File, room: &str) -> bool {
+    f.krate == "brigade-serve" && f.module.first().is_some_and(|m| m == room)
+}
+
+/// Every file `from` reaches over the edges (itself left out unless on a circle), and the
+/// first file of the path to it.
+fn reached(edges: &BTreeMap<File, BTreeSet<File>>, from: &File) -> BTreeMap<File, File> {
+    let mut seen: BTreeMap<File, File> = BTreeMap::new();
+    let mut stack: Vec<(File, File)> = edges[from].iter().map(|t| (t.clone(), t.clone())).collect();
+    while let Some((f, via)) = stack.pop() {
+        if seen.contains_key(&f) {
+            continue;
+        }
+        stack.extend(edges[&f].iter().map(|t| (t.clone(), via.clone())));
+        seen.insert(f, via);
+    }
+    seen
+}
+
+/// The files of serving room `from` that reach a file of room `to`, directly or through others.
+fn serve_rooms_reaching(from: &str, to: &str) -> Vec<String> {
+    let (_, edges) = graph();
+    let mut bad = Vec::new();
+    for f in edges.keys().filter(|f| in_serve_room(f, from)) {
+        for (t, via) in reached(&edges, f).iter().filter(|(t, _)| in_serve_room(t, to)) {
+            bad.push(format!("{} reaches {} (through {})", f.name(), t.name(), via.name()));
+        }
+    }
+    bad
+}
+
+#[test]
+fn the_serving_model_names_no_engine_file() {
+    let (all, _) = graph();
+    assert!(all.iter().any(|f| in_serve_room(f, "model")) && all.iter().any(|f| in_serve_room(f, "engine")));
+    let bad = serve_rooms_reaching("model", "engine");
+    assert!(bad.is_empty(), "the serving model knows the blocks only by number:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn programs_name_no_http_file() {
+    let (all, edges) = graph();
+    assert!(all.iter().any(|f| in_serve_room(f, "program")) && all.iter().any(|f| in_serve_room(f, "http")));
+    let mut bad = serve_rooms_reaching("program", "http");
+    // nor does anything they reach speak HTTP itself: `brigade run` carries no server
+    for f in all.iter().filter(|f| in_serve_room(f, "program")) {
+        let mut files: Vec<File> = reached(&edges, f).into_keys().collect();
+        files.push(f.clone());
+        for t in files.iter().filter(|t| t.krate == "brigade-serve") {
+            if code(&std::fs::read_to_string(&t.path).unwrap()).contains("axum") {
+                bad.push(format!("{} reaches {}, which names axum", f.name(), t.name()));
+            }
+        }
+    }
+    bad.sort();
+    bad.dedup();
+    assert!(bad.is_empty(), "programs run without the HTTP layer:\n{}", bad.join("\n"));
 }
 
 #[test]

@@ -45,8 +45,7 @@ fn measure(
     let mut rows = Vec::new();
     for &n in concurrency {
         let blocks = n * (prompt_len + output_len).div_ceil(16) + 1;
-        engine.kv = brigade_serve::kv::KvCache::new(blocks, 16, cfg.n_layer, cfg.n_embd);
-        engine.limits = Limits { max_running: n.max(1), max_step_tokens: (n * prompt_len).max(512) };
+        engine.reset(blocks, Limits { max_running: n.max(1), max_step_tokens: (n * prompt_len).max(512) });
         let t0 = Instant::now();
         let mut first = None;
         let made = brigade::with_threads(threads, || {

@@ -7,6 +7,7 @@ mod checkpoint;
 mod comm;
 mod embed;
 mod engine;
+mod loadgen;
 mod matmul;
 mod parallel;
 mod plan;

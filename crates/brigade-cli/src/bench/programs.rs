@@ -8,13 +8,13 @@
 //! a fork of 8 over a 200-token prefix, and the ITL p99 of 16 background streams with the
 //! program beside them at `max_parallel` auto and unbounded.
 
+use super::loadgen::{self, Arrivals, Load};
 use anyhow::{bail, Context, Result};
 use brigade::models::checkpoint;
 use brigade::models::{Gpt, GptConfig};
-use brigade_serve::loadgen::{self, Arrivals, Load};
+use brigade_serve::model::weights::WeightFormat;
 use brigade_serve::program::{Fanout, Limits, Program};
-use brigade_serve::served::Source;
-use brigade_serve::weights::WeightFormat;
+use brigade_serve::source::Source;
 use clap::Args;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};

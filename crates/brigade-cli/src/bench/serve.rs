@@ -6,12 +6,13 @@
 //! (one request) and the matmul rate (many).
 
 use super::args::LoadArgs;
+use super::loadgen::{self, Arrivals, Load, Row};
 use anyhow::{bail, Context, Result};
 use brigade::models::GptConfig;
-use brigade_serve::loadgen::{self, Arrivals, Load, Row};
-use brigade_serve::served::Source;
-use brigade_serve::server::{self, ServeOptions};
-use brigade_serve::weights::WeightFormat;
+use brigade_serve::http;
+use brigade_serve::model::weights::WeightFormat;
+use brigade_serve::source::Source;
+use brigade_serve::startup::ServeOptions;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -235,7 +236,7 @@ pub(crate) fn start_server(
     };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        if let Err(e) = server::run(o, move |addr| {
+        if let Err(e) = http::run(o, move |addr| {
             let _ = tx.send(addr);
         }) {
             eprintln!("error: the server failed: {e:#}");

@@ -90,21 +90,33 @@ const NODE_KEYS: &[&str] = &["id", "prompt", "fork", "map", "choices", "deadline
 /// Completions settings a node may not set: the program sets them.
 const REFUSED: &[&str] = &["prompt", "n", "stream", "model", "echo"];
 
+/// Why a program is refused before anything runs: the node (or key) and the problem, in words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProgramError(pub String);
+
 impl Program {
     /// Parses the JSON form.
-    pub fn from_json(text: &str, limits: &Limits) -> Result<Program, String> {
-        let v: Value = serde_json::from_str(text).map_err(|e| format!("the program is not valid JSON: {e}"))?;
+    pub fn from_json(text: &str, limits: &Limits) -> Result<Program, ProgramError> {
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| ProgramError(format!("the program is not valid JSON: {e}")))?;
         Program::from_value(&v, limits)
     }
 
     /// Parses the TOML form (the same keys; nodes as `[[nodes]]`).
-    pub fn from_toml(text: &str, limits: &Limits) -> Result<Program, String> {
-        let v: toml::Value = toml::from_str(text).map_err(|e| format!("the program is not valid TOML: {e}"))?;
-        let v = serde_json::to_value(v).map_err(|e| format!("the program: {e}"))?;
+    pub fn from_toml(text: &str, limits: &Limits) -> Result<Program, ProgramError> {
+        let v: toml::Value =
+            toml::from_str(text).map_err(|e| ProgramError(format!("the program is not valid TOML: {e}")))?;
+        let v = serde_json::to_value(v).map_err(|e| ProgramError(format!("the program: {e}")))?;
         Program::from_value(&v, limits)
     }
 
-    pub fn from_value(v: &Value, limits: &Limits) -> Result<Program, String> {
+    /// Reads and checks the parsed form (the limits, the ids, every reference, cycles).
+    pub fn from_value(v: &Value, limits: &Limits) -> Result<Program, ProgramError> {
+        Program::parse(v, limits).map_err(ProgramError)
+    }
+
+    fn parse(v: &Value, limits: &Limits) -> Result<Program, String> {
         let top = v.as_object().ok_or("a program is an object with \"nodes\"")?;
         for k in top.keys() {
             if !["model", "max_parallel", "stream", "nodes"].contains(&k.as_str()) {
@@ -481,7 +493,7 @@ impl Builder {
     }
 
     /// The program, checked as a parsed one is.
-    pub fn build(&self, limits: &Limits) -> Result<Program, String> {
+    pub fn build(&self, limits: &Limits) -> Result<Program, ProgramError> {
         Program::from_value(&self.to_json(), limits)
     }
 }
@@ -586,11 +598,11 @@ map = { over = "plan", split = { regex = ",\\s*" } }
             (r#"{"nodez": []}"#, "unknown program key 'nodez'"),
         ];
         for (text, want) in cases {
-            let e = Program::from_json(text, &l).unwrap_err();
+            let e = Program::from_json(text, &l).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
         // the cycle is named in order, back to its start
-        let e = Program::from_json(cases[0].0, &l).unwrap_err();
+        let e = Program::from_json(cases[0].0, &l).unwrap_err().to_string();
         assert!(e.contains("a → b → c → a"), "{e}");
     }
 
@@ -622,7 +634,7 @@ map = { over = "plan", split = { regex = ",\\s*" } }
         assert_eq!((p.max_parallel, p.model.as_deref()), (Width::Max(3), Some("m")));
         assert!(matches!(p.nodes[3].fanout, Fanout::Select(_)) && matches!(p.nodes[2].fanout, Fanout::Fork(4)));
         // and its mistakes are the parser's
-        let e = Builder::new().node("a", "{{a}}", Value::Null).build(&Limits::default()).unwrap_err();
+        let e = Builder::new().node("a", "{{a}}", Value::Null).build(&Limits::default()).unwrap_err().to_string();
         assert!(e.contains("names itself"), "{e}");
     }
 

@@ -3,9 +3,9 @@
 
 use super::graph::{Limits, Program};
 use super::run::{check, run, Ctx};
+use crate::error::{Result, ServeError};
 use crate::metrics::Metrics;
-use crate::server::{engine_blocks, load, ServeOptions};
-use anyhow::{anyhow, bail, Context, Result};
+use crate::startup::{engine_blocks, load, ServeOptions};
 use serde_json::Value;
 use std::sync::atomic::AtomicU64;
 
@@ -15,21 +15,28 @@ use std::sync::atomic::AtomicU64;
 pub fn run_text(o: &ServeOptions, text: &str, toml: bool, on_node: impl FnMut(Value)) -> Result<Value> {
     let limits = Limits::default();
     let p = if toml { Program::from_toml(text, &limits) } else { Program::from_json(text, &limits) };
-    let p = p.map_err(|e| anyhow!("{e}"))?;
-    let Some(source) = &o.source else { bail!("give the model: --checkpoint DIR or --model PRESET") };
+    let p = p.map_err(|e| ServeError::Program(e.0))?;
+    let Some(source) = &o.source else {
+        return Err(ServeError::Setting("give the model: --checkpoint DIR or --model PRESET".into()));
+    };
     let kv_blocks = engine_blocks(o, source)?;
     let metrics = Metrics::new();
     let l = load(o, source, kv_blocks, &metrics)?;
     if let Some(m) = &p.model {
         let name = source.default_name();
         if *m != name {
-            bail!("the program names the model '{m}', but '{name}' is loaded; change \"model\" or leave it out");
+            return Err(ServeError::Program(format!(
+                "the program names the model '{m}', but '{name}' is loaded; change \"model\" or leave it out"
+            )));
         }
     }
-    check(&p, &l).map_err(|e| anyhow!("{e}"))?;
+    check(&p, &l).map_err(ServeError::Program)?;
     let next_id = AtomicU64::new(1);
     let ctx = Ctx { l: &l, metrics: &metrics, next_id: &next_id, max_branches: limits.max_branches };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::io("starting the runtime", e))?;
     let v = rt.block_on(run(&ctx, &p, on_node));
     l.engine.stop();
     Ok(v)

@@ -8,5 +8,5 @@ pub mod local;
 pub(crate) mod run;
 pub mod template;
 
-pub use graph::{Builder, Fanout, Limits, Node, Program, Split, Width};
+pub use graph::{Builder, Fanout, Limits, Node, Program, ProgramError, Split, Width};
 pub use template::Template;

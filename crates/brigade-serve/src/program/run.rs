@@ -3,16 +3,17 @@
 //! the engine that share their prompt's keys and values with branch 0 (`Admit::follows`);
 //! while the program's width is spent, the branch of the node with the longest remaining path
 //! goes first. Each node's sequences are built exactly as `/v1/completions` builds a request's
-//! (`completions::{prompted, sampling, Choices}`), so a node's output is what that API returns
+//! (`request::shape` and `request::choices`), so a node's output is what that API returns
 //! for its rendered prompt and settings. A node that fails fails the nodes that depend on it
 //! and no other; the result names which and why.
 
 use super::graph::{split, Fanout, Node, Program, Width};
-use crate::api::{self, Completion, Prompt};
-use crate::app::Loaded;
-use crate::completions::{prompt_ids, prompted, sampling, Choices, Kind};
 use crate::engine::{Admit, Output, Request, Sampling, StepProfile};
 use crate::metrics::Metrics;
+use crate::request::choices::Choices;
+use crate::request::completion::{self, Completion, Prompt};
+use crate::request::shape::{prompt_ids, prompted, sampling, Kind};
+use crate::startup::Loaded;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +37,7 @@ pub(crate) fn check(p: &Program, l: &Loaded) -> Result<(), String> {
     };
     for n in &p.nodes {
         let req = completion(n, vec!["x".into()]).map_err(|e| format!("node '{}': {e}", n.id))?;
-        l.constraint(&req).map_err(|e| format!("node '{}': {e}", n.id))?;
+        l.constraint(req.constraint.as_ref()).map_err(|e| format!("node '{}': {e}", n.id))?;
         if let Fanout::Select(choices) = &n.fanout {
             for c in choices {
                 if tok.encode(c).map_err(|e| e.to_string())?.is_empty() {
@@ -56,7 +57,7 @@ fn completion(n: &Node, prompts: Vec<String>) -> Result<Completion, String> {
         body.insert("n".into(), json!(k));
     }
     let bytes = serde_json::to_vec(&Value::Object(body)).expect("JSON");
-    api::parse(&bytes).map_err(|e| e.message)
+    completion::parse(&bytes).map_err(|e| e.message)
 }
 
 enum State {
@@ -332,7 +333,7 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<
     let constrained = !matches!(node.fanout, Fanout::Select(_));
     let branch =
         |j: usize, prompt: &str, ids_: &[u32], sampling: Sampling, forced: Vec<u32>| -> Result<Branch, String> {
-            let constraint = if constrained { l.constraint(&req)? } else { None };
+            let constraint = if constrained { l.constraint(req.constraint.as_ref())? } else { None };
             Ok(Branch {
                 prompt: prompt.to_string(),
                 request: Request { id: base + j as u64, prompt: ids_.to_vec(), sampling },

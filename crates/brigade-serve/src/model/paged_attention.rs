@@ -5,8 +5,8 @@
 //! `heads / kv_heads` query heads (GPT-2: groups of one), and each cached row is read once
 //! for all of them.
 
-use crate::kv::KvCache;
-use crate::weights::Dims;
+use super::kv_store::KvStore;
+use super::weights::Dims;
 use rayon::prelude::*;
 
 /// `ctx[r] = softmax(q_r · K / √hd) · V` for every packed row `r` at its `(sequence,
@@ -18,7 +18,7 @@ pub(crate) fn attention(
     qkv: &[f32],
     rows: &[(usize, usize)],
     tables: &[&[usize]],
-    kv: &KvCache,
+    kv: &KvStore,
     layer: usize,
     d: Dims,
 ) {

@@ -1,11 +1,12 @@
-//! The body of `POST /v1/chat/completions`, read field by field as `api` reads completions:
+//! The body of `POST /v1/chat/completions`, read field by field as `completion` reads completions:
 //! the conversation (`messages`: system, user and assistant turns, `content` a string or a
 //! list of text parts), the chat form of log-probabilities (`logprobs` + `top_logprobs`),
 //! `max_completion_tokens`, vLLM's `add_generation_prompt` and `chat_template_kwargs`, and
 //! every field both APIs share. Tools, structured outputs, audio and images are refused with
 //! 400 naming the field, as is anything unknown.
 
-use crate::api::{self, bool_field, field, int_field, type_name, ApiError, Completion, MAX_LOGPROBS};
+use super::completion::{self, bool_field, field, int_field, type_name, Completion, MAX_LOGPROBS};
+use super::error::ApiError;
 use serde_json::{json, Map, Value};
 
 /// A chat request: its sampling as a completion (without a prompt until the template renders
@@ -19,7 +20,7 @@ pub struct Chat {
     pub template_kwargs: Map<String, Value>,
 }
 
-/// The fields only the chat API takes (with the shared ones of `api::COMMON`).
+/// The fields only the chat API takes (with the shared ones of `completion::COMMON`).
 const CHAT: &[&str] = &[
     "messages",
     "max_completion_tokens",
@@ -159,7 +160,7 @@ fn messages(v: Option<&Value>) -> Result<Value, ApiError> {
 
 /// Parses and checks a chat request body (the template and the model's limits come later).
 pub fn parse(body: &[u8]) -> Result<Chat, ApiError> {
-    let o = api::object(body, CHAT)?;
+    let o = completion::object(body, CHAT)?;
     let messages = messages(field(&o, "messages"))?;
     // what this server does not do: only the no-op values pass
     let refuse = |k: &str, why: &str| Err(ApiError::bad(k, format!("'{k}' is not supported: {why}")));
@@ -188,7 +189,7 @@ pub fn parse(body: &[u8]) -> Result<Chat, ApiError> {
             return refuse(k, "leave it out");
         }
     }
-    let mut c = api::common(&o)?;
+    let mut c = completion::common(&o)?;
     match int_field(&o, "max_completion_tokens")? {
         None => {}
         Some(m) if m < 1 => {

@@ -22,8 +22,8 @@
 //! over the whole k as on one worker: `--tp N` gives the single worker's logits bit for bit.
 //! Rank 0 schedules; each step it broadcasts the step's work to the others.
 
-use crate::kv::KvCache;
-use crate::weights::{Dims, WeightFormat, Weights};
+use super::kv_store::KvStore;
+use super::weights::{Dims, WeightFormat, Weights};
 use brigade::models::Gpt;
 use brigade::tensor::rowwise::matmul_rows;
 use brigade_comm::Comm;
@@ -101,7 +101,7 @@ impl Model {
     /// Runs one step: writes every scheduled token's keys and values into `kv` and returns
     /// the logits `[vocab]` of the last token of each work item that asks for them, in order.
     /// On rank 0 of a tensor-parallel group, first sends the work to the other ranks.
-    pub fn step(&self, kv: &mut KvCache, work: &[Work]) -> Vec<Vec<f32>> {
+    pub fn step(&self, kv: &mut KvStore, work: &[Work]) -> Vec<Vec<f32>> {
         if self.comm.is_some() {
             let mut msg = vec![work.len() as u32];
             for w in work {
@@ -116,7 +116,7 @@ impl Model {
 
     /// Copies the first `slots` slots of block `src` into block `dst` for each `(src, dst,
     /// slots)`: a branch taking its sibling's partial block. Every rank copies its own heads.
-    pub fn copy_rows(&self, kv: &mut KvCache, copies: &[(usize, usize, usize)]) {
+    pub fn copy_rows(&self, kv: &mut KvStore, copies: &[(usize, usize, usize)]) {
         if copies.is_empty() {
             return;
         }
@@ -132,7 +132,7 @@ impl Model {
 
     /// On a rank other than 0: takes the next step's work from rank 0 and runs it; false once
     /// rank 0 has stopped.
-    pub fn follow(&self, kv: &mut KvCache) -> bool {
+    pub fn follow(&self, kv: &mut KvStore) -> bool {
         let msg = self.receive();
         if msg[0] == STOP {
             return false;
@@ -203,7 +203,7 @@ impl Model {
         out
     }
 
-    fn forward(&self, kv: &mut KvCache, work: &[Work]) -> Vec<Vec<f32>> {
+    fn forward(&self, kv: &mut KvStore, work: &[Work]) -> Vec<Vec<f32>> {
         let Dims { c, hd: _, q_all, mlp, mlp_local: ml, swiglu, .. } = self.w.dims;
         let cl = c / self.tp;
         let (qw, kvw) = (self.w.dims.q_width(), self.w.dims.kv_width());
@@ -253,7 +253,7 @@ impl Model {
                 kv.slot_mut(b, li, 0, slot).copy_from_slice(&qkv[at..at + kvw]);
                 kv.slot_mut(b, li, 1, slot).copy_from_slice(&qkv[at + kvw..at + 2 * kvw]);
             }
-            crate::paged_attention::attention(&mut ctx, &qkv, &rows, &tables, kv, li, self.w.dims);
+            super::paged_attention::attention(&mut ctx, &qkv, &rows, &tables, kv, li, self.w.dims);
             let ctx = self.gather_cols(&ctx, n, qw, q_all, &mut ctx_all);
             matmul_rows(&mut y, ctx, &ly.wproj, n);
             residual(&mut x, self.gather_cols(&y, n, cl, c, &mut y_all), ly.bproj.as_deref(), c);
@@ -323,6 +323,6 @@ fn residual(x: &mut [f32], y: &[f32], b: Option<&[f32]>, c: usize) {
 }
 
 /// Each row of `x` normalised into `out`.
-fn norm_rows(out: &mut [f32], x: &[f32], norm: &crate::weights::Norm, c: usize) {
+fn norm_rows(out: &mut [f32], x: &[f32], norm: &super::weights::Norm, c: usize) {
     out.par_chunks_mut(c).zip(x.par_chunks(c)).for_each(|(o, x)| norm.row(o, x));
 }

@@ -2,7 +2,7 @@
 //! Hugging Face GPT-2 folder) or a preset shape with random weights (for benchmarks), and the
 //! tokenizer that goes with it.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Result, ServeError};
 use brigade::models::checkpoint::{load_model, read_model_config, trained_with_tokenizer_file, TOKENIZER_FILE};
 use brigade::models::tokenizer::Tokenizer;
 use brigade::models::{Gpt, GptConfig};
@@ -81,19 +81,21 @@ fn tokenizer_of(dir: &Path, vocab: usize) -> Result<Option<Tokenizer>> {
     if path.exists() {
         let t = Tokenizer::from_file(&path)?;
         if t.vocab_size() > vocab {
-            bail!(
+            return Err(ServeError::ModelFile(format!(
                 "{} has {} tokens but the model only {vocab}; use the tokenizer the model was trained with",
                 path.display(),
                 t.vocab_size()
-            );
+            )));
         }
         return Ok(Some(t));
     }
-    match trained_with_tokenizer_file(dir).context("reading the checkpoint's training state")? {
-        Some(true) => bail!(
+    let trained = trained_with_tokenizer_file(dir)
+        .map_err(|e| ServeError::ModelFile(format!("reading the checkpoint's training state: {e}")))?;
+    match trained {
+        Some(true) => Err(ServeError::ModelFile(format!(
             "{} is missing: this checkpoint was trained with a Hugging Face tokenizer; copy that tokenizer.json into the checkpoint directory",
             path.display()
-        ),
+        ))),
         Some(false) => Ok(Some(Tokenizer::Bytes)),
         None => Ok(None),
     }
@@ -104,8 +106,8 @@ fn tokenizer_of(dir: &Path, vocab: usize) -> Result<Option<Tokenizer>> {
 fn generation_eos(dir: &Path, vocab: usize) -> Result<Vec<u32>> {
     let path = dir.join("generation_config.json");
     let Ok(text) = std::fs::read_to_string(&path) else { return Ok(Vec::new()) };
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ServeError::ModelFile(format!("{} is not valid JSON: {e}", path.display())))?;
     let ids: Vec<&serde_json::Value> = match v.get("eos_token_id") {
         None | Some(serde_json::Value::Null) => vec![],
         Some(serde_json::Value::Array(a)) => a.iter().collect(),
@@ -114,7 +116,10 @@ fn generation_eos(dir: &Path, vocab: usize) -> Result<Vec<u32>> {
     ids.into_iter()
         .map(|id| match id.as_u64() {
             Some(i) if (i as usize) < vocab => Ok(i as u32),
-            _ => bail!("{}: eos_token_id {id} is not a token id of this model (0..{vocab})", path.display()),
+            _ => Err(ServeError::ModelFile(format!(
+                "{}: eos_token_id {id} is not a token id of this model (0..{vocab})",
+                path.display()
+            ))),
         })
         .collect()
 }

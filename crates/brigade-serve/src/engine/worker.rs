@@ -1,13 +1,15 @@
 //! The engine thread: owns the [`Engine`], takes requests and aborts from the HTTP handlers
-//! over a channel, steps while there is work, and sends each sequence its tokens. A handler
+//! (and programs) over a channel, steps while there is work, and sends each sequence its tokens. A handler
 //! that goes away (its client disconnected) drops its receiver; the thread sees the closed
 //! channel and aborts the sequence, so its KV blocks are free at the next step.
 
-use crate::engine::{Admit, Engine, Limits, Output, Request, StepProfile};
-use crate::kv::KvCache;
+use super::profile::StepProfile;
+use super::request::{Admit, Output, Request};
+use super::scheduler::Limits;
+use super::step::Engine;
 use crate::metrics::Metrics;
-use crate::model::Model;
-use crate::weights::WeightFormat;
+use crate::model::weights::WeightFormat;
+use crate::model::{KvStore, Model};
 use brigade::models::Gpt;
 use std::collections::HashMap;
 use std::sync::{mpsc, Mutex};
@@ -75,7 +77,7 @@ impl EngineHandle {
         let reporter = metrics.clone();
         let engine_of = move |model: Model| {
             let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
-            reporter.rank_holds(0, engine.kv.total_blocks(), engine.model.weight_bytes().1);
+            reporter.rank_holds(0, engine.pool().total_blocks(), engine.model.weight_bytes().1);
             engine
         };
         if setup.tp == 1 {
@@ -110,8 +112,8 @@ impl EngineHandle {
                             run(engine, rx, metrics.clone());
                         } else {
                             let mut kv =
-                                KvCache::new(setup.kv_blocks, setup.block_size, model.layers_n, model.kv_width());
-                            metrics.rank_holds(rank, kv.total_blocks(), model.weight_bytes().1);
+                                KvStore::new(setup.kv_blocks, setup.block_size, model.layers_n, model.kv_width());
+                            metrics.rank_holds(rank, kv.blocks(), model.weight_bytes().1);
                             let _ = built.send(());
                             drop(built);
                             while model.follow(&mut kv) {}
@@ -168,9 +170,9 @@ fn run(engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) {
 
 fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) -> Engine {
     let mut outs: HashMap<u64, UnboundedSender<Result<Output, String>>> = HashMap::new();
-    let mut hits = engine.kv.hits;
+    let mut hits = engine.pool().hits;
     let mut preemptions = 0;
-    metrics.kv_blocks_total.set(engine.kv.total_blocks() as i64);
+    metrics.kv_blocks_total.set(engine.pool().total_blocks() as i64);
     loop {
         // wait for work when idle; otherwise take what has come in and step
         let mut cmds: Vec<Cmd> = Vec::new();
@@ -190,7 +192,7 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
                             outs.insert(id, out);
                         }
                         Err(e) => {
-                            let _ = out.send(Err(e));
+                            let _ = out.send(Err(e.to_string()));
                         }
                     }
                 }
@@ -220,13 +222,13 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
                 outs.remove(&id);
             }
         }
-        metrics.generated_tokens.inc_by(engine.stats.generated - metrics.generated_tokens.get());
-        metrics.prefix_cache_hits.inc_by(engine.kv.hits - hits);
-        hits = engine.kv.hits;
-        metrics.preemptions.inc_by(engine.stats.preemptions - preemptions);
-        preemptions = engine.stats.preemptions;
+        metrics.generated_tokens.inc_by(engine.stats().generated - metrics.generated_tokens.get());
+        metrics.prefix_cache_hits.inc_by(engine.pool().hits - hits);
+        hits = engine.pool().hits;
+        metrics.preemptions.inc_by(engine.stats().preemptions - preemptions);
+        preemptions = engine.stats().preemptions;
         metrics.running.set(engine.running() as i64);
         metrics.waiting.set(engine.waiting() as i64);
-        metrics.kv_blocks_used.set(engine.kv.used_blocks() as i64);
+        metrics.kv_blocks_used.set(engine.pool().used_blocks() as i64);
     }
 }

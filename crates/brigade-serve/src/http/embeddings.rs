@@ -5,9 +5,10 @@
 //! row-invariant, so each vector is `brigade embed`'s for the same text bit for bit, whatever
 //! it was batched with.
 
-use crate::api::{self, field, type_name, ApiError};
-use crate::app::{error, unavailable, App};
-use crate::embedder::Job;
+use super::app::{error, unavailable, App};
+use crate::engine::embedder::Job;
+use crate::request::completion::{self, field, type_name};
+use crate::request::ApiError;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -34,7 +35,7 @@ enum Input {
 }
 
 fn parse(body: &[u8], dim: usize) -> Result<Request, ApiError> {
-    let o = api::object_of(body, &[FIELDS])?;
+    let o = completion::object_of(body, &[FIELDS])?;
     let model = match field(&o, "model") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),

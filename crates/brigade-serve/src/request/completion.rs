@@ -3,44 +3,8 @@
 //! defines is either honoured or refused when set to anything but its no-op value; unknown
 //! fields are refused — nothing is silently ignored.
 
+use super::error::ApiError;
 use serde_json::{Map, Value};
-
-/// An error as OpenAI's API returns it.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-    pub kind: &'static str,
-    pub param: Option<String>,
-    pub code: Option<&'static str>,
-}
-
-impl ApiError {
-    pub fn bad(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: 400,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param: Some(param.to_string()),
-            code: None,
-        }
-    }
-
-    /// 404 for a request naming another model than the one this route serves.
-    pub fn model_not_found(asked: &str, what: &str, served: &str) -> ApiError {
-        ApiError {
-            status: 404,
-            message: format!("the model '{asked}' does not exist; this server {what} '{served}'"),
-            kind: "invalid_request_error",
-            param: Some("model".into()),
-            code: Some("model_not_found"),
-        }
-    }
-
-    pub fn body(&self) -> Value {
-        serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
-    }
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Prompt {

@@ -1,58 +1,16 @@
 //! The server's state as its handlers share it: the loaded model (once loaded), whether it is
 //! draining, its metrics, the requests in flight; and the error responses every handler gives.
 
-use crate::api::ApiError;
+use crate::engine::embedder::Embedder;
 use crate::metrics::Metrics;
-use crate::worker::EngineHandle;
+use crate::request::ApiError;
+use crate::startup::Loaded;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
-
-/// The loaded model, as handlers see it.
-pub(crate) struct Loaded {
-    pub(crate) engine: EngineHandle,
-    pub(crate) tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
-    pub(crate) eos: Vec<u32>,
-    /// The model's chat template, or why there is none (the 400 a chat request gets).
-    pub(crate) chat: Result<brigade::models::chat_template::ChatTemplate, String>,
-    pub(crate) context: usize,
-    pub(crate) vocab: usize,
-    pub(crate) kv_blocks: usize,
-    pub(crate) block_size: usize,
-    /// Sequences in the engine's running batch.
-    pub(crate) max_running: usize,
-    /// The structured-output engine over the tokenizer, built at the first constrained request.
-    pub(crate) grammars: OnceLock<Result<crate::constraint::Grammars, String>>,
-}
-
-impl Loaded {
-    /// The structured-output engine, or why this model has none.
-    pub(crate) fn grammars(&self) -> Result<&crate::constraint::Grammars, String> {
-        self.grammars
-            .get_or_init(|| match &self.tokenizer {
-                Some(brigade::models::tokenizer::Tokenizer::Hf(_, path, ..)) => {
-                    crate::constraint::Grammars::load(path, self.vocab, &self.eos)
-                }
-                _ => Err("structured outputs need the model's tokenizer.json; this model has none".into()),
-            })
-            .as_ref()
-            .map_err(Clone::clone)
-    }
-
-    /// A fresh constraint for one sequence of `req`, if it asks for one.
-    pub(crate) fn constraint(
-        &self,
-        req: &crate::api::Completion,
-    ) -> Result<Option<Box<dyn crate::engine::Constrain>>, String> {
-        match &req.constraint {
-            None => Ok(None),
-            Some(spec) => self.grammars()?.constraint(spec).map(Some),
-        }
-    }
-}
 
 pub(crate) struct App {
     /// The generation model's name.
@@ -61,7 +19,7 @@ pub(crate) struct App {
     pub(crate) generates: bool,
     pub(crate) loaded: OnceLock<Loaded>,
     /// The embedding model, once loaded (`None`: none is served).
-    pub(crate) embedder: Option<OnceLock<crate::embedder::Embedder>>,
+    pub(crate) embedder: Option<OnceLock<Embedder>>,
     pub(crate) draining: AtomicBool,
     pub(crate) metrics: Metrics,
     /// Sequences accepted and not finished (running and waiting).

@@ -1,12 +1,13 @@
-//! `/v1/chat/completions`: a conversation parsed (`chat_api`), rendered by the model's own
+//! `/v1/chat/completions`: a conversation parsed (`request::chat`), rendered by the model's own
 //! chat template (`chat_template`), tokenized as it stands (the template writes the special
 //! tokens), and answered by the same admission, engine and streaming as completions, in the
 //! chat shape, ending at the template's end of turn.
 
-use crate::api::{ApiError, Completion, Prompt};
-use crate::app::{error, App};
-use crate::chat_api;
-use crate::completions::{respond, serving, Kind};
+use super::app::{error, App};
+use super::completions::{respond, serving};
+use crate::request::chat;
+use crate::request::shape::Kind;
+use crate::request::{ApiError, Completion, Prompt};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
@@ -25,7 +26,7 @@ pub(crate) async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -
 
 /// The request as a completion of the rendered conversation's token ids.
 fn prepare(app: &App, body: &[u8]) -> Result<Completion, ApiError> {
-    let chat = chat_api::parse(body)?;
+    let chat = chat::parse(body)?;
     let l = serving(app)?;
     let template = l.chat.as_ref().map_err(|why| ApiError::bad("messages", why.clone()))?;
     let tok = l.tokenizer.as_ref().expect("a chat template comes with its tokenizer");

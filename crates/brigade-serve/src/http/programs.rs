@@ -4,11 +4,11 @@
 //! server-sent events: each node's result as it ends, the whole result, `[DONE]`. A client
 //! that goes away aborts the program and frees every branch's blocks.
 
-use crate::api::ApiError;
-use crate::app::{error, event_stream, unavailable, App};
-use crate::completions::serving;
+use super::app::{error, event_stream, unavailable, App};
+use super::completions::serving;
 use crate::program::run::{check, run, Ctx};
 use crate::program::{Limits, Program, Width};
+use crate::request::ApiError;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -33,7 +33,7 @@ fn bad(message: String) -> ApiError {
 fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Program, usize), ApiError> {
     let l = serving(app)?;
     let text = std::str::from_utf8(body).map_err(|_| bad("the request body is not UTF-8".into()))?;
-    let p = Program::from_json(text, &Limits::default()).map_err(bad)?;
+    let p = Program::from_json(text, &Limits::default()).map_err(|e| bad(e.0))?;
     if let Some(m) = &p.model {
         if *m != app.name {
             return Err(ApiError::model_not_found(m, "serves", &app.name));

@@ -3,6 +3,7 @@
 //! most `brigade embed`'s default `--max-batch-tokens`, through the function that packs
 //! `brigade embed`'s shards; each request gets its vectors in order.
 
+use crate::error::{Result, ServeError};
 use brigade::embed::job::{embed_packed, DEFAULT_MAX_BATCH_TOKENS};
 use brigade::embed::Encoder;
 use std::sync::{mpsc, Arc};
@@ -25,17 +26,20 @@ pub(crate) struct Embedder {
 
 impl Embedder {
     /// Loads the folder and starts its thread (its products on a pool of `threads`).
-    pub(crate) fn start(dir: &std::path::Path, threads: usize) -> anyhow::Result<Embedder> {
+    pub(crate) fn start(dir: &std::path::Path, threads: usize) -> Result<Embedder> {
         let encoder = Arc::new(Encoder::load(dir)?);
         let (tx, rx) = mpsc::channel::<Job>();
         let enc = encoder.clone();
-        std::thread::Builder::new().name("brigade-embed".into()).spawn(move || {
-            let ran = brigade::with_threads(threads, || serve_jobs(&enc, rx));
-            if ran.is_err() {
-                eprintln!("error: the embedding thread failed; stopping the server");
-                std::process::exit(1);
-            }
-        })?;
+        std::thread::Builder::new()
+            .name("brigade-embed".into())
+            .spawn(move || {
+                let ran = brigade::with_threads(threads, || serve_jobs(&enc, rx));
+                if ran.is_err() {
+                    eprintln!("error: the embedding thread failed; stopping the server");
+                    std::process::exit(1);
+                }
+            })
+            .map_err(|e| ServeError::io("starting the embedding thread", e))?;
         Ok(Embedder {
             name: encoder.name.clone(),
             dim: encoder.dim(),

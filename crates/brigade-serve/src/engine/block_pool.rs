@@ -1,4 +1,6 @@
-//! The paged KV cache (PagedAttention's layout, vLLM's prefix caching).
+//! The blocks of the paged KV cache as the scheduler sees them (PagedAttention's blocks,
+//! vLLM's prefix caching): which block holds whose tokens, not the floats (those are the
+//! model's `KvStore`, indexed by the same block numbers).
 //!
 //! Keys and values live in fixed-size blocks of `block_size` tokens; a sequence holds a block
 //! table, so memory grows with its length instead of being reserved for the maximum. A full
@@ -29,13 +31,9 @@ struct Cached {
     tokens: Vec<u32>,
 }
 
-pub struct KvCache {
+/// The blocks' reference counts, their free queue and the prefix index.
+pub struct BlockPool {
     pub block_size: usize,
-    pub layers: usize,
-    /// Floats of one token's keys (= its values) in one layer.
-    pub width: usize,
-    /// `[block][layer][k|v][slot][width]`.
-    data: Vec<f32>,
     refs: Vec<u32>,
     cached: Vec<Option<Cached>>,
     by_key: HashMap<BlockKey, usize>,
@@ -47,14 +45,11 @@ pub struct KvCache {
     pub lookups: u64,
 }
 
-impl KvCache {
-    pub fn new(blocks: usize, block_size: usize, layers: usize, width: usize) -> KvCache {
+impl BlockPool {
+    pub fn new(blocks: usize, block_size: usize) -> BlockPool {
         assert!(blocks > 0 && block_size > 0);
-        let mut c = KvCache {
+        let mut c = BlockPool {
             block_size,
-            layers,
-            width,
-            data: vec![0f32; blocks * layers * 2 * block_size * width],
             refs: vec![0; blocks],
             cached: vec![None; blocks],
             by_key: HashMap::new(),
@@ -68,11 +63,6 @@ impl KvCache {
             c.release_to_queue(b);
         }
         c
-    }
-
-    /// Blocks of `bytes` at most for a model of `layers` × `width`.
-    pub fn blocks_for_bytes(bytes: usize, block_size: usize, layers: usize, width: usize) -> usize {
-        bytes / (layers * 2 * block_size * width * 4)
     }
 
     pub fn total_blocks(&self) -> usize {
@@ -163,18 +153,6 @@ impl KvCache {
         self.refs[b] += 1;
     }
 
-    /// Copies the keys and values of the first `n` slots of block `src` into block `dst`, in
-    /// every layer.
-    pub fn copy_slots(&mut self, src: usize, dst: usize, n: usize) {
-        assert!(n <= self.block_size && src != dst);
-        for layer in 0..self.layers {
-            for kv in 0..2 {
-                let (from, to) = (self.offset(src, layer, kv, 0), self.offset(dst, layer, kv, 0));
-                self.data.copy_within(from..from + n * self.width, to);
-            }
-        }
-    }
-
     /// A sequence lets go of its blocks (given first to last); each goes back to the free
     /// queue when no one holds it. The tail is queued first, so it is evicted first and the
     /// head — the likelier shared prefix — stays cached longest (as vLLM does).
@@ -186,21 +164,6 @@ impl KvCache {
                 self.release_to_queue(b);
             }
         }
-    }
-
-    fn offset(&self, b: usize, layer: usize, kv: usize, slot: usize) -> usize {
-        (((b * self.layers + layer) * 2 + kv) * self.block_size + slot) * self.width
-    }
-
-    /// The key (kv = 0) or value (kv = 1) vector of `slot` in block `b`, layer `layer`.
-    pub fn slot(&self, b: usize, layer: usize, kv: usize, slot: usize) -> &[f32] {
-        let o = self.offset(b, layer, kv, slot);
-        &self.data[o..o + self.width]
-    }
-
-    pub fn slot_mut(&mut self, b: usize, layer: usize, kv: usize, slot: usize) -> &mut [f32] {
-        let o = self.offset(b, layer, kv, slot);
-        &mut self.data[o..o + self.width]
     }
 
     /// Checks the bookkeeping: every block is either held (count > 0) or queued, never both.
@@ -222,7 +185,7 @@ mod tests {
 
     #[test]
     fn prefixes_are_shared_and_evicted_oldest_first() {
-        let mut kv = KvCache::new(4, 2, 1, 1);
+        let mut kv = BlockPool::new(4, 2);
         let a = [1, 2, 3, 4, 5];
         // sequence A computes 3 blocks, publishes its 2 full ones
         let blocks: Vec<usize> = (0..3).map(|_| kv.allocate().unwrap()).collect();
@@ -254,38 +217,9 @@ mod tests {
     }
 
     #[test]
-    fn sizes_and_slots_are_where_the_layout_says() {
-        // a block of 4 tokens, 3 layers, width 5: 3 · 2 · 4 · 5 floats = 480 bytes
-        assert_eq!(KvCache::blocks_for_bytes(3 * 480 + 479, 4, 3, 5), 3);
-        assert_eq!(KvCache::blocks_for_bytes(479, 4, 3, 5), 0);
-        let mut kv = KvCache::new(3, 4, 3, 5);
+    fn blocks_are_counted_as_taken_and_given_back() {
+        let mut kv = BlockPool::new(3, 4);
         assert_eq!((kv.total_blocks(), kv.free_blocks(), kv.used_blocks()), (3, 3, 0));
-        // every (block, layer, k|v, slot) has its own width-long vector, none overlapping
-        let mut n = 0f32;
-        for b in 0..3 {
-            for l in 0..3 {
-                for kvi in 0..2 {
-                    for s in 0..4 {
-                        kv.slot_mut(b, l, kvi, s).iter_mut().for_each(|x| {
-                            *x = n;
-                            n += 1.0;
-                        });
-                    }
-                }
-            }
-        }
-        let mut n = 0f32;
-        for b in 0..3 {
-            for l in 0..3 {
-                for kvi in 0..2 {
-                    for s in 0..4 {
-                        let want: Vec<f32> = (0..5).map(|i| n + i as f32).collect();
-                        assert_eq!(kv.slot(b, l, kvi, s), &want[..], "block {b} layer {l} kv {kvi} slot {s}");
-                        n += 5.0;
-                    }
-                }
-            }
-        }
         let b = kv.allocate().unwrap();
         assert_eq!((kv.free_blocks(), kv.used_blocks()), (2, 1));
         kv.release(&[b]);
@@ -295,7 +229,7 @@ mod tests {
     #[test]
     fn a_hash_that_names_other_tokens_is_not_a_hit() {
         // a collision planted by hand: the key of [7, 8] names a block that holds [1, 2]
-        let mut kv = KvCache::new(2, 2, 1, 1);
+        let mut kv = BlockPool::new(2, 2);
         let b = kv.allocate().unwrap();
         kv.publish(b, None, &[1, 2]);
         kv.by_key.insert(key_of(None, &[7, 8]), b);
@@ -310,7 +244,7 @@ mod tests {
     #[test]
     fn the_same_block_computed_twice_stays_findable_after_either_is_evicted() {
         // two sequences computed the same first block before either published it
-        let mut kv = KvCache::new(3, 2, 1, 1);
+        let mut kv = BlockPool::new(3, 2);
         let (a, b) = (kv.allocate().unwrap(), kv.allocate().unwrap());
         let ka = kv.publish(a, None, &[5, 6]);
         let kb = kv.publish(b, None, &[5, 6]);
@@ -330,7 +264,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "block 0")]
     fn the_bookkeeping_check_sees_a_block_both_held_and_queued() {
-        let mut kv = KvCache::new(2, 2, 1, 1);
+        let mut kv = BlockPool::new(2, 2);
         kv.check();
         kv.refs[0] = 1; // held, yet still in the free queue
         kv.check();
@@ -339,7 +273,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "released twice")]
     fn a_block_released_twice_is_a_bug_caught() {
-        let mut kv = KvCache::new(2, 2, 1, 1);
+        let mut kv = BlockPool::new(2, 2);
         let b = kv.allocate().unwrap();
         kv.release(&[b]);
         kv.release(&[b]);
@@ -351,7 +285,7 @@ mod tests {
     fn random_use_keeps_every_block_accounted_for() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         let bs = 3;
-        let mut kv = KvCache::new(12, bs, 1, 1);
+        let mut kv = BlockPool::new(12, bs);
         let mut live: Vec<(Vec<u32>, Vec<usize>)> = Vec::new();
         let mut contents: HashMap<usize, Vec<u32>> = HashMap::new();
         for _ in 0..3000 {

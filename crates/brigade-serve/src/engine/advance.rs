@@ -1,0 +1,130 @@
+//! After the forward pass: each scheduled sequence's computed tokens advance and its full
+//! blocks go into the prefix cache; a sequence whose chunk reached its last token gets its
+//! next token (forced, constrained or sampled), its log-probability, and its finish (a stop
+//! token, its constraint complete, its length, the context); a finished one leaves the
+//! running batch and gives its blocks back.
+
+use super::batch::Batch;
+use super::request::{Finish, Output};
+use super::scheduler::Scheduler;
+use brigade::models::generate::{pick, SampleOptions};
+
+/// `ln Σ exp(x)` over a row of logits, in a fixed order (8 lanes, then the lanes in order)
+/// with the vectorised `exp`: the log-probabilities are as batch-invariant as the logits.
+fn log_sum_exp(x: &[f32]) -> f32 {
+    let mx = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut acc = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for t in 0..8 {
+            acc[t] += brigade::tensor::math::exp(c[t] - mx);
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|&v| brigade::tensor::math::exp(v - mx)).sum();
+    mx + (acc.iter().sum::<f32>() + tail).ln()
+}
+
+/// The `n` largest entries' indices, largest first (ties: lower index first).
+fn top_tokens(row: &[f32], n: usize) -> Vec<u32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+    let cmp = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    let n = n.min(idx.len());
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, cmp);
+        idx.truncate(n);
+    }
+    idx.sort_by(cmp);
+    idx
+}
+
+impl Scheduler {
+    /// Takes the step's `logits` (one row per sequence of `batch` that asked for them, in
+    /// order) and returns the tokens made.
+    pub fn advance(&mut self, batch: &Batch, logits: Vec<Vec<f32>>) -> Vec<Output> {
+        let mut out = Vec::new();
+        let mut li = logits.into_iter();
+        let mut finished = Vec::new();
+        for sc in &batch.seqs {
+            let (i, n) = (sc.at, sc.tokens);
+            let s = &mut self.running[i];
+            if s.generated == 0 {
+                self.stats.prompt_tokens_computed += n as u64;
+                s.prompt_computed += n;
+            }
+            s.computed += n;
+            let bs = self.pool.block_size;
+            while (s.published + 1) * bs <= s.computed {
+                let b = s.blocks[s.published];
+                s.parent = Some(self.pool.publish(b, s.parent, &s.tokens[s.published * bs..(s.published + 1) * bs]));
+                s.published += 1;
+            }
+            if s.computed < s.tokens.len() {
+                continue;
+            }
+            let row = li.next().expect("logits for every finished chunk");
+            let opt = SampleOptions {
+                max_new_tokens: 0,
+                temperature: s.sampling.temperature,
+                top_k: s.sampling.top_k,
+                top_p: s.sampling.top_p,
+                seed: 0,
+                stop: None,
+            };
+            let masked = s.constraint.as_mut().map(|c| {
+                let mut m = row.clone();
+                let any = c.mask(&mut m);
+                (m, any)
+            });
+            let tok = match (s.forced.get(s.generated), &masked) {
+                (Some(&t), _) => t,
+                (None, Some((m, true))) => pick(m, &opt, &mut s.rng),
+                (None, _) => pick(&row, &opt, &mut s.rng),
+            };
+            // a constraint that allows nothing more (it cannot be met from here) ends it
+            let dead = matches!(masked, Some((_, false)));
+            let complete = !dead && s.constraint.as_mut().is_some_and(|c| c.commit(tok));
+            let lse = log_sum_exp(&row);
+            s.tokens.push(tok);
+            s.generated += 1;
+            self.stats.generated += 1;
+            let fin = if s.sampling.stop_tokens.contains(&tok) {
+                Some(Finish::Stop)
+            } else if complete {
+                Some(Finish::Done)
+            } else if dead
+                || s.generated >= s.sampling.max_tokens
+                || (!s.forced.is_empty() && s.generated == s.forced.len())
+            {
+                Some(Finish::Length)
+            } else if s.tokens.len() >= self.context {
+                Some(Finish::Context)
+            } else {
+                None
+            };
+            let top =
+                top_tokens(&row, s.sampling.top_logprobs).into_iter().map(|t| (t, row[t as usize] - lse)).collect();
+            out.push(Output {
+                id: s.id,
+                token: tok,
+                logprob: row[tok as usize] - lse,
+                top,
+                finished: fin,
+                prompt_computed: s.prompt_computed,
+                unmet: fin.is_some()
+                    && fin != Some(Finish::Done)
+                    && s.constraint.as_mut().is_some_and(|c| !c.satisfied()),
+            });
+            if fin.is_some() {
+                finished.push(i);
+            }
+        }
+        for &i in finished.iter().rev() {
+            let s = self.running.remove(i);
+            self.pool.release(&s.blocks);
+        }
+        out
+    }
+}

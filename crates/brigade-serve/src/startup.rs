@@ -1,0 +1,171 @@
+//! Starting to serve, as `brigade serve` and `brigade run` share it: the options, the
+//! engine's sizing checked against the model (`engine_blocks`: `--tp`, `--threads`, the KV
+//! cache), and `load` — the model read, its engine started, its tokenizer, end tokens and
+//! chat template at hand ([`Loaded`]). No transport here: the HTTP server and the program
+//! runner both start from it.
+
+use brigade::models::chat_template::ChatTemplate;
+use crate::constraint::{Grammars, Spec};
+use crate::engine::{Constrain, EngineHandle, EngineSetup, Limits};
+use crate::error::ServeError;
+use crate::metrics::Metrics;
+use crate::model::KvStore;
+use crate::source::{Served, Source};
+use brigade::layout::Layout;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The generation model (none: embeddings only).
+    pub source: Option<Source>,
+    /// A sentence-transformers folder served at `/v1/embeddings`.
+    pub embedding_model: Option<std::path::PathBuf>,
+    pub name: Option<String>,
+    pub host: String,
+    /// 0: any free port (the one chosen is printed).
+    pub port: u16,
+    pub threads: usize,
+    /// How the model is split: over `layout.tp` tensor-parallel ranks (threads); serving takes
+    /// no other axis.
+    pub layout: Layout,
+    pub max_running: usize,
+    pub max_queued: usize,
+    pub max_step_tokens: usize,
+    pub kv_cache_mib: usize,
+    pub block_size: usize,
+    pub shutdown_timeout: Duration,
+    /// How the products' weights are held: f32, or quantized to 8 bits at load.
+    pub weights: crate::model::weights::WeightFormat,
+}
+
+/// Checks the engine's settings against the model (`--tp`, `--threads`, the cache) and
+/// returns the KV blocks the cache holds.
+pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeError> {
+    let tp = o.layout.tp;
+    let cfg = source.config()?;
+    if tp == 0 {
+        return Err(ServeError::Setting("--tp must be at least 1".into()));
+    }
+    // each rank is a thread: past --threads, the thread count binds as well as the heads
+    let threads = o.threads;
+    if let Err(m) = crate::model::weights::check_tp(&cfg, tp) {
+        if tp > threads {
+            return Err(ServeError::Setting(format!("{m}; a --tp above {threads} also needs --threads at least as large (one thread per rank; --threads is {threads})")));
+        }
+        return Err(ServeError::Setting(m));
+    }
+    if tp > threads {
+        return Err(ServeError::Setting(format!(
+            "--tp {tp} needs at least as many --threads (one thread per rank), got {threads}; give --threads {tp}"
+        )));
+    }
+    // each rank holds its key/value heads: the cache's MiB are per rank
+    let width = crate::model::weights::kv_width(&cfg, tp);
+    let block_mib = (o.block_size * cfg.n_layer * 2 * width * 4) as f64 / (1 << 20) as f64;
+    let kv_blocks = KvStore::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, width);
+    if kv_blocks == 0 {
+        return Err(ServeError::Setting(format!(
+            "--kv-cache-mib {} holds no block of {} tokens for this model; raise it (a block needs {:.1} MiB)",
+            o.kv_cache_mib, o.block_size, block_mib
+        )));
+    }
+    Ok(kv_blocks)
+}
+
+/// Loads the model and starts its engine: what handlers (or `brigade run`) use.
+pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metrics) -> Result<Loaded, ServeError> {
+    let Served { gpt, params, tokenizer, eos } = source.load()?;
+    let (context, vocab) = (gpt.cfg.block_size, gpt.cfg.vocab_size);
+    let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
+    let setup = EngineSetup {
+        kv_blocks,
+        block_size: o.block_size,
+        limits,
+        tp: o.layout.tp,
+        threads: o.threads,
+        weights: o.weights,
+    };
+    let (handle, _join) = EngineHandle::start_model(gpt, params, setup, metrics.clone());
+    let chat = chat_template(tokenizer.as_ref(), &eos, source);
+    Ok(Loaded {
+        engine: handle,
+        tokenizer,
+        eos,
+        chat,
+        context,
+        vocab,
+        kv_blocks,
+        block_size: o.block_size,
+        max_running: o.max_running,
+        grammars: std::sync::OnceLock::new(),
+    })
+}
+
+/// The loaded model, as handlers see it.
+pub struct Loaded {
+    pub(crate) engine: EngineHandle,
+    pub(crate) tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
+    pub(crate) eos: Vec<u32>,
+    /// The model's chat template, or why there is none (the 400 a chat request gets).
+    pub(crate) chat: Result<ChatTemplate, String>,
+    pub(crate) context: usize,
+    pub(crate) vocab: usize,
+    pub(crate) kv_blocks: usize,
+    pub(crate) block_size: usize,
+    /// Sequences in the engine's running batch.
+    pub(crate) max_running: usize,
+    /// The structured-output engine over the tokenizer, built at the first constrained request.
+    pub(crate) grammars: OnceLock<Result<Grammars, String>>,
+}
+
+impl Loaded {
+    /// The structured-output engine, or why this model has none.
+    pub(crate) fn grammars(&self) -> Result<&Grammars, String> {
+        self.grammars
+            .get_or_init(|| match &self.tokenizer {
+                Some(brigade::models::tokenizer::Tokenizer::Hf(_, path, ..)) => {
+                    Grammars::load(path, self.vocab, &self.eos)
+                }
+                _ => Err("structured outputs need the model's tokenizer.json; this model has none".into()),
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// A fresh constraint for one sequence of a request whose constraint is `spec`, if any.
+    pub(crate) fn constraint(&self, spec: Option<&Spec>) -> Result<Option<Box<dyn Constrain>>, String> {
+        match spec {
+            None => Ok(None),
+            Some(spec) => self.grammars()?.constraint(spec).map(Some),
+        }
+    }
+}
+
+/// The chat template of the served model's tokenizer, or why chat requests get 400.
+fn chat_template(
+    tokenizer: Option<&brigade::models::tokenizer::Tokenizer>,
+    eos: &[u32],
+    source: &Source,
+) -> Result<ChatTemplate, String> {
+    let Some(tok) = tokenizer else {
+        return Err(format!(
+            "{} has no tokenizer.json, so no chat template; send token ids to /v1/completions",
+            source.default_name()
+        ));
+    };
+    match ChatTemplate::load(tok, eos)? {
+        Some(t) => Ok(t),
+        None => {
+            let dir = match tok {
+                brigade::models::tokenizer::Tokenizer::Hf(_, path, ..) => {
+                    path.parent().map_or_else(|| ".".into(), |d| d.display().to_string())
+                }
+                _ => ".".into(),
+            };
+            Err(format!(
+                "this model has no chat template: {dir}/tokenizer_config.json has no chat_template and there is no {dir}/chat_template.jinja; add one, or send the conversation as a prompt to /v1/completions"
+            ))
+        }
+    }
+}
