@@ -1,9 +1,9 @@
 """`brigade serve` driven by the official `openai` Python client, as a user would.
 
-Trains a tiny checkpoint with the BPE fixture tokenizer (30 steps), starts the server on a free
-port, and checks: /v1/models; completions greedy and seeded, whole and streamed (with usage),
-n, lists of prompts, token-id prompts, logprobs, stop, vLLM's ignore_eos / return_token_ids via
-extra_body; OpenAI errors raised as the client's exception classes. Then chat completions on a
+Trains a tiny checkpoint on README.md and docs/*.md with the BPE fixture tokenizer (30 steps),
+starts the server on a free port, and checks: /v1/models; completions greedy and seeded, whole
+and streamed (with usage), n, lists of prompts, token-id prompts, logprobs, stop, vLLM's
+ignore_eos / return_token_ids via extra_body; OpenAI errors raised as the client's exception classes. Then chat completions on a
 Llama-family checkpoint trained with the real Qwen2 tokenizer (../shared/tokenizers/qwen2, its
 own chat template): whole and streamed (role first, usage), n, seed, logprobs/top_logprobs,
 max_completion_tokens, and the refusals (unknown role, tools, response_format). Exits non-zero
@@ -22,6 +22,16 @@ import time
 import openai
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def prose_corpus(path):
+    """Writes the repository's prose to `path`: README.md, then docs/*.md in file-name order,
+    joined by newlines (the training text of the serving tests and the README tour)."""
+    names = ["README.md"] + [os.path.join("docs", n) for n in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                             if n.endswith(".md")]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(open(os.path.join(ROOT, n), encoding="utf-8").read() for n in names))
+    return path
 BRIGADE = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/brigade")
 TOKENIZER = os.path.join(ROOT, "crates/brigade-serve/tests/data/bpe-tokenizer.json")
 
@@ -35,7 +45,7 @@ def check(cond, what):
 
 with tempfile.TemporaryDirectory() as tmp:
     ckpt = os.path.join(tmp, "tiny-bpe")
-    subprocess.run([BRIGADE, "train", "--data", os.path.join(ROOT, "README.md"), "--tokenizer", TOKENIZER,
+    subprocess.run([BRIGADE, "train", "--data", prose_corpus(os.path.join(tmp, "corpus.txt")), "--tokenizer", TOKENIZER,
                     "--steps", "30", "--threads", "1", "--out", ckpt], check=True, capture_output=True)
     srv = subprocess.Popen([BRIGADE, "serve", "--checkpoint", ckpt, "--port", "0", "--threads", "1"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -143,7 +153,7 @@ if not os.path.isdir(QWEN2):
 else:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = os.path.join(tmp, "qwen-chat")
-        subprocess.run([BRIGADE, "train", "--model", "llama-tiny", "--data", os.path.join(ROOT, "README.md"),
+        subprocess.run([BRIGADE, "train", "--model", "llama-tiny", "--data", prose_corpus(os.path.join(tmp, "corpus.txt")),
                         "--tokenizer", QWEN2, "--steps", "2", "--block-size", "64", "--threads", "1", "--out", ckpt],
                        check=True, capture_output=True)
         srv, client = serve(ckpt)

@@ -1,6 +1,6 @@
 """Leave-one-out check of the planner's formulas (a Python prototype of crates/brigade/src/plan/cost.rs,
 without the memory filter): for each published run, refit the five efficiency constants on the
-other rows by grid search and predict the held-out one. Quoted in README.md ("mean error 6.5%,
+other rows by grid search and predict the held-out one. Quoted in docs/planner.md ("mean error 6.5%,
 worst 17%"). Stdlib only; run from the repository root:  python3 scripts/planner_leave_one_out.py
 """
 import csv, math, itertools

@@ -137,7 +137,7 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     if a.input.is_empty() {
         bail!("no input files; give one or more with --input FILE…");
     }
-    crate::check_threads(a.threads, "--threads")?;
+    crate::threads::check_threads(a.threads, "--threads")?;
     if a.shard_size == 0 || a.shard_size > 10_000_000 {
         bail!("--shard-size {} is out of range: give 1 to 10000000 documents", a.shard_size);
     }
@@ -152,9 +152,9 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     let bar = Bar::new(!a.json);
     let report = match a.backend {
         BackendArg::Local => {
-            let workers = a.workers.unwrap_or_else(crate::default_threads);
-            crate::check_threads(workers, "--workers")?;
-            crate::check_threads(workers * a.threads, "--workers × --threads")?;
+            let workers = a.workers.unwrap_or_else(crate::threads::default_threads);
+            crate::threads::check_threads(workers, "--workers")?;
+            crate::threads::check_threads(workers * a.threads, "--workers × --threads")?;
             run_local(&a, &enc, output, workers, &bar, stop)?
         }
         BackendArg::Mpi => {

@@ -22,6 +22,7 @@ mod plan_cmd;
 mod run_cmd;
 mod sample_cmd;
 mod serve_cmd;
+mod threads;
 mod train_args;
 mod train_cmd;
 
@@ -57,11 +58,6 @@ enum Cmd {
     },
 }
 
-/// Default intra-op threads: every core of the machine.
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-}
-
 /// Keeps freed buffers in the process: gemm allocates packing buffers on every call, and
 /// glibc's defaults would hand large ones back to the kernel each time, so every matmul paid
 /// for fresh zeroed pages and TLB shootdowns (10–15% of a GPT-2 step, measured with perf).
@@ -72,17 +68,6 @@ fn tune_allocator() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
-}
-
-/// Bounds `--threads` and local `--ranks`: more threads than cores only slow a run, and an
-/// unbounded count would spawn threads until the machine gives out. At least 8 stay allowed
-/// (tests run 8 rank threads on 2 cores).
-pub fn check_threads(n: usize, flag: &str) -> anyhow::Result<()> {
-    let max = (4 * default_threads()).max(8);
-    if n == 0 || n > max {
-        anyhow::bail!("{flag} {n} is out of range: give 1 to {max} (4 per core of this machine, at least 8)");
-    }
-    Ok(())
 }
 
 fn main() {

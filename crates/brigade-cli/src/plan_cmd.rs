@@ -69,7 +69,7 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 4, requires = "local")]
     batch: usize,
     /// Threads (with --local).
-    #[arg(long, default_value_t = crate::default_threads(), requires = "local")]
+    #[arg(long, default_value_t = crate::threads::default_threads(), requires = "local")]
     threads: usize,
     /// Fix some layout fields, e.g. tp=8,pp=4,dp=32,mb=2,v=3,recompute=full,zero=1; the rest are searched.
     #[arg(long)]
@@ -180,7 +180,7 @@ fn human_time(s: f64) -> String {
 /// thread count and that the step fits in this machine's memory.
 pub fn step_shape(model: &str, batch: usize, seq: usize, threads: usize) -> Result<brigade::models::GptConfig> {
     let mut cfg = brigade::models::GptConfig::preset(model)?;
-    crate::check_threads(threads, "--threads")?;
+    crate::threads::check_threads(threads, "--threads")?;
     if seq == 0 || batch == 0 {
         bail!("--seq and --batch must be at least 1");
     }

@@ -27,7 +27,7 @@ pub struct SampleArgs {
     top_k: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    #[arg(long, default_value_t = crate::default_threads())]
+    #[arg(long, default_value_t = crate::threads::default_threads())]
     threads: usize,
     /// Also write the logits of every prompt position, `[prompt tokens, vocab]`, as a float32
     /// .npy file (to compare with another implementation).
@@ -54,7 +54,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
             a.top_k
         );
     }
-    crate::check_threads(a.threads, "--threads")?;
+    crate::threads::check_threads(a.threads, "--threads")?;
     let (model, params) = load_model(&a.checkpoint)?;
     // A brigade checkpoint says how it was trained; a Hugging Face folder has no trainer state.
     let run = if a.checkpoint.join(STATE_FILE).exists() { Some(saved_config(&a.checkpoint)?) } else { None };

@@ -72,8 +72,8 @@ impl EngineArgs {
     /// Checks the flags; the options with the model's source and the server's settings
     /// left at their defaults (no server: no port, no queue, no drain).
     pub(crate) fn options(&self, source: Option<Source>) -> Result<ServeOptions> {
-        let threads = self.threads.unwrap_or_else(|| crate::default_threads().max(self.tp));
-        crate::check_threads(threads, "--threads")?;
+        let threads = self.threads.unwrap_or_else(|| crate::threads::default_threads().max(self.tp));
+        crate::threads::check_threads(threads, "--threads")?;
         if self.tp == 0 || self.tp > 64 {
             bail!("--tp must be from 1 to 64, got {}", self.tp);
         }

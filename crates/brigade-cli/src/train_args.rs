@@ -119,7 +119,7 @@ fn whole(s: &str) -> std::result::Result<usize, String> {
 impl TrainArgs {
     /// `--threads`, or this machine's cores divided among the `ranks` that share it.
     pub(crate) fn threads_for(&self, ranks: usize) -> usize {
-        self.threads.unwrap_or_else(|| (crate::default_threads() / ranks.max(1)).max(1))
+        self.threads.unwrap_or_else(|| (crate::threads::default_threads() / ranks.max(1)).max(1))
     }
 
     /// The threads of each rank, once `train_cmd::run` has resolved `--threads` with

@@ -72,7 +72,7 @@ fn bucket_elems(a: &TrainArgs) -> Result<usize> {
 
 pub fn run(mut a: TrainArgs) -> Result<()> {
     if let Some(t) = a.threads {
-        crate::check_threads(t, "--threads")?;
+        crate::threads::check_threads(t, "--threads")?;
     }
     if a.print_schedule {
         return print_schedule(&a);
@@ -116,8 +116,8 @@ pub fn run(mut a: TrainArgs) -> Result<()> {
     match a.backend.as_str() {
         "local" => {
             let world = layout.world();
-            crate::check_threads(world, "the layout's rank count")?;
-            crate::check_threads(world * a.rank_threads(), "ranks × --threads")?;
+            crate::threads::check_threads(world, "the layout's rank count")?;
+            crate::threads::check_threads(world * a.rank_threads(), "ranks × --threads")?;
             if world == 1 {
                 return run_rank(brigade_comm::local::solo(), &layout, cfg, &a, &stop);
             }

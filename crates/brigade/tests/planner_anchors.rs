@@ -1,6 +1,6 @@
 //! The planner against published training runs (../shared/anchors/published_runs.tsv): on each
 //! row's own layout the predicted TFLOP/s per GPU, of the row's kind (hardware or model FLOPs),
-//! must be within ±10% of the published figure (the README's claim); the planner's own choice
+//! must be within ±10% of the published figure (docs/planner.md's claim); the planner's own choice
 //! must fit and be predicted at least as fast. Fields a row does not publish (micro-batch,
 //! interleaving, recomputation, ZeRO) are searched among the layouts our memory model says fit,
 //! as `brigade plan --layout` does with missing fields. A run that really happened but that our

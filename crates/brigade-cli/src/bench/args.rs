@@ -12,7 +12,7 @@ pub struct ShapeArgs {
     pub(crate) seq: usize,
     #[arg(long, default_value_t = 4)]
     pub(crate) batch: usize,
-    #[arg(long, default_value_t = crate::default_threads())]
+    #[arg(long, default_value_t = crate::threads::default_threads())]
     pub(crate) threads: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -43,7 +43,7 @@ pub struct LoadArgs {
     pub(crate) prompt_len: usize,
     #[arg(long, default_value_t = 64)]
     pub(crate) output_len: usize,
-    #[arg(long, default_value_t = crate::default_threads())]
+    #[arg(long, default_value_t = crate::threads::default_threads())]
     pub(crate) threads: usize,
     #[arg(long)]
     pub(crate) json: bool,

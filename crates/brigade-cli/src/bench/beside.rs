@@ -76,7 +76,7 @@ impl Round {
 
 pub fn run(f: Flags) -> Result<()> {
     let Flags { copies, model, seq, batch, threads, steps, reps, layouts, no_kernels, rounds, json } = f;
-    crate::check_threads(copies * threads, "--copies × --threads")?;
+    crate::threads::check_threads(copies * threads, "--copies × --threads")?;
     if copies < 2 {
         bail!("--copies must be at least 2 (one copy has nothing beside it)");
     }

@@ -39,7 +39,7 @@ fn measure(ranks: usize, backend: &str, op: &str, min_bytes: usize, max_bytes: u
     }
     match backend {
         "local" => {
-            crate::check_threads(ranks, "--ranks")?;
+            crate::threads::check_threads(ranks, "--ranks")?;
             // each rank holds a send and a receive buffer of the largest size, plus the memcpy test
             let need = (ranks as u128 * 2 * max_bytes as u128).max(2 * MEMCPY_BYTES as u128);
             if let Some(avail) = brigade::train::memory::available_bytes() {

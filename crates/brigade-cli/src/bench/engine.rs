@@ -18,7 +18,7 @@ pub struct Flags {
 
 pub fn run(f: Flags) -> Result<()> {
     let l = f.load;
-    crate::check_threads(l.threads, "--threads")?;
+    crate::threads::check_threads(l.threads, "--threads")?;
     measure(&l.model, &l.concurrency, l.prompt_len, l.output_len, l.threads, l.json)
 }
 

@@ -6,7 +6,7 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct Flags {
-    #[arg(long, default_value_t = crate::default_threads())]
+    #[arg(long, default_value_t = crate::threads::default_threads())]
     pub(crate) threads: usize,
     /// Timed repetitions per shape (the median is reported).
     #[arg(long, default_value_t = 5)]
@@ -18,7 +18,7 @@ pub struct Flags {
 pub fn run(f: Flags) -> Result<()> {
     let Flags { threads, reps, json } = f;
 
-    crate::check_threads(threads, "--threads")?;
+    crate::threads::check_threads(threads, "--threads")?;
     if reps == 0 {
         bail!("--reps must be at least 1");
     }

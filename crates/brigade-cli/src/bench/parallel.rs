@@ -37,12 +37,12 @@ pub struct Flags {
 pub fn run(f: Flags) -> Result<()> {
     let Flags { model, seq, batch, weak, layouts, micro_batch, threads, steps, warmup, json } = f;
 
-    crate::check_threads(threads, "--threads")?;
+    crate::threads::check_threads(threads, "--threads")?;
     if steps == 0 {
         bail!("--steps must be at least 1");
     }
     let parsed = super::args::training_layouts(&layouts, |l, layout| {
-        crate::check_threads(layout.world() * threads, &format!("layout '{l}': ranks × --threads"))
+        crate::threads::check_threads(layout.world() * threads, &format!("layout '{l}': ranks × --threads"))
     })?;
     if parsed.is_empty() {
         bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");

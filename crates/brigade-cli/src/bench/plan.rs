@@ -58,7 +58,7 @@ fn run_layout(step: &StepArgs, layout: &str, micro_batch: Option<usize>) -> Resu
     let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
     let mut l = brigade::layout::Layout::parse(layout)?;
     l.check_training()?;
-    crate::check_threads(l.world() * threads, &format!("layout '{layout}': ranks × --threads"))?;
+    crate::threads::check_threads(l.world() * threads, &format!("layout '{layout}': ranks × --threads"))?;
     let mb = l.micro_batch(batch, micro_batch)?;
     l.mb = Some(mb);
     let cfg = crate::plan_cmd::step_shape(model, mb, seq, threads)?;

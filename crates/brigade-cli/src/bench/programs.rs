@@ -29,7 +29,7 @@ pub struct Flags {
     /// The tokenizer.json to pair with it (default: ../shared/tokenizers/gpt2/tokenizer.json).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    #[arg(long, default_value_t = crate::default_threads())]
+    #[arg(long, default_value_t = crate::threads::default_threads())]
     threads: usize,
     /// Runs of each side (the median is reported).
     #[arg(long, default_value_t = 3)]
@@ -212,7 +212,7 @@ fn checkpoint_dir(model: &str, tokenizer: &std::path::Path) -> Result<tempfile::
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    crate::check_threads(f.threads, "--threads")?;
+    crate::threads::check_threads(f.threads, "--threads")?;
     if f.repeats == 0 || f.repeats > 100 {
         bail!("--repeats must be from 1 to 100, got {}", f.repeats);
     }

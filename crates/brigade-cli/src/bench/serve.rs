@@ -47,7 +47,7 @@ pub struct Flags {
 pub fn run(f: Flags) -> Result<()> {
     let Flags { load: l, checkpoint, url, rate, requests, tp, seed, weights } = f;
 
-    crate::check_threads(l.threads, "--threads")?;
+    crate::threads::check_threads(l.threads, "--threads")?;
     measure(Run {
         tp,
         weights: weights.format(),

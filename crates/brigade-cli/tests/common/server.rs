@@ -14,18 +14,36 @@ pub fn fixture_tokenizer() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade-serve/tests/data/bpe-tokenizer.json")
 }
 
-/// A tiny checkpoint trained for 30 steps on the README with the BPE tokenizer (once per run).
+/// The repository's own prose as one text: `README.md`, then every `docs/*.md` in file-name
+/// order, joined by newlines (as `scripts/readme_tour.py` makes its `corpus.txt`), so the
+/// text a test trains on did not shrink when the README's topics moved to `docs/`.
+pub fn prose_corpus() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    let mut parts = vec![std::fs::read_to_string(root.join("README.md")).unwrap()];
+    parts.extend(docs.iter().map(|p| std::fs::read_to_string(p).unwrap()));
+    parts.join("\n")
+}
+
+/// A tiny checkpoint trained for 30 steps on the README and docs/ ([`prose_corpus`]) with the
+/// BPE tokenizer (once per run).
 pub fn checkpoint() -> &'static Path {
     static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     &DIR.get_or_init(|| {
         let d = tempfile::tempdir().unwrap();
-        let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+        let corpus = d.path().join("corpus.txt");
+        std::fs::write(&corpus, prose_corpus()).unwrap();
         let out = d.path().join("tiny-bpe");
         ok(
             &[
                 "train",
                 "--data",
-                readme.to_str().unwrap(),
+                corpus.to_str().unwrap(),
                 "--tokenizer",
                 fixture_tokenizer().to_str().unwrap(),
                 "--steps",

@@ -1,6 +1,6 @@
 //! Matrix multiplication on row-major views with explicit strides.
 //!
-//! Two kernels, picked per machine at run time by benchmark (see README): on x86-64 with AVX2
+//! Two kernels, picked per machine at run time by benchmark (see docs/kernels.md): on x86-64 with AVX2
 //! and FMA but no AVX-512, brigade's own BLIS-style kernel ([`super::sgemm`]); elsewhere the
 //! `gemm` crate, which dispatches AVX-512 kernels at run time. Both parallelise over the
 //! caller's rayon pool, so `--threads` controls them.
