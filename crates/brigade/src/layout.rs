@@ -4,6 +4,8 @@
 //! `brigade train --layout`, `bench parallel`, `bench plan --layout` and `plan --layout` take
 //! (`dp=2,pp=2,tp=2,zero=1,sp=1,schedule=zb,v=2,mb=1,recompute=selective`), checked here for
 //! what a layout alone can get wrong; the mesh, the trainer and the planner read the same value.
+//! The mesh's axes ([`Axis`]) are named here too, so that a layout answers its degree on each
+//! (`Layout::degree`); `cp=` and `ep=` parse, but only at 1 until training runs them.
 
 use crate::error::{Error, Result};
 use serde::Serialize;
