@@ -60,6 +60,16 @@ fn regex_escape(s: &str) -> String {
     out
 }
 
+/// Why a model cannot take structured outputs, or a constraint does not compile.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConstraintError {
+    /// No token trie for this model: no `tokenizer.json`, or one it could not read.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("the constraint does not compile: {0}")]
+    Compile(String),
+}
+
 /// The served tokenizer's token trie and a parser factory over it (built once, shared).
 pub struct Grammars {
     factory: Arc<ParserFactory>,
@@ -68,21 +78,21 @@ pub struct Grammars {
 impl Grammars {
     /// From the model's `tokenizer.json`, for a vocabulary of `vocab` (the model's: tokens past
     /// the tokenizer's are never allowed) ending generation with `eos`.
-    pub fn load(tokenizer: &Path, vocab: usize, eos: &[u32]) -> Result<Grammars, String> {
-        let mut bt = toktrie_hf_tokenizers::ByteTokenizer::from_file(tokenizer).map_err(|e| e.to_string())?;
+    pub fn load(tokenizer: &Path, vocab: usize, eos: &[u32]) -> Result<Grammars, ConstraintError> {
+        let unavailable = |e: &dyn std::fmt::Display| ConstraintError::Unavailable(e.to_string());
+        let mut bt = toktrie_hf_tokenizers::ByteTokenizer::from_file(tokenizer).map_err(|e| unavailable(&e))?;
         if !eos.is_empty() {
             bt.set_eos_tokens(eos);
         }
-        let env = bt.into_tok_env(Some(vocab)).map_err(|e| e.to_string())?;
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        let env = bt.into_tok_env(Some(vocab)).map_err(|e| unavailable(&e))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| unavailable(&e))?;
         factory.set_stderr_log_level(0);
         Ok(Grammars { factory: Arc::new(factory) })
     }
 
     /// A fresh constraint for one sequence; a spec that does not compile is an error naming why.
-    pub fn constraint(&self, spec: &Spec) -> Result<Box<dyn Constrain>, String> {
-        let parser =
-            self.factory.create_parser(spec.grammar()).map_err(|e| format!("the constraint does not compile: {e}"))?;
+    pub fn constraint(&self, spec: &Spec) -> Result<Box<dyn Constrain>, ConstraintError> {
+        let parser = self.factory.create_parser(spec.grammar()).map_err(|e| ConstraintError::Compile(e.to_string()))?;
         Ok(Box::new(Guided { m: Matcher::new(Ok(parser)) }))
     }
 }

@@ -4,8 +4,8 @@
 //! chat template at hand ([`Loaded`]). No transport here: the HTTP server and the program
 //! runner both start from it.
 
+use crate::constraint::{ConstraintError, Grammars, Spec};
 use brigade::models::chat_template::ChatTemplate;
-use crate::constraint::{Grammars, Spec};
 use crate::engine::{Constrain, EngineHandle, EngineSetup, Limits};
 use crate::error::ServeError;
 use crate::metrics::Metrics;
@@ -116,25 +116,27 @@ pub struct Loaded {
     /// Sequences in the engine's running batch.
     pub(crate) max_running: usize,
     /// The structured-output engine over the tokenizer, built at the first constrained request.
-    pub(crate) grammars: OnceLock<Result<Grammars, String>>,
+    pub(crate) grammars: OnceLock<Result<Grammars, ConstraintError>>,
 }
 
 impl Loaded {
     /// The structured-output engine, or why this model has none.
-    pub(crate) fn grammars(&self) -> Result<&Grammars, String> {
+    pub(crate) fn grammars(&self) -> Result<&Grammars, ConstraintError> {
         self.grammars
             .get_or_init(|| match &self.tokenizer {
                 Some(brigade::models::tokenizer::Tokenizer::Hf(_, path, ..)) => {
                     Grammars::load(path, self.vocab, &self.eos)
                 }
-                _ => Err("structured outputs need the model's tokenizer.json; this model has none".into()),
+                _ => Err(ConstraintError::Unavailable(
+                    "structured outputs need the model's tokenizer.json; this model has none".into(),
+                )),
             })
             .as_ref()
             .map_err(Clone::clone)
     }
 
     /// A fresh constraint for one sequence of a request whose constraint is `spec`, if any.
-    pub(crate) fn constraint(&self, spec: Option<&Spec>) -> Result<Option<Box<dyn Constrain>>, String> {
+    pub(crate) fn constraint(&self, spec: Option<&Spec>) -> Result<Option<Box<dyn Constrain>>, ConstraintError> {
         match spec {
             None => Ok(None),
             Some(spec) => self.grammars()?.constraint(spec).map(Some),

@@ -75,7 +75,7 @@ fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompt
         }
     }
     let param = if req.constraint.is_some() { constraint_param(&req) } else { "" };
-    l.constraint(req.constraint.as_ref()).map_err(|e| ApiError::bad(param, e))?;
+    l.constraint(req.constraint.as_ref()).map_err(|e| ApiError::bad(param, e.to_string()))?;
     let mut prompts = Vec::new();
     for p in &req.prompts {
         let ids = prompt_ids(l, p)?;
@@ -122,7 +122,7 @@ fn submit(
             let constraint = match l.constraint(req.constraint.as_ref()) {
                 Ok(c) => c,
                 Err(e) => {
-                    let _ = tx.send(Err(e));
+                    let _ = tx.send(Err(e.to_string()));
                     continue;
                 }
             };

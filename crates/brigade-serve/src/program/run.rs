@@ -333,7 +333,8 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<
     let constrained = !matches!(node.fanout, Fanout::Select(_));
     let branch =
         |j: usize, prompt: &str, ids_: &[u32], sampling: Sampling, forced: Vec<u32>| -> Result<Branch, String> {
-            let constraint = if constrained { l.constraint(req.constraint.as_ref())? } else { None };
+            let constraint =
+                if constrained { l.constraint(req.constraint.as_ref()).map_err(|e| e.to_string())? } else { None };
             Ok(Branch {
                 prompt: prompt.to_string(),
                 request: Request { id: base + j as u64, prompt: ids_.to_vec(), sampling },
