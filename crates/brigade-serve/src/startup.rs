@@ -5,13 +5,13 @@
 //! runner both start from it.
 
 use crate::constraint::{ConstraintError, Grammars, Spec};
-use brigade::models::chat_template::ChatTemplate;
 use crate::engine::{Constrain, EngineHandle, EngineSetup, Limits};
 use crate::error::ServeError;
 use crate::metrics::Metrics;
 use crate::model::KvStore;
 use crate::source::{Served, Source};
 use brigade::layout::Layout;
+use brigade::models::chat_template::ChatTemplate;
 use std::sync::OnceLock;
 use std::time::Duration;
 
