@@ -139,11 +139,19 @@ fn memory_bound_rows(cfg: &GptConfig, block: &BlockSpec, n: usize, seq: usize) -
         let res = time_it(|| residual_bias_forward(&mut out, &x, &dx, &[]));
         rows.push(row("residual", 2 * l, res, 3.0 * bytes, "GB/s"));
     }
-    // every product after the first of a group reading one input adds its input gradient
-    let extra: Vec<&str> = block
-        .product_groups()
+    // every product after the first reading one input (the attention's, the MLP's) adds its
+    // input gradient into the first's
+    let attn_in = match &block.attn.qkv {
+        Qkv::Fused(l) => vec![l],
+        Qkv::Separate { q, k, v } => vec![q, k, v],
+    };
+    let mlp_in = match &block.mlp {
+        MlpSpec::Gelu { fc, .. } => vec![fc],
+        MlpSpec::SwiGlu { gate, up, .. } => vec![gate, up],
+    };
+    let extra: Vec<&str> = [attn_in, mlp_in]
         .into_iter()
-        .flat_map(|g| g.into_iter().skip(1).map(|(lin, _)| lin.name.rsplit('.').next().unwrap_or("")))
+        .flat_map(|ls| ls.into_iter().skip(1).map(|lin| lin.name.rsplit('.').next().unwrap_or("")))
         .map(|name| name.strip_suffix("_proj").unwrap_or(name))
         .collect();
     if !extra.is_empty() {
