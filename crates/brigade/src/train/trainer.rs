@@ -324,7 +324,7 @@ impl Trainer {
 mod tests {
     use super::*;
 
-    /// What the README promises for unset settings and what it refuses, checked in the library.
+    /// What docs/training.md promises for unset settings and what it refuses, checked in the library.
     #[test]
     fn defaults_and_refusals_of_a_run() {
         let base = TrainConfig { n_embd: Some(16), n_head: Some(2), steps: 100, lr: 1e-2, ..TrainConfig::default() };
