@@ -4,10 +4,12 @@
 
 mod common;
 
+use brigade::models::family::Qkv;
+use brigade::models::GptConfig;
 use brigade_serve::engine::{Admit, Engine, Limits, Output, Request, Sampling};
 use brigade_serve::model::KvStore;
 use brigade_serve::model::{Model, Work};
-use common::{Family, FAMILIES};
+use common::Family;
 
 /// Three sequences over three steps: whole prompts, then a chunk beside decodes, then decodes.
 fn steps(model: &Model, kv: &mut KvStore) -> Vec<Vec<f32>> {
@@ -42,21 +44,34 @@ fn steps(model: &Model, kv: &mut KvStore) -> Vec<Vec<f32>> {
     out
 }
 
-/// The group sizes each family's test model takes: GPT-2's 4 heads; the Llama model's 8
-/// query heads on 2 key/value heads, which 4 and 8 ranks hold twice and four times.
-fn sizes(f: Family) -> &'static [usize] {
-    if f == Family::Gpt2 {
-        &[2, 4]
-    } else {
-        &[2, 4, 8]
-    }
+/// Whether a group of `tp` ranks can serve `cfg`, from its description alone: `tp` divides the
+/// query heads, the MLP and the hidden size, and either divides the key/value heads (each rank
+/// holds its own) or is a multiple of them (each is held by tp / kv ranks).
+fn fits(cfg: &GptConfig, tp: usize) -> bool {
+    let (h, kv) = (cfg.n_head, cfg.kv_heads());
+    h % tp == 0 && cfg.mlp_width() % tp == 0 && cfg.n_embd % tp == 0 && (kv % tp == 0 || tp % kv == 0)
+}
+
+/// The group sizes a family's test model takes: every `tp` > 1 that fits it (GPT-2's 4 heads
+/// take 2 and 4; the Llama model's 8 query heads on 2 key/value heads take 2, 4 and 8, which
+/// hold each key/value head once, twice and four times).
+fn sizes(cfg: &GptConfig) -> Vec<usize> {
+    let sizes: Vec<usize> = (2..=cfg.n_head).filter(|&tp| fits(cfg, tp)).collect();
+    assert!(!sizes.is_empty(), "{}: no group size fits the test model", cfg.family.name());
+    println!("{}: tp {sizes:?}", cfg.family.name());
+    sizes
+}
+
+/// Floats of one token's keys on a rank of `tp`: its share of the key/value heads, or one head
+/// when the heads are fewer than the ranks.
+fn kv_width(cfg: &GptConfig, tp: usize) -> usize {
+    let heads = if tp <= cfg.kv_heads() { cfg.kv_heads() / tp } else { 1 };
+    heads * cfg.head_dim()
 }
 
 #[test]
 fn sharded_logits_equal_the_single_workers_bit_for_bit() {
-    for f in FAMILIES {
-        sharded_logits(f);
-    }
+    common::for_each_family(sharded_logits);
 }
 
 fn sharded_logits(f: Family) {
@@ -65,16 +80,16 @@ fn sharded_logits(f: Family) {
     let one = Model::new(&gpt, &p);
     let mut kv = KvStore::new(16, 4, 2, one.kv_width());
     let want = steps(&one, &mut kv);
-    assert_eq!(want.len(), 7);
-    for &tp in sizes(f) {
+    let name = f.name();
+    assert_eq!(want.len(), 7, "{name}");
+    for tp in sizes(&gpt.cfg) {
         let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
             let rank = comm.rank();
             let m = Model::shard(&gpt, &p, Some(comm))?;
             let mut kv = KvStore::new(16, 4, 2, m.kv_width());
             // GPT-2: its heads' share of 64; Llama: one of the 2 key/value heads of 8 (its own
             // at tp 2, shared by 2 or 4 ranks at tp 4 or 8)
-            let want = if f == Family::Gpt2 { 64 / tp } else { 8 };
-            assert_eq!(m.kv_width(), want);
+            assert_eq!(m.kv_width(), kv_width(&gpt.cfg, tp), "{name} tp {tp}: floats of a token's keys");
             if rank == 0 {
                 let out = steps(&m, &mut kv);
                 m.stop_followers();
@@ -86,29 +101,31 @@ fn sharded_logits(f: Family) {
         })
         .unwrap();
         for (i, (g, w)) in got[0].iter().zip(&want).enumerate() {
-            assert_eq!(g.len(), 101);
+            assert_eq!(g.len(), 101, "{name} tp {tp}");
             let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{f:?} tp {tp}: logits row {i} differ from the single worker's");
+            assert!(same, "{name} tp {tp}: logits row {i} differ from the single worker's");
         }
-        assert_eq!(got[0].len(), want.len());
+        assert_eq!(got[0].len(), want.len(), "{name} tp {tp}");
     }
-    // a group that does not divide the heads is refused
-    let err = brigade_comm::local::run(3, |comm| Model::shard(&gpt, &p, Some(comm)).map(|_| ())).unwrap_err();
-    let want = if f == Family::Gpt2 {
-        "does not divide the model's 4 attention heads"
-    } else {
-        "8 query heads, 2 key/value heads"
+    // a group that does not divide the heads (the smallest: 3 for both families) is refused,
+    // naming GPT-2's fused heads, or the query and key/value heads
+    let (h, kv) = (gpt.cfg.n_head, gpt.cfg.kv_heads());
+    let bad = (2..).find(|&tp| !fits(&gpt.cfg, tp)).unwrap();
+    let err = brigade_comm::local::run(bad, |comm| Model::shard(&gpt, &p, Some(comm)).map(|_| ())).unwrap_err();
+    let want = match gpt.cfg.block(0).attn.qkv {
+        Qkv::Fused(_) => format!("tp={bad} does not divide the model's {h} attention heads"),
+        Qkv::Separate { .. } => format!("tp={bad} does not divide the model's {h} query heads, {kv} key/value heads"),
     };
-    assert!(err.to_string().contains(want), "{err}");
+    assert!(err.to_string().contains(&want), "{name}: {err}");
 }
 
 #[test]
 fn the_engine_on_several_ranks_gives_the_same_tokens() {
-    for f in FAMILIES {
-        for &tp in sizes(f) {
+    common::for_each_family(|f| {
+        for tp in sizes(&common::config(f, 101, 64)) {
             engine_on_ranks(f, tp);
         }
-    }
+    });
 }
 
 fn engine_on_ranks(f: Family, tp: usize) {
@@ -162,8 +179,9 @@ fn engine_on_ranks(f: Family, tp: usize) {
         }
     })
     .unwrap();
-    assert_eq!(got[0], want, "{f:?} on {tp} ranks");
-    assert_eq!(want.len(), 180);
+    let name = f.name();
+    assert_eq!(got[0], want, "{name} on {tp} ranks");
+    assert_eq!(want.len(), 180, "{name}");
     // the branches were computed from the copied blocks: each ran only its last prompt token
-    assert!(want.iter().filter(|o| o.id >= 10).all(|o| o.prompt_computed == 1));
+    assert!(want.iter().filter(|o| o.id >= 10).all(|o| o.prompt_computed == 1), "{name}");
 }

@@ -10,11 +10,14 @@
 //! heads, so tp = 4 and 8 replicate each key/value head; SwiGLU; an untied head).
 
 use brigade::layout::{Axis, Layout, Schedule as Kind};
-use brigade::models::family::Family;
+use brigade::models::family::{Family, Qkv};
 use brigade::parallel::data::DataParallel;
 use brigade::parallel::{Mesh, MeshShape};
 use brigade::params::Split;
 use brigade::train::{TrainConfig, Trainer};
+
+mod common;
+use common::for_each_family;
 
 const STEPS: usize = 5;
 
@@ -41,11 +44,6 @@ fn cfg(f: Family, micro_batch: usize) -> TrainConfig {
     }
 }
 
-/// Which decoder family a run trains (its tiny preset): every family in `Family::ALL`; the
-/// matrices run as one test per family.
-const GPT2: Family = Family::ALL[0];
-const LLAMA: Family = Family::ALL[1];
-
 /// What a run is compared on: the loss of every step, the final weights, and the gradient norm
 /// (before clipping) of each step this process took.
 struct Run {
@@ -69,7 +67,7 @@ struct First {
 
 fn single_worker(f: Family) -> (Run, First) {
     let mut tr = Trainer::new(cfg(f, 16)).unwrap();
-    if f == LLAMA {
+    if let Family::Llama(_) = f {
         let m = &tr.model.cfg;
         assert_eq!((m.n_head, m.kv_heads(), m.tied()), (8, 2, false), "GQA 8:2, untied head");
     }
@@ -77,7 +75,7 @@ fn single_worker(f: Family) -> (Run, First) {
     tr.train_step().unwrap();
     let first = First { before, grads: tr.grads().to_vec(), layout: tr.model.layout.clone() };
     let errors = first_step_errors(&tr, &first, (&first.grads, &first.before, &tr.params));
-    assert!(errors.failures.is_empty(), "the single worker's first step: {:#?}", errors.failures);
+    assert!(errors.failures.is_empty(), "{}: the single worker's first step: {:#?}", f.name(), errors.failures);
     while !tr.done() {
         tr.train_step().unwrap();
     }
@@ -361,32 +359,28 @@ const PIPELINES: &[Case] = &[
     ("zero=1,schedule=interleaved,v=2", 8, BIG),
 ];
 
-fn matrix_equals_the_single_worker(f: Family, cases: &[Case]) {
-    let (want, first) = single_worker(f);
-    for &c in cases {
-        let got = run(f, c, Start::Fresh(&first), None, STEPS);
-        assert_equivalent(f, &format!("{c:?}"), &got, &want);
-    }
+/// Every family (`Family::ALL`) under every case of `cases`.
+fn matrix_equals_the_single_worker(cases: &[Case]) {
+    let mut ran = 0;
+    for_each_family(|f| {
+        let (want, first) = single_worker(f);
+        for &c in cases {
+            let got = run(f, c, Start::Fresh(&first), None, STEPS);
+            assert_equivalent(f, &format!("{c:?}"), &got, &want);
+            ran += 1;
+        }
+    });
+    assert_eq!(ran, Family::ALL.len() * cases.len(), "every family ran every case");
 }
 
 #[test]
 fn every_layout_equals_the_single_worker() {
-    matrix_equals_the_single_worker(GPT2, MATRIX);
+    matrix_equals_the_single_worker(MATRIX);
 }
 
 #[test]
 fn every_pipeline_equals_the_single_worker() {
-    matrix_equals_the_single_worker(GPT2, PIPELINES);
-}
-
-#[test]
-fn every_llama_layout_equals_the_single_worker() {
-    matrix_equals_the_single_worker(LLAMA, MATRIX);
-}
-
-#[test]
-fn every_llama_pipeline_equals_the_single_worker() {
-    matrix_equals_the_single_worker(LLAMA, PIPELINES);
+    matrix_equals_the_single_worker(PIPELINES);
 }
 
 /// Saves `from` at step `at`, then resumes the checkpoint under each of `to` and on the single
@@ -410,9 +404,7 @@ fn resumes_under(f: Family, from: Case, at: usize, to: &[Case]) {
 
 #[test]
 fn a_checkpoint_resumes_under_another_layout() {
-    for f in Family::ALL {
-        checkpoint_resumes_under_another_layout(f);
-    }
+    for_each_family(checkpoint_resumes_under_another_layout);
 }
 
 #[rustfmt::skip]
@@ -431,9 +423,7 @@ fn checkpoint_resumes_under_another_layout(f: Family) {
 
 #[test]
 fn a_pipeline_checkpoint_resumes_under_another_layout() {
-    for f in Family::ALL {
-        pipeline_checkpoint_resumes_under_another_layout(f);
-    }
+    for_each_family(pipeline_checkpoint_resumes_under_another_layout);
 }
 
 #[rustfmt::skip]
@@ -457,7 +447,7 @@ fn build(layout: Layout, c: TrainConfig) -> Result<usize, String> {
 
 #[test]
 fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
-    let unset = TrainConfig { micro_batch: None, ..cfg(GPT2, 1) };
+    let unset = TrainConfig { micro_batch: None, ..cfg(Family::Gpt2, 1) };
     let shape = |dp, pp, tp| Layout { dp, pp, tp, ..Layout::default() };
     assert_eq!(build(shape(2, 1, 1), unset.clone()), Ok(8));
     assert_eq!(build(shape(4, 1, 1), unset.clone()), Ok(4));
@@ -467,22 +457,22 @@ fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
         e.contains("does not split into dp=3 equal shares; use a batch that is a multiple of 3 (e.g. 15 or 18)"),
         "{e}"
     );
-    let e = build(shape(2, 1, 1), TrainConfig { micro_batch: Some(3), ..cfg(GPT2, 1) }).unwrap_err();
+    let e = build(shape(2, 1, 1), TrainConfig { micro_batch: Some(3), ..cfg(Family::Gpt2, 1) }).unwrap_err();
     assert!(e.contains("multiple of micro_batch (3)"), "{e}");
     let e = build(shape(1, 1, 3), unset.clone()).unwrap_err();
     assert!(e.contains("tp=3 does not divide the model's 8 attention heads; use tp among 1, 2, 4, 8"), "{e}");
     assert_eq!(build(shape(1, 2, 1), unset.clone()), Ok(16), "a pipeline's micro-batch is the replica's share");
     // pipelines the model or the batch cannot take, each refused before any rank communicates
-    assert_eq!(build(shape(1, 10, 1), cfg(GPT2, 1)), Ok(1), "as many stages as units: one unit each");
-    let e = build(shape(1, 16, 1), cfg(GPT2, 1)).unwrap_err();
+    assert_eq!(build(shape(1, 10, 1), cfg(Family::Gpt2, 1)), Ok(1), "as many stages as units: one unit each");
+    let e = build(shape(1, 16, 1), cfg(Family::Gpt2, 1)).unwrap_err();
     assert!(e.contains("16 pipeline stages, but a model of 8 layers splits into only 10 units"), "{e}");
     let inter = |l: Layout, v| Layout { v, schedule: Kind::Interleaved, ..l };
-    let e = build(inter(shape(1, 4, 1), 4), cfg(GPT2, 1)).unwrap_err();
+    let e = build(inter(shape(1, 4, 1), 4), cfg(Family::Gpt2, 1)).unwrap_err();
     assert!(e.contains("pp=4 × v=4 = 16 pipeline stages"), "{e}");
-    let e = build(inter(shape(1, 4, 1), 2), cfg(GPT2, 8)).unwrap_err();
+    let e = build(inter(shape(1, 4, 1), 2), cfg(Family::Gpt2, 8)).unwrap_err();
     assert!(e.contains("needs a multiple of 4 micro-batches, not 2"), "{e}");
     let zb_v2 = Layout { schedule: Kind::ZeroBubble, v: 2, ..shape(1, 2, 1) };
-    let e = build(zb_v2, cfg(GPT2, 1)).unwrap_err();
+    let e = build(zb_v2, cfg(Family::Gpt2, 1)).unwrap_err();
     assert!(e.contains("v=2 model chunks per rank needs schedule=interleaved"), "{e}");
     let layout = |l: &str| Layout::parse(l).and_then(|l| l.check_training()).unwrap_err().to_string();
     assert!(layout("pp=2,schedule=pipedream").contains("expected gpipe, 1f1b, interleaved or zb"));
@@ -490,18 +480,26 @@ fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
     assert!(layout("pp=2,recompute=sometimes").contains("recompute"));
     // sequence parallelism cuts a micro-batch's 1 × 12 tokens into 8 blocks: it does not divide
     let sp = Layout { sp: true, ..shape(1, 1, 8) };
-    let e = build(sp, TrainConfig { micro_batch: Some(1), ..cfg(GPT2, 1) }).unwrap_err();
+    let e = build(sp, TrainConfig { micro_batch: Some(1), ..cfg(Family::Gpt2, 1) }).unwrap_err();
     assert!(e.contains("into tp=8 blocks of rows, which does not divide"), "{e}");
-    assert_eq!(build(sp, TrainConfig { micro_batch: Some(2), ..cfg(GPT2, 1) }), Ok(2));
+    assert_eq!(build(sp, TrainConfig { micro_batch: Some(2), ..cfg(Family::Gpt2, 1) }), Ok(2));
     let e = Layout::parse("dp=2,sp=1").and_then(|l| l.check_training()).unwrap_err().to_string();
     assert!(e.contains("has tp=1"), "{e}");
-    // the Llama family: 8 query heads on 2 key/value heads fit tp = 1, 2, 4, 8 (4 and 8 by
-    // replicating key/value heads); 3 fits neither way
-    let llama = TrainConfig { micro_batch: None, ..cfg(LLAMA, 1) };
-    assert_eq!(build(shape(1, 1, 8), llama.clone()), Ok(16));
-    let e = build(shape(1, 1, 3), llama).unwrap_err();
-    assert!(e.contains("tp=3 does not divide the model's 8 query heads, 2 key/value heads"), "{e}");
-    assert!(e.contains("use tp among 1, 2, 4, 8"), "{e}");
+    // every family's test model: its 8 query heads fit tp = 1, 2, 4, 8 (the Llama model's 2
+    // key/value heads by replicating them at 4 and 8); 3 fits neither way, refused naming GPT-2's
+    // attention heads, or the query and key/value heads
+    for_each_family(|f| {
+        let c = TrainConfig { micro_batch: None, ..cfg(f, 1) };
+        assert_eq!(build(shape(1, 1, 8), c.clone()), Ok(16));
+        let m = Trainer::new(c.clone()).unwrap().model.cfg;
+        let heads = match m.block(0).attn.qkv {
+            Qkv::Fused(_) => format!("{} attention heads", m.n_head),
+            Qkv::Separate { .. } => format!("{} query heads, {} key/value heads", m.n_head, m.kv_heads()),
+        };
+        let e = build(shape(1, 1, 3), c).unwrap_err();
+        assert!(e.contains(&format!("tp=3 does not divide the model's {heads}")), "{e}");
+        assert!(e.contains("use tp among 1, 2, 4, 8"), "{e}");
+    });
     assert!(DataParallel { zero: 3, ..DataParallel::default() }.validate().is_ok());
     assert!(DataParallel { zero: 4, ..DataParallel::default() }.validate().is_err());
     assert!(DataParallel { bucket_elems: 0, ..DataParallel::default() }.validate().is_err());

@@ -19,6 +19,9 @@ use brigade::tensor::rope::{inv_freq, rope_rows, RopeTable};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+mod common;
+use common::for_each_family;
+
 /// Tolerances a few times above the errors measured with central differences in f32 kernels
 /// (kernels: at most 1.0e-4, attention over 150 positions; the whole model: at most 7.4e-4, the
 /// position embedding). A wrong backward is off by O(1); a subtly wrong one (a missing term of
@@ -329,7 +332,15 @@ fn rope_backward_matches_finite_differences() {
     check("rope", &x, &d, 1e-2, 800, KERNEL_TOL, fwd);
 }
 
-/// The whole model: every parameter tensor gets sampled coordinates checked.
+/// The whole model, for every family: its test model (`Family::example`, every part of the
+/// family) with 23 tokens and 8 positions; every parameter tensor gets sampled coordinates
+/// checked, and a failure names the family.
+#[test]
+fn every_family_gradient_matches_finite_differences() {
+    for_each_family(|f| model_gradient_matches_finite_differences(GptConfig::example(f, 23, 8)));
+}
+
+/// GPT-2 at two heads of 8.
 #[test]
 fn gpt_gradient_matches_finite_differences() {
     let cfg =

@@ -38,3 +38,13 @@ pub fn shared(rel: &str) -> Option<PathBuf> {
     eprintln!("skipping: {} is absent", p.display());
     None
 }
+
+/// Runs `check` on every family in turn; a failure names its family.
+pub fn for_each_family(mut check: impl FnMut(Family)) {
+    for f in FAMILIES {
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(f))) {
+            let msg = e.downcast_ref::<String>().map(String::as_str).or_else(|| e.downcast_ref::<&str>().copied());
+            panic!("{}: {}", f.name(), msg.unwrap_or("(a panic without a message)"));
+        }
+    }
+}

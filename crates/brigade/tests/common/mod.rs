@@ -18,3 +18,13 @@ pub fn shared(rel: &str) -> Option<PathBuf> {
     eprintln!("skipping: {} is absent", p.display());
     None
 }
+
+/// Runs `check` on every model family (`Family::ALL`) in turn; a failure names its family.
+pub fn for_each_family(mut check: impl FnMut(brigade::models::family::Family)) {
+    for f in brigade::models::family::Family::ALL {
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(f))) {
+            let msg = e.downcast_ref::<String>().map(String::as_str).or_else(|| e.downcast_ref::<&str>().copied());
+            panic!("{}: {}", f.name(), msg.unwrap_or("(a panic without a message)"));
+        }
+    }
+}
