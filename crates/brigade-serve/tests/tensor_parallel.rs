@@ -49,7 +49,8 @@ fn steps(model: &Model, kv: &mut KvStore) -> Vec<Vec<f32>> {
 /// holds its own) or is a multiple of them (each is held by tp / kv ranks).
 fn fits(cfg: &GptConfig, tp: usize) -> bool {
     let (h, kv) = (cfg.n_head, cfg.kv_heads());
-    h % tp == 0 && cfg.mlp_width() % tp == 0 && cfg.n_embd % tp == 0 && (kv % tp == 0 || tp % kv == 0)
+    [h, cfg.mlp_width(), cfg.n_embd].iter().all(|d| d.is_multiple_of(tp))
+        && (kv.is_multiple_of(tp) || tp.is_multiple_of(kv))
 }
 
 /// The group sizes a family's test model takes: every `tp` > 1 that fits it (GPT-2's 4 heads
