@@ -20,7 +20,7 @@ log=$(mktemp)
 for _ in $(seq "$rounds"); do
   for which in old new; do
     bin=$old; [ "$which" = new ] && bin=$new
-    line=$(python3 "$runq" --wait-quiet 300 -- "$bin" bench "${args[@]}" --json | tail -1)
+    line=$(python3 "$runq" --wait-quiet 300 --log "$log.runq" -- "$bin" bench "${args[@]}" --json | tail -1)
     echo "$which $line" | tee -a "$log"
   done
 done
@@ -43,3 +43,5 @@ for name, t in tps.items():
                       "new_tokens_per_s": [round(x, 1) for x in t["new"]],
                       "old_median": round(o, 1), "new_median": round(n, 1), "new_over_old": round(n / o, 3)}))
 PY
+# how much CPU other processes took during the runs (runq's measure; > 0.05 is a disturbed run)
+python3 -c 'import json,sys; f=[json.loads(l).get("foreign_cpu_frac",0) for l in open(sys.argv[1])]; print(json.dumps({"foreign_cpu_frac_max": round(max(f),3), "runs": len(f)}))' "$log.runq"

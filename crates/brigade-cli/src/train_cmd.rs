@@ -341,6 +341,17 @@ impl Observer for Bar {
         }
     }
 
+    fn finishing(&mut self, _what: &'static str) {
+        // the final save, gather and evaluation take seconds of their own: the supervisor's
+        // hang timeout counts from the start of each, not from the last step (the file's
+        // time is what it watches; its content, the last step, stays)
+        if let Some(path) = &self.progress {
+            if let Ok(step) = std::fs::read_to_string(path) {
+                let _ = std::fs::write(path, step);
+            }
+        }
+    }
+
     fn step(&mut self, s: &StepStats, rate: f64) {
         if let Some(path) = &self.progress {
             // a report, not state: a write that fails costs the supervisor its count, no more
