@@ -6,7 +6,7 @@ mod common;
 
 use brigade_serve::engine::{Admit, Engine, Limits, Output, Request, Sampling};
 use brigade_serve::model::KvStore;
-use brigade_serve::model::{Model, Work};
+use brigade_serve::model::{Model, ShardError, Work};
 use common::{Family, FAMILIES};
 
 /// Three sequences over three steps: whole prompts, then a chunk beside decodes, then decodes.
@@ -67,7 +67,7 @@ fn sharded_logits(f: Family) {
     let want = steps(&one, &mut kv);
     assert_eq!(want.len(), 7);
     for &tp in sizes(f) {
-        let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
+        let got = brigade_comm::local::run(tp, |comm| -> Result<_, ShardError> {
             let rank = comm.rank();
             let m = Model::shard(&gpt, &p, Some(comm))?;
             let mut kv = KvStore::new(16, 4, 2, m.kv_width());
@@ -147,7 +147,7 @@ fn engine_on_ranks(f: Family, tp: usize) {
         out
     };
     let want = drive(&mut Engine::new(Model::new(&gpt, &p), 40, 4, limits));
-    let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
+    let got = brigade_comm::local::run(tp, |comm| -> Result<_, ShardError> {
         let rank = comm.rank();
         let m = Model::shard(&gpt, &p, Some(comm))?;
         if rank == 0 {
