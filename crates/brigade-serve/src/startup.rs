@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use crate::model::KvStore;
 use crate::source::{Served, Source};
 use brigade::layout::Layout;
-use brigade::models::chat_template::ChatTemplate;
+use brigade::models::chat_template::{ChatTemplate, ChatTemplateError};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
         if tp > threads {
             return Err(ServeError::Setting(format!("{m}; a --tp above {threads} also needs --threads at least as large (one thread per rank; --threads is {threads})")));
         }
-        return Err(ServeError::Setting(m));
+        return Err(ServeError::Setting(m.to_string()));
     }
     if tp > threads {
         return Err(ServeError::Setting(format!(
@@ -108,7 +108,7 @@ pub struct Loaded {
     pub(crate) tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
     pub(crate) eos: Vec<u32>,
     /// The model's chat template, or why there is none (the 400 a chat request gets).
-    pub(crate) chat: Result<ChatTemplate, String>,
+    pub(crate) chat: Result<ChatTemplate, NoChat>,
     pub(crate) context: usize,
     pub(crate) vocab: usize,
     pub(crate) kv_blocks: usize,
@@ -144,17 +144,28 @@ impl Loaded {
     }
 }
 
+/// Why the served model takes no chat requests (the message of the 400 they get).
+#[derive(Debug, thiserror::Error)]
+pub enum NoChat {
+    #[error("{model} has no tokenizer.json, so no chat template; send token ids to /v1/completions")]
+    NoTokenizer { model: String },
+    #[error(
+        "this model has no chat template: {dir}/tokenizer_config.json has no chat_template and there is no {dir}/chat_template.jinja; add one, or send the conversation as a prompt to /v1/completions"
+    )]
+    NoTemplate { dir: String },
+    /// A template that is there but cannot be read or compiled.
+    #[error(transparent)]
+    Template(#[from] ChatTemplateError),
+}
+
 /// The chat template of the served model's tokenizer, or why chat requests get 400.
 fn chat_template(
     tokenizer: Option<&brigade::models::tokenizer::Tokenizer>,
     eos: &[u32],
     source: &Source,
-) -> Result<ChatTemplate, String> {
+) -> Result<ChatTemplate, NoChat> {
     let Some(tok) = tokenizer else {
-        return Err(format!(
-            "{} has no tokenizer.json, so no chat template; send token ids to /v1/completions",
-            source.default_name()
-        ));
+        return Err(NoChat::NoTokenizer { model: source.default_name() });
     };
     match ChatTemplate::load(tok, eos)? {
         Some(t) => Ok(t),
@@ -165,9 +176,7 @@ fn chat_template(
                 }
                 _ => ".".into(),
             };
-            Err(format!(
-                "this model has no chat template: {dir}/tokenizer_config.json has no chat_template and there is no {dir}/chat_template.jinja; add one, or send the conversation as a prompt to /v1/completions"
-            ))
+            Err(NoChat::NoTemplate { dir })
         }
     }
 }

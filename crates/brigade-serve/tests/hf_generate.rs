@@ -9,7 +9,7 @@ use brigade::models::checkpoint::load_model;
 use brigade::models::Gpt;
 use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
 use brigade_serve::model::KvStore;
-use brigade_serve::model::{Model, Work};
+use brigade_serve::model::{Model, ShardError, Work};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 
@@ -46,7 +46,7 @@ fn drive(e: &mut Engine, requests: &[Request]) -> Vec<u32> {
 
 fn on_ranks(gpt: &Gpt, params: &[f32], tp: usize, requests: &[Request]) -> Vec<u32> {
     let limits = Limits { max_running: 8, max_step_tokens: 16 };
-    let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
+    let got = brigade_comm::local::run(tp, |comm| -> Result<_, ShardError> {
         let rank = comm.rank();
         let m = Model::shard(gpt, params, Some(comm))?;
         if rank == 0 {

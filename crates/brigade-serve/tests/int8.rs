@@ -12,7 +12,7 @@ use brigade::models::Gpt;
 use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
 use brigade_serve::model::weights::WeightFormat;
 use brigade_serve::model::KvStore;
-use brigade_serve::model::{Model, Work};
+use brigade_serve::model::{Model, ShardError, Work};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -61,7 +61,7 @@ fn int8_outputs_do_not_depend_on_the_batch_or_the_ranks() {
                 assert_eq!(crowd[&r.id], alone[&r.id], "{f:?} {fmt:?}: request {} changed inside a batch", r.id);
             }
             // two ranks: the single worker's int8 tokens and log-probabilities
-            let got = brigade_comm::local::run(2, |comm| -> Result<_, String> {
+            let got = brigade_comm::local::run(2, |comm| -> Result<_, ShardError> {
                 let rank = comm.rank();
                 let m = Model::shard_as(&gpt, &p, Some(comm), fmt)?;
                 if rank == 0 {

@@ -8,7 +8,7 @@ use brigade::models::family::Qkv;
 use brigade::models::GptConfig;
 use brigade_serve::engine::{Admit, Engine, Limits, Output, Request, Sampling};
 use brigade_serve::model::KvStore;
-use brigade_serve::model::{Model, Work};
+use brigade_serve::model::{Model, ShardError, Work};
 use common::Family;
 
 /// Three sequences over three steps: whole prompts, then a chunk beside decodes, then decodes.
@@ -84,7 +84,7 @@ fn sharded_logits(f: Family) {
     let name = f.name();
     assert_eq!(want.len(), 7, "{name}");
     for tp in sizes(&gpt.cfg) {
-        let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
+        let got = brigade_comm::local::run(tp, |comm| -> Result<_, ShardError> {
             let rank = comm.rank();
             let m = Model::shard(&gpt, &p, Some(comm))?;
             let mut kv = KvStore::new(16, 4, 2, m.kv_width());
@@ -165,7 +165,7 @@ fn engine_on_ranks(f: Family, tp: usize) {
         out
     };
     let want = drive(&mut Engine::new(Model::new(&gpt, &p), 40, 4, limits));
-    let got = brigade_comm::local::run(tp, |comm| -> Result<_, String> {
+    let got = brigade_comm::local::run(tp, |comm| -> Result<_, ShardError> {
         let rank = comm.rank();
         let m = Model::shard(&gpt, &p, Some(comm))?;
         if rank == 0 {

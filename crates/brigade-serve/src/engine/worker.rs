@@ -4,12 +4,12 @@
 //! channel and aborts the sequence, so its KV blocks are free at the next step.
 
 use super::profile::StepProfile;
-use super::request::{Admit, Output, Request};
+use super::request::{Admit, Output, Refused, Request};
 use super::scheduler::Limits;
 use super::step::Engine;
 use crate::metrics::Metrics;
 use crate::model::weights::WeightFormat;
-use crate::model::{KvStore, Model};
+use crate::model::{KvStore, Model, ShardError};
 use brigade::models::Gpt;
 use std::collections::HashMap;
 use std::sync::{mpsc, Mutex};
@@ -30,8 +30,17 @@ pub struct EngineSetup {
     pub weights: WeightFormat,
 }
 
+/// Why a rank of the tensor-parallel engine could not start.
+#[derive(Debug, thiserror::Error)]
+enum RankError {
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+    #[error(transparent)]
+    Threads(#[from] brigade::Error),
+}
+
 enum Cmd {
-    Add(Request, Admit, UnboundedSender<Result<Output, String>>),
+    Add(Request, Admit, UnboundedSender<Result<Output, Refused>>),
     Abort(u64),
     Profile(tokio::sync::oneshot::Sender<StepProfile>),
     Stop,
@@ -99,7 +108,7 @@ impl EngineHandle {
                     timeout: Duration::from_secs(365 * 24 * 3600),
                     ..Default::default()
                 };
-                let res = brigade_comm::local::run_with(cfg, setup.tp, |comm| -> Result<(), String> {
+                let res = brigade_comm::local::run_with(cfg, setup.tp, |comm| -> Result<(), RankError> {
                     let rank = comm.rank();
                     let model = Model::shard_as(&gpt, &params, Some(comm), setup.weights)?;
                     let built = built_tx.clone();
@@ -118,8 +127,8 @@ impl EngineHandle {
                             drop(built);
                             while model.follow(&mut kv) {}
                         }
-                    })
-                    .map_err(|e| e.to_string())
+                    })?;
+                    Ok(())
                 });
                 if let Err(e) = res {
                     eprintln!("error: the tensor-parallel engine failed: {e}");
@@ -137,12 +146,12 @@ impl EngineHandle {
     }
 
     /// Queues a request; its tokens (or an error) arrive on `out`.
-    pub fn add(&self, r: Request, out: UnboundedSender<Result<Output, String>>) {
+    pub fn add(&self, r: Request, out: UnboundedSender<Result<Output, Refused>>) {
         self.add_with(r, Admit::default(), out);
     }
 
     /// Queues a request that shares a sibling's prompt or has its tokens given.
-    pub fn add_with(&self, r: Request, admit: Admit, out: UnboundedSender<Result<Output, String>>) {
+    pub fn add_with(&self, r: Request, admit: Admit, out: UnboundedSender<Result<Output, Refused>>) {
         let _ = self.tx.send(Cmd::Add(r, admit, out));
     }
 
@@ -169,7 +178,7 @@ fn run(engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) {
 }
 
 fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) -> Engine {
-    let mut outs: HashMap<u64, UnboundedSender<Result<Output, String>>> = HashMap::new();
+    let mut outs: HashMap<u64, UnboundedSender<Result<Output, Refused>>> = HashMap::new();
     let mut hits = engine.pool().hits;
     let mut preemptions = 0;
     metrics.kv_blocks_total.set(engine.pool().total_blocks() as i64);
@@ -192,7 +201,7 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
                             outs.insert(id, out);
                         }
                         Err(e) => {
-                            let _ = out.send(Err(e.to_string()));
+                            let _ = out.send(Err(e));
                         }
                     }
                 }

@@ -28,7 +28,7 @@ pub(crate) async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -
 fn prepare(app: &App, body: &[u8]) -> Result<Completion, ApiError> {
     let chat = chat::parse(body)?;
     let l = serving(app)?;
-    let template = l.chat.as_ref().map_err(|why| ApiError::bad("messages", why.clone()))?;
+    let template = l.chat.as_ref().map_err(|why| ApiError::bad("messages", why.to_string()))?;
     let tok = l.tokenizer.as_ref().expect("a chat template comes with its tokenizer");
     let text = template
         .render(&chat.messages, chat.add_generation_prompt, &chat.template_kwargs)

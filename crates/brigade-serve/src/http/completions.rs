@@ -3,7 +3,8 @@
 //! streamed as server-sent events, aborted if the client goes away.
 
 use super::app::{error, event_stream, unavailable, unix_now, App, InFlight};
-use crate::engine::{Admit, Output, Request};
+use crate::constraint::ConstraintError;
+use crate::engine::{Admit, Output, Refused, Request};
 use crate::request::choices::Choices;
 use crate::request::completion::{self, Completion};
 use crate::request::shape::{prompt_ids, prompted, sampling, Kind, Prompted};
@@ -102,7 +103,8 @@ fn accept(app: &Arc<App>, mut req: Completion) -> Result<(Completion, Vec<Prompt
     Ok((req, prompts, guard))
 }
 
-/// Sends the sequences to the engine; returns the receiver of their tokens.
+/// Sends the sequences to the engine; returns the receiver of their tokens, or (none sent)
+/// why a sequence's constraint could not be built.
 fn submit(
     l: &Loaded,
     req: &Completion,
@@ -110,30 +112,27 @@ fn submit(
     prompts: &[Prompted],
     guard: &InFlight,
     app: &App,
-) -> UnboundedReceiver<Result<Output, String>> {
+) -> Result<UnboundedReceiver<Result<Output, Refused>>, ConstraintError> {
+    let constraints =
+        (0..prompts.len() * req.n).map(|_| l.constraint(req.constraint.as_ref())).collect::<Result<Vec<_>, _>>()?;
     let (tx, rx) = unbounded_channel();
     let mut ids = guard.ids.iter();
+    let mut constraints = constraints.into_iter();
     for p in prompts {
         app.metrics.prompt_tokens.inc_by(p.ids.len() as u64);
         for j in 0..req.n {
             let id = *ids.next().expect("an id per sequence");
             let sampling = sampling(l, req, kind, p.max_tokens, j);
+            let constraint = constraints.next().expect("a constraint per sequence");
             // choices after the first share its prompt's keys and values
-            let constraint = match l.constraint(req.constraint.as_ref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = tx.send(Err(e.to_string()));
-                    continue;
-                }
-            };
             let admit = Admit { follows: (j > 0).then_some(id - j as u64), constraint, ..Default::default() };
             l.engine.add_with(Request { id, prompt: p.ids.clone(), sampling }, admit, tx.clone());
         }
     }
-    rx
+    Ok(rx)
 }
 
-fn engine_failed(e: String) -> ApiError {
+fn engine_failed(e: impl std::fmt::Display) -> ApiError {
     ApiError {
         status: 500,
         message: format!("the engine refused the request: {e}"),
@@ -144,7 +143,7 @@ fn engine_failed(e: String) -> ApiError {
 }
 
 fn engine_stopped() -> ApiError {
-    engine_failed("the engine stopped before the request finished".into())
+    engine_failed("the engine stopped before the request finished")
 }
 
 /// The response's id and object name of the API.
@@ -165,7 +164,10 @@ async fn whole(
     started: Instant,
 ) -> Response {
     let l = app.loaded.get().expect("accepted only once loaded");
-    let mut rx = submit(l, &req, kind, &prompts, &guard, app);
+    let mut rx = match submit(l, &req, kind, &prompts, &guard, app) {
+        Ok(rx) => rx,
+        Err(e) => return error(engine_failed(e)),
+    };
     let mut choices = Choices::new(l, &req, kind, &guard.ids, started);
     while choices.open > 0 {
         match rx.recv().await {
@@ -223,7 +225,7 @@ fn stream(
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(256);
     tokio::spawn(async move {
         let l = app.loaded.get().expect("accepted only once loaded");
-        let mut engine_rx = submit(l, &req, kind, &prompts, &guard, &app);
+        let submitted = submit(l, &req, kind, &prompts, &guard, &app);
         let mut choices = Choices::new(l, &req, kind, &guard.ids, started);
         let (id, object) = names(kind, choices.base, true);
         let created = unix_now();
@@ -247,6 +249,13 @@ fn stream(
                 }
             }
         }
+        let mut engine_rx = match submitted {
+            Ok(rx) => rx,
+            Err(e) => {
+                let _ = tx.send(event(&engine_failed(e).body())).await;
+                return;
+            }
+        };
         while choices.open > 0 {
             let msg = tokio::select! {
                 m = engine_rx.recv() => m,

@@ -39,7 +39,7 @@ fn accept(app: &Arc<App>, body: &[u8]) -> Result<(Program, usize), ApiError> {
             return Err(ApiError::model_not_found(m, "serves", &app.name));
         }
     }
-    check(&p, l).map_err(bad)?;
+    check(&p, l).map_err(|e| bad(e.to_string()))?;
     let slots = match p.max_parallel {
         Width::Max(n) => n.min(app.capacity),
         Width::Auto => 1,

@@ -23,7 +23,7 @@
 //! Rank 0 schedules; each step it broadcasts the step's work to the others.
 
 use super::kv_store::KvStore;
-use super::weights::{Dims, WeightFormat, Weights};
+use super::weights::{Dims, ShardError, WeightFormat, Weights};
 use brigade::models::Gpt;
 use brigade::tensor::rowwise::matmul_rows;
 use brigade_comm::Comm;
@@ -69,12 +69,12 @@ impl Model {
     }
 
     /// This rank's share of the model for the tensor-parallel group `comm` (`None`: all of it).
-    pub fn shard(gpt: &Gpt, params: &[f32], comm: Option<Comm>) -> Result<Model, String> {
+    pub fn shard(gpt: &Gpt, params: &[f32], comm: Option<Comm>) -> Result<Model, ShardError> {
         Model::shard_as(gpt, params, comm, WeightFormat::F32)
     }
 
     /// `shard` with the products' weights held as `format` says (f32 or 8 bits).
-    pub fn shard_as(gpt: &Gpt, params: &[f32], comm: Option<Comm>, format: WeightFormat) -> Result<Model, String> {
+    pub fn shard_as(gpt: &Gpt, params: &[f32], comm: Option<Comm>, format: WeightFormat) -> Result<Model, ShardError> {
         let cfg = gpt.cfg;
         let (rank, tp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
         let w = Weights::shard(gpt, params, (rank, tp), format)?;

@@ -10,3 +10,4 @@ pub mod weights;
 
 pub use forward::{Model, Work};
 pub use kv_store::KvStore;
+pub use weights::ShardError;

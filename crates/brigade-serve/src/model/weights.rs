@@ -18,6 +18,25 @@ use brigade::params::Split;
 use brigade::tensor::rope::RopeTable;
 use brigade::tensor::rowwise::Packed;
 
+/// Why a model cannot be cut for a tensor-parallel group (or held at all).
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    /// The training's rule for the group size (heads, key/value heads, MLP), in its words.
+    #[error("{0}")]
+    Layout(String),
+    /// Another of the model's checks of the group size.
+    #[error(transparent)]
+    Model(brigade::Error),
+    #[error("--tp {tp} does not divide the model's hidden size {hidden}")]
+    HiddenSize { tp: usize, hidden: usize },
+    #[error("{name}: key/value heads stored [in, out] cannot be replicated")]
+    ReplicatedInOut { name: String },
+    #[error("{name}: some products reading one input have biases, others not")]
+    MixedBiases { name: String },
+    #[error("products stored [in, out] are served one at a time")]
+    MixedOrient,
+}
+
 /// A normalisation's weights.
 pub(crate) enum Norm {
     /// LayerNorm: scale, shift and epsilon.
@@ -130,14 +149,14 @@ pub fn kv_width(cfg: &GptConfig, tp: usize) -> usize {
 
 /// Whether `tp` ranks can serve `cfg`: the training's rule (heads, key/value heads, MLP) and
 /// whole output features on each rank.
-pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<(), String> {
+pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<(), ShardError> {
     match brigade::models::config::check_tp(cfg, tp) {
         Ok(()) => {}
-        Err(brigade::error::Error::Layout(m)) => return Err(m),
-        Err(e) => return Err(e.to_string()),
+        Err(brigade::error::Error::Layout(m)) => return Err(ShardError::Layout(m)),
+        Err(e) => return Err(ShardError::Model(e)),
     }
     if !cfg.n_embd.is_multiple_of(tp) {
-        return Err(format!("--tp {tp} does not divide the model's hidden size {}", cfg.n_embd));
+        return Err(ShardError::HiddenSize { tp, hidden: cfg.n_embd });
     }
     Ok(())
 }
@@ -156,7 +175,7 @@ impl Weights {
         params: &[f32],
         (rank, tp): (usize, usize),
         format: WeightFormat,
-    ) -> Result<Weights, String> {
+    ) -> Result<Weights, ShardError> {
         let mut w = Self::shard_f32(gpt, params, rank, tp)?;
         if let Some(g) = format.group() {
             for l in &mut w.layers {
@@ -180,7 +199,7 @@ impl Weights {
         (products, products + 4 * (self.embed.len() + self.wpe.as_ref().map_or(0, Vec::len)))
     }
 
-    fn shard_f32(gpt: &Gpt, params: &[f32], rank: usize, tp: usize) -> Result<Weights, String> {
+    fn shard_f32(gpt: &Gpt, params: &[f32], rank: usize, tp: usize) -> Result<Weights, ShardError> {
         let cfg = &gpt.cfg;
         check_tp(cfg, tp)?;
         let cut = Cutter { gpt, params, rank, tp, copies: kv_copies(cfg, tp) };
@@ -287,7 +306,7 @@ impl Cutter<'_> {
     /// in one packed product, and their biases; a product stored `[in, out]` whose outputs
     /// are `parts` segments (a fused q|k|v) is cut in each. The key/value heads' products are
     /// cut by `Split::kv_heads`, as training cuts them.
-    fn columns(&self, b: &BlockSpec, ls: &[&Linear], parts: usize) -> Result<(Packed, Option<Vec<f32>>), String> {
+    fn columns(&self, b: &BlockSpec, ls: &[&Linear], parts: usize) -> Result<(Packed, Option<Vec<f32>>), ShardError> {
         let d_in = ls[0].d_in;
         let mut w_pieces = Vec::with_capacity(ls.len());
         let mut b_pieces = Vec::with_capacity(ls.len());
@@ -296,7 +315,7 @@ impl Cutter<'_> {
                 Orient::OutIn if b.is_kv(l) => Split::kv_heads(self.copies),
                 Orient::OutIn => Split::Rows,
                 Orient::InOut if b.is_kv(l) && self.copies > 1 => {
-                    return Err(format!("{}: key/value heads stored [in, out] cannot be replicated", l.name))
+                    return Err(ShardError::ReplicatedInOut { name: l.name.clone() })
                 }
                 Orient::InOut => Split::Cols { parts },
             };
@@ -310,7 +329,7 @@ impl Cutter<'_> {
         let bias = match b_pieces.iter().filter(|b| b.is_some()).count() {
             0 => None,
             n if n == ls.len() => Some(b_pieces.into_iter().flatten().flatten().collect()),
-            _ => return Err(format!("{}: some products reading one input have biases, others not", ls[0].name)),
+            _ => return Err(ShardError::MixedBiases { name: ls[0].name.clone() }),
         };
         Ok((pack(&w_pieces, d_in)?, bias))
     }
@@ -318,7 +337,7 @@ impl Cutter<'_> {
     /// A product cut by its outputs into `tp` blocks (serving's output projections: every
     /// output element the whole `fma` chain over its input), with its whole bias (added after
     /// the gather).
-    fn outputs(&self, l: &Linear) -> Result<(Packed, Option<Vec<f32>>), String> {
+    fn outputs(&self, l: &Linear) -> Result<(Packed, Option<Vec<f32>>), ShardError> {
         let (split, shape) = match l.orient {
             Orient::OutIn => (Split::Rows, [l.d_out, l.d_in]),
             Orient::InOut => (Split::Cols { parts: 1 }, [l.d_in, l.d_out]),
@@ -330,13 +349,13 @@ impl Cutter<'_> {
 
 /// Pieces of products reading `d_in` inputs, side by side in one packed product: pieces
 /// stored `[out, in]` one after another (rows), or one piece stored `[in, out]`.
-fn pack(pieces: &[(Orient, Vec<f32>)], d_in: usize) -> Result<Packed, String> {
+fn pack(pieces: &[(Orient, Vec<f32>)], d_in: usize) -> Result<Packed, ShardError> {
     match pieces {
         [(Orient::InOut, w)] => Ok(Packed::new(w, d_in, w.len() / d_in)),
         ps if ps.iter().all(|(o, _)| *o == Orient::OutIn) => {
             let rows: Vec<f32> = ps.iter().flat_map(|(_, w)| w.iter().copied()).collect();
             Ok(Packed::from_transposed(&rows, rows.len() / d_in, d_in))
         }
-        _ => Err("products stored [in, out] are served one at a time".into()),
+        _ => Err(ShardError::MixedOrient),
     }
 }

@@ -30,7 +30,7 @@ pub fn run_text(o: &ServeOptions, text: &str, toml: bool, on_node: impl FnMut(Va
             )));
         }
     }
-    check(&p, &l).map_err(ServeError::Program)?;
+    check(&p, &l).map_err(|e| ServeError::Program(e.to_string()))?;
     let next_id = AtomicU64::new(1);
     let ctx = Ctx { l: &l, metrics: &metrics, next_id: &next_id, max_branches: limits.max_branches };
     let rt = tokio::runtime::Builder::new_current_thread()

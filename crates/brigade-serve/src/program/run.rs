@@ -8,11 +8,13 @@
 //! and no other; the result names which and why.
 
 use super::graph::{split, Fanout, Node, Program, Width};
-use crate::engine::{Admit, Output, Request, Sampling, StepProfile};
+use crate::constraint::ConstraintError;
+use crate::engine::{Admit, Output, Refused, Request, Sampling, StepProfile};
 use crate::metrics::Metrics;
 use crate::request::choices::Choices;
 use crate::request::completion::{self, Completion, Prompt};
 use crate::request::shape::{prompt_ids, prompted, sampling, Kind};
+use crate::request::ApiError;
 use crate::startup::Loaded;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -31,17 +33,18 @@ pub(crate) struct Ctx<'a> {
 
 /// Checks, before anything runs, what the graph's own checks cannot: that the model can take
 /// text prompts, and every node's settings as `/v1/completions` would check them.
-pub(crate) fn check(p: &Program, l: &Loaded) -> Result<(), String> {
+pub(crate) fn check(p: &Program, l: &Loaded) -> Result<(), CheckError> {
     let Some(tok) = &l.tokenizer else {
-        return Err("this model has no tokenizer.json, and programs are text; serve a checkpoint that has one".into());
+        return Err(CheckError::NoTokenizer);
     };
     for n in &p.nodes {
-        let req = completion(n, vec!["x".into()]).map_err(|e| format!("node '{}': {e}", n.id))?;
-        l.constraint(req.constraint.as_ref()).map_err(|e| format!("node '{}': {e}", n.id))?;
+        let node = || n.id.clone();
+        let req = completion(n, vec!["x".into()]).map_err(|err| CheckError::Settings { node: node(), err })?;
+        l.constraint(req.constraint.as_ref()).map_err(|err| CheckError::Constraint { node: node(), err })?;
         if let Fanout::Select(choices) = &n.fanout {
             for c in choices {
-                if tok.encode(c).map_err(|e| e.to_string())?.is_empty() {
-                    return Err(format!("node '{}': the choice {c:?} is no tokens", n.id));
+                if tok.encode(c)?.is_empty() {
+                    return Err(CheckError::EmptyChoice { node: node(), choice: c.clone() });
                 }
             }
         }
@@ -49,15 +52,32 @@ pub(crate) fn check(p: &Program, l: &Loaded) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a program cannot run on the loaded model (found before anything runs; a 400).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CheckError {
+    #[error("this model has no tokenizer.json, and programs are text; serve a checkpoint that has one")]
+    NoTokenizer,
+    /// A node's settings, as `/v1/completions` would refuse them.
+    #[error("node '{node}': {err}")]
+    Settings { node: String, err: ApiError },
+    #[error("node '{node}': {err}")]
+    Constraint { node: String, err: ConstraintError },
+    /// A select's choice the tokenizer could not encode.
+    #[error(transparent)]
+    Tokenize(#[from] brigade::Error),
+    #[error("node '{node}': the choice {choice:?} is no tokens")]
+    EmptyChoice { node: String, choice: String },
+}
+
 /// The node's settings as a completions request for `prompts` (a fork's N as `n`).
-fn completion(n: &Node, prompts: Vec<String>) -> Result<Completion, String> {
+fn completion(n: &Node, prompts: Vec<String>) -> Result<Completion, ApiError> {
     let mut body: Map<String, Value> = n.settings.clone();
     body.insert("prompt".into(), json!(prompts));
     if let Fanout::Fork(k) = n.fanout {
         body.insert("n".into(), json!(k));
     }
     let bytes = serde_json::to_vec(&Value::Object(body)).expect("JSON");
-    completion::parse(&bytes).map_err(|e| e.message)
+    completion::parse(&bytes)
 }
 
 enum State {
@@ -107,7 +127,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
         l.engine.profile().await.unwrap_or(StepProfile { decode: vec![], prefill_per_token: 0.0 });
     let t0 = Instant::now();
     let remaining = p.remaining_path();
-    let (tx, mut rx) = unbounded_channel::<Result<Output, String>>();
+    let (tx, mut rx) = unbounded_channel::<Result<Output, Refused>>();
     let mut runs: Vec<Run> = p
         .nodes
         .iter()
@@ -312,7 +332,7 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<
         Fanout::Items(items) => items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?,
         _ => vec![node.prompt.render(texts, None)?],
     };
-    let mut req = completion(node, prompts.clone())?;
+    let mut req = completion(node, prompts.clone()).map_err(|e| e.message)?;
     if req.seed.is_none() && req.temperature > 0.0 {
         // as the completions API: sampling without a seed draws one
         req.seed = Some(rand::random());
