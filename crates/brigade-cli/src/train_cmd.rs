@@ -274,6 +274,43 @@ struct Bar {
     /// `BRIGADE_PROGRESS=FILE` (set by `brigade launch`): rank 0 writes the last step it
     /// finished there, so that a supervisor knows how far a run that died had got.
     progress: Option<std::path::PathBuf>,
+    /// After the last step: a thread that keeps the progress file fresh while the final save,
+    /// gather and evaluation run (no step can finish then; the supervisor must not take the
+    /// evaluation of a finished run for a hang). Stopped when the bar is dropped.
+    heartbeat: Option<Heartbeat>,
+}
+
+/// Touches a file every half second until dropped.
+struct Heartbeat {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start(path: std::path::PathBuf) -> Heartbeat {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                // the content (the last step) stays; its time is what the supervisor watches
+                if let Ok(step) = std::fs::read_to_string(&path) {
+                    let _ = std::fs::write(&path, step);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+        });
+        Heartbeat { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The environment variable naming the file a run's last finished step is written to.
@@ -298,7 +335,15 @@ impl Bar {
         let now = std::time::Instant::now();
         let plain = (lead && !tty).then_some(Plain { every: 1, last: now, started: now, steps: 0 });
         let progress = std::env::var_os(PROGRESS_ENV).filter(|_| lead).map(std::path::PathBuf::from);
-        Bar { lead, bar, threads: a.rank_threads(), layout: a.layout.clone().unwrap_or_default(), plain, progress }
+        Bar {
+            lead,
+            bar,
+            threads: a.rank_threads(),
+            layout: a.layout.clone().unwrap_or_default(),
+            plain,
+            progress,
+            heartbeat: None,
+        }
     }
 }
 
@@ -342,13 +387,9 @@ impl Observer for Bar {
     }
 
     fn finishing(&mut self, _what: &'static str) {
-        // the final save, gather and evaluation take seconds of their own: the supervisor's
-        // hang timeout counts from the start of each, not from the last step (the file's
-        // time is what it watches; its content, the last step, stays)
-        if let Some(path) = &self.progress {
-            if let Ok(step) = std::fs::read_to_string(path) {
-                let _ = std::fs::write(path, step);
-            }
+        // the steps are over: the final save, gather and evaluation take seconds of their own
+        if let (Some(path), None) = (&self.progress, &self.heartbeat) {
+            self.heartbeat = Some(Heartbeat::start(path.clone()));
         }
     }
 
