@@ -386,13 +386,6 @@ impl Observer for Bar {
         }
     }
 
-    fn finishing(&mut self, _what: &'static str) {
-        // the steps are over: the final save, gather and evaluation take seconds of their own
-        if let (Some(path), None) = (&self.progress, &self.heartbeat) {
-            self.heartbeat = Some(Heartbeat::start(path.clone()));
-        }
-    }
-
     fn step(&mut self, s: &StepStats, rate: f64) {
         if let Some(path) = &self.progress {
             // a report, not state: a write that fails costs the supervisor its count, no more
@@ -434,6 +427,10 @@ impl Observer for Bar {
 
     fn stepped(&mut self) {
         self.bar.finish_and_clear();
+        // the steps are over: the final save, gather and evaluation take seconds of their own
+        if let (Some(path), None) = (&self.progress, &self.heartbeat) {
+            self.heartbeat = Some(Heartbeat::start(path.clone()));
+        }
     }
 }
 

@@ -201,9 +201,6 @@ pub trait Observer {
     fn evaluated(&mut self, _s: &StepStats, _report: &EvalReport) {}
     /// The steps are over (finished or stopped): before the summary.
     fn stepped(&mut self) {}
-    /// A stretch of the work after the steps begins (`"save"`, `"gather"`, `"evaluate"`): a
-    /// supervisor that watches for progress hears that the job is still alive.
-    fn finishing(&mut self, _what: &'static str) {}
 }
 
 /// Hears nothing.
@@ -385,10 +382,8 @@ pub fn run(
     obs.stepped();
     let secs = t0.elapsed().as_secs_f64();
     if let Some(sv) = saver.as_mut() {
-        obs.finishing("save");
         finish_saves(sv, tr)?;
     }
-    obs.finishing("gather");
     let full = if tr.step < steps { None } else { tr.full_params()? };
     let trace = match &tr.timeline {
         Some(tl) => tl.gather(world)?,
@@ -420,7 +415,6 @@ pub fn run(
         report.trace = Some((path.clone(), trace["traceEvents"].as_array().map_or(0, |e| e.len())));
     }
     if tr.step >= steps {
-        obs.finishing("evaluate");
         let eval = tr.evaluate_with(full.as_deref());
         if matches!(eval, EvalReport::Text { .. }) {
             report.sample = Some(tr.sample_text(full.as_deref())?);
