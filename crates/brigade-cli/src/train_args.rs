@@ -1,6 +1,7 @@
 //! The flags of `brigade train`, and the run settings they make.
 
 use anyhow::{Context, Result};
+use brigade::train::config::Mixed;
 use brigade::train::TrainConfig;
 use clap::Args;
 use std::path::PathBuf;
@@ -14,9 +15,23 @@ pub struct TrainArgs {
     /// llama-tiny, smollm2-135m, qwen2.5-0.5b, llama3.2-1b, llama3-8b, llama3-70b, llama3-405b.
     #[arg(long)]
     pub(crate) model: Option<String>,
-    /// UTF-8 text file to train on (default: the built-in addition task).
+    /// Start from a published model: a Hugging Face folder (config.json, safetensors weights,
+    /// tokenizer.json) of either family. Its config.json gives the family and shape (--model
+    /// is then optional and must match); each rank reads only its own slices of the weights;
+    /// its tokenizer is --data's unless --tokenizer is given.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) init: Option<PathBuf>,
+    /// What to train on (default: the built-in addition task): a UTF-8 text file, an llm.c /
+    /// nanoGPT token file (.bin with llm.c's header), a Megatron dataset (PREFIX or PREFIX.bin,
+    /// with PREFIX.idx), or with --chat a .jsonl of conversations. Several corpora mix by weight:
+    /// `--data a.bin:0.7 b.bin:0.3`. Corpora are read memory-mapped; a share of their documents
+    /// (chosen by hash) is held out for validation.
+    #[arg(long, num_args = 1.., value_parser = weighted)]
+    pub(crate) data: Option<Vec<(PathBuf, Option<f64>)>>,
+    /// --data holds conversations, one `{"messages": [...]}` a line (OpenAI's format), rendered
+    /// with the tokenizer's chat template; the loss is on the assistant's turns only.
     #[arg(long)]
-    pub(crate) data: Option<PathBuf>,
+    pub(crate) chat: bool,
     /// Hugging Face tokenizer for --data: a tokenizer.json, or a folder holding one with its
     /// tokenizer_config.json (special tokens, BOS) (default: byte-level tokens).
     #[arg(long)]
@@ -138,7 +153,9 @@ impl TrainArgs {
         };
         on(self.config.is_some(), "--config");
         on(self.model.is_some(), "--model");
+        on(self.init.is_some(), "--init");
         on(self.data.is_some(), "--data");
+        on(self.chat, "--chat");
         on(self.tokenizer.is_some(), "--tokenizer");
         on(self.digits.is_some(), "--digits");
         on(self.batch.is_some(), "--batch");
@@ -162,8 +179,26 @@ impl TrainArgs {
         if let Some(v) = &self.model {
             c.model = v.clone();
         }
-        if self.data.is_some() {
-            c.data = self.data.clone();
+        if let Some(dir) = &self.init {
+            c.init = Some(dir.clone());
+            if self.model.is_none() {
+                // named for the folder (a preset's name would be checked against it)
+                let name = dir.file_name().map_or("init".into(), |n| n.to_string_lossy().into_owned());
+                c.model = match brigade::models::GptConfig::preset(&name) {
+                    Ok(_) => format!("{name} (--init)"),
+                    Err(_) => name,
+                };
+            }
+        }
+        if let Some(list) = &self.data {
+            c.data = Some(list[0].0.clone());
+            c.mix = match list.len() {
+                1 if list[0].1.is_none() => Vec::new(),
+                _ => list.iter().map(|(p, w)| Mixed { path: p.clone(), weight: w.unwrap_or(1.0) }).collect(),
+            };
+        }
+        if self.chat {
+            c.chat = true;
         }
         if self.tokenizer.is_some() {
             c.tokenizer = self.tokenizer.clone();
@@ -197,6 +232,21 @@ impl TrainArgs {
         }
         Ok(c)
     }
+}
+
+/// `PATH` or `PATH:WEIGHT` (a corpus and its weight in the mix).
+fn weighted(s: &str) -> Result<(PathBuf, Option<f64>), String> {
+    if let Some((p, w)) = s.rsplit_once(':') {
+        if !std::path::Path::new(s).exists() && !w.contains('/') {
+            let weight: f64 =
+                w.parse().map_err(|_| format!("the weight after ':' in {s} must be a number, got '{w}'"))?;
+            if !(weight.is_finite() && weight > 0.0) {
+                return Err(format!("the weight of {p} must be a positive number, got {w}"));
+            }
+            return Ok((PathBuf::from(p), Some(weight)));
+        }
+    }
+    Ok((PathBuf::from(s), None))
 }
 
 fn save_interval(s: &str) -> Result<brigade::train::run::SaveEvery, String> {

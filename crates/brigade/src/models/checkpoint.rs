@@ -51,7 +51,7 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// Hugging Face keeps these beside the weights: causal-mask buffers, the tied head, rotary
 /// frequency buffers of older Llama checkpoints.
-fn ignorable(name: &str, tied: bool) -> bool {
+pub(crate) fn ignorable(name: &str, tied: bool) -> bool {
     name.ends_with(".attn.bias")
         || name.ends_with(".attn.masked_bias")
         || name.ends_with("rotary_emb.inv_freq")
@@ -130,47 +130,52 @@ fn fill_from(
                 format!("tensor '{name}' has shape {:?}, the model expects {:?}", tv.shape(), s.shape),
             ));
         }
-        let dst = s.view.of_mut(out);
-        let data = tv.data();
-        let size = match tv.dtype() {
-            Dtype::F32 => 4,
-            Dtype::BF16 | Dtype::F16 => 2,
-            other => {
-                return Err(Error::ckpt(
-                    path,
-                    format!("tensor '{name}' is {other:?}; brigade loads F32, BF16 and F16 weights"),
-                ))
-            }
-        };
-        if data.len() != dst.len() * size {
+        convert(&tv, &name, path, s.view.of_mut(out))?;
+        found.insert(s.name.clone());
+    }
+    Ok(())
+}
+
+/// Copies tensor `tv` (F32, or BF16 / F16 converted) into `dst`, whose length its shape gives.
+pub(crate) fn convert(tv: &safetensors::tensor::TensorView, name: &str, path: &Path, dst: &mut [f32]) -> Result<()> {
+    let data = tv.data();
+    let size = match tv.dtype() {
+        Dtype::F32 => 4,
+        Dtype::BF16 | Dtype::F16 => 2,
+        other => {
             return Err(Error::ckpt(
                 path,
-                format!(
-                    "tensor '{name}' holds {} bytes of {:?}, its shape needs {}",
-                    data.len(),
-                    tv.dtype(),
-                    dst.len() * size
-                ),
-            ));
+                format!("tensor '{name}' is {other:?}; brigade loads F32, BF16 and F16 weights"),
+            ))
         }
-        match tv.dtype() {
-            Dtype::F32 => {
-                for (d, c) in dst.iter_mut().zip(data.chunks_exact(4)) {
-                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-            Dtype::BF16 => {
-                for (d, c) in dst.iter_mut().zip(data.chunks_exact(2)) {
-                    *d = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
-                }
-            }
-            _ => {
-                for (d, c) in dst.iter_mut().zip(data.chunks_exact(2)) {
-                    *d = f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-                }
+    };
+    if data.len() != dst.len() * size {
+        return Err(Error::ckpt(
+            path,
+            format!(
+                "tensor '{name}' holds {} bytes of {:?}, its shape needs {}",
+                data.len(),
+                tv.dtype(),
+                dst.len() * size
+            ),
+        ));
+    }
+    match tv.dtype() {
+        Dtype::F32 => {
+            for (d, c) in dst.iter_mut().zip(data.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        found.insert(s.name.clone());
+        Dtype::BF16 => {
+            for (d, c) in dst.iter_mut().zip(data.chunks_exact(2)) {
+                *d = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        _ => {
+            for (d, c) in dst.iter_mut().zip(data.chunks_exact(2)) {
+                *d = f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
     }
     Ok(())
 }
@@ -239,12 +244,13 @@ fn check_unknown(st: &SafeTensors, layout: &ParamLayout, prefix: &str, path: &Pa
     Ok(())
 }
 
-/// The weights of a model directory: `model.safetensors`, or the shards that
-/// `model.safetensors.index.json` names.
-pub fn load_weights(dir: &Path, layout: &ParamLayout) -> Result<Vec<f32>> {
+/// The safetensors files of a model directory: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` names (each once, sorted). `index` is where a missing
+/// shard is blamed.
+pub fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, PathBuf)> {
     let index = dir.join(INDEX_FILE);
     if !index.exists() || dir.join(MODEL_FILE).exists() {
-        return Ok(load_tensors(&dir.join(MODEL_FILE), layout, "")?.0);
+        return Ok((vec![dir.join(MODEL_FILE)], dir.join(MODEL_FILE)));
     }
     let text = std::fs::read_to_string(&index).map_err(|e| Error::ckpt(&index, format!("cannot read: {e}")))?;
     let v: serde_json::Value =
@@ -259,11 +265,29 @@ pub fn load_weights(dir: &Path, layout: &ParamLayout) -> Result<Vec<f32>> {
     if let Some(bad) = files.iter().find(|f| f.contains('/') || f.contains("..")) {
         return Err(Error::ckpt(&index, format!("names shard '{bad}' outside the directory")));
     }
+    if let Some(f) = files.iter().find(|f| !dir.join(f).is_file()) {
+        return Err(Error::ckpt(
+            &index,
+            format!("names shard '{f}', which is not there; the checkpoint is incomplete"),
+        ));
+    }
+    Ok((files.iter().map(|f| dir.join(f)).collect(), index))
+}
+
+/// The weights of a model directory: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` names.
+pub fn load_weights(dir: &Path, layout: &ParamLayout) -> Result<Vec<f32>> {
+    let (files, index) = weight_files(dir)?;
+    if files.len() == 1 && index == files[0] {
+        return Ok(load_tensors(&files[0], layout, "")?.0);
+    }
     let mut blobs = Vec::with_capacity(files.len());
-    for f in &files {
-        let p = dir.join(f);
+    for p in files {
         let bytes = std::fs::read(&p).map_err(|e| {
-            Error::ckpt(&index, format!("names shard '{f}', which cannot be read ({e}); the checkpoint is incomplete"))
+            Error::ckpt(
+                &index,
+                format!("names shard {}, which cannot be read ({e}); the checkpoint is incomplete", p.display()),
+            )
         })?;
         blobs.push((p, bytes));
     }

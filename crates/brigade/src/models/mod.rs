@@ -7,6 +7,7 @@ pub mod family;
 pub mod generate;
 pub mod gpt;
 pub mod pass;
+pub mod shard_load;
 pub mod tokenizer;
 pub mod units;
 pub use generate::{generate, SampleOptions};

@@ -122,6 +122,19 @@ impl Tokenizer {
         }
     }
 
+    /// `encode_plain`, with each token's byte range in `text`.
+    pub fn encode_plain_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        match self {
+            Tokenizer::Bytes => {
+                Ok((text.bytes().map(|b| b as u32).collect(), (0..text.len()).map(|i| (i, i + 1)).collect()))
+            }
+            Tokenizer::Hf(t, ..) => {
+                let e = t.encode(text, false).map_err(|e| Error::Data(format!("tokenizer failed: {e}")))?;
+                Ok((e.get_ids().to_vec(), e.get_offsets().to_vec()))
+            }
+        }
+    }
+
     /// Decodes; byte sequences that are not UTF-8 come out with replacement characters.
     pub fn decode(&self, ids: &[u32]) -> String {
         match self {

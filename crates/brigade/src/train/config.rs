@@ -10,6 +10,14 @@ use std::path::PathBuf;
 /// computed from it clear of overflow.
 pub const MAX_TOKENS_PER_BATCH: usize = 1 << 40;
 
+/// A corpus and its weight in the mix.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mixed {
+    pub path: PathBuf,
+    pub weight: f64,
+}
+
 /// Everything that determines the run's numbers. Threads and output paths are not here:
 /// they change how fast a run goes, never what it computes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,8 +33,23 @@ pub struct TrainConfig {
     /// Llama family only: key/value heads (grouped-query attention) and the SwiGLU width.
     pub n_kv_head: Option<usize>,
     pub intermediate_size: Option<usize>,
-    /// UTF-8 text file to train on; absent: the built-in addition task.
+    /// A Hugging Face folder whose weights the run starts from (its `config.json` gives the
+    /// family and shape); absent: random weights of the preset's shape. The checkpoint
+    /// records it: where the run came from.
+    pub init: Option<PathBuf>,
+    /// Resuming: the checkpoint whose `config.json` gives the shape (its weights replace the
+    /// starting ones), so that the `init` folder need not be there any more.
+    #[serde(skip)]
+    pub shape_from: Option<PathBuf>,
+    /// What to train on: a UTF-8 text file, an llm.c `.bin`, a Megatron dataset (`PREFIX` or
+    /// `PREFIX.bin`), or with `chat` a JSON Lines file of conversations; absent: the built-in
+    /// addition task. With `mix`, the first of them.
     pub data: Option<PathBuf>,
+    /// Several corpora drawn from by weight (`data` is the first's path); empty: `data` alone.
+    pub mix: Vec<Mixed>,
+    /// `data` holds conversations (`{"messages": [...]}` a line) rendered with the tokenizer's
+    /// chat template, trained with the loss on the assistant's turns only.
+    pub chat: bool,
     /// Hugging Face tokenizer.json; absent: byte-level tokens.
     pub tokenizer: Option<PathBuf>,
     /// Digits per operand of the built-in addition task.
@@ -66,7 +89,11 @@ impl Default for TrainConfig {
             vocab_size: None,
             n_kv_head: None,
             intermediate_size: None,
+            init: None,
+            shape_from: None,
             data: None,
+            mix: Vec::new(),
+            chat: false,
             tokenizer: None,
             digits: 3,
             reverse: true,
@@ -102,6 +129,74 @@ impl TrainConfig {
     /// The model shape: the preset with this config's overrides; `data_vocab` is the
     /// tokenizer's vocabulary, which the model's must cover.
     pub fn model_config(&self, data_vocab: usize) -> Result<GptConfig> {
+        let cfg = match self.shape_from.as_ref().or(self.init.as_ref()) {
+            Some(dir) => self.published_config(dir)?,
+            None => self.preset_config(data_vocab)?,
+        };
+        if cfg.vocab_size < data_vocab {
+            return Err(Error::Config(match &self.init {
+                Some(dir) => format!(
+                    "the tokenizer has {data_vocab} tokens but the model in {} has a vocabulary of {}; give the model's own tokenizer",
+                    dir.display(),
+                    cfg.vocab_size
+                ),
+                None => format!(
+                    "vocab_size {} is smaller than the tokenizer's vocabulary of {data_vocab}; raise vocab_size",
+                    cfg.vocab_size
+                ),
+            }));
+        }
+        Ok(cfg)
+    }
+
+    /// The shape of the published model in `dir` (its `config.json`); `model`, if a preset,
+    /// must be of its family and shape, and no shape override may be set.
+    fn published_config(&self, dir: &std::path::Path) -> Result<GptConfig> {
+        let cfg = crate::models::checkpoint::read_model_config(dir)?;
+        let overrides = [
+            ("n_layer", self.n_layer.is_some()),
+            ("n_head", self.n_head.is_some()),
+            ("n_embd", self.n_embd.is_some()),
+            ("block_size", self.block_size.is_some()),
+            ("vocab_size", self.vocab_size.is_some()),
+            ("n_kv_head", self.n_kv_head.is_some()),
+            ("intermediate_size", self.intermediate_size.is_some()),
+        ];
+        if let Some((name, _)) = overrides.iter().find(|(_, set)| *set) {
+            return Err(Error::Config(format!(
+                "--init {} takes the model's shape from its config.json; drop the {name} setting",
+                dir.display()
+            )));
+        }
+        if let Ok(p) = GptConfig::preset(&self.model) {
+            if p.family.name() != cfg.family.name() {
+                return Err(Error::Config(format!(
+                    "--init {} holds a {} model but --model {} is of the {} family; drop --model (the folder's config.json says what it is)",
+                    dir.display(),
+                    cfg.family.name(),
+                    self.model,
+                    p.family.name()
+                )));
+            }
+            let (a, b) = (p.shape(), cfg.shape());
+            if (a.n_layer, a.n_head, a.n_embd) != (b.n_layer, b.n_head, b.n_embd) {
+                return Err(Error::Config(format!(
+                    "--init {} holds a model of {} layers, {} heads, width {}, but --model {} has {} layers, {} heads, width {}; drop --model",
+                    dir.display(),
+                    b.n_layer,
+                    b.n_head,
+                    b.n_embd,
+                    self.model,
+                    a.n_layer,
+                    a.n_head,
+                    a.n_embd
+                )));
+            }
+        }
+        Ok(cfg)
+    }
+
+    fn preset_config(&self, data_vocab: usize) -> Result<GptConfig> {
         let p = GptConfig::preset(&self.model)?;
         let mut cfg = GptConfig {
             n_layer: self.n_layer.unwrap_or(p.n_layer),
@@ -118,13 +213,16 @@ impl TrainConfig {
         };
         cfg.family.reshape(&cfg.shape(), changes, &self.model).map_err(Error::Config)?;
         cfg.validate()?;
-        if cfg.vocab_size < data_vocab {
-            return Err(Error::Config(format!(
-                "vocab_size {} is smaller than the tokenizer's vocabulary of {data_vocab}; raise vocab_size",
-                cfg.vocab_size
-            )));
-        }
         Ok(cfg)
+    }
+
+    /// The corpora to train on with their weights (`data` alone: weight 1).
+    pub fn corpora(&self) -> Vec<(PathBuf, f64)> {
+        match (&self.data, self.mix.is_empty()) {
+            (Some(d), true) => vec![(d.clone(), 1.0)],
+            (_, false) => self.mix.iter().map(|m| (m.path.clone(), m.weight)).collect(),
+            (None, true) => vec![],
+        }
     }
 
     /// The built-in addition task this run trains on, if it has no data file.
@@ -179,6 +277,17 @@ impl TrainConfig {
         }
         if self.digits == 0 || self.digits > 9 {
             return bad(format!("digits must be between 1 and 9, got {}", self.digits));
+        }
+        if !self.mix.is_empty() {
+            if self.mix.first().map(|m| &m.path) != self.data.as_ref() {
+                return bad("mix lists every corpus, the first being data's; set data to the first path of mix".into());
+            }
+            if let Some(m) = self.mix.iter().find(|m| !(m.weight.is_finite() && m.weight > 0.0)) {
+                return bad(format!("the weight of {} must be a positive number, got {}", m.path.display(), m.weight));
+            }
+        }
+        if self.chat && self.data.is_none() {
+            return bad("--chat needs --data FILE.jsonl (conversations, one {\"messages\": [...]} a line)".into());
         }
         if self.tokenizer.is_some() && self.data.is_none() {
             return bad("--tokenizer needs --data FILE (the built-in task uses bytes)".into());

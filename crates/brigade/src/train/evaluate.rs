@@ -89,18 +89,24 @@ impl Trainer {
                 }
                 EvalReport::Addition { correct, total: problems.len(), examples }
             }
-            Dataset::Text(d) => {
+            Dataset::Text(_) | Dataset::Corpus(_) => {
                 let t = self.seq;
                 let n = 16;
-                let (x, y) = d.val_batch(n, t);
+                let (x, y) = match &self.data {
+                    Dataset::Text(d) => d.val_batch(n, t),
+                    Dataset::Corpus(c) => c.val_batch(n, t),
+                    Dataset::Addition(_) => unreachable!("matched above"),
+                };
                 let mb = self.micro.min(n);
-                let mut sum = 0f64;
+                let (mut sum, mut count) = (0f64, 0usize);
                 for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
                     let bm = xm.len() / t;
                     model.logits(params, xm, (bm, t), acts);
-                    sum += model.loss(&Tp::SOLO, ym, acts).expect("a single worker runs no collectives").0;
+                    let (s, c) = model.loss(&Tp::SOLO, ym, acts).expect("a single worker runs no collectives");
+                    sum += s;
+                    count += c;
                 }
-                EvalReport::Text { val_loss: (sum / y.len() as f64) as f32 }
+                EvalReport::Text { val_loss: (sum / count.max(1) as f64) as f32 }
             }
         }
     }
@@ -120,6 +126,7 @@ impl Trainer {
     pub fn data_prompt(&self) -> String {
         match &self.data {
             Dataset::Text(d) => self.tokenizer.decode(&d.tokens[d.split..(d.split + 8).min(d.tokens.len())]),
+            Dataset::Corpus(c) => self.tokenizer.decode(&c.val_prompt(8)),
             Dataset::Addition(a) => a.prompt(482, 139),
         }
     }

@@ -165,6 +165,7 @@ impl Trainer {
         Fingerprints {
             data: match &self.data {
                 Dataset::Text(d) => Some(d.fingerprint.clone()),
+                Dataset::Corpus(c) => Some(c.fingerprint()),
                 Dataset::Addition(_) => None,
             },
             tokenizer: match &self.tokenizer {
@@ -284,6 +285,10 @@ fn resumed_config(dir: &Path, steps: Option<usize>) -> Result<(TrainConfig, RunS
     let mut cfg = state.config.clone();
     if cfg.tokenizer.is_some() {
         cfg.tokenizer = Some(dir.join(TOKENIZER_FILE));
+    }
+    if cfg.init.is_some() {
+        // the checkpoint's weights replace the published ones: its own config.json is the shape
+        cfg.shape_from = Some(dir.to_path_buf());
     }
     if let Some(s) = steps {
         if s < state.step {

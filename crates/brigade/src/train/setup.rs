@@ -3,12 +3,13 @@
 //! no collective; then the rank builds its part of the model, its ZeRO pieces and optimizer.
 
 use super::config::TrainConfig;
-use super::data::{Dataset, TextData, Tokenizer};
+use super::data::{Dataset, Tokenizer};
 use super::metrics::StepClock;
 use super::optimizer::{AdamW, LrSchedule};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::layout::{Layout, Schedule};
+use crate::models::shard_load::MappedWeights;
 use crate::models::Gpt;
 use crate::parallel::data::zero::Shards;
 use crate::parallel::data::{DataParallel, REPLICAS};
@@ -46,11 +47,31 @@ impl Trainer {
         if let Some(p) = &cfg.data {
             cfg.data = Some(std::path::absolute(p).map_err(|e| Error::io(p, e))?);
         }
+        for m in &mut cfg.mix {
+            m.path = std::path::absolute(&m.path).map_err(|e| Error::io(&m.path, e))?;
+        }
+        if let Some(p) = &cfg.init {
+            if !p.is_dir() {
+                return Err(Error::Config(format!(
+                    "--init {}: no such folder; give a Hugging Face model folder (config.json, model.safetensors, tokenizer.json)",
+                    p.display()
+                )));
+            }
+            cfg.init = Some(std::path::absolute(p).map_err(|e| Error::io(p, e))?);
+            // a published model is trained with its own tokenizer unless told otherwise
+            let dir = cfg.init.clone().unwrap_or_default();
+            if cfg.tokenizer.is_none() && cfg.data.is_some() && dir.join("tokenizer.json").is_file() {
+                cfg.tokenizer = Some(dir);
+            }
+        }
         let tokenizer = match &cfg.tokenizer {
             Some(p) => Tokenizer::from_file(p)?,
             None => Tokenizer::Bytes,
         };
-        let mcfg = cfg.model_config(tokenizer.vocab_size())?;
+        // a token corpus read without a tokenizer is checked against the model's vocabulary
+        // as it is opened; text is tokenized here, by the tokenizer whose vocabulary must fit
+        let tokenized = cfg.tokenizer.is_none() && cfg.data.as_ref().is_some_and(|p| Dataset::is_corpus(p, cfg.chat));
+        let mcfg = cfg.model_config(if tokenized { 0 } else { tokenizer.vocab_size() })?;
         crate::models::gpt::check_tp(&mcfg, tp)?;
         let m = layout.micro_batches(cfg.batch, mb);
         let list = match layout.runs_executor() {
@@ -69,9 +90,9 @@ impl Trainer {
                 }
                 (Dataset::Addition(a), natural)
             }
-            Some(path) => {
+            Some(_) => {
                 let seq = cfg.seq.unwrap_or(mcfg.block_size.min(256));
-                (Dataset::Text(TextData::load(path, &tokenizer, seq)?), seq)
+                (Dataset::open(&cfg.corpora(), cfg.chat, &tokenizer, seq, mcfg.vocab_size)?, seq)
             }
         };
         if seq == 0 || seq > mcfg.block_size {
@@ -115,7 +136,12 @@ impl Trainer {
         // tensor-parallel collectives run inside forward and backward: timed from their trace
         let tp_comm = mesh.group(&[Axis::Tp]);
         tp_comm.enable_tracing(tp_comm.size() > 1);
-        let mut params = parts.layout.init_shard(cfg.seed, tp.0, tp.1);
+        let full_model = Gpt::new(mcfg)?;
+        let mut params = match (&cfg.init, &cfg.shape_from) {
+            // a published model's weights: this rank reads its own tensors and slices only
+            (Some(dir), None) => MappedWeights::open(dir)?.read_local(&parts.layout, tp.0, tp.1, &full_model.layout)?,
+            _ => parts.layout.init_shard(cfg.seed, tp.0, tp.1),
+        };
         // ZeRO cuts its pieces across the ranks a gradient is summed over
         let replicas = mesh.group(REPLICAS);
         let shards = Shards::new(&parts.units, replicas.size(), replicas.rank(), dpc.zero > 0);
@@ -146,7 +172,7 @@ impl Trainer {
             mesh,
             dpc,
             layout,
-            full_model: Gpt::new(mcfg)?,
+            full_model,
             shards,
             pshard,
             gshard,

@@ -1,10 +1,8 @@
-//! Training data: the built-in addition task, or a text file tokenized by bytes or by a
-//! Hugging Face `tokenizer.json`. Batch `s` is a pure function of (seed, s), so a resumed run
+//! A text file tokenized at start by bytes or by a Hugging Face `tokenizer.json`. Batch `s` is a pure function of (seed, s), so a resumed run
 //! sees exactly the batches the uninterrupted run would have.
 
-use super::addition::Addition;
 use crate::error::{Error, Result};
-pub use crate::models::tokenizer::{Fingerprint, Tokenizer};
+use crate::models::tokenizer::{Fingerprint, Tokenizer};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
@@ -64,27 +62,5 @@ impl TextData {
             self.window(&mut rng, lo, self.tokens.len(), t, &mut x, &mut y);
         }
         (x, y)
-    }
-}
-
-pub enum Dataset {
-    Addition(Addition),
-    Text(TextData),
-}
-
-impl Dataset {
-    /// The sequence length this data is trained at by default.
-    pub fn default_seq(&self, block_size: usize) -> usize {
-        match self {
-            Dataset::Addition(a) => a.seq_len() - 1,
-            Dataset::Text(_) => block_size.min(256),
-        }
-    }
-
-    pub fn batch(&self, seed: u64, step: usize, b: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
-        match self {
-            Dataset::Addition(a) => a.batch(seed, step, b),
-            Dataset::Text(d) => d.batch(seed, step, b, t),
-        }
     }
 }

@@ -1,0 +1,254 @@
+//! A corpus of documents: token sources cut into documents, a share of the documents held out
+//! for validation (chosen by hash, so the choice depends on nothing but the corpus), and the
+//! training sequences of each step drawn from the rest as a pure function of (seed, step) — so
+//! every layout, and a resumed run, sees the single worker's batches.
+//!
+//! Pretraining text is read as random windows of the documents laid end to end (packed: a
+//! window runs on from one document into the next). Conversations are packed whole: each
+//! sequence is filled with randomly drawn conversations, the last one cut at the sequence's
+//! end, and only the tokens the data marks as trained on (the assistant's) have targets.
+
+use super::tokens::Source;
+use crate::error::{Error, Result};
+use crate::models::tokenizer::Fingerprint;
+use crate::tensor::loss::IGNORE;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// A document: `len` tokens of source `src` from `start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Doc {
+    pub src: u32,
+    pub start: u64,
+    pub len: u64,
+}
+
+/// Documents laid end to end.
+#[derive(Default)]
+pub struct Stream {
+    pub docs: Vec<Doc>,
+    /// `ends[i]`: the tokens of documents 0..=i.
+    ends: Vec<u64>,
+}
+
+impl Stream {
+    fn of(docs: Vec<Doc>) -> Stream {
+        let mut total = 0;
+        let ends = docs
+            .iter()
+            .map(|d| {
+                total += d.len;
+                total
+            })
+            .collect();
+        Stream { docs, ends }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends tokens `pos..pos + n` of the stream (across documents).
+    fn read(&self, sources: &[Source], mut pos: u64, mut n: usize, out: &mut Vec<u32>, trained: &mut Vec<bool>) {
+        let mut i = self.ends.partition_point(|&e| e <= pos);
+        while n > 0 {
+            let d = self.docs[i];
+            let before = self.ends[i] - d.len;
+            let off = pos - before;
+            let take = ((d.len - off) as usize).min(n);
+            sources[d.src as usize].extend(d.start + off, take, out, trained);
+            n -= take;
+            pos += take as u64;
+            i += 1;
+        }
+    }
+}
+
+/// How a corpus's sequences are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packing {
+    /// Random windows of the documents laid end to end.
+    Windows,
+    /// Whole documents (conversations) drawn at random, packed until the sequence is full.
+    Whole,
+}
+
+/// One corpus: its sources, its documents split into training and held-out ones.
+pub struct Corpus {
+    /// What the corpus is (a path), for messages.
+    pub name: String,
+    pub sources: Vec<Source>,
+    pub train: Stream,
+    pub val: Stream,
+    pub packing: Packing,
+    pub fingerprint: Fingerprint,
+}
+
+/// The share of a corpus's documents held out for validation when no separate validation data
+/// is given.
+pub const VAL_SHARE: f64 = 0.05;
+
+/// splitmix64: a document's hash from its index.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Corpus {
+    /// A corpus of `docs` (each a list of pieces: a document may span several pieces, which
+    /// stay together) whose held-out documents are the `VAL_SHARE` (at least one) with the
+    /// smallest hashes; `val: Some` gives the held-out documents instead.
+    pub fn new(
+        name: String,
+        sources: Vec<Source>,
+        docs: Vec<Vec<Doc>>,
+        val: Option<Vec<Vec<Doc>>>,
+        packing: Packing,
+        fingerprint: Fingerprint,
+    ) -> Result<Corpus> {
+        let docs: Vec<Vec<Doc>> = docs.into_iter().filter(|d| d.iter().any(|p| p.len > 0)).collect();
+        let (train, held) = match val {
+            Some(v) => (docs, v),
+            None => {
+                if docs.len() < 2 {
+                    return Err(Error::Data(format!(
+                        "{name} holds {} document(s); validation holds out whole documents, so give more documents or a separate --val-data",
+                        docs.len()
+                    )));
+                }
+                let k = ((docs.len() as f64 * VAL_SHARE).round() as usize).max(1);
+                let mut order: Vec<(u64, usize)> = (0..docs.len()).map(|i| (mix(i as u64), i)).collect();
+                order.sort_unstable();
+                let mut held_out = vec![false; docs.len()];
+                for &(_, i) in &order[..k] {
+                    held_out[i] = true;
+                }
+                let (mut t, mut v) = (Vec::new(), Vec::new());
+                for (d, h) in docs.into_iter().zip(held_out) {
+                    if h {
+                        v.push(d)
+                    } else {
+                        t.push(d)
+                    }
+                }
+                (t, v)
+            }
+        };
+        let flat = |d: Vec<Vec<Doc>>| d.into_iter().flatten().filter(|p| p.len > 0).collect::<Vec<_>>();
+        let c =
+            Corpus { name, sources, train: Stream::of(flat(train)), val: Stream::of(flat(held)), packing, fingerprint };
+        Ok(c)
+    }
+
+    /// Refuses a corpus too small for sequences of `t` tokens.
+    pub fn check_length(&self, t: usize) -> Result<()> {
+        if self.packing == Packing::Windows && (self.train.len() < (t + 2) as u64 || self.val.len() < (t + 2) as u64) {
+            return Err(Error::Data(format!(
+                "{} has {} training and {} held-out tokens; sequences of {t} tokens need more than {} of each (or use a shorter --seq)",
+                self.name,
+                self.train.len(),
+                self.val.len(),
+                t + 1
+            )));
+        }
+        if self.train.is_empty() || self.val.is_empty() {
+            return Err(Error::Data(format!("{} has no training or no held-out tokens", self.name)));
+        }
+        Ok(())
+    }
+
+    /// Appends one sequence of `t` inputs and `t` targets from `stream`.
+    fn sequence(&self, stream: &Stream, rng: &mut ChaCha8Rng, t: usize, x: &mut Vec<u32>, y: &mut Vec<i32>) {
+        let (mut tok, mut keep) = (Vec::with_capacity(t + 1), Vec::with_capacity(t + 1));
+        match self.packing {
+            Packing::Windows => {
+                let start = rng.gen_range(0..stream.len() - t as u64);
+                stream.read(&self.sources, start, t + 1, &mut tok, &mut keep);
+            }
+            Packing::Whole => {
+                while tok.len() < t + 1 {
+                    let d = stream.docs[rng.gen_range(0..stream.docs.len())];
+                    let n = (d.len as usize).min(t + 1 - tok.len());
+                    self.sources[d.src as usize].extend(d.start, n, &mut tok, &mut keep);
+                }
+            }
+        }
+        x.extend_from_slice(&tok[..t]);
+        y.extend((1..=t).map(|i| if keep[i] { tok[i] as i32 } else { IGNORE }));
+    }
+}
+
+/// Several corpora drawn from by weight (one corpus: weight 1).
+pub struct Corpora {
+    pub list: Vec<(Corpus, f64)>,
+}
+
+impl Corpora {
+    /// Batch `step`: `b` sequences of `t` tokens, each from a corpus drawn by weight.
+    pub fn batch(&self, seed: u64, step: usize, b: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (step as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+        let total: f64 = self.list.iter().map(|(_, w)| w).sum();
+        for _ in 0..b {
+            let c = self.pick(&mut rng, total);
+            c.sequence(&c.train, &mut rng, t, &mut x, &mut y);
+        }
+        (x, y)
+    }
+
+    fn pick(&self, rng: &mut ChaCha8Rng, total: f64) -> &Corpus {
+        if self.list.len() == 1 {
+            return &self.list[0].0;
+        }
+        let mut r = rng.gen::<f64>() * total;
+        for (c, w) in &self.list {
+            if r < *w {
+                return c;
+            }
+            r -= w;
+        }
+        &self.list[self.list.len() - 1].0
+    }
+
+    /// `n` fixed validation sequences from the held-out documents (each corpus's share of
+    /// them by weight).
+    pub fn val_batch(&self, n: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x7a1);
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        let total: f64 = self.list.iter().map(|(_, w)| w).sum();
+        for _ in 0..n {
+            let c = self.pick(&mut rng, total);
+            c.sequence(&c.val, &mut rng, t, &mut x, &mut y);
+        }
+        (x, y)
+    }
+
+    /// The fingerprint of them all (one corpus: its own).
+    pub fn fingerprint(&self) -> Fingerprint {
+        if self.list.len() == 1 {
+            return self.list[0].0.fingerprint.clone();
+        }
+        let mut h = blake3::Hasher::new();
+        let mut bytes = 0;
+        for (c, w) in &self.list {
+            h.update(c.fingerprint.blake3.as_bytes());
+            h.update(&w.to_le_bytes());
+            bytes += c.fingerprint.bytes;
+        }
+        Fingerprint { bytes, blake3: h.finalize().to_hex().to_string() }
+    }
+
+    /// The first tokens of the held-out documents (a sample prompt).
+    pub fn val_prompt(&self, n: usize) -> Vec<u32> {
+        let c = &self.list[0].0;
+        let (mut tok, mut keep) = (Vec::new(), Vec::new());
+        c.val.read(&c.sources, 0, n.min(c.val.len() as usize), &mut tok, &mut keep);
+        tok
+    }
+}

@@ -1,0 +1,95 @@
+//! Training data: the built-in addition task, a text file tokenized at start, or a corpus of
+//! documents read memory-mapped (a folder `brigade tokenize` wrote, an llm.c `.bin`, a Megatron
+//! dataset) or conversations to fine-tune on (`--chat`), several mixed by weight. Batch `s` is a
+//! pure function of (seed, s) on every rank, so every layout and a resumed run see exactly the
+//! batches the single uninterrupted worker would have.
+
+pub mod chat;
+pub mod corpus;
+pub mod formats;
+pub mod text;
+pub mod tokens;
+
+use super::addition::Addition;
+use crate::error::{Error, Result};
+pub use crate::models::tokenizer::{Fingerprint, Tokenizer};
+pub use corpus::Corpora;
+use formats::Format;
+use std::path::Path;
+pub use text::TextData;
+
+pub enum Dataset {
+    Addition(Addition),
+    Text(TextData),
+    Corpus(Corpora),
+}
+
+/// How many tokens of each source are checked against the vocabulary at start (the rest as
+/// each window is read would cost a pass over the corpus).
+const CHECKED_TOKENS: u64 = 1 << 20;
+
+impl Dataset {
+    /// The sequence length this data is trained at by default.
+    pub fn default_seq(&self, block_size: usize) -> usize {
+        match self {
+            Dataset::Addition(a) => a.seq_len() - 1,
+            Dataset::Text(_) | Dataset::Corpus(_) => block_size.min(256),
+        }
+    }
+
+    pub fn batch(&self, seed: u64, step: usize, b: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
+        match self {
+            Dataset::Addition(a) => a.batch(seed, step, b),
+            Dataset::Text(d) => d.batch(seed, step, b, t),
+            Dataset::Corpus(c) => c.batch(seed, step, b, t),
+        }
+    }
+
+    /// The data at `paths` (with their weights) for sequences of `seq` tokens of a model of
+    /// `vocab` tokens: one text file as before, or corpora.
+    pub fn open(
+        paths: &[(std::path::PathBuf, f64)],
+        chat: bool,
+        tok: &Tokenizer,
+        seq: usize,
+        vocab: usize,
+    ) -> Result<Dataset> {
+        let mut list = Vec::new();
+        for (path, w) in paths {
+            let corpus = match formats::detect(path, chat)? {
+                Format::Text if paths.len() == 1 => return Ok(Dataset::Text(TextData::load(path, tok, seq)?)),
+                Format::Text => {
+                    return Err(Error::Data(format!(
+                        "{} is a text file; mixing corpora by weight takes token corpora (turn it into one with `brigade tokenize`)",
+                        path.display()
+                    )))
+                }
+                Format::LlmC => formats::llmc(path)?,
+                Format::NanoGpt => formats::nanogpt(path)?,
+                Format::Megatron(prefix) => formats::megatron(&prefix)?,
+                Format::ChatJsonl => chat::load(path, tok)?,
+            };
+            corpus.check_length(seq)?;
+            for s in &corpus.sources {
+                let n = s.len().min(CHECKED_TOKENS);
+                let top = match s {
+                    tokens::Source::File(f) => (0..n).map(|i| f.get(i)).max().unwrap_or(0),
+                    tokens::Source::Memory { tokens, .. } => tokens.iter().copied().max().unwrap_or(0),
+                };
+                if top as usize >= vocab {
+                    return Err(Error::Data(format!(
+                        "{} holds token id {top}, beyond the model's vocabulary of {vocab}; it was tokenized for another model",
+                        corpus.name
+                    )));
+                }
+            }
+            list.push((corpus, *w));
+        }
+        Ok(Dataset::Corpus(Corpora { list }))
+    }
+
+    /// Whether a path is data `Dataset::open` reads as a corpus (not a text file).
+    pub fn is_corpus(path: &Path, chat: bool) -> bool {
+        !matches!(formats::detect(path, chat), Ok(Format::Text))
+    }
+}
