@@ -1,0 +1,284 @@
+//! Corpora and conversations through the parallel machinery: a Megatron dataset and a chat
+//! JSON Lines file (assistant-only targets) train on every layout with the single worker's
+//! losses and weights; a run saved mid-corpus resumes on the uninterrupted run's losses;
+//! held-out documents are whole documents and never trained on; and bad corpora are refused
+//! with one line naming the problem.
+
+use brigade::layout::Layout;
+use brigade::parallel::{Mesh, MeshShape};
+use brigade::tensor::loss::IGNORE;
+use brigade::train::data::{corpus::Packing, Dataset, Tokenizer};
+use brigade::train::{TrainConfig, Trainer};
+use std::path::{Path, PathBuf};
+
+const LAYOUTS: [&str; 6] = ["dp=2", "tp=2", "pp=2,mb=1", "dp=2,zero=1", "dp=2,zero=3", "pp=2,tp=2,dp=2,sp=1,mb=1"];
+const STEPS: usize = 4;
+
+/// A byte-level BPE of 384 tokens (`<|endoftext|>` its EOS) with a ChatML-like template.
+fn tokenizer_dir(root: &Path) -> PathBuf {
+    let dir = root.join("tok");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bpe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade-serve/tests/data/bpe-tokenizer.json");
+    std::fs::copy(bpe, dir.join("tokenizer.json")).unwrap();
+    let template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}<|endoftext|>\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+    let config = serde_json::json!({"eos_token": "<|endoftext|>", "chat_template": template});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    dir
+}
+
+fn conversations(root: &Path, n: usize) -> PathBuf {
+    let mut text = String::new();
+    for i in 0..n {
+        let (a, b) = (i * 37 % 90 + 3, i * 11 % 70 + 5);
+        let mut messages = vec![
+            serde_json::json!({"role": "user", "content": format!("What is {a} plus {b}?")}),
+            serde_json::json!({"role": "assistant", "content": format!("{a} plus {b} is {}.", a + b)}),
+        ];
+        if i % 3 == 0 {
+            messages.push(serde_json::json!({"role": "user", "content": "And twice that?"}));
+            messages.push(serde_json::json!({"role": "assistant", "content": format!("{}.", 2 * (a + b))}));
+        }
+        text.push_str(&serde_json::json!({ "messages": messages }).to_string());
+        text.push('\n');
+    }
+    let p = root.join("chat.jsonl");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// A Megatron dataset (u16 tokens below `vocab`), documents of varied lengths.
+fn megatron(root: &Path, vocab: usize, docs: usize) -> PathBuf {
+    let prefix = root.join("corpus");
+    let lens: Vec<usize> = (0..docs).map(|d| 20 + d * 29 % 90).collect();
+    let mut bin = Vec::new();
+    let mut k = 0usize;
+    for &l in &lens {
+        for _ in 0..l {
+            bin.extend_from_slice(&(((k * 31 + k / 7) % vocab) as u16).to_le_bytes());
+            k += 1;
+        }
+    }
+    let mut idx = b"MMIDIDX\x00\x00".to_vec();
+    idx.extend_from_slice(&1u64.to_le_bytes());
+    idx.push(8);
+    idx.extend_from_slice(&(docs as u64).to_le_bytes());
+    idx.extend_from_slice(&(docs as u64 + 1).to_le_bytes());
+    for &l in &lens {
+        idx.extend_from_slice(&(l as i32).to_le_bytes());
+    }
+    let mut at = 0i64;
+    for &l in &lens {
+        idx.extend_from_slice(&at.to_le_bytes());
+        at += 2 * l as i64;
+    }
+    for d in 0..=docs {
+        idx.extend_from_slice(&(d as i64).to_le_bytes());
+    }
+    std::fs::write(prefix.with_extension("bin"), bin).unwrap();
+    std::fs::write(prefix.with_extension("idx"), idx).unwrap();
+    prefix
+}
+
+fn cfg(data: PathBuf, tokenizer: Option<PathBuf>, chat: bool) -> TrainConfig {
+    TrainConfig {
+        model: "llama-tiny".into(),
+        n_embd: Some(32),
+        n_head: Some(4),
+        n_layer: Some(4),
+        vocab_size: Some(384),
+        data: Some(data),
+        tokenizer,
+        chat,
+        steps: STEPS,
+        batch: 8,
+        seq: Some(32),
+        lr: 1e-3,
+        eval_every: 0,
+        ..TrainConfig::default()
+    }
+}
+
+/// Losses of every step and the final full weights, on `spec`.
+fn run(cfg: &TrainConfig, spec: &str) -> (Vec<f32>, Vec<f32>) {
+    let layout = Layout::parse(spec).unwrap();
+    let out = brigade_comm::local::run(layout.world(), |world| {
+        let mesh = Mesh::new(&world, MeshShape::of(&layout))?;
+        let mut tr = Trainer::on_mesh(cfg.clone(), mesh, &layout)?;
+        let losses = brigade::with_threads(1, || -> brigade::Result<Vec<f32>> {
+            let mut l = Vec::new();
+            while !tr.done() {
+                l.push(tr.train_step()?.loss);
+            }
+            Ok(l)
+        })??;
+        let local = tr.local_params()?.into_owned();
+        let full = tr.full_params()?.unwrap_or(local);
+        Ok::<_, brigade::Error>((losses, full))
+    })
+    .unwrap_or_else(|e| panic!("{spec}: {e}"));
+    out.into_iter().next().unwrap()
+}
+
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let num = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
+    num / b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max)
+}
+
+fn every_layout_equals_the_single_worker(cfg: TrainConfig, what: &str) {
+    let (losses, weights) = run(&cfg, "dp=1");
+    assert!(losses.iter().all(|l| l.is_finite()) && losses[0] > losses[STEPS - 1], "{what}: {losses:?}");
+    for spec in LAYOUTS {
+        let (l, w) = run(&cfg, spec);
+        assert!(rel(&l, &losses) < 1e-5, "{what} on {spec}: losses {l:?} vs the single worker's {losses:?}");
+        assert!(rel(&w, &weights) < 1e-5, "{what} on {spec}: final weights differ by {:.1e}", rel(&w, &weights));
+    }
+}
+
+#[test]
+fn a_megatron_corpus_trains_alike_on_every_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = megatron(tmp.path(), 384, 60);
+    every_layout_equals_the_single_worker(cfg(data, None, false), "megatron corpus");
+}
+
+#[test]
+fn conversations_train_alike_on_every_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer_dir(tmp.path());
+    let data = conversations(tmp.path(), 40);
+    every_layout_equals_the_single_worker(cfg(data, Some(tok), true), "chat");
+}
+
+/// Only the assistant's text and its end-of-turn are targets; the prompt, the user's turns and
+/// the template's role markers are not. Checked on text: the targets decode to exactly the
+/// assistant contents, each followed by the template's `<|endoftext|>\n`.
+#[test]
+fn only_the_assistant_turns_are_trained_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = Tokenizer::from_file(&tokenizer_dir(tmp.path())).unwrap();
+    let data = conversations(tmp.path(), 7);
+    let Dataset::Corpus(c) = Dataset::open(&[(data.clone(), 1.0)], true, &tok, 32, 384).unwrap() else {
+        panic!("conversations are a corpus")
+    };
+    let corpus = &c.list[0].0;
+    assert_eq!(corpus.packing, Packing::Whole);
+    let brigade::train::data::tokens::Source::Memory { tokens, trained: Some(mask) } = &corpus.sources[0] else {
+        panic!("conversations are held in memory with their mask")
+    };
+    let kept: Vec<u32> = tokens.iter().zip(mask).filter(|(_, &m)| m).map(|(&t, _)| t).collect();
+    let text = std::fs::read_to_string(&data).unwrap();
+    let mut want = String::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for m in v["messages"].as_array().unwrap() {
+            if m["role"] == "assistant" {
+                want.push_str(m["content"].as_str().unwrap());
+                want.push_str("<|endoftext|>\n");
+            }
+        }
+    }
+    assert_eq!(tok.decode(&kept), want);
+    // and a batch's targets are those tokens, the rest IGNORE
+    let (x, y) = c.batch(5, 0, 4, 32);
+    assert_eq!(x.len(), 4 * 32);
+    let targets = y.iter().filter(|&&t| t != IGNORE).count();
+    assert!(targets > 0 && targets < y.len() / 2, "{targets} of {} positions are targets", y.len());
+}
+
+#[test]
+fn held_out_documents_are_whole_and_never_trained_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = megatron(tmp.path(), 384, 200);
+    let Dataset::Corpus(c) = Dataset::open(&[(data, 1.0)], false, &Tokenizer::Bytes, 32, 384).unwrap() else {
+        panic!("a Megatron dataset is a corpus")
+    };
+    let corpus = &c.list[0].0;
+    let (t, v) = (&corpus.train.docs, &corpus.val.docs);
+    assert_eq!(t.len() + v.len(), 200, "every document in exactly one of the two");
+    assert_eq!(v.len(), 10, "5% held out");
+    assert!(v.iter().all(|d| !t.contains(d)));
+    // the documents held out do not depend on the run (seed) or on what else is in the corpus
+    let again = megatron(&tmp.path().join("again").tap_mkdir(), 384, 200);
+    let Dataset::Corpus(c2) = Dataset::open(&[(again, 1.0)], false, &Tokenizer::Bytes, 32, 384).unwrap() else {
+        unreachable!()
+    };
+    assert_eq!(&c2.list[0].0.val.docs, v);
+}
+
+trait Mkdir {
+    fn tap_mkdir(self) -> Self;
+}
+impl Mkdir for PathBuf {
+    fn tap_mkdir(self) -> Self {
+        std::fs::create_dir_all(&self).unwrap();
+        self
+    }
+}
+
+#[test]
+fn a_run_saved_mid_corpus_resumes_on_the_same_losses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tokenizer_dir(tmp.path());
+    let data = conversations(tmp.path(), 40);
+    let c = cfg(data, Some(tok), true);
+    let mut whole = Trainer::new(c.clone()).unwrap();
+    let mut all = Vec::new();
+    while !whole.done() {
+        all.push(whole.train_step().unwrap().loss);
+    }
+    let mut first = Trainer::new(c).unwrap();
+    first.train_step().unwrap();
+    first.train_step().unwrap();
+    let ck = tmp.path().join("ck");
+    first.save(&ck).unwrap();
+    let layout = Layout::parse("dp=2").unwrap();
+    let rest = brigade_comm::local::run(2, |world| {
+        let mesh = Mesh::new(&world, MeshShape::of(&layout))?;
+        let mut tr = Trainer::resume_on(&ck, None, mesh, &layout)?;
+        let mut l = Vec::new();
+        while !tr.done() {
+            l.push(tr.train_step()?.loss);
+        }
+        Ok::<_, brigade::Error>(l)
+    })
+    .unwrap();
+    assert!(rel(&rest[0], &all[2..]) < 1e-5, "resumed {:?} vs {:?}", rest[0], &all[2..]);
+}
+
+fn refused(path: &Path, chat: bool, tok: &Tokenizer) -> String {
+    match Dataset::open(&[(path.to_path_buf(), 1.0)], chat, tok, 32, 384) {
+        Ok(_) => panic!("{} was accepted", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_corpora_are_refused_with_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = Tokenizer::from_file(&tokenizer_dir(tmp.path())).unwrap();
+    let p = tmp.path().join("broken.jsonl");
+    let good = r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}"#;
+    std::fs::write(&p, format!("{good}\n{good}\n{{\"messages\": [\n")).unwrap();
+    let e = refused(&p, true, &tok);
+    assert!(e.contains("line 3") && e.contains("not valid JSON"), "{e}");
+    std::fs::write(&p, format!("{good}\n{{\"text\": \"no messages\"}}\n")).unwrap();
+    let e = refused(&p, true, &tok);
+    assert!(e.contains("line 2") && e.contains("\"messages\""), "{e}");
+    std::fs::write(&p, format!("{good}\n{}\n", r#"{"messages": [{"role": "user", "content": "hi"}]}"#)).unwrap();
+    let e = refused(&p, true, &tok);
+    assert!(e.contains("line 2") && e.contains("no assistant turn"), "{e}");
+    let e = refused(&p, true, &Tokenizer::Bytes);
+    assert!(e.contains("chat template"), "{e}");
+    // a Megatron index that does not match its .bin
+    let prefix = megatron(tmp.path(), 384, 50);
+    let bin = prefix.with_extension("bin");
+    let bytes = std::fs::read(&bin).unwrap();
+    std::fs::write(&bin, &bytes[..bytes.len() - 10]).unwrap();
+    let e = refused(&prefix, false, &tok);
+    assert!(e.contains("does not match"), "{e}");
+    // ids beyond the model's vocabulary: tokens of another tokenizer
+    let other = megatron(&tmp.path().join("big").tap_mkdir(), 1000, 50);
+    let e = refused(&other, false, &tok);
+    assert!(e.contains("beyond the model's vocabulary of 384"), "{e}");
+    assert!(!e.contains('\n'), "one line: {e}");
+}
