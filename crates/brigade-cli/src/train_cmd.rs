@@ -425,6 +425,15 @@ impl Observer for Bar {
         }
     }
 
+    fn evaluated_start(&mut self, r: &EvalReport) {
+        let line = format!("step {:>6}  the --init model: {r}", 0);
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+
     fn stepped(&mut self) {
         self.bar.finish_and_clear();
         // the steps are over: the final save, gather and evaluation take seconds of their own

@@ -199,6 +199,8 @@ pub trait Observer {
     fn step(&mut self, _s: &StepStats, _tokens_per_s: f64) {}
     /// The periodic evaluation after `step` (rank 0 only).
     fn evaluated(&mut self, _s: &StepStats, _report: &EvalReport) {}
+    /// The evaluation of a published model a run starts from (`--init`), before its first step.
+    fn evaluated_start(&mut self, _report: &EvalReport) {}
     /// The steps are over (finished or stopped): before the summary.
     fn stepped(&mut self) {}
 }
@@ -346,6 +348,14 @@ pub fn run(
     let steps = tr.cfg.steps;
     let stop_at = opts.stop_after.map_or(steps, |s| s.min(steps));
     let mut saver = opts.out.clone().map(|dir| Saver::new(dir, !opts.save_in_foreground));
+    if tr.cfg.init.is_some() && tr.step == 0 && tr.cfg.eval_every > 0 {
+        // where the published model stands on the held-out data, for the run to improve on
+        let full = tr.full_params()?;
+        if lead {
+            let r = tr.evaluate_with(full.as_deref());
+            obs.evaluated_start(&r);
+        }
+    }
     while tr.step < stop_at {
         let s = tr.train_step()?;
         let rate = (tr.step - start_step) as f64 * tr.tokens_per_step() as f64 / t0.elapsed().as_secs_f64();
@@ -416,7 +426,8 @@ pub fn run(
     }
     if tr.step >= steps {
         let eval = tr.evaluate_with(full.as_deref());
-        if matches!(eval, EvalReport::Text { .. }) {
+        // conversations are shown by serving the model, not by continuing a template's header
+        if matches!(eval, EvalReport::Text { .. }) && !tr.cfg.chat {
             report.sample = Some(tr.sample_text(full.as_deref())?);
         }
         report.eval = Some(eval);

@@ -70,7 +70,8 @@ impl Trainer {
         };
         // a token corpus read without a tokenizer is checked against the model's vocabulary
         // as it is opened; text is tokenized here, by the tokenizer whose vocabulary must fit
-        let tokenized = cfg.tokenizer.is_none() && cfg.data.as_ref().is_some_and(|p| Dataset::is_corpus(p, cfg.chat));
+        let tokenized =
+            cfg.tokenizer.is_none() && cfg.data.as_ref().is_some_and(|p| Dataset::is_tokenized(p, cfg.chat));
         let mcfg = cfg.model_config(if tokenized { 0 } else { tokenizer.vocab_size() })?;
         crate::models::gpt::check_tp(&mcfg, tp)?;
         let m = layout.micro_batches(cfg.batch, mb);

@@ -27,14 +27,13 @@ pub enum Format {
     Megatron(PathBuf),
     ChatJsonl,
     Text,
+    /// A folder of text files, one document each.
+    TextFolder,
 }
 
 pub fn detect(path: &Path, chat: bool) -> Result<Format> {
     if path.is_dir() {
-        return Err(Error::Data(format!(
-            "{} is a folder; give a text file, an llm.c .bin, a Megatron dataset or (with --chat) a .jsonl of conversations",
-            path.display()
-        )));
+        return Ok(Format::TextFolder);
     }
     let s = path.to_string_lossy();
     if chat {

@@ -1,7 +1,7 @@
 //! Training data: the built-in addition task, a text file tokenized at start, or a corpus of
-//! documents read memory-mapped (a folder `brigade tokenize` wrote, an llm.c `.bin`, a Megatron
-//! dataset) or conversations to fine-tune on (`--chat`), several mixed by weight. Batch `s` is a
-//! pure function of (seed, s) on every rank, so every layout and a resumed run see exactly the
+//! documents (a folder of text files, one document each, tokenized at start; an llm.c or nanoGPT
+//! `.bin` or a Megatron dataset, read memory-mapped) or conversations to fine-tune on
+//! (`--chat`), several mixed by weight. Batch `s` is a pure function of (seed, s) on every rank, so every layout and a resumed run see exactly the
 //! batches the single uninterrupted worker would have.
 
 pub mod chat;
@@ -68,6 +68,7 @@ impl Dataset {
                 Format::NanoGpt => formats::nanogpt(path)?,
                 Format::Megatron(prefix) => formats::megatron(&prefix)?,
                 Format::ChatJsonl => chat::load(path, tok)?,
+                Format::TextFolder => text::folder(path, tok)?,
             };
             corpus.check_length(seq)?;
             for s in &corpus.sources {
@@ -88,8 +89,8 @@ impl Dataset {
         Ok(Dataset::Corpus(Corpora { list }))
     }
 
-    /// Whether a path is data `Dataset::open` reads as a corpus (not a text file).
-    pub fn is_corpus(path: &Path, chat: bool) -> bool {
-        !matches!(formats::detect(path, chat), Ok(Format::Text))
+    /// Whether a path holds tokens already (no tokenizer reads it).
+    pub fn is_tokenized(path: &Path, chat: bool) -> bool {
+        matches!(formats::detect(path, chat), Ok(Format::LlmC | Format::NanoGpt | Format::Megatron(_)))
     }
 }

@@ -64,3 +64,49 @@ impl TextData {
         (x, y)
     }
 }
+
+/// A folder of UTF-8 text files, one document each (in name order), tokenized at start as the
+/// tokenizer's config says a document is (its BOS first where it adds one, its EOS last), as a
+/// corpus whose held-out documents are whole files.
+pub fn folder(dir: &Path, tok: &Tokenizer) -> Result<super::corpus::Corpus> {
+    use super::corpus::{Corpus, Doc, Packing};
+    use rayon::prelude::*;
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::Data(format!("cannot read folder {}: {e}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Data(format!(
+            "folder {} holds no files; give a folder of text files, one document each",
+            dir.display()
+        )));
+    }
+    let eos = tok.specials().eos;
+    let docs: Vec<(Vec<u32>, Fingerprint)> = files
+        .par_iter()
+        .map(|p| {
+            let bytes = std::fs::read(p).map_err(|e| Error::Data(format!("cannot read {}: {e}", p.display())))?;
+            let fp = Fingerprint::of(&bytes);
+            let text = String::from_utf8(bytes).map_err(|e| {
+                Error::Data(format!("{} is not UTF-8 text ({e}); a folder of documents holds text files", p.display()))
+            })?;
+            let mut ids = tok.encode(&text)?;
+            ids.extend(eos);
+            Ok((ids, fp))
+        })
+        .collect::<Result<_>>()?;
+    let mut h = blake3::Hasher::new();
+    let (mut tokens, mut spans, mut bytes) = (Vec::new(), Vec::new(), 0);
+    for (f, (ids, fp)) in files.iter().zip(docs) {
+        h.update(f.file_name().unwrap_or_default().to_string_lossy().as_bytes());
+        h.update(fp.blake3.as_bytes());
+        bytes += fp.bytes;
+        spans.push(vec![Doc { src: 0, start: tokens.len() as u64, len: ids.len() as u64 }]);
+        tokens.extend(ids);
+    }
+    let fingerprint = Fingerprint { bytes, blake3: h.finalize().to_hex().to_string() };
+    let source = super::tokens::Source::Memory { tokens, trained: None };
+    Corpus::new(dir.display().to_string(), vec![source], spans, None, Packing::Windows, fingerprint)
+}
