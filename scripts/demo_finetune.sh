@@ -18,7 +18,7 @@ mkdir "$work/plays"
 for p in hamlet macbeth othello lear tempest julius_caesar romeo_and_juliet twelfth_night; do
   cp "$shakespeare/$p.txt" "$work/plays/"
 done
-common=(--init "$hf" --data "$work/plays" --steps "$steps" --batch 4 --seq 128 --lr 5e-5 --eval-every "$steps")
+common=(--init "$hf" --data "$work/plays" --steps "$steps" --batch 4 --seq 128 --lr 5e-5 --eval-every "$steps" --no-sample)
 "$bin" train "${common[@]}" --layout dp=2 --out "$work/dp2" 2>&1 | grep -v "tok/s" | tee "$work/dp2.log"
 "$bin" train "${common[@]}" --layout tp=3,pp=2,mb=2 --out "$work/2d" 2>&1 | grep -v "tok/s" | tee "$work/2d.log"
 python3 - "$work" <<'PY'

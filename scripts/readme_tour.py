@@ -5,7 +5,7 @@ Every command of the ```sh block under "## CLI tour" is run, in order, in a scra
 directory laid out like a checkout beside ../shared: `brigade` is the built binary on PATH,
 `examples/` is the repository's, and the files the tour names are made first (corpus.txt
 and docs.txt from the repository's own text, tokenizer.json the shared GPT-2 tokenizer,
-*.jsonl documents, `M` the shared all-MiniLM-L6-v2). `path/to/hf-gpt2` and `path/to/hf-llama`
+*.jsonl documents and chat.jsonl conversations, `M` the shared all-MiniLM-L6-v2). `path/to/hf-gpt2` and `path/to/hf-llama`
 are the tour's own checkpoints runs/text and runs/llama (brigade writes Hugging Face
 folders). A `brigade serve` line starts the server in the background and waits for /ready;
 the servers are stopped at the end. A `curl` line gets `-sS --fail-with-body` (an HTTP error
@@ -97,6 +97,11 @@ def prepare(work, shared):
         with open(os.path.join(work, name), "w", encoding="utf-8") as f:
             for i, l in enumerate(part):
                 f.write(json.dumps({"id": f"{name}:{i}", "text": l}) + "\n")
+    # conversations to fine-tune on: a line of the text asked for, the next one answered
+    with open(os.path.join(work, "chat.jsonl"), "w", encoding="utf-8") as f:
+        for q, a in zip(lines[0:80:2], lines[1:80:2]):
+            messages = [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            f.write(json.dumps({"messages": messages}) + "\n")
     shutil.copy(os.path.join(shared, "tokenizers", "gpt2", "tokenizer.json"), os.path.join(work, "tokenizer.json"))
     os.symlink(os.path.join(shared, "models", "all-MiniLM-L6-v2"), os.path.join(work, "M"))
 

@@ -105,6 +105,9 @@ pub struct TrainArgs {
     /// exit.
     #[arg(long)]
     pub(crate) print_schedule: bool,
+    /// Leave out the text sample printed at the end of a run on text (a 64-token generation).
+    #[arg(long)]
+    pub(crate) no_sample: bool,
     /// Stop after this many steps in this process, saving a checkpoint (to test resuming).
     #[arg(long, hide = true)]
     pub(crate) stop_after: Option<usize>,
@@ -124,7 +127,7 @@ pub(crate) const KEPT_ON_RESUME: &[&str] = &[
     "--eval-every",
 ];
 /// The switches (flags without a value) a resumed run takes over.
-pub(crate) const KEPT_SWITCHES: &[&str] = &["--save-in-foreground"];
+pub(crate) const KEPT_SWITCHES: &[&str] = &["--save-in-foreground", "--no-sample"];
 
 /// A count flag's value: a whole number (a negative one is named as such, not taken for a flag).
 fn whole(s: &str) -> std::result::Result<usize, String> {

@@ -220,6 +220,7 @@ fn run_rank(
         save_in_foreground: a.save_in_foreground,
         stop_after: a.stop_after,
         trace: a.trace.clone(),
+        no_sample: a.no_sample,
     };
     let mut bar = Bar::new(world.rank() == 0, a);
     let outcome = brigade::with_threads(a.rank_threads(), || job::run(&mut tr, &opts, stop, &world, &mut bar))??;

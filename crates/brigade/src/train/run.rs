@@ -189,6 +189,8 @@ pub struct JobOptions {
     pub stop_after: Option<usize>,
     /// Write every rank's Chrome trace-event timeline here (the trainer must record one).
     pub trace: Option<PathBuf>,
+    /// Leave out the final text sample (a generation from the start of the held-out text).
+    pub no_sample: bool,
 }
 
 /// Told what happens, to show progress (rank 0's; the other ranks get [`Quiet`]).
@@ -427,7 +429,7 @@ pub fn run(
     if tr.step >= steps {
         let eval = tr.evaluate_with(full.as_deref());
         // conversations are shown by serving the model, not by continuing a template's header
-        if matches!(eval, EvalReport::Text { .. }) && !tr.cfg.chat {
+        if matches!(eval, EvalReport::Text { .. }) && !tr.cfg.chat && !opts.no_sample {
             report.sample = Some(tr.sample_text(full.as_deref())?);
         }
         report.eval = Some(eval);
