@@ -17,11 +17,19 @@ pub struct Flags {
     /// GFLOP/s or GB/s.
     #[arg(long)]
     pub(crate) breakdown: bool,
+    /// Also time drawing each step's batch from this token corpus (an llm.c or nanoGPT .bin,
+    /// a Megatron dataset), 200 steps of them, and the resident memory the corpus adds.
+    #[arg(long)]
+    pub(crate) data: Option<std::path::PathBuf>,
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    let Flags { step: StepArgs { shape: ShapeArgs { model, seq, batch, threads, json }, steps }, warmup, breakdown } =
-        f;
+    let Flags {
+        step: StepArgs { shape: ShapeArgs { model, seq, batch, threads, json }, steps },
+        warmup,
+        breakdown,
+        data,
+    } = f;
 
     if steps == 0 {
         bail!("--steps must be at least 1");
@@ -39,8 +47,16 @@ pub fn run(f: Flags) -> Result<()> {
         })?),
         false => None,
     };
+    let loader = match &data {
+        Some(p) => Some(brigade::bench::data_loader(p, cfg.vocab_size, batch, seq, 200)?),
+        None => None,
+    };
     if json {
         let mut v = serde_json::to_value(&r)?;
+        if let Some(d) = &loader {
+            v["data"] = serde_json::to_value(d)?;
+            v["data"]["share_of_step"] = (d.batch_s_median / r.step_s_median).into();
+        }
         v["bench"] = "train".into();
         v["model"] = model.into();
         if let Some((rows, mem)) = &kernels {
@@ -71,6 +87,20 @@ pub fn run(f: Flags) -> Result<()> {
         );
         if let Some((rows, mem)) = &kernels {
             print_breakdown(rows, *mem, r.matmul_gflops_per_s, r.step_s_median)?;
+        }
+        if let Some(d) = &loader {
+            outln!(
+                "data: {} tokens in {} documents, opened in {:.2} s; a step's batch in {:.3} ms median over {} steps = {:.4}% of the step; resident memory {:.0} -> {:.0} MiB (+{:.1})",
+                d.corpus_tokens,
+                d.documents,
+                d.open_s,
+                d.batch_s_median * 1e3,
+                d.batches,
+                100.0 * d.batch_s_median / r.step_s_median,
+                d.rss_before_mib,
+                d.rss_after_mib,
+                d.rss_after_mib - d.rss_before_mib
+            );
         }
     }
     Ok(())

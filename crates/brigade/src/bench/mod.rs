@@ -263,3 +263,69 @@ pub fn parallel_step(
         stash_mib: stash.map(|b| b as f64 / (1 << 20) as f64),
     })
 }
+
+/// What `bench train --data` measures of a corpus: the time to draw a step's batch, and the
+/// resident memory the corpus adds (its index, and the pages of the windows read).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DataBench {
+    pub corpus_tokens: u64,
+    pub documents: usize,
+    pub open_s: f64,
+    pub batches: usize,
+    pub batch_s_median: f64,
+    pub rss_before_mib: f64,
+    pub rss_after_mib: f64,
+}
+
+/// This process's resident memory (`VmRSS`), MiB.
+pub fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .map_or(0.0, |kb: f64| kb / 1024.0)
+}
+
+/// Opens the corpus at `path` (read as a run would, for a model of `vocab` tokens) and draws
+/// `batches` training batches of `batch` × `seq` tokens, as consecutive steps of a run.
+pub fn data_loader(
+    path: &std::path::Path,
+    vocab: usize,
+    batch: usize,
+    seq: usize,
+    batches: usize,
+) -> crate::Result<DataBench> {
+    use crate::train::data::{Dataset, Tokenizer};
+    let rss_before_mib = rss_mib();
+    let t0 = Instant::now();
+    let data = Dataset::open(&[(path.to_path_buf(), 1.0)], false, &Tokenizer::Bytes, seq, vocab)?;
+    let open_s = t0.elapsed().as_secs_f64();
+    let (corpus_tokens, documents) = match &data {
+        Dataset::Corpus(c) => c.list.iter().fold((0, 0), |(t, d), (c, _)| {
+            (t + c.train.len() + c.val.len(), d + c.train.docs.len() + c.val.docs.len())
+        }),
+        _ => {
+            return Err(crate::Error::Data(format!(
+                "bench train --data times a token corpus (an llm.c or nanoGPT .bin, a Megatron dataset); {} is text",
+                path.display()
+            )))
+        }
+    };
+    let mut times = Vec::with_capacity(batches);
+    for step in 0..batches {
+        let t0 = Instant::now();
+        let (x, y) = data.batch(1337, step, batch, seq);
+        std::hint::black_box((x, y));
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(DataBench {
+        corpus_tokens,
+        documents,
+        open_s,
+        batches,
+        batch_s_median: median(&times),
+        rss_before_mib,
+        rss_after_mib: rss_mib(),
+    })
+}

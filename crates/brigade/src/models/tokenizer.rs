@@ -26,6 +26,9 @@ pub struct Specials {
     pub config: Option<PathBuf>,
 }
 
+/// A token's byte range in the text it was read from.
+pub type Span = (usize, usize);
+
 /// The name of the file beside `tokenizer.json` that holds its special tokens and template.
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
@@ -123,7 +126,7 @@ impl Tokenizer {
     }
 
     /// `encode_plain`, with each token's byte range in `text`.
-    pub fn encode_plain_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    pub fn encode_plain_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<Span>)> {
         match self {
             Tokenizer::Bytes => {
                 Ok((text.bytes().map(|b| b as u32).collect(), (0..text.len()).map(|i| (i, i + 1)).collect()))
