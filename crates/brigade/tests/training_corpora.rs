@@ -195,7 +195,8 @@ fn held_out_documents_are_whole_and_never_trained_on() {
     let corpus = &c.list[0].0;
     let (t, v) = (&corpus.train.docs, &corpus.val.docs);
     assert_eq!(t.len() + v.len(), 200, "every document in exactly one of the two");
-    assert_eq!(v.len(), 10, "5% held out");
+    // chosen by hash: about 5% (10 of 200), at least one
+    assert!((3..=20).contains(&v.len()), "{} of 200 documents held out", v.len());
     assert!(v.iter().all(|d| !t.contains(d)));
     // the documents held out do not depend on the run (seed) or on what else is in the corpus
     let again = megatron(&tmp.path().join("again").tap_mkdir(), 384, 200);

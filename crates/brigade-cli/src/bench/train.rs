@@ -35,6 +35,11 @@ pub fn run(f: Flags) -> Result<()> {
         bail!("--steps must be at least 1");
     }
     let cfg = crate::plan_cmd::step_shape(&model, batch, seq, threads)?;
+    // the corpus first, so that its resident memory is measured beside nothing else's
+    let loader = match &data {
+        Some(p) => Some(brigade::bench::data_loader(p, cfg.vocab_size, batch, seq, 200)?),
+        None => None,
+    };
     let r = brigade::with_threads(threads, || brigade::bench::train_step(cfg, batch, seq, warmup, steps))??;
     // a streaming copy reads and writes its bytes: its traffic is twice its size, as the
     // kernels' rates count theirs
@@ -46,10 +51,6 @@ pub fn run(f: Flags) -> Result<()> {
             )
         })?),
         false => None,
-    };
-    let loader = match &data {
-        Some(p) => Some(brigade::bench::data_loader(p, cfg.vocab_size, batch, seq, 200)?),
-        None => None,
     };
     if json {
         let mut v = serde_json::to_value(&r)?;

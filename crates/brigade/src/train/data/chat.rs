@@ -5,7 +5,7 @@
 //! through it (what the model is asked to write after the prompt, its end-of-turn token
 //! included); the tokens whose text starts there are marked as trained.
 
-use super::corpus::{Corpus, Doc, Packing};
+use super::corpus::{Corpus, Doc, Documents, Packing};
 use super::tokens::Source;
 use crate::error::{Error, Result};
 use crate::models::chat_template::ChatTemplate;
@@ -66,7 +66,7 @@ pub fn load(path: &Path, tok: &Tokenizer) -> Result<Corpus> {
     let bytes = std::fs::read(path).map_err(|e| Error::Data(format!("cannot read {}: {e}", path.display())))?;
     let fingerprint = Fingerprint::of(&bytes);
     let text = String::from_utf8(bytes).map_err(|e| Error::Data(format!("{} is not UTF-8 ({e})", path.display())))?;
-    let (mut tokens, mut trained, mut docs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut tokens, mut trained, mut docs) = (Vec::new(), Vec::new(), Documents::default());
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -77,10 +77,10 @@ pub fn load(path: &Path, tok: &Tokenizer) -> Result<Corpus> {
         })?;
         let messages = v.get("messages").ok_or_else(|| Error::Data(format!("{what} has no \"messages\" field")))?;
         let r = render(&template, tok, messages, &what)?;
-        docs.push(vec![Doc { src: 0, start: tokens.len() as u64, len: r.tokens.len() as u64 }]);
+        docs.push([Doc { src: 0, start: tokens.len() as u64, len: r.tokens.len() as u32 }]);
         tokens.extend(r.tokens);
         trained.extend(r.trained);
     }
     let source = Source::Memory { tokens, trained: Some(trained) };
-    Corpus::new(path.display().to_string(), vec![source], docs, None, Packing::Whole, fingerprint)
+    Corpus::new(path.display().to_string(), vec![source], docs, Packing::Whole, fingerprint)
 }

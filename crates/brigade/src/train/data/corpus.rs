@@ -15,12 +15,43 @@ use crate::tensor::loss::IGNORE;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// A document: `len` tokens of source `src` from `start`.
+/// A piece of a document: `len` tokens of source `src` from `start` (16 bytes: a corpus of a
+/// million documents keeps 16 MB of them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Doc {
     pub src: u32,
+    pub len: u32,
     pub start: u64,
-    pub len: u64,
+}
+
+/// A corpus's documents as it is read: pieces in order, and where each document's begin.
+#[derive(Default)]
+pub struct Documents {
+    pub pieces: Vec<Doc>,
+    /// The index in `pieces` of each document's first piece.
+    pub starts: Vec<usize>,
+}
+
+impl Documents {
+    /// Adds a document of these pieces.
+    pub fn push(&mut self, pieces: impl IntoIterator<Item = Doc>) {
+        self.starts.push(self.pieces.len());
+        self.pieces.extend(pieces);
+    }
+
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+
+    /// The pieces of document `i`.
+    pub fn doc(&self, i: usize) -> &[Doc] {
+        let end = self.starts.get(i + 1).copied().unwrap_or(self.pieces.len());
+        &self.pieces[self.starts[i]..end]
+    }
 }
 
 /// Documents laid end to end.
@@ -37,7 +68,7 @@ impl Stream {
         let ends = docs
             .iter()
             .map(|d| {
-                total += d.len;
+                total += d.len as u64;
                 total
             })
             .collect();
@@ -57,9 +88,9 @@ impl Stream {
         let mut i = self.ends.partition_point(|&e| e <= pos);
         while n > 0 {
             let d = self.docs[i];
-            let before = self.ends[i] - d.len;
+            let before = self.ends[i] - d.len as u64;
             let off = pos - before;
-            let take = ((d.len - off) as usize).min(n);
+            let take = ((d.len as u64 - off) as usize).min(n);
             sources[d.src as usize].extend(d.start + off, take, out, trained);
             n -= take;
             pos += take as u64;
@@ -88,8 +119,7 @@ pub struct Corpus {
     pub fingerprint: Fingerprint,
 }
 
-/// The share of a corpus's documents held out for validation when no separate validation data
-/// is given.
+/// The share of a corpus's documents held out for validation (chosen by hash: about this share).
 pub const VAL_SHARE: f64 = 0.05;
 
 /// splitmix64: a document's hash from its index.
@@ -101,49 +131,37 @@ fn mix(mut z: u64) -> u64 {
 }
 
 impl Corpus {
-    /// A corpus of `docs` (each a list of pieces: a document may span several pieces, which
-    /// stay together) whose held-out documents are the `VAL_SHARE` (at least one) with the
-    /// smallest hashes; `val: Some` gives the held-out documents instead.
+    /// A corpus of `docs` whose held-out documents are those whose hash falls in the lowest
+    /// `VAL_SHARE` of its range (at least one): a choice that depends on nothing but the
+    /// document's index, made without holding anything per document beyond its pieces.
     pub fn new(
         name: String,
         sources: Vec<Source>,
-        docs: Vec<Vec<Doc>>,
-        val: Option<Vec<Vec<Doc>>>,
+        docs: Documents,
         packing: Packing,
         fingerprint: Fingerprint,
     ) -> Result<Corpus> {
-        let docs: Vec<Vec<Doc>> = docs.into_iter().filter(|d| d.iter().any(|p| p.len > 0)).collect();
-        let (train, held) = match val {
-            Some(v) => (docs, v),
-            None => {
-                if docs.len() < 2 {
-                    return Err(Error::Data(format!(
-                        "{name} holds {} document(s); validation holds out whole documents, so give more documents or a separate --val-data",
-                        docs.len()
-                    )));
-                }
-                let k = ((docs.len() as f64 * VAL_SHARE).round() as usize).max(1);
-                let mut order: Vec<(u64, usize)> = (0..docs.len()).map(|i| (mix(i as u64), i)).collect();
-                order.sort_unstable();
-                let mut held_out = vec![false; docs.len()];
-                for &(_, i) in &order[..k] {
-                    held_out[i] = true;
-                }
-                let (mut t, mut v) = (Vec::new(), Vec::new());
-                for (d, h) in docs.into_iter().zip(held_out) {
-                    if h {
-                        v.push(d)
-                    } else {
-                        t.push(d)
-                    }
-                }
-                (t, v)
-            }
-        };
-        let flat = |d: Vec<Vec<Doc>>| d.into_iter().flatten().filter(|p| p.len > 0).collect::<Vec<_>>();
-        let c =
-            Corpus { name, sources, train: Stream::of(flat(train)), val: Stream::of(flat(held)), packing, fingerprint };
-        Ok(c)
+        let n = docs.len();
+        let nonempty = (0..n).filter(|&i| docs.doc(i).iter().any(|p| p.len > 0)).count();
+        if nonempty < 2 {
+            return Err(Error::Data(format!(
+                "{name} holds {nonempty} document(s); validation holds out whole documents, so give more documents"
+            )));
+        }
+        let cut = (VAL_SHARE * u64::MAX as f64) as u64;
+        let mut held: Vec<bool> = (0..n).map(|i| mix(i as u64) < cut).collect();
+        if !held.iter().any(|&h| h) {
+            // a small corpus: the document of the smallest hash
+            let i = (0..n).filter(|&i| docs.doc(i).iter().any(|p| p.len > 0)).min_by_key(|&i| mix(i as u64));
+            held[i.expect("two documents at least")] = true;
+        }
+        let (mut train, mut val) = (Vec::new(), Vec::new());
+        for (i, &h) in held.iter().enumerate() {
+            let side = if h { &mut val } else { &mut train };
+            side.extend(docs.doc(i).iter().filter(|p| p.len > 0));
+        }
+        drop(docs);
+        Ok(Corpus { name, sources, train: Stream::of(train), val: Stream::of(val), packing, fingerprint })
     }
 
     /// Refuses a corpus too small for sequences of `t` tokens.

@@ -2,7 +2,7 @@
 //! header, then u16 or u32 tokens) and Megatron-LM's indexed datasets (`PREFIX.bin` +
 //! `PREFIX.idx`). Both are read memory-mapped.
 
-use super::corpus::{Corpus, Doc, Packing};
+use super::corpus::{Corpus, Doc, Documents, Packing};
 use super::tokens::{Source, TokenFile, Width};
 use crate::error::{Error, Result};
 use crate::models::tokenizer::Fingerprint;
@@ -100,12 +100,12 @@ pub fn llmc(path: &Path) -> Result<Corpus> {
     let file = TokenFile::open(path, LLMC_HEADER, width, Some(count))?;
     let docs = split_at_delimiter(path, LLMC_HEADER, width, count, delimiter)?;
     let fp = quick_fingerprint(file.bytes(), &[]);
-    Corpus::new(path.display().to_string(), vec![Source::File(file)], docs, None, Packing::Windows, fp)
+    Corpus::new(path.display().to_string(), vec![Source::File(file)], docs, Packing::Windows, fp)
 }
 
 /// The documents of a token file whose documents each begin with `delimiter`, found by one
 /// buffered pass (not through the map, so that it leaves no pages resident).
-fn split_at_delimiter(path: &Path, offset: usize, width: Width, count: u64, delimiter: u32) -> Result<Vec<Vec<Doc>>> {
+fn split_at_delimiter(path: &Path, offset: usize, width: Width, count: u64, delimiter: u32) -> Result<Documents> {
     let mut f = std::io::BufReader::with_capacity(
         1 << 20,
         std::fs::File::open(path).map_err(|e| Error::Data(format!("cannot read {}: {e}", path.display())))?,
@@ -132,7 +132,18 @@ fn split_at_delimiter(path: &Path, offset: usize, width: Width, count: u64, deli
         }
     }
     starts.push(count);
-    Ok(starts.windows(2).map(|s| vec![Doc { src: 0, start: s[0], len: s[1] - s[0] }]).collect())
+    let mut docs = Documents::default();
+    for s in starts.windows(2) {
+        let len = u32::try_from(s[1] - s[0]).map_err(|_| {
+            Error::Data(format!(
+                "{}: a document of {} tokens; brigade reads documents of up to 2^32",
+                path.display(),
+                s[1] - s[0]
+            ))
+        })?;
+        docs.push([Doc { src: 0, start: s[0], len }]);
+    }
+    Ok(docs)
 }
 
 /// A nanoGPT token file: u16 GPT-2 tokens, documents separated by `<|endoftext|>`.
@@ -140,7 +151,7 @@ pub fn nanogpt(path: &Path) -> Result<Corpus> {
     let file = TokenFile::open(path, 0, Width::U16, None)?;
     let docs = split_at_delimiter(path, 0, Width::U16, file.len(), 50256)?;
     let fp = quick_fingerprint(file.bytes(), &[]);
-    Corpus::new(path.display().to_string(), vec![Source::File(file)], docs, None, Packing::Windows, fp)
+    Corpus::new(path.display().to_string(), vec![Source::File(file)], docs, Packing::Windows, fp)
 }
 
 /// A Megatron index: its token width, each sequence's length and byte offset, and the
@@ -199,7 +210,7 @@ impl MegatronIndex {
 
 /// A Megatron dataset `PREFIX.bin` + `PREFIX.idx` as the source `src` of a corpus: its
 /// documents, after the index is checked against the `.bin`.
-pub fn megatron_source(prefix: &Path, src: u32) -> Result<(Source, Vec<Vec<Doc>>, MegatronIndex)> {
+pub fn megatron_source(prefix: &Path, src: u32) -> Result<(Source, Documents, MegatronIndex)> {
     let idx_path = PathBuf::from(format!("{}.idx", prefix.display()));
     let bin_path = PathBuf::from(format!("{}.bin", prefix.display()));
     let idx = MegatronIndex::read(&idx_path)?;
@@ -224,15 +235,10 @@ pub fn megatron_source(prefix: &Path, src: u32) -> Result<(Source, Vec<Vec<Doc>>
             bin_path.display()
         )));
     }
-    let docs = idx
-        .doc_idx
-        .windows(2)
-        .map(|r| {
-            (r[0] as usize..r[1] as usize)
-                .map(|s| Doc { src, start: idx.pointers[s] / w, len: idx.lengths[s] as u64 })
-                .collect()
-        })
-        .collect();
+    let mut docs = Documents::default();
+    for r in idx.doc_idx.windows(2) {
+        docs.push((r[0] as usize..r[1] as usize).map(|s| Doc { src, start: idx.pointers[s] / w, len: idx.lengths[s] }));
+    }
     Ok((Source::File(file), docs, idx))
 }
 
@@ -240,5 +246,5 @@ pub fn megatron(prefix: &Path) -> Result<Corpus> {
     let (src, docs, idx) = megatron_source(prefix, 0)?;
     let Source::File(f) = &src else { unreachable!("a file") };
     let fp = quick_fingerprint(f.bytes(), &idx.bytes);
-    Corpus::new(prefix.display().to_string(), vec![src], docs, None, Packing::Windows, fp)
+    Corpus::new(prefix.display().to_string(), vec![src], docs, Packing::Windows, fp)
 }

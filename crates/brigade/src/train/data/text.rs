@@ -69,7 +69,7 @@ impl TextData {
 /// tokenizer's config says a document is (its BOS first where it adds one, its EOS last), as a
 /// corpus whose held-out documents are whole files.
 pub fn folder(dir: &Path, tok: &Tokenizer) -> Result<super::corpus::Corpus> {
-    use super::corpus::{Corpus, Doc, Packing};
+    use super::corpus::{Corpus, Doc, Documents, Packing};
     use rayon::prelude::*;
     let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| Error::Data(format!("cannot read folder {}: {e}", dir.display())))?
@@ -98,15 +98,15 @@ pub fn folder(dir: &Path, tok: &Tokenizer) -> Result<super::corpus::Corpus> {
         })
         .collect::<Result<_>>()?;
     let mut h = blake3::Hasher::new();
-    let (mut tokens, mut spans, mut bytes) = (Vec::new(), Vec::new(), 0);
+    let (mut tokens, mut spans, mut bytes) = (Vec::new(), Documents::default(), 0);
     for (f, (ids, fp)) in files.iter().zip(docs) {
         h.update(f.file_name().unwrap_or_default().to_string_lossy().as_bytes());
         h.update(fp.blake3.as_bytes());
         bytes += fp.bytes;
-        spans.push(vec![Doc { src: 0, start: tokens.len() as u64, len: ids.len() as u64 }]);
+        spans.push([Doc { src: 0, start: tokens.len() as u64, len: ids.len() as u32 }]);
         tokens.extend(ids);
     }
     let fingerprint = Fingerprint { bytes, blake3: h.finalize().to_hex().to_string() };
     let source = super::tokens::Source::Memory { tokens, trained: None };
-    Corpus::new(dir.display().to_string(), vec![source], spans, None, Packing::Windows, fingerprint)
+    Corpus::new(dir.display().to_string(), vec![source], spans, Packing::Windows, fingerprint)
 }
