@@ -28,6 +28,10 @@ pub struct TrainArgs {
     /// (chosen by hash) is held out for validation.
     #[arg(long, num_args = 1.., value_parser = weighted)]
     pub(crate) data: Option<Vec<(PathBuf, Option<f64>)>>,
+    /// Validate on this corpus (any --data form but a single text file; every document of it)
+    /// instead of a held-out share of --data's documents.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) val_data: Option<PathBuf>,
     /// --data holds conversations, one `{"messages": [...]}` a line (OpenAI's format), rendered
     /// with the tokenizer's chat template; the loss is on the assistant's turns only.
     #[arg(long)]
@@ -159,6 +163,7 @@ impl TrainArgs {
         on(self.init.is_some(), "--init");
         on(self.data.is_some(), "--data");
         on(self.chat, "--chat");
+        on(self.val_data.is_some(), "--val-data");
         on(self.tokenizer.is_some(), "--tokenizer");
         on(self.digits.is_some(), "--digits");
         on(self.batch.is_some(), "--batch");
@@ -202,6 +207,9 @@ impl TrainArgs {
         }
         if self.chat {
             c.chat = true;
+        }
+        if self.val_data.is_some() {
+            c.val_data = self.val_data.clone();
         }
         if self.tokenizer.is_some() {
             c.tokenizer = self.tokenizer.clone();

@@ -16,7 +16,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn open(path: &Path, chat: bool, tok: &Tokenizer) -> Corpus {
-    match Dataset::open(&[(path.to_path_buf(), 1.0)], chat, tok, 8, 200_000) {
+    match Dataset::open(&[(path.to_path_buf(), 1.0)], None, chat, tok, 8, 200_000) {
         Ok(Dataset::Corpus(mut c)) => c.list.remove(0).0,
         Ok(_) => panic!("{} read as plain text", path.display()),
         Err(e) => panic!("{}: {e}", path.display()),

@@ -157,7 +157,7 @@ fn only_the_assistant_turns_are_trained_on() {
     let tmp = tempfile::tempdir().unwrap();
     let tok = Tokenizer::from_file(&tokenizer_dir(tmp.path())).unwrap();
     let data = conversations(tmp.path(), 7);
-    let Dataset::Corpus(c) = Dataset::open(&[(data.clone(), 1.0)], true, &tok, 32, 384).unwrap() else {
+    let Dataset::Corpus(c) = Dataset::open(&[(data.clone(), 1.0)], None, true, &tok, 32, 384).unwrap() else {
         panic!("conversations are a corpus")
     };
     let corpus = &c.list[0].0;
@@ -189,7 +189,7 @@ fn only_the_assistant_turns_are_trained_on() {
 fn held_out_documents_are_whole_and_never_trained_on() {
     let tmp = tempfile::tempdir().unwrap();
     let data = megatron(tmp.path(), 384, 200);
-    let Dataset::Corpus(c) = Dataset::open(&[(data, 1.0)], false, &Tokenizer::Bytes, 32, 384).unwrap() else {
+    let Dataset::Corpus(c) = Dataset::open(&[(data, 1.0)], None, false, &Tokenizer::Bytes, 32, 384).unwrap() else {
         panic!("a Megatron dataset is a corpus")
     };
     let corpus = &c.list[0].0;
@@ -200,10 +200,30 @@ fn held_out_documents_are_whole_and_never_trained_on() {
     assert!(v.iter().all(|d| !t.contains(d)));
     // the documents held out do not depend on the run (seed) or on what else is in the corpus
     let again = megatron(&tmp.path().join("again").tap_mkdir(), 384, 200);
-    let Dataset::Corpus(c2) = Dataset::open(&[(again, 1.0)], false, &Tokenizer::Bytes, 32, 384).unwrap() else {
+    let Dataset::Corpus(c2) = Dataset::open(&[(again, 1.0)], None, false, &Tokenizer::Bytes, 32, 384).unwrap() else {
         unreachable!()
     };
     assert_eq!(&c2.list[0].0.val.docs, v);
+}
+
+/// `--val-data`: validation sequences come from that corpus alone, and the training corpus
+/// keeps every document.
+#[test]
+fn a_separate_validation_corpus_takes_the_place_of_held_out_documents() {
+    let tmp = tempfile::tempdir().unwrap();
+    let train = megatron(tmp.path(), 384, 60);
+    let val = megatron(&tmp.path().join("val").tap_mkdir(), 1, 30); // every token 0
+    let total = std::fs::metadata(train.with_extension("bin")).unwrap().len() / 2;
+    let Dataset::Corpus(c) = Dataset::open(&[(train, 1.0)], Some(&val), false, &Tokenizer::Bytes, 32, 384).unwrap()
+    else {
+        panic!("a corpus")
+    };
+    let t = &c.list[0].0;
+    assert_eq!((t.train.len(), t.val.len()), (total, 0), "every training document trained on");
+    let (x, y) = c.val_batch(8, 32);
+    assert!(x.iter().all(|&v| v == 0) && y.iter().all(|&v| v == 0), "validation from --val-data only");
+    let (x, _) = c.batch(1, 0, 8, 32);
+    assert!(x.iter().any(|&v| v != 0), "training from --data");
 }
 
 trait Mkdir {
@@ -247,7 +267,7 @@ fn a_run_saved_mid_corpus_resumes_on_the_same_losses() {
 }
 
 fn refused(path: &Path, chat: bool, tok: &Tokenizer) -> String {
-    match Dataset::open(&[(path.to_path_buf(), 1.0)], chat, tok, 32, 384) {
+    match Dataset::open(&[(path.to_path_buf(), 1.0)], None, chat, tok, 32, 384) {
         Ok(_) => panic!("{} was accepted", path.display()),
         Err(e) => e.to_string(),
     }

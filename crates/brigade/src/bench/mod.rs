@@ -299,7 +299,7 @@ pub fn data_loader(
     use crate::train::data::{Dataset, Tokenizer};
     let rss_before_mib = rss_mib();
     let t0 = Instant::now();
-    let data = Dataset::open(&[(path.to_path_buf(), 1.0)], false, &Tokenizer::Bytes, seq, vocab)?;
+    let data = Dataset::open(&[(path.to_path_buf(), 1.0)], None, false, &Tokenizer::Bytes, seq, vocab)?;
     let open_s = t0.elapsed().as_secs_f64();
     let (corpus_tokens, documents) = match &data {
         Dataset::Corpus(c) => c.list.iter().fold((0, 0), |(t, d), (c, _)| {

@@ -47,6 +47,8 @@ pub struct TrainConfig {
     pub data: Option<PathBuf>,
     /// Several corpora drawn from by weight (`data` is the first's path); empty: `data` alone.
     pub mix: Vec<Mixed>,
+    /// A corpus to validate on (all its documents) instead of a held-out share of `data`'s.
+    pub val_data: Option<PathBuf>,
     /// `data` holds conversations (`{"messages": [...]}` a line) rendered with the tokenizer's
     /// chat template, trained with the loss on the assistant's turns only.
     pub chat: bool,
@@ -93,6 +95,7 @@ impl Default for TrainConfig {
             shape_from: None,
             data: None,
             mix: Vec::new(),
+            val_data: None,
             chat: false,
             tokenizer: None,
             digits: 3,
@@ -285,6 +288,9 @@ impl TrainConfig {
             if let Some(m) = self.mix.iter().find(|m| !(m.weight.is_finite() && m.weight > 0.0)) {
                 return bad(format!("the weight of {} must be a positive number, got {}", m.path.display(), m.weight));
             }
+        }
+        if self.val_data.is_some() && self.data.is_none() {
+            return bad("--val-data needs --data (the built-in task holds out its own problems)".into());
         }
         if self.chat && self.data.is_none() {
             return bad("--chat needs --data FILE.jsonl (conversations, one {\"messages\": [...]} a line)".into());

@@ -47,6 +47,9 @@ impl Trainer {
         if let Some(p) = &cfg.data {
             cfg.data = Some(std::path::absolute(p).map_err(|e| Error::io(p, e))?);
         }
+        if let Some(p) = &cfg.val_data {
+            cfg.val_data = Some(std::path::absolute(p).map_err(|e| Error::io(p, e))?);
+        }
         for m in &mut cfg.mix {
             m.path = std::path::absolute(&m.path).map_err(|e| Error::io(&m.path, e))?;
         }
@@ -93,7 +96,10 @@ impl Trainer {
             }
             Some(_) => {
                 let seq = cfg.seq.unwrap_or(mcfg.block_size.min(256));
-                (Dataset::open(&cfg.corpora(), cfg.chat, &tokenizer, seq, mcfg.vocab_size)?, seq)
+                (
+                    Dataset::open(&cfg.corpora(), cfg.val_data.as_deref(), cfg.chat, &tokenizer, seq, mcfg.vocab_size)?,
+                    seq,
+                )
             }
         };
         if seq == 0 || seq > mcfg.block_size {

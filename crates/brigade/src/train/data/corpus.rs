@@ -142,17 +142,13 @@ impl Corpus {
         fingerprint: Fingerprint,
     ) -> Result<Corpus> {
         let n = docs.len();
-        let nonempty = (0..n).filter(|&i| docs.doc(i).iter().any(|p| p.len > 0)).count();
-        if nonempty < 2 {
-            return Err(Error::Data(format!(
-                "{name} holds {nonempty} document(s); validation holds out whole documents, so give more documents"
-            )));
-        }
+        let nonempty = |i: &usize| docs.doc(*i).iter().any(|p| p.len > 0);
         let cut = (VAL_SHARE * u64::MAX as f64) as u64;
-        let mut held: Vec<bool> = (0..n).map(|i| mix(i as u64) < cut).collect();
-        if !held.iter().any(|&h| h) {
+        let mut held: Vec<bool> = (0..n).map(|i| mix(i as u64) < cut && nonempty(&i)).collect();
+        // one document alone is all training (validation must then come from --val-data)
+        if !held.iter().any(|&h| h) && (0..n).filter(nonempty).count() >= 2 {
             // a small corpus: the document of the smallest hash
-            let i = (0..n).filter(|&i| docs.doc(i).iter().any(|p| p.len > 0)).min_by_key(|&i| mix(i as u64));
+            let i = (0..n).filter(nonempty).min_by_key(|&i| mix(i as u64));
             held[i.expect("two documents at least")] = true;
         }
         let (mut train, mut val) = (Vec::new(), Vec::new());
@@ -164,9 +160,37 @@ impl Corpus {
         Ok(Corpus { name, sources, train: Stream::of(train), val: Stream::of(val), packing, fingerprint })
     }
 
-    /// Refuses a corpus too small for sequences of `t` tokens.
-    pub fn check_length(&self, t: usize) -> Result<()> {
-        if self.packing == Packing::Windows && (self.train.len() < (t + 2) as u64 || self.val.len() < (t + 2) as u64) {
+    /// Every document for training: validation comes from another corpus (`--val-data`).
+    pub fn all_for_training(mut self) -> Corpus {
+        let mut d = std::mem::take(&mut self.train.docs);
+        d.extend(std::mem::take(&mut self.val.docs));
+        d.sort_by_key(|p| (p.src, p.start));
+        self.train = Stream::of(d);
+        self.val = Stream::default();
+        self
+    }
+
+    /// Every document for validation (the corpus `--val-data` names).
+    pub fn all_for_validation(self) -> Corpus {
+        let mut c = self.all_for_training();
+        std::mem::swap(&mut c.train, &mut c.val);
+        c
+    }
+
+    /// Refuses a corpus too small for sequences of `t` tokens in what it is used for:
+    /// training (`train`), validation (`val`), or both.
+    pub fn check_length(&self, t: usize, train: bool, val: bool) -> Result<()> {
+        let short = |s: &Stream| match self.packing {
+            Packing::Windows => s.len() < (t + 2) as u64,
+            Packing::Whole => s.is_empty(),
+        };
+        if val && self.val.is_empty() {
+            return Err(Error::Data(format!(
+                "{} holds one document; validation holds out whole documents, so give more documents or a corpus to validate on with --val-data",
+                self.name
+            )));
+        }
+        if (train && short(&self.train)) || (val && short(&self.val)) {
             return Err(Error::Data(format!(
                 "{} has {} training and {} held-out tokens; sequences of {t} tokens need more than {} of each (or use a shorter --seq)",
                 self.name,
@@ -174,9 +198,6 @@ impl Corpus {
                 self.val.len(),
                 t + 1
             )));
-        }
-        if self.train.is_empty() || self.val.is_empty() {
-            return Err(Error::Data(format!("{} has no training or no held-out tokens", self.name)));
         }
         Ok(())
     }
@@ -202,9 +223,11 @@ impl Corpus {
     }
 }
 
-/// Several corpora drawn from by weight (one corpus: weight 1).
+/// Several corpora drawn from by weight (one corpus: weight 1), and where validation
+/// sequences come from: each corpus's held-out documents, or `held`, a corpus of its own.
 pub struct Corpora {
     pub list: Vec<(Corpus, f64)>,
+    pub held: Option<Corpus>,
 }
 
 impl Corpora {
@@ -239,6 +262,12 @@ impl Corpora {
     pub fn val_batch(&self, n: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
         let mut rng = ChaCha8Rng::seed_from_u64(0x7a1);
         let (mut x, mut y) = (Vec::new(), Vec::new());
+        if let Some(h) = &self.held {
+            for _ in 0..n {
+                h.sequence(&h.val, &mut rng, t, &mut x, &mut y);
+            }
+            return (x, y);
+        }
         let total: f64 = self.list.iter().map(|(_, w)| w).sum();
         for _ in 0..n {
             let c = self.pick(&mut rng, total);
@@ -249,7 +278,7 @@ impl Corpora {
 
     /// The fingerprint of them all (one corpus: its own).
     pub fn fingerprint(&self) -> Fingerprint {
-        if self.list.len() == 1 {
+        if self.list.len() == 1 && self.held.is_none() {
             return self.list[0].0.fingerprint.clone();
         }
         let mut h = blake3::Hasher::new();
@@ -259,12 +288,17 @@ impl Corpora {
             h.update(&w.to_le_bytes());
             bytes += c.fingerprint.bytes;
         }
+        if let Some(v) = &self.held {
+            h.update(b"validation");
+            h.update(v.fingerprint.blake3.as_bytes());
+            bytes += v.fingerprint.bytes;
+        }
         Fingerprint { bytes, blake3: h.finalize().to_hex().to_string() }
     }
 
     /// The first tokens of the held-out documents (a sample prompt).
     pub fn val_prompt(&self, n: usize) -> Vec<u32> {
-        let c = &self.list[0].0;
+        let c = self.held.as_ref().unwrap_or(&self.list[0].0);
         let (mut tok, mut keep) = (Vec::new(), Vec::new());
         c.val.read(&c.sources, 0, n.min(c.val.len() as usize), &mut tok, &mut keep);
         tok

@@ -14,8 +14,9 @@ use super::addition::Addition;
 use crate::error::{Error, Result};
 pub use crate::models::tokenizer::{Fingerprint, Tokenizer};
 pub use corpus::Corpora;
+use corpus::Corpus;
 use formats::Format;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 pub use text::TextData;
 
 pub enum Dataset {
@@ -46,9 +47,11 @@ impl Dataset {
     }
 
     /// The data at `paths` (with their weights) for sequences of `seq` tokens of a model of
-    /// `vocab` tokens: one text file as before, or corpora.
+    /// `vocab` tokens: one text file as before, or corpora; `val`: a corpus to validate on
+    /// instead of the corpora's held-out documents.
     pub fn open(
-        paths: &[(std::path::PathBuf, f64)],
+        paths: &[(PathBuf, f64)],
+        val: Option<&Path>,
         chat: bool,
         tok: &Tokenizer,
         seq: usize,
@@ -56,37 +59,56 @@ impl Dataset {
     ) -> Result<Dataset> {
         let mut list = Vec::new();
         for (path, w) in paths {
-            let corpus = match formats::detect(path, chat)? {
-                Format::Text if paths.len() == 1 => return Ok(Dataset::Text(TextData::load(path, tok, seq)?)),
-                Format::Text => {
-                    return Err(Error::Data(format!(
-                        "{} is a text file; mixing corpora by weight takes token corpora (turn it into one with `brigade tokenize`)",
-                        path.display()
-                    )))
-                }
-                Format::LlmC => formats::llmc(path)?,
-                Format::NanoGpt => formats::nanogpt(path)?,
-                Format::Megatron(prefix) => formats::megatron(&prefix)?,
-                Format::ChatJsonl => chat::load(path, tok)?,
-                Format::TextFolder => text::folder(path, tok)?,
-            };
-            corpus.check_length(seq)?;
-            for s in &corpus.sources {
-                let n = s.len().min(CHECKED_TOKENS);
-                let top = match s {
-                    tokens::Source::File(f) => (0..n).map(|i| f.get(i)).max().unwrap_or(0),
-                    tokens::Source::Memory { tokens, .. } => tokens.iter().copied().max().unwrap_or(0),
-                };
-                if top as usize >= vocab {
-                    return Err(Error::Data(format!(
-                        "{} holds token id {top}, beyond the model's vocabulary of {vocab}; it was tokenized for another model",
-                        corpus.name
-                    )));
-                }
+            if paths.len() == 1 && val.is_none() && formats::detect(path, chat)? == Format::Text {
+                return Ok(Dataset::Text(TextData::load(path, tok, seq)?));
             }
+            let mut corpus = Dataset::corpus(path, chat, tok, vocab)?;
+            if val.is_some() {
+                corpus = corpus.all_for_training();
+            }
+            corpus.check_length(seq, true, val.is_none())?;
             list.push((corpus, *w));
         }
-        Ok(Dataset::Corpus(Corpora { list }))
+        let held = match val {
+            Some(p) => {
+                let c = Dataset::corpus(p, chat, tok, vocab)?.all_for_validation();
+                c.check_length(seq, false, true)?;
+                Some(c)
+            }
+            None => None,
+        };
+        Ok(Dataset::Corpus(Corpora { list, held }))
+    }
+
+    /// One corpus, its first tokens checked against the model's vocabulary.
+    fn corpus(path: &Path, chat: bool, tok: &Tokenizer, vocab: usize) -> Result<Corpus> {
+        let corpus = match formats::detect(path, chat)? {
+            Format::Text => {
+                return Err(Error::Data(format!(
+                    "{} is a text file; mixing corpora, or validating on one, takes corpora: put it in a folder of its own (a folder of text files is a corpus, a document a file)",
+                    path.display()
+                )))
+            }
+            Format::LlmC => formats::llmc(path)?,
+            Format::NanoGpt => formats::nanogpt(path)?,
+            Format::Megatron(prefix) => formats::megatron(&prefix)?,
+            Format::ChatJsonl => chat::load(path, tok)?,
+            Format::TextFolder => text::folder(path, tok)?,
+        };
+        for s in &corpus.sources {
+            let n = s.len().min(CHECKED_TOKENS);
+            let top = match s {
+                tokens::Source::File(f) => (0..n).map(|i| f.get(i)).max().unwrap_or(0),
+                tokens::Source::Memory { tokens, .. } => tokens.iter().copied().max().unwrap_or(0),
+            };
+            if top as usize >= vocab {
+                return Err(Error::Data(format!(
+                    "{} holds token id {top}, beyond the model's vocabulary of {vocab}; it was tokenized for another model",
+                    corpus.name
+                )));
+            }
+        }
+        Ok(corpus)
     }
 
     /// Whether a path holds tokens already (no tokenizer reads it).
