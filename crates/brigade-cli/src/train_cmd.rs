@@ -346,6 +346,15 @@ impl Bar {
             heartbeat: None,
         }
     }
+
+    /// A line above the bar (or on stderr when there is none).
+    fn say(&mut self, line: String) {
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
 }
 
 impl Observer for Bar {
@@ -418,21 +427,11 @@ impl Observer for Bar {
     }
 
     fn evaluated(&mut self, s: &StepStats, r: &EvalReport) {
-        let line = format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss);
-        if self.bar.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            self.bar.println(line);
-        }
+        self.say(format!("step {:>6}  loss {:.4}  {r}", s.step, s.loss));
     }
 
     fn evaluated_start(&mut self, r: &EvalReport) {
-        let line = format!("step {:>6}  the --init model: {r}", 0);
-        if self.bar.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            self.bar.println(line);
-        }
+        self.say(format!("step {:>6}  the --init model: {r}", 0));
     }
 
     fn stepped(&mut self) {

@@ -120,11 +120,7 @@ fn split_at_delimiter(path: &Path, offset: usize, width: Width, count: u64, deli
         let n = ((count - i) as usize * w).min(buf.len());
         f.read_exact(&mut buf[..n]).map_err(|e| Error::Data(format!("cannot read {}: {e}", path.display())))?;
         for c in buf[..n].chunks_exact(w) {
-            let t = if w == 2 {
-                u16::from_le_bytes([c[0], c[1]]) as u32
-            } else {
-                u32::from_le_bytes([c[0], c[1], c[2], c[3]])
-            };
+            let t = width.read(c);
             if t == delimiter && i > 0 {
                 starts.push(i);
             }

@@ -1,8 +1,9 @@
 //! Training data: the built-in addition task, a text file tokenized at start, or a corpus of
 //! documents (a folder of text files, one document each, tokenized at start; an llm.c or nanoGPT
 //! `.bin` or a Megatron dataset, read memory-mapped) or conversations to fine-tune on
-//! (`--chat`), several mixed by weight. Batch `s` is a pure function of (seed, s) on every rank, so every layout and a resumed run see exactly the
-//! batches the single uninterrupted worker would have.
+//! (`--chat`), several mixed by weight. Batch `s` is a pure function of (seed, s) on every rank,
+//! so every layout and a resumed run see exactly the batches the single uninterrupted worker
+//! would have.
 
 pub mod chat;
 pub mod corpus;
@@ -59,10 +60,11 @@ impl Dataset {
     ) -> Result<Dataset> {
         let mut list = Vec::new();
         for (path, w) in paths {
-            if paths.len() == 1 && val.is_none() && formats::detect(path, chat)? == Format::Text {
+            let format = formats::detect(path, chat)?;
+            if paths.len() == 1 && val.is_none() && format == Format::Text {
                 return Ok(Dataset::Text(TextData::load(path, tok, seq)?));
             }
-            let mut corpus = Dataset::corpus(path, chat, tok, vocab)?;
+            let mut corpus = Dataset::corpus(path, format, tok, vocab)?;
             if val.is_some() {
                 corpus = corpus.all_for_training();
             }
@@ -71,7 +73,7 @@ impl Dataset {
         }
         let held = match val {
             Some(p) => {
-                let c = Dataset::corpus(p, chat, tok, vocab)?.all_for_validation();
+                let c = Dataset::corpus(p, formats::detect(p, chat)?, tok, vocab)?.all_for_validation();
                 c.check_length(seq, false, true)?;
                 Some(c)
             }
@@ -80,9 +82,9 @@ impl Dataset {
         Ok(Dataset::Corpus(Corpora { list, held }))
     }
 
-    /// One corpus, its first tokens checked against the model's vocabulary.
-    fn corpus(path: &Path, chat: bool, tok: &Tokenizer, vocab: usize) -> Result<Corpus> {
-        let corpus = match formats::detect(path, chat)? {
+    /// One corpus of `format`, its first tokens checked against the model's vocabulary.
+    fn corpus(path: &Path, format: Format, tok: &Tokenizer, vocab: usize) -> Result<Corpus> {
+        let corpus = match format {
             Format::Text => {
                 return Err(Error::Data(format!(
                     "{} is a text file; mixing corpora, or validating on one, takes corpora: put it in a folder of its own (a folder of text files is a corpus, a document a file)",

@@ -20,6 +20,14 @@ impl Width {
             Width::U32 => 4,
         }
     }
+
+    /// The token whose little-endian bytes are `b` (`bytes()` of them).
+    pub fn read(self, b: &[u8]) -> u32 {
+        match self {
+            Width::U16 => u16::from_le_bytes([b[0], b[1]]) as u32,
+            Width::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        }
+    }
 }
 
 /// A file's tokens from byte `offset` on, memory-mapped.
@@ -66,11 +74,7 @@ impl TokenFile {
     /// Token `i`.
     pub fn get(&self, i: u64) -> u32 {
         let at = self.offset + i as usize * self.width.bytes();
-        let b = &self.map[at..at + self.width.bytes()];
-        match self.width {
-            Width::U16 => u16::from_le_bytes([b[0], b[1]]) as u32,
-            Width::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        }
+        self.width.read(&self.map[at..at + self.width.bytes()])
     }
 
     /// Appends tokens `start..start + n`.
@@ -78,10 +82,7 @@ impl TokenFile {
         let w = self.width.bytes();
         let at = self.offset + start as usize * w;
         let bytes = &self.map[at..at + n * w];
-        match self.width {
-            Width::U16 => out.extend(bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)),
-            Width::U32 => out.extend(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-        }
+        out.extend(bytes.chunks_exact(w).map(|c| self.width.read(c)));
     }
 
     /// The file's bytes (for its fingerprint).
