@@ -36,6 +36,11 @@ pub struct TrainArgs {
     /// with the tokenizer's chat template; the loss is on the assistant's turns only.
     #[arg(long)]
     pub(crate) chat: bool,
+    /// Keep the documents packed into a sequence apart (as Llama 3 trained): each token attends
+    /// only to its own document and is at its position in it. Needs documents: a folder of text
+    /// files, a token corpus or --chat conversations.
+    #[arg(long)]
+    pub(crate) doc_mask: bool,
     /// Hugging Face tokenizer for --data: a tokenizer.json, or a folder holding one with its
     /// tokenizer_config.json (special tokens, BOS) (default: byte-level tokens).
     #[arg(long)]
@@ -163,6 +168,7 @@ impl TrainArgs {
         on(self.init.is_some(), "--init");
         on(self.data.is_some(), "--data");
         on(self.chat, "--chat");
+        on(self.doc_mask, "--doc-mask");
         on(self.val_data.is_some(), "--val-data");
         on(self.tokenizer.is_some(), "--tokenizer");
         on(self.digits.is_some(), "--digits");
@@ -207,6 +213,9 @@ impl TrainArgs {
         }
         if self.chat {
             c.chat = true;
+        }
+        if self.doc_mask {
+            c.doc_mask = true;
         }
         if self.val_data.is_some() {
             c.val_data = self.val_data.clone();

@@ -4,9 +4,11 @@
 //! rounding is in the kernels. The check compares the vector of sampled partial derivatives:
 //! ‖fd − analytic‖ / ‖fd‖ must be below a tolerance set near the measured error (see below).
 
-use brigade::models::{Activations, Gpt, GptConfig};
+use brigade::models::units::Whole;
+use brigade::models::{Activations, Gpt, GptConfig, Input, Output, Pass};
 use brigade::nn::tp::Tp;
 use brigade::tensor::attention::{attention_backward, attention_forward, AttnShape};
+use brigade::tensor::docs::{positions_from_starts, Docs};
 use brigade::tensor::elementwise::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 use brigade::tensor::embedding::{
     position_backward, position_forward, token_embedding_backward, token_embedding_forward,
@@ -154,16 +156,43 @@ fn attention_backward_matches_finite_differences() {
     // width 8 and 20, across several causal blocks
     attention_gradcheck(42, AttnShape::grouped(2, 9, 6, 2, 8));
     attention_gradcheck(43, AttnShape::grouped(1, 70, 4, 1, 20));
+    // documents packed into each sequence (--doc-mask): each row attends within its own
+    for (seed, s) in [(44, AttnShape::fused(2, 9, 12, 3)), (45, AttnShape::grouped(2, 70, 4, 2, 8))] {
+        let docs = packed(s.b, s.t, seed);
+        attention_gradcheck_docs(seed, s, Docs::packed(&docs));
+    }
+}
+
+/// Positions of documents of random lengths (1 to 40 tokens) packed into `b` sequences of `t`;
+/// the first of each sequence is the tail of one that began before it.
+fn packed(b: usize, t: usize, seed: u64) -> Vec<u32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let starts: Vec<Vec<usize>> = (0..b)
+        .map(|_| {
+            let mut at = rng.gen_range(1..20);
+            let mut v = Vec::new();
+            while at < t {
+                v.push(at);
+                at += rng.gen_range(1..=40);
+            }
+            v
+        })
+        .collect();
+    positions_from_starts(t, &starts)
 }
 
 fn attention_gradcheck(seed: u64, s: AttnShape) {
+    attention_gradcheck_docs(seed, s, Docs::WHOLE)
+}
+
+fn attention_gradcheck_docs(seed: u64, s: AttnShape, docs: Docs) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let qkv = randn(&mut rng, s.qkv_len(), 1.5);
     let r = randn(&mut rng, s.out_len(), 1.0);
     let fwd = |qkv: &[f32]| {
         let mut o = vec![0f32; s.out_len()];
         let mut p = vec![0f32; s.probs_len()];
-        attention_forward(&mut o, &mut p, qkv, s);
+        attention_forward(&mut o, &mut p, qkv, s, docs);
         (o, p)
     };
     let (_, p) = fwd(&qkv);
@@ -180,6 +209,11 @@ fn attention_forward_matches_naive_reference() {
     attention_reference(AttnShape::fused(2, 263, 128, 2));
     attention_reference(AttnShape::grouped(2, 70, 4, 2, 16));
     attention_reference(AttnShape::grouped(1, 9, 3, 1, 6));
+    // packed documents (--doc-mask), with documents that start past the first 16-key strip
+    for (seed, s) in [(7, AttnShape::fused(2, 263, 128, 2)), (8, AttnShape::grouped(3, 70, 4, 2, 16))] {
+        let docs = packed(s.b, s.t, seed);
+        attention_reference_docs(s, Docs::packed(&docs));
+    }
 }
 
 /// Element `d` of head `h` of part `part` (0 q, 1 k, 2 v) at row `i` of sequence `b`: GPT-2's
@@ -200,11 +234,18 @@ fn qkv_at(s: &AttnShape, qkv: &[f32], b: usize, i: usize, part: usize, h: usize,
 }
 
 fn attention_reference(s: AttnShape) {
+    attention_reference_docs(s, Docs::WHOLE)
+}
+
+/// The forward against the definition in f64, each row over the keys of its document (from
+/// `first` to itself), written out without the kernel's blocking.
+fn attention_reference_docs(s: AttnShape, docs: Docs) {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let qkv = randn(&mut rng, s.qkv_len(), 1.5);
     let mut o = vec![0f32; s.out_len()];
     let mut p = vec![0f32; s.probs_len()];
-    attention_forward(&mut o, &mut p, &qkv, s);
+    attention_forward(&mut o, &mut p, &qkv, s, docs);
+    let first = |b: usize, i: usize| docs.positions().map_or(0, |pos| i - pos[b * s.t + i] as usize);
     let (t, c, hd) = (s.t, s.heads * s.hd, s.hd);
     let at = |b: usize, i: usize, part: usize, h: usize, d: usize| qkv_at(&s, &qkv, b, i, part, h, d);
     for b in 0..s.b {
@@ -212,13 +253,14 @@ fn attention_reference(s: AttnShape) {
             // the key/value head this query head reads, written out
             let kvh = h * s.kv_heads / s.heads;
             for i in 0..t {
-                let sc: Vec<f64> = (0..=i)
+                let f = first(b, i);
+                let sc: Vec<f64> = (f..=i)
                     .map(|j| (0..hd).map(|d| at(b, i, 0, h, d) * at(b, j, 1, kvh, d)).sum::<f64>() / (hd as f64).sqrt())
                     .collect();
                 let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
                 let z: f64 = sc.iter().map(|v| (v - mx).exp()).sum();
                 for d in 0..hd {
-                    let want: f64 = (0..=i).map(|j| (sc[j] - mx).exp() / z * at(b, j, 2, kvh, d)).sum();
+                    let want: f64 = (f..=i).map(|j| (sc[j - f] - mx).exp() / z * at(b, j, 2, kvh, d)).sum();
                     let got = o[(b * t + i) * c + h * hd + d] as f64;
                     assert!((got - want).abs() < 1e-5, "b{b} h{h} i{i} d{d}: {got} vs {want}");
                 }
@@ -267,12 +309,12 @@ fn embedding_backward_matches_finite_differences() {
         let mut e = vec![0f32; n * c];
         token_embedding_forward(&mut e, wte, &tokens, lo, c);
         let mut o = vec![0f32; n * c];
-        position_forward(&mut o, &e, wpe, row0, t, c);
+        position_forward(&mut o, &e, wpe, (row0, Docs::WHOLE), t, c);
         o
     };
     let (mut dte, mut dpe) = (vec![0f32; rows * c], vec![0f32; t * c]);
     token_embedding_backward(&mut dte, &r, &tokens, lo, c);
-    position_backward(&mut dpe, &r, row0, t, c);
+    position_backward(&mut dpe, &r, (row0, Docs::WHOLE), t, c);
     check("embedding wte", &wte, &dte, 1e-2, 400, KERNEL_TOL, |w| dot(&fwd(w, &wpe), &r));
     check("embedding wpe", &wpe, &dpe, 1e-2, 400, KERNEL_TOL, |w| dot(&fwd(&wte, w), &r));
     // a token outside the window has a zero row
@@ -340,6 +382,14 @@ fn every_family_gradient_matches_finite_differences() {
     for_each_family(|f| model_gradient_matches_finite_differences(GptConfig::example(f, 23, 8)));
 }
 
+/// Documents packed into each sequence and kept apart (`--doc-mask`): positions restart at
+/// each document (GPT-2's table, Llama's rotation) and attention stays inside it.
+#[test]
+fn every_family_gradient_over_packed_documents_matches_finite_differences() {
+    let pos = positions_from_starts(6, &[vec![2, 4], vec![3]]);
+    for_each_family(|f| model_gradient_check(GptConfig::example(f, 23, 8), Some(&pos)));
+}
+
 /// GPT-2 at two heads of 8.
 #[test]
 fn gpt_gradient_matches_finite_differences() {
@@ -378,6 +428,10 @@ fn llama_gradient_matches_finite_differences() {
 }
 
 fn model_gradient_matches_finite_differences(cfg: GptConfig) {
+    model_gradient_check(cfg, None)
+}
+
+fn model_gradient_check(cfg: GptConfig, pos: Option<&[u32]>) {
     let model = Gpt::new(cfg).unwrap();
     let mut params = model.layout.init(11);
     // Larger weights than GPT-2's 0.02 so that every path carries a visible signal.
@@ -392,12 +446,17 @@ fn model_gradient_matches_finite_differences(cfg: GptConfig) {
     let count = targets.iter().filter(|&&x| x != IGNORE).count();
     let loss = |p: &[f32]| {
         let mut acts = Activations::default();
-        model.logits(p, &tokens, (b, t), &mut acts);
+        model.logits_docs(p, &tokens, pos, (b, t), &mut acts);
         model.loss(&Tp::SOLO, &targets, &mut acts).unwrap().0 / count as f64
     };
     let mut grads = vec![0f32; model.layout.total];
     let mut acts = Activations::default();
-    model.forward_backward((&params, &mut grads), (&tokens, &targets), (b, t), 1.0 / count as f32, &mut acts);
+    let mut store = Whole::new(&model.units, &params, &mut grads);
+    let mut pass = Pass::new(&Tp::SOLO, &mut store).with_docs(pos);
+    model.forward(&mut pass, Input::Tokens(&tokens), (b, t), &mut acts).unwrap();
+    model.loss(&Tp::SOLO, &targets, &mut acts).unwrap();
+    let from = Output::Loss { targets: &targets, scale: 1.0 / count as f32 };
+    model.backward(&mut pass, &tokens, from, &mut acts).unwrap();
     for spec in &model.layout.specs {
         let v = spec.view;
         let sub_p = v.of(&params).to_vec();

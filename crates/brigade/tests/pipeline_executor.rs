@@ -93,7 +93,7 @@ fn every_schedule_executed_equals_the_whole_model() {
                         .zip(gs.iter_mut())
                         .map(|((part, params), grads)| Chunk { part, params, grads })
                         .collect();
-                    let data = MicroBatches { tokens: &tokens, targets: &targets, b, t, scale };
+                    let data = MicroBatches { tokens: &tokens, targets: &targets, b, t, scale, positions: &[] };
                     let t0 = std::time::Instant::now();
                     let ran = run_step(&plan, (&comm, &Tp::SOLO), &mut chunks, &data, recompute, &mut Vec::new())?;
                     // the forwards' and backwards' seconds: some, and within the step

@@ -149,6 +149,67 @@ fn conversations_train_alike_on_every_layout() {
     every_layout_equals_the_single_worker(cfg(data, Some(tok), true), "chat");
 }
 
+/// `--doc-mask` (documents packed into a sequence kept apart) on every layout, with both
+/// kinds of recompute, for both families: the single worker's losses and weights. And the mask
+/// is not a no-op: the same run without it takes other steps.
+#[test]
+fn doc_masked_corpora_train_alike_on_every_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = megatron(tmp.path(), 384, 60);
+    for model in ["llama-tiny", "tiny"] {
+        let c = TrainConfig { model: model.into(), doc_mask: true, ..cfg(data.clone(), None, false) };
+        every_layout_equals_the_single_worker(c.clone(), &format!("{model} --doc-mask"));
+        for spec in ["pp=2,mb=1,recompute=full", "dp=2,tp=2,recompute=selective"] {
+            let (l, w) = run(&c, spec);
+            let (l1, w1) = run(&c, "dp=1");
+            assert!(rel(&l, &l1) < 1e-5 && rel(&w, &w1) < 1e-5, "{model} --doc-mask on {spec}: {l:?} vs {l1:?}");
+        }
+        let (masked, _) = run(&c, "dp=1");
+        let (plain, _) = run(&TrainConfig { doc_mask: false, ..c }, "dp=1");
+        assert!(rel(&masked, &plain) > 1e-4, "{model}: --doc-mask changed nothing: {masked:?} vs {plain:?}");
+    }
+}
+
+/// The positions a corpus gives each token restart exactly where its documents begin: a
+/// corpus whose documents each begin with token 0 (and hold no other 0) shows them.
+#[test]
+fn positions_restart_where_documents_begin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prefix = megatron(tmp.path(), 384, 80);
+    // rewrite the tokens: 0 at each document's first token, 1 + (k mod 300) elsewhere
+    let idx = std::fs::read(prefix.with_extension("idx")).unwrap();
+    let docs = u64::from_le_bytes(idx[18..26].try_into().unwrap()) as usize;
+    let lens: Vec<usize> =
+        (0..docs).map(|d| i32::from_le_bytes(idx[34 + 4 * d..][..4].try_into().unwrap()) as usize).collect();
+    let mut bin = Vec::new();
+    for &l in &lens {
+        for k in 0..l {
+            let v: u16 = if k == 0 { 0 } else { 1 + (k % 300) as u16 };
+            bin.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    std::fs::write(prefix.with_extension("bin"), bin).unwrap();
+    let Dataset::Corpus(c) = Dataset::open(&[(prefix, 1.0)], None, false, &Tokenizer::Bytes, 64, 384).unwrap() else {
+        panic!("a corpus")
+    };
+    let t = 64;
+    for step in 0..5 {
+        let b = c.batch(11, step, 8, t);
+        let pos = b.pos.expect("a corpus knows its documents");
+        for (r, (&x, &p)) in b.x.iter().zip(&pos).enumerate() {
+            let i = r % t;
+            if x == 0 {
+                assert_eq!(p, 0, "row {r}: a document begins here");
+            } else if i > 0 {
+                assert_eq!(p, pos[r - 1] + 1, "row {r}: the same document runs on");
+            } else {
+                assert_eq!(p, 0, "row {r}: a sequence's first token is at 0");
+            }
+        }
+        assert!(b.x.iter().filter(|&&x| x == 0).count() >= 4, "windows cross documents");
+    }
+}
+
 /// Only the assistant's text and its end-of-turn are targets; the prompt, the user's turns and
 /// the template's role markers are not. Checked on text: the targets decode to exactly the
 /// assistant contents, each followed by the template's `<|endoftext|>\n`.
@@ -179,7 +240,8 @@ fn only_the_assistant_turns_are_trained_on() {
     }
     assert_eq!(tok.decode(&kept), want);
     // and a batch's targets are those tokens, the rest IGNORE
-    let (x, y) = c.batch(5, 0, 4, 32);
+    let batch = c.batch(5, 0, 4, 32);
+    let (x, y) = (batch.x, batch.y);
     assert_eq!(x.len(), 4 * 32);
     let targets = y.iter().filter(|&&t| t != IGNORE).count();
     assert!(targets > 0 && targets < y.len() / 2, "{targets} of {} positions are targets", y.len());
@@ -220,10 +282,9 @@ fn a_separate_validation_corpus_takes_the_place_of_held_out_documents() {
     };
     let t = &c.list[0].0;
     assert_eq!((t.train.len(), t.val.len()), (total, 0), "every training document trained on");
-    let (x, y) = c.val_batch(8, 32);
-    assert!(x.iter().all(|&v| v == 0) && y.iter().all(|&v| v == 0), "validation from --val-data only");
-    let (x, _) = c.batch(1, 0, 8, 32);
-    assert!(x.iter().any(|&v| v != 0), "training from --data");
+    let v = c.val_batch(8, 32);
+    assert!(v.x.iter().all(|&v| v == 0) && v.y.iter().all(|&v| v == 0), "validation from --val-data only");
+    assert!(c.batch(1, 0, 8, 32).x.iter().any(|&v| v != 0), "training from --data");
 }
 
 trait Mkdir {
@@ -302,4 +363,12 @@ fn bad_corpora_are_refused_with_one_line() {
     let e = refused(&other, false, &tok);
     assert!(e.contains("beyond the model's vocabulary of 384"), "{e}");
     assert!(!e.contains('\n'), "one line: {e}");
+    // --doc-mask on one text file (one document), and on the built-in task
+    let text = tmp.path().join("one.txt");
+    std::fs::write(&text, "one document, no boundaries to keep. ".repeat(40)).unwrap();
+    let c = TrainConfig { doc_mask: true, ..cfg(text, None, false) };
+    let e = Trainer::new(c).err().expect("--doc-mask on a text file").to_string();
+    assert!(e.contains("--doc-mask") && e.contains("one text file") && !e.contains('\n'), "{e}");
+    let e = Trainer::new(TrainConfig { doc_mask: true, ..TrainConfig::default() }).err().expect("no data").to_string();
+    assert!(e.contains("--doc-mask needs --data"), "{e}");
 }

@@ -10,6 +10,7 @@ use crate::models::GptConfig;
 use crate::nn::{LayerNorm, LnStash};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
+use crate::tensor::docs::Docs;
 use crate::tensor::elementwise::{gelu_backward, gelu_forward, residual_bias_forward};
 use crate::tensor::loss::{cross_entropy_backward, cross_entropy_forward, VocabWindow};
 use crate::tensor::matmul;
@@ -214,7 +215,7 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
         let mut dqkv = vec![0f32; s.qkv_len()];
         // q·kᵀ and p·v over the causal half of the t×t square
         let flops = 2.0 * (batch * seq * seq * cfg.q_width()) as f64;
-        let f = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s));
+        let f = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s, Docs::WHOLE));
         rows.push(row("attention forward (causal)", l, f, flops, "GFLOP/s"));
         let b = time_it(|| attention_backward(&mut dqkv, &out, &qkv, &probs, s));
         rows.push(row("attention backward", l, b, 2.0 * flops, "GFLOP/s"));

@@ -6,6 +6,7 @@ use crate::models::family::Qkv;
 use crate::models::GptConfig;
 use crate::plan::local::{Collectives, Machine};
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
+use crate::tensor::docs::Docs;
 use crate::tensor::matmul;
 use std::time::Instant;
 
@@ -131,7 +132,7 @@ pub fn measure(cfg: &GptConfig, batch: usize, seq: usize, tp: usize) -> Machine 
     let mut out = vec![0f32; s.out_len()];
     let mut probs = vec![0f32; s.probs_len()];
     let mut dqkv = vec![0f32; s.qkv_len()];
-    let attention_fwd_s = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s));
+    let attention_fwd_s = time_it(|| attention_forward(&mut out, &mut probs, &qkv, s, Docs::WHOLE));
     let attention_bwd_s = time_it(|| attention_backward(&mut dqkv, &out, &qkv, &probs, s));
     Machine {
         threads: rayon::current_num_threads(),

@@ -13,6 +13,7 @@ use crate::nn::{
 };
 use crate::nn::{MlpStash, Norm, RmsNorm};
 use crate::params::ParamLayout;
+use crate::tensor::docs::Docs;
 use crate::tensor::elementwise::residual_bias_forward;
 
 #[derive(Clone, Debug)]
@@ -116,14 +117,16 @@ impl Block {
     }
 
     /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows of `b`
-    /// sequences of `t` tokens: two collectives forward (`g` after each row-parallel layer;
-    /// under sp also two gathers).
+    /// sequences of `t` tokens (`docs`: the positions of all rows): two collectives forward
+    /// (`g` after each row-parallel layer; under sp also two gathers).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         tp: &Tp,
         p: &[f32],
         (x, out): (&[f32], &mut [f32]),
         bt: (usize, usize),
+        docs: Docs,
         st: &mut BlockStash,
         sc: &mut Scratch,
     ) -> Result<()> {
@@ -131,7 +134,7 @@ impl Block {
         ensure(&mut st.x2, x.len());
         self.ln_1.forward(p, x, &mut st.ln1);
         let h = tp.enter(&st.ln1.out, full)?;
-        self.attn.forward(p, h, bt, &mut st.attn, part, !*drop_scores);
+        self.attn.forward(p, h, bt, docs, &mut st.attn, part, !*drop_scores);
         let y = tp.exit(part, rows)?;
         residual_bias_forward(&mut st.x2, x, y, self.attn.c_proj.bias(p));
         self.ln_2.forward(p, &st.x2, &mut st.ln2);
@@ -144,7 +147,14 @@ impl Block {
 
     /// On entry `dresid` is the gradient of the block output; on return, of the block input.
     /// Two collectives backward (`f` before each column-parallel layer).
-    pub(crate) fn backward(&self, tp: &Tp, gr: &mut Grads, x: &[f32], st: &BlockStash, sc: &mut Scratch) -> Result<()> {
+    pub(crate) fn backward(
+        &self,
+        tp: &Tp,
+        gr: &mut Grads,
+        (x, docs): (&[f32], Docs),
+        st: &BlockStash,
+        sc: &mut Scratch,
+    ) -> Result<()> {
         let Scratch { dresid, dln, dpart, dfull, hfull, dh, dup, dx2, attn, .. } = sc;
         // The residual add passes dresid unchanged to both branches.
         self.mlp.c_proj.bias_backward(gr.g, dresid);
@@ -156,7 +166,7 @@ impl Block {
         self.attn.c_proj.bias_backward(gr.g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln1.out, hfull)?;
-        self.attn.backward(gr, h, &st.attn, dy, dpart, attn);
+        self.attn.backward(gr, h, docs, &st.attn, dy, dpart, attn);
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
         self.ln_1.backward(gr.p, gr.g, x, &st.ln1, d, dresid);
         Ok(())

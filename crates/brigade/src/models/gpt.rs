@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::nn::tp::{vocab, Tp, VocabShard};
 use crate::nn::{ensure, Grads, LayerNorm, LnStash, Norm, RmsNorm, WeightGrads};
 use crate::params::{Init, ParamLayout, Split, View};
+use crate::tensor::docs::Docs;
 use crate::tensor::loss::{cross_entropy_backward, IGNORE};
 use crate::tensor::matmul;
 
@@ -30,6 +31,9 @@ pub struct Activations {
     pub logits: Vec<f32>,
     lse: Vec<f32>,
     losses: Vec<f32>,
+    /// The rows' positions in their packed documents, as the forward ran (none: one document
+    /// a sequence).
+    docs: Option<Vec<u32>>,
     scratch: Scratch,
 }
 
@@ -245,6 +249,16 @@ impl Gpt {
         let rows = tp.rows(b * t).len();
         acts.b = b;
         acts.t = t;
+        match pass.docs.positions() {
+            Some(p) => {
+                let kept = acts.docs.get_or_insert_with(Vec::new);
+                kept.clear();
+                kept.extend_from_slice(p);
+            }
+            None => acts.docs = None,
+        }
+        let docs = Docs::of(acts.docs.as_deref());
+        docs.check(b * t, t);
         acts.resid.resize_with(l + 1, Vec::new);
         acts.blocks.resize_with(l, BlockStash::default);
         for r in &mut acts.resid {
@@ -257,14 +271,15 @@ impl Gpt {
                 let p = store.params(0)?;
                 let tables = (self.wte.of(p), self.wpe.of(p));
                 let out = &mut acts.resid[0];
-                vocab::embedding_forward(tp, out, tables, tokens, self.vocab, (t, c), (&mut sc.part, &mut sc.rows))?;
+                let bufs = (&mut sc.part, &mut sc.rows);
+                vocab::embedding_forward(tp, out, tables, (tokens, docs), self.vocab, (t, c), bufs)?;
             }
             Input::Hidden(x) => acts.resid[0].copy_from_slice(x),
         }
         for (i, blk) in self.blocks.iter().enumerate() {
             let (done, rest) = acts.resid.split_at_mut(i + 1);
             let p = store.params(self.block_unit(i))?;
-            blk.forward(tp, p, (&done[i], &mut rest[0]), (b, t), &mut acts.blocks[i], sc)?;
+            blk.forward(tp, p, (&done[i], &mut rest[0]), (b, t), docs, &mut acts.blocks[i], sc)?;
         }
         if self.has_head {
             self.ln_f.forward(store.params(self.final_unit())?, &acts.resid[l], &mut acts.lnf);
@@ -326,10 +341,11 @@ impl Gpt {
     /// sequence parallelism the gradients of the replicated parameters are partial sums over
     /// the group (`nn::tp::state::sum_replicated_grads`).
     pub fn backward(&self, pass: &mut Pass, tokens: &[u32], from: Output, acts: &mut Activations) -> Result<()> {
-        let Pass { tp, store, dw } = pass;
+        let Pass { tp, store, dw, .. } = pass;
         let tp: &Tp = tp;
         self.check_group(tp);
         let (b, t) = (acts.b, acts.t);
+        let docs = Docs::of(acts.docs.as_deref());
         let (c, v, l, n) = (self.cfg.n_embd, self.vocab.rows, self.blocks.len(), b * t);
         let sc = &mut acts.scratch;
         ensure(&mut sc.dresid, tp.rows(n).len() * c);
@@ -361,7 +377,7 @@ impl Gpt {
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             let (p, g) = store.params_grads(self.block_unit(i))?;
             dw.set_unit(self.block_unit(i));
-            blk.backward(tp, &mut Grads { p, g, dw }, &acts.resid[i], &acts.blocks[i], sc)?;
+            blk.backward(tp, &mut Grads { p, g, dw }, (&acts.resid[i], docs), &acts.blocks[i], sc)?;
             store.grads_done(self.block_unit(i))?;
         }
         if !self.has_embedding {
@@ -371,7 +387,7 @@ impl Gpt {
         let (wo, po) = (self.wte, self.wpe);
         assert_eq!(po.offset, wo.offset + wo.len, "wte and wpe are adjacent in the layout");
         let tables = g[wo.offset..po.offset + po.len].split_at_mut(wo.len);
-        vocab::embedding_backward(tp, tables, &sc.dresid, tokens, self.vocab, (t, c), &mut sc.dfull)?;
+        vocab::embedding_backward(tp, tables, &sc.dresid, (tokens, docs), self.vocab, (t, c), &mut sc.dfull)?;
         store.grads_done(0)
     }
 
@@ -396,8 +412,22 @@ impl Gpt {
 
     /// The single worker's forward to logits `[b·t, vocab]` in `acts.logits`.
     pub fn logits(&self, p: &[f32], tokens: &[u32], (b, t): (usize, usize), acts: &mut Activations) {
+        self.logits_docs(p, tokens, None, (b, t), acts)
+    }
+
+    /// `logits` of packed documents kept apart, the tokens at positions `pos` in theirs
+    /// (`None`: one document a sequence).
+    pub fn logits_docs(
+        &self,
+        p: &[f32],
+        tokens: &[u32],
+        pos: Option<&[u32]>,
+        (b, t): (usize, usize),
+        acts: &mut Activations,
+    ) {
         let mut store = Whole::reading(&self.units, p);
-        self.forward(&mut Pass::new(&Tp::SOLO, &mut store), Input::Tokens(tokens), (b, t), acts).expect(SOLO)
+        let mut pass = Pass::new(&Tp::SOLO, &mut store).with_docs(pos);
+        self.forward(&mut pass, Input::Tokens(tokens), (b, t), acts).expect(SOLO)
     }
 }
 

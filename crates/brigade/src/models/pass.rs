@@ -7,18 +7,27 @@
 use super::units::UnitStore;
 use crate::nn::tp::Tp;
 use crate::nn::WeightGrads;
+use crate::tensor::docs::Docs;
 
 pub struct Pass<'a> {
     pub tp: &'a Tp<'a>,
     pub store: &'a mut dyn UnitStore,
     /// The weight matrices' gradients: at once, or (a zero-bubble schedule's B) kept for its W.
     pub dw: WeightGrads,
+    /// Where the rows stand (a forward's: one document a sequence, or packed documents kept
+    /// apart); the forward keeps them for its backward.
+    pub docs: Docs<'a>,
 }
 
 impl<'a> Pass<'a> {
     /// A pass that takes every gradient at once.
     pub fn new(tp: &'a Tp<'a>, store: &'a mut dyn UnitStore) -> Pass<'a> {
-        Pass { tp, store, dw: WeightGrads::Now }
+        Pass { tp, store, dw: WeightGrads::Now, docs: Docs::WHOLE }
+    }
+
+    /// The same pass over packed documents at these positions (`None`: one a sequence).
+    pub fn with_docs(self, pos: Option<&'a [u32]>) -> Pass<'a> {
+        Pass { docs: Docs::of(pos), ..self }
     }
 
     /// The same pass with the weight matrices' gradients going to `dw`.

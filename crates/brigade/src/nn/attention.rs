@@ -8,6 +8,7 @@ use super::{ensure, Grads};
 use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
+use crate::tensor::docs::Docs;
 use crate::tensor::rope::{rope_rows, RopeTable};
 
 /// The backward's working space, reused across layers and steps: the gradients of the
@@ -131,14 +132,17 @@ impl CausalSelfAttention {
         [0..n * qw, n * qw..n * (qw + kvw), n * (qw + kvw)..n * (qw + 2 * kvw)]
     }
 
-    /// `part = attention(c_attn(x))·W_proj` for this rank's heads (no bias: added after `g`).
+    /// `part = attention(c_attn(x))·W_proj` for this rank's heads (no bias: added after `g`),
+    /// each row attending within its document and rotated by its position (`docs`).
     /// With `keep_scores` false (selective recompute) the softmax probabilities are not kept:
     /// the backward computes them again from q and k.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         p: &[f32],
         x: &[f32],
         (b, t): (usize, usize),
+        docs: Docs,
         st: &mut AttnStash,
         part: &mut Vec<f32>,
         keep_scores: bool,
@@ -161,11 +165,11 @@ impl CausalSelfAttention {
                 if st.rope.positions() < t || st.rope.half != inv.len() {
                     st.rope = RopeTable::new(inv, t);
                 }
-                rope_rows(&mut st.qkv[rq], self.heads, &st.rope, |r| r % t, false);
-                rope_rows(&mut st.qkv[rk], self.kv_heads, &st.rope, |r| r % t, false);
+                rope_rows(&mut st.qkv[rq], self.heads, &st.rope, |r| docs.pos(r, t), false);
+                rope_rows(&mut st.qkv[rk], self.kv_heads, &st.rope, |r| docs.pos(r, t), false);
             }
         }
-        attention_forward(&mut st.att, &mut st.probs, &st.qkv, s);
+        attention_forward(&mut st.att, &mut st.probs, &st.qkv, s, docs);
         self.c_proj.forward_partial(p, &st.att, part);
         if !keep_scores {
             st.probs = Vec::new();
@@ -173,11 +177,13 @@ impl CausalSelfAttention {
     }
 
     /// From the output gradient `dout` (all rows), overwrites `dx` with this rank's part of
-    /// the input gradient.
+    /// the input gradient (`docs` as the forward had them).
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         gr: &mut Grads,
         x: &[f32],
+        docs: Docs,
         st: &AttnStash,
         dout: &[f32],
         dx: &mut Vec<f32>,
@@ -196,7 +202,7 @@ impl CausalSelfAttention {
             // selective recompute: the attention core again (its output lands in `datt`, which
             // the projection's backward then overwrites)
             ensure(probs, s.probs_len());
-            attention_forward(datt, probs, &st.qkv, s);
+            attention_forward(datt, probs, &st.qkv, s, docs);
             probs
         } else {
             &st.probs
@@ -217,8 +223,8 @@ impl CausalSelfAttention {
             Qkv::Separate { q, k, v } => {
                 let [rq, rk, rv] = self.blocks(n);
                 // the rotation's backward is the inverse rotation
-                rope_rows(&mut dqkv[rq.clone()], self.heads, &st.rope, |r| r % t, true);
-                rope_rows(&mut dqkv[rk.clone()], self.kv_heads, &st.rope, |r| r % t, true);
+                rope_rows(&mut dqkv[rq.clone()], self.heads, &st.rope, |r| docs.pos(r, t), true);
+                rope_rows(&mut dqkv[rk.clone()], self.kv_heads, &st.rope, |r| docs.pos(r, t), true);
                 ensure(dx2, x.len());
                 q.backward(p, g, x, &dqkv[rq], dx, dw);
                 k.backward(p, g, x, &dqkv[rk], dx2, dw);

@@ -7,6 +7,7 @@
 //! sit in L1, with only the 6 × 16 tiles on or left of the diagonal computed. The products
 //! are that kernel's micro-kernel (`sgemm::kernel`), so no product pays for packing twice.
 
+use super::docs::Docs;
 use super::mat::Mat;
 use super::sgemm::{kernel, pack, Buf, MR, NR};
 use super::SendPtr;
@@ -158,22 +159,23 @@ fn panel_of<'a>(dst: &'a mut [f32], x: &[f32], m: Mat, i0: usize, rows: usize, c
     dst
 }
 
-/// Rows `i0..i0 + rows` of a `t × t` block `sq_rows` (starting at row i0), columns 0..live
-/// (rounded up to whole strips, clipped to t): `alpha · a_panel · xᵀ` over the head dimension,
-/// with x packed by `strips_over_rows` (the scores `q·kᵀ`, or `dO·vᵀ`). Overwritten.
+/// Rows `i0..i0 + rows` of a `t × t` block `sq_rows` (starting at row i0), columns lo..live
+/// (`lo` a whole strip's start; `live` rounded up to whole strips, clipped to t):
+/// `alpha · a_panel · xᵀ` over the head dimension, with x packed by `strips_over_rows` (the
+/// scores `q·kᵀ`, or `dO·vᵀ`). Overwritten.
 #[allow(clippy::too_many_arguments)]
 fn left_of_diagonal(
     sq_rows: &mut [f32],
     t: usize,
     rows: usize,
-    live: usize,
+    (lo, live): (usize, usize),
     a: &[f32],
     x: &[f32],
     hd: usize,
     alpha: f32,
 ) {
-    assert!(sq_rows.len() >= rows * t);
-    for (st, j0) in (0..live).step_by(NR).enumerate() {
+    assert!(sq_rows.len() >= rows * t && lo.is_multiple_of(NR));
+    for (st, j0) in (lo..live).step_by(NR).enumerate().map(|(k, j0)| (k + lo / NR, j0)) {
         // SAFETY: rows 0..rows, columns j0..j0 + 16 clipped to t lie inside `sq_rows` (checked).
         unsafe {
             kernel(
@@ -218,16 +220,20 @@ unsafe fn times_head(
 }
 
 /// Writes `out[b, t, heads·hd]` and saves the attention probabilities `probs[b,h,t,t]` for
-/// backward.
-pub fn attention_forward(out: &mut [f32], probs: &mut [f32], qkv: &[f32], s: AttnShape) {
+/// backward. Each query row attends to the keys of its document (`docs`: all before it, or
+/// those of its own packed document); the probabilities of the others are zero, which is all
+/// the backward needs to know of the mask.
+pub fn attention_forward(out: &mut [f32], probs: &mut [f32], qkv: &[f32], s: AttnShape, docs: Docs) {
     let (t, hd) = (s.t, s.hd());
     assert!(out.len() == s.out_len() && qkv.len() == s.qkv_len() && probs.len() == s.probs_len());
+    docs.check(s.b * t, t);
     let scale = 1.0 / (hd as f32).sqrt();
     let outp = SendPtr(out.as_mut_ptr());
     let sq = Mat::rm(t, t);
     let ow = s.heads * hd;
     probs.par_chunks_mut(t * t).enumerate().for_each(|(bh, p)| {
         let hv = Head::new(&s, bh);
+        let row0 = bh / s.heads * t;
         with_bufs(|[qb, kb, vb, pb, ..]| {
             let q = panels(qb, qkv, hv.q, hv.qm);
             let k = strips_over_rows(kb, qkv, hv.k, hv.kvm);
@@ -236,25 +242,31 @@ pub fn attention_forward(out: &mut [f32], probs: &mut [f32], qkv: &[f32], s: Att
             for (pnl, i0) in (0..t).step_by(MR).enumerate() {
                 let rows = MR.min(t - i0);
                 let live = i0 + rows; // keys 0..live reach these rows
+                                      // keys before `lo` (whole strips before the panel's earliest first key) reach none
+                let first = |i: usize| docs.first_key(row0 + i, t);
+                let lo = first(i0) / NR * NR;
                 let qa = &q[pnl * hd * MR..(pnl + 1) * hd * MR];
-                left_of_diagonal(&mut p[i0 * t..], t, rows, live, qa, k, hd, scale);
+                left_of_diagonal(&mut p[i0 * t..], t, rows, (lo, live), qa, k, hd, scale);
                 for i in i0..live {
                     let row = &mut p[i * t..(i + 1) * t];
-                    let (seen, masked) = row.split_at_mut(i + 1);
+                    let (before, rest) = row.split_at_mut(first(i));
+                    let (seen, masked) = rest.split_at_mut(i + 1 - before.len());
+                    before.fill(0.0);
                     super::math::softmax_row(seen);
                     masked.fill(0.0);
                 }
-                let pa = panel_of(pp, p, sq, i0, rows, 0, live);
+                let pa = panel_of(pp, p, sq, i0, rows, lo, live - lo);
                 // SAFETY: task (b, h) writes only rows of batch b, columns h·hd..(h+1)·hd of
                 // `out`; no two tasks share an element, and `out` outlives the parallel loop.
-                unsafe { times_head(outp.at(hv.o + i0 * ow), hv.out, rows, pa, v, t, 0, live, (1.0, false)) };
+                unsafe { times_head(outp.at(hv.o + i0 * ow), hv.out, rows, pa, v, t, lo, live - lo, (1.0, false)) };
             }
         })
     });
 }
 
 /// From `dout[b, t, heads·hd]`, writes `dqkv` (laid out as `qkv`; overwritten, not
-/// accumulated). One task per key/value head: its group's query heads in turn, their
+/// accumulated). The mask (causal, or packed documents') is read off `probs`: zero where a
+/// row does not attend, so no gradient flows there. One task per key/value head: its group's query heads in turn, their
 /// contributions to dk and dv summed in head order.
 pub fn attention_backward(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[f32], s: AttnShape) {
     let (t, hd, group) = (s.t, s.hd(), s.group());
@@ -284,7 +296,7 @@ pub fn attention_backward(dqkv: &mut [f32], dout: &[f32], qkv: &[f32], probs: &[
                     let rows = MR.min(t - i0);
                     let live = i0 + rows;
                     let da = &doa[pnl * hd * MR..(pnl + 1) * hd * MR];
-                    left_of_diagonal(&mut ds[i0 * t..], t, rows, live, da, vt, hd, 1.0);
+                    left_of_diagonal(&mut ds[i0 * t..], t, rows, (0, live), da, vt, hd, 1.0);
                     for i in i0..live {
                         let pr = &p[i * t..(i + 1) * t];
                         let dr = &mut ds[i * t..(i + 1) * t];

@@ -1,6 +1,8 @@
 //! Token and learned position embeddings. The token table may be a window of the vocabulary
 //! (a rank's shard): tokens outside it contribute zero rows, summed across windows by the caller.
 
+use super::docs::Docs;
+
 /// `out[i,:] = wte[tokens[i] − lo,:]` for tokens in `lo..lo + rows`, else 0. Token ids are
 /// checked against the vocabulary by the caller.
 pub fn token_embedding_forward(out: &mut [f32], wte: &[f32], tokens: &[u32], lo: usize, c: usize) {
@@ -27,20 +29,21 @@ pub fn token_embedding_backward(dwte: &mut [f32], dout: &[f32], tokens: &[u32], 
     }
 }
 
-/// `out[i,:] = x[i,:] + wpe[(row0 + i) mod t,:]`: rows `row0..` of a `[b, t]` batch.
-pub fn position_forward(out: &mut [f32], x: &[f32], wpe: &[f32], row0: usize, t: usize, c: usize) {
+/// `out[i,:] = x[i,:] + wpe[pos(row0 + i),:]`: rows `row0..` of a `[b, t]` batch, at their
+/// positions (`docs`: `(row0 + i) mod t`, or in their packed documents).
+pub fn position_forward(out: &mut [f32], x: &[f32], wpe: &[f32], (row0, docs): (usize, Docs), t: usize, c: usize) {
     for (i, (o, x)) in out.chunks_exact_mut(c).zip(x.chunks_exact(c)).enumerate() {
-        let p = &wpe[((row0 + i) % t) * c..][..c];
+        let p = &wpe[docs.pos(row0 + i, t) * c..][..c];
         for ((o, &x), &p) in o.iter_mut().zip(x).zip(p) {
             *o = x + p;
         }
     }
 }
 
-/// Accumulates `dwpe[(row0 + i) mod t] += dout[i]`, serially.
-pub fn position_backward(dwpe: &mut [f32], dout: &[f32], row0: usize, t: usize, c: usize) {
+/// Accumulates `dwpe[pos(row0 + i)] += dout[i]`, serially.
+pub fn position_backward(dwpe: &mut [f32], dout: &[f32], (row0, docs): (usize, Docs), t: usize, c: usize) {
     for (i, row) in dout.chunks_exact(c).enumerate() {
-        for (p, &d) in dwpe[((row0 + i) % t) * c..][..c].iter_mut().zip(row) {
+        for (p, &d) in dwpe[docs.pos(row0 + i, t) * c..][..c].iter_mut().zip(row) {
             *p += d;
         }
     }

@@ -52,6 +52,11 @@ pub struct TrainConfig {
     /// `data` holds conversations (`{"messages": [...]}` a line) rendered with the tokenizer's
     /// chat template, trained with the loss on the assistant's turns only.
     pub chat: bool,
+    /// Documents packed into a sequence are kept apart (Llama 3 trained so): each token attends
+    /// only to its own document's tokens and is at its position in that document. Needs a
+    /// corpus (documents); off: a packed sequence is attended to as one text.
+    #[serde(default)]
+    pub doc_mask: bool,
     /// Hugging Face tokenizer.json; absent: byte-level tokens.
     pub tokenizer: Option<PathBuf>,
     /// Digits per operand of the built-in addition task.
@@ -97,6 +102,7 @@ impl Default for TrainConfig {
             mix: Vec::new(),
             val_data: None,
             chat: false,
+            doc_mask: false,
             tokenizer: None,
             digits: 3,
             reverse: true,
@@ -291,6 +297,9 @@ impl TrainConfig {
         }
         if self.val_data.is_some() && self.data.is_none() {
             return bad("--val-data needs --data (the built-in task holds out its own problems)".into());
+        }
+        if self.doc_mask && self.data.is_none() {
+            return bad("--doc-mask needs --data with documents (a folder of text files, a token corpus, or --chat conversations); the built-in task is one problem a sequence".into());
         }
         if self.chat && self.data.is_none() {
             return bad("--chat needs --data FILE.jsonl (conversations, one {\"messages\": [...]} a line)".into());

@@ -92,16 +92,23 @@ impl Trainer {
             Dataset::Text(_) | Dataset::Corpus(_) => {
                 let t = self.seq;
                 let n = 16;
-                let (x, y) = match &self.data {
-                    Dataset::Text(d) => d.val_batch(n, t),
-                    Dataset::Corpus(c) => c.val_batch(n, t),
+                let (x, y, pos) = match &self.data {
+                    Dataset::Text(d) => {
+                        let (x, y) = d.val_batch(n, t);
+                        (x, y, None)
+                    }
+                    Dataset::Corpus(c) => {
+                        let b = c.val_batch(n, t);
+                        (b.x, b.y, b.pos.filter(|_| self.cfg.doc_mask))
+                    }
                     Dataset::Addition(_) => unreachable!("matched above"),
                 };
                 let mb = self.micro.min(n);
                 let (mut sum, mut count) = (0f64, 0usize);
-                for (xm, ym) in x.chunks(mb * t).zip(y.chunks(mb * t)) {
+                for (k, (xm, ym)) in x.chunks(mb * t).zip(y.chunks(mb * t)).enumerate() {
                     let bm = xm.len() / t;
-                    model.logits(params, xm, (bm, t), acts);
+                    let pm = pos.as_deref().map(|p| &p[k * mb * t..][..xm.len()]);
+                    model.logits_docs(params, xm, pm, (bm, t), acts);
                     let (s, c) = model.loss(&Tp::SOLO, ym, acts).expect("a single worker runs no collectives");
                     sum += s;
                     count += c;

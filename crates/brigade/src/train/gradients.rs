@@ -163,13 +163,19 @@ impl Trainer {
     /// This rank's share `x`, `y` of the batch (sequences of `t` tokens) through its list;
     /// leaves the summed gradient in `grads` (ZeRO ≥ 1: this rank's pieces in `gshard`) and
     /// returns the sum of the token losses of this data-parallel replica.
-    pub(crate) fn accumulate_share(&mut self, x: &[u32], y: &[i32], t: usize, scale: f32) -> Result<f64> {
+    pub(crate) fn accumulate_share(
+        &mut self,
+        (x, y, pos): (&[u32], &[i32], Option<&[u32]>),
+        t: usize,
+        scale: f32,
+    ) -> Result<f64> {
         let step = self.step + 1;
         let mb = self.micro;
         let tokens: Vec<Vec<u32>> = x.chunks(mb * t).map(<[u32]>::to_vec).collect();
         let targets: Vec<Vec<i32>> = y.chunks(mb * t).map(<[i32]>::to_vec).collect();
         let tp = Tp::new(self.mesh.group(&[Axis::Tp]), self.layout.sp);
-        let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale };
+        let positions: Vec<Vec<u32>> = pos.map_or(Vec::new(), |p| p.chunks(mb * t).map(<[u32]>::to_vec).collect());
+        let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale, positions: &positions };
         let (dp, zero) = (self.mesh.group(REPLICAS), self.dpc.zero);
         let one_chunk = self.parts.chunks.len() == 1;
         // the tied table's copies are summed over the pipeline before ZeRO-1 cuts the sum

@@ -102,6 +102,12 @@ impl Trainer {
                 )
             }
         };
+        if cfg.doc_mask && !data.has_documents() {
+            return Err(Error::Data(format!(
+                "--doc-mask keeps documents apart, and {} is one text file (one document); give a folder of text files (a document each), a token corpus or --chat conversations, or drop --doc-mask",
+                cfg.data.as_deref().map_or("the data".into(), |p| p.display().to_string())
+            )));
+        }
         if seq == 0 || seq > mcfg.block_size {
             return Err(Error::Train(format!(
                 "sequence length {seq} must be between 1 and the model's block_size {}; lower --seq or raise --block-size",

@@ -136,10 +136,11 @@ impl Trainer {
     /// Takes the next optimizer step on the run's own batch (a pure function of seed and step).
     pub fn train_step(&mut self) -> Result<StepStats> {
         let t0 = Instant::now();
-        let (x, y) = self.data.batch(self.cfg.seed, self.step, self.cfg.batch, self.seq);
+        let batch = self.data.batch(self.cfg.seed, self.step, self.cfg.batch, self.seq);
         self.trace("data", Part::Other("data"), self.step + 1, t0);
         let data_s = t0.elapsed().as_secs_f64();
-        let mut s = self.step_on(&x, &y)?;
+        let pos = if self.cfg.doc_mask { batch.pos.as_deref() } else { None };
+        let mut s = self.step_on_docs(&batch.x, &batch.y, pos)?;
         s.idle_s += data_s;
         s.tokens_per_s = s.tokens as f64 / (s.tokens as f64 / s.tokens_per_s + data_s);
         if let Some(last) = self.history.last_mut() {
@@ -151,11 +152,17 @@ impl Trainer {
     /// One optimizer step on the given global batch (`batch` sequences of equal length):
     /// accumulate the gradient over micro-batches, clip it, AdamW.
     pub fn step_on(&mut self, x: &[u32], y: &[i32]) -> Result<StepStats> {
+        self.step_on_docs(x, y, None)
+    }
+
+    /// `step_on` a batch of packed documents kept apart: `pos` (one per token) is each token's
+    /// position in its document (`tensor::docs`); `None`, one document a sequence.
+    pub fn step_on_docs(&mut self, x: &[u32], y: &[i32], pos: Option<&[u32]>) -> Result<StepStats> {
         let started = Instant::now();
         self.clock = StepClock::default();
         let step = self.step + 1;
         let lr = self.sched.at(self.step);
-        let (loss_sum, count) = self.accumulate_gradients(x, y)?;
+        let (loss_sum, count) = self.accumulate_gradients_docs(x, y, pos)?;
         let loss = (loss_sum / count as f64) as f32;
         if !loss.is_finite() {
             return Err(Error::Train(self.explain_nonfinite_loss(loss, step)));
@@ -243,6 +250,11 @@ impl Trainer {
     /// over its micro-batches (each scaled by 1 / the batch's count, not its own), into
     /// `self.grads`. Returns (sum of token losses, counted targets).
     pub fn accumulate_gradients(&mut self, x: &[u32], y: &[i32]) -> Result<(f64, usize)> {
+        self.accumulate_gradients_docs(x, y, None)
+    }
+
+    /// `accumulate_gradients` over packed documents at positions `pos` (as `step_on_docs`).
+    pub fn accumulate_gradients_docs(&mut self, x: &[u32], y: &[i32], pos: Option<&[u32]>) -> Result<(f64, usize)> {
         let b = self.cfg.batch;
         if x.len() != y.len() || x.is_empty() || !x.len().is_multiple_of(b) {
             return Err(Error::Train(format!(
@@ -252,6 +264,13 @@ impl Trainer {
             )));
         }
         let t = x.len() / b;
+        if let Some(p) = pos {
+            if p.len() != x.len() || p.iter().enumerate().any(|(r, &q)| q as usize > r % t) {
+                return Err(Error::Train(format!(
+                    "document positions must be one per token, each at most its position in its sequence of {t}"
+                )));
+            }
+        }
         self.model.check_input(x, b, t)?;
         let vocab = self.model.cfg.vocab_size;
         if let Some(&bad) =
@@ -272,8 +291,9 @@ impl Trainer {
         let (replica, replicas) = (self.mesh.coords[Axis::Dp], self.mesh.shape.degree(Axis::Dp));
         let per_rank = (b / replicas) * t;
         let mine = replica * per_rank..(replica + 1) * per_rank;
+        let pos = pos.map(|p| &p[mine.clone()]);
         let (x, y) = (&x[mine.clone()], &y[mine]);
-        let loss_sum = self.accumulate_share(x, y, t, scale)?;
+        let loss_sum = self.accumulate_share((x, y, pos), t, scale)?;
         let t0 = Instant::now();
         let loss_sum = data::sum_scalar(self.mesh.group(REPLICAS), loss_sum)?;
         note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", REPLICAS, self.step + 1, t0);

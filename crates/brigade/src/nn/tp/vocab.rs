@@ -6,6 +6,7 @@
 use super::Tp;
 use crate::error::Result;
 use crate::nn::ensure;
+use crate::tensor::docs::Docs;
 use crate::tensor::embedding::{
     position_backward, position_forward, token_embedding_backward, token_embedding_forward,
 };
@@ -40,7 +41,7 @@ pub fn embedding_forward(
     tp: &Tp,
     out: &mut [f32],
     (wte, wpe): (&[f32], &[f32]),
-    tokens: &[u32],
+    (tokens, docs): (&[u32], Docs),
     sh: VocabShard,
     (t, c): (usize, usize),
     (part, rows): (&mut Vec<f32>, &mut Vec<f32>),
@@ -52,7 +53,7 @@ pub fn embedding_forward(
         // rotary models add no position table
         out.copy_from_slice(e);
     } else {
-        position_forward(out, e, wpe, tp.rows(tokens.len()).start, t, c);
+        position_forward(out, e, wpe, (tp.rows(tokens.len()).start, docs), t, c);
     }
     Ok(())
 }
@@ -62,13 +63,13 @@ pub fn embedding_backward(
     tp: &Tp,
     (dwte, dwpe): (&mut [f32], &mut [f32]),
     drows: &[f32],
-    tokens: &[u32],
+    (tokens, docs): (&[u32], Docs),
     sh: VocabShard,
     (t, c): (usize, usize),
     buf: &mut Vec<f32>,
 ) -> Result<()> {
     if !dwpe.is_empty() {
-        position_backward(dwpe, drows, tp.rows(tokens.len()).start, t, c);
+        position_backward(dwpe, drows, (tp.rows(tokens.len()).start, docs), t, c);
     }
     let d = tp.exit_backward(drows, buf)?;
     token_embedding_backward(dwte, d, tokens, sh.lo, c);

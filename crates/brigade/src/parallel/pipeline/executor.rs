@@ -81,6 +81,16 @@ pub struct MicroBatches<'a> {
     pub t: usize,
     /// 1 / the targets counted in the whole global batch.
     pub scale: f32,
+    /// Each micro-batch's rows' positions in their packed documents (`--doc-mask`); empty:
+    /// one document a sequence.
+    pub positions: &'a [Vec<u32>],
+}
+
+impl MicroBatches<'_> {
+    /// Micro-batch `mb`'s positions, if its documents are kept apart.
+    fn docs(&self, mb: usize) -> Option<&[u32]> {
+        self.positions.get(mb).map(Vec::as_slice)
+    }
 }
 
 /// What one rank's run of its list did.
@@ -319,7 +329,7 @@ fn forward(
         Some(h) => Input::Hidden(h),
     };
     chunks.with(c, mb, Stage::Forward, &mut |part, store| {
-        part.forward(&mut Pass::new(tp, store), input, (data.b, data.t), acts)?;
+        part.forward(&mut Pass::new(tp, store).with_docs(data.docs(mb)), input, (data.b, data.t), acts)?;
         if part.has_head {
             *loss += part.loss(tp, &data.targets[mb], acts)?.0;
         }

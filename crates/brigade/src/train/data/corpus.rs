@@ -9,8 +9,10 @@
 //! end, and only the tokens the data marks as trained on (the assistant's) have targets.
 
 use super::tokens::Source;
+use super::Batch;
 use crate::error::{Error, Result};
 use crate::models::tokenizer::Fingerprint;
+use crate::tensor::docs::positions_from_starts;
 use crate::tensor::loss::IGNORE;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -83,13 +85,25 @@ impl Stream {
         self.len() == 0
     }
 
-    /// Appends tokens `pos..pos + n` of the stream (across documents).
-    fn read(&self, sources: &[Source], mut pos: u64, mut n: usize, out: &mut Vec<u32>, trained: &mut Vec<bool>) {
+    /// Appends tokens `pos..pos + n` of the stream (across documents), and to `starts` where
+    /// in `out` each document that begins in them does.
+    fn read(
+        &self,
+        sources: &[Source],
+        mut pos: u64,
+        mut n: usize,
+        out: &mut Vec<u32>,
+        trained: &mut Vec<bool>,
+        starts: &mut Vec<usize>,
+    ) {
         let mut i = self.ends.partition_point(|&e| e <= pos);
         while n > 0 {
             let d = self.docs[i];
             let before = self.ends[i] - d.len as u64;
             let off = pos - before;
+            if off == 0 {
+                starts.push(out.len());
+            }
             let take = ((d.len as u64 - off) as usize).min(n);
             sources[d.src as usize].extend(d.start + off, take, out, trained);
             n -= take;
@@ -202,24 +216,28 @@ impl Corpus {
         Ok(())
     }
 
-    /// Appends one sequence of `t` inputs and `t` targets from `stream`.
-    fn sequence(&self, stream: &Stream, rng: &mut ChaCha8Rng, t: usize, x: &mut Vec<u32>, y: &mut Vec<i32>) {
+    /// Appends one sequence of `t` inputs and `t` targets from `stream`, and its tokens'
+    /// positions in their documents.
+    fn sequence(&self, stream: &Stream, rng: &mut ChaCha8Rng, t: usize, b: &mut Batch) {
         let (mut tok, mut keep) = (Vec::with_capacity(t + 1), Vec::with_capacity(t + 1));
+        let mut starts = Vec::new();
         match self.packing {
             Packing::Windows => {
                 let start = rng.gen_range(0..stream.len() - t as u64);
-                stream.read(&self.sources, start, t + 1, &mut tok, &mut keep);
+                stream.read(&self.sources, start, t + 1, &mut tok, &mut keep, &mut starts);
             }
             Packing::Whole => {
                 while tok.len() < t + 1 {
                     let d = stream.docs[rng.gen_range(0..stream.docs.len())];
                     let n = (d.len as usize).min(t + 1 - tok.len());
+                    starts.push(tok.len());
                     self.sources[d.src as usize].extend(d.start, n, &mut tok, &mut keep);
                 }
             }
         }
-        x.extend_from_slice(&tok[..t]);
-        y.extend((1..=t).map(|i| if keep[i] { tok[i] as i32 } else { IGNORE }));
+        b.x.extend_from_slice(&tok[..t]);
+        b.y.extend((1..=t).map(|i| if keep[i] { tok[i] as i32 } else { IGNORE }));
+        b.pos.get_or_insert_with(Vec::new).extend(positions_from_starts(t, &[starts]));
     }
 }
 
@@ -232,15 +250,15 @@ pub struct Corpora {
 
 impl Corpora {
     /// Batch `step`: `b` sequences of `t` tokens, each from a corpus drawn by weight.
-    pub fn batch(&self, seed: u64, step: usize, b: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
+    pub fn batch(&self, seed: u64, step: usize, b: usize, t: usize) -> Batch {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (step as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
-        let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+        let mut out = Batch::with_capacity(b * t);
         let total: f64 = self.list.iter().map(|(_, w)| w).sum();
         for _ in 0..b {
             let c = self.pick(&mut rng, total);
-            c.sequence(&c.train, &mut rng, t, &mut x, &mut y);
+            c.sequence(&c.train, &mut rng, t, &mut out);
         }
-        (x, y)
+        out
     }
 
     fn pick(&self, rng: &mut ChaCha8Rng, total: f64) -> &Corpus {
@@ -259,21 +277,21 @@ impl Corpora {
 
     /// `n` fixed validation sequences from the held-out documents (each corpus's share of
     /// them by weight).
-    pub fn val_batch(&self, n: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
+    pub fn val_batch(&self, n: usize, t: usize) -> Batch {
         let mut rng = ChaCha8Rng::seed_from_u64(0x7a1);
-        let (mut x, mut y) = (Vec::new(), Vec::new());
+        let mut out = Batch::with_capacity(n * t);
         if let Some(h) = &self.held {
             for _ in 0..n {
-                h.sequence(&h.val, &mut rng, t, &mut x, &mut y);
+                h.sequence(&h.val, &mut rng, t, &mut out);
             }
-            return (x, y);
+            return out;
         }
         let total: f64 = self.list.iter().map(|(_, w)| w).sum();
         for _ in 0..n {
             let c = self.pick(&mut rng, total);
-            c.sequence(&c.val, &mut rng, t, &mut x, &mut y);
+            c.sequence(&c.val, &mut rng, t, &mut out);
         }
-        (x, y)
+        out
     }
 
     /// The fingerprint of them all (one corpus: its own).
@@ -300,7 +318,7 @@ impl Corpora {
     pub fn val_prompt(&self, n: usize) -> Vec<u32> {
         let c = self.held.as_ref().unwrap_or(&self.list[0].0);
         let (mut tok, mut keep) = (Vec::new(), Vec::new());
-        c.val.read(&c.sources, 0, n.min(c.val.len() as usize), &mut tok, &mut keep);
+        c.val.read(&c.sources, 0, n.min(c.val.len() as usize), &mut tok, &mut keep, &mut Vec::new());
         tok
     }
 }

@@ -20,6 +20,26 @@ use formats::Format;
 use std::path::{Path, PathBuf};
 pub use text::TextData;
 
+/// One batch: the tokens `x` and targets `y` (`IGNORE` where there is none) of its sequences,
+/// and, where the data knows its documents, each token's position in its document — from the
+/// sequence's start for a document that began before it (`tensor::docs`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    pub x: Vec<u32>,
+    pub y: Vec<i32>,
+    pub pos: Option<Vec<u32>>,
+}
+
+impl Batch {
+    fn of((x, y): (Vec<u32>, Vec<i32>)) -> Batch {
+        Batch { x, y, pos: None }
+    }
+
+    fn with_capacity(n: usize) -> Batch {
+        Batch { x: Vec::with_capacity(n), y: Vec::with_capacity(n), pos: None }
+    }
+}
+
 pub enum Dataset {
     Addition(Addition),
     Text(TextData),
@@ -39,12 +59,19 @@ impl Dataset {
         }
     }
 
-    pub fn batch(&self, seed: u64, step: usize, b: usize, t: usize) -> (Vec<u32>, Vec<i32>) {
+    /// Batch `step` of `b` sequences of `t` tokens: a pure function of (seed, step).
+    pub fn batch(&self, seed: u64, step: usize, b: usize, t: usize) -> Batch {
         match self {
-            Dataset::Addition(a) => a.batch(seed, step, b),
-            Dataset::Text(d) => d.batch(seed, step, b, t),
+            Dataset::Addition(a) => Batch::of(a.batch(seed, step, b)),
+            Dataset::Text(d) => Batch::of(d.batch(seed, step, b, t)),
             Dataset::Corpus(c) => c.batch(seed, step, b, t),
         }
+    }
+
+    /// Whether the data knows where its documents begin (what `--doc-mask` needs): corpora
+    /// do; one text file is one document, the addition task one problem a sequence.
+    pub fn has_documents(&self) -> bool {
+        matches!(self, Dataset::Corpus(_))
     }
 
     /// The data at `paths` (with their weights) for sequences of `seq` tokens of a model of
