@@ -106,6 +106,30 @@ impl RankAlloc {
         let tag = TAG.try_with(|t| t.get()).unwrap_or(0);
         (base.add(h - 8) as *mut usize).write(tag);
         add(tag, layout.size());
+        huge_pages(base, size);
         base.add(h)
     }
+}
+
+/// Blocks from this size up (parameters, gradients, optimizer moments, activations of a real
+/// model) are backed by 2 MiB pages where the kernel allows it (transparent huge pages in
+/// `madvise` mode, the common default): their first touch then takes one page fault per 2 MiB
+/// instead of per 4 KiB — on a virtual machine where a fault costs microseconds, the first
+/// AdamW step of a 135M-parameter model spent 5 s faulting in its moments.
+const HUGE_FROM: usize = 8 << 20;
+
+/// Advises the kernel to back the whole 2 MiB pages inside `[base, base + size)` with huge pages.
+unsafe fn huge_pages(base: *mut u8, size: usize) {
+    #[cfg(target_os = "linux")]
+    if size >= HUGE_FROM {
+        const HUGE: usize = 2 << 20;
+        let start = (base as usize).next_multiple_of(HUGE);
+        let end = (base as usize + size) / HUGE * HUGE;
+        if end > start {
+            // advice only: a kernel without transparent huge pages refuses it, and nothing changes
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (base, size);
 }

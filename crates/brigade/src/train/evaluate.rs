@@ -38,6 +38,20 @@ impl Trainer {
         self.full_of_local(&self.local_params()?).map(Some)
     }
 
+    /// `full_params` for the first rank of the mesh only (what evaluates and writes): every rank
+    /// calls it; the first gets the whole model when it is cut across ranks, the others `None`,
+    /// and only the ranks on the way to the first build a full copy.
+    pub fn full_params_to_first(&self) -> Result<Option<Vec<f32>>> {
+        if self.holds_whole_model() {
+            return Ok(None);
+        }
+        let local = self.local_params()?;
+        if self.mesh.coords[crate::parallel::Axis::Dp] != 0 {
+            return Ok(None);
+        }
+        self.full_to_first(&local)
+    }
+
     /// Whether `params` is the whole model (not cut across a tensor-parallel group, not left in
     /// ZeRO-3 pieces).
     fn holds_whole_model(&self) -> bool {

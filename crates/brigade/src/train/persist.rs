@@ -101,14 +101,15 @@ impl Trainer {
     pub fn snapshot_into(&self, reuse: Option<Snapshot>) -> Result<Snapshot> {
         let local = &self.parts.layout;
         let total = self.full_model.layout.total;
+        let writes = self.mesh.rank() == 0;
         let (mut params, mut moments) = reuse.map(|s| (s.params, s.moments)).unwrap_or_default();
-        params.resize(total, 0.0);
-        moments.resize(2 * total, 0.0);
         let dp = self.mesh.group(REPLICAS);
         let alone = |a: Axis| self.mesh.group(&[a]).size() == 1;
         if alone(Axis::Tp) && alone(Axis::Pp) && self.parts.chunks.len() == 1 {
             // this rank's layout is the whole model's: the ZeRO pieces straight into place
             assert_eq!(local.total, total, "one chunk, no tp: the whole model");
+            params.resize(total, 0.0);
+            moments.resize(2 * total, 0.0);
             match self.dpc.zero >= 3 {
                 true => self.shards.gather(dp, &self.pshard, &mut params)?,
                 false => params.copy_from_slice(&self.params),
@@ -118,15 +119,26 @@ impl Trainer {
             self.shards.gather(dp, &self.opt.v, v)?;
         } else {
             // ZeRO pieces gathered over the dp group, then the full tensors from the slices of
-            // the tensor-parallel group and the stages of the pipeline
+            // the tensor-parallel group and the stages of the pipeline — by the ranks on the
+            // way to the first rank only: the other replicas, and the other tensor-parallel
+            // ranks once their slices are sent, build no full copy
             let (mut m, mut v) = (vec![0f32; local.total], vec![0f32; local.total]);
             self.shards.gather(dp, &self.opt.m, &mut m)?;
             self.shards.gather(dp, &self.opt.v, &mut v)?;
-            params.copy_from_slice(&self.full_of_local(&self.local_params()?)?);
-            moments[..total].copy_from_slice(&self.full_of_local(&m)?);
-            moments[total..].copy_from_slice(&self.full_of_local(&v)?);
+            let p = self.local_params()?;
+            if self.mesh.coords[Axis::Dp] == 0 {
+                let full_p = self.full_to_first(&p)?;
+                let full_m = self.full_to_first(&m)?;
+                let full_v = self.full_to_first(&v)?;
+                if let (Some(fp), Some(fm), Some(fv)) = (full_p, full_m, full_v) {
+                    params.resize(total, 0.0);
+                    moments.resize(2 * total, 0.0);
+                    params.copy_from_slice(&fp);
+                    moments[..total].copy_from_slice(&fm);
+                    moments[total..].copy_from_slice(&fv);
+                }
+            }
         }
-        let writes = self.mesh.rank() == 0;
         let mut tokenizer_files = Vec::new();
         if let Tokenizer::Hf(_, src, _, sp) = &self.tokenizer {
             tokenizer_files.push((src.clone(), TOKENIZER_FILE));
@@ -268,6 +280,29 @@ impl Trainer {
                 .map_err(|e| Error::Train(format!("gathering the model across the pipeline's stages failed: {e}")))?;
         }
         Ok(full)
+    }
+
+    /// `full_of_local` where only the first rank of the mesh needs the result (a checkpoint):
+    /// the ranks of the first replica call it; the tensor-parallel group gathers its slices,
+    /// and only its first rank's pipeline group (the first rank's) sums the stages. The first
+    /// rank gets the whole model; the others `None`, having built no full copy past the
+    /// tensor-parallel gather.
+    pub(crate) fn full_to_first(&self, local: &[f32]) -> Result<Option<Vec<f32>>> {
+        let mine = gather_full(self.mesh.group(&[Axis::Tp]), &self.parts.layout, local)?;
+        if self.mesh.coords[Axis::Tp] != 0 {
+            return Ok(None);
+        }
+        let stages = self.mesh.group(&[Axis::Pp]);
+        if stages.size() == 1 && self.parts.chunks.len() == 1 {
+            return Ok((self.mesh.rank() == 0).then_some(mine));
+        }
+        let mut full = self.parts.place_in(&self.full_model.layout, &mine);
+        if stages.size() > 1 {
+            stages
+                .all_reduce(&mut full, brigade_comm::ReduceOp::Sum)
+                .map_err(|e| Error::Train(format!("gathering the model across the pipeline's stages failed: {e}")))?;
+        }
+        Ok((self.mesh.rank() == 0).then_some(full))
     }
 
     /// This rank's buffer (in `parts.layout`) from one of the whole model: its stages'

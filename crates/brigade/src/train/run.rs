@@ -352,7 +352,7 @@ pub fn run(
     let mut saver = opts.out.clone().map(|dir| Saver::new(dir, !opts.save_in_foreground));
     if tr.cfg.init.is_some() && tr.step == 0 && tr.cfg.eval_every > 0 {
         // where the published model stands on the held-out data, for the run to improve on
-        let full = tr.full_params()?;
+        let full = tr.full_params_to_first()?;
         if lead {
             let r = tr.evaluate_with(full.as_deref());
             obs.evaluated_start(&r);
@@ -364,7 +364,7 @@ pub fn run(
         obs.step(&s, rate);
         if tr.cfg.eval_every > 0 && s.step.is_multiple_of(tr.cfg.eval_every) && s.step < steps {
             // the model cut across a tensor-parallel group is gathered by its ranks; rank 0 evaluates
-            let full = tr.full_params()?;
+            let full = tr.full_params_to_first()?;
             if lead {
                 let t0 = Instant::now();
                 let r = tr.evaluate_with(full.as_deref());
@@ -396,7 +396,7 @@ pub fn run(
     if let Some(sv) = saver.as_mut() {
         finish_saves(sv, tr)?;
     }
-    let full = if tr.step < steps { None } else { tr.full_params()? };
+    let full = if tr.step < steps { None } else { tr.full_params_to_first()? };
     let trace = match &tr.timeline {
         Some(tl) => tl.gather(world)?,
         None => None,
