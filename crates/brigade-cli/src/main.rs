@@ -16,6 +16,7 @@ static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
 
 mod bench;
 mod embed_cmd;
+mod export_cmd;
 mod interrupt;
 mod launch_cmd;
 mod plan_cmd;
@@ -47,6 +48,8 @@ enum Cmd {
     Plan(Box<plan_cmd::PlanArgs>),
     /// Embed a corpus with a sentence-transformers model, across workers, resumable.
     Embed(Box<embed_cmd::EmbedArgs>),
+    /// Write a checkpoint as a GGUF file that llama.cpp and Ollama run.
+    Export(export_cmd::ExportArgs),
     /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API, with continuous batching.
     Serve(Box<serve_cmd::ServeArgs>),
     /// Run a program of generation calls (fork, map, select, join) inside the engine.
@@ -86,6 +89,7 @@ fn main() {
         Cmd::Sample(a) => sample_cmd::run(a),
         Cmd::Plan(a) => plan_cmd::run(*a),
         Cmd::Embed(a) => embed_cmd::run(*a),
+        Cmd::Export(a) => export_cmd::run(a),
         Cmd::Serve(a) => serve_cmd::run(*a),
         Cmd::Run(a) => run_cmd::run(*a),
         Cmd::Bench { what } => bench::run(what),

@@ -128,6 +128,11 @@ impl GptConfig {
         self.ask().hf_config(&self.shape())
     }
 
+    /// The model in llama.cpp's words (GGUF): architecture, hyperparameters, q/k row order.
+    pub fn gguf(&self) -> fam::GgufArch {
+        self.ask().gguf(&self.shape())
+    }
+
     pub fn validate(&self) -> Result<()> {
         let mut z = vec![
             ("n_layer", self.n_layer),

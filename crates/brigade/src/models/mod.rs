@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod family;
 pub mod generate;
+pub mod gguf;
 pub mod gpt;
 pub mod pass;
 pub mod shard_load;

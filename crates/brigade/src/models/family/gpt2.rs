@@ -4,7 +4,8 @@
 //! the Hub may prefix them `transformer.`).
 
 use super::spec::{
-    AttnSpec, BlockSpec, Describe, Linear, MlpSpec, NormKind, NormSpec, Orient, Overrides, Positions, Qkv, Shape,
+    AttnSpec, BlockSpec, Describe, GgufArch, GgufNum, Linear, MlpSpec, NormKind, NormSpec, Orient, Overrides,
+    Positions, Qkv, Shape,
 };
 use serde_json::Value;
 
@@ -98,6 +99,22 @@ impl Describe for Gpt2 {
 
     fn final_norm(&self) -> NormSpec {
         NormSpec { kind: NormKind::Layer { eps: crate::tensor::layernorm::EPS }, name: "ln_f".into() }
+    }
+
+    fn gguf(&self, s: &Shape) -> GgufArch {
+        let u = |v: usize| GgufNum::U32(v as u32);
+        GgufArch {
+            arch: "gpt2",
+            keys: vec![
+                ("block_count", u(s.n_layer)),
+                ("context_length", u(s.block_size)),
+                ("embedding_length", u(s.n_embd)),
+                ("feed_forward_length", u(4 * s.n_embd)),
+                ("attention.head_count", u(s.n_head)),
+                ("attention.layer_norm_epsilon", GgufNum::F32(crate::tensor::layernorm::EPS)),
+            ],
+            interleave_qk: false,
+        }
     }
 
     fn hf_config(&self, s: &Shape) -> Value {

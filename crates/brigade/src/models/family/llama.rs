@@ -6,8 +6,8 @@
 //! `LlamaForCausalLM`'s (`model.layers.0.self_attn.q_proj.weight`).
 
 use super::spec::{
-    AttnSpec, BlockSpec, Describe, Linear, Llama3Rope, MlpSpec, NormKind, NormSpec, Orient, Overrides, Positions, Qkv,
-    Shape,
+    AttnSpec, BlockSpec, Describe, GgufArch, GgufNum, Linear, Llama3Rope, MlpSpec, NormKind, NormSpec, Orient,
+    Overrides, Positions, Qkv, Shape,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -187,6 +187,31 @@ impl Describe for Llama {
 
     fn hf_config(&self, s: &Shape) -> Value {
         to_json(s, self, (None, None))
+    }
+
+    /// llama.cpp's `llama` architecture, or `qwen2` for Qwen2's biases on q/k/v alone (which
+    /// rotates halves, as Hugging Face does: its q and k rows stay in order).
+    fn gguf(&self, s: &Shape) -> GgufArch {
+        let u = |v: usize| GgufNum::U32(v as u32);
+        let qwen2 = self.qkv_bias && !self.o_bias;
+        GgufArch {
+            arch: if qwen2 { "qwen2" } else { "llama" },
+            keys: vec![
+                ("block_count", u(s.n_layer)),
+                ("context_length", u(s.block_size)),
+                ("embedding_length", u(s.n_embd)),
+                ("feed_forward_length", u(self.intermediate)),
+                ("attention.head_count", u(s.n_head)),
+                ("attention.head_count_kv", u(self.n_kv_head)),
+                ("rope.freq_base", GgufNum::F32(self.rope_theta as f32)),
+                ("attention.layer_norm_rms_epsilon", GgufNum::F32(self.rms_eps)),
+                ("attention.key_length", u(self.head_dim)),
+                ("attention.value_length", u(self.head_dim)),
+                ("vocab_size", u(s.vocab_size)),
+                ("rope.dimension_count", u(self.head_dim)),
+            ],
+            interleave_qk: !qwen2,
+        }
     }
 
     fn reshape(&mut self, s: &Shape, o: Overrides, _: &str) -> Result<(), String> {

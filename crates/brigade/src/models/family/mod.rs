@@ -12,8 +12,8 @@ pub mod spec;
 pub use gpt2::Gpt2;
 pub use llama::Llama;
 pub use spec::{
-    AttnSpec, BlockSpec, Cut, Describe, Linear, Llama3Rope, MlpSpec, NormKind, NormSpec, Orient, Overrides, Positions,
-    Qkv, Shape,
+    AttnSpec, BlockSpec, Cut, Describe, GgufArch, GgufNum, Linear, Llama3Rope, MlpSpec, NormKind, NormSpec, Orient,
+    Overrides, Positions, Qkv, Shape,
 };
 
 use serde::{Deserialize, Serialize};

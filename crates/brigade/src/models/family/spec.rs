@@ -221,6 +221,24 @@ pub struct Overrides {
     pub intermediate: Option<usize>,
 }
 
+/// A number under a GGUF key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GgufNum {
+    U32(u32),
+    F32(f32),
+}
+
+/// How llama.cpp knows a family (GGUF, `brigade export --gguf`): its architecture, its
+/// hyperparameters under `{arch}.` keys, and whether the rows of q and k are reordered for
+/// llama.cpp's rotation of adjacent pairs (Hugging Face's Llama rotates halves; its `qwen2`
+/// architecture rotates halves too).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GgufArch {
+    pub arch: &'static str,
+    pub keys: Vec<(&'static str, GgufNum)>,
+    pub interleave_qk: bool,
+}
+
 /// What every family answers. A family is one file in `models/family/` implementing this.
 pub trait Describe {
     /// Key/value heads.
@@ -248,6 +266,8 @@ pub trait Describe {
     }
     /// A Hugging Face `config.json` of the model.
     fn hf_config(&self, s: &Shape) -> serde_json::Value;
+    /// The family in llama.cpp's words (GGUF).
+    fn gguf(&self, s: &Shape) -> GgufArch;
     /// A `brigade train` config's changes to a preset of this family (`preset` names it in
     /// errors).
     fn reshape(&mut self, s: &Shape, o: Overrides, preset: &str) -> Result<(), String>;

@@ -1,0 +1,42 @@
+//! `brigade export CHECKPOINT --gguf OUT.gguf [--type f32|f16|q8_0]`: a checkpoint (ours or a
+//! Hugging Face folder of either family) as one GGUF file for llama.cpp and Ollama.
+
+use anyhow::{bail, Result};
+use brigade::models::gguf::{export, FileType};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Checkpoint directory (config.json, model.safetensors, tokenizer.json): a `brigade train
+    /// --out` directory or a Hugging Face folder.
+    checkpoint: PathBuf,
+    /// Write a GGUF file here (metadata, tokenizer, chat template, tensors under llama.cpp's names).
+    #[arg(long, value_name = "OUT.gguf")]
+    gguf: Option<PathBuf>,
+    /// How matrices are stored: f32 (exact), f16, or q8_0 (8 bits per weight plus a scale per
+    /// 32); norms and biases stay f32.
+    #[arg(long = "type", default_value = "f32", value_name = "f32|f16|q8_0")]
+    ty: String,
+}
+
+pub fn run(a: ExportArgs) -> Result<()> {
+    let ty = FileType::parse(&a.ty)?;
+    let Some(out) = a.gguf else {
+        bail!("say what to export to: --gguf OUT.gguf (the one format brigade exports; a checkpoint is a Hugging Face folder already)");
+    };
+    if out.is_dir() {
+        bail!("--gguf {} is a directory; give a file name such as model.gguf", out.display());
+    }
+    let e = export(&a.checkpoint, &out, ty)?;
+    outln!(
+        "wrote {} ({} tensors, {:.1} MB, llama.cpp architecture {}, tokenizer pre-split {}, {})",
+        out.display(),
+        e.tensors,
+        e.bytes as f64 / 1e6,
+        e.arch,
+        e.pre,
+        a.ty
+    );
+    Ok(())
+}

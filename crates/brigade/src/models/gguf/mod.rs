@@ -1,0 +1,7 @@
+//! GGUF, llama.cpp's model file: the container (`file.rs`) and a checkpoint written as one
+//! (`export.rs`, `brigade export --gguf`).
+
+pub mod export;
+pub mod file;
+
+pub use export::{export, Exported, FileType};
