@@ -6,10 +6,12 @@
 # both layouts take the same steps (losses equal to 1e-5, as every layout equals one worker), and
 # `brigade serve` answers a chat request with the fine-tuned checkpoint.
 #
-#   scripts/demo_finetune.sh BRIGADE HF_DIR [STEPS]
-#   (HF_DIR: ../shared/models/smollm2-135m-instruct/get.sh DEST --hf PYTHON makes DEST/hf)
+#   scripts/demo_finetune.sh BRIGADE HF_DIR [STEPS [LLAMA_SERVER]]
+#   (HF_DIR: ../shared/models/smollm2-135m-instruct/get.sh DEST --hf PYTHON makes DEST/hf;
+#   with LLAMA_SERVER, ../shared/peers/llamacpp/setup.sh's, the fine-tuned checkpoint is also
+#   exported as GGUF and llama-server greedy-generates from it what brigade does)
 set -euo pipefail
-bin=$(realpath "$1") hf=$(realpath "$2") steps=${3:-2}
+bin=$(realpath "$1") hf=$(realpath "$2") steps=${3:-2} llama_server=${4:-}
 shakespeare="$(cd "$(dirname "$0")" && pwd)/../../shared/data/shakespeare"
 work=$(mktemp -d)
 server=
@@ -47,4 +49,7 @@ grep -q "ready" "$work/serve.log" && [ -n "$port" ] || { cat "$work/serve.log"; 
 answer=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model": "dp2", "messages": [{"role": "user", "content": "Who is Hamlet?"}], "max_tokens": 24, "temperature": 0}')
 python3 -c 'import json,sys; c=json.loads(sys.argv[1])["choices"][0]["message"]["content"]; print("served:", repr(c)); assert c.strip()' "$answer"
+if [ -n "$llama_server" ]; then
+  "$(dirname "$0")/check_gguf_llamacpp.sh" "$bin" "$work/dp2" "$llama_server" 16
+fi
 echo "demo_finetune: ok"
