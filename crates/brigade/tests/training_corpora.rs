@@ -171,42 +171,60 @@ fn doc_masked_corpora_train_alike_on_every_layout() {
 }
 
 /// The positions a corpus gives each token restart exactly where its documents begin: a
-/// corpus whose documents each begin with token 0 (and hold no other 0) shows them.
+/// corpus whose documents each begin with token 0 (and hold no other 0) shows them — with one
+/// sequence a document, and with Megatron documents of two sequences each (a document begins at
+/// its first sequence only), before and after `--val-data` merges the held-out documents back.
 #[test]
 fn positions_restart_where_documents_begin() {
-    let tmp = tempfile::tempdir().unwrap();
-    let prefix = megatron(tmp.path(), 384, 80);
-    // rewrite the tokens: 0 at each document's first token, 1 + (k mod 300) elsewhere
-    let idx = std::fs::read(prefix.with_extension("idx")).unwrap();
-    let docs = u64::from_le_bytes(idx[18..26].try_into().unwrap()) as usize;
-    let lens: Vec<usize> =
-        (0..docs).map(|d| i32::from_le_bytes(idx[34 + 4 * d..][..4].try_into().unwrap()) as usize).collect();
-    let mut bin = Vec::new();
-    for &l in &lens {
-        for k in 0..l {
-            let v: u16 = if k == 0 { 0 } else { 1 + (k % 300) as u16 };
-            bin.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    std::fs::write(prefix.with_extension("bin"), bin).unwrap();
-    let Dataset::Corpus(c) = Dataset::open(&[(prefix, 1.0)], None, false, &Tokenizer::Bytes, 64, 384).unwrap() else {
-        panic!("a corpus")
-    };
-    let t = 64;
-    for step in 0..5 {
-        let b = c.batch(11, step, 8, t);
-        let pos = b.pos.expect("a corpus knows its documents");
-        for (r, (&x, &p)) in b.x.iter().zip(&pos).enumerate() {
-            let i = r % t;
-            if x == 0 {
-                assert_eq!(p, 0, "row {r}: a document begins here");
-            } else if i > 0 {
-                assert_eq!(p, pos[r - 1] + 1, "row {r}: the same document runs on");
-            } else {
-                assert_eq!(p, 0, "row {r}: a sequence's first token is at 0");
+    for per_doc in [1, 2] {
+        let tmp = tempfile::tempdir().unwrap();
+        let prefix = megatron(tmp.path(), 384, 80);
+        let mut idx = std::fs::read(prefix.with_extension("idx")).unwrap();
+        let seqs = u64::from_le_bytes(idx[18..26].try_into().unwrap()) as usize;
+        let lens: Vec<usize> =
+            (0..seqs).map(|d| i32::from_le_bytes(idx[34 + 4 * d..][..4].try_into().unwrap()) as usize).collect();
+        // group the sequences `per_doc` to a document (the index's doc_idx, last in the file)
+        let doc_idx = 34 + 12 * seqs;
+        idx.truncate(doc_idx);
+        let firsts: Vec<usize> = (0..=seqs).step_by(per_doc).collect();
+        idx[26..34].copy_from_slice(&(firsts.len() as u64).to_le_bytes());
+        firsts.iter().for_each(|&d| idx.extend_from_slice(&(d as i64).to_le_bytes()));
+        std::fs::write(prefix.with_extension("idx"), idx).unwrap();
+        // rewrite the tokens: 0 at each document's first token, 1 + (k mod 300) elsewhere
+        let mut bin = Vec::new();
+        for (s, &l) in lens.iter().enumerate() {
+            for k in 0..l {
+                let v: u16 = if k == 0 && s % per_doc == 0 { 0 } else { 1 + (k % 300) as u16 };
+                bin.extend_from_slice(&v.to_le_bytes());
             }
         }
-        assert!(b.x.iter().filter(|&&x| x == 0).count() >= 4, "windows cross documents");
+        std::fs::write(prefix.with_extension("bin"), bin).unwrap();
+        let val = megatron(&tmp.path().join("val").tap_mkdir(), 384, 20);
+        for held in [None, Some(val.as_path())] {
+            let Dataset::Corpus(c) =
+                Dataset::open(&[(prefix.clone(), 1.0)], held, false, &Tokenizer::Bytes, 64, 384).unwrap()
+            else {
+                panic!("a corpus")
+            };
+            let t = 64;
+            for step in 0..5 {
+                let b = c.batch(11, step, 8, t);
+                let pos = b.pos.expect("a corpus knows its documents");
+                for (r, (&x, &p)) in b.x.iter().zip(&pos).enumerate() {
+                    let i = r % t;
+                    if x == 0 {
+                        assert_eq!(p, 0, "{per_doc} a document, row {r}: a document begins here");
+                    } else if i > 0 {
+                        assert_eq!(p, pos[r - 1] + 1, "{per_doc} a document, row {r}: the same document runs on");
+                    } else {
+                        assert_eq!(p, 0, "row {r}: a sequence's first token is at 0");
+                    }
+                }
+                // (documents of two sequences are twice as long: half as many starts)
+                let starts = b.x.iter().filter(|&&x| x == 0).count();
+                assert!(starts >= 4 / per_doc, "windows cross documents: {starts} starts");
+            }
+        }
     }
 }
 

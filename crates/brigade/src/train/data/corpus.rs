@@ -56,25 +56,35 @@ impl Documents {
     }
 }
 
-/// Documents laid end to end.
+/// Documents laid end to end, as their pieces.
 #[derive(Default)]
 pub struct Stream {
     pub docs: Vec<Doc>,
-    /// `ends[i]`: the tokens of documents 0..=i.
+    /// Whether piece i is its document's first (a Megatron document of several sequences is
+    /// several pieces, and a document begins only at the first).
+    begins: Vec<bool>,
+    /// `ends[i]`: the tokens of pieces 0..=i.
     ends: Vec<u64>,
 }
 
 impl Stream {
-    fn of(docs: Vec<Doc>) -> Stream {
+    /// The stream of these pieces, each with whether it begins its document.
+    fn of(pieces: Vec<(Doc, bool)>) -> Stream {
         let mut total = 0;
-        let ends = docs
+        let ends = pieces
             .iter()
-            .map(|d| {
+            .map(|(d, _)| {
                 total += d.len as u64;
                 total
             })
             .collect();
-        Stream { docs, ends }
+        let (docs, begins) = pieces.into_iter().unzip();
+        Stream { docs, begins, ends }
+    }
+
+    /// The pieces back, each with whether it begins its document.
+    fn into_pieces(self) -> impl Iterator<Item = (Doc, bool)> {
+        self.docs.into_iter().zip(self.begins)
     }
 
     pub fn len(&self) -> u64 {
@@ -86,7 +96,7 @@ impl Stream {
     }
 
     /// Appends tokens `pos..pos + n` of the stream (across documents), and to `starts` where
-    /// in `out` each document that begins in them does.
+    /// in `out` each document that begins in them does (at its first piece).
     fn read(
         &self,
         sources: &[Source],
@@ -101,7 +111,7 @@ impl Stream {
             let d = self.docs[i];
             let before = self.ends[i] - d.len as u64;
             let off = pos - before;
-            if off == 0 {
+            if off == 0 && self.begins[i] {
                 starts.push(out.len());
             }
             let take = ((d.len as u64 - off) as usize).min(n);
@@ -168,7 +178,7 @@ impl Corpus {
         let (mut train, mut val) = (Vec::new(), Vec::new());
         for (i, &h) in held.iter().enumerate() {
             let side = if h { &mut val } else { &mut train };
-            side.extend(docs.doc(i).iter().filter(|p| p.len > 0));
+            side.extend(docs.doc(i).iter().filter(|p| p.len > 0).enumerate().map(|(k, p)| (*p, k == 0)));
         }
         drop(docs);
         Ok(Corpus { name, sources, train: Stream::of(train), val: Stream::of(val), packing, fingerprint })
@@ -176,11 +186,10 @@ impl Corpus {
 
     /// Every document for training: validation comes from another corpus (`--val-data`).
     pub fn all_for_training(mut self) -> Corpus {
-        let mut d = std::mem::take(&mut self.train.docs);
-        d.extend(std::mem::take(&mut self.val.docs));
-        d.sort_by_key(|p| (p.src, p.start));
+        let mut d: Vec<(Doc, bool)> = std::mem::take(&mut self.train).into_pieces().collect();
+        d.extend(std::mem::take(&mut self.val).into_pieces());
+        d.sort_by_key(|(p, _)| (p.src, p.start));
         self.train = Stream::of(d);
-        self.val = Stream::default();
         self
     }
 
