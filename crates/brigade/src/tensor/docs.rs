@@ -48,13 +48,15 @@ impl<'a> Docs<'a> {
         }
     }
 
-    /// Checks the positions against `n` rows of sequences of `t`: one per row, none reaching
-    /// back before its sequence's start.
+    /// Whether the positions fit `n` rows of sequences of `t`: one per row, none reaching back
+    /// before its sequence's start.
+    pub fn fits(&self, n: usize, t: usize) -> bool {
+        self.pos.is_none_or(|p| p.len() == n && p.iter().enumerate().all(|(r, &q)| q as usize <= r % t))
+    }
+
+    /// `fits`, asserted (a caller's bug otherwise: the trainer checks what it is given).
     pub fn check(&self, n: usize, t: usize) {
-        if let Some(p) = self.pos {
-            assert_eq!(p.len(), n, "one position per row");
-            assert!(p.iter().enumerate().all(|(r, &q)| q as usize <= r % t), "a position before its sequence's start");
-        }
+        assert!(self.fits(n, t), "positions that do not fit {n} rows of sequences of {t}");
     }
 
     /// The positions of rows `rows` (a block of them: a tensor-parallel rank's under sequence

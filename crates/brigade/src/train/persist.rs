@@ -267,19 +267,7 @@ impl Trainer {
     /// (in `parts.layout`): gathered over the tensor-parallel group, and over the pipeline's
     /// stages. Every rank of both groups calls it and gets the whole buffer.
     pub(crate) fn full_of_local(&self, local: &[f32]) -> Result<Vec<f32>> {
-        let mine = gather_full(self.mesh.group(&[Axis::Tp]), &self.parts.layout, local)?;
-        let stages = self.mesh.group(&[Axis::Pp]);
-        if stages.size() == 1 && self.parts.chunks.len() == 1 {
-            return Ok(mine);
-        }
-        let mut full = self.parts.place_in(&self.full_model.layout, &mine);
-        if stages.size() > 1 {
-            // each tensor lives on one stage, zeros elsewhere: the sum is the model
-            stages
-                .all_reduce(&mut full, brigade_comm::ReduceOp::Sum)
-                .map_err(|e| Error::Train(format!("gathering the model across the pipeline's stages failed: {e}")))?;
-        }
-        Ok(full)
+        Ok(self.whole_from(local, true)?.expect("every rank gets the whole model"))
     }
 
     /// `full_of_local` where only the first rank of the mesh needs the result (a checkpoint):
@@ -288,21 +276,29 @@ impl Trainer {
     /// rank gets the whole model; the others `None`, having built no full copy past the
     /// tensor-parallel gather.
     pub(crate) fn full_to_first(&self, local: &[f32]) -> Result<Option<Vec<f32>>> {
+        self.whole_from(local, false)
+    }
+
+    /// The whole model from `local`, for every rank (`everyone`) or for the first only.
+    fn whole_from(&self, local: &[f32], everyone: bool) -> Result<Option<Vec<f32>>> {
         let mine = gather_full(self.mesh.group(&[Axis::Tp]), &self.parts.layout, local)?;
-        if self.mesh.coords[Axis::Tp] != 0 {
+        if !everyone && self.mesh.coords[Axis::Tp] != 0 {
             return Ok(None);
         }
         let stages = self.mesh.group(&[Axis::Pp]);
-        if stages.size() == 1 && self.parts.chunks.len() == 1 {
-            return Ok((self.mesh.rank() == 0).then_some(mine));
-        }
-        let mut full = self.parts.place_in(&self.full_model.layout, &mine);
-        if stages.size() > 1 {
-            stages
-                .all_reduce(&mut full, brigade_comm::ReduceOp::Sum)
-                .map_err(|e| Error::Train(format!("gathering the model across the pipeline's stages failed: {e}")))?;
-        }
-        Ok((self.mesh.rank() == 0).then_some(full))
+        let full = if stages.size() == 1 && self.parts.chunks.len() == 1 {
+            mine
+        } else {
+            let mut full = self.parts.place_in(&self.full_model.layout, &mine);
+            if stages.size() > 1 {
+                // each tensor lives on one stage, zeros elsewhere: the sum is the model
+                stages.all_reduce(&mut full, brigade_comm::ReduceOp::Sum).map_err(|e| {
+                    Error::Train(format!("gathering the model across the pipeline's stages failed: {e}"))
+                })?;
+            }
+            full
+        };
+        Ok((everyone || self.mesh.rank() == 0).then_some(full))
     }
 
     /// This rank's buffer (in `parts.layout`) from one of the whole model: its stages'

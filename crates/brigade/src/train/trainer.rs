@@ -264,12 +264,10 @@ impl Trainer {
             )));
         }
         let t = x.len() / b;
-        if let Some(p) = pos {
-            if p.len() != x.len() || p.iter().enumerate().any(|(r, &q)| q as usize > r % t) {
-                return Err(Error::Train(format!(
-                    "document positions must be one per token, each at most its position in its sequence of {t}"
-                )));
-            }
+        if !crate::tensor::docs::Docs::of(pos).fits(x.len(), t) {
+            return Err(Error::Train(format!(
+                "document positions must be one per token, each at most its position in its sequence of {t}"
+            )));
         }
         self.model.check_input(x, b, t)?;
         let vocab = self.model.cfg.vocab_size;

@@ -11,7 +11,7 @@ use super::file::{self, Tensor, TensorType, Value};
 use crate::error::{Error, Result};
 use crate::models::checkpoint::load_model;
 use crate::models::family::{GgufNum, MlpSpec, NormKind, Orient, Positions, Qkv};
-use crate::models::tokenizer::special_token_text;
+use crate::models::tokenizer::{special_token_text, Tokenizer};
 use crate::models::Gpt;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
@@ -248,7 +248,10 @@ fn tokenizer_metadata(dir: &Path, n_vocab: usize) -> Result<(Vec<(String, Value)
             other => other.to_string(),
         })
         .collect();
-    let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::ckpt(&path, format!("does not load: {e}")))?;
+    let loaded = Tokenizer::from_file(&path)?;
+    let Tokenizer::Hf(tok, _, _, specials) = &loaded else {
+        unreachable!("a tokenizer.json is a Hugging Face tokenizer")
+    };
     let ids = tok.encode(CHECK_TEXT, true).map_err(|e| Error::ckpt(&path, format!("cannot encode: {e}")))?;
     let printed = format!("[{}]", ids.get_ids().iter().map(u32::to_string).collect::<Vec<_>>().join(", "));
     let hash: String = Sha256::digest(printed.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
@@ -274,7 +277,6 @@ fn tokenizer_metadata(dir: &Path, n_vocab: usize) -> Result<(Vec<(String, Value)
             meta.push((format!("tokenizer.ggml.{gguf}_token_id"), Value::U32(id)));
         }
     }
-    let specials = crate::models::tokenizer::Tokenizer::from_file(&path)?.specials();
     meta.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(specials.add_bos)));
     for (what, on) in eos_and_sep(&tj, &config) {
         meta.push((format!("tokenizer.ggml.add_{what}_token"), Value::Bool(on)));
