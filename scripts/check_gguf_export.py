@@ -35,8 +35,10 @@ from gguf import GGUFReader, GGMLQuantizationType  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
 
 # keys whose value is the file's, not the model's: the converter names the file after the folder
-# and guesses a size label from the parameter count
-SKIP = {"general.name", "general.size_label", "general.file_type", "general.quantization_version"}
+# (or after config.json's _name_or_path when that has at most one slash: a folder made as
+# `target/smollm2` gets the organization "Target") and guesses a size label from the parameter count
+SKIP = {"general.name", "general.size_label", "general.file_type", "general.quantization_version",
+        "general.organization", "general.basename", "general.finetune", "general.version"}
 
 
 def fields(r):
