@@ -94,7 +94,7 @@ impl EmbedArgs {
                 FormatArg::Text => Some(Format::Text),
                 FormatArg::Jsonl => Some(Format::Jsonl),
             },
-            id_field: self.id_field.clone(),
+            id_field: Some(self.id_field.clone()),
             text_field: self.text_field.clone(),
             on_error: match self.on_error {
                 OnErrorArg::Fail => OnError::Fail,

@@ -138,7 +138,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
         let mut bytes = Vec::new();
         brigade::embed::npy::write(&mut bytes, &acts.logits, t, model.cfg.vocab_size)?;
         // written beside, then renamed: never half a file
-        brigade::embed::output::write_atomic(path, &bytes)
+        brigade::shards::dir::write_atomic(path, &bytes)
             .map_err(|e| anyhow::anyhow!("cannot write --logits-out: {e}"))?;
     }
     // the text streams out as the tokens come: each time the continuation decodes to more

@@ -11,6 +11,7 @@ pub mod nn;
 pub mod parallel;
 pub mod params;
 pub mod plan;
+pub mod shards;
 pub mod tensor;
 pub mod train;
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[(&str, &[&str])] = &[
     ("ground", &["brigade-comm", "brigade::lib", "brigade::error", "brigade::alloc"]),
     ("kernels", &["brigade::tensor"]),
-    ("values", &["brigade::params", "brigade::layout"]),
+    ("values", &["brigade::params", "brigade::layout", "brigade::shards"]),
     ("layers", &["brigade::nn"]),
     ("models", &["brigade::models"]),
     ("ranks", &["brigade::parallel"]),

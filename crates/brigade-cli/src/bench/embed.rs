@@ -88,7 +88,7 @@ fn measure(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_token
         let spec = InputSpec {
             files: vec![input.clone()],
             format: Some(Format::Text),
-            id_field: "id".into(),
+            id_field: Some("id".into()),
             text_field: "text".into(),
             on_error: OnError::Fail,
         };

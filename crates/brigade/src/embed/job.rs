@@ -1,18 +1,15 @@
-//! The embedding job on one rank of a group (threads of this process, or MPI ranks): rank 0
-//! scans the corpus and readies the output directory, every rank then takes shards one at a
-//! time (a claim file each, so threads, ranks and machines sharing the directory never take
-//! the same one), and rank 0 writes the manifest once all are in.
+//! The embedding job on one rank of a group (threads of this process, or MPI ranks), as a
+//! sharded task (`shards::work`): each shard's documents become its vectors and ids.
 
-use super::corpus::{self, Index, InputSpec};
+use super::corpus::{self, Doc, Index, InputSpec, ShardSpan};
 use super::encoder::Encoder;
 use super::output::{self, Job, Manifest, ModelInfo, ShardStats, Start};
+use crate::shards::work;
 use crate::{Error, Result};
 use brigade_comm::Comm;
-use serde::{Deserialize, Serialize};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -29,51 +26,10 @@ pub struct Settings {
     pub stop: Option<Arc<AtomicBool>>,
 }
 
-/// What a worker did.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct WorkerStats {
-    pub rank: usize,
-    pub shards: usize,
-    pub documents: u64,
-    pub tokens: u64,
-    /// Seconds spent reading, embedding and writing shards.
-    pub busy_s: f64,
-    /// Stopped taking shards on an interrupt.
-    #[serde(default)]
-    pub stopped: bool,
-}
+pub use crate::shards::work::{NoProgress, Progress, WorkerStats};
 
 /// The job's result, on rank 0.
-#[derive(Debug)]
-pub struct Report {
-    pub manifest: Manifest,
-    pub workers: Vec<WorkerStats>,
-    /// The directory already held this job's complete output.
-    pub already_complete: bool,
-    /// Shards finished by an earlier run and kept.
-    pub resumed_shards: usize,
-    pub wall_s: f64,
-}
-
-/// Told what happens, to draw a progress bar (rank 0's only under MPI).
-pub trait Progress: Sync {
-    /// `total` documents in the job, `done` of them in shards finished by earlier runs.
-    fn start(&self, _total: u64, _done: u64) {}
-    /// `n` more documents embedded by this process.
-    fn documents(&self, _n: u64) {}
-}
-
-pub struct NoProgress;
-impl Progress for NoProgress {}
-
-/// What rank 0 tells the others after its scan.
-#[derive(Serialize, Deserialize)]
-struct Plan {
-    index: Index,
-    job: Job,
-    done: Vec<usize>,
-    complete: bool,
-}
+pub type Report = work::Report<Manifest>;
 
 pub fn model_info(enc: &Encoder) -> ModelInfo {
     ModelInfo {
@@ -86,14 +42,48 @@ pub fn model_info(enc: &Encoder) -> ModelInfo {
     }
 }
 
-fn plan(spec: &InputSpec, enc: &Encoder, out: &Path, s: &Settings) -> Result<Plan> {
-    let index = corpus::scan(spec, s.shard_size)?;
-    let job = Job::new(model_info(enc), index.files.clone(), spec, s.shard_size, s.max_batch_tokens);
-    let (done, complete) = match output::prepare(out, &job, s.overwrite)? {
-        Start::Complete(_) => ((0..index.shards.len()).collect(), true),
-        Start::Run { done } => (done, false),
-    };
-    Ok(Plan { index, job, done, complete })
+/// Embedding as a sharded task: a shard's documents become its vectors and ids.
+struct Embedding<'a> {
+    spec: &'a InputSpec,
+    enc: &'a Encoder,
+    out: &'a Path,
+    s: &'a Settings,
+}
+
+impl work::Task for Embedding<'_> {
+    type Job = Job;
+    type Manifest = Manifest;
+
+    fn prepare(&self, index: &Index) -> Result<(Job, Start)> {
+        let job =
+            Job::new(model_info(self.enc), index.files.clone(), self.spec, self.s.shard_size, self.s.max_batch_tokens);
+        let start = output::prepare(self.out, &job, self.s.overwrite)?;
+        Ok((job, start))
+    }
+
+    fn claim(&self, i: usize) -> Result<bool> {
+        output::claim(self.out, i)
+    }
+
+    fn shard(&self, _job: &Job, span: &ShardSpan, docs: Vec<Doc>, progress: &dyn Progress) -> Result<u64> {
+        let (vectors, stats) = embed_docs(self.enc, &docs, self.s.max_batch_tokens, &|n| progress.documents(n))?;
+        let tokens = stats.tokens;
+        let ids: Vec<String> = docs.into_iter().map(|d| d.id).collect();
+        output::commit_shard(self.out, span.index, &vectors, self.enc.dim(), &ids, stats)?;
+        Ok(tokens)
+    }
+
+    fn finish(&self, job: &Job, index: &Index) -> Result<Manifest> {
+        output::finish(self.out, job, index.shards.len(), &index.skipped)
+    }
+
+    fn complete(&self) -> Result<Manifest> {
+        output::read_manifest(self.out)
+    }
+
+    fn verb(&self) -> &'static str {
+        "embed"
+    }
 }
 
 /// Runs the job as this rank. Every rank returns `Ok` or the same error; rank 0's `Ok` holds
@@ -106,88 +96,9 @@ pub fn run(
     s: &Settings,
     progress: &dyn Progress,
 ) -> Result<Option<Report>> {
-    let t0 = Instant::now();
-    let msg = if comm.rank() == 0 {
-        let p = plan(spec, enc, out, s).map_err(|e| e.to_string());
-        Some(serde_json::to_vec(&p).expect("plans serialise"))
-    } else {
-        None
-    };
-    let bytes = broadcast_bytes(comm, msg)?;
-    let p: std::result::Result<Plan, String> =
-        serde_json::from_slice(&bytes).map_err(|e| Error::Data(format!("rank 0 sent an unreadable plan ({e})")))?;
-    let p = p.map_err(Error::Relayed)?;
-    if comm.rank() == 0 {
-        let done_docs: u64 = p.done.iter().map(|&i| p.index.shards[i].count as u64).sum();
-        progress.start(p.index.documents, done_docs);
-    }
-    let mut mine = WorkerStats { rank: comm.rank(), ..WorkerStats::default() };
-    if !p.complete {
-        crate::with_threads(s.threads, || work(&p, spec, enc, out, s, progress, &mut mine))??;
-    }
-    let all = all_gather_bytes(comm, serde_json::to_vec(&mine).expect("stats serialise"))?;
-    let workers: Vec<WorkerStats> = all.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect();
-    if workers.iter().any(|w| w.stopped) {
-        // every rank sees the same stats, so every rank ends alike
-        let done = p.done.len() + workers.iter().map(|w| w.shards).sum::<usize>();
-        return Err(Error::Interrupted(format!(
-            "interrupted: {done} of {} shards are complete in {}; run the same command again to embed the rest",
-            p.index.shards.len(),
-            out.display()
-        )));
-    }
-    if comm.rank() != 0 {
-        return Ok(None);
-    }
-    let manifest = if p.complete {
-        output::read_manifest(out)?
-    } else {
-        output::finish(out, &p.job, p.index.shards.len(), &p.index.skipped)?
-    };
-    Ok(Some(Report {
-        manifest,
-        workers,
-        already_complete: p.complete,
-        resumed_shards: p.done.len(),
-        wall_s: t0.elapsed().as_secs_f64(),
-    }))
-}
-
-/// Takes shards until none is left.
-fn work(
-    p: &Plan,
-    spec: &InputSpec,
-    enc: &Encoder,
-    out: &Path,
-    s: &Settings,
-    progress: &dyn Progress,
-    st: &mut WorkerStats,
-) -> Result<()> {
-    let mut done = vec![false; p.index.shards.len()];
-    p.done.iter().for_each(|&i| {
-        if let Some(d) = done.get_mut(i) {
-            *d = true;
-        }
-    });
-    for shard in &p.index.shards {
-        if s.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
-            st.stopped = true;
-            break;
-        }
-        if done[shard.index] || !output::claim(out, shard.index)? {
-            continue;
-        }
-        let t = Instant::now();
-        let docs = corpus::read_shard(spec, &p.index, shard)?;
-        let (vectors, stats) = embed_docs(enc, &docs, s.max_batch_tokens, &|n| progress.documents(n))?;
-        st.tokens += stats.tokens;
-        let ids: Vec<String> = docs.into_iter().map(|d| d.id).collect();
-        output::commit_shard(out, shard.index, &vectors, enc.dim(), &ids, stats)?;
-        st.shards += 1;
-        st.documents += ids.len() as u64;
-        st.busy_s += t.elapsed().as_secs_f64();
-    }
-    Ok(())
+    let task = Embedding { spec, enc, out, s };
+    let ws = work::Settings { shard_size: s.shard_size, threads: s.threads, stop: s.stop.clone() };
+    work::run(comm, spec, &task, out, &ws, progress)
 }
 
 /// Vectors of `docs` in their order: tokenized, sorted by length, packed into forward passes
@@ -242,52 +153,4 @@ pub fn embed_packed(enc: &Encoder, seqs: &[&[u32]], max_batch_tokens: usize, don
         start = end;
     }
     out
-}
-
-/// Bytes as f32 words (the communicator moves f32; these are copied, never added).
-fn to_words(b: &[u8]) -> Vec<f32> {
-    b.chunks(4)
-        .map(|c| {
-            let mut w = [0u8; 4];
-            w[..c.len()].copy_from_slice(c);
-            f32::from_bits(u32::from_le_bytes(w))
-        })
-        .collect()
-}
-
-fn from_words(w: &[f32], len: usize) -> Vec<u8> {
-    let mut b: Vec<u8> = w.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
-    b.truncate(len);
-    b
-}
-
-fn comm_err(e: brigade_comm::CommError) -> Error {
-    Error::Data(format!("communication failed: {e}"))
-}
-
-/// Rank 0's bytes to every rank.
-fn broadcast_bytes(comm: &Comm, mine: Option<Vec<u8>>) -> Result<Vec<u8>> {
-    let mut len = [f32::from_bits(mine.as_ref().map_or(0, |b| b.len() as u32))];
-    comm.broadcast(&mut len, 0).map_err(comm_err)?;
-    let n = len[0].to_bits() as usize;
-    let mut words = match mine {
-        Some(b) => to_words(&b),
-        None => vec![0f32; n.div_ceil(4)],
-    };
-    comm.broadcast(&mut words, 0).map_err(comm_err)?;
-    Ok(from_words(&words, n))
-}
-
-/// Every rank's bytes, in rank order, to every rank.
-fn all_gather_bytes(comm: &Comm, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
-    let size = comm.size();
-    let mut lens = vec![0f32; size];
-    comm.all_gather(&[f32::from_bits(mine.len() as u32)], &mut lens).map_err(comm_err)?;
-    let lens: Vec<usize> = lens.iter().map(|l| l.to_bits() as usize).collect();
-    let words = lens.iter().max().unwrap().div_ceil(4);
-    let mut padded = to_words(&mine);
-    padded.resize(words, 0.0);
-    let mut all = vec![0f32; words * size];
-    comm.all_gather(&padded, &mut all).map_err(comm_err)?;
-    Ok(all.chunks(words.max(1)).zip(&lens).map(|(w, &l)| from_words(w, l)).collect())
 }

@@ -2,7 +2,8 @@
 //! shards that workers (threads or MPI ranks) take one at a time, each shard written once,
 //! atomically, so a killed job resumes with nothing lost or doubled.
 
-pub mod corpus;
+/// The corpus reader, shared with `brigade tokenize`.
+pub use crate::shards::input as corpus;
 pub mod encoder;
 pub mod job;
 pub mod npy;

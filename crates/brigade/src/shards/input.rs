@@ -1,6 +1,6 @@
-//! The corpus: input files read as documents (plain text lines or JSONL records), scanned once
-//! to validate every line, fingerprint the input and cut it into shards; then each worker reads
-//! only its shards' bytes.
+//! The corpus: input files read as documents (plain text lines, JSONL records, or a whole
+//! file each), scanned once to validate every line, fingerprint the input and cut it into
+//! shards; then each worker reads only its shards' bytes.
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -13,8 +13,10 @@ use std::path::{Path, PathBuf};
 pub enum Format {
     /// One document a line; its id is the 0-based line number across the input files.
     Text,
-    /// One JSON object a line with an id field and a text field.
+    /// One JSON object a line with a text field (and an id field, where one is asked for).
     Jsonl,
+    /// The whole file is one document; its id is its 0-based number as a line would be.
+    Document,
 }
 
 impl Format {
@@ -41,7 +43,8 @@ pub struct InputSpec {
     pub files: Vec<PathBuf>,
     /// `None`: by each file's extension.
     pub format: Option<Format>,
-    pub id_field: String,
+    /// `None`: JSONL documents are numbered like lines.
+    pub id_field: Option<String>,
     pub text_field: String,
     pub on_error: OnError,
 }
@@ -112,18 +115,21 @@ fn parse(raw: &[u8], format: Format, spec: &InputSpec, number: u64) -> std::resu
     let raw = raw.strip_prefix(b"\xef\xbb\xbf").unwrap_or(raw);
     let text = std::str::from_utf8(raw).map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
     match format {
-        Format::Text => Ok(Line::Doc(Doc { id: number.to_string(), text: text.to_string() })),
+        Format::Text | Format::Document => Ok(Line::Doc(Doc { id: number.to_string(), text: text.to_string() })),
         Format::Jsonl => {
             if text.trim().is_empty() {
                 return Ok(Line::Blank);
             }
             let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("malformed JSON ({e})"))?;
             let obj = v.as_object().ok_or("a JSONL line must be a JSON object")?;
-            let id = match obj.get(&spec.id_field) {
-                Some(serde_json::Value::String(s)) => s.clone(),
-                Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
-                Some(_) => return Err(format!("field '{}' must be a string or an integer", spec.id_field)),
-                None => return Err(format!("no '{}' field (choose the id field with --id-field)", spec.id_field)),
+            let id = match &spec.id_field {
+                None => number.to_string(),
+                Some(field) => match obj.get(field) {
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+                    Some(_) => return Err(format!("field '{field}' must be a string or an integer")),
+                    None => return Err(format!("no '{field}' field (choose the id field with --id-field)")),
+                },
             };
             if id.is_empty() || id.contains(['\n', '\r']) {
                 return Err(format!("id {id:?} is empty or holds a line break"));
@@ -156,6 +162,17 @@ fn next_line(r: &mut impl BufRead, buf: &mut Vec<u8>, path: &Path) -> Result<Opt
     Ok(Some(n))
 }
 
+/// Reads the next document's bytes into `buf`: a line (ending stripped), or for
+/// [`Format::Document`] the rest of the file (a file is one document; an empty file none).
+fn next_document(r: &mut impl BufRead, buf: &mut Vec<u8>, path: &Path, format: Format) -> Result<Option<usize>> {
+    if format != Format::Document {
+        return next_line(r, buf, path);
+    }
+    buf.clear();
+    let n = std::io::Read::read_to_end(r, buf).map_err(|e| Error::io(path, e))?;
+    Ok((n > 0).then_some(n))
+}
+
 /// Scans every input file once: validates each line, hashes the bytes, cuts shards of
 /// `shard_size` documents and refuses duplicate JSONL ids (naming both lines).
 pub fn scan(spec: &InputSpec, shard_size: usize) -> Result<Index> {
@@ -185,7 +202,7 @@ pub fn scan(spec: &InputSpec, shard_size: usize) -> Result<Index> {
         let mut r = BufReader::with_capacity(1 << 20, f);
         let mut hasher = blake3::Hasher::new();
         let (mut offset, mut line) = (0u64, 0u64);
-        while let Some(n) = next_line(&mut r, &mut buf, path)? {
+        while let Some(n) = next_document(&mut r, &mut buf, path, format)? {
             hasher.update(&buf);
             hasher.update(&b"\n"[..]);
             match parse(&buf, format, spec, base + line) {
@@ -195,7 +212,7 @@ pub fn scan(spec: &InputSpec, shard_size: usize) -> Result<Index> {
                     }
                     shards.last_mut().unwrap().count += 1;
                     documents += 1;
-                    if format == Format::Jsonl {
+                    if format == Format::Jsonl && spec.id_field.is_some() {
                         ids.push((
                             u128::from_le_bytes(blake3::hash(d.id.as_bytes()).as_bytes()[..16].try_into().unwrap()),
                             fi as u32,
@@ -296,7 +313,7 @@ pub fn read_shard(spec: &InputSpec, index: &Index, s: &ShardSpan) -> Result<Vec<
         let mut r = BufReader::with_capacity(1 << 20, f);
         let format = spec.format_of(fi);
         while docs.len() < s.count {
-            if next_line(&mut r, &mut buf, path)?.is_none() {
+            if next_document(&mut r, &mut buf, path, format)?.is_none() {
                 break;
             }
             if let Ok(Line::Doc(d)) = parse(&buf, format, spec, base + line) {
@@ -315,7 +332,7 @@ mod tests {
     use std::io::Write;
 
     fn spec(files: Vec<PathBuf>, on_error: OnError) -> InputSpec {
-        InputSpec { files, format: None, id_field: "id".into(), text_field: "text".into(), on_error }
+        InputSpec { files, format: None, id_field: Some("id".into()), text_field: "text".into(), on_error }
     }
 
     fn write(dir: &Path, name: &str, body: &[u8]) -> PathBuf {
