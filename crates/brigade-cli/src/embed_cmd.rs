@@ -1,12 +1,12 @@
 //! `brigade embed`: a corpus through a sentence-transformers model, split across workers
 //! (threads here, or MPI ranks), resumable; `--verify DIR` re-checks a finished output.
 
+use crate::shard_job::{self, BackendArg};
 use anyhow::{bail, Result};
 use brigade::embed::corpus::{Format, InputSpec, OnError};
 use brigade::embed::job::{self, Progress, Report, Settings};
 use brigade::embed::Encoder;
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -25,14 +25,6 @@ pub enum OnErrorArg {
     Fail,
     /// Leave bad lines out and list them in the manifest.
     Skip,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
-pub enum BackendArg {
-    /// Workers are threads of this process.
-    Local,
-    /// Every rank started by mpirun is one worker (build with --features mpi).
-    Mpi,
 }
 
 #[derive(Args, Debug)]
@@ -114,10 +106,6 @@ impl EmbedArgs {
     }
 }
 
-/// How long a rank waits for its peers: rank 0's scan of the corpus, or the last shard of a
-/// slower rank, can take minutes; a rank that dies fails its peers at once all the same.
-const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
-
 pub fn run(a: EmbedArgs) -> Result<()> {
     if let Some(dir) = &a.verify {
         let m = brigade::embed::output::verify(dir)?;
@@ -149,104 +137,11 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         "\nbrigade: interrupted — finishing the shards in progress, then stopping (finished shards are kept: run the same command again to resume); interrupt again to quit at once\n",
         "\nbrigade: interrupted again: quit at once; the finished shards are kept, and the ones in progress are redone when the same command runs again\n",
     )?;
-    let bar = Bar::new(!a.json);
-    let report = match a.backend {
-        BackendArg::Local => {
-            let workers = a.workers.unwrap_or_else(crate::threads::default_threads);
-            crate::threads::check_threads(workers, "--workers")?;
-            crate::threads::check_threads(workers * a.threads, "--workers × --threads")?;
-            run_local(&a, &enc, output, workers, &bar, stop)?
-        }
-        BackendArg::Mpi => {
-            if a.workers.is_some() {
-                bail!("--workers is for the local backend; under mpirun every rank is one worker (mpirun -n N)");
-            }
-            match run_mpi(&a, &enc, output, &bar, stop)? {
-                Some(r) => r,
-                None => return Ok(()),
-            }
-        }
-    };
-    bar.0.finish_and_clear();
-    summary(&a, output, &report)
-}
-
-fn run_local(
-    a: &EmbedArgs,
-    enc: &Encoder,
-    out: &Path,
-    workers: usize,
-    bar: &Bar,
-    stop: Arc<AtomicBool>,
-) -> Result<Report> {
     let (spec, s) = (a.spec(), a.settings(Some(stop)));
-    let cfg = brigade_comm::local::LocalConfig { timeout: PEER_TIMEOUT, ..Default::default() };
-    let mut res = brigade_comm::local::run_with(cfg, workers, |comm| job::run(&comm, &spec, enc, out, &s, bar))
-        .map_err(|e| {
-            let first = e.failures[0].1.clone();
-            if first.starts_with("interrupted") {
-                bar.0.abandon();
-                crate::interrupt::Interrupted(first).into()
-            } else if e.failures.iter().all(|(_, m)| *m == first) {
-                anyhow::anyhow!("{first}")
-            } else {
-                anyhow::anyhow!("{e}")
-            }
-        })?;
-    Ok(res.swap_remove(0).expect("rank 0 reports"))
-}
-
-#[cfg(feature = "mpi")]
-fn run_mpi(a: &EmbedArgs, enc: &Encoder, out: &Path, bar: &Bar, stop: Arc<AtomicBool>) -> Result<Option<Report>> {
-    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_SIZE").is_none() {
-        bail!("--backend mpi needs to be started by mpirun or srun (e.g. mpirun -n 4 brigade embed --backend mpi …)");
-    }
-    let world = brigade_comm::Comm::new(Box::new(brigade_comm::mpi::world(PEER_TIMEOUT)?));
-    let quiet = Bar(ProgressBar::hidden());
-    let res =
-        job::run(&world, &a.spec(), enc, out, &a.settings(Some(stop)), if world.rank() == 0 { bar } else { &quiet });
-    let rank = world.rank();
-    drop(world);
-    brigade_comm::mpi::finalize();
-    match res {
-        // rank 0 says what went wrong; the others' copy of its message would only repeat it
-        Err(brigade::Error::Relayed(_)) if rank != 0 => std::process::exit(1),
-        Err(brigade::Error::Interrupted(_)) if rank != 0 => std::process::exit(130),
-        Err(brigade::Error::Interrupted(m)) => {
-            bar.0.abandon();
-            Err(crate::interrupt::Interrupted(m).into())
-        }
-        r => Ok(r?),
-    }
-}
-
-#[cfg(not(feature = "mpi"))]
-fn run_mpi(_: &EmbedArgs, _: &Encoder, _: &Path, _: &Bar, _: Arc<AtomicBool>) -> Result<Option<Report>> {
-    bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and start it under mpirun")
-}
-
-/// The progress bar: documents, documents/s and ETA (on a terminal only).
-struct Bar(ProgressBar);
-
-impl Bar {
-    fn new(show: bool) -> Bar {
-        let b = if show { ProgressBar::new(0) } else { ProgressBar::hidden() };
-        b.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} documents  {per_sec}  [{elapsed_precise} eta {eta}]")
-                .expect("valid template"),
-        );
-        Bar(b)
-    }
-}
-
-impl Progress for Bar {
-    fn start(&self, total: u64, done: u64) {
-        self.0.set_length(total);
-        self.0.set_position(done);
-        self.0.reset_eta();
-    }
-    fn documents(&self, n: u64) {
-        self.0.inc(n);
+    let job = |comm: &brigade_comm::Comm, bar: &dyn Progress| job::run(comm, &spec, &enc, output, &s, bar);
+    match shard_job::drive(a.backend, a.workers, a.threads, !a.json, "embed", job)? {
+        Some(report) => summary(&a, output, &report),
+        None => Ok(()),
     }
 }
 

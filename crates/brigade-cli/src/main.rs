@@ -23,7 +23,9 @@ mod plan_cmd;
 mod run_cmd;
 mod sample_cmd;
 mod serve_cmd;
+mod shard_job;
 mod threads;
+mod tokenize_cmd;
 mod train_args;
 mod train_cmd;
 
@@ -48,6 +50,8 @@ enum Cmd {
     Plan(Box<plan_cmd::PlanArgs>),
     /// Embed a corpus with a sentence-transformers model, across workers, resumable.
     Embed(Box<embed_cmd::EmbedArgs>),
+    /// Tokenize a corpus into token shards for training, across workers, resumable.
+    Tokenize(Box<tokenize_cmd::TokenizeArgs>),
     /// Write a checkpoint as a GGUF file that llama.cpp and Ollama run.
     Export(export_cmd::ExportArgs),
     /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API, with continuous batching.
@@ -89,6 +93,7 @@ fn main() {
         Cmd::Sample(a) => sample_cmd::run(a),
         Cmd::Plan(a) => plan_cmd::run(*a),
         Cmd::Embed(a) => embed_cmd::run(*a),
+        Cmd::Tokenize(a) => tokenize_cmd::run(*a),
         Cmd::Export(a) => export_cmd::run(a),
         Cmd::Serve(a) => serve_cmd::run(*a),
         Cmd::Run(a) => run_cmd::run(*a),

@@ -13,6 +13,7 @@ pub mod params;
 pub mod plan;
 pub mod shards;
 pub mod tensor;
+pub mod tokenize;
 pub mod train;
 
 pub use error::{Error, Result};

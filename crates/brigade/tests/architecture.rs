@@ -18,7 +18,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("models", &["brigade::models"]),
     ("ranks", &["brigade::parallel"]),
     ("training", &["brigade::train"]),
-    ("jobs", &["brigade::embed", "brigade::plan", "brigade::bench"]),
+    ("jobs", &["brigade::embed", "brigade::tokenize", "brigade::plan", "brigade::bench"]),
     ("serving", &["brigade-serve"]),
     ("cli", &["brigade-cli"]),
 ];

@@ -113,6 +113,57 @@ impl Tokenizer {
         }
     }
 
+    /// A document as a corpus holds it: its ids (BOS first where the tokenizer adds one) and
+    /// the tokenizer's EOS last. A folder of text files read at start and `brigade tokenize`'s
+    /// shards both close documents so.
+    pub fn encode_document(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text)?;
+        ids.extend(self.specials().eos);
+        Ok(ids)
+    }
+
+    /// blake3 of the vocabulary: every token's id and text (specials included) in id order.
+    /// Two tokenizer files with equal vocabularies give the same ids.
+    pub fn vocab_blake3(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        match self {
+            Tokenizer::Bytes => {
+                h.update(b"bytes");
+            }
+            Tokenizer::Hf(t, ..) => {
+                let mut v: Vec<(u32, String)> = t.get_vocab(true).into_iter().map(|(s, i)| (i, s)).collect();
+                v.sort();
+                for (i, s) in v {
+                    h.update(&i.to_le_bytes());
+                    h.update(s.as_bytes());
+                    h.update(&[0]);
+                }
+            }
+        }
+        h.finalize().to_hex().to_string()
+    }
+
+    /// What token shards record of the tokenizer that made them (`brigade tokenize`), and
+    /// what training compares them with.
+    pub fn identity(&self) -> crate::shards::tokens::TokenizerInfo {
+        let sp = self.specials();
+        crate::shards::tokens::TokenizerInfo {
+            path: self.path().map(|p| p.display().to_string()).unwrap_or_else(|| "bytes".into()),
+            vocab_blake3: self.vocab_blake3(),
+            vocab_size: self.vocab_size(),
+            bos: sp.bos.filter(|_| sp.add_bos),
+            eos: sp.eos,
+        }
+    }
+
+    /// The file it was read from (none for bytes).
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Tokenizer::Bytes => None,
+            Tokenizer::Hf(_, p, ..) => Some(p),
+        }
+    }
+
     /// Encodes a text that already holds its special tokens (a rendered chat template): no
     /// BOS is added, special tokens written in the text become their ids (as `transformers`
     /// tokenizes `apply_chat_template`'s text, with `add_special_tokens=False`).

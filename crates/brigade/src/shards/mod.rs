@@ -5,4 +5,6 @@
 
 pub mod dir;
 pub mod input;
+pub mod megatron;
+pub mod tokens;
 pub mod work;

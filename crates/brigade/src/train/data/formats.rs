@@ -5,7 +5,9 @@
 use super::corpus::{Corpus, Doc, Documents, Packing};
 use super::tokens::{Source, TokenFile, Width};
 use crate::error::{Error, Result};
-use crate::models::tokenizer::Fingerprint;
+use crate::models::tokenizer::{Fingerprint, Tokenizer};
+pub use crate::shards::megatron::{MegatronIndex, MEGATRON_MAGIC};
+use crate::shards::tokens;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -14,8 +16,6 @@ use std::path::{Path, PathBuf};
 pub const LLMC_MAGIC: i32 = 20240520;
 pub const LLMC_MAGIC_LLAMA3: i32 = 20240801;
 const LLMC_HEADER: usize = 256 * 4;
-/// Megatron's index magic.
-pub const MEGATRON_MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
 
 /// What `path` holds, judged by its name and first bytes.
 #[derive(Debug, PartialEq, Eq)]
@@ -29,11 +29,13 @@ pub enum Format {
     Text,
     /// A folder of text files, one document each.
     TextFolder,
+    /// A folder `brigade tokenize` wrote: Megatron shards and their manifest.
+    TokenShards,
 }
 
 pub fn detect(path: &Path, chat: bool) -> Result<Format> {
     if path.is_dir() {
-        return Ok(Format::TextFolder);
+        return Ok(if tokens::is_tokens_dir(path) { Format::TokenShards } else { Format::TextFolder });
     }
     let s = path.to_string_lossy();
     if chat {
@@ -150,60 +152,6 @@ pub fn nanogpt(path: &Path) -> Result<Corpus> {
     Corpus::new(path.display().to_string(), vec![Source::File(file)], docs, Packing::Windows, fp)
 }
 
-/// A Megatron index: its token width, each sequence's length and byte offset, and the
-/// document boundaries (indices into the sequences).
-pub struct MegatronIndex {
-    pub width: Width,
-    pub lengths: Vec<u32>,
-    pub pointers: Vec<u64>,
-    pub doc_idx: Vec<u64>,
-    pub bytes: Vec<u8>,
-}
-
-impl MegatronIndex {
-    pub fn read(idx: &Path) -> Result<MegatronIndex> {
-        let bad = |m: String| Error::Data(format!("Megatron index {}: {m}", idx.display()));
-        let bytes = std::fs::read(idx).map_err(|e| bad(format!("cannot read ({e})")))?;
-        let mut at = 0usize;
-        let mut take = |n: usize| -> Result<&[u8]> {
-            let s =
-                bytes.get(at..at + n).ok_or_else(|| bad(format!("ends at byte {}; it is truncated", bytes.len())))?;
-            at += n;
-            Ok(s)
-        };
-        if take(9)? != MEGATRON_MAGIC {
-            return Err(bad("does not begin with MMIDIDX; not a Megatron indexed dataset".into()));
-        }
-        let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-        let version = u64_at(take(8)?);
-        if version != 1 {
-            return Err(bad(format!("version {version}; brigade reads version 1")));
-        }
-        let width = match take(1)?[0] {
-            8 => Width::U16,
-            4 => Width::U32,
-            c => return Err(bad(format!("token type code {c}; brigade reads uint16 (8) and int32 (4) tokens"))),
-        };
-        let n = u64_at(take(8)?) as usize;
-        let d = u64_at(take(8)?) as usize;
-        let need = n.checked_mul(12).and_then(|s| s.checked_add(d.checked_mul(8)?));
-        if need.is_none_or(|need| need > bytes.len()) {
-            return Err(bad(format!(
-                "claims {n} sequences and {d} document marks, more than its {} bytes hold",
-                bytes.len()
-            )));
-        }
-        let lengths = take(4 * n)?.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))).collect();
-        let pointers = take(8 * n)?.chunks_exact(8).map(u64_at).collect();
-        let doc_idx: Vec<u64> = take(8 * d)?.chunks_exact(8).map(u64_at).collect();
-        if doc_idx.first() != Some(&0) || doc_idx.windows(2).any(|w| w[0] > w[1]) || doc_idx.last() != Some(&(n as u64))
-        {
-            return Err(bad(format!("its document marks do not run from 0 up to its {n} sequences")));
-        }
-        Ok(MegatronIndex { width, lengths, pointers, doc_idx, bytes })
-    }
-}
-
 /// A Megatron dataset `PREFIX.bin` + `PREFIX.idx` as the source `src` of a corpus: its
 /// documents, after the index is checked against the `.bin`.
 pub fn megatron_source(prefix: &Path, src: u32) -> Result<(Source, Documents, MegatronIndex)> {
@@ -243,4 +191,57 @@ pub fn megatron(prefix: &Path) -> Result<Corpus> {
     let Source::File(f) = &src else { unreachable!("a file") };
     let fp = quick_fingerprint(f.bytes(), &idx.bytes);
     Corpus::new(prefix.display().to_string(), vec![src], docs, Packing::Windows, fp)
+}
+
+/// A folder `brigade tokenize` wrote, as one corpus: its shards' documents in input order,
+/// each shard memory-mapped. Refused when unfinished, or made by another tokenizer than `tok`
+/// (when the run has one: token corpora train without).
+pub fn token_shards(dir: &Path, tok: &Tokenizer) -> Result<Corpus> {
+    let m = tokens::read_manifest(dir)?;
+    if !m.complete {
+        return Err(Error::Data(format!(
+            "{} is an unfinished brigade tokenize output; run the same `brigade tokenize` command again to finish it",
+            dir.display()
+        )));
+    }
+    if let Tokenizer::Hf(..) = tok {
+        let mine = tok.identity();
+        if m.job.tokenizer != mine {
+            return Err(Error::Data(format!(
+                "{} was tokenized by another tokenizer ({}: {} tokens, eos {}) than this run's ({}: {} tokens, eos {}); tokenize it again with --tokenizer {}, or train with the tokenizer it was made with",
+                dir.display(),
+                m.job.tokenizer.path,
+                m.job.tokenizer.vocab_size,
+                m.job.tokenizer.eos.map_or("none".into(), |e| e.to_string()),
+                mine.path,
+                mine.vocab_size,
+                mine.eos.map_or("none".into(), |e| e.to_string()),
+                mine.path
+            )));
+        }
+    }
+    let (mut sources, mut docs) = (Vec::new(), Documents::default());
+    let mut h = blake3::Hasher::new();
+    let mut bytes = 0;
+    for (i, s) in m.shards.iter().enumerate() {
+        let (src, d, _) = megatron_source(&dir.join(&s.prefix), i as u32)?;
+        if d.len() != s.documents {
+            return Err(Error::Data(format!(
+                "{}: shard {} holds {} documents, its manifest says {}; check it with `brigade tokenize --verify {}`",
+                dir.display(),
+                s.index,
+                d.len(),
+                s.documents,
+                dir.display()
+            )));
+        }
+        for k in 0..d.len() {
+            docs.push(d.doc(k).iter().copied());
+        }
+        bytes += src.len() * m.job.width().bytes() as u64;
+        h.update(s.sha256.as_bytes());
+        sources.push(src);
+    }
+    let fp = Fingerprint { bytes, blake3: h.finalize().to_hex().to_string() };
+    Corpus::new(dir.display().to_string(), sources, docs, Packing::Windows, fp)
 }

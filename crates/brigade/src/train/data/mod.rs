@@ -123,6 +123,7 @@ impl Dataset {
             Format::Megatron(prefix) => formats::megatron(&prefix)?,
             Format::ChatJsonl => chat::load(path, tok)?,
             Format::TextFolder => text::folder(path, tok)?,
+            Format::TokenShards => formats::token_shards(path, tok)?,
         };
         for s in &corpus.sources {
             let n = s.len().min(CHECKED_TOKENS);
@@ -142,6 +143,9 @@ impl Dataset {
 
     /// Whether a path holds tokens already (no tokenizer reads it).
     pub fn is_tokenized(path: &Path, chat: bool) -> bool {
-        matches!(formats::detect(path, chat), Ok(Format::LlmC | Format::NanoGpt | Format::Megatron(_)))
+        matches!(
+            formats::detect(path, chat),
+            Ok(Format::LlmC | Format::NanoGpt | Format::Megatron(_) | Format::TokenShards)
+        )
     }
 }

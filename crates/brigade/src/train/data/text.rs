@@ -83,7 +83,6 @@ pub fn folder(dir: &Path, tok: &Tokenizer) -> Result<super::corpus::Corpus> {
             dir.display()
         )));
     }
-    let eos = tok.specials().eos;
     let docs: Vec<(Vec<u32>, Fingerprint)> = files
         .par_iter()
         .map(|p| {
@@ -92,9 +91,7 @@ pub fn folder(dir: &Path, tok: &Tokenizer) -> Result<super::corpus::Corpus> {
             let text = String::from_utf8(bytes).map_err(|e| {
                 Error::Data(format!("{} is not UTF-8 text ({e}); a folder of documents holds text files", p.display()))
             })?;
-            let mut ids = tok.encode(&text)?;
-            ids.extend(eos);
-            Ok((ids, fp))
+            Ok((tok.encode_document(&text)?, fp))
         })
         .collect::<Result<_>>()?;
     let mut h = blake3::Hasher::new();

@@ -6,29 +6,7 @@
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
-/// The width of one token in a file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Width {
-    U16,
-    U32,
-}
-
-impl Width {
-    pub fn bytes(self) -> usize {
-        match self {
-            Width::U16 => 2,
-            Width::U32 => 4,
-        }
-    }
-
-    /// The token whose little-endian bytes are `b` (`bytes()` of them).
-    pub fn read(self, b: &[u8]) -> u32 {
-        match self {
-            Width::U16 => u16::from_le_bytes([b[0], b[1]]) as u32,
-            Width::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        }
-    }
-}
+pub use crate::shards::megatron::Width;
 
 /// A file's tokens from byte `offset` on, memory-mapped.
 pub struct TokenFile {
