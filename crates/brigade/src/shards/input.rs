@@ -163,14 +163,23 @@ fn next_line(r: &mut impl BufRead, buf: &mut Vec<u8>, path: &Path) -> Result<Opt
 }
 
 /// Reads the next document's bytes into `buf`: a line (ending stripped), or for
-/// [`Format::Document`] the rest of the file (a file is one document; an empty file none).
-fn next_document(r: &mut impl BufRead, buf: &mut Vec<u8>, path: &Path, format: Format) -> Result<Option<usize>> {
+/// [`Format::Document`] the whole file, once (`read` says whether it was; an empty file is
+/// one empty document, as training's folder reader takes it).
+fn next_document(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    path: &Path,
+    format: Format,
+    read: &mut bool,
+) -> Result<Option<usize>> {
     if format != Format::Document {
         return next_line(r, buf, path);
     }
     buf.clear();
-    let n = std::io::Read::read_to_end(r, buf).map_err(|e| Error::io(path, e))?;
-    Ok((n > 0).then_some(n))
+    if std::mem::replace(read, true) {
+        return Ok(None);
+    }
+    Ok(Some(std::io::Read::read_to_end(r, buf).map_err(|e| Error::io(path, e))?))
 }
 
 /// Scans every input file once: validates each line, hashes the bytes, cuts shards of
@@ -201,8 +210,8 @@ pub fn scan(spec: &InputSpec, shard_size: usize) -> Result<Index> {
         let format = spec.format_of(fi);
         let mut r = BufReader::with_capacity(1 << 20, f);
         let mut hasher = blake3::Hasher::new();
-        let (mut offset, mut line) = (0u64, 0u64);
-        while let Some(n) = next_document(&mut r, &mut buf, path, format)? {
+        let (mut offset, mut line, mut read) = (0u64, 0u64, false);
+        while let Some(n) = next_document(&mut r, &mut buf, path, format, &mut read)? {
             hasher.update(&buf);
             hasher.update(&b"\n"[..]);
             match parse(&buf, format, spec, base + line) {
@@ -312,8 +321,9 @@ pub fn read_shard(spec: &InputSpec, index: &Index, s: &ShardSpan) -> Result<Vec<
         let base: u64 = index.files[..fi].iter().map(|f| f.lines).sum();
         let mut r = BufReader::with_capacity(1 << 20, f);
         let format = spec.format_of(fi);
+        let mut read = false;
         while docs.len() < s.count {
-            if next_document(&mut r, &mut buf, path, format)?.is_none() {
+            if next_document(&mut r, &mut buf, path, format, &mut read)?.is_none() {
                 break;
             }
             if let Ok(Line::Doc(d)) = parse(&buf, format, spec, base + line) {
@@ -365,6 +375,29 @@ mod tests {
             assert_eq!(docs[6].text, "last, no newline");
             assert!(idx.shards.iter().all(|s| s.count <= size));
         }
+    }
+
+    #[test]
+    fn a_whole_file_is_one_document_even_empty_and_jsonl_ids_may_be_line_numbers() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.txt", b"\xef\xbb\xbfline one\nline two\n");
+        let b = write(d.path(), "b.txt", b"");
+        let c = write(d.path(), "c.txt", b"third");
+        let mut sp = spec(vec![a, b, c], OnError::Fail);
+        sp.format = Some(Format::Document);
+        for size in 1..4 {
+            let idx = scan(&sp, size).unwrap();
+            assert_eq!((idx.documents, idx.files.iter().map(|f| f.lines).sum::<u64>()), (3, 3));
+            let docs: Vec<Doc> = idx.shards.iter().flat_map(|s| read_shard(&sp, &idx, s).unwrap()).collect();
+            let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
+            assert_eq!(texts, ["line one\nline two\n", "", "third"], "shards of {size}");
+        }
+        let j = write(d.path(), "j.jsonl", b"{\"text\": \"x\"}\n{\"text\": \"y\"}\n");
+        let mut sp = spec(vec![j], OnError::Fail);
+        sp.id_field = None;
+        let idx = scan(&sp, 10).unwrap();
+        let ids: Vec<String> = read_shard(&sp, &idx, &idx.shards[0]).unwrap().into_iter().map(|d| d.id).collect();
+        assert_eq!(ids, ["0", "1"]);
     }
 
     #[test]
