@@ -4,6 +4,8 @@ them with, and conversations rendered by transformers, for tests/corpus_fixtures
 - megatron_u16.{bin,idx}, megatron_i32.{bin,idx}: Megatron-LM indexed datasets written by
   megatron-core's own IndexedDatasetBuilder (uint16 and int32 tokens; one document of two
   sequences, so documents and sequences differ).
+- megatron_plain_u16.{bin,idx}, megatron_plain_i32.{bin,idx}: the same builder, one sequence a
+  document (what brigade tokenize's shards are: brigade's writer must give these bytes).
 - llmc_gpt2.bin, llmc_llama3.bin: llm.c token files in its two header formats (magic 20240520
   version 1, u16 tokens; magic 20240801 version 7, u32 tokens), written with numpy as llm.c's
   dev/data/data_common.py `write_datafile` lays them out (llm.c is not a package to import);
@@ -108,6 +110,17 @@ for name in ["qwen2", "llama3"]:
         mask = [any(a <= byte_at[s] < b for a, b in spans) for s, _ in enc["offset_mapping"]]
         rows.append({"messages": conv, "text": full, "ids": enc["input_ids"], "trained": mask})
     json.dump(rows, open(f"{OUT}/chat_{name}.json", "w"), ensure_ascii=False, indent=1)
+
+# Megatron, one sequence a document (as preprocess_data.py writes a corpus, and as brigade
+# tokenize writes its shards): brigade's writer must give these bytes
+for name, dtype, vocab in [("megatron_plain_u16", np.uint16, 50000), ("megatron_plain_i32", np.int32, 150000)]:
+    b = IndexedDatasetBuilder(f"{OUT}/{name}.bin", dtype=dtype)
+    ds = docs(12, vocab, lo=1)
+    for d in ds:
+        b.add_item(torch.tensor(d))
+        b.end_document()
+    b.finalize(f"{OUT}/{name}.idx")
+    expected[name] = ds
 
 json.dump(expected, open(f"{OUT}/expected.json", "w"))
 print("wrote", sorted(os.listdir(OUT)))

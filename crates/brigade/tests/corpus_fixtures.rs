@@ -74,6 +74,21 @@ fn megatron_datasets_written_by_megatron_core_read_back() {
     }
 }
 
+/// brigade tokenize's shards are Megatron datasets of one sequence a document: the writer
+/// gives megatron-core's own bytes for the same documents, and they read back as them.
+#[test]
+fn megatron_datasets_brigade_writes_are_megatron_cores_bytes() {
+    use brigade::shards::megatron::{write, Width};
+    for (name, width) in [("megatron_plain_u16", Width::U16), ("megatron_plain_i32", Width::U32)] {
+        let want = expected(name);
+        let (bin, idx) = write(&want, width);
+        assert_eq!(bin, std::fs::read(fixtures().join(format!("{name}.bin"))).unwrap(), "{name}.bin");
+        assert_eq!(idx, std::fs::read(fixtures().join(format!("{name}.idx"))).unwrap(), "{name}.idx");
+        let c = open(&fixtures().join(name), false, &Tokenizer::Bytes);
+        assert_eq!(documents(&c), want, "{name}");
+    }
+}
+
 #[test]
 fn llmc_and_nanogpt_token_files_read_back_as_their_documents() {
     for (file, name) in [("llmc_gpt2.bin", "llmc_gpt2"), ("llmc_llama3.bin", "llmc_llama3"), ("nanogpt.bin", "nanogpt")]
