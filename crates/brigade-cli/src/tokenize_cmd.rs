@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum DocFormatArg {
-    /// JSONL for `*.jsonl` files, otherwise a whole file is one document.
+    /// JSONL for `*.jsonl` files, Parquet for `*.parquet`, otherwise a whole file is one document.
     Auto,
     /// A whole file is one document.
     Document,
@@ -22,6 +22,8 @@ pub enum DocFormatArg {
     Lines,
     /// One JSON object a line, its text in --text-field.
     Jsonl,
+    /// Apache Parquet: a row a document, its text in the string column --text-field.
+    Parquet,
 }
 
 #[derive(Args, Debug)]
@@ -46,7 +48,7 @@ pub struct TokenizeArgs {
     threads: usize,
     #[arg(long, value_enum, default_value = "auto")]
     format: DocFormatArg,
-    /// JSONL field holding a document's text.
+    /// JSONL field (or Parquet column) holding a document's text.
     #[arg(long, default_value = "text")]
     text_field: String,
     /// Documents per shard (the unit of work, of output files and of resumption).
@@ -96,21 +98,18 @@ impl TokenizeArgs {
             DocFormatArg::Document => Some(Format::Document),
             DocFormatArg::Lines => Some(Format::Text),
             DocFormatArg::Jsonl => Some(Format::Jsonl),
+            DocFormatArg::Parquet => Some(Format::Parquet),
         };
-        // auto: by each file's extension, a whole file a document unless it is JSON Lines
-        let format = format.or_else(|| {
-            let kinds: Vec<Format> = files.iter().map(|f| Format::of(f)).collect();
-            if kinds.iter().all(|k| *k == Format::Jsonl) {
-                Some(Format::Jsonl)
-            } else if kinds.iter().all(|k| *k != Format::Jsonl) {
-                Some(Format::Document)
-            } else {
-                None
-            }
-        });
-        if format.is_none() {
-            bail!("the input mixes JSON Lines and other files; give --format jsonl, document or lines, or tokenize them in separate jobs");
-        }
+        // auto: JSON Lines and Parquet by their extensions, any other file a whole document
+        let structured = |f: &PathBuf| matches!(Format::of(f), Format::Jsonl | Format::Parquet);
+        let format = match format {
+            Some(f) => Some(f),
+            None if files.iter().all(structured) => None,
+            None if !files.iter().any(structured) => Some(Format::Document),
+            None => bail!(
+                "the input mixes JSON Lines or Parquet files with other files; give --format jsonl, parquet, document or lines, or tokenize them in separate jobs"
+            ),
+        };
         Ok(InputSpec {
             files,
             format,

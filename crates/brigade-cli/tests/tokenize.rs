@@ -330,3 +330,59 @@ fn training_reads_the_shards_and_refuses_another_tokenizers() {
         "unfinished",
     );
 }
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(|s| s.as_str()).collect()
+}
+
+/// Parquet written by pyarrow (scripts/make_parquet_fixtures.py): a row a document, shards
+/// crossing row groups, snappy and zstd; a null row refused by its row, or skipped and listed.
+#[test]
+fn parquet_files_pyarrow_wrote_are_read_row_by_row() {
+    let Some(tok) = tokenizer("gpt2") else { return };
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parquet");
+    let texts: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("texts.json")).unwrap()).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let t = tokenizers::Tokenizer::from_file(format!("{tok}/tokenizer.json")).unwrap();
+    let enc = |s: &str| {
+        let mut v: Vec<u32> = t.encode(s, false).unwrap().get_ids().to_vec();
+        v.push(50256);
+        v
+    };
+    let (docs, zstd) = (fixtures.join("docs.parquet"), fixtures.join("docs_zstd.parquet"));
+    let (docs, zstd) = (docs.to_str().unwrap(), zstd.to_str().unwrap());
+    let base = |input: &str, out: &str| {
+        vec!["tokenize", "--tokenizer", &tok, "--input", input, "--output", out, "--workers", "2", "--shard-size", "2"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    // zstd, one row group
+    ok(&args(&base(zstd, "z")), dir);
+    let want: Vec<Vec<u32>> =
+        texts["docs_zstd.parquet"].as_array().unwrap().iter().map(|v| enc(v.as_str().unwrap())).collect();
+    assert_eq!(all_docs(&dir.join("z")), want);
+    // snappy, row groups of 3, row 4 null: refused naming the row, or skipped and listed
+    let e = fails_with(&args(&base(docs, "n")), dir, "docs.parquet:4: column 'text' is null");
+    assert!(e.contains("--on-error skip"), "{e}");
+    let mut skip = base(docs, "s");
+    skip.extend(["--on-error".into(), "skip".into()]);
+    let said = ok(&args(&skip), dir);
+    assert!(said.contains("tokenized 6 documents") && said.contains("docs.parquet:4"), "{said}");
+    let want: Vec<Vec<u32>> =
+        texts["docs.parquet"].as_array().unwrap().iter().filter_map(|v| v.as_str()).map(enc).collect();
+    assert_eq!(all_docs(&dir.join("s")), want);
+    ok(&["tokenize", "--verify", "s"], dir);
+    // a column that is not there is named with the ones that are
+    let mut other = base(zstd, "o");
+    other.extend(["--text-field".into(), "body".into()]);
+    fails_with(&args(&other), dir, "no column 'body' (its columns: text)");
+    let mut not_text = base(docs, "o");
+    not_text.extend(["--text-field".into(), "id".into()]);
+    fails_with(&args(&not_text), dir, "not a string");
+    // a file that is not Parquet
+    std::fs::write(dir.join("fake.parquet"), "not parquet").unwrap();
+    fails_with(&args(&base("fake.parquet", "o")), dir, "not a readable Parquet file");
+}

@@ -17,15 +17,18 @@ pub enum Format {
     Jsonl,
     /// The whole file is one document; its id is its 0-based number as a line would be.
     Document,
+    /// An Apache Parquet file: a row a document, its text in a string column (the text
+    /// field); its id the row's 0-based number across the input, as a line's.
+    Parquet,
 }
 
 impl Format {
     /// `--format auto`: JSONL for `*.jsonl` files, plain text otherwise.
     pub fn of(path: &Path) -> Format {
-        if path.extension().is_some_and(|e| e == "jsonl") {
-            Format::Jsonl
-        } else {
-            Format::Text
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("jsonl") => Format::Jsonl,
+            Some("parquet") => Format::Parquet,
+            _ => Format::Text,
         }
     }
 }
@@ -115,7 +118,9 @@ fn parse(raw: &[u8], format: Format, spec: &InputSpec, number: u64) -> std::resu
     let raw = raw.strip_prefix(b"\xef\xbb\xbf").unwrap_or(raw);
     let text = std::str::from_utf8(raw).map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
     match format {
-        Format::Text | Format::Document => Ok(Line::Doc(Doc { id: number.to_string(), text: text.to_string() })),
+        Format::Text | Format::Document | Format::Parquet => {
+            Ok(Line::Doc(Doc { id: number.to_string(), text: text.to_string() }))
+        }
         Format::Jsonl => {
             if text.trim().is_empty() {
                 return Ok(Line::Blank);
@@ -182,6 +187,61 @@ fn next_document(
     Ok(Some(std::io::Read::read_to_end(r, buf).map_err(|e| Error::io(path, e))?))
 }
 
+/// Calls `each` with every row of the Parquet file `path` from row `skip` on: its number and
+/// the text of its column `field` (or why it has none) until `each` says stop; returns the
+/// file's rows. Whole row groups before `skip` are not read.
+fn parquet_rows(
+    path: &Path,
+    field: &str,
+    skip: u64,
+    each: &mut dyn FnMut(u64, std::result::Result<String, String>) -> Result<bool>,
+) -> Result<u64> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::Field;
+    use parquet::schema::types::Type;
+    let bad = |e: parquet::errors::ParquetError| {
+        Error::Data(format!("{}: not a readable Parquet file ({e})", path.display()))
+    };
+    let f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let r = SerializedFileReader::new(f).map_err(bad)?;
+    let schema = r.metadata().file_metadata().schema();
+    let Some(col) = schema.get_fields().iter().find(|t| t.name() == field) else {
+        let names: Vec<&str> = schema.get_fields().iter().map(|t| t.name()).collect();
+        return Err(Error::Data(format!(
+            "{}: no column '{field}' (its columns: {}); choose the text column with --text-field",
+            path.display(),
+            names.join(", ")
+        )));
+    };
+    let projection = Type::group_type_builder("schema").with_fields(vec![col.clone()]).build().map_err(bad)?;
+    let total = r.metadata().file_metadata().num_rows() as u64;
+    let mut first = 0u64;
+    for g in 0..r.num_row_groups() {
+        let n = r.metadata().row_group(g).num_rows() as u64;
+        if first + n <= skip {
+            first += n;
+            continue;
+        }
+        let group = r.get_row_group(g).map_err(bad)?;
+        for (k, row) in group.get_row_iter(Some(projection.clone())).map_err(bad)?.enumerate() {
+            let i = first + k as u64;
+            if i < skip {
+                continue;
+            }
+            let text = match row.map_err(bad)?.get_column_iter().next().map(|(_, v)| v) {
+                Some(Field::Str(t)) => Ok(t.clone()),
+                Some(Field::Null) | None => Err(format!("column '{field}' is null")),
+                Some(other) => Err(format!("column '{field}' holds {other}, not a string")),
+            };
+            if !each(i, text)? {
+                return Ok(total);
+            }
+        }
+        first += n;
+    }
+    Ok(total)
+}
+
 /// Scans every input file once: validates each line, hashes the bytes, cuts shards of
 /// `shard_size` documents and refuses duplicate JSONL ids (naming both lines).
 pub fn scan(spec: &InputSpec, shard_size: usize) -> Result<Index> {
@@ -208,13 +268,9 @@ pub fn scan(spec: &InputSpec, shard_size: usize) -> Result<Index> {
             return Err(Error::Data(format!("input {name} is a directory; give files")));
         }
         let format = spec.format_of(fi);
-        let mut r = BufReader::with_capacity(1 << 20, f);
-        let mut hasher = blake3::Hasher::new();
-        let (mut offset, mut line, mut read) = (0u64, 0u64, false);
-        while let Some(n) = next_document(&mut r, &mut buf, path, format, &mut read)? {
-            hasher.update(&buf);
-            hasher.update(&b"\n"[..]);
-            match parse(&buf, format, spec, base + line) {
+        // one document (or a fault) at `offset` (a byte, or a Parquet row), the file's `line`
+        let mut handle = |parsed: std::result::Result<Line, String>, offset: u64, line: u64| -> Result<()> {
+            match parsed {
                 Ok(Line::Doc(d)) => {
                     if documents.is_multiple_of(shard_size as u64) {
                         shards.push(ShardSpan { index: shards.len(), file: fi, offset, line, count: 0 });
@@ -232,14 +288,41 @@ pub fn scan(spec: &InputSpec, shard_size: usize) -> Result<Index> {
                 Ok(Line::Blank) => {}
                 Err(why) => {
                     if spec.on_error == OnError::Fail {
+                        let what = if format == Format::Parquet { "row" } else { "line" };
                         return Err(Error::Data(format!(
-                            "{name}:{}: {why}; fix the line, or pass --on-error skip to leave such lines out (they are listed in the manifest)",
+                            "{name}:{}: {why}; fix the {what}, or pass --on-error skip to leave such {what}s out (they are listed in the manifest)",
                             line + 1
                         )));
                     }
                     skipped.push(Skipped { file: name.clone(), line: line + 1, reason: why });
                 }
             }
+            Ok(())
+        };
+        if format == Format::Parquet {
+            let rows = parquet_rows(path, &spec.text_field, 0, &mut |row, text| {
+                handle(text.map(|t| Line::Doc(Doc { id: (base + row).to_string(), text: t })), row, row)?;
+                Ok(true)
+            })?;
+            let mut hasher = blake3::Hasher::new();
+            let bytes = std::io::copy(&mut BufReader::new(f), &mut hasher).map_err(|e| Error::io(path, e))?;
+            files.push(FileInfo {
+                path: name,
+                format,
+                bytes,
+                lines: rows,
+                blake3: hasher.finalize().to_hex().to_string(),
+            });
+            base += rows;
+            continue;
+        }
+        let mut r = BufReader::with_capacity(1 << 20, f);
+        let mut hasher = blake3::Hasher::new();
+        let (mut offset, mut line, mut read) = (0u64, 0u64, false);
+        while let Some(n) = next_document(&mut r, &mut buf, path, format, &mut read)? {
+            hasher.update(&buf);
+            hasher.update(&b"\n"[..]);
+            handle(parse(&buf, format, spec, base + line), offset, line)?;
             offset += n as u64;
             line += 1;
         }
@@ -317,10 +400,20 @@ pub fn read_shard(spec: &InputSpec, index: &Index, s: &ShardSpan) -> Result<Vec<
                 index.files[fi].bytes
             )));
         }
-        f.seek(SeekFrom::Start(offset)).map_err(|e| Error::io(path, e))?;
         let base: u64 = index.files[..fi].iter().map(|f| f.lines).sum();
-        let mut r = BufReader::with_capacity(1 << 20, f);
         let format = spec.format_of(fi);
+        if format == Format::Parquet {
+            parquet_rows(path, &spec.text_field, offset, &mut |row, text| {
+                if let Ok(text) = text {
+                    docs.push(Doc { id: (base + row).to_string(), text });
+                }
+                Ok(docs.len() < s.count)
+            })?;
+            (fi, offset, line) = (fi + 1, 0, 0);
+            continue;
+        }
+        f.seek(SeekFrom::Start(offset)).map_err(|e| Error::io(path, e))?;
+        let mut r = BufReader::with_capacity(1 << 20, f);
         let mut read = false;
         while docs.len() < s.count {
             if next_document(&mut r, &mut buf, path, format, &mut read)?.is_none() {
