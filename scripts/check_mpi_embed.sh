@@ -5,6 +5,7 @@
 # Needs a build with --features mpi and ../shared/models/all-MiniLM-L6-v2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 bin=$PWD/target/release/brigade
 model=$(realpath ../shared/models/all-MiniLM-L6-v2)
 tmp=$(mktemp -d)
@@ -45,4 +46,12 @@ if timeout 60 mpirun -n 2 --allow-run-as-root --oversubscribe "$bin" "${args[@]}
   echo "mpi: --workers under mpirun was accepted" >&2; exit 1
 fi
 grep -q "every rank is one worker" err || { echo "mpi: unclear error for --workers: $(cat err)" >&2; exit 1; }
-echo "mpi embed: 2 and 3 ranks equal one worker; killed after $done_before shards and resumed, byte-identical"
+# brigade tokenize runs on the same sharded-job machinery: 2 ranks write one worker's bytes
+tok=$(realpath "$root/../shared/tokenizers/gpt2")
+targs=(tokenize --tokenizer "$tok" --input "$root/../shared/data/shakespeare" --shard-size 5)
+"$bin" "${targs[@]}" --output tref --workers 1 >/dev/null
+timeout 300 mpirun -n 2 --allow-run-as-root --oversubscribe "$bin" "${targs[@]}" --backend mpi --output tmpi >tmpi.log 2>&1 \
+  || { echo "mpi: tokenize on 2 ranks failed:"; cat tmpi.log; exit 1; } >&2
+grep -q "worker 1:" tmpi.log || { echo "mpi: tokenize's summary lists no second worker" >&2; cat tmpi.log; exit 1; }
+diff -r tref tmpi >/dev/null || { echo "mpi: tokenize on 2 ranks wrote other bytes than one worker" >&2; exit 1; }
+echo "mpi embed: 2 and 3 ranks equal one worker; killed after $done_before shards and resumed, byte-identical; tokenize on 2 ranks = one worker"

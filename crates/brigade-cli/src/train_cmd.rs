@@ -414,7 +414,7 @@ impl Observer for Bar {
             {
                 p.last = now;
                 eprintln!(
-                    "step {}/{}  loss {:.4}  lr {:.2e}  {:.0} tok/s  {:.0}s elapsed",
+                    "step {}/{}  loss {:.4}  lr {:.2e}  {:.0} tok/s  {:.1}s elapsed",
                     s.step,
                     p.steps,
                     s.loss,

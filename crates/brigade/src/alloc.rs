@@ -10,8 +10,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Tag 0: threads of no rank; tag r + 1: rank r.
 const TAGS: usize = 257;
-static LIVE: [AtomicUsize; TAGS] = [const { AtomicUsize::new(0) }; TAGS];
-static PEAK: [AtomicUsize; TAGS] = [const { AtomicUsize::new(0) }; TAGS];
+
+/// One tag's live and peak bytes, on a cache line of its own: ranks (and workers) allocating at
+/// once on neighbouring tags would otherwise pass one line back and forth on every allocation
+/// (two `brigade tokenize` workers ran slower than one).
+#[repr(align(128))]
+struct Count {
+    live: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+static COUNTS: [Count; TAGS] = [const { Count { live: AtomicUsize::new(0), peak: AtomicUsize::new(0) } }; TAGS];
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
@@ -31,18 +40,18 @@ pub fn current_rank() -> Option<usize> {
 /// Starts measuring rank `rank`'s peak from what it holds now.
 pub fn reset_peak(rank: usize) {
     let t = (rank + 1).min(TAGS - 1);
-    PEAK[t].store(LIVE[t].load(Ordering::Relaxed), Ordering::Relaxed);
+    COUNTS[t].peak.store(COUNTS[t].live.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
 /// The most bytes rank `rank`'s allocations held at once since `reset_peak`; `None` when
 /// `RankAlloc` is not the process's allocator (as in the library's own tests).
 pub fn peak_bytes(rank: usize) -> Option<usize> {
-    INSTALLED.load(Ordering::Relaxed).then(|| PEAK[(rank + 1).min(TAGS - 1)].load(Ordering::Relaxed))
+    INSTALLED.load(Ordering::Relaxed).then(|| COUNTS[(rank + 1).min(TAGS - 1)].peak.load(Ordering::Relaxed))
 }
 
 /// Bytes rank `rank`'s allocations hold now (`None` as for `peak_bytes`).
 pub fn live_bytes(rank: usize) -> Option<usize> {
-    INSTALLED.load(Ordering::Relaxed).then(|| LIVE[(rank + 1).min(TAGS - 1)].load(Ordering::Relaxed))
+    INSTALLED.load(Ordering::Relaxed).then(|| COUNTS[(rank + 1).min(TAGS - 1)].live.load(Ordering::Relaxed))
 }
 
 /// The system allocator with a small header before each block holding the tag of the thread
@@ -56,8 +65,16 @@ fn header(align: usize) -> usize {
 }
 
 fn add(tag: usize, n: usize) {
-    let now = LIVE[tag].fetch_add(n, Ordering::Relaxed) + n;
-    PEAK[tag].fetch_max(now, Ordering::Relaxed);
+    let c = &COUNTS[tag];
+    let now = c.live.fetch_add(n, Ordering::Relaxed) + n;
+    // a read first: the line is written only when the peak moves
+    if now > c.peak.load(Ordering::Relaxed) {
+        c.peak.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+fn sub(tag: usize, n: usize) {
+    COUNTS[tag].live.fetch_sub(n, Ordering::Relaxed);
 }
 
 unsafe impl GlobalAlloc for RankAlloc {
@@ -72,7 +89,7 @@ unsafe impl GlobalAlloc for RankAlloc {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let h = header(layout.align());
         let tag = (ptr.sub(8) as *const usize).read();
-        LIVE[tag].fetch_sub(layout.size(), Ordering::Relaxed);
+        sub(tag, layout.size());
         System.dealloc(ptr.sub(h), Layout::from_size_align_unchecked(layout.size() + h, h));
     }
 
@@ -86,7 +103,7 @@ unsafe impl GlobalAlloc for RankAlloc {
         if new_size >= layout.size() {
             add(tag, new_size - layout.size());
         } else {
-            LIVE[tag].fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+            sub(tag, layout.size() - new_size);
         }
         base.add(h)
     }
@@ -94,7 +111,10 @@ unsafe impl GlobalAlloc for RankAlloc {
 
 impl RankAlloc {
     unsafe fn alloc_with(&self, layout: Layout, sys: impl FnOnce(Layout) -> *mut u8) -> *mut u8 {
-        INSTALLED.store(true, Ordering::Relaxed);
+        // written once: a store on every allocation kept the line moving between threads
+        if !INSTALLED.load(Ordering::Relaxed) {
+            INSTALLED.store(true, Ordering::Relaxed);
+        }
         let h = header(layout.align());
         let Some(size) = layout.size().checked_add(h) else { return std::ptr::null_mut() };
         let Ok(l) = Layout::from_size_align(size, h) else { return std::ptr::null_mut() };

@@ -103,6 +103,9 @@ pub fn run<T: Task>(
     progress: &dyn Progress,
 ) -> Result<Option<Report<T::Manifest>>> {
     let t0 = Instant::now();
+    // this worker's allocations are counted as its own (workers as threads of one process
+    // would otherwise share one counter, and every allocation would wait for the other's)
+    crate::alloc::set_rank(Some(comm.rank()));
     let msg = if comm.rank() == 0 {
         let p = plan(spec, task, s).map_err(|e| e.to_string());
         Some(serde_json::to_vec(&p).expect("plans serialise"))
