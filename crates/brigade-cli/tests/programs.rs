@@ -297,10 +297,16 @@ async fn a_streamed_program_sends_each_node_as_it_ends_then_the_result() {
     assert_eq!(last[0]["nodes"].as_object().unwrap().len(), 7);
 }
 
-/// A chain of 31 forks of 32 × 30 tokens, each after a select on the one before: ≥ 930 steps
+/// The chain's forks are as wide and long as the program limits and the test model's 64
+/// positions allow, so that a loaded machine cannot finish half of it before a client's
+/// departure is noticed (at 32 × 30 it sometimes did).
+const CHAIN_FORK: usize = 64;
+const CHAIN_TOKENS: usize = 50;
+
+/// A chain of 31 forks of 64 × 50 tokens, each after a select on the one before: ≥ 1,550 steps
 /// one after another, far longer than the few hundred milliseconds the tests wait.
 fn chain() -> Vec<Value> {
-    let fork = |i: usize, prompt: String| json!({"id": format!("n{i}"), "prompt": prompt, "fork": 32, "max_tokens": 30, "ignore_eos": true, "seed": 1, "temperature": 1.0});
+    let fork = |i: usize, prompt: String| json!({"id": format!("n{i}"), "prompt": prompt, "fork": CHAIN_FORK, "max_tokens": CHAIN_TOKENS, "ignore_eos": true, "seed": 1, "temperature": 1.0});
     let mut nodes = vec![fork(0, "The mesh".into())];
     for i in 1..31 {
         nodes.push(json!({"id": format!("s{i}"), "prompt": format!("{{{{n{}[0]}}}}", i - 1), "choices": [" a", " b"]}));
@@ -354,7 +360,7 @@ async fn a_client_that_goes_away_aborts_the_whole_program() {
     let s = start(&["--checkpoint", checkpoint().to_str().unwrap(), "--threads", "1"]);
     s.wait_ready().await;
     let nodes = chain();
-    let total: f64 = 31.0 * 32.0 * 30.0;
+    let total = (31 * CHAIN_FORK * CHAIN_TOKENS) as f64;
     let client = reqwest::Client::new();
     let send = client.post(format!("{}/v1/programs", s.url)).json(&json!({"nodes": nodes})).send();
     assert!(tokio::time::timeout(Duration::from_millis(300), send).await.is_err(), "the program ended within 300 ms");
