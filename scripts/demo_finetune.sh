@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The fine-tuning demo, checked: SmolLM2-135M-Instruct (a real published model) continues its
-# training on a few Shakespeare plays, data-parallel (dp=2) and on a 2D layout (tp=3,pp=2: all
-# this 2-core machine's 8-rank limit allows for a model of 9 heads and 3 key/value heads; a 3D
-# layout of it needs 12 ranks). The held-out play's loss goes down from the published model's,
-# both layouts take the same steps (losses equal to 1e-5, as every layout equals one worker), and
-# `brigade serve` answers a chat request with the fine-tuned checkpoint.
+# training on a few Shakespeare plays, data-parallel (dp=2) and on a 3D layout (dp=2,tp=3,pp=2:
+# 12 ranks as MPI processes, the smallest 3D layout for a model of 9 heads and 3 key/value heads)
+# — or, with DEMO_3D=0 or a brigade built without MPI, on the 2D layout tp=3,pp=2 as threads (all
+# this 2-core machine's 8-thread-rank limit allows). The held-out play's loss goes down from the
+# published model's, both layouts take the same steps (losses equal to 1e-5, as every layout
+# equals one worker), and `brigade serve` answers a chat request with the fine-tuned checkpoint.
 #
-#   scripts/demo_finetune.sh BRIGADE HF_DIR [STEPS [LLAMA_SERVER]]
+#   scripts/demo_finetune.sh BRIGADE HF_DIR [STEPS [LLAMA_SERVER]]   (env: DEMO_3D=1|0)
 #   (HF_DIR: ../shared/models/smollm2-135m-instruct/get.sh DEST --hf PYTHON makes DEST/hf;
 #   with LLAMA_SERVER, ../shared/peers/llamacpp/setup.sh's, the fine-tuned checkpoint is also
 #   exported as GGUF and llama-server greedy-generates from it what brigade does)
@@ -22,19 +23,29 @@ for p in hamlet macbeth othello lear tempest julius_caesar romeo_and_juliet twel
 done
 common=(--init "$hf" --data "$work/plays" --steps "$steps" --batch 4 --seq 128 --lr 5e-5 --eval-every "$steps" --no-sample)
 "$bin" train "${common[@]}" --layout dp=2 --out "$work/dp2" 2>&1 | grep -v "tok/s" | tee "$work/dp2.log"
-"$bin" train "${common[@]}" --layout tp=3,pp=2,mb=2 --out "$work/2d" 2>&1 | grep -v "tok/s" | tee "$work/2d.log"
-python3 - "$work" <<'PY'
+# 3D needs mpirun and a build with --features mpi (`train --backend mpi` outside mpirun says
+# "needs to be started by mpirun" there, "built without MPI" elsewhere)
+layout="tp=3,pp=2"
+probe=$("$bin" train --backend mpi --steps 1 2>&1 || true)
+if [ "${DEMO_3D:-1}" = 1 ] && command -v mpirun >/dev/null && [[ $probe == *"started by mpirun"* ]]; then
+  layout="dp=2,tp=3,pp=2"
+  timeout 600 mpirun -n 12 --allow-run-as-root --oversubscribe "$bin" train --backend mpi "${common[@]}" \
+    --layout dp=2,tp=3,pp=2,mb=1 --threads 1 --out "$work/other" 2>&1 | grep -v "tok/s" | tee "$work/other.log"
+else
+  "$bin" train "${common[@]}" --layout tp=3,pp=2,mb=2 --out "$work/other" 2>&1 | grep -v "tok/s" | tee "$work/other.log"
+fi
+python3 - "$work" "$layout" <<'PY'
 import json, re, sys
-work = sys.argv[1]
+work, layout = sys.argv[1], sys.argv[2]
 log = open(f"{work}/dp2.log").read()
 start = float(re.search(r"the --init model: validation loss ([0-9.]+)", log).group(1))
 end = float(re.findall(r"^validation loss ([0-9.]+)", log, re.M)[-1])
 print(f"held-out play: the published model's loss {start:.4f}, after fine-tuning {end:.4f}")
 assert end < start, "the held-out loss did not go down"
 a = [json.loads(l)["loss"] for l in open(f"{work}/dp2/metrics.jsonl")]
-b = [json.loads(l)["loss"] for l in open(f"{work}/2d/metrics.jsonl")]
+b = [json.loads(l)["loss"] for l in open(f"{work}/other/metrics.jsonl")]
 rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"dp=2 losses {a}, tp=3,pp=2 losses {b}: relative {rel:.1e}")
+print(f"dp=2 losses {a}, {layout} losses {b}: relative {rel:.1e}")
 assert len(a) == len(b) and rel < 1e-5, "the two layouts took different steps"
 PY
 # the fine-tuned checkpoint behind the OpenAI-compatible API
