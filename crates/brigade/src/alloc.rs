@@ -126,17 +126,26 @@ impl RankAlloc {
         let tag = TAG.try_with(|t| t.get()).unwrap_or(0);
         (base.add(h - 8) as *mut usize).write(tag);
         add(tag, layout.size());
-        huge_pages(base, size);
         base.add(h)
     }
 }
 
-/// Blocks from this size up (parameters, gradients, optimizer moments, activations of a real
-/// model) are backed by 2 MiB pages where the kernel allows it (transparent huge pages in
-/// `madvise` mode, the common default): their first touch then takes one page fault per 2 MiB
-/// instead of per 4 KiB — on a virtual machine where a fault costs microseconds, the first
-/// AdamW step of a 135M-parameter model spent 5 s faulting in its moments.
+/// Long-lived buffers from this size up (the optimizer's moments) are backed by 2 MiB pages
+/// where the kernel allows it (transparent huge pages in `madvise` mode, the common default):
+/// their first touch then takes one page fault per 2 MiB instead of per 4 KiB — on a virtual
+/// machine where a fault costs microseconds, the first AdamW step of a 135M-parameter model
+/// spent 5 s faulting in its moments. Only on request ([`zeroed_huge`]): advising every large
+/// block made a pipeline stage's per-micro-batch buffers (logits of 51 MB, mapped afresh each
+/// time) fault in huge pages on every micro-batch — pp=2 lost 12% of its speed.
 const HUGE_FROM: usize = 8 << 20;
+
+/// `n` zeros, on huge pages where the kernel gives them (for buffers that live the whole run).
+pub fn zeroed_huge(n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    // SAFETY: advice about the pages of a block this function owns; nothing is read or written.
+    unsafe { huge_pages(v.as_mut_ptr().cast(), n * 4) };
+    v
+}
 
 /// Advises the kernel to back the whole 2 MiB pages inside `[base, base + size)` with huge pages.
 unsafe fn huge_pages(base: *mut u8, size: usize) {

@@ -4,6 +4,7 @@
 //! (CUDA, with cuBLAS for `matmul`) can provide the same set without touching `nn/`.
 
 pub mod attention;
+pub mod blockwise;
 pub mod docs;
 pub mod elementwise;
 pub mod embedding;

@@ -70,7 +70,7 @@ impl AdamW {
             }
             at += range.len();
         }
-        AdamW { cfg, m: vec![0.0; at], v: vec![0.0; at], t: 0, groups }
+        AdamW { cfg, m: crate::alloc::zeroed_huge(at), v: crate::alloc::zeroed_huge(at), t: 0, groups }
     }
 
     /// One AdamW step from `grads · grad_scale`: the clipping factor (`clip_factor`) is applied
