@@ -3,6 +3,7 @@
 //! accumulates into the flat gradient buffer. Layers own no per-micro-batch state.
 
 pub mod attention;
+pub mod context;
 pub mod layernorm;
 pub mod linear;
 pub mod mlp;
