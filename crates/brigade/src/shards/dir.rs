@@ -35,6 +35,33 @@ pub struct Layout {
     pub crash_env: &'static str,
 }
 
+/// A finished (or begun) job's manifest: its identity `job`, its `totals`, the documents left
+/// out, and an entry `E` per shard. Each tool names its own `J`, `T` and `E`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest<J, T, E> {
+    pub format: String,
+    pub complete: bool,
+    pub job: J,
+    pub totals: T,
+    pub skipped: Vec<super::input::Skipped>,
+    pub shards: Vec<E>,
+}
+
+impl<J, T: Default, E> Manifest<J, T, E> {
+    /// The manifest of `job` begun (`complete: false`, nothing counted) or finished with
+    /// `skipped` left out (its shards and totals to be filled in).
+    pub fn of(layout: &Layout, job: J, complete: bool, skipped: &[super::input::Skipped]) -> Self {
+        Manifest {
+            format: layout.format.into(),
+            complete,
+            job,
+            totals: T::default(),
+            skipped: skipped.to_vec(),
+            shards: vec![],
+        }
+    }
+}
+
 /// The first fields of every manifest: enough to tell whose output a directory holds.
 #[derive(Deserialize)]
 struct Head<J> {

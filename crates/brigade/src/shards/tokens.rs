@@ -123,15 +123,7 @@ pub struct Totals {
     pub skipped: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    pub format: String,
-    pub complete: bool,
-    pub job: Job,
-    pub totals: Totals,
-    pub skipped: Vec<Skipped>,
-    pub shards: Vec<ShardEntry>,
-}
+pub type Manifest = dir::Manifest<Job, Totals, ShardEntry>;
 
 pub fn prefix(i: usize) -> String {
     LAYOUT.name(i, "")
@@ -149,14 +141,7 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
 
 /// Readies `dir` for `job` (see [`dir::prepare`]).
 pub fn prepare(dir: &Path, job: &Job, overwrite: bool) -> Result<Start> {
-    let started = Manifest {
-        format: FORMAT.into(),
-        complete: false,
-        job: job.clone(),
-        totals: Totals::default(),
-        skipped: vec![],
-        shards: vec![],
-    };
+    let started = Manifest::of(&LAYOUT, job.clone(), false, &[]);
     dir::prepare(dir, &LAYOUT, job, Job::differences, &started, overwrite)
 }
 
@@ -179,14 +164,8 @@ pub fn commit_shard(dir: &Path, i: usize, docs: &[Vec<u32>], width: Width) -> Re
 
 /// Once every shard is committed: the final manifest, then the statistics files go.
 pub fn finish(dir: &Path, job: &Job, shards: usize, skipped: &[Skipped]) -> Result<Manifest> {
-    let mut m = Manifest {
-        format: FORMAT.into(),
-        complete: true,
-        job: job.clone(),
-        totals: Totals { skipped: skipped.len() as u64, ..Totals::default() },
-        skipped: skipped.to_vec(),
-        shards: Vec::with_capacity(shards),
-    };
+    let mut m = Manifest::of(&LAYOUT, job.clone(), true, skipped);
+    m.totals.skipped = skipped.len() as u64;
     for (i, s) in dir::shard_stats::<ShardStats>(dir, &LAYOUT, shards)?.into_iter().enumerate() {
         m.totals.documents += s.documents as u64;
         m.totals.tokens += s.tokens;
