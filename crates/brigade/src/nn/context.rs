@@ -58,6 +58,7 @@ pub struct Heads {
 }
 
 impl Heads {
+    /// Query heads a key/value head serves.
     fn group(&self) -> usize {
         self.heads / self.kv_heads
     }
@@ -115,21 +116,34 @@ pub fn forward(
     let pos = z.positions(comm.rank());
     let qs = Queries { pos: &pos, lo };
     st.lse.resize(s.heads * n, 0.0);
-    for h in 0..s.heads {
-        let g = h / s.group();
-        let qh = column(q, qw, h, hd);
-        let (mut o, mut l) = (vec![0f32; n * hd], vec![f32::NEG_INFINITY; n]);
-        let (mut ob, mut lb) = (vec![0f32; n * hd], vec![0f32; n]);
-        for r in 0..z.cp {
-            let blk = r * n * kvw..(r + 1) * n * kvw;
-            let (kb, vb) = (column(&st.k_all[blk.clone()], kvw, g, hd), column(&st.v_all[blk], kvw, g, hd));
-            block_forward(&qh, &kb, &vb, hd, qs, &z.positions(r), &mut ob, &mut lb);
-            merge(&mut o, &mut l, &ob, &lb, hd);
+    let blocks: Vec<Vec<u32>> = (0..z.cp).map(|r| z.positions(r)).collect();
+    for g in 0..s.kv_heads {
+        let kv = kv_blocks(st, z, kvw, g, hd);
+        for h in g * s.group()..(g + 1) * s.group() {
+            let qh = column(q, qw, h, hd);
+            let (mut o, mut l) = (vec![0f32; n * hd], vec![f32::NEG_INFINITY; n]);
+            let (mut ob, mut lb) = (vec![0f32; n * hd], vec![0f32; n]);
+            for ((kb, vb), kpos) in kv.iter().zip(&blocks) {
+                block_forward(&qh, kb, vb, hd, qs, kpos, &mut ob, &mut lb);
+                merge(&mut o, &mut l, &ob, &lb, hd);
+            }
+            put_column(out, qw, h, hd, &o, false);
+            st.lse[h * n..(h + 1) * n].copy_from_slice(&l);
         }
-        put_column(out, qw, h, hd, &o, false);
-        st.lse[h * n..(h + 1) * n].copy_from_slice(&l);
     }
     Ok(())
+}
+
+/// Key/value head `g`'s rows of every rank's block, each as its own `[t_loc, hd]`, in rank
+/// order (taken once for the query heads that share them).
+fn kv_blocks(st: &CpStash, z: Zigzag, kvw: usize, g: usize, hd: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let n = z.local();
+    (0..z.cp)
+        .map(|r| {
+            let blk = r * n * kvw..(r + 1) * n * kvw;
+            (column(&st.k_all[blk.clone()], kvw, g, hd), column(&st.v_all[blk], kvw, g, hd))
+        })
+        .collect()
 }
 
 /// From `dout` (`[t_loc, heads·hd]`) and the forward's `out` and stash: this rank's `dq`
@@ -152,21 +166,23 @@ pub fn backward(
     let pos = z.positions(comm.rank());
     let qs = Queries { pos: &pos, lo };
     let (mut dk_all, mut dv_all) = (vec![0f32; z.cp * n * kvw], vec![0f32; z.cp * n * kvw]);
-    for h in 0..s.heads {
-        let g = h / s.group();
-        let (qh, oh, doh) = (column(q, qw, h, hd), column(out, qw, h, hd), column(dout, qw, h, hd));
-        let delta = row_dots(&doh, &oh, hd);
-        let lse = &st.lse[h * n..(h + 1) * n];
-        let mut dqh = vec![0f32; n * hd];
-        for r in 0..z.cp {
-            let blk = r * n * kvw..(r + 1) * n * kvw;
-            let (kb, vb) = (column(&st.k_all[blk.clone()], kvw, g, hd), column(&st.v_all[blk.clone()], kvw, g, hd));
-            let (mut dkb, mut dvb) = (vec![0f32; n * hd], vec![0f32; n * hd]);
-            block_backward(&qh, &kb, &vb, hd, qs, &z.positions(r), &doh, lse, &delta, (&mut dqh, &mut dkb, &mut dvb));
-            put_column(&mut dk_all[blk.clone()], kvw, g, hd, &dkb, true);
-            put_column(&mut dv_all[blk], kvw, g, hd, &dvb, true);
+    let blocks: Vec<Vec<u32>> = (0..z.cp).map(|r| z.positions(r)).collect();
+    for g in 0..s.kv_heads {
+        let kv = kv_blocks(st, z, kvw, g, hd);
+        for h in g * s.group()..(g + 1) * s.group() {
+            let (qh, oh, doh) = (column(q, qw, h, hd), column(out, qw, h, hd), column(dout, qw, h, hd));
+            let delta = row_dots(&doh, &oh, hd);
+            let lse = &st.lse[h * n..(h + 1) * n];
+            let mut dqh = vec![0f32; n * hd];
+            for (r, ((kb, vb), kpos)) in kv.iter().zip(&blocks).enumerate() {
+                let blk = r * n * kvw..(r + 1) * n * kvw;
+                let (mut dkb, mut dvb) = (vec![0f32; n * hd], vec![0f32; n * hd]);
+                block_backward(&qh, kb, vb, hd, qs, kpos, &doh, lse, &delta, (&mut dqh, &mut dkb, &mut dvb));
+                put_column(&mut dk_all[blk.clone()], kvw, g, hd, &dkb, true);
+                put_column(&mut dv_all[blk], kvw, g, hd, &dvb, true);
+            }
+            put_column(dq, qw, h, hd, &dqh, false);
         }
-        put_column(dq, qw, h, hd, &dqh, false);
     }
     comm.reduce_scatter(&dk_all, dk, ReduceOp::Sum).map_err(comm_err)?;
     comm.reduce_scatter(&dv_all, dv, ReduceOp::Sum).map_err(comm_err)?;

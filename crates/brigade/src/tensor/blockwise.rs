@@ -56,9 +56,15 @@ pub fn block_forward(
     let (nq, nk) = (qs.pos.len(), kpos.len());
     assert!(q.len() == nq * hd && k.len() == nk * hd && v.len() == nk * hd);
     assert!(out.len() == nq * hd && lse.len() == nq && qs.lo.len() == nq);
+    if nk == 0 {
+        // an empty block: no row sees anything of it
+        out.fill(0.0);
+        lse.fill(f32::NEG_INFINITY);
+        return;
+    }
     let mut p = Vec::new();
     scores(q, k, hd, qs, kpos, &mut p);
-    for (row, l) in p.chunks_mut(nk.max(1)).zip(lse.iter_mut()) {
+    for (row, l) in p.chunks_mut(nk).zip(lse.iter_mut()) {
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if m == f32::NEG_INFINITY {
             row.fill(0.0);
@@ -73,10 +79,6 @@ pub fn block_forward(
         let inv = (1.0 / sum) as f32;
         row.iter_mut().for_each(|x| *x *= inv);
         *l = m + (sum as f32).ln();
-    }
-    if nk == 0 {
-        out.fill(0.0);
-        return;
     }
     matmul(out, &p, v, nq, nk, hd, false, false, false);
 }
@@ -268,6 +270,10 @@ mod tests {
             &mut o,
             &mut l,
         );
+        assert_eq!((o, l[0]), (vec![0f32; c.hd], f32::NEG_INFINITY));
+        // an empty block likewise
+        let (mut o, mut l) = (vec![1f32; c.hd], vec![0f32]);
+        block_forward(&q[..c.hd], &[], &[], c.hd, Queries { pos: &qp, lo: &ql }, &[], &mut o, &mut l);
         assert_eq!((o, l[0]), (vec![0f32; c.hd], f32::NEG_INFINITY));
     }
 
