@@ -27,6 +27,15 @@ pub enum OnErrorArg {
     Skip,
 }
 
+impl From<OnErrorArg> for OnError {
+    fn from(a: OnErrorArg) -> OnError {
+        match a {
+            OnErrorArg::Fail => OnError::Fail,
+            OnErrorArg::Skip => OnError::Skip,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct EmbedArgs {
     /// sentence-transformers model folder (config.json, model.safetensors, tokenizer.json,
@@ -88,10 +97,7 @@ impl EmbedArgs {
             },
             id_field: Some(self.id_field.clone()),
             text_field: self.text_field.clone(),
-            on_error: match self.on_error {
-                OnErrorArg::Fail => OnError::Fail,
-                OnErrorArg::Skip => OnError::Skip,
-            },
+            on_error: self.on_error.into(),
         }
     }
 
@@ -133,10 +139,7 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         bail!("--max-batch-tokens must be at least 1");
     }
     let enc = Encoder::load(model)?;
-    let stop = crate::interrupt::flag(
-        "\nbrigade: interrupted — finishing the shards in progress, then stopping (finished shards are kept: run the same command again to resume); interrupt again to quit at once\n",
-        "\nbrigade: interrupted again: quit at once; the finished shards are kept, and the ones in progress are redone when the same command runs again\n",
-    )?;
+    let stop = shard_job::stop_flag()?;
     let (spec, s) = (a.spec(), a.settings(Some(stop)));
     let job = |comm: &brigade_comm::Comm, bar: &dyn Progress| job::run(comm, &spec, &enc, output, &s, bar);
     match shard_job::drive(a.backend, a.workers, a.threads, !a.json, "embed", job)? {

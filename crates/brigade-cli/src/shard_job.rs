@@ -16,6 +16,15 @@ pub enum BackendArg {
     Mpi,
 }
 
+/// The interrupt flag of a sharded job: the first SIGINT/SIGTERM finishes the shards in
+/// progress and stops, the second quits at once.
+pub fn stop_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    crate::interrupt::flag(
+        "\nbrigade: interrupted — finishing the shards in progress, then stopping (finished shards are kept: run the same command again to resume); interrupt again to quit at once\n",
+        "\nbrigade: interrupted again: quit at once; the finished shards are kept, and the ones in progress are redone when the same command runs again\n",
+    )
+}
+
 /// How long a rank waits for its peers: rank 0's scan of the corpus, or the last shard of a
 /// slower rank, can take minutes; a rank that dies fails its peers at once all the same.
 const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);

@@ -6,7 +6,7 @@ use crate::embed_cmd::OnErrorArg;
 use crate::shard_job::{self, BackendArg};
 use anyhow::{bail, Result};
 use brigade::models::tokenizer::Tokenizer;
-use brigade::shards::input::{Format, InputSpec, OnError};
+use brigade::shards::input::{Format, InputSpec};
 use brigade::shards::tokens::{self, Manifest};
 use brigade::shards::work::{Progress, Report, Settings};
 use clap::{Args, ValueEnum};
@@ -74,12 +74,7 @@ impl TokenizeArgs {
         let mut files = Vec::new();
         for p in &self.input {
             if p.is_dir() {
-                let mut inside: Vec<PathBuf> = std::fs::read_dir(p)
-                    .map_err(|e| anyhow::anyhow!("cannot read input folder {}: {e}", p.display()))?
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|f| f.is_file() && !f.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
-                    .collect();
-                inside.sort();
+                let inside = brigade::shards::input::folder_files(p)?;
                 if inside.is_empty() {
                     bail!("input folder {} holds no files", p.display());
                 }
@@ -115,10 +110,7 @@ impl TokenizeArgs {
             format,
             id_field: None,
             text_field: self.text_field.clone(),
-            on_error: match self.on_error {
-                OnErrorArg::Fail => OnError::Fail,
-                OnErrorArg::Skip => OnError::Skip,
-            },
+            on_error: self.on_error.into(),
         })
     }
 }
@@ -148,10 +140,7 @@ pub fn run(a: TokenizeArgs) -> Result<()> {
     }
     let tok = Tokenizer::from_file(tok_path)?;
     let spec = a.spec()?;
-    let stop = crate::interrupt::flag(
-        "\nbrigade: interrupted — finishing the shards in progress, then stopping (finished shards are kept: run the same command again to resume); interrupt again to quit at once\n",
-        "\nbrigade: interrupted again: quit at once; the finished shards are kept, and the ones in progress are redone when the same command runs again\n",
-    )?;
+    let stop = shard_job::stop_flag()?;
     let s = Settings { shard_size: a.shard_size, threads: a.threads, stop: Some(stop) };
     let job = |comm: &brigade_comm::Comm, bar: &dyn Progress| {
         brigade::tokenize::run(comm, &spec, &tok, output, &s, a.overwrite, bar)

@@ -23,7 +23,7 @@ pub enum Format {
 }
 
 impl Format {
-    /// `--format auto`: JSONL for `*.jsonl` files, plain text otherwise.
+    /// `--format auto`: JSONL for `*.jsonl` files, Parquet for `*.parquet`, plain text otherwise.
     pub fn of(path: &Path) -> Format {
         match path.extension().and_then(|e| e.to_str()) {
             Some("jsonl") => Format::Jsonl,
@@ -149,6 +149,18 @@ fn parse(raw: &[u8], format: Format, spec: &InputSpec, number: u64) -> std::resu
             Ok(Line::Doc(Doc { id, text }))
         }
     }
+}
+
+/// The files of a folder of documents, in name order (hidden files and subfolders left out):
+/// how a folder given as input is read, by `brigade tokenize` and by training alike.
+pub fn folder_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::Data(format!("cannot read folder {}: {e}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 /// Reads the next line into `buf` (ending stripped); false at end of file.

@@ -71,12 +71,7 @@ impl TextData {
 pub fn folder(dir: &Path, tok: &Tokenizer) -> Result<super::corpus::Corpus> {
     use super::corpus::{Corpus, Doc, Documents, Packing};
     use rayon::prelude::*;
-    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| Error::Data(format!("cannot read folder {}: {e}", dir.display())))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
-        .collect();
-    files.sort();
+    let files = crate::shards::input::folder_files(dir)?;
     if files.is_empty() {
         return Err(Error::Data(format!(
             "folder {} holds no files; give a folder of text files, one document each",
