@@ -64,10 +64,11 @@ impl<J, T: Default, E> Manifest<J, T, E> {
 
 /// The first fields of every manifest: enough to tell whose output a directory holds.
 #[derive(Deserialize)]
-struct Head<J> {
+struct Head {
     format: String,
     complete: bool,
-    job: J,
+    /// Read as the tool's job only once the format is known to be its.
+    job: serde_json::Value,
 }
 
 impl Layout {
@@ -227,7 +228,7 @@ pub fn prepare<J: DeserializeOwned + PartialEq>(
     let has_manifest = names.iter().any(|n| n == MANIFEST);
     let mut ours = has_manifest;
     if has_manifest {
-        let old = read_manifest::<Head<serde_json::Value>>(dir, layout);
+        let old = read_manifest::<Head>(dir, layout);
         let why = match &old {
             Ok(m) if m.format != layout.format => {
                 Some(format!("another job's {} (format {}, this one writes {})", layout.what, m.format, layout.format))
