@@ -1,11 +1,12 @@
-//! The one layout value: how a run splits its work over ranks — data × pipeline × tensor
-//! parallel degrees, the ZeRO stage, sequence parallelism, the pipeline's schedule, model
-//! chunks per rank, the micro-batch and activation recompute. Parsed once from the string
-//! `brigade train --layout`, `bench parallel`, `bench plan --layout` and `plan --layout` take
-//! (`dp=2,pp=2,tp=2,zero=1,sp=1,schedule=zb,v=2,mb=1,recompute=selective`), checked here for
-//! what a layout alone can get wrong; the mesh, the trainer and the planner read the same value.
-//! The mesh's axes ([`Axis`]) are named here too, so that a layout answers its degree on each
-//! (`Layout::degree`); `cp=` and `ep=` parse, but only at 1 until training runs them.
+//! The one layout value: how a run splits its work over ranks — data × pipeline × context ×
+//! tensor parallel degrees, the ZeRO stage, sequence parallelism, the pipeline's schedule, model
+//! chunks per rank, the micro-batch, activation recompute, and how a context group splits a
+//! sequence and exchanges its keys and values. Parsed once from the string `brigade train
+//! --layout`, `bench parallel`, `bench plan --layout` and `plan --layout` take
+//! (`dp=2,pp=2,cp=2,tp=2,zero=1,sp=1,schedule=zb,v=2,mb=1,recompute=selective,cp_comm=ring`),
+//! checked here for what a layout alone can get wrong; the mesh, the trainer and the planner
+//! read the same value. The mesh's axes ([`Axis`]) are named here too, so that a layout answers
+//! its degree on each (`Layout::degree`); `ep=` parses, but only at 1 until training runs it.
 
 use crate::error::{Error, Result};
 use serde::Serialize;
@@ -134,6 +135,53 @@ impl Recompute {
     }
 }
 
+/// How a context group exchanges keys and values: all-gathered before attention (what Llama 3
+/// did; its backward reduce-scatters dK/dV), or passed round a ring while each block is
+/// attended to (Ring Attention; dK/dV travel the ring back to their owner).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpComm {
+    AllGather,
+    Ring,
+}
+
+impl CpComm {
+    pub fn name(&self) -> &'static str {
+        match self {
+            CpComm::AllGather => "allgather",
+            CpComm::Ring => "ring",
+        }
+    }
+}
+
+/// Which rows of a sequence each rank of a context group holds: `2·cp` equal chunks, rank r
+/// chunks r and `2·cp − 1 − r` (zigzag: under the causal mask every rank has the same attention
+/// work, as Megatron-Core splits), or `cp` chunks, rank r chunk r (contiguous: the last rank
+/// does most of the work; kept for comparison).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpOrder {
+    Zigzag,
+    Contiguous,
+}
+
+impl CpOrder {
+    pub fn name(&self) -> &'static str {
+        match self {
+            CpOrder::Zigzag => "zigzag",
+            CpOrder::Contiguous => "contiguous",
+        }
+    }
+
+    /// Equal chunks a sequence is cut into over `cp` ranks.
+    pub fn chunks(&self, cp: usize) -> usize {
+        match self {
+            CpOrder::Zigzag => 2 * cp,
+            CpOrder::Contiguous => cp,
+        }
+    }
+}
+
 /// A layout as written: the fields it names, the rest `None` (set to their defaults by
 /// [`Spec::layout`], or searched by the planner).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -141,6 +189,9 @@ pub struct Spec {
     pub tp: Option<usize>,
     pub pp: Option<usize>,
     pub dp: Option<usize>,
+    pub cp: Option<usize>,
+    pub cp_comm: Option<CpComm>,
+    pub cp_order: Option<CpOrder>,
     pub mb: Option<usize>,
     pub v: Option<usize>,
     pub recompute: Option<Recompute>,
@@ -175,13 +226,27 @@ impl Spec {
                 "tp" => f.tp = Some(num()?),
                 "pp" => f.pp = Some(num()?),
                 "dp" => f.dp = Some(num()?),
-                // named by the mesh already; training them arrives with their own layers
-                "cp" | "ep" => {
+                "cp" => f.cp = Some(num()?),
+                "cp_comm" => {
+                    f.cp_comm = Some(match v {
+                        "ring" => CpComm::Ring,
+                        "allgather" | "all-gather" | "all_gather" => CpComm::AllGather,
+                        _ => return Err(Error::Layout(format!("cp_comm={v}: expected ring or allgather"))),
+                    })
+                }
+                "cp_order" => {
+                    f.cp_order = Some(match v {
+                        "zigzag" => CpOrder::Zigzag,
+                        "contiguous" => CpOrder::Contiguous,
+                        _ => return Err(Error::Layout(format!("cp_order={v}: expected zigzag or contiguous"))),
+                    })
+                }
+                // named by the mesh already; training it arrives with its own layers
+                "ep" => {
                     let n = num()?;
                     if n != 1 {
-                        let what = if k == "cp" { "context" } else { "expert" };
                         return Err(Error::Layout(format!(
-                            "{k}={n}: {what} parallelism is not supported yet (brigade trains with {k}=1 only); drop {k} or set {k}=1"
+                            "ep={n}: expert parallelism is not supported yet (brigade trains with ep=1 only); drop ep or set ep=1"
                         )));
                     }
                 }
@@ -215,7 +280,7 @@ impl Spec {
                 }
                 _ => {
                     return Err(Error::Layout(format!(
-                        "unknown layout field '{k}'; known: tp, pp, dp, mb, v, recompute, zero, schedule, sp"
+                        "unknown layout field '{k}'; known: tp, pp, dp, cp, cp_comm, cp_order, mb, v, recompute, zero, schedule, sp"
                     )))
                 }
             }
@@ -231,6 +296,9 @@ impl Spec {
             dp: self.dp.unwrap_or(1),
             pp: self.pp.unwrap_or(1),
             tp: self.tp.unwrap_or(1),
+            cp: self.cp.unwrap_or(1),
+            cp_comm: self.cp_comm.unwrap_or(CpComm::AllGather),
+            cp_order: self.cp_order.unwrap_or(CpOrder::Zigzag),
             mb: self.mb,
             v,
             schedule: self.schedule.unwrap_or(Schedule::default_for(v)),
@@ -238,9 +306,9 @@ impl Spec {
             zero: self.zero.unwrap_or(0),
             sp: self.sp.unwrap_or(false),
         };
-        l.dp.checked_mul(l.pp)
-            .and_then(|x| x.checked_mul(l.tp))
-            .ok_or_else(|| Error::Layout(format!("mesh dp={}, pp={}, tp={} is too large", l.dp, l.pp, l.tp)))?;
+        l.dp.checked_mul(l.pp).and_then(|x| x.checked_mul(l.tp)).and_then(|x| x.checked_mul(l.cp)).ok_or_else(
+            || Error::Layout(format!("mesh dp={}, pp={}, cp={}, tp={} is too large", l.dp, l.pp, l.cp, l.tp)),
+        )?;
         Ok(l)
     }
 }
@@ -251,6 +319,11 @@ pub struct Layout {
     pub dp: usize,
     pub pp: usize,
     pub tp: usize,
+    /// Ranks each sequence is split over (context parallelism), how they exchange keys and
+    /// values, and which rows each holds.
+    pub cp: usize,
+    pub cp_comm: CpComm,
+    pub cp_order: CpOrder,
     /// Sequences per micro-batch when the layout names them; unset, the run's micro-batch
     /// (see [`Layout::micro_batch`]).
     pub mb: Option<usize>,
@@ -272,6 +345,9 @@ impl Default for Layout {
             dp: 1,
             pp: 1,
             tp: 1,
+            cp: 1,
+            cp_comm: CpComm::AllGather,
+            cp_order: CpOrder::Zigzag,
             mb: None,
             v: 1,
             schedule: Schedule::OneFOneB,
@@ -288,20 +364,37 @@ impl Layout {
         Spec::parse(s)?.layout()
     }
 
-    /// Ranks in the mesh: the product of the rank axes' degrees, dp · pp · tp (cp = 1).
+    /// Ranks in the mesh: the product of the rank axes' degrees, dp · pp · cp · tp.
     pub fn world(&self) -> usize {
         Axis::RANKS.iter().map(|&a| self.degree(a)).product()
     }
 
-    /// The layout's degree on `axis`: context and expert parallelism are 1 until training
-    /// runs them (parsing refuses anything else).
+    /// The layout's degree on `axis`: expert parallelism is 1 until training runs it
+    /// (parsing refuses anything else).
     pub fn degree(&self, axis: Axis) -> usize {
         match axis {
             Axis::Pp => self.pp,
             Axis::Dp => self.dp,
+            Axis::Cp => self.cp,
             Axis::Tp => self.tp,
-            Axis::Cp | Axis::Ep => 1,
+            Axis::Ep => 1,
         }
+    }
+
+    /// Refuses sequences of `seq` tokens the context group cannot split into equal chunks
+    /// (`cp_order`'s), naming the lengths near it that split.
+    pub fn check_seq(&self, seq: usize) -> Result<()> {
+        let k = self.cp_order.chunks(self.cp);
+        if self.cp == 1 || seq.is_multiple_of(k) && seq >= k {
+            return Ok(());
+        }
+        let lo = seq / k * k;
+        let fits = if lo == 0 { format!("{k}") } else { format!("{lo} or {}", lo + k) };
+        Err(Error::Layout(format!(
+            "cp={} with cp_order={} cuts each sequence into {k} equal chunks, and a sequence of {seq} tokens does not split into them; use a sequence length that is a multiple of {k} (e.g. {fits}), or another cp",
+            self.cp,
+            self.cp_order.name()
+        )))
     }
 
     /// The schedule's name, "none" without a pipeline.
@@ -373,7 +466,13 @@ impl Layout {
 
     /// Refuses a world of another size, saying what would fit.
     pub fn check_world(&self, world: usize) -> Result<()> {
-        check_world_of(&[(Axis::Dp, self.dp), (Axis::Pp, self.pp), (Axis::Tp, self.tp)], world)
+        let cp = (self.cp > 1).then_some((Axis::Cp, self.cp));
+        let axes: Vec<(Axis, usize)> =
+            [Some((Axis::Dp, self.dp)), Some((Axis::Pp, self.pp)), cp, Some((Axis::Tp, self.tp))]
+                .into_iter()
+                .flatten()
+                .collect();
+        check_world_of(&axes, world)
     }
 }
 
@@ -383,7 +482,9 @@ impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         let d = Layout::default();
         let mut parts = Vec::new();
-        for (name, x, base) in [("dp", self.dp, 1), ("pp", self.pp, 1), ("tp", self.tp, 1), ("v", self.v, 1)] {
+        for (name, x, base) in
+            [("dp", self.dp, 1), ("pp", self.pp, 1), ("cp", self.cp, 1), ("tp", self.tp, 1), ("v", self.v, 1)]
+        {
             if x != base {
                 parts.push(format!("{name}={x}"));
             }
@@ -402,6 +503,12 @@ impl std::fmt::Display for Layout {
         }
         if self.recompute != d.recompute {
             parts.push(format!("recompute={}", self.recompute.name()));
+        }
+        if self.cp_comm != d.cp_comm {
+            parts.push(format!("cp_comm={}", self.cp_comm.name()));
+        }
+        if self.cp_order != d.cp_order {
+            parts.push(format!("cp_order={}", self.cp_order.name()));
         }
         if parts.is_empty() {
             parts.push("dp=1".into());
@@ -436,12 +543,21 @@ mod tests {
         assert_eq!(degrees, [3, 2, 1, 4, 1], "pp, dp, cp, tp, ep");
         assert_eq!(l, Layout::parse("dp=2,pp=3,tp=4").unwrap(), "cp=1 and ep=1 are the defaults");
         assert_eq!(l.world(), 24);
-        // not silently accepted: training with them arrives in their own issues
-        for (bad, want) in [("cp=2", "context parallelism is not supported yet"), ("dp=4,ep=2", "expert parallelism")] {
-            let e = Layout::parse(bad).unwrap_err().to_string();
-            assert!(e.contains(want), "{bad}: {e}");
+        let c = Layout::parse("dp=2,cp=4,tp=2").unwrap();
+        assert_eq!((c.degree(Axis::Cp), c.world()), (4, 16));
+        // not silently accepted: training with it arrives in its own issue
+        let e = Layout::parse("dp=4,ep=2").unwrap_err().to_string();
+        assert!(e.contains("expert parallelism"), "{e}");
+        for bad in ["cp=0", "cp_comm=p2p", "cp_order=zagzig", "cp=two"] {
+            assert!(Layout::parse(bad).is_err(), "{bad} accepted");
         }
-        assert!(Layout::parse("cp=0").is_err());
+        let e = Layout::parse("cp=2").unwrap().check_seq(10).unwrap_err().to_string();
+        assert!(e.contains("cuts each sequence into 4 equal chunks") && e.contains("(e.g. 8 or 12)"), "{e}");
+        assert!(Layout::parse("cp=2,cp_order=contiguous").unwrap().check_seq(10).is_ok());
+        assert!(Layout::parse("cp=4").unwrap().check_seq(16).is_ok());
+        assert!(Layout::parse("cp=4").unwrap().check_seq(4).unwrap_err().to_string().contains("(e.g. 8)"));
+        let e = Layout::parse("dp=2,cp=2").unwrap().check_world(8).unwrap_err().to_string();
+        assert!(e.contains("dp=2 × pp=1 × cp=2 × tp=1 needs 4 ranks"), "{e}");
         let e = Layout::parse("dp=2,tp=2").unwrap().check_world(8).unwrap_err().to_string();
         assert!(
             e.contains("the layout dp=2 × pp=1 × tp=2 needs 4 ranks but 8 were started; start 4 ranks or change the layout so that dp·pp·tp = 8"),
@@ -459,6 +575,8 @@ mod tests {
             "pp=4,v=2,schedule=zb",
             "pp=2,schedule=gpipe,recompute=selective",
             "pp=2,v=3,recompute=full",
+            "dp=2,cp=2,tp=2,sp=1",
+            "cp=4,cp_comm=ring,cp_order=contiguous",
         ] {
             let l = Layout::parse(s).unwrap();
             assert_eq!(l.to_string(), s);

@@ -212,6 +212,7 @@ fn the_planner_counts_in_flight_micro_batches_as_the_simulator_measures() {
                     zero: 0,
                     schedule: kind,
                     sp: false,
+                    ..Layout::default()
                 };
                 let planned = in_flight(&l, m);
                 assert!(

@@ -73,6 +73,7 @@ fn predictions_match_published_runs() {
             zero: None,
             schedule: None,
             sp: None,
+            ..Fixed::default()
         };
         let gpus = num("gpus").unwrap();
         // The run happened, so it fit in reality: its unpublished fields (tuned by its authors)

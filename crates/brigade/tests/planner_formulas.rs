@@ -43,6 +43,7 @@ fn activation_memory_matches_korthikanti_with_tensor_and_sequence_parallelism() 
             zero: 0,
             schedule: Schedule::OneFOneB,
             sp: false,
+            ..Layout::default()
         };
         let total = memory_gib(&m, &t, &l) * gib;
         let (pl, pe) = brigade::plan::cost::params(&m);
@@ -73,6 +74,7 @@ fn more_gpus_never_slow_down_the_best_layout_and_bubbles_follow_theory() {
         zero: 0,
         schedule: Schedule::OneFOneB,
         sp: false,
+        ..Layout::default()
     };
     let e1 = estimate(&m, &a, &t, &l);
     let e2 = estimate(&m, &a, &t, &Layout { v: 2, schedule: Schedule::Interleaved, ..l });
@@ -106,6 +108,7 @@ fn fp32_doubles_activations_and_runs_at_the_tf32_peak() {
         zero: 0,
         schedule: Schedule::OneFOneB,
         sp: false,
+        ..Layout::default()
     };
     let bf = Training { global_batch: 1, ..Training::default() };
     let fp = Training { precision: Precision::Fp32, ..bf };
@@ -136,6 +139,7 @@ fn gpipe_keeps_every_micro_batch_in_flight_and_1f1b_only_pp() {
         zero: 1,
         schedule: Schedule::OneFOneB,
         sp: false,
+        ..Layout::default()
     };
     let g = Layout { schedule: Schedule::GPipe, ..l };
     let batch = |b| Training { global_batch: b, ..Training::default() };
@@ -169,6 +173,7 @@ fn uneven_stages_take_fewer_layers_first_and_last_and_memory_is_the_busiest_rank
         zero: 1,
         schedule: Schedule::OneFOneB,
         sp: false,
+        ..Layout::default()
     };
     let mut want = vec![8; 16];
     (want[0], want[15]) = (7, 7);
@@ -204,6 +209,7 @@ fn zero_bubble_is_the_bubble_of_the_plan_the_trainer_runs_within_its_memory_boun
         zero: 1,
         schedule: Schedule::OneFOneB,
         sp: false,
+        ..Layout::default()
     };
     let z = Layout { schedule: Schedule::ZeroBubble, ..l };
     let (e1, ez) = (estimate(&m, &a, &t, &l), estimate(&m, &a, &t, &z));

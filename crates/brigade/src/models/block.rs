@@ -7,6 +7,7 @@
 use super::config::{kv_copies, GptConfig};
 use super::family::{MlpSpec, NormKind, NormSpec, Qkv};
 use crate::error::Result;
+use crate::nn::context::Context;
 use crate::nn::tp::Tp;
 use crate::nn::{
     ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, Grouped, LayerNorm, LnStash, Mlp, MlpScratch,
@@ -39,13 +40,7 @@ impl BlockStash {
     pub(crate) fn bytes(&self) -> usize {
         let ln = |l: &LnStash| l.out.len() + l.mean.len() + l.rstd.len();
         let a = &self.attn;
-        4 * (ln(&self.ln1)
-            + a.qkv.len()
-            + a.probs.len()
-            + a.att.len()
-            + self.x2.len()
-            + ln(&self.ln2)
-            + self.mlp.floats())
+        4 * (ln(&self.ln1) + a.floats() + self.x2.len() + ln(&self.ln2) + self.mlp.floats())
     }
 }
 
@@ -117,8 +112,9 @@ impl Block {
     }
 
     /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows of `b`
-    /// sequences of `t` tokens (`docs`: the positions of all rows): two collectives forward
-    /// (`g` after each row-parallel layer; under sp also two gathers).
+    /// sequences of `t` tokens (`docs`: the positions of all rows; `cp`: the context group
+    /// holding the sequences' other rows): two collectives forward (`g` after each
+    /// row-parallel layer; under sp also two gathers), and attention's exchange under cp.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
@@ -126,7 +122,7 @@ impl Block {
         p: &[f32],
         (x, out): (&[f32], &mut [f32]),
         bt: (usize, usize),
-        docs: Docs,
+        docs: (Docs, Option<Context>),
         st: &mut BlockStash,
         sc: &mut Scratch,
     ) -> Result<()> {
@@ -134,7 +130,7 @@ impl Block {
         ensure(&mut st.x2, x.len());
         self.ln_1.forward(p, x, &mut st.ln1);
         let h = tp.enter(&st.ln1.out, full)?;
-        self.attn.forward(p, h, bt, docs, &mut st.attn, part, !*drop_scores);
+        self.attn.forward(p, h, bt, docs, &mut st.attn, part, !*drop_scores)?;
         let y = tp.exit(part, rows)?;
         residual_bias_forward(&mut st.x2, x, y, self.attn.c_proj.bias(p));
         self.ln_2.forward(p, &st.x2, &mut st.ln2);
@@ -151,7 +147,7 @@ impl Block {
         &self,
         tp: &Tp,
         gr: &mut Grads,
-        (x, docs): (&[f32], Docs),
+        (x, docs): (&[f32], (Docs, Option<Context>)),
         st: &BlockStash,
         sc: &mut Scratch,
     ) -> Result<()> {
@@ -166,7 +162,7 @@ impl Block {
         self.attn.c_proj.bias_backward(gr.g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln1.out, hfull)?;
-        self.attn.backward(gr, h, docs, &st.attn, dy, dpart, attn);
+        self.attn.backward(gr, h, docs, &st.attn, dy, dpart, attn)?;
         let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
         self.ln_1.backward(gr.p, gr.g, x, &st.ln1, d, dresid);
         Ok(())

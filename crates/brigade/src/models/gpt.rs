@@ -249,16 +249,27 @@ impl Gpt {
         let rows = tp.rows(b * t).len();
         acts.b = b;
         acts.t = t;
-        match pass.docs.positions() {
-            Some(p) => {
+        let cp = pass.cp;
+        match (pass.docs.positions(), cp) {
+            (Some(p), _) => {
                 let kept = acts.docs.get_or_insert_with(Vec::new);
                 kept.clear();
                 kept.extend_from_slice(p);
             }
-            None => acts.docs = None,
+            // this rank's rows of whole sequences: at their global positions
+            (None, Some(cx)) => acts.docs = Some(cx.positions().repeat(b)),
+            (None, None) => acts.docs = None,
         }
         let docs = Docs::of(acts.docs.as_deref());
-        docs.check(b * t, t);
+        match cp {
+            None => docs.check(b * t, t),
+            Some(cx) => {
+                assert_eq!(cx.split.local(), t, "a context group's rank holds t / cp rows of each sequence");
+                let global = cx.positions();
+                let fits = (0..b * t).all(|r| docs.pos(r, t) <= global[r % t] as usize);
+                assert!(fits, "positions past their rows' global positions");
+            }
+        }
         acts.resid.resize_with(l + 1, Vec::new);
         acts.blocks.resize_with(l, BlockStash::default);
         for r in &mut acts.resid {
@@ -279,7 +290,7 @@ impl Gpt {
         for (i, blk) in self.blocks.iter().enumerate() {
             let (done, rest) = acts.resid.split_at_mut(i + 1);
             let p = store.params(self.block_unit(i))?;
-            blk.forward(tp, p, (&done[i], &mut rest[0]), (b, t), docs, &mut acts.blocks[i], sc)?;
+            blk.forward(tp, p, (&done[i], &mut rest[0]), (b, t), (docs, cp), &mut acts.blocks[i], sc)?;
         }
         if self.has_head {
             self.ln_f.forward(store.params(self.final_unit())?, &acts.resid[l], &mut acts.lnf);
@@ -341,8 +352,8 @@ impl Gpt {
     /// sequence parallelism the gradients of the replicated parameters are partial sums over
     /// the group (`nn::tp::state::sum_replicated_grads`).
     pub fn backward(&self, pass: &mut Pass, tokens: &[u32], from: Output, acts: &mut Activations) -> Result<()> {
-        let Pass { tp, store, dw, .. } = pass;
-        let tp: &Tp = tp;
+        let Pass { tp, store, dw, cp, .. } = pass;
+        let (tp, cp): (&Tp, _) = (tp, *cp);
         self.check_group(tp);
         let (b, t) = (acts.b, acts.t);
         let docs = Docs::of(acts.docs.as_deref());
@@ -377,7 +388,7 @@ impl Gpt {
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             let (p, g) = store.params_grads(self.block_unit(i))?;
             dw.set_unit(self.block_unit(i));
-            blk.backward(tp, &mut Grads { p, g, dw }, (&acts.resid[i], docs), &acts.blocks[i], sc)?;
+            blk.backward(tp, &mut Grads { p, g, dw }, (&acts.resid[i], (docs, cp)), &acts.blocks[i], sc)?;
             store.grads_done(self.block_unit(i))?;
         }
         if !self.has_embedding {

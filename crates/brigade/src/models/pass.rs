@@ -1,10 +1,12 @@
 //! One call shape for every model pass: a forward or backward of a model part takes its
 //! input, its activations and one [`Pass`] — this rank's tensor-parallel group, where each
 //! unit's parameters are and where their gradients go (the whole buffer, or ZeRO-3's gathered
-//! windows), and whether the weight matrices' gradients are taken now or deferred. The single
+//! windows), whether the weight matrices' gradients are taken now or deferred, and the context
+//! group holding the rest of each sequence (context parallelism). The single
 //! worker is the pass on `Tp::SOLO` over its whole buffer.
 
 use super::units::UnitStore;
+use crate::nn::context::Context;
 use crate::nn::tp::Tp;
 use crate::nn::WeightGrads;
 use crate::tensor::docs::Docs;
@@ -17,17 +19,24 @@ pub struct Pass<'a> {
     /// Where the rows stand (a forward's: one document a sequence, or packed documents kept
     /// apart); the forward keeps them for its backward.
     pub docs: Docs<'a>,
+    /// The context group holding the sequences' other rows (context parallelism), if any.
+    pub cp: Option<Context<'a>>,
 }
 
 impl<'a> Pass<'a> {
     /// A pass that takes every gradient at once.
     pub fn new(tp: &'a Tp<'a>, store: &'a mut dyn UnitStore) -> Pass<'a> {
-        Pass { tp, store, dw: WeightGrads::Now, docs: Docs::WHOLE }
+        Pass { tp, store, dw: WeightGrads::Now, docs: Docs::WHOLE, cp: None }
     }
 
     /// The same pass over packed documents at these positions (`None`: one a sequence).
     pub fn with_docs(self, pos: Option<&'a [u32]>) -> Pass<'a> {
         Pass { docs: Docs::of(pos), ..self }
+    }
+
+    /// The same pass over this rank's rows of sequences split across a context group.
+    pub fn in_context(self, cp: Option<Context<'a>>) -> Pass<'a> {
+        Pass { cp, ..self }
     }
 
     /// The same pass with the weight matrices' gradients going to `dw`.

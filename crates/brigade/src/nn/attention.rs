@@ -3,8 +3,12 @@
 //! row-parallel (each rank's heads give a partial output, summed by `g`). GPT-2 projects q | k
 //! | v with one fused, biased `c_attn`; the Llama family with separate `q_proj`, `k_proj`,
 //! `v_proj` (grouped-query: fewer key/value heads), rotating q and k by their positions.
+//! Under context parallelism (`Some(Context)`) the rows are this rank's part of each sequence
+//! and the attention core is `nn::context`'s, which exchanges keys and values with the group.
 
+use super::context::{self, Context, CpStash, Heads};
 use super::{ensure, Grads};
+use crate::error::Result;
 use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
@@ -53,8 +57,17 @@ pub struct AttnStash {
     pub qkv: Vec<f32>,
     pub probs: Vec<f32>,
     pub att: Vec<f32>,
-    /// The rotation angles of positions 0..t.
+    /// The rotation angles of positions 0..t (the whole sequence's under context parallelism).
     pub rope: RopeTable,
+    /// Under context parallelism, each sequence's stash of the exchange (none otherwise).
+    pub cp: Vec<CpStash>,
+}
+
+impl AttnStash {
+    /// Floats held for the backward.
+    pub fn floats(&self) -> usize {
+        self.qkv.len() + self.probs.len() + self.att.len() + self.cp.iter().map(CpStash::floats).sum::<usize>()
+    }
 }
 
 /// The shape of a Llama-family attention layer on one rank.
@@ -135,24 +148,26 @@ impl CausalSelfAttention {
     /// `part = attention(c_attn(x))·W_proj` for this rank's heads (no bias: added after `g`),
     /// each row attending within its document and rotated by its position (`docs`).
     /// With `keep_scores` false (selective recompute) the softmax probabilities are not kept:
-    /// the backward computes them again from q and k.
+    /// the backward computes them again from q and k. Under context parallelism (`cp`) the
+    /// `t` rows of each sequence are this rank's part of it, `docs` their positions (explicit).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         p: &[f32],
         x: &[f32],
         (b, t): (usize, usize),
-        docs: Docs,
+        (docs, cp): (Docs, Option<Context>),
         st: &mut AttnStash,
         part: &mut Vec<f32>,
         keep_scores: bool,
-    ) {
+    ) -> Result<()> {
         st.bt = (b, t);
         let s = self.shape(b, t);
         let n = b * t;
         ensure(&mut st.qkv, s.qkv_len());
-        ensure(&mut st.probs, s.probs_len());
         ensure(&mut st.att, n * self.c);
+        // the rotation table reaches the sequence's last position
+        let positions = cp.map_or(t, |cx| cx.split.t);
         ensure(part, n * self.c_proj.d_out);
         match &self.qkv {
             Qkv::Fused(c_attn) => c_attn.forward(p, x, &mut st.qkv),
@@ -162,33 +177,95 @@ impl CausalSelfAttention {
                 k.forward(p, x, &mut st.qkv[rk.clone()]);
                 v.forward(p, x, &mut st.qkv[rv]);
                 let inv = self.rope.as_deref().expect("separate projections rotate");
-                if st.rope.positions() < t || st.rope.half != inv.len() {
-                    st.rope = RopeTable::new(inv, t);
+                if st.rope.positions() < positions || st.rope.half != inv.len() {
+                    st.rope = RopeTable::new(inv, positions);
                 }
                 rope_rows(&mut st.qkv[rq], self.heads, &st.rope, |r| docs.pos(r, t), false);
                 rope_rows(&mut st.qkv[rk], self.kv_heads, &st.rope, |r| docs.pos(r, t), false);
             }
         }
-        attention_forward(&mut st.att, &mut st.probs, &st.qkv, s, docs);
+        match cp {
+            None => {
+                ensure(&mut st.probs, s.probs_len());
+                attention_forward(&mut st.att, &mut st.probs, &st.qkv, s, docs);
+            }
+            Some(cx) => {
+                st.probs = Vec::new();
+                st.cp.resize_with(b, CpStash::default);
+                for (i, cs) in st.cp.iter_mut().enumerate() {
+                    let (q, k, v) = self.sequence(&st.qkv, (b, t), i);
+                    let lo = first_keys(&cx, docs, (i, t));
+                    let out = &mut st.att[i * t * self.c..(i + 1) * t * self.c];
+                    context::forward(cx, self.heads_of(), (&q, &k, &v), &lo, out, cs)?;
+                }
+            }
+        }
         self.c_proj.forward_partial(p, &st.att, part);
         if !keep_scores {
             st.probs = Vec::new();
         }
+        Ok(())
+    }
+
+    fn heads_of(&self) -> Heads {
+        Heads { heads: self.heads, kv_heads: self.kv_heads, hd: self.hd }
+    }
+
+    /// Sequence `i`'s rows of q, k and v (of `b` sequences of `t` rows), each `[t, width]`.
+    fn sequence(&self, qkv: &[f32], (b, t): (usize, usize), i: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (qw, kvw) = (self.c, self.kv_heads * self.hd);
+        let rows = i * t..(i + 1) * t;
+        match self.qkv {
+            Qkv::Fused(_) => {
+                let w = qw + 2 * kvw;
+                let part = |a: usize, n: usize| -> Vec<f32> {
+                    qkv[rows.start * w..rows.end * w].chunks(w).flat_map(|r| r[a..a + n].iter().copied()).collect()
+                };
+                (part(0, qw), part(qw, kvw), part(qw + kvw, kvw))
+            }
+            Qkv::Separate { .. } => {
+                let [rq, rk, rv] = self.blocks(b * t);
+                let of = |r: std::ops::Range<usize>, w: usize| qkv[r][rows.start * w..rows.end * w].to_vec();
+                (of(rq, qw), of(rk, kvw), of(rv, kvw))
+            }
+        }
+    }
+
+    /// Writes sequence `i`'s gradients of q, k and v into `dqkv` (the inverse of `sequence`).
+    fn put_sequence(&self, dqkv: &mut [f32], (b, t): (usize, usize), i: usize, (dq, dk, dv): (&[f32], &[f32], &[f32])) {
+        let (qw, kvw) = (self.c, self.kv_heads * self.hd);
+        let rows = i * t..(i + 1) * t;
+        match self.qkv {
+            Qkv::Fused(_) => {
+                let w = qw + 2 * kvw;
+                for (j, r) in dqkv[rows.start * w..rows.end * w].chunks_mut(w).enumerate() {
+                    r[..qw].copy_from_slice(&dq[j * qw..(j + 1) * qw]);
+                    r[qw..qw + kvw].copy_from_slice(&dk[j * kvw..(j + 1) * kvw]);
+                    r[qw + kvw..].copy_from_slice(&dv[j * kvw..(j + 1) * kvw]);
+                }
+            }
+            Qkv::Separate { .. } => {
+                let [rq, rk, rv] = self.blocks(b * t);
+                for (r, w, d) in [(rq, qw, dq), (rk, kvw, dk), (rv, kvw, dv)] {
+                    dqkv[r][rows.start * w..rows.end * w].copy_from_slice(d);
+                }
+            }
+        }
     }
 
     /// From the output gradient `dout` (all rows), overwrites `dx` with this rank's part of
-    /// the input gradient (`docs` as the forward had them).
+    /// the input gradient (`docs` and `cp` as the forward had them).
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         gr: &mut Grads,
         x: &[f32],
-        docs: Docs,
+        (docs, cp): (Docs, Option<Context>),
         st: &AttnStash,
         dout: &[f32],
         dx: &mut Vec<f32>,
         sc: &mut AttnScratch,
-    ) {
+    ) -> Result<()> {
         let (b, t) = st.bt;
         let AttnScratch { datt, dqkv, probs, dx2 } = sc;
         let Grads { p, g, dw } = gr;
@@ -198,17 +275,36 @@ impl CausalSelfAttention {
         ensure(datt, n * self.c);
         ensure(dqkv, s.qkv_len());
         ensure(dx, x.len());
-        let probs: &[f32] = if st.probs.is_empty() {
-            // selective recompute: the attention core again (its output lands in `datt`, which
-            // the projection's backward then overwrites)
-            ensure(probs, s.probs_len());
-            attention_forward(datt, probs, &st.qkv, s, docs);
-            probs
-        } else {
-            &st.probs
-        };
-        self.c_proj.backward(p, g, &st.att, dout, datt, dw);
-        attention_backward(dqkv, datt, &st.qkv, probs, s);
+        match cp {
+            None => {
+                let probs: &[f32] = if st.probs.is_empty() {
+                    // selective recompute: the attention core again (its output lands in
+                    // `datt`, which the projection's backward then overwrites)
+                    ensure(probs, s.probs_len());
+                    attention_forward(datt, probs, &st.qkv, s, docs);
+                    probs
+                } else {
+                    &st.probs
+                };
+                self.c_proj.backward(p, g, &st.att, dout, datt, dw);
+                attention_backward(dqkv, datt, &st.qkv, probs, s);
+            }
+            Some(cx) => {
+                // (no scores kept: the blockwise backward recomputes them block by block)
+                self.c_proj.backward(p, g, &st.att, dout, datt, dw);
+                let qw = self.c;
+                let kvw = self.kv_heads * self.hd;
+                for (i, cs) in st.cp.iter().enumerate().take(b) {
+                    let (q, _, _) = self.sequence(&st.qkv, (b, t), i);
+                    let lo = first_keys(&cx, docs, (i, t));
+                    let rows = i * t * qw..(i + 1) * t * qw;
+                    let (mut dq, mut dk, mut dv) = (vec![0f32; t * qw], vec![0f32; t * kvw], vec![0f32; t * kvw]);
+                    let o = (&st.att[rows.clone()], &datt[rows]);
+                    context::backward(cx, self.heads_of(), &q, &lo, o, cs, (&mut dq, &mut dk, &mut dv))?;
+                    self.put_sequence(dqkv, (b, t), i, (&dq, &dk, &dv));
+                }
+            }
+        }
         match &self.qkv {
             Qkv::Fused(c_attn) => {
                 c_attn.backward(p, g, x, dqkv, dx, dw);
@@ -233,5 +329,13 @@ impl CausalSelfAttention {
                 crate::tensor::elementwise::add_into(dx, dx2);
             }
         }
+        Ok(())
     }
+}
+
+/// The first global position each row of sequence `i` (of `t` rows here) may see: its own
+/// global position less its position in its document (`docs`, explicit under context
+/// parallelism).
+fn first_keys(cx: &Context, docs: Docs, (i, t): (usize, usize)) -> Vec<u32> {
+    cx.positions().iter().enumerate().map(|(j, &g)| g - docs.pos(i * t + j, t) as u32).collect()
 }

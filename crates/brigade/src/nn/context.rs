@@ -1,38 +1,54 @@
-//! Context parallelism's attention core: each rank of a context group holds two chunks of
-//! every sequence — of `2·cp` equal chunks, chunks `r` and `2·cp − 1 − r` ("zigzag", so that
-//! under a causal mask every rank has the same attention work) — and everything but attention
-//! is local to its rows. Attention all-gathers the group's keys and values (cheap under
-//! grouped-query attention's few key/value heads: what Llama 3 did), runs the local queries over
-//! every rank's block with the blockwise kernel (`tensor::blockwise`), merged in rank order, and
-//! the backward reduce-scatters the keys' and values' gradients back to the ranks holding those
-//! rows. Positions are global: row i of a rank is at `Zigzag::positions()[i]` of its sequence.
+//! Context parallelism's attention: each rank of a context group holds some rows of every
+//! sequence — of `2·cp` equal chunks, chunks `r` and `2·cp − 1 − r` ("zigzag", so that under a
+//! causal mask every rank has the same attention work), or of `cp` chunks, chunk `r`
+//! ("contiguous") — and everything but attention is local to its rows. Attention exchanges the
+//! group's keys and values, one of two ways ([`CpComm`]):
+//!
+//! - **all-gather** (what Llama 3 did; cheap under grouped-query attention's few key/value
+//!   heads): every rank's block gathered, the local queries run over each in rank order, and the
+//!   backward reduce-scatters the keys' and values' gradients back to the ranks holding them;
+//! - **ring** (Ring Attention): each rank sends the block in hand to the next rank and attends to
+//!   it while the transfer runs, cp − 1 times; the backward passes the blocks round again with
+//!   their dK/dV accumulating, one more hop bringing each block's home.
+//!
+//! Each block is cut into its contiguous runs of positions, and a (query run, key run) pair the
+//! mask hides entirely is skipped: what makes zigzag balanced. Partial results merge by online
+//! softmax (`tensor::blockwise`). Positions are global: row i of a rank is at
+//! `SeqSplit::positions(rank)[i]` of its sequence.
 //!
 //! Layout of one sequence's rows on a rank: `q` `[t_loc, heads·hd]`, `k` and `v`
 //! `[t_loc, kv_heads·hd]`, heads side by side in a row (as the projections write them); query
 //! head h reads key/value head `h / (heads / kv_heads)`.
 
 use crate::error::{Error, Result};
+pub use crate::layout::{CpComm, CpOrder};
 use crate::tensor::blockwise::{block_backward, block_forward, merge, row_dots, Queries};
 use brigade_comm::{Comm, ReduceOp};
+use rayon::prelude::*;
+use std::ops::Range;
 
-/// Which rows of a sequence of `t` tokens rank `rank` of a context group of `cp` holds.
+/// Which rows of a sequence of `t` tokens each rank of a context group of `cp` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Zigzag {
+pub struct SeqSplit {
     pub cp: usize,
     pub t: usize,
+    pub order: CpOrder,
 }
 
-impl Zigzag {
+impl SeqSplit {
     /// A split of sequences of `t` tokens over `cp` ranks, or why there is none.
-    pub fn new(cp: usize, t: usize) -> Result<Zigzag> {
-        if cp == 0 || !t.is_multiple_of(2 * cp) {
-            return Err(Error::Layout(format!(
-                "cp={cp} splits each sequence into {} chunks, and {t} tokens do not divide into them; pick a sequence length that is a multiple of {}",
-                2 * cp,
-                2 * cp
-            )));
+    pub fn new(cp: usize, t: usize, order: CpOrder) -> Result<SeqSplit> {
+        let layout = crate::layout::Layout { cp, cp_order: order, ..Default::default() };
+        if cp == 0 {
+            return Err(Error::Layout("cp=0: a context group has at least one rank".into()));
         }
-        Ok(Zigzag { cp, t })
+        layout.check_seq(t)?;
+        Ok(SeqSplit { cp, t, order })
+    }
+
+    /// The zigzag split (the default).
+    pub fn zigzag(cp: usize, t: usize) -> Result<SeqSplit> {
+        SeqSplit::new(cp, t, CpOrder::Zigzag)
     }
 
     /// Rows of a sequence on one rank.
@@ -40,12 +56,36 @@ impl Zigzag {
         self.t / self.cp
     }
 
-    /// The global positions of rank `rank`'s rows, in its order: chunk `rank`, then chunk
-    /// `2·cp − 1 − rank`.
+    /// The runs of global positions rank `rank` holds, in its row order.
+    pub fn runs(&self, rank: usize) -> Vec<Range<u32>> {
+        let k = self.order.chunks(self.cp);
+        let c = self.t / k;
+        let chunk = |i: usize| (i * c) as u32..((i + 1) * c) as u32;
+        match self.order {
+            CpOrder::Zigzag => vec![chunk(rank), chunk(k - 1 - rank)],
+            CpOrder::Contiguous => vec![chunk(rank)],
+        }
+    }
+
+    /// The global positions of rank `rank`'s rows, in its order.
     pub fn positions(&self, rank: usize) -> Vec<u32> {
-        let c = self.t / (2 * self.cp);
-        let (a, b) = (rank * c, (2 * self.cp - 1 - rank) * c);
-        (a..a + c).chain(b..b + c).map(|p| p as u32).collect()
+        self.runs(rank).into_iter().flatten().collect()
+    }
+}
+
+/// A context group as a layer sees it: its communicator, how it splits each sequence, and how
+/// it exchanges keys and values.
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
+    pub comm: &'a Comm,
+    pub split: SeqSplit,
+    pub kind: CpComm,
+}
+
+impl Context<'_> {
+    /// This rank's rows' global positions.
+    pub fn positions(&self) -> Vec<u32> {
+        self.split.positions(self.comm.rank())
     }
 }
 
@@ -64,18 +104,30 @@ impl Heads {
     }
 }
 
-/// What the forward keeps for the backward: the group's keys and values (rank order) and each
-/// query row's log-sum-exp per head (`[heads, t_loc]`).
+/// What the forward keeps for the backward: each query row's log-sum-exp per head
+/// (`[heads, t_loc]`), and the keys and values the backward reads again — every rank's
+/// (all-gather, in rank order), or this rank's own (ring: they travel round again).
 #[derive(Default)]
 pub struct CpStash {
-    pub k_all: Vec<f32>,
-    pub v_all: Vec<f32>,
+    pub kv: Vec<f32>,
     pub lse: Vec<f32>,
+}
+
+impl CpStash {
+    pub fn floats(&self) -> usize {
+        self.kv.len() + self.lse.len()
+    }
 }
 
 fn comm_err(e: brigade_comm::CommError) -> Error {
     Error::Train(format!("context-parallel attention: {e}"))
 }
+
+/// Message tags of the ring (on the context group's own communicator): a block of keys and
+/// values forward, again backward, and the gradients travelling with it.
+const TAG_KV: u32 = 1;
+const TAG_KV_BACK: u32 = 2;
+const TAG_DKV: u32 = 3;
 
 /// Column block `h` (of width `hd`) of a row-major `[n, w]` matrix, as its own `[n, hd]`.
 fn column(x: &[f32], w: usize, h: usize, hd: usize) -> Vec<f32> {
@@ -93,66 +145,195 @@ fn put_column(x: &mut [f32], w: usize, h: usize, hd: usize, from: &[f32], add: b
     }
 }
 
+/// The (query rows, key rows) pairs of runs of which some query sees some key: rows as
+/// ranges into this rank's rows and the block's rows.
+fn visible_pairs(qruns: &[Range<u32>], lo: &[u32], kruns: &[Range<u32>]) -> Vec<(Range<usize>, Range<usize>)> {
+    let mut out = Vec::new();
+    let mut qa = 0;
+    for qr in qruns {
+        let rows = qa..qa + qr.len();
+        qa = rows.end;
+        let (qmax, lmin) = (qr.end - 1, lo[rows.clone()].iter().copied().min().unwrap_or(0));
+        let mut ka = 0;
+        for kr in kruns {
+            let krows = ka..ka + kr.len();
+            ka = krows.end;
+            if kr.start <= qmax && kr.end > lmin {
+                out.push((rows.clone(), krows));
+            }
+        }
+    }
+    out
+}
+
+/// One query head's output gradient, its rows' log-sum-exp and `D = Σ dout ⊙ out` per row.
+struct HeadGrad<'a> {
+    dout: Vec<f32>,
+    lse: &'a [f32],
+    delta: Vec<f32>,
+}
+
+/// This rank's side of one sequence's attention: its query heads, split into columns once.
+struct Local<'a> {
+    s: Heads,
+    n: usize,
+    pos: Vec<u32>,
+    runs: Vec<Range<u32>>,
+    lo: &'a [u32],
+    qh: Vec<Vec<f32>>,
+}
+
+impl<'a> Local<'a> {
+    fn new(cx: &Context, s: Heads, q: &[f32], lo: &'a [u32]) -> Local<'a> {
+        let n = cx.split.local();
+        let qh = (0..s.heads).map(|h| column(q, s.heads * s.hd, h, s.hd)).collect();
+        Local { s, n, pos: cx.positions(), runs: cx.split.runs(cx.comm.rank()), lo, qh }
+    }
+
+    /// Attends to rank `src`'s block (`kv`: its `k` rows, then its `v` rows), merged into each
+    /// head's `(out, lse)`.
+    fn attend(&self, split: SeqSplit, src: usize, kv: &[f32], acc: &mut [(Vec<f32>, Vec<f32>)]) {
+        let (s, n, hd) = (self.s, self.n, self.s.hd);
+        let kvw = s.kv_heads * hd;
+        let (kblk, vblk) = kv.split_at(n * kvw);
+        let (kruns, kpos) = (split.runs(src), split.positions(src));
+        let pairs = visible_pairs(&self.runs, self.lo, &kruns);
+        acc.par_iter_mut().enumerate().for_each(|(h, (o, l))| {
+            let g = h / s.group();
+            let (kb, vb) = (column(kblk, kvw, g, hd), column(vblk, kvw, g, hd));
+            for (qr, kr) in &pairs {
+                let qs = Queries { pos: &self.pos[qr.clone()], lo: &self.lo[qr.clone()] };
+                let (mut ob, mut lb) = (vec![0f32; qr.len() * hd], vec![0f32; qr.len()]);
+                let kk = &kb[kr.start * hd..kr.end * hd];
+                let vv = &vb[kr.start * hd..kr.end * hd];
+                block_forward(
+                    &self.qh[h][qr.start * hd..qr.end * hd],
+                    kk,
+                    vv,
+                    hd,
+                    qs,
+                    &kpos[kr.clone()],
+                    &mut ob,
+                    &mut lb,
+                );
+                merge(&mut o[qr.start * hd..qr.end * hd], &mut l[qr.clone()], &ob, &lb, hd);
+            }
+        });
+    }
+
+    /// Rank `src`'s block's part of the backward: adds to each head's `dq` and to the block's
+    /// `dkv` (`dk` rows, then `dv` rows, as the block).
+    fn attend_back(
+        &self,
+        (split, src, kv): (SeqSplit, usize, &[f32]),
+        grads: &[HeadGrad],
+        dq: &mut [Vec<f32>],
+        dkv: &mut [f32],
+    ) {
+        let (s, n, hd) = (self.s, self.n, self.s.hd);
+        let kvw = s.kv_heads * hd;
+        let (kblk, vblk) = kv.split_at(n * kvw);
+        let (kruns, kpos) = (split.runs(src), split.positions(src));
+        let pairs = visible_pairs(&self.runs, self.lo, &kruns);
+        // each head's dK and dV of the block, summed per key/value head in head order
+        let per_head: Vec<(Vec<f32>, Vec<f32>)> = dq
+            .par_iter_mut()
+            .enumerate()
+            .map(|(h, dqh)| {
+                let g = h / s.group();
+                let (kb, vb) = (column(kblk, kvw, g, hd), column(vblk, kvw, g, hd));
+                let HeadGrad { dout: doh, lse, delta } = &grads[h];
+                let (mut dkb, mut dvb) = (vec![0f32; n * hd], vec![0f32; n * hd]);
+                for (qr, kr) in &pairs {
+                    let qs = Queries { pos: &self.pos[qr.clone()], lo: &self.lo[qr.clone()] };
+                    let (q, k) = (qr.start * hd..qr.end * hd, kr.start * hd..kr.end * hd);
+                    block_backward(
+                        &self.qh[h][q.clone()],
+                        &kb[k.clone()],
+                        &vb[k.clone()],
+                        hd,
+                        qs,
+                        &kpos[kr.clone()],
+                        &doh[q.clone()],
+                        &lse[qr.clone()],
+                        &delta[qr.clone()],
+                        (&mut dqh[q], &mut dkb[k.clone()], &mut dvb[k]),
+                    );
+                }
+                (dkb, dvb)
+            })
+            .collect();
+        let (dk, dv) = dkv.split_at_mut(n * kvw);
+        for (h, (dkb, dvb)) in per_head.iter().enumerate() {
+            put_column(dk, kvw, h / s.group(), hd, dkb, true);
+            put_column(dv, kvw, h / s.group(), hd, dvb, true);
+        }
+    }
+}
+
 /// The attention of this rank's query rows over the whole sequence: `out` `[t_loc, heads·hd]`
 /// (overwritten). `lo[i]` is the first global position row i may see (0, or its document's
-/// start). `comm` is the context group (rank r holds `z.positions(r)`).
+/// start).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
-    comm: &Comm,
-    z: Zigzag,
+    cx: Context,
     s: Heads,
     (q, k, v): (&[f32], &[f32], &[f32]),
     lo: &[u32],
     out: &mut [f32],
     st: &mut CpStash,
 ) -> Result<()> {
+    let (z, comm) = (cx.split, cx.comm);
     let (n, hd) = (z.local(), s.hd);
     let (qw, kvw) = (s.heads * hd, s.kv_heads * hd);
     assert!(q.len() == n * qw && k.len() == n * kvw && v.len() == n * kvw && out.len() == n * qw && lo.len() == n);
-    st.k_all.resize(z.cp * n * kvw, 0.0);
-    st.v_all.resize(z.cp * n * kvw, 0.0);
-    comm.all_gather(k, &mut st.k_all).map_err(comm_err)?;
-    comm.all_gather(v, &mut st.v_all).map_err(comm_err)?;
-    let pos = z.positions(comm.rank());
-    let qs = Queries { pos: &pos, lo };
-    st.lse.resize(s.heads * n, 0.0);
-    let blocks: Vec<Vec<u32>> = (0..z.cp).map(|r| z.positions(r)).collect();
-    for g in 0..s.kv_heads {
-        let kv = kv_blocks(st, z, kvw, g, hd);
-        for h in g * s.group()..(g + 1) * s.group() {
-            let qh = column(q, qw, h, hd);
-            let (mut o, mut l) = (vec![0f32; n * hd], vec![f32::NEG_INFINITY; n]);
-            let (mut ob, mut lb) = (vec![0f32; n * hd], vec![0f32; n]);
-            for ((kb, vb), kpos) in kv.iter().zip(&blocks) {
-                block_forward(&qh, kb, vb, hd, qs, kpos, &mut ob, &mut lb);
-                merge(&mut o, &mut l, &ob, &lb, hd);
+    assert_eq!(comm.size(), z.cp, "a context group of cp ranks");
+    let me = Local::new(&cx, s, q, lo);
+    let mut acc: Vec<(Vec<f32>, Vec<f32>)> =
+        (0..s.heads).map(|_| (vec![0f32; n * hd], vec![f32::NEG_INFINITY; n])).collect();
+    let own: Vec<f32> = [k, v].concat();
+    match cx.kind {
+        CpComm::AllGather => {
+            // every rank's block [k | v], in rank order
+            st.kv.resize(z.cp * 2 * n * kvw, 0.0);
+            comm.all_gather(&own, &mut st.kv).map_err(comm_err)?;
+            for (src, blk) in st.kv.chunks(2 * n * kvw).enumerate() {
+                me.attend(z, src, blk, &mut acc);
             }
-            put_column(out, qw, h, hd, &o, false);
-            st.lse[h * n..(h + 1) * n].copy_from_slice(&l);
         }
+        CpComm::Ring => {
+            let (r, cp) = (comm.rank(), z.cp);
+            let (next, prev) = ((r + 1) % cp, (r + cp - 1) % cp);
+            let mut hand = own.clone();
+            let mut src = r;
+            for step in 0..cp {
+                // the block in hand goes on while this rank attends to it
+                if step + 1 < cp {
+                    comm.send(&hand, next, TAG_KV).map_err(comm_err)?;
+                }
+                me.attend(z, src, &hand, &mut acc);
+                if step + 1 < cp {
+                    comm.recv(&mut hand, prev, TAG_KV).map_err(comm_err)?;
+                    src = (src + cp - 1) % cp;
+                }
+            }
+            st.kv = own;
+        }
+    }
+    st.lse.resize(s.heads * n, 0.0);
+    for (h, (o, l)) in acc.iter().enumerate() {
+        put_column(out, qw, h, hd, o, false);
+        st.lse[h * n..(h + 1) * n].copy_from_slice(l);
     }
     Ok(())
 }
 
-/// Key/value head `g`'s rows of every rank's block, each as its own `[t_loc, hd]`, in rank
-/// order (taken once for the query heads that share them).
-fn kv_blocks(st: &CpStash, z: Zigzag, kvw: usize, g: usize, hd: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
-    let n = z.local();
-    (0..z.cp)
-        .map(|r| {
-            let blk = r * n * kvw..(r + 1) * n * kvw;
-            (column(&st.k_all[blk.clone()], kvw, g, hd), column(&st.v_all[blk], kvw, g, hd))
-        })
-        .collect()
-}
-
 /// From `dout` (`[t_loc, heads·hd]`) and the forward's `out` and stash: this rank's `dq`
-/// (overwritten) and, reduce-scattered over the group, the gradients of its own key and value
-/// rows `dk`, `dv` (overwritten).
+/// (overwritten) and the gradients of its own key and value rows `dk`, `dv` (overwritten),
+/// summed over every rank's queries.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
-    comm: &Comm,
-    z: Zigzag,
+    cx: Context,
     s: Heads,
     q: &[f32],
     lo: &[u32],
@@ -160,32 +341,65 @@ pub fn backward(
     st: &CpStash,
     (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
 ) -> Result<()> {
+    let (z, comm) = (cx.split, cx.comm);
     let (n, hd) = (z.local(), s.hd);
     let (qw, kvw) = (s.heads * hd, s.kv_heads * hd);
     assert!(dq.len() == n * qw && dk.len() == n * kvw && dv.len() == n * kvw);
-    let pos = z.positions(comm.rank());
-    let qs = Queries { pos: &pos, lo };
-    let (mut dk_all, mut dv_all) = (vec![0f32; z.cp * n * kvw], vec![0f32; z.cp * n * kvw]);
-    let blocks: Vec<Vec<u32>> = (0..z.cp).map(|r| z.positions(r)).collect();
-    for g in 0..s.kv_heads {
-        let kv = kv_blocks(st, z, kvw, g, hd);
-        for h in g * s.group()..(g + 1) * s.group() {
-            let (qh, oh, doh) = (column(q, qw, h, hd), column(out, qw, h, hd), column(dout, qw, h, hd));
-            let delta = row_dots(&doh, &oh, hd);
-            let lse = &st.lse[h * n..(h + 1) * n];
-            let mut dqh = vec![0f32; n * hd];
-            for (r, ((kb, vb), kpos)) in kv.iter().zip(&blocks).enumerate() {
-                let blk = r * n * kvw..(r + 1) * n * kvw;
-                let (mut dkb, mut dvb) = (vec![0f32; n * hd], vec![0f32; n * hd]);
-                block_backward(&qh, kb, vb, hd, qs, kpos, &doh, lse, &delta, (&mut dqh, &mut dkb, &mut dvb));
-                put_column(&mut dk_all[blk.clone()], kvw, g, hd, &dkb, true);
-                put_column(&mut dv_all[blk], kvw, g, hd, &dvb, true);
+    let me = Local::new(&cx, s, q, lo);
+    // each head's output gradient, its log-sum-exp and D = Σ dout ⊙ out per row
+    let grads: Vec<HeadGrad> = (0..s.heads)
+        .map(|h| {
+            let dout = column(dout, qw, h, hd);
+            let delta = row_dots(&dout, &column(out, qw, h, hd), hd);
+            HeadGrad { dout, lse: &st.lse[h * n..(h + 1) * n], delta }
+        })
+        .collect();
+    let mut dqh: Vec<Vec<f32>> = (0..s.heads).map(|_| vec![0f32; n * hd]).collect();
+    let blk = 2 * n * kvw;
+    let mut mine = vec![0f32; blk];
+    match cx.kind {
+        CpComm::AllGather => {
+            let mut dkv_all = vec![0f32; z.cp * blk];
+            for (src, (kv, dkv)) in st.kv.chunks(blk).zip(dkv_all.chunks_mut(blk)).enumerate() {
+                me.attend_back((z, src, kv), &grads, &mut dqh, dkv);
             }
-            put_column(dq, qw, h, hd, &dqh, false);
+            comm.reduce_scatter(&dkv_all, &mut mine, ReduceOp::Sum).map_err(comm_err)?;
+        }
+        CpComm::Ring if z.cp == 1 => me.attend_back((z, 0, &st.kv), &grads, &mut dqh, &mut mine),
+        CpComm::Ring => {
+            let (r, cp) = (comm.rank(), z.cp);
+            let (next, prev) = ((r + 1) % cp, (r + cp - 1) % cp);
+            let mut hand = st.kv.clone();
+            let mut src = r;
+            let mut dkv = vec![0f32; blk];
+            for step in 0..cp {
+                if step + 1 < cp {
+                    comm.send(&hand, next, TAG_KV_BACK).map_err(comm_err)?;
+                }
+                let mut part = vec![0f32; blk];
+                me.attend_back((z, src, &hand), &grads, &mut dqh, &mut part);
+                // the block's gradient so far, from the ranks it visited before this one
+                if step > 0 {
+                    comm.recv(&mut dkv, prev, TAG_DKV).map_err(comm_err)?;
+                } else {
+                    dkv.fill(0.0);
+                }
+                dkv.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+                comm.send(&dkv, next, TAG_DKV).map_err(comm_err)?;
+                if step + 1 < cp {
+                    comm.recv(&mut hand, prev, TAG_KV_BACK).map_err(comm_err)?;
+                    src = (src + cp - 1) % cp;
+                }
+            }
+            // one more hop: each block's summed gradient comes home
+            comm.recv(&mut mine, prev, TAG_DKV).map_err(comm_err)?;
         }
     }
-    comm.reduce_scatter(&dk_all, dk, ReduceOp::Sum).map_err(comm_err)?;
-    comm.reduce_scatter(&dv_all, dv, ReduceOp::Sum).map_err(comm_err)?;
+    dk.copy_from_slice(&mine[..n * kvw]);
+    dv.copy_from_slice(&mine[n * kvw..]);
+    for (h, d) in dqh.iter().enumerate() {
+        put_column(dq, qw, h, hd, d, false);
+    }
     Ok(())
 }
 
@@ -222,7 +436,7 @@ mod tests {
         }
     }
 
-    fn run(cp: usize, doc_start: Option<usize>) {
+    fn run(cp: usize, doc_start: Option<usize>, kind: CpComm, order: CpOrder) {
         let (t, s) = (32, Heads { heads: 4, kv_heads: 2, hd: 8 });
         let (qw, kvw) = (s.heads * s.hd, s.kv_heads * s.hd);
         let (q, k, v, dout) = (rand(t * qw, 1), rand(t * kvw, 2), rand(t * kvw, 3), rand(t * qw, 4));
@@ -237,7 +451,7 @@ mod tests {
         let mut dqkv = vec![0f32; qkv.len()];
         attention_backward(&mut dqkv, &dout, &qkv, &probs, shape);
         let (dq_all, dk_all, dv_all) = (&dqkv[..t * qw], &dqkv[t * qw..t * (qw + kvw)], &dqkv[t * (qw + kvw)..]);
-        let z = Zigzag::new(cp, t).unwrap();
+        let z = SeqSplit::new(cp, t, order).unwrap();
         let got = brigade_comm::local::run(cp, |comm| -> std::result::Result<_, String> {
             let pos = z.positions(comm.rank());
             let lo: Vec<u32> =
@@ -245,10 +459,11 @@ mod tests {
             let (ql, kl, vl) = (rows(&q, qw, &pos), rows(&k, kvw, &pos), rows(&v, kvw, &pos));
             let mut st = CpStash::default();
             let mut o = vec![0f32; z.local() * qw];
-            forward(&comm, z, s, (&ql, &kl, &vl), &lo, &mut o, &mut st).map_err(|e| e.to_string())?;
+            let cx = Context { comm: &comm, split: z, kind };
+            forward(cx, s, (&ql, &kl, &vl), &lo, &mut o, &mut st).map_err(|e| e.to_string())?;
             let dol = rows(&dout, qw, &pos);
             let (mut dq, mut dk, mut dv) = (vec![0f32; ql.len()], vec![0f32; kl.len()], vec![0f32; vl.len()]);
-            backward(&comm, z, s, &ql, &lo, (&o, &dol), &st, (&mut dq, &mut dk, &mut dv)).map_err(|e| e.to_string())?;
+            backward(cx, s, &ql, &lo, (&o, &dol), &st, (&mut dq, &mut dk, &mut dv)).map_err(|e| e.to_string())?;
             Ok((pos, o, dq, dk, dv))
         })
         .unwrap();
@@ -262,20 +477,34 @@ mod tests {
 
     #[test]
     fn context_parallel_attention_equals_the_single_workers() {
-        for cp in [1, 2, 4] {
-            run(cp, None);
-            run(cp, Some(11));
+        for kind in [CpComm::AllGather, CpComm::Ring] {
+            for order in [CpOrder::Zigzag, CpOrder::Contiguous] {
+                for cp in [1, 2, 4] {
+                    run(cp, None, kind, order);
+                    run(cp, Some(11), kind, order);
+                }
+            }
         }
     }
 
     #[test]
     fn zigzag_gives_each_rank_two_chunks_and_refuses_lengths_that_do_not_split() {
-        let z = Zigzag::new(2, 8).unwrap();
+        let z = SeqSplit::zigzag(2, 8).unwrap();
         assert_eq!((z.positions(0), z.positions(1)), (vec![0, 1, 6, 7], vec![2, 3, 4, 5]));
-        let mut all: Vec<u32> = (0..4).flat_map(|r| Zigzag::new(4, 16).unwrap().positions(r)).collect();
-        all.sort();
-        assert_eq!(all, (0..16).collect::<Vec<u32>>());
-        let e = Zigzag::new(2, 10).unwrap_err().to_string();
+        let c = SeqSplit::new(2, 8, CpOrder::Contiguous).unwrap();
+        assert_eq!((c.positions(0), c.positions(1)), (vec![0, 1, 2, 3], vec![4, 5, 6, 7]));
+        for order in [CpOrder::Zigzag, CpOrder::Contiguous] {
+            let mut all: Vec<u32> = (0..4).flat_map(|r| SeqSplit::new(4, 16, order).unwrap().positions(r)).collect();
+            all.sort();
+            assert_eq!(all, (0..16).collect::<Vec<u32>>());
+        }
+        let e = SeqSplit::zigzag(2, 10).unwrap_err().to_string();
         assert!(e.contains("multiple of 4"), "{e}");
+        // the mask hides whole (query run, key run) pairs: under zigzag, rank 0's first chunk
+        // sees only its own chunk of its own block, and nothing of rank 1's
+        let z = SeqSplit::zigzag(2, 16).unwrap();
+        let lo = vec![0u32; 8];
+        assert_eq!(visible_pairs(&z.runs(0), &lo, &z.runs(0)), vec![(0..4, 0..4), (4..8, 0..4), (4..8, 4..8)]);
+        assert_eq!(visible_pairs(&z.runs(0), &lo, &z.runs(1)), vec![(4..8, 0..4), (4..8, 4..8)]);
     }
 }

@@ -61,7 +61,18 @@ pub fn layouts(m: &ModelShape, gpus: usize, t: &Training, fixed: &Spec) -> Vec<L
                             }
                             let plain = Schedule::default_for(v);
                             for schedule in [plain, Schedule::GPipe, Schedule::ZeroBubble] {
-                                let l = Layout { tp, pp, dp, mb: Some(mb), v, schedule, recompute, zero, sp: false };
+                                let l = Layout {
+                                    tp,
+                                    pp,
+                                    dp,
+                                    mb: Some(mb),
+                                    v,
+                                    schedule,
+                                    recompute,
+                                    zero,
+                                    sp: false,
+                                    ..Layout::default()
+                                };
                                 // GPipe only when asked for: it never beats 1F1B (same bubble, more
                                 // memory); ZB-H1 too, as the published runs and Megatron-LM have none
                                 let wanted = match fixed.schedule {

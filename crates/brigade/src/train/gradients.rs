@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::models::config::kv_copies;
 use crate::models::units::Whole;
 use crate::models::Gpt;
+use crate::nn::context::Context;
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::store::ShardStore;
 use crate::parallel::data::zero::{Cut, Shards, UnitReducer};
@@ -160,7 +161,8 @@ fn dp_err(e: brigade_comm::CommError) -> Error {
 }
 
 impl Trainer {
-    /// This rank's share `x`, `y` of the batch (sequences of `t` tokens) through its list;
+    /// This rank's share `x`, `y` of the batch (sequences of `t` tokens; under context
+    /// parallelism this rank's `t` rows of each) through its list;
     /// leaves the summed gradient in `grads` (ZeRO ≥ 1: this rank's pieces in `gshard`) and
     /// returns the sum of the token losses of this data-parallel replica.
     pub(crate) fn accumulate_share(
@@ -177,6 +179,12 @@ impl Trainer {
         let positions: Vec<Vec<u32>> = pos.map_or(Vec::new(), |p| p.chunks(mb * t).map(<[u32]>::to_vec).collect());
         let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale, positions: &positions };
         let (dp, zero) = (self.mesh.group(REPLICAS), self.dpc.zero);
+        // the context group holding the rest of each sequence (t is this rank's rows of one)
+        let cp = self.context_split(t * self.mesh.shape.degree(Axis::Cp))?.map(|split| Context {
+            comm: self.mesh.group(&[Axis::Cp]),
+            split,
+            kind: self.layout.cp_comm,
+        });
         let one_chunk = self.parts.chunks.len() == 1;
         // the tied table's copies are summed over the pipeline before ZeRO-1 cuts the sum
         let untied = self.mesh.group(&[Axis::Pp]).size() == 1 && one_chunk;
@@ -204,7 +212,7 @@ impl Trainer {
             micro_batches: tokens.len(),
         };
         let started = Instant::now();
-        let comms = (self.mesh.group(&[Axis::Pp]), &tp);
+        let comms = (self.mesh.group(&[Axis::Pp]), &tp, cp);
         let ran = run_step(&self.list, comms, &mut stores, &data, self.layout.recompute, &mut self.pool)?;
         let wall_s = started.elapsed().as_secs_f64();
         let RankStores { sync, exposed_s, .. } = stores;

@@ -2,6 +2,7 @@
 //! run that cannot fit is refused with the figure instead of aborting halfway.
 
 use crate::error::{Error, Result};
+use crate::layout::CpComm;
 use crate::models::GptConfig;
 
 /// Bytes a single-worker run holds: f32 parameters, gradients, two AdamW moments, and the
@@ -22,13 +23,27 @@ impl MemoryNeed {
 
 /// Counted from the buffers the model and trainer allocate (see `models::gpt::Activations`).
 pub fn training_memory(cfg: &GptConfig, micro_batch: usize, seq: usize) -> MemoryNeed {
+    training_memory_cp(cfg, micro_batch, seq, 1, CpComm::AllGather)
+}
+
+/// `training_memory` on one rank of a context group of `cp` splitting each sequence: the
+/// rank's `seq / cp` rows of each, and in place of the attention probabilities each layer's
+/// log-sum-exp per head and row and the keys and values the backward reads again (all-gather:
+/// the whole sequence's; ring: the rank's own).
+pub fn training_memory_cp(cfg: &GptConfig, micro_batch: usize, seq: usize, cp: usize, kind: CpComm) -> MemoryNeed {
     let (l, c, v, h) = (cfg.n_layer as u128, cfg.n_embd as u128, cfg.vocab_size as u128, cfg.n_head as u128);
     let p = cfg.num_params();
     let (b, t) = (micro_batch as u128, seq as u128);
-    let n = b * t;
-    // per block: input, ln_1 (out, mean, rstd), qkv, attention probabilities, attention
-    // output, x2, ln_2, MLP hidden before and after GELU
-    let per_layer = 16 * n * c + 4 * n + b * h * t * t;
+    let n = b * t / cp as u128;
+    let kvw = (cfg.kv_heads() * cfg.head_dim()) as u128;
+    let attention = match (cp, kind) {
+        (1, _) => b * h * t * t,
+        (_, CpComm::AllGather) => h * n + 2 * b * t * kvw,
+        (_, CpComm::Ring) => h * n + 2 * n * kvw,
+    };
+    // per block: input, ln_1 (out, mean, rstd), qkv, attention probabilities (or what context
+    // parallelism keeps), attention output, x2, ln_2, MLP hidden before and after GELU
+    let per_layer = 16 * n * c + 4 * n + attention;
     // ln_f input and output, logits, log-sum-exp, losses, backward scratch
     let head = 2 * n * c + n * v + 2 * n + 11 * n * c;
     MemoryNeed { params: 4 * p, grads: 4 * p, optimizer: 8 * p, activations: 4 * (l * per_layer + head) }

@@ -114,16 +114,20 @@ impl Trainer {
                 mcfg.block_size
             )));
         }
-        if sp && !(mb * seq).is_multiple_of(tp) {
+        layout.check_seq(seq)?;
+        // a rank's rows of a micro-batch: all of them, or its share of each sequence under cp
+        let local = seq / layout.cp;
+        if sp && !(mb * local).is_multiple_of(tp) {
             return Err(Error::Layout(format!(
-                "sp=1 splits each micro-batch's {} tokens (micro-batch {mb} × seq {seq}) into tp={tp} blocks of rows, which does not divide; pick a micro-batch or seq whose product is a multiple of {tp}, or drop sp",
-                mb * seq
+                "sp=1 splits each micro-batch's {} tokens on a rank (micro-batch {mb} × seq {seq} / cp={}) into tp={tp} blocks of rows, which does not divide; pick a micro-batch or seq whose product is a multiple of {tp}, or drop sp",
+                mb * local,
+                layout.cp
             )));
         }
         if layout.runs_executor() {
             stage_units(&mcfg, pp, layout.v, seq)?;
         }
-        let need = super::memory::training_memory(&mcfg, mb, seq);
+        let need = super::memory::training_memory_cp(&mcfg, mb, seq, layout.cp, layout.cp_comm);
         super::memory::check_fits(&need, &format!("training {} at micro-batch {mb} × seq {seq}", cfg.model))?;
         Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout: *layout, list })
     }

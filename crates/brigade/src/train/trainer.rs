@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::models::config::kv_copies;
 use crate::models::{Activations, Gpt};
+use crate::nn::context::SeqSplit;
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::zero::{Cut, Shards};
 use crate::parallel::data::{self, DataParallel, REPLICAS};
@@ -291,7 +292,19 @@ impl Trainer {
         let mine = replica * per_rank..(replica + 1) * per_rank;
         let pos = pos.map(|p| &p[mine.clone()]);
         let (x, y) = (&x[mine.clone()], &y[mine]);
-        let loss_sum = self.accumulate_share((x, y, pos), t, scale)?;
+        let loss_sum = match self.context_split(t)? {
+            None => self.accumulate_share((x, y, pos), t, scale)?,
+            Some(split) => {
+                // and of each of its sequences, the rows this rank of the context group holds:
+                // each token with its own target (the next token's id, wherever that token is)
+                let rows = split.positions(self.mesh.coords[Axis::Cp]);
+                let pick = |n: usize| (0..n / t).flat_map(|s| rows.iter().map(move |&r| s * t + r as usize));
+                let x: Vec<u32> = pick(x.len()).map(|i| x[i]).collect();
+                let y: Vec<i32> = pick(y.len()).map(|i| y[i]).collect();
+                let pos: Option<Vec<u32>> = pos.map(|p| pick(p.len()).map(|i| p[i]).collect());
+                self.accumulate_share((&x, &y, pos.as_deref()), split.local(), scale)?
+            }
+        };
         let t0 = Instant::now();
         let loss_sum = data::sum_scalar(self.mesh.group(REPLICAS), loss_sum)?;
         note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", REPLICAS, self.step + 1, t0);
@@ -325,6 +338,13 @@ impl Trainer {
         let mut full = vec![0f32; self.parts.layout.total];
         self.shards.gather(self.mesh.group(REPLICAS), &self.pshard, &mut full)?;
         Ok(std::borrow::Cow::Owned(full))
+    }
+
+    /// How a context group splits sequences of `t` tokens (`None` without context
+    /// parallelism).
+    pub(crate) fn context_split(&self, t: usize) -> Result<Option<SeqSplit>> {
+        let cp = self.mesh.shape.degree(Axis::Cp);
+        (cp > 1).then(|| SeqSplit::new(cp, t, self.layout.cp_order)).transpose()
     }
 
     /// Sequences per forward pass on this rank.

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::layout::Recompute;
 use crate::models::units::{UnitStore, Whole};
 use crate::models::{Activations, Gpt, Input, Output, Pass};
+use crate::nn::context::Context;
 use crate::nn::tp::Tp;
 use crate::nn::{Deferred, Spare, WeightGrads};
 use brigade_comm::Comm;
@@ -162,7 +163,7 @@ impl Stash {
 /// can run while the rest of the list does.
 pub fn run_step(
     plan: &Plan,
-    (pp, tp): (&Comm, &Tp),
+    (pp, tp, cp): (&Comm, &Tp, Option<Context>),
     chunks: &mut dyn ChunkStores,
     data: &MicroBatches,
     recompute: Recompute,
@@ -230,7 +231,7 @@ pub fn run_step(
                     }
                 }
                 acts.set_selective(recompute == Recompute::Selective);
-                forward(chunks, (chunk, mb), (tp, data), input.as_deref(), &mut acts, &mut ran.loss)?;
+                forward(chunks, (chunk, mb), (tp, cp, data), input.as_deref(), &mut acts, &mut ran.loss)?;
                 let s = if recompute == Recompute::Full {
                     let output = (!has_head).then(|| acts.output().to_vec());
                     pool.push(acts);
@@ -265,7 +266,7 @@ pub fn run_step(
                         // full recompute: the forward again, from the stashed input
                         let mut acts = pool.pop().unwrap_or_default();
                         let mut unused = 0.0;
-                        forward(chunks, (chunk, mb), (tp, data), input.as_deref(), &mut acts, &mut unused)?;
+                        forward(chunks, (chunk, mb), (tp, cp, data), input.as_deref(), &mut acts, &mut unused)?;
                         acts
                     }
                 };
@@ -277,7 +278,8 @@ pub fn run_step(
                 let stage = Stage::Backward { last: matches!(a, Action::Backward { .. }) && last[chunk] == Some(i) };
                 let mut dw = Some(dw);
                 chunks.with(chunk, mb, stage, &mut |part, store| {
-                    let mut pass = Pass::new(tp, store).deferring(dw.take().expect("one backward per pass"));
+                    let sink = dw.take().expect("one backward per pass");
+                    let mut pass = Pass::new(tp, store).deferring(sink).in_context(cp);
                     let r = part.backward(&mut pass, &data.tokens[mb], from, &mut acts);
                     dw = Some(pass.dw);
                     r
@@ -319,7 +321,7 @@ pub fn run_step(
 fn forward(
     chunks: &mut dyn ChunkStores,
     (c, mb): (usize, usize),
-    (tp, data): (&Tp, &MicroBatches),
+    (tp, cp, data): (&Tp, Option<Context>, &MicroBatches),
     input: Option<&[f32]>,
     acts: &mut Activations,
     loss: &mut f64,
@@ -329,7 +331,8 @@ fn forward(
         Some(h) => Input::Hidden(h),
     };
     chunks.with(c, mb, Stage::Forward, &mut |part, store| {
-        part.forward(&mut Pass::new(tp, store).with_docs(data.docs(mb)), input, (data.b, data.t), acts)?;
+        let mut pass = Pass::new(tp, store).with_docs(data.docs(mb)).in_context(cp);
+        part.forward(&mut pass, input, (data.b, data.t), acts)?;
         if part.has_head {
             *loss += part.loss(tp, &data.targets[mb], acts)?.0;
         }
