@@ -10,6 +10,10 @@ pub struct Flags {
     pub(crate) model: String,
     #[arg(long, default_value_t = 256)]
     pub(crate) seq: usize,
+    /// The model's longest sequence (default: the model's own, raised to --seq where it is
+    /// shorter, for long-context runs).
+    #[arg(long)]
+    pub(crate) block_size: Option<usize>,
     /// Global batch in sequences (with --weak: per data-parallel replica).
     #[arg(long, default_value_t = 8)]
     pub(crate) batch: usize,
@@ -35,7 +39,7 @@ pub struct Flags {
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    let Flags { model, seq, batch, weak, layouts, micro_batch, threads, steps, warmup, json } = f;
+    let Flags { model, seq, batch, weak, layouts, micro_batch, threads, steps, warmup, json, block_size } = f;
 
     crate::threads::check_threads(threads, "--threads")?;
     if steps == 0 {
@@ -47,7 +51,12 @@ pub fn run(f: Flags) -> Result<()> {
     if parsed.is_empty() {
         bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");
     }
-    let (cfg, dir) = super::args::text_run(&model, seq, batch, micro_batch, warmup + steps + 1)?;
+    let (mut cfg, dir) = super::args::text_run(&model, seq, batch, micro_batch, warmup + steps + 1)?;
+    cfg.block_size = match block_size {
+        Some(b) => Some(b),
+        // the preset's block, unless --seq is longer
+        None => cfg.model_config(256).ok().filter(|m| m.block_size < seq).map(|_| seq),
+    };
     let mut base = None;
     if !json {
         outln!(
@@ -55,7 +64,7 @@ pub fn run(f: Flags) -> Result<()> {
             if weak { "per-replica" } else { "global" }
         );
         outln!(
-            "{:<34} {:>5} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>10} {:>9} {:>7} {:>7}",
+            "{:<34} {:>5} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>8} {:>8} {:>10} {:>9} {:>7} {:>7} {:>10}",
             "layout",
             "ranks",
             "tokens/s",
@@ -63,12 +72,14 @@ pub fn run(f: Flags) -> Result<()> {
             "compute s",
             "optim s",
             "exp.comm s",
+            "cp comm s",
             "wait s",
             "other s",
             "peak MiB",
             "stash MiB",
             "bubble",
-            "theory"
+            "theory",
+            "attn imbal"
         );
     }
     let mut rows = Vec::new();
@@ -81,25 +92,28 @@ pub fn run(f: Flags) -> Result<()> {
             rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,
                 "speedup": speedup, "compute_s": r.compute_s, "optimizer_s": r.optimizer_s,
                 "exposed_comm_s": r.exposed_comm_s, "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s,
-                "pp_comm_s": r.pp_comm_s, "pipeline_wait_s": r.pipeline_wait_s, "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank,
+                "pp_comm_s": r.pp_comm_s, "cp_comm_s": r.cp_comm_s, "attention_s_per_rank": r.attention_s_per_rank,
+                "attention_imbalance": r.attention_imbalance, "pipeline_wait_s": r.pipeline_wait_s, "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank,
                 "bubble_measured": r.bubble_measured, "bubble_theory": r.bubble_theory,
                 "stash_mib_per_rank": r.stash_mib}));
         } else {
             let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
             outln!(
-                "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>8.3} {:>10.3} {:>8.3} {:>8.3} {:>10.0} {:>9} {:>7} {:>7}",
+                "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>8.3} {:>10.3} {:>9.3} {:>8.3} {:>8.3} {:>10.0} {:>9} {:>7} {:>7} {:>10}",
                 r.ranks,
                 r.tokens_per_s,
                 speedup,
                 r.compute_s,
                 r.optimizer_s,
                 r.exposed_comm_s,
+                r.cp_comm_s,
                 r.pipeline_wait_s,
                 r.other_s,
                 r.peak_mib_per_rank.unwrap_or(f64::NAN),
                 r.stash_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
                 pct(r.bubble_measured),
-                pct(r.bubble_theory)
+                pct(r.bubble_theory),
+                pct(r.attention_imbalance)
             );
         }
     }

@@ -168,11 +168,17 @@ pub struct ParallelBench {
     pub compute_s: f64,
     /// Per step: the gradient norm, clipping and AdamW.
     pub optimizer_s: f64,
-    /// Per step: communication nothing overlapped, every group (`tp + dp + pp` below).
+    /// Per step: communication nothing overlapped, every group (`tp + cp + dp + pp` below).
     pub exposed_comm_s: f64,
     pub tp_comm_s: f64,
     pub dp_comm_s: f64,
     pub pp_comm_s: f64,
+    /// Per step: the context group's exchanges of keys and values nothing hid.
+    pub cp_comm_s: f64,
+    /// Under context parallelism: each rank's seconds per step in blockwise attention, and
+    /// their imbalance, (max − min) / min over the ranks (what zigzag evens out).
+    pub attention_s_per_rank: Vec<f64>,
+    pub attention_imbalance: Option<f64>,
     /// Per step: waiting for another pipeline stage.
     pub pipeline_wait_s: f64,
     /// Per step: the rest (drawing the batch, bookkeeping, the barrier's skew).
@@ -245,6 +251,9 @@ pub fn parallel_step(
     let step_s = median(&step_times);
     let part = |f: fn(&crate::train::StepStats) -> f64| per(&slowest.1, f);
     let tokens = (cfg.batch * cfg.seq.unwrap_or(0)) as f64;
+    let attention: Vec<f64> =
+        if layout.cp > 1 { per_rank.iter().map(|r| per(&r.1, |s| s.attention_s)).collect() } else { Vec::new() };
+    let (lo, hi) = attention.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
     Ok(ParallelBench {
         ranks: layout.world(),
         step_s_median: step_s,
@@ -255,6 +264,9 @@ pub fn parallel_step(
         tp_comm_s: part(|s| s.tp_comm_s),
         dp_comm_s: part(|s| s.dp_comm_s),
         pp_comm_s: part(|s| s.pp_comm_s),
+        cp_comm_s: part(|s| s.cp_comm_s),
+        attention_imbalance: (!attention.is_empty()).then(|| (hi - lo) / lo),
+        attention_s_per_rank: attention,
         pipeline_wait_s: part(|s| s.pipeline_wait_s),
         other_s: (step_s - part(|s| s.compute_s + s.optimizer_s + s.comm_s + s.pipeline_wait_s)).max(0.0),
         peak_mib_per_rank: peak.map(|b| b as f64 / (1 << 20) as f64),

@@ -26,6 +26,8 @@ use crate::tensor::blockwise::{block_backward, block_forward, merge, row_dots, Q
 use brigade_comm::{Comm, ReduceOp};
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// Which rows of a sequence of `t` tokens each rank of a context group of `cp` holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,16 +75,44 @@ impl SeqSplit {
     }
 }
 
-/// A context group as a layer sees it: its communicator, how it splits each sequence, and how
-/// it exchanges keys and values.
+/// A context group as a layer sees it: its communicator, how it splits each sequence, how it
+/// exchanges keys and values, and (if given) where to count the seconds spent attending (the
+/// blocks' arithmetic, not the exchange: the load balance).
 #[derive(Clone, Copy)]
 pub struct Context<'a> {
     pub comm: &'a Comm,
     pub split: SeqSplit,
     pub kind: CpComm,
+    pub clock: Option<&'a AttendClock>,
+}
+
+/// Seconds a rank spent in the blockwise attention of its context group's blocks.
+#[derive(Debug, Default)]
+pub struct AttendClock {
+    ns: AtomicU64,
+}
+
+impl AttendClock {
+    fn add(&self, since: Instant) {
+        self.ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The seconds counted since the last `take`.
+    pub fn take(&self) -> f64 {
+        self.ns.swap(0, Ordering::Relaxed) as f64 * 1e-9
+    }
 }
 
 impl Context<'_> {
+    fn timed<R>(&self, f: impl FnOnce() -> R) -> R {
+        let t0 = Instant::now();
+        let r = f();
+        if let Some(c) = self.clock {
+            c.add(t0);
+        }
+        r
+    }
+
     /// This rank's rows' global positions.
     pub fn positions(&self) -> Vec<u32> {
         self.split.positions(self.comm.rank())
@@ -298,7 +328,7 @@ pub fn forward(
             st.kv.resize(z.cp * 2 * n * kvw, 0.0);
             comm.all_gather(&own, &mut st.kv).map_err(comm_err)?;
             for (src, blk) in st.kv.chunks(2 * n * kvw).enumerate() {
-                me.attend(z, src, blk, &mut acc);
+                cx.timed(|| me.attend(z, src, blk, &mut acc));
             }
         }
         CpComm::Ring => {
@@ -311,7 +341,7 @@ pub fn forward(
                 if step + 1 < cp {
                     comm.send(&hand, next, TAG_KV).map_err(comm_err)?;
                 }
-                me.attend(z, src, &hand, &mut acc);
+                cx.timed(|| me.attend(z, src, &hand, &mut acc));
                 if step + 1 < cp {
                     comm.recv(&mut hand, prev, TAG_KV).map_err(comm_err)?;
                     src = (src + cp - 1) % cp;
@@ -361,11 +391,11 @@ pub fn backward(
         CpComm::AllGather => {
             let mut dkv_all = vec![0f32; z.cp * blk];
             for (src, (kv, dkv)) in st.kv.chunks(blk).zip(dkv_all.chunks_mut(blk)).enumerate() {
-                me.attend_back((z, src, kv), &grads, &mut dqh, dkv);
+                cx.timed(|| me.attend_back((z, src, kv), &grads, &mut dqh, dkv));
             }
             comm.reduce_scatter(&dkv_all, &mut mine, ReduceOp::Sum).map_err(comm_err)?;
         }
-        CpComm::Ring if z.cp == 1 => me.attend_back((z, 0, &st.kv), &grads, &mut dqh, &mut mine),
+        CpComm::Ring if z.cp == 1 => cx.timed(|| me.attend_back((z, 0, &st.kv), &grads, &mut dqh, &mut mine)),
         CpComm::Ring => {
             let (r, cp) = (comm.rank(), z.cp);
             let (next, prev) = ((r + 1) % cp, (r + cp - 1) % cp);
@@ -377,7 +407,7 @@ pub fn backward(
                     comm.send(&hand, next, TAG_KV_BACK).map_err(comm_err)?;
                 }
                 let mut part = vec![0f32; blk];
-                me.attend_back((z, src, &hand), &grads, &mut dqh, &mut part);
+                cx.timed(|| me.attend_back((z, src, &hand), &grads, &mut dqh, &mut part));
                 // the block's gradient so far, from the ranks it visited before this one
                 if step > 0 {
                     comm.recv(&mut dkv, prev, TAG_DKV).map_err(comm_err)?;
@@ -459,7 +489,7 @@ mod tests {
             let (ql, kl, vl) = (rows(&q, qw, &pos), rows(&k, kvw, &pos), rows(&v, kvw, &pos));
             let mut st = CpStash::default();
             let mut o = vec![0f32; z.local() * qw];
-            let cx = Context { comm: &comm, split: z, kind };
+            let cx = Context { comm: &comm, split: z, kind, clock: None };
             forward(cx, s, (&ql, &kl, &vl), &lo, &mut o, &mut st).map_err(|e| e.to_string())?;
             let dol = rows(&dout, qw, &pos);
             let (mut dq, mut dk, mut dv) = (vec![0f32; ql.len()], vec![0f32; kl.len()], vec![0f32; vl.len()]);

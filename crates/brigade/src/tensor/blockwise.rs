@@ -20,28 +20,24 @@ pub struct Queries<'a> {
 }
 
 impl Queries<'_> {
-    fn sees(&self, i: usize, kpos: u32) -> bool {
-        self.lo[i] <= kpos && kpos <= self.pos[i]
+    /// The keys of a block at ascending positions `kpos` that row `i` sees: a run of them.
+    fn seen(&self, i: usize, kpos: &[u32]) -> std::ops::Range<usize> {
+        let a = kpos.partition_point(|&p| p < self.lo[i]);
+        let b = kpos.partition_point(|&p| p <= self.pos[i]);
+        a..b.max(a)
     }
 }
 
-/// The scores `q·kᵀ·scale` of a block, masked: invisible entries are `-inf`.
-fn scores(q: &[f32], k: &[f32], hd: usize, qs: Queries, kpos: &[u32], s: &mut Vec<f32>) {
-    let (nq, nk) = (qs.pos.len(), kpos.len());
+/// The scores `q·kᵀ` of a block, unscaled, every entry (the caller reads each row's seen run).
+fn scores(q: &[f32], k: &[f32], hd: usize, (nq, nk): (usize, usize), s: &mut Vec<f32>) {
     s.clear();
     s.resize(nq * nk, 0.0);
     matmul(s, q, k, nq, hd, nk, false, true, false);
-    let scale = 1.0 / (hd as f32).sqrt();
-    for (i, row) in s.chunks_mut(nk).enumerate() {
-        for (x, &p) in row.iter_mut().zip(kpos) {
-            *x = if qs.sees(i, p) { *x * scale } else { f32::NEG_INFINITY };
-        }
-    }
 }
 
 /// The attention of the queries over this key/value block alone: `out` (overwritten) and each
 /// row's log-sum-exp `lse` (`-inf`, with a zero row of `out`, where the block holds no key the
-/// row sees).
+/// row sees). The block's positions `kpos` ascend (a rank's runs in order).
 #[allow(clippy::too_many_arguments)]
 pub fn block_forward(
     q: &[f32],
@@ -56,6 +52,7 @@ pub fn block_forward(
     let (nq, nk) = (qs.pos.len(), kpos.len());
     assert!(q.len() == nq * hd && k.len() == nk * hd && v.len() == nk * hd);
     assert!(out.len() == nq * hd && lse.len() == nq && qs.lo.len() == nq);
+    assert!(kpos.is_sorted(), "a block's key positions ascend");
     if nk == 0 {
         // an empty block: no row sees anything of it
         out.fill(0.0);
@@ -63,22 +60,21 @@ pub fn block_forward(
         return;
     }
     let mut p = Vec::new();
-    scores(q, k, hd, qs, kpos, &mut p);
-    for (row, l) in p.chunks_mut(nk).zip(lse.iter_mut()) {
-        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if m == f32::NEG_INFINITY {
+    scores(q, k, hd, (nq, nk), &mut p);
+    let scale = 1.0 / (hd as f32).sqrt();
+    for (i, (row, l)) in p.chunks_mut(nk).zip(lse.iter_mut()).enumerate() {
+        let seen = qs.seen(i, kpos);
+        if seen.is_empty() {
             row.fill(0.0);
             *l = f32::NEG_INFINITY;
             continue;
         }
-        let mut sum = 0f64;
-        for x in row.iter_mut() {
-            *x = super::math::exp(*x - m);
-            sum += *x as f64;
-        }
-        let inv = (1.0 / sum) as f32;
-        row.iter_mut().for_each(|x| *x *= inv);
-        *l = m + (sum as f32).ln();
+        let (before, rest) = row.split_at_mut(seen.start);
+        let (run, after) = rest.split_at_mut(seen.len());
+        before.fill(0.0);
+        after.fill(0.0);
+        run.iter_mut().for_each(|x| *x *= scale);
+        *l = super::math::softmax_row_lse(run);
     }
     matmul(out, &p, v, nq, nk, hd, false, false, false);
 }
@@ -137,13 +133,18 @@ pub fn block_backward(
     if nk == 0 || nq == 0 {
         return;
     }
+    assert!(kpos.is_sorted(), "a block's key positions ascend");
     let mut p = Vec::new();
-    scores(q, k, hd, qs, kpos, &mut p);
-    for (row, &l) in p.chunks_mut(nk).zip(lse) {
-        for x in row.iter_mut() {
-            // -inf − finite is -inf, and exp(-inf) 0: masked entries and rows that see nothing
-            *x = if l == f32::NEG_INFINITY { 0.0 } else { super::math::exp(*x - l) };
-        }
+    scores(q, k, hd, (nq, nk), &mut p);
+    let scale = 1.0 / (hd as f32).sqrt();
+    for (i, (row, &l)) in p.chunks_mut(nk).zip(lse).enumerate() {
+        // the probabilities again, from the merged log-sum-exp; zero where the row sees nothing
+        let seen = if l == f32::NEG_INFINITY { 0..0 } else { qs.seen(i, kpos) };
+        let (before, rest) = row.split_at_mut(seen.start);
+        let (run, after) = rest.split_at_mut(seen.len());
+        before.fill(0.0);
+        after.fill(0.0);
+        run.iter_mut().for_each(|x| *x = super::math::exp(*x * scale - l));
     }
     // dV += Pᵀ·dO
     matmul(dv, &p, dout, nk, nq, hd, true, false, true);

@@ -184,6 +184,7 @@ impl Trainer {
             comm: self.mesh.group(&[Axis::Cp]),
             split,
             kind: self.layout.cp_comm,
+            clock: Some(&self.attend_clock),
         });
         let one_chunk = self.parts.chunks.len() == 1;
         // the tied table's copies are summed over the pipeline before ZeRO-1 cuts the sum
@@ -227,13 +228,17 @@ impl Trainer {
         // what the forwards' and backwards' spans hold that is not compute: ZeRO-2/3's waits for
         // a unit's parameters and for the reduce-scatters (dp), the tensor-parallel collectives
         self.clock.reclaim(exposed_s, Axis::Dp);
-        let tp_comm = self.mesh.group(&[Axis::Tp]);
-        let events = tp_comm.take_trace();
-        let tp_s: f64 = events.iter().map(|e| (e.end - e.start).as_secs_f64()).sum();
-        self.clock.reclaim(tp_s, Axis::Tp);
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.add_comm(tp_comm.trace_epoch(), &events, step);
+        // (and the context group's exchanges of keys and values, inside attention)
+        for axis in [Axis::Tp, Axis::Cp] {
+            let comm = self.mesh.group(&[axis]);
+            let events = comm.take_trace();
+            let secs: f64 = events.iter().map(|e| (e.end - e.start).as_secs_f64()).sum();
+            self.clock.reclaim(secs, axis);
+            if let Some(tl) = self.timeline.as_mut() {
+                tl.add_comm(comm.trace_epoch(), &events, step);
+            }
         }
+        self.clock.attend = self.attend_clock.take();
         if self.layout.runs_executor() {
             self.pipeline =
                 Some(PipelineStats { wall_s, wait_s, peak_stashed: ran.peak, peak_stash_bytes: ran.peak_bytes });

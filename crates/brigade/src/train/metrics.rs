@@ -22,7 +22,7 @@ pub struct StepStats {
     #[serde(default)]
     pub optimizer_s: f64,
     /// This rank's seconds in collectives and messages nothing overlapped, every group:
-    /// `tp_comm_s + dp_comm_s + pp_comm_s`.
+    /// `tp_comm_s + cp_comm_s + dp_comm_s + pp_comm_s`.
     pub comm_s: f64,
     /// Of `comm_s`: the tensor-parallel collectives (inside forward and backward, and the
     /// gradient's sums over the group).
@@ -35,6 +35,14 @@ pub struct StepStats {
     /// Of `comm_s`: the pipeline's sends, the tied table's sum, the loss and norm sums over stages.
     #[serde(default)]
     pub pp_comm_s: f64,
+    /// Of `comm_s`: the context group's exchanges of keys and values left exposed (the
+    /// all-gathers and reduce-scatters, or a ring's waits for the next block).
+    #[serde(default)]
+    pub cp_comm_s: f64,
+    /// Of `compute_s`, under context parallelism: the blockwise attention over the group's
+    /// blocks (what zigzag balances across the ranks).
+    #[serde(default)]
+    pub attention_s: f64,
     /// Seconds waiting for another pipeline stage's activation or gradient.
     #[serde(default)]
     pub pipeline_wait_s: f64,
@@ -92,6 +100,8 @@ pub(crate) struct StepClock {
     /// By axis (`Axis as usize`).
     pub(crate) comm: [f64; 5],
     pub(crate) wait: f64,
+    /// Context parallelism's blockwise attention (within `compute`).
+    pub(crate) attend: f64,
     /// Data-parallel gradient reductions: (launched during the list, all).
     pub(crate) dp_reductions: (usize, usize),
 }

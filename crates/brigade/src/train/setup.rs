@@ -150,9 +150,12 @@ impl Trainer {
             false => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
         };
         let model = parts.first().clone();
-        // tensor-parallel collectives run inside forward and backward: timed from their trace
-        let tp_comm = mesh.group(&[Axis::Tp]);
-        tp_comm.enable_tracing(tp_comm.size() > 1);
+        // tensor-parallel collectives and the context group's exchanges run inside forward and
+        // backward: timed from their trace
+        for axis in [Axis::Tp, Axis::Cp] {
+            let comm = mesh.group(&[axis]);
+            comm.enable_tracing(comm.size() > 1);
+        }
         let full_model = Gpt::new(mcfg)?;
         let mut params = match (&cfg.init, &cfg.shape_from) {
             // a published model's weights: this rank reads its own tensors and slices only
@@ -197,6 +200,7 @@ impl Trainer {
             clock: StepClock::default(),
             pipeline: None,
             history: Vec::new(),
+            attend_clock: Default::default(),
         })
     }
 }

@@ -86,6 +86,8 @@ pub struct Trainer {
     pub pipeline: Option<PipelineStats>,
     /// Every step taken (also before a resume, as the checkpoint's metrics recorded them).
     pub history: Vec<StepStats>,
+    /// Context parallelism: this step's seconds in blockwise attention.
+    pub(crate) attend_clock: crate::nn::context::AttendClock,
 }
 
 impl Trainer {
@@ -221,9 +223,9 @@ impl Trainer {
         let wall = started.elapsed().as_secs_f64();
         let c = self.clock;
         let on = |a: Axis| c.comm[a as usize];
-        let (tp_comm_s, dp_comm_s, pp_comm_s) = (on(Axis::Tp), on(Axis::Dp), on(Axis::Pp));
+        let (tp_comm_s, dp_comm_s, pp_comm_s, cp_comm_s) = (on(Axis::Tp), on(Axis::Dp), on(Axis::Pp), on(Axis::Cp));
         let compute_s = c.compute.max(0.0);
-        let comm_s = tp_comm_s + dp_comm_s + pp_comm_s;
+        let comm_s = tp_comm_s + cp_comm_s + dp_comm_s + pp_comm_s;
         let s = StepStats {
             step,
             loss,
@@ -237,6 +239,8 @@ impl Trainer {
             tp_comm_s,
             dp_comm_s,
             pp_comm_s,
+            cp_comm_s,
+            attention_s: c.attend,
             pipeline_wait_s: c.wait,
             idle_s: (wall - compute_s - c.optimizer - comm_s - c.wait).max(0.0),
             bubble: self.pipeline.map_or(0.0, |p| p.bubble()),
