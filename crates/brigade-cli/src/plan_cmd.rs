@@ -60,7 +60,7 @@ pub struct PlanArgs {
     /// Measure this machine and predict a single-worker `brigade train` step of --model
     /// (a brigade preset: tiny, gpt2-small, …) at --batch × --seq with --threads.
     #[arg(long, conflicts_with_all = [
-        "gpus", "global_batch", "layout", "gpu", "precision", "layers", "hidden", "heads", "kv_heads", "ffn",
+        "gpus", "global_batch", "gpu", "precision", "layers", "hidden", "heads", "kv_heads", "ffn",
         "swiglu", "vocab", "peak_tflops", "hbm_gib", "hbm_tbps", "nvlink_gbps", "net_gbps", "gpus_per_node",
         "tokens", "no_flash_attention", "top",
     ])]
@@ -71,7 +71,9 @@ pub struct PlanArgs {
     /// Threads (with --local).
     #[arg(long, default_value_t = crate::threads::default_threads(), requires = "local")]
     threads: usize,
-    /// Fix some layout fields, e.g. tp=8,pp=4,dp=32,mb=2,v=3,recompute=full,zero=1; the rest are searched.
+    /// Fix some layout fields, e.g. tp=8,pp=4,cp=2,dp=32,mb=2,v=3,recompute=full,zero=1; the rest are
+    /// searched. With --local, its cp fields (cp, cp_comm, cp_order) pick the context split whose
+    /// longest trainable sequence is printed.
     #[arg(long)]
     layout: Option<String>,
     /// Tokens to train on (e.g. 300e9): prints the time to train.
@@ -158,7 +160,7 @@ fn shape_unchecked(a: &PlanArgs) -> Result<ModelShape> {
 fn layout_json(e: &Estimate) -> serde_json::Value {
     let l = e.layout;
     serde_json::json!({
-        "tp": l.tp, "pp": l.pp, "dp": l.dp, "mb": l.mb, "v": l.v, "recompute": l.recompute, "zero": l.zero,
+        "tp": l.tp, "pp": l.pp, "cp": l.cp, "cp_comm": l.cp_comm, "dp": l.dp, "mb": l.mb, "v": l.v, "recompute": l.recompute, "zero": l.zero,
         "schedule": l.schedule_name(),
         "step_time_s": e.step_time_s, "model_tflops_per_gpu": e.model_tflops_per_gpu,
         "hw_tflops_per_gpu": e.hw_tflops_per_gpu, "mfu": e.mfu, "memory_gib_per_gpu": e.memory_gib_per_gpu,
@@ -191,6 +193,32 @@ pub fn step_shape(model: &str, batch: usize, seq: usize, threads: usize) -> Resu
     let need = brigade::train::memory::training_memory(&cfg, batch, seq);
     brigade::train::memory::check_fits(&need, &format!("a {model} step at batch {batch} × seq {seq}"))?;
     Ok(cfg)
+}
+
+/// The longest sequence `model` trains at micro-batch `batch` in the memory this machine has
+/// available, on one worker and on one rank of context groups (the layout's `cp`, else 2 and 4),
+/// as the trainer's own memory accounting counts it.
+fn longest_sequences(model: &str, batch: usize, layout: Option<&str>) -> Result<()> {
+    use brigade::train::memory::{available_bytes, gib, longest_seq};
+    let Some(avail) = available_bytes() else { return Ok(()) };
+    let cfg = brigade::models::GptConfig::preset(model)?;
+    const CAP: usize = 1 << 24;
+    let layout = brigade::layout::Layout::parse(layout.unwrap_or(""))?;
+    let cps: Vec<usize> = if layout.cp > 1 { vec![layout.cp] } else { vec![2, 4] };
+    let mut parts = Vec::new();
+    let one = longest_seq(&cfg, batch, (1, layout.cp_comm, 1), avail, CAP);
+    parts.push(format!("one worker {}", one.map_or("none".into(), |n| n.to_string())));
+    for cp in cps {
+        let chunks = layout.cp_order.chunks(cp);
+        let n = longest_seq(&cfg, batch, (cp, layout.cp_comm, chunks), avail, CAP);
+        parts.push(format!("a rank of cp={cp} {}", n.map_or("none".into(), |n| n.to_string())));
+    }
+    outln!(
+        "longest sequence at batch {batch} in the {:.1} GiB available (per rank, as the trainer counts it): {}",
+        gib(avail),
+        parts.join(", ")
+    );
+    Ok(())
 }
 
 /// The `--local` figures: measured machine and predicted step, for `plan --local` and `bench plan`.
@@ -235,6 +263,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 "{model} step, batch {} × seq {seq}: predicted {:.4} s = matmul {:.4} + attention {:.4} + memory-bound kernels {:.4} + optimizer {:.4}",
                 a.batch, p.step_s, p.matmul_s, p.attention_s, p.elementwise_s, p.optimizer_s
             );
+            longest_sequences(&model, a.batch, a.layout.as_deref())?;
         }
         return Ok(());
     }
@@ -276,13 +305,14 @@ pub fn run(a: PlanArgs) -> Result<()> {
         Some(s) => Spec::parse(s)?,
         None => Spec::default(),
     };
-    let product = fixed.tp.unwrap_or(1) * fixed.pp.unwrap_or(1) * fixed.dp.unwrap_or(1);
+    let product = fixed.tp.unwrap_or(1) * fixed.pp.unwrap_or(1) * fixed.cp.unwrap_or(1) * fixed.dp.unwrap_or(1);
+    // (cp, new beside them, counts as 1 when tp, pp and dp are given without it)
     let all_fixed = fixed.tp.is_some() && fixed.pp.is_some() && fixed.dp.is_some();
     if all_fixed && product != gpus {
-        bail!("--layout tp·pp·dp = {product} does not match --gpus {gpus}");
+        bail!("--layout tp·pp·cp·dp = {product} does not match --gpus {gpus}");
     }
     if !gpus.is_multiple_of(product) {
-        let axes = [("tp", fixed.tp), ("pp", fixed.pp), ("dp", fixed.dp)];
+        let axes = [("tp", fixed.tp), ("pp", fixed.pp), ("cp", fixed.cp), ("dp", fixed.dp)];
         let (given, free): (Vec<_>, Vec<_>) = axes.iter().partition(|(_, v)| v.is_some());
         let names = |a: &[&(&str, Option<usize>)], sep: &str| a.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(sep);
         bail!(
@@ -334,9 +364,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
     );
     outln!("{} layouts fit; fastest first:", ranked.len());
     outln!(
-        "{:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9} {:>9} {:>6} {:>8}",
+        "{:>4} {:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9} {:>9} {:>6} {:>8}",
         "tp",
         "pp",
+        "cp",
         "dp",
         "mb",
         "v",
@@ -351,9 +382,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
     for e in ranked.iter().take(a.top) {
         let l = e.layout;
         outln!(
-            "{:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9.3} {:>9.1} {:>5.1}% {:>8.1}",
+            "{:>4} {:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9.3} {:>9.1} {:>5.1}% {:>8.1}",
             l.tp,
             l.pp,
+            l.cp,
             l.dp,
             l.mb.map_or("-".to_string(), |m| m.to_string()),
             l.v,
@@ -368,8 +400,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     let b = best.breakdown;
     outln!(
-        "best: step {:.3} s = compute {:.3} + tp comm {:.3} + pp bubble {:.3} + p2p {:.3} + exposed dp comm {:.3} + optimizer {:.3}",
-        best.step_time_s, b.compute_s, b.tp_comm_s, b.pp_bubble_s, b.p2p_s, b.dp_exposed_s, b.optimizer_s
+        "best: step {:.3} s = compute {:.3} + tp comm {:.3} + cp comm {:.3} + pp bubble {:.3} + p2p {:.3} + exposed dp comm {:.3} + optimizer {:.3}",
+        best.step_time_s, b.compute_s, b.tp_comm_s, b.cp_comm_s, b.pp_bubble_s, b.p2p_s, b.dp_exposed_s, b.optimizer_s
     );
     outln!(
         "      {:.1} model TFLOP/s per GPU ({:.1} with recomputation), MFU {:.1}%, {:.1} GiB per GPU, {:.0} tokens/s",

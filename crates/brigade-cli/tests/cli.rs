@@ -227,7 +227,7 @@ fn plan_prints_json_with_the_best_layout_and_refuses_bad_input() {
     fails_with(
         &with(&["--model", "gpt3-13b", "--layout", "tp=2,pp=2,dp=1"]),
         p,
-        "tp·pp·dp = 4 does not match --gpus 8",
+        "tp·pp·cp·dp = 4 does not match --gpus 8",
     );
     fails_with(&with(&["--model", "gpt3-13b", "--layout", "tp=2,foo=1"]), p, "unknown layout field 'foo'");
     fails_with(&with(&["--model", "llama3-405b", "--gpu", "a100-40gb"]), p, "the smallest needs");

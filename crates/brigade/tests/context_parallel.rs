@@ -10,7 +10,9 @@
 //!   loss cp× too high): the printed training loss and the evaluation equal the single
 //!   worker's at cp = 1, 2 and 4;
 //! - **bad layouts**: a sequence cp cannot split, misspelt `cp_comm`/`cp_order`, a world of
-//!   another size — one line naming what fits, before any rank communicates.
+//!   another size — one line naming what fits, before any rank communicates;
+//! - **memory**: a rank of cp=2 holds at most 0.55× one worker's activations, by the trainer's
+//!   own accounting and by the allocator's count of what a step allocates.
 
 use brigade::layout::{Axis, CpOrder, Layout};
 use brigade::models::family::Family;
@@ -20,7 +22,11 @@ use brigade::tensor::loss::IGNORE;
 use brigade::train::{TrainConfig, Trainer};
 
 mod common;
+use brigade::alloc::{live_bytes, peak_bytes, reset_peak, set_rank, RankAlloc};
 use common::for_each_family;
+
+#[global_allocator]
+static ALLOC: RankAlloc = RankAlloc;
 
 const T: usize = 16;
 const B: usize = 4;
@@ -223,4 +229,65 @@ fn layouts_context_parallelism_cannot_run_are_refused_naming_what_fits() {
     assert!(e.contains("dp=2 × pp=1 × cp=2 × tp=1 needs 4 ranks but 2 were started"), "{e}");
     let layout = Layout::parse("dp=2,cp=2,tp=2").unwrap();
     assert_eq!((layout.degree(Axis::Cp), layout.world(), layout.cp_order), (2, 8, CpOrder::Zigzag));
+}
+
+/// The most bytes the first step holds above what a rank held before it (its activations, the
+/// step's buffers, and the optimizer's moments, which every layout here allocates alike), the
+/// largest over the ranks of `layout`, by the allocator.
+fn step_bytes(c: &TrainConfig, layout: &str) -> usize {
+    let l = Layout::parse(layout).unwrap();
+    let out = brigade_comm::local::run(l.world(), |world| {
+        set_rank(Some(world.rank()));
+        let mut tr = Trainer::on_world(c.clone(), &world, &l)?;
+        world.barrier().unwrap();
+        let base = live_bytes(world.rank()).unwrap();
+        reset_peak(world.rank());
+        brigade::with_threads(1, || tr.train_step())??;
+        Ok::<_, brigade::Error>(peak_bytes(world.rank()).unwrap() - base)
+    })
+    .unwrap();
+    out.into_iter().max().unwrap()
+}
+
+#[test]
+fn a_rank_of_cp2_holds_at_most_055_of_one_workers_activations() {
+    let d = tempfile::tempdir().unwrap();
+    let data = text(d.path());
+    let seq = 512;
+    let c = TrainConfig {
+        seq: Some(seq),
+        block_size: Some(seq),
+        batch: 1,
+        micro_batch: Some(1),
+        n_embd: Some(64),
+        n_head: Some(4),
+        model: "llama-tiny".into(),
+        ..cfg(Family::Gpt2, &data)
+    };
+    let m = Trainer::new(c.clone()).unwrap().model.cfg;
+    use brigade::train::memory::training_memory_cp;
+    for kind in [brigade::layout::CpComm::AllGather, brigade::layout::CpComm::Ring] {
+        let one = training_memory_cp(&m, 1, seq, 1, kind).activations as f64;
+        let two = training_memory_cp(&m, 1, seq, 2, kind).activations as f64;
+        assert!(
+            two <= 0.55 * one,
+            "{kind:?}: the trainer counts {two} bytes of activations at cp=2, {one} on one worker"
+        );
+    }
+    let one = step_bytes(&c, "dp=1") as f64;
+    for layout in ["cp=2", "cp=2,cp_comm=ring"] {
+        let two = step_bytes(&c, layout) as f64;
+        println!(
+            "{layout}: a step allocates {:.1} MiB on the busiest rank, one worker {:.1} MiB",
+            two / 1048576.0,
+            one / 1048576.0
+        );
+        assert!(two <= 0.55 * one, "{layout}: a step allocates {two} bytes on a rank, {one} on one worker");
+    }
+    // the accounting is of the same size as what the allocator counts on one worker
+    let counted = training_memory_cp(&m, 1, seq, 1, brigade::layout::CpComm::AllGather).activations as f64;
+    assert!(
+        (0.5..2.0).contains(&(one / counted)),
+        "the allocator counts {one} bytes, the trainer's accounting {counted}"
+    );
 }

@@ -30,6 +30,10 @@ pub struct Flags {
     pub(crate) micro_batch: Option<usize>,
     #[arg(long, default_value_t = 1)]
     pub(crate) threads: usize,
+    /// Give every layout the same cores: each rank runs on cores / ranks threads (at least 1),
+    /// so one worker on 2 cores is set beside cp=2 on 1 core a rank. Replaces --threads.
+    #[arg(long, conflicts_with = "threads")]
+    pub(crate) cores: Option<usize>,
     #[arg(long, default_value_t = 3)]
     pub(crate) steps: usize,
     #[arg(long, default_value_t = 1)]
@@ -39,14 +43,18 @@ pub struct Flags {
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    let Flags { model, seq, batch, weak, layouts, micro_batch, threads, steps, warmup, json, block_size } = f;
+    let Flags { model, seq, batch, weak, layouts, micro_batch, threads, steps, warmup, json, block_size, cores } = f;
 
     crate::threads::check_threads(threads, "--threads")?;
+    if let Some(c) = cores {
+        crate::threads::check_threads(c, "--cores")?;
+    }
+    let threads_of = |l: &brigade::layout::Layout| cores.map_or(threads, |c| (c / l.world()).max(1));
     if steps == 0 {
         bail!("--steps must be at least 1");
     }
     let parsed = super::args::training_layouts(&layouts, |l, layout| {
-        crate::threads::check_threads(layout.world() * threads, &format!("layout '{l}': ranks × --threads"))
+        crate::threads::check_threads(layout.world() * threads_of(layout), &format!("layout '{l}': ranks × --threads"))
     })?;
     if parsed.is_empty() {
         bail!("--layouts is empty; give e.g. \"dp=1;dp=2\"");
@@ -59,8 +67,12 @@ pub fn run(f: Flags) -> Result<()> {
     };
     let mut base = None;
     if !json {
+        let per_rank = match cores {
+            Some(c) => format!("{c} cores per layout (cores / ranks threads a rank)"),
+            None => format!("{threads} thread(s) per rank"),
+        };
         outln!(
-            "{model}, {} batch {batch} × seq {seq}, {threads} thread(s) per rank, median of {steps} steps",
+            "{model}, {} batch {batch} × seq {seq}, {per_rank}, median of {steps} steps",
             if weak { "per-replica" } else { "global" }
         );
         outln!(
@@ -86,7 +98,7 @@ pub fn run(f: Flags) -> Result<()> {
     let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
     for (l, layout) in parsed {
         let cfg = brigade::train::TrainConfig { batch: if weak { batch * layout.dp } else { batch }, ..cfg.clone() };
-        let r = brigade::bench::parallel_step(cfg, &layout, bucket, threads, warmup, steps)?;
+        let r = brigade::bench::parallel_step(cfg, &layout, bucket, threads_of(&layout), warmup, steps)?;
         let speedup = r.tokens_per_s / *base.get_or_insert(r.tokens_per_s);
         if json {
             rows.push(serde_json::json!({"layout": l, "ranks": r.ranks, "tokens_per_s": r.tokens_per_s,

@@ -159,6 +159,11 @@ const TAG_KV: u32 = 1;
 const TAG_KV_BACK: u32 = 2;
 const TAG_DKV: u32 = 3;
 
+/// The blocks in the order a ring brings them to rank `r`: its own, then r − 1, r − 2, …
+fn ring_order(r: usize, cp: usize) -> impl Iterator<Item = usize> {
+    (0..cp).map(move |s| (r + cp - s) % cp)
+}
+
 /// Column block `h` (of width `hd`) of a row-major `[n, w]` matrix, as its own `[n, hd]`.
 fn column(x: &[f32], w: usize, h: usize, hd: usize) -> Vec<f32> {
     x.chunks(w).flat_map(|row| row[h * hd..(h + 1) * hd].iter().copied()).collect()
@@ -327,8 +332,10 @@ pub fn forward(
             // every rank's block [k | v], in rank order
             st.kv.resize(z.cp * 2 * n * kvw, 0.0);
             comm.all_gather(&own, &mut st.kv).map_err(comm_err)?;
-            for (src, blk) in st.kv.chunks(2 * n * kvw).enumerate() {
-                cx.timed(|| me.attend(z, src, blk, &mut acc));
+            // in the ring's order (own block first), so that both exchanges merge alike
+            let blk = 2 * n * kvw;
+            for src in ring_order(comm.rank(), z.cp) {
+                cx.timed(|| me.attend(z, src, &st.kv[src * blk..(src + 1) * blk], &mut acc));
             }
         }
         CpComm::Ring => {
@@ -390,7 +397,8 @@ pub fn backward(
     match cx.kind {
         CpComm::AllGather => {
             let mut dkv_all = vec![0f32; z.cp * blk];
-            for (src, (kv, dkv)) in st.kv.chunks(blk).zip(dkv_all.chunks_mut(blk)).enumerate() {
+            for src in ring_order(comm.rank(), z.cp) {
+                let (kv, dkv) = (&st.kv[src * blk..(src + 1) * blk], &mut dkv_all[src * blk..(src + 1) * blk]);
                 cx.timed(|| me.attend_back((z, src, kv), &grads, &mut dqh, dkv));
             }
             comm.reduce_scatter(&dkv_all, &mut mine, ReduceOp::Sum).map_err(comm_err)?;

@@ -2,7 +2,7 @@
 //! for every model, cluster and layout; the constants below are global (not per run).
 
 use super::catalog::{Accelerator, ModelShape};
-use crate::layout::Schedule;
+use crate::layout::{CpComm, CpOrder, Schedule};
 pub use crate::layout::{Layout, Recompute};
 use crate::parallel::pipeline::{schedule, simulate, Plan};
 use serde::Serialize;
@@ -78,6 +78,8 @@ pub struct Breakdown {
     /// Forward, backward and recomputation on the busiest stage, all micro-batches.
     pub compute_s: f64,
     pub tp_comm_s: f64,
+    /// Context parallelism's exchange of keys and values that attention does not hide.
+    pub cp_comm_s: f64,
     pub pp_bubble_s: f64,
     pub p2p_s: f64,
     /// Data-parallel gradient reduction not hidden behind the last backward.
@@ -103,6 +105,21 @@ pub struct Estimate {
 /// `Layout::micro_batch` applies to a run).
 fn micro_batch(t: &Training, l: &Layout) -> usize {
     l.mb.unwrap_or(t.global_batch / l.dp).max(1)
+}
+
+/// Tokens of one micro-batch on one rank: its sequences, each cut over the context group.
+fn rank_tokens(m: &ModelShape, t: &Training, l: &Layout) -> f64 {
+    (micro_batch(t, l) * m.seq) as f64 / l.cp as f64
+}
+
+/// The busiest context rank's share of a sequence's attention work, over the even share `1/cp`:
+/// zigzag chunks give every rank the same work; contiguous ones give the last rank
+/// (2·cp − 1)/cp² of it.
+fn cp_imbalance(l: &Layout) -> f64 {
+    match l.cp_order {
+        CpOrder::Zigzag => 1.0,
+        CpOrder::Contiguous => (2 * l.cp - 1) as f64 / l.cp as f64,
+    }
 }
 
 /// FLOPs per token of one layer's forward pass: (matrix products, attention core).
@@ -245,7 +262,8 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
         _ => embed,
     };
     let p = (lps * per_layer + ends) / tp;
-    let dp = l.dp as f64;
+    // ZeRO cuts its pieces over every rank holding the same parameters: data × context
+    let dp = (l.dp * l.cp) as f64;
     // 16 bytes/param either way: mixed precision keeps bf16 weights and grads (2 + 2) and
     // fp32 master weights and moments (12); fp32 keeps weights and grads (4 + 4) and moments (8).
     let (w, g) = (t.precision.bytes(), t.precision.bytes());
@@ -255,7 +273,7 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
         2 => w + (16.0 - w) / dp,
         _ => 16.0 / dp,
     } * p;
-    let tokens = (micro_batch(t, l) * m.seq) as f64;
+    let tokens = rank_tokens(m, t, l);
     let per_layer_act = tokens * activation_bytes_per_token(m, t, l.recompute) / tp; // sequence parallel
     let stored = match l.recompute {
         Recompute::Full => t.precision.bytes() * tokens * m.hidden as f64 / tp, // the layer input only
@@ -265,7 +283,16 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
     let recompute_working_set = if l.recompute == Recompute::Full { per_layer_act } else { 0.0 };
     // logits + fp32 softmax, on the last stage
     let logits = if last { tokens * m.vocab as f64 / tp * (t.precision.bytes() + 4.0) } else { 0.0 };
-    let act = lps * stored * in_flight + recompute_working_set + logits;
+    // context parallelism: the keys and values a layer's attention reads from the group (all
+    // of the sequence's, all-gathered; a ring holds two blocks)
+    let hkv = (m.hidden * m.kv_heads / m.heads) as f64;
+    let kv = 2.0 * tokens * hkv * t.precision.bytes() / tp;
+    let exchanged = match (l.cp, l.cp_comm) {
+        (1, _) => 0.0,
+        (cp, CpComm::AllGather) => kv * cp as f64,
+        (_, CpComm::Ring) => 2.0 * kv,
+    };
+    let act = lps * stored * in_flight + recompute_working_set + logits + exchanged;
     (state + act) / (1u64 << 30) as f64 + RESERVED_GIB
 }
 
@@ -327,16 +354,54 @@ pub fn pipeline_bubble(l: &Layout, micro: usize, w: Work) -> f64 {
     idle.unwrap_or((pp - 1.0) * (w.forward + w.backward - 2.0 * w.weight).max(0.0))
 }
 
+/// Seconds per layer and micro-batch that context parallelism's exchange of keys and values
+/// adds, forward and backward (and again for a recomputed forward), given the attention's own
+/// forward seconds `t_att` on a rank. All-gather: the group's keys and values gathered before
+/// attention, their gradients reduce-scattered after, nothing hidden. Ring: cp − 1 hops of one
+/// block forward (keys and values) and cp of two backward (with their gradients), each hidden
+/// behind the attention of the block in hand.
+fn cp_exposed_per_layer(
+    m: &ModelShape,
+    a: &Accelerator,
+    t: &Training,
+    l: &Layout,
+    (t_att, recomputed): (f64, bool),
+) -> f64 {
+    if l.cp == 1 {
+        return 0.0;
+    }
+    let cp = l.cp as f64;
+    // the group's stride is tp: it leaves the node when tp·cp ranks do not fit in one
+    let bw = if spans(l.tp, l.cp, a.gpus_per_node) { a.net_gbps } else { a.nvlink_gbps } * 1e9;
+    let hkv = (m.hidden * m.kv_heads / m.heads) as f64;
+    let block = 2.0 * rank_tokens(m, t, l) * hkv * t.precision.bytes() / l.tp as f64;
+    let forwards = if recomputed { 2.0 } else { 1.0 };
+    match l.cp_comm {
+        CpComm::AllGather => {
+            let gather = (cp - 1.0) * (ALPHA_S + block / bw);
+            (forwards + 1.0) * gather
+        }
+        CpComm::Ring => {
+            let hop = ALPHA_S + block / bw;
+            let step_att = t_att / cp;
+            let fwd = (cp - 1.0) * (hop - step_att).max(0.0);
+            let bwd = cp * (2.0 * hop - 2.0 * step_att).max(0.0);
+            forwards * fwd + bwd
+        }
+    }
+}
+
 /// Step time and utilisation of one layout (the layout must be valid: see `search`).
 pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Estimate {
     let (lin, att) = layer_flops_per_token(m);
     let peak = t.peak(a);
     let tp = l.tp as f64;
-    let tokens = (micro_batch(t, l) * m.seq) as f64;
+    let tokens = rank_tokens(m, t, l);
     let x = m.hidden as f64 / tp;
     let gemm_eff = a.gemm_efficiency * x / (x + SHAPE_X0);
     let t_lin = tokens * lin / tp / (peak * gemm_eff);
-    let t_att = tokens * att / tp / (peak * a.attention_efficiency);
+    // each rank's queries attend over the whole sequence: its share of the work, balanced or not
+    let t_att = tokens * att * cp_imbalance(l) / tp / (peak * a.attention_efficiency);
     let stored = tokens * activation_bytes_per_token(m, t, Recompute::Full) / tp;
     let t_mem = ELEMENTWISE_TRAFFIC * stored / (a.hbm_tbps * 1e12);
     let fwd = t_lin + t_att + t_mem;
@@ -357,7 +422,8 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let head = 3.0 * tokens * 2.0 * (m.hidden * m.vocab) as f64 / tp / (peak * gemm_eff);
     let compute_mb = lps * (fwd + bwd + rec) + head;
     let tp_mb = lps * tp_per_layer;
-    let stage_mb = compute_mb + tp_mb;
+    let cp_mb = lps * cp_exposed_per_layer(m, a, t, l, (t_att, rec > 0.0));
+    let stage_mb = compute_mb + tp_mb + cp_mb;
     let micro = t.global_batch / (l.dp * micro_batch(t, l));
     // a micro-batch on the busiest stage: its forward with the forward's two tensor-parallel
     // collectives, its backward (recomputation and the other collectives), and the backward's
@@ -367,27 +433,30 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let bubble = pipeline_bubble(l, micro, work);
     let micro = micro as f64;
     // Pipeline point-to-point: activations forward and gradients back, per chunk and micro-batch.
-    let pp_bw = if l.tp * l.dp >= gpn { a.net_gbps } else { a.nvlink_gbps };
+    let pp_bw = if l.tp * l.cp * l.dp >= gpn { a.net_gbps } else { a.nvlink_gbps };
     let p2p = if l.pp > 1 { 2.0 * l.v as f64 * micro * (ALPHA_S + act_bytes / tp / (pp_bw * 1e9)) } else { 0.0 };
     // Data parallel: gradients of this GPU's parameters, hidden behind the last backward.
     let (per_layer, embed) = params(m);
     let p_gpu = (lps * per_layer + embed + head_params(m)) / tp;
-    let dp_bw = if spans(l.tp, l.dp, gpn) { a.net_gbps } else { a.nvlink_gbps };
+    // (summed over the data × context ranks, which hold the same parameters)
+    let replicas = l.dp * l.cp;
+    let dp_bw = if spans(l.tp, replicas, gpn) { a.net_gbps } else { a.nvlink_gbps };
     let zero_factor = if l.zero >= 3 { 1.5 } else { 1.0 };
-    let dp_time = zero_factor * all_reduce_time(l.dp, t.precision.bytes() * p_gpu, dp_bw, 2.0);
+    let dp_time = zero_factor * all_reduce_time(replicas, t.precision.bytes() * p_gpu, dp_bw, 2.0);
     let dp_exposed = (dp_time - lps * bwd).max(0.0);
-    let opt_params = if l.zero >= 1 { p_gpu / l.dp as f64 } else { p_gpu };
+    let opt_params = if l.zero >= 1 { p_gpu / replicas as f64 } else { p_gpu };
     let optimizer = 16.0 * opt_params / (a.hbm_tbps * 1e12);
     let breakdown = Breakdown {
         compute_s: micro * compute_mb,
         tp_comm_s: micro * tp_mb,
+        cp_comm_s: micro * cp_mb,
         pp_bubble_s: bubble,
         p2p_s: p2p,
         dp_exposed_s: dp_exposed,
         optimizer_s: optimizer,
     };
     let step = micro * stage_mb + bubble + p2p + dp_exposed + optimizer;
-    let gpus = (l.tp * l.pp * l.dp) as f64;
+    let gpus = (l.tp * l.pp * l.dp * l.cp) as f64;
     let (fm, fh) = step_flops(m, t.global_batch, l.recompute);
     let mem = memory_gib(m, t, l);
     Estimate {

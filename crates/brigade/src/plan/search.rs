@@ -3,7 +3,7 @@
 use super::catalog::{Accelerator, ModelShape};
 use super::cost::{estimate, memory_gib, Estimate, Training};
 use crate::error::{Error, Result};
-use crate::layout::{Layout, Recompute, Schedule, Spec};
+use crate::layout::{CpComm, CpOrder, Layout, Recompute, Schedule, Spec};
 
 /// The divisors of `n`, ascending, in O(√n).
 fn divisors(n: usize) -> Vec<usize> {
@@ -37,51 +37,68 @@ pub fn layouts(m: &ModelShape, gpus: usize, t: &Training, fixed: &Spec) -> Vec<L
             if fixed.pp.is_some_and(|x| x != pp) || pp > m.layers {
                 continue;
             }
-            let dp = gpus / (tp * pp);
-            if fixed.dp.is_some_and(|x| x != dp) || !t.global_batch.is_multiple_of(dp) {
-                continue;
-            }
-            for mb in divisors(t.global_batch / dp) {
-                if fixed.mb.is_some_and(|x| x != mb) || (fixed.mb.is_none() && mb > 16) {
+            for cp in divisors(gpus / (tp * pp)) {
+                // a context split cuts each sequence into 2·cp chunks (zigzag) or cp (contiguous);
+                // unasked, chunks of under 1024 tokens are not tried (too small to attend well)
+                let order = fixed.cp_order.unwrap_or(CpOrder::Zigzag);
+                let chunk = m.seq / order.chunks(cp).max(1);
+                if fixed.cp.is_some_and(|x| x != cp)
+                    || !m.seq.is_multiple_of(order.chunks(cp))
+                    || (fixed.cp.is_none() && cp > 1 && chunk < 1024)
+                {
                     continue;
                 }
-                let vs: Vec<usize> = match fixed.v {
-                    Some(v) => vec![v],
-                    None if pp == 1 => vec![1],
-                    None => [1, 2, 3, 4, 6, 8].into_iter().filter(|&v| pp * v <= m.layers).collect(),
-                };
-                for v in vs {
-                    for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
-                        if fixed.recompute.is_some_and(|x| x != recompute) {
-                            continue;
-                        }
-                        for zero in 0..=3u8 {
-                            if fixed.zero.is_some_and(|x| x != zero) || (dp == 1 && zero > 0 && fixed.zero.is_none()) {
+                let dp = gpus / (tp * pp * cp);
+                if fixed.dp.is_some_and(|x| x != dp) || !t.global_batch.is_multiple_of(dp) {
+                    continue;
+                }
+                for mb in divisors(t.global_batch / dp) {
+                    if fixed.mb.is_some_and(|x| x != mb) || (fixed.mb.is_none() && mb > 16) {
+                        continue;
+                    }
+                    let vs: Vec<usize> = match fixed.v {
+                        Some(v) => vec![v],
+                        None if pp == 1 => vec![1],
+                        None => [1, 2, 3, 4, 6, 8].into_iter().filter(|&v| pp * v <= m.layers).collect(),
+                    };
+                    for v in vs {
+                        for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
+                            if fixed.recompute.is_some_and(|x| x != recompute) {
                                 continue;
                             }
-                            let plain = Schedule::default_for(v);
-                            for schedule in [plain, Schedule::GPipe, Schedule::ZeroBubble] {
-                                let l = Layout {
-                                    tp,
-                                    pp,
-                                    dp,
-                                    mb: Some(mb),
-                                    v,
-                                    schedule,
-                                    recompute,
-                                    zero,
-                                    sp: false,
-                                    ..Layout::default()
-                                };
-                                // GPipe only when asked for: it never beats 1F1B (same bubble, more
-                                // memory); ZB-H1 too, as the published runs and Megatron-LM have none
-                                let wanted = match fixed.schedule {
-                                    // without a pipeline any schedule is trivially met, once
-                                    Some(s) => (l.pp > 1 && schedule == s) || (l.pp == 1 && schedule == plain),
-                                    None => schedule == plain,
-                                };
-                                if wanted && (schedule == plain || v == 1) {
-                                    out.push(l);
+                            for zero in 0..=3u8 {
+                                if fixed.zero.is_some_and(|x| x != zero)
+                                    || (dp == 1 && zero > 0 && fixed.zero.is_none())
+                                {
+                                    continue;
+                                }
+                                let plain = Schedule::default_for(v);
+                                for schedule in [plain, Schedule::GPipe, Schedule::ZeroBubble] {
+                                    let l = Layout {
+                                        tp,
+                                        pp,
+                                        dp,
+                                        mb: Some(mb),
+                                        v,
+                                        schedule,
+                                        recompute,
+                                        zero,
+                                        sp: false,
+                                        cp,
+                                        cp_comm: fixed.cp_comm.unwrap_or(CpComm::AllGather),
+                                        cp_order: order,
+                                        ..Layout::default()
+                                    };
+                                    // GPipe only when asked for: it never beats 1F1B (same bubble, more
+                                    // memory); ZB-H1 too, as the published runs and Megatron-LM have none
+                                    let wanted = match fixed.schedule {
+                                        // without a pipeline any schedule is trivially met, once
+                                        Some(s) => (l.pp > 1 && schedule == s) || (l.pp == 1 && schedule == plain),
+                                        None => schedule == plain,
+                                    };
+                                    if wanted && (schedule == plain || v == 1) {
+                                        out.push(l);
+                                    }
                                 }
                             }
                         }
@@ -106,8 +123,9 @@ pub fn search(m: &ModelShape, a: &Accelerator, gpus: usize, t: &Training, fixed:
     if all.is_empty() {
         return Err(Error::Config(format!(
             "no layout of {gpus} GPUs matches: tp must divide the {} heads and the GPU count, pp must divide gpus/tp, \
-             dp = gpus/(tp·pp) must divide the global batch of {}, and fixed fields must agree",
-            m.heads, t.global_batch
+             cp must divide gpus/(tp·pp) and cut the sequence of {} into 2·cp chunks, dp = gpus/(tp·pp·cp) must divide \
+             the global batch of {}, and fixed fields must agree",
+            m.heads, m.seq, t.global_batch
         )));
     }
     let mut fits: Vec<Estimate> = all.iter().map(|l| estimate(m, a, t, l)).filter(|e| e.fits).collect();

@@ -49,6 +49,38 @@ pub fn training_memory_cp(cfg: &GptConfig, micro_batch: usize, seq: usize, cp: u
     MemoryNeed { params: 4 * p, grads: 4 * p, optimizer: 8 * p, activations: 4 * (l * per_layer + head) }
 }
 
+/// The longest sequence whose training step fits in `budget` bytes on one rank at micro-batch
+/// `mb`, over a context group of `cp` (a multiple of its chunks, `chunks`: 2·cp zigzag, cp
+/// contiguous; 1 for one worker), at most `cap`; `None` if not even the shortest fits. The
+/// model's position table (GPT-2's) grows to the sequence where it is shorter.
+pub fn longest_seq(
+    cfg: &GptConfig,
+    mb: usize,
+    (cp, kind, chunks): (usize, CpComm, usize),
+    budget: u128,
+    cap: usize,
+) -> Option<usize> {
+    let fits = |k: usize| {
+        let seq = k * chunks;
+        let c = GptConfig { block_size: cfg.block_size.max(seq), ..*cfg };
+        training_memory_cp(&c, mb, seq, cp, kind).total() <= budget
+    };
+    // the memory grows with the sequence: bisect on the number of chunks
+    let (mut lo, mut hi) = (0usize, cap / chunks);
+    if hi == 0 || !fits(1) {
+        return None;
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Some(lo * chunks)
+}
+
 /// Memory the system can give this process now (Linux `MemAvailable`), if known.
 pub fn available_bytes() -> Option<u128> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;

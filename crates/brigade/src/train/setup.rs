@@ -128,7 +128,18 @@ impl Trainer {
             stage_units(&mcfg, pp, layout.v, seq)?;
         }
         let need = super::memory::training_memory_cp(&mcfg, mb, seq, layout.cp, layout.cp_comm);
-        super::memory::check_fits(&need, &format!("training {} at micro-batch {mb} × seq {seq}", cfg.model))?;
+        let what = format!("training {} at micro-batch {mb} × seq {seq}", cfg.model);
+        super::memory::check_fits(&need, &what).map_err(|e| {
+            // name the longest sequence this layout trains in the memory there is
+            let chunks = if layout.cp > 1 { layout.cp_order.chunks(layout.cp) } else { 1 };
+            let longest = super::memory::available_bytes().and_then(|avail| {
+                super::memory::longest_seq(&mcfg, mb, (layout.cp, layout.cp_comm, chunks), avail, mcfg.block_size)
+            });
+            match longest {
+                Some(n) => Error::Train(format!("{e}; at this layout the longest sequence that fits is {n} (cp=2 or more splits each sequence's activations across ranks)")),
+                None => e,
+            }
+        })?;
         Ok(Prepared { cfg, tokenizer, mcfg, data, seq, mb, layout: *layout, list })
     }
 
