@@ -98,8 +98,9 @@ pub struct TrainArgs {
     /// Parallel layout, as `brigade plan --layout`: dp=2,pp=2,tp=2,zero=1,sp=1 (unnamed axes
     /// are 1); with a pipeline also schedule=gpipe|1f1b|interleaved|zb (default 1f1b, or
     /// interleaved when v > 1), v= model chunks per rank, recompute=none|selective|full, mb= the
-    /// micro-batch. With the local backend the ranks are threads of this process, each with
-    /// --threads threads.
+    /// micro-batch; cp=N splits each sequence over N ranks (context parallelism), with
+    /// cp_comm=allgather|ring (default allgather) and cp_order=zigzag|contiguous (default zigzag).
+    /// With the local backend the ranks are threads of this process, each with --threads threads.
     #[arg(long)]
     pub(crate) layout: Option<String>,
     /// local (rank threads in this process) or mpi (this process is one rank; run under

@@ -475,8 +475,9 @@ fn print_report(tr: &Trainer, r: &JobReport) -> Result<()> {
                 Some(_) => format!(" · pipeline bubble {:.1}%", 100.0 * t.bubble),
                 None => String::new(),
             };
+            let cp = if tr.mesh.shape.degree(Axis::Cp) > 1 { format!(" cp {}", c[Axis::Cp]) } else { String::new() };
             eprintln!(
-                "  rank {i} (dp {} pp {} tp {}): {:.2} · {:.2} · {:.2} · {:.2} · {:.2}{piped}",
+                "  rank {i} (dp {} pp {}{cp} tp {}): {:.2} · {:.2} · {:.2} · {:.2} · {:.2}{piped}",
                 c[Axis::Dp],
                 c[Axis::Pp],
                 c[Axis::Tp],
