@@ -221,7 +221,7 @@ fn plan_prints_json_with_the_best_layout_and_refuses_bad_input() {
     fails_with(
         &with(&["--model", "gpt3-13b", "--layout", "tp=16"]),
         p,
-        "fixes tp = 16, which does not divide --gpus 8; the axes not given (pp, dp) take the rest",
+        "fixes tp = 16, which does not divide --gpus 8; the axes not given (pp, cp, dp) take the rest",
     );
     fails_with(&with(&["--model", "gpt3-13b", "--layout", "tp=3"]), p, "fixes tp = 3, which does not divide --gpus 8");
     fails_with(
