@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// Seconds to finish in-flight requests after SIGTERM before exiting.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// local (the --tp ranks are threads of this process) or mpi (this process is one rank of
+    /// the tensor-parallel group: start --tp processes under mpirun; rank 0 serves HTTP; needs a
+    /// build with --features mpi).
+    #[arg(long, default_value = "local")]
+    backend: String,
 }
 
 /// The engine's flags, as `serve` and `run` take them.
@@ -104,6 +109,7 @@ impl EngineArgs {
             block_size: self.block_size,
             shutdown_timeout: Duration::ZERO,
             weights: self.weights.format(),
+            group: None,
         })
     }
 }
@@ -156,7 +162,13 @@ pub fn options(a: ServeArgs) -> Result<ServeOptions> {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    let backend = a.backend.clone();
     let o = options(a)?;
+    match backend.as_str() {
+        "local" => {}
+        "mpi" => return run_mpi(o),
+        other => bail!("unknown --backend '{other}'; use local or mpi"),
+    }
     // a client that hangs up must not end the server: writes to its socket fail instead
     #[cfg(unix)]
     // SAFETY: sets one signal's disposition; no handler code runs.
@@ -168,4 +180,68 @@ pub fn run(a: ServeArgs) -> Result<()> {
         println!("brigade serve: listening on http://{addr}");
     })?;
     Ok(())
+}
+
+/// `--backend mpi`: this process is one rank of the tensor-parallel group; rank 0 serves HTTP
+/// and schedules, the others follow its steps until it stops.
+#[cfg(feature = "mpi")]
+fn run_mpi(mut o: ServeOptions) -> Result<()> {
+    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_SIZE").is_none() {
+        bail!(
+            "--backend mpi needs to be started by mpirun or srun (e.g. mpirun -n {} brigade serve --backend mpi --tp {} …)",
+            o.layout.tp,
+            o.layout.tp
+        );
+    }
+    // an idle server's followers wait for its next step as long as it has none
+    let world = brigade_comm::mpi::world(Duration::from_secs(365 * 24 * 3600))?;
+    let world = brigade_comm::Comm::new(Box::new(world));
+    let r = serve_rank(&mut o, world);
+    brigade_comm::mpi::finalize();
+    r
+}
+
+#[cfg(feature = "mpi")]
+fn serve_rank(o: &mut ServeOptions, world: brigade_comm::Comm) -> Result<()> {
+    let (rank, ranks, tp) = (world.rank(), world.size(), o.layout.tp);
+    // every rank checks the same things, so that all of them stop on a bad setting
+    if ranks != tp {
+        bail!("--tp {tp} needs {tp} processes but mpirun started {ranks}; start mpirun -n {tp} or give --tp {ranks}");
+    }
+    if o.embedding_model.is_some() && tp > 1 {
+        bail!("--embedding-model is served by one process; serve it without --backend mpi");
+    }
+    let source = o
+        .source
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("--backend mpi serves a generation model: give --checkpoint or --model"))?;
+    o.group = Some(brigade_serve::startup::RankGroup::new(world));
+    let kv_blocks = brigade_serve::startup::engine_blocks(o, &source)?;
+    if rank > 0 {
+        // rank 0 decides when to stop (it drains its requests first, then ends every rank's
+        // loop): a follower ignores the signals mpirun passes on to every process
+        #[cfg(unix)]
+        // SAFETY: sets two signals' dispositions; no handler code runs.
+        unsafe {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+        }
+        let comm = o.group.as_ref().and_then(|g| g.take()).expect("set above");
+        brigade_serve::startup::follow(o, &source, kv_blocks, comm)?;
+        return Ok(());
+    }
+    #[cfg(unix)]
+    // SAFETY: sets one signal's disposition; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    http::run(o.clone(), move |addr| {
+        println!("brigade serve: listening on http://{addr} (rank 0 of {tp} processes)");
+    })?;
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: ServeOptions) -> Result<()> {
+    bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and start it under mpirun")
 }

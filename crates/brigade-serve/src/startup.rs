@@ -37,6 +37,30 @@ pub struct ServeOptions {
     pub shutdown_timeout: Duration,
     /// How the products' weights are held: f32, or quantized to 8 bits at load.
     pub weights: crate::model::weights::WeightFormat,
+    /// The tensor-parallel group when its ranks are processes (`--backend mpi`): this process is
+    /// its rank 0 and `layout.tp` its size; none, the ranks are threads of this process.
+    pub group: Option<RankGroup>,
+}
+
+/// A communicator over processes handed to the engine (taken once, when it starts).
+#[derive(Clone)]
+pub struct RankGroup(std::sync::Arc<std::sync::Mutex<Option<brigade_comm::Comm>>>);
+
+impl RankGroup {
+    pub fn new(comm: brigade_comm::Comm) -> RankGroup {
+        RankGroup(std::sync::Arc::new(std::sync::Mutex::new(Some(comm))))
+    }
+
+    /// The communicator, the first time only.
+    pub fn take(&self) -> Option<brigade_comm::Comm> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl std::fmt::Debug for RankGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("RankGroup(processes)")
+    }
 }
 
 /// Checks the engine's settings against the model (`--tp`, `--threads`, the cache) and
@@ -55,7 +79,8 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
         }
         return Err(ServeError::Setting(m.to_string()));
     }
-    if tp > threads {
+    // (ranks that are processes bring their own threads)
+    if tp > threads && o.group.is_none() {
         return Err(ServeError::Setting(format!(
             "--tp {tp} needs at least as many --threads (one thread per rank), got {threads}; give --threads {tp}"
         )));
@@ -73,6 +98,13 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
     Ok(kv_blocks)
 }
 
+/// On a rank other than 0 of a tensor-parallel group of processes: loads the model, builds
+/// this rank's share and KV cache, and runs the steps rank 0 sends until it stops.
+pub fn follow(o: &ServeOptions, source: &Source, kv_blocks: usize, comm: brigade_comm::Comm) -> Result<(), ServeError> {
+    let Served { gpt, params, .. } = source.load()?;
+    crate::engine::follow_group(gpt, params, comm, (kv_blocks, o.block_size, o.threads, o.weights))
+}
+
 /// Loads the model and starts its engine: what handlers (or `brigade run`) use.
 pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metrics) -> Result<Loaded, ServeError> {
     let Served { gpt, params, tokenizer, eos } = source.load()?;
@@ -86,7 +118,12 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
         threads: o.threads,
         weights: o.weights,
     };
-    let (handle, _join) = EngineHandle::start_model(gpt, params, setup, metrics.clone());
+    let group = o.group.as_ref().and_then(RankGroup::take);
+    let (handle, _join) = match group {
+        Some(comm) => EngineHandle::start_on_group(gpt, params, comm, setup, metrics.clone())
+            .map_err(|e| ServeError::Setting(e.to_string()))?,
+        None => EngineHandle::start_model(gpt, params, setup, metrics.clone()),
+    };
     let chat = chat_template(tokenizer.as_ref(), &eos, source);
     Ok(Loaded {
         engine: handle,

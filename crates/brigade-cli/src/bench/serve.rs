@@ -233,6 +233,7 @@ pub(crate) fn start_server(
         block_size: 16,
         shutdown_timeout: Duration::from_secs(1),
         weights,
+        group: None,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -20,4 +20,4 @@ pub use profile::StepProfile;
 pub use request::{Admit, Constrain, Finish, Output, Refused, Request, Sampling};
 pub use scheduler::{Limits, Scheduler, Stats, MIN_PREFILL, PREFILL_PER_DECODE};
 pub use step::Engine;
-pub use worker::{EngineHandle, EngineSetup};
+pub use worker::{follow_group, EngineHandle, EngineSetup};

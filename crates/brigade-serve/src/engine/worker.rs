@@ -145,6 +145,23 @@ impl EngineHandle {
         (EngineHandle { tx }, join)
     }
 
+    /// Starts the engine as rank 0 of a tensor-parallel group of processes (`comm`, MPI): this
+    /// process's share of `gpt`, its engine thread scheduling and sampling, every step sent to
+    /// the other ranks, which run [`follow_group`].
+    pub fn start_on_group(
+        gpt: Gpt,
+        params: Vec<f32>,
+        comm: brigade_comm::Comm,
+        setup: EngineSetup,
+        metrics: Metrics,
+    ) -> Result<(EngineHandle, std::thread::JoinHandle<()>), ShardError> {
+        let model = Model::shard_as(&gpt, &params, Some(comm), setup.weights)?;
+        drop(params);
+        let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
+        metrics.rank_holds(0, engine.pool().total_blocks(), engine.model.weight_bytes().1);
+        Ok(EngineHandle::start(engine, setup.threads, metrics))
+    }
+
     /// Queues a request; its tokens (or an error) arrive on `out`.
     pub fn add(&self, r: Request, out: UnboundedSender<Result<Output, Refused>>) {
         self.add_with(r, Admit::default(), out);
@@ -240,4 +257,22 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
         metrics.waiting.set(engine.waiting() as i64);
         metrics.kv_blocks_used.set(engine.pool().used_blocks() as i64);
     }
+}
+
+/// A rank other than 0 of a tensor-parallel group of processes: its share of `gpt` and its KV
+/// cache (`kv_blocks` of `block_size` tokens), on `threads` threads, running each step rank 0
+/// sends until rank 0 stops.
+pub fn follow_group(
+    gpt: Gpt,
+    params: Vec<f32>,
+    comm: brigade_comm::Comm,
+    (kv_blocks, block_size, threads, weights): (usize, usize, usize, WeightFormat),
+) -> Result<(), crate::error::ServeError> {
+    let model = Model::shard_as(&gpt, &params, Some(comm), weights)
+        .map_err(|e| crate::error::ServeError::Setting(e.to_string()))?;
+    drop(params);
+    let mut kv = KvStore::new(kv_blocks, block_size, model.layers_n, model.kv_width());
+    brigade::with_threads(threads, || while model.follow(&mut kv) {})
+        .map_err(|e| crate::error::ServeError::Setting(e.to_string()))?;
+    Ok(())
 }

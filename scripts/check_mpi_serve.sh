@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Serving over MPI processes equals one process: a llama-tiny trained here for a few steps (so its
+# tokens are not a random model's repeats) is served by one process of 2 threads and by
+# `mpirun -n 2 brigade serve --backend mpi --tp 2` (a process per rank, 1 thread each); 8
+# concurrent greedy completions with log-probabilities must agree bit for bit (text, tokens,
+# every log-probability). Bad starts are one line and a non-zero exit: --backend mpi outside
+# mpirun, and a world that is not --tp processes.
+# Needs a build with --features mpi (`cargo build --release -p brigade-cli --features mpi`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$PWD/target/release/brigade
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+mpi=(mpirun --allow-run-as-root --oversubscribe)
+"$bin" train --model llama-tiny --data README.md --seq 64 --batch 8 --steps 150 --lr 3e-3 --threads 2 --eval-every 0 --no-sample --out "$tmp/llama" >/dev/null 2>&1
+# bad starts: one line each, no hang
+if "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" >/dev/null 2>"$tmp/err"; then
+  echo "serve: --backend mpi outside mpirun was accepted" >&2; exit 1
+fi
+grep -q "mpirun" "$tmp/err" || { echo "serve: unclear error outside mpirun: $(cat "$tmp/err")" >&2; exit 1; }
+if timeout 60 "${mpi[@]}" -n 3 "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 0 >/dev/null 2>"$tmp/err"; then
+  echo "serve: 3 processes for --tp 2 were accepted" >&2; exit 1
+fi
+grep -q "needs 2 processes but mpirun started 3" "$tmp/err" || { echo "serve: unclear error for 3 processes: $(cat "$tmp/err")" >&2; exit 1; }
+start() {  # log, then the command
+  local log=$1; shift
+  "$@" >"$log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 300); do
+    if grep -q "listening on" "$log"; then
+      grep -o 'http://[0-9.:]*' "$log" | head -1
+      return
+    fi
+    sleep 0.2
+  done
+  echo "serve: did not start: $*" >&2; cat "$log" >&2; exit 1
+}
+one=$(start "$tmp/one.log" "$bin" serve --checkpoint "$tmp/llama" --port 0 --threads 2)
+two=$(start "$tmp/two.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 0 --threads 1)
+python3 - "$one" "$two" <<'PY'
+import json, sys, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+one, two = sys.argv[1], sys.argv[2]
+prompts = ["The ring", "brigade trains", "Every layout", "A rank holds", "keys and values", "The planner", "tokens per", "one worker"]
+def ask(url, p):
+    body = json.dumps({"model": "llama", "prompt": p, "max_tokens": 16, "temperature": 0, "logprobs": 2}).encode()
+    req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
+    c = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+    return c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+with ThreadPoolExecutor(8) as ex:
+    a = list(ex.map(lambda p: ask(one, p), prompts))
+    b = list(ex.map(lambda p: ask(two, p), prompts))
+for p, x, y in zip(prompts, a, b):
+    assert x == y, f"{p!r}: one process {x} vs --tp 2 over MPI {y}"
+print(f"serve: --tp 2 over 2 MPI processes gives one process's tokens and log-probabilities bit for bit on {len(prompts)} concurrent prompts, e.g. {prompts[0]!r} -> {a[0][0]!r}")
+PY
