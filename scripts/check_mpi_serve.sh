@@ -28,21 +28,23 @@ if timeout 60 "${mpi[@]}" -n 3 "$bin" serve --backend mpi --tp 2 --checkpoint "$
   echo "serve: 3 processes for --tp 2 were accepted" >&2; exit 1
 fi
 grep -q "needs 2 processes but mpirun started 3" "$tmp/err" || { echo "serve: unclear error for 3 processes: $(cat "$tmp/err")" >&2; exit 1; }
-start() {  # log, then the command
+start() {  # log, then the command; sets $url (not in a subshell: the cleanup needs the pid)
   local log=$1; shift
   "$@" >"$log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 300); do
     if grep -q "listening on" "$log"; then
-      grep -o 'http://[0-9.:]*' "$log" | head -1
+      url=$(grep -o 'http://[0-9.:]*' "$log" | head -1)
       return
     fi
     sleep 0.2
   done
   echo "serve: did not start: $*" >&2; cat "$log" >&2; exit 1
 }
-one=$(start "$tmp/one.log" "$bin" serve --checkpoint "$tmp/llama" --port 0 --threads 2)
-two=$(start "$tmp/two.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 0 --threads 1)
+start "$tmp/one.log" "$bin" serve --checkpoint "$tmp/llama" --port 0 --threads 2
+one=$url
+start "$tmp/two.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 0 --threads 1
+two=$url
 python3 - "$one" "$two" <<'PY'
 import json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -60,3 +62,14 @@ for p, x, y in zip(prompts, a, b):
     assert x == y, f"{p!r}: one process {x} vs --tp 2 over MPI {y}"
 print(f"serve: --tp 2 over 2 MPI processes gives one process's tokens and log-probabilities bit for bit on {len(prompts)} concurrent prompts, e.g. {prompts[0]!r} -> {a[0][0]!r}")
 PY
+# SIGTERM to mpirun: rank 0 drains, ends its followers' loops, and every process exits
+kill -TERM "${pids[1]}"
+for _ in $(seq 1 100); do
+  pgrep -f "serve --backend mpi --tp 2 --checkpoint $tmp/llama" >/dev/null || break
+  sleep 0.2
+done
+if pgrep -f "serve --backend mpi --tp 2 --checkpoint $tmp/llama" >/dev/null; then
+  echo "serve: a rank outlived the service 20 s after SIGTERM" >&2; pkill -9 -f "serve --backend mpi --tp 2 --checkpoint $tmp/llama"; exit 1
+fi
+grep -q "stopped" "$tmp/two.log" || { echo "serve: rank 0 did not stop cleanly:"; cat "$tmp/two.log"; exit 1; } >&2
+echo "serve: every rank exited after SIGTERM"

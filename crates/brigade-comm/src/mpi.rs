@@ -50,6 +50,17 @@ pub fn finalize() {
     }
 }
 
+/// How a wait for the other ranks ended.
+enum Wait {
+    Done,
+    TimedOut,
+    Orphaned,
+}
+
+fn parent_pid() -> u32 {
+    std::os::unix::process::parent_id()
+}
+
 pub struct MpiBackend {
     comm: SimpleCommunicator,
     /// Sends in flight with the copies they read from: a send returns at once, as on `local`
@@ -100,22 +111,50 @@ impl MpiBackend {
         let n = self.comm.size() as usize;
         let mut all = vec![0u64; 4 * n];
         let start = Instant::now();
-        let timed_out = mpi::request::scope(|scope| {
+        let parent = parent_pid();
+        let waited = mpi::request::scope(|scope| {
             let mut req = self.comm.immediate_all_gather_into(scope, &mine[..], &mut all[..]);
+            let mut checked_parent = start;
             loop {
                 match req.test() {
-                    Ok(_) => return false,
+                    Ok(_) => return Wait::Done,
                     Err(r) => req = r,
                 }
-                if start.elapsed() > self.timeout {
-                    return true;
+                let waited = start.elapsed();
+                if waited > self.timeout {
+                    return Wait::TimedOut;
                 }
-                std::thread::yield_now();
+                // spin while a peer is about to arrive; a rank that waits long (an idle
+                // server's followers) sleeps between tests instead of burning its core
+                if waited < Duration::from_millis(2) {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(if waited < Duration::from_millis(200) {
+                        Duration::from_micros(50)
+                    } else {
+                        Duration::from_micros(500)
+                    });
+                }
+                // a launcher that died leaves its ranks orphaned: they stop instead of waiting
+                if checked_parent.elapsed() > Duration::from_secs(1) {
+                    checked_parent = Instant::now();
+                    if parent_pid() != parent {
+                        return Wait::Orphaned;
+                    }
+                }
             }
         });
-        if timed_out {
+        match waited {
+            Wait::Done => {}
             // The request still references our buffers: the job cannot continue.
-            self.fail(CommError::Timeout { op, seq, len, waited: start.elapsed(), missing: vec![] });
+            Wait::TimedOut => self.fail(CommError::Timeout { op, seq, len, waited: start.elapsed(), missing: vec![] }),
+            Wait::Orphaned => {
+                eprintln!(
+                    "error: rank {}: the process that launched this rank (mpirun) is gone; exiting",
+                    self.comm.rank()
+                );
+                std::process::exit(1)
+            }
         }
         let descs: Vec<&[u64]> = all.chunks(4).collect();
         if descs.iter().all(|d| *d == mine) {

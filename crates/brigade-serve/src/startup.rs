@@ -119,7 +119,7 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
         weights: o.weights,
     };
     let group = o.group.as_ref().and_then(RankGroup::take);
-    let (handle, _join) = match group {
+    let (handle, join) = match group {
         Some(comm) => EngineHandle::start_on_group(gpt, params, comm, setup, metrics.clone())
             .map_err(|e| ServeError::Setting(e.to_string()))?,
         None => EngineHandle::start_model(gpt, params, setup, metrics.clone()),
@@ -127,6 +127,7 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
     let chat = chat_template(tokenizer.as_ref(), &eos, source);
     Ok(Loaded {
         engine: handle,
+        engine_thread: std::sync::Mutex::new(Some(join)),
         tokenizer,
         eos,
         chat,
@@ -142,6 +143,9 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
 /// The loaded model, as handlers see it.
 pub struct Loaded {
     pub(crate) engine: EngineHandle,
+    /// The engine's thread, joined when the server stops (a tensor-parallel group's rank 0
+    /// ends its followers' loops there, after its last step).
+    engine_thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     pub(crate) tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
     pub(crate) eos: Vec<u32>,
     /// The model's chat template, or why there is none (the 400 a chat request gets).
@@ -157,6 +161,19 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// Stops the engine after the commands sent before, and waits for its thread (at most
+    /// `limit`): its last step done, its followers (other ranks) told to stop.
+    pub fn stop_engine(&self, limit: Duration) {
+        self.engine.stop();
+        let join = self.engine_thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(j) = join {
+            let t0 = std::time::Instant::now();
+            while !j.is_finished() && t0.elapsed() < limit {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
     /// The structured-output engine, or why this model has none.
     pub(crate) fn grammars(&self) -> Result<&Grammars, ConstraintError> {
         self.grammars

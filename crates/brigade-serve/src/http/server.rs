@@ -152,7 +152,8 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
         }
     }
     if let Some(l) = app.loaded.get() {
-        l.engine.stop();
+        // (its thread ends the other ranks' loops, if the model is split over processes)
+        l.stop_engine(Duration::from_secs(10));
     }
     eprintln!("brigade serve: stopped");
     Ok(())
