@@ -8,7 +8,9 @@
 #   2. `brigade embed` on 3 hosts writes one local worker's bytes;
 #   3. `brigade launch --np 6 --hosts H1:2,H2:2,H3:2 --min-ranks 2` loses the third host
 #      mid-run (its processes killed, its link down), resumes on the 4 ranks of the other two
-#      under the planner's layout and ends with the uninterrupted run's weights (1e-5).
+#      under the planner's layout and ends with the uninterrupted run's weights (1e-5);
+#   4. `brigade serve --backend mpi --tp 2` with its ranks on two hosts gives one process's
+#      tokens and log-probabilities bit for bit.
 # Needs root, iproute2, Open MPI, a build with --features mpi and ../shared/models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -102,4 +104,35 @@ for got, want, n in [(losses("dptp"), losses("one"), "dp=2,tp=2 on two hosts"), 
 print("hosts: dp=2,tp=2 on two hosts and the job that lost host 3 match their references' losses to 1e-5")
 PY
 scripts/weights_close.py "$tmp/el" "$tmp/whole" --within 1e-5 --what "hosts: the job that lost host 3, against the uninterrupted run"
-echo "hosts: dp=2,tp=2 across 2 hosts equals one worker ($crossed bytes over host 2's link); embed across 3 hosts byte-identical; host 3 lost at step $at: $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/el.log")"
+
+# 4. a model served with its tensor-parallel ranks on two hosts equals one process
+"$bin" train --model llama-tiny --data "$root/README.md" --seq 64 --batch 8 --steps 150 --lr 3e-3 --threads 2 --eval-every 0 --no-sample --out "$tmp/llama" >/dev/null 2>&1
+on1 "$bin" serve --checkpoint "$tmp/llama" --port 18101 --threads 2 >"$tmp/serve1.log" 2>&1 &
+before=$(bytes 2)
+# shellcheck disable=SC2086
+on1 timeout 300 mpirun --allow-run-as-root --oversubscribe $mpiargs -n 2 --host "${net}1:1,${net}2:1" \
+  "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 18102 --threads 1 >"$tmp/serve2.log" 2>&1 &
+served=$!
+for port in 18101 18102; do
+  for _ in $(seq 1 300); do on1 curl -sf "127.0.0.1:$port/ready" >/dev/null && break; sleep 0.2; done
+  on1 curl -sf "127.0.0.1:$port/ready" >/dev/null || { echo "hosts: the server on $port did not start:"; cat "$tmp"/serve*.log; exit 1; } >&2
+done
+on1 python3 - <<'PY'
+import json, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+prompts = ["The ring", "brigade trains", "Every layout", "A rank holds"]
+def ask(port, p):
+    body = json.dumps({"model": "llama", "prompt": p, "max_tokens": 16, "temperature": 0, "logprobs": 2}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"content-type": "application/json"})
+    c = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+    return c["text"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+with ThreadPoolExecutor(4) as ex:
+    a = list(ex.map(lambda p: ask(18101, p), prompts))
+    b = list(ex.map(lambda p: ask(18102, p), prompts))
+for p, x, y in zip(prompts, a, b):
+    assert x == y, f"{p!r}: one process {x} vs --tp 2 across two hosts {y}"
+PY
+served_bytes=$(( $(bytes 2) - before ))
+kill -TERM "$served" 2>/dev/null || true
+wait "$served" 2>/dev/null || true
+echo "hosts: dp=2,tp=2 across 2 hosts equals one worker ($crossed bytes over host 2's link); embed across 3 hosts byte-identical; host 3 lost at step $at: $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/el.log"); serve --tp 2 across 2 hosts gives one process's tokens and log-probabilities ($served_bytes bytes over host 2's link)"
