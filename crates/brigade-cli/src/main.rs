@@ -20,6 +20,7 @@ mod export_cmd;
 mod interrupt;
 mod launch_cmd;
 mod plan_cmd;
+mod route_cmd;
 mod run_cmd;
 mod sample_cmd;
 mod serve_cmd;
@@ -56,6 +57,9 @@ enum Cmd {
     Export(export_cmd::ExportArgs),
     /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API, with continuous batching.
     Serve(Box<serve_cmd::ServeArgs>),
+    /// One OpenAI-compatible front door over several `brigade serve` replicas: round robin,
+    /// least loaded or cache-aware, health-checked, requests retried that have not started.
+    Route(route_cmd::RouteArgs),
     /// Run a program of generation calls (fork, map, select, join) inside the engine.
     Run(Box<run_cmd::RunArgs>),
     /// Measure speed, side by side with a baseline measured in the same run.
@@ -96,6 +100,7 @@ fn main() {
         Cmd::Tokenize(a) => tokenize_cmd::run(*a),
         Cmd::Export(a) => export_cmd::run(a),
         Cmd::Serve(a) => serve_cmd::run(*a),
+        Cmd::Route(a) => route_cmd::run(a),
         Cmd::Run(a) => run_cmd::run(*a),
         Cmd::Bench { what } => bench::run(what),
     };

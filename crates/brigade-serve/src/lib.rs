@@ -7,7 +7,8 @@
 //! the step, the engine's thread(s); `request/` a request shaped for the engine, whatever
 //! brought it; `startup` loading the model and starting its engine; `program/` programs of
 //! generation calls run inside the engine; `http/` the axum server and its handlers — the only
-//! layer that knows HTTP.
+//! layer that knows HTTP, with `route/`, the router over several servers (`brigade route`),
+//! which knows nothing of the engine.
 
 pub mod constraint;
 pub mod engine;
@@ -17,5 +18,6 @@ pub mod metrics;
 pub mod model;
 pub mod program;
 pub mod request;
+pub mod route;
 pub mod source;
 pub mod startup;
