@@ -8,7 +8,8 @@ and docs.txt from the repository's own text, tokenizer.json the shared GPT-2 tok
 *.jsonl documents and chat.jsonl conversations, `M` the shared all-MiniLM-L6-v2). `path/to/hf-gpt2` and `path/to/hf-llama`
 are the tour's own checkpoints runs/text and runs/llama (brigade writes Hugging Face
 folders). A `brigade serve` line starts the server in the background and waits for /ready;
-the servers are stopped at the end. A `curl` line gets `-sS --fail-with-body` (an HTTP error
+the servers are stopped at the end. `brigade route` and `mpirun … brigade serve` lines are
+servers too. A `curl` line gets `-sS --fail-with-body` (an HTTP error
 fails it). A comment `# → TEXT` is checked: the command's output must contain TEXT.
 mpirun gets Open MPI's run-as-root and oversubscribe settings through the environment.
 
@@ -178,7 +179,11 @@ def main():
                 run[1:1] = ["-sS", "--fail-with-body", "--max-time", "300"]
             print(f"$ {text}", flush=True)
             t0 = time.time()
-            if argv[:2] == ["brigade", "serve"]:
+            # servers (brigade serve, brigade route, and serve under mpirun) run in the background
+            long_running = argv[:2] in (["brigade", "serve"], ["brigade", "route"]) or (
+                argv[0] == "mpirun" and "serve" in argv and "brigade" in argv
+            )
+            if long_running:
                 log = open(os.path.join(scratch, f"serve-{len(servers)}.log"), "w")
                 p = subprocess.Popen(run, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
                 servers.append(p)
