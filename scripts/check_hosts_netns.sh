@@ -10,7 +10,9 @@
 #      mid-run (its processes killed, its link down), resumes on the 4 ranks of the other two
 #      under the planner's layout and ends with the uninterrupted run's weights (1e-5);
 #   4. `brigade serve --backend mpi --tp 2` with its ranks on two hosts gives one process's
-#      tokens and log-probabilities bit for bit.
+#      tokens and log-probabilities bit for bit;
+#   5. `brigade route` on host 1 over replicas on hosts 2 and 3: host 3's replica killed under
+#      load (and its link taken down), no request lost, every answer one replica's tokens.
 # Needs root, iproute2, Open MPI, a build with --features mpi and ../shared/models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -135,4 +137,45 @@ PY
 served_bytes=$(( $(bytes 2) - before ))
 kill -TERM "$served" 2>/dev/null || true
 wait "$served" 2>/dev/null || true
+
+# 5. a router on host 1 over replicas on hosts 2 and 3; host 3 lost under load
+ip netns exec "${pre}3" ip link set eth0 up
+ip netns exec "${pre}2" "$bin" serve --checkpoint "$tmp/llama" --host "${net}2" --port 18111 --threads 1 >"$tmp/rep2.log" 2>&1 &
+ip netns exec "${pre}3" "$bin" serve --checkpoint "$tmp/llama" --host "${net}3" --port 18111 --threads 1 >"$tmp/rep3.log" 2>&1 &
+for h in 2 3; do
+  for _ in $(seq 1 300); do on1 curl -sf "${net}$h:18111/ready" >/dev/null && break; sleep 0.2; done
+done
+on1 "$bin" route --replica "http://${net}2:18111" --replica "http://${net}3:18111" --policy least-loaded --port 18110 >"$tmp/route.log" 2>&1 &
+for _ in $(seq 1 100); do on1 curl -sf 127.0.0.1:18110/ready >/dev/null && break; sleep 0.1; done
+on1 python3 - "${pre}3" <<'PY'
+import json, subprocess, sys, threading, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+prompts = ["The ring", "brigade trains", "Every layout", "A rank holds", "keys and values", "The planner"]
+def ask(url, p):
+    body = json.dumps({"model": "llama", "prompt": p, "max_tokens": 48, "temperature": 0, "logprobs": 1}).encode()
+    req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
+    c = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+    return c["text"], c["logprobs"]["token_logprobs"]
+want = {p: ask("http://127.0.0.1:18101", p) for p in prompts}  # the one-process server of check 4
+def kill_host3():
+    # as soon as host 3 has requests in flight
+    key = 'brigade_route_replica_in_flight{replica="http://10.79.0.3:18111"}'
+    for _ in range(5000):
+        m = urllib.request.urlopen("http://127.0.0.1:18110/metrics").read().decode()
+        if any(l.startswith(key) and float(l.split()[-1]) >= 1 for l in m.splitlines()):
+            break
+        time.sleep(0.001)
+    # (run from host 1's namespace: the host's processes are found through ip netns)
+    subprocess.run(f"ip netns pids {sys.argv[1]} | xargs -r kill -9", shell=True)
+    subprocess.run(["ip", "netns", "exec", sys.argv[1], "ip", "link", "set", "eth0", "down"])
+threading.Thread(target=kill_host3).start()
+with ThreadPoolExecutor(12) as ex:
+    got = list(ex.map(lambda i: ask("http://127.0.0.1:18110", prompts[i % len(prompts)]), range(150)))
+for i, g in enumerate(got):
+    assert g == want[prompts[i % len(prompts)]], f"request {i} through the router: {g} vs {want[prompts[i % len(prompts)]]}"
+m = urllib.request.urlopen("http://127.0.0.1:18110/metrics").read().decode()
+retried = float([l for l in m.splitlines() if l.startswith("brigade_route_retries_total")][0].split()[-1])
+assert retried >= 1, f"host 3 went down with nothing in flight: the check did not test a loss\n{m}"
+print(f"hosts: 150 requests through the router, host 3 lost under load: none lost, every one a single replica's tokens ({retried:.0f} retried)")
+PY
 echo "hosts: dp=2,tp=2 across 2 hosts equals one worker ($crossed bytes over host 2's link); embed across 3 hosts byte-identical; host 3 lost at step $at: $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/el.log"); serve --tp 2 across 2 hosts gives one process's tokens and log-probabilities ($served_bytes bytes over host 2's link)"

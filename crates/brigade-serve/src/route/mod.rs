@@ -52,6 +52,19 @@ struct Replica {
     matched_blocks: AtomicU64,
     sent_blocks: AtomicU64,
     index: Mutex<PrefixIndex>,
+    /// Woken when the replica is taken out: its requests in flight stop waiting for it (a
+    /// replica whose link went down answers nothing, not even a reset).
+    gone: tokio::sync::Notify,
+}
+
+impl Replica {
+    /// Takes the replica out (once), waking whatever waits on it.
+    fn take_out(&self, why: &str) {
+        if self.up.swap(false, Ordering::SeqCst) {
+            eprintln!("brigade route: replica {} {why}; taken out", self.url);
+        }
+        self.gone.notify_waiters();
+    }
 }
 
 struct Router {
@@ -135,6 +148,7 @@ async fn serve(o: RouteOptions, on_listen: impl FnOnce(std::net::SocketAddr)) ->
             matched_blocks: AtomicU64::new(0),
             sent_blocks: AtomicU64::new(0),
             index: Mutex::new(PrefixIndex::default()),
+            gone: tokio::sync::Notify::new(),
         });
     }
     let Some((_, model)) = models.first().cloned() else {
@@ -211,10 +225,12 @@ async fn health(r: Arc<Router>) {
                     }
                     _ => false,
                 };
-                let was = rep.up.swap(ok, Ordering::SeqCst);
-                if was != ok {
-                    let now = if ok { "is back" } else { "stopped answering; taken out" };
-                    eprintln!("brigade route: replica {} {now}", rep.url);
+                if ok {
+                    if !rep.up.swap(true, Ordering::SeqCst) {
+                        eprintln!("brigade route: replica {} is back", rep.url);
+                    }
+                } else if rep.up.load(Ordering::SeqCst) {
+                    rep.take_out("stopped answering");
                 }
             }
         });
@@ -289,14 +305,20 @@ async fn forward(State(r): State<Arc<Router>>, uri: Uri, headers: HeaderMap, bod
         if let Some(ct) = &content_type {
             req = req.header(header::CONTENT_TYPE, ct);
         }
-        let resp = match req.send().await {
+        // (a replica taken out while this waits for it fails the attempt: see `Replica::gone`)
+        let gone = rep.gone.notified();
+        tokio::pin!(gone);
+        let sent = tokio::select! {
+            s = req.send() => s.map_err(Some),
+            () = &mut gone => Err(None),
+        };
+        let resp = match sent {
             Ok(resp) => resp,
             Err(e) => {
                 // nothing reached the client: take the replica out and try another
                 rep.failures.fetch_add(1, Ordering::Relaxed);
-                if e.is_connect() {
-                    rep.up.store(false, Ordering::SeqCst);
-                    eprintln!("brigade route: replica {} refused a connection; taken out", rep.url);
+                if e.as_ref().is_some_and(reqwest::Error::is_connect) {
+                    rep.take_out("refused a connection");
                 }
                 r.retries.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -314,47 +336,67 @@ async fn forward(State(r): State<Arc<Router>>, uri: Uri, headers: HeaderMap, bod
             out = out.header(header::CONTENT_TYPE, ct);
         }
         if stream && status.is_success() {
-            // passed on as it comes; a replica that fails mid-stream ends it with an error event
-            let chunks = resp.bytes_stream().map(move |c| {
-                let _held = &guard;
-                Ok::<Bytes, std::io::Error>(match c {
-                    Ok(b) => b,
-                    Err(e) => Bytes::from(format!(
-                        "data: {}\n\n",
-                        json!({"error": {"message": format!("the replica serving this stream failed: {e}"), "type": "server_error", "param": null, "code": null}})
-                    )),
-                })
-            });
-            let chunks = chunks.scan(false, |failed, item| {
-                // after an error event nothing more is sent
-                if *failed {
-                    return futures_util::future::ready(None);
-                }
-                if let Ok(b) = &item {
-                    *failed = b.starts_with(b"data: {\"error\"");
-                }
-                futures_util::future::ready(Some(item))
-            });
+            // passed on as it comes; a replica that fails (or is taken out) before the stream's
+            // end ends it with an error event
+            let r2 = r.clone();
+            let until_gone = async move { r2.replicas[i].gone.notified().await };
+            let chunks = resp
+                .bytes_stream()
+                .map(Some)
+                .take_until(until_gone)
+                .chain(futures_util::stream::once(async { None }))
+                .scan((false, false, guard), |(finished, failed, _in_flight), item| {
+                    if *failed {
+                        return futures_util::future::ready(None);
+                    }
+                    let out = match item {
+                        Some(Ok(b)) => {
+                            *finished |= b.windows(6).any(|w| w == b"[DONE]");
+                            b
+                        }
+                        Some(Err(e)) => {
+                            *failed = true;
+                            error_event(&format!("the replica serving this stream failed: {e}"))
+                        }
+                        None if !*finished => {
+                            *failed = true;
+                            error_event("the replica serving this stream stopped answering")
+                        }
+                        None => Bytes::new(),
+                    };
+                    futures_util::future::ready(Some(Ok::<Bytes, std::io::Error>(out)))
+                });
             return out
                 .body(Body::from_stream(chunks))
                 .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "server_error"));
         }
-        match resp.bytes().await {
-            Ok(b) => {
+        let whole = tokio::select! {
+            b = resp.bytes() => b.ok(),
+            () = &mut gone => None,
+        };
+        match whole {
+            Some(b) => {
                 drop(guard);
                 return out
                     .body(Body::from(b))
                     .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "server_error"));
             }
-            Err(_) => {
-                // the replica died before its answer was whole: nothing was sent, try another
+            None => {
+                // the replica died (or was taken out) before its answer was whole: nothing was
+                // sent to the client, so another replica takes the request
                 rep.failures.fetch_add(1, Ordering::Relaxed);
-                rep.up.store(false, Ordering::SeqCst);
+                rep.take_out("failed mid-answer");
                 r.retries.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
         }
     }
+}
+
+/// An SSE event carrying OpenAI's error body.
+fn error_event(message: &str) -> Bytes {
+    let body = json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}});
+    Bytes::from(format!("data: {body}\n\n"))
 }
 
 /// The replica for a request of these block hashes, among those up and not tried; counts it.
