@@ -9,8 +9,8 @@
 #   3. `brigade launch --np 6 --hosts H1:2,H2:2,H3:2 --min-ranks 2` loses the third host
 #      mid-run (its processes killed, its link down), resumes on the 4 ranks of the other two
 #      under the planner's layout and ends with the uninterrupted run's weights (1e-5);
-#   4. `brigade serve --backend mpi --tp 2` with its ranks on two hosts gives one process's
-#      tokens and log-probabilities bit for bit;
+#   4. `brigade serve --backend mpi --tp 2`, and `--pp 2`, with their ranks on two hosts give one
+#      process's tokens and log-probabilities bit for bit;
 #   5. `brigade route` on host 1 over replicas on hosts 2 and 3: host 3's replica killed under
 #      load (and its link taken down), no request lost, every answer one replica's tokens.
 # Needs root, iproute2, Open MPI, a build with --features mpi and ../shared/models.
@@ -115,7 +115,11 @@ before=$(bytes 2)
 on1 timeout 300 mpirun --allow-run-as-root --oversubscribe $mpiargs -n 2 --host "${net}1:1,${net}2:1" \
   "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 18102 --threads 1 >"$tmp/serve2.log" 2>&1 &
 served=$!
-for port in 18101 18102; do
+# shellcheck disable=SC2086
+on1 timeout 300 mpirun --allow-run-as-root --oversubscribe $mpiargs -n 2 --host "${net}1:1,${net}2:1" \
+  "$bin" serve --backend mpi --pp 2 --checkpoint "$tmp/llama" --port 18103 --threads 1 >"$tmp/serve3.log" 2>&1 &
+piped=$!
+for port in 18101 18102 18103; do
   for _ in $(seq 1 300); do on1 curl -sf "127.0.0.1:$port/ready" >/dev/null && break; sleep 0.2; done
   on1 curl -sf "127.0.0.1:$port/ready" >/dev/null || { echo "hosts: the server on $port did not start:"; cat "$tmp"/serve*.log; exit 1; } >&2
 done
@@ -131,12 +135,14 @@ def ask(port, p):
 with ThreadPoolExecutor(4) as ex:
     a = list(ex.map(lambda p: ask(18101, p), prompts))
     b = list(ex.map(lambda p: ask(18102, p), prompts))
-for p, x, y in zip(prompts, a, b):
+    c = list(ex.map(lambda p: ask(18103, p), prompts))
+for p, x, y, z in zip(prompts, a, b, c):
     assert x == y, f"{p!r}: one process {x} vs --tp 2 across two hosts {y}"
+    assert x == z, f"{p!r}: one process {x} vs --pp 2 across two hosts {z}"
 PY
 served_bytes=$(( $(bytes 2) - before ))
-kill -TERM "$served" 2>/dev/null || true
-wait "$served" 2>/dev/null || true
+kill -TERM "$served" "$piped" 2>/dev/null || true
+wait "$served" "$piped" 2>/dev/null || true
 
 # 5. a router on host 1 over replicas on hosts 2 and 3; host 3 lost under load
 ip netns exec "${pre}3" ip link set eth0 up
@@ -178,4 +184,4 @@ retried = float([l for l in m.splitlines() if l.startswith("brigade_route_retrie
 assert retried >= 1, f"host 3 went down with nothing in flight: the check did not test a loss\n{m}"
 print(f"hosts: 150 requests through the router, host 3 lost under load: none lost, every one a single replica's tokens ({retried:.0f} retried)")
 PY
-echo "hosts: dp=2,tp=2 across 2 hosts equals one worker ($crossed bytes over host 2's link); embed across 3 hosts byte-identical; host 3 lost at step $at: $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/el.log"); serve --tp 2 across 2 hosts gives one process's tokens and log-probabilities ($served_bytes bytes over host 2's link)"
+echo "hosts: dp=2,tp=2 across 2 hosts equals one worker ($crossed bytes over host 2's link); embed across 3 hosts byte-identical; host 3 lost at step $at: $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/el.log"); serve --tp 2 and --pp 2 across 2 hosts give one process's tokens and log-probabilities ($served_bytes bytes over host 2's link)"

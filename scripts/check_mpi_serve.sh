@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Serving over MPI processes equals one process: a llama-tiny trained here for a few steps (so its
-# tokens are not a random model's repeats) is served by one process of 2 threads and by
-# `mpirun -n 2 brigade serve --backend mpi --tp 2` (a process per rank, 1 thread each); 8
-# concurrent greedy completions with log-probabilities must agree bit for bit (text, tokens,
-# every log-probability). Bad starts are one line and a non-zero exit: --backend mpi outside
+# tokens are not a random model's repeats) is served by one process of 2 threads, by
+# `mpirun -n 2 brigade serve --backend mpi --tp 2` and by `… --pp 2` (a process per rank or
+# stage, 1 thread each); 8 concurrent greedy completions with log-probabilities must agree bit
+# for bit (text, tokens, every log-probability). Bad starts are one line and a non-zero exit: --backend mpi outside
 # mpirun, and a world that is not --tp processes.
 # Needs a build with --features mpi (`cargo build --release -p brigade-cli --features mpi`).
 set -euo pipefail
@@ -45,6 +45,26 @@ start "$tmp/one.log" "$bin" serve --checkpoint "$tmp/llama" --port 0 --threads 2
 one=$url
 start "$tmp/two.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 0 --threads 1
 two=$url
+start "$tmp/pp.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --pp 2 --checkpoint "$tmp/llama" --port 0 --threads 1
+pp=$url
+python3 - "$one" "$pp" <<'PY'
+import json, sys, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+one, pp = sys.argv[1], sys.argv[2]
+prompts = ["The ring", "brigade trains", "Every layout", "A rank holds", "keys and values", "The planner", "tokens per", "one worker"]
+def ask(url, p):
+    body = json.dumps({"model": "llama", "prompt": p, "max_tokens": 16, "temperature": 0, "logprobs": 2}).encode()
+    req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
+    c = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+    return c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+with ThreadPoolExecutor(8) as ex:
+    a = list(ex.map(lambda p: ask(one, p), prompts))
+    b = list(ex.map(lambda p: ask(pp, p), prompts))
+for p, x, y in zip(prompts, a, b):
+    assert x == y, f"{p!r}: one process {x} vs --pp 2 over MPI {y}"
+print(f"serve: --pp 2 over 2 MPI processes gives one process's tokens and log-probabilities bit for bit on {len(prompts)} concurrent prompts")
+PY
+kill -TERM "${pids[2]}"
 python3 - "$one" "$two" <<'PY'
 import json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor

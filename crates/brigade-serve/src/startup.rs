@@ -66,10 +66,41 @@ impl std::fmt::Debug for RankGroup {
 /// Checks the engine's settings against the model (`--tp`, `--threads`, the cache) and
 /// returns the KV blocks the cache holds.
 pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeError> {
-    let tp = o.layout.tp;
+    let (tp, pp) = (o.layout.tp, o.layout.pp);
     let cfg = source.config()?;
-    if tp == 0 {
-        return Err(ServeError::Setting("--tp must be at least 1".into()));
+    if tp == 0 || pp == 0 {
+        return Err(ServeError::Setting("--tp and --pp must be at least 1".into()));
+    }
+    if pp > 1 {
+        if tp > 1 {
+            return Err(ServeError::Setting(format!(
+                "--tp {tp} with --pp {pp}: serving splits a model one way at a time yet; give --tp or --pp"
+            )));
+        }
+        if pp > cfg.n_layer {
+            return Err(ServeError::Setting(format!(
+                "--pp {pp} splits the model's {} layers into more stages than there are layers; use --pp at most {}",
+                cfg.n_layer, cfg.n_layer
+            )));
+        }
+        if pp > o.threads && o.group.is_none() {
+            return Err(ServeError::Setting(format!(
+                "--pp {pp} needs at least as many --threads (one thread per stage), got {}; give --threads {pp}",
+                o.threads
+            )));
+        }
+        // each stage holds its layers' keys and values: the cache's MiB are per stage, sized
+        // by the stage with the most layers (every stage keeps the same blocks)
+        let layers = crate::model::forward::stage_layers(cfg.n_layer, pp, 0).len();
+        let width = crate::model::weights::kv_width(&cfg, 1);
+        let kv_blocks = KvStore::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, layers, width);
+        if kv_blocks == 0 {
+            return Err(ServeError::Setting(format!(
+                "--kv-cache-mib {} holds no block of {} tokens for this model's stage; raise it",
+                o.kv_cache_mib, o.block_size
+            )));
+        }
+        return Ok(kv_blocks);
     }
     // each rank is a thread: past --threads, the thread count binds as well as the heads
     let threads = o.threads;
@@ -102,7 +133,7 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
 /// this rank's share and KV cache, and runs the steps rank 0 sends until it stops.
 pub fn follow(o: &ServeOptions, source: &Source, kv_blocks: usize, comm: brigade_comm::Comm) -> Result<(), ServeError> {
     let Served { gpt, params, .. } = source.load()?;
-    crate::engine::follow_group(gpt, params, comm, (kv_blocks, o.block_size, o.threads, o.weights))
+    crate::engine::follow_group(gpt, params, comm, (kv_blocks, o.block_size, o.threads, o.weights), o.layout.pp)
 }
 
 /// Loads the model and starts its engine: what handlers (or `brigade run`) use.
@@ -115,6 +146,7 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
         block_size: o.block_size,
         limits,
         tp: o.layout.tp,
+        pp: o.layout.pp,
         threads: o.threads,
         weights: o.weights,
     };

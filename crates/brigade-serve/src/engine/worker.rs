@@ -24,6 +24,9 @@ pub struct EngineSetup {
     pub limits: Limits,
     /// Ranks the model is sharded over (threads of this process).
     pub tp: usize,
+    /// Pipeline stages the model's layers are cut into (threads, or processes); tp must be 1
+    /// then.
+    pub pp: usize,
     /// Threads for arithmetic, split evenly over the ranks.
     pub threads: usize,
     /// How the products' weights are held (f32 or 8 bits).
@@ -72,16 +75,15 @@ impl EngineHandle {
         (EngineHandle { tx }, join)
     }
 
-    /// Starts the engine for `gpt`: on one thread, or with `--tp N` on N rank threads of a
-    /// local tensor-parallel group — rank 0 schedules and samples, every rank runs its share
-    /// of each step.
+    /// Starts the engine for `gpt`: on one thread, or with `--tp N` (`--pp N`) on N rank threads
+    /// of a local tensor-parallel group (pipeline) — rank 0 schedules and samples, every rank
+    /// runs its share of each step.
     pub fn start_model(
         gpt: Gpt,
         params: Vec<f32>,
         setup: EngineSetup,
         metrics: Metrics,
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
-        let per_rank = (setup.threads / setup.tp).max(1);
         // rank 0's engine, which reports what it holds as every rank does
         let reporter = metrics.clone();
         let engine_of = move |model: Model| {
@@ -89,7 +91,9 @@ impl EngineHandle {
             reporter.rank_holds(0, engine.pool().total_blocks(), engine.model.weight_bytes().1);
             engine
         };
-        if setup.tp == 1 {
+        let ranks = setup.tp * setup.pp;
+        let per_rank = (setup.threads / ranks).max(1);
+        if ranks == 1 {
             let model = Model::shard_as(&gpt, &params, None, setup.weights).expect("a single worker takes any model");
             let engine = engine_of(model);
             drop(params);
@@ -108,9 +112,12 @@ impl EngineHandle {
                     timeout: Duration::from_secs(365 * 24 * 3600),
                     ..Default::default()
                 };
-                let res = brigade_comm::local::run_with(cfg, setup.tp, |comm| -> Result<(), RankError> {
+                let res = brigade_comm::local::run_with(cfg, ranks, |comm| -> Result<(), RankError> {
                     let rank = comm.rank();
-                    let model = Model::shard_as(&gpt, &params, Some(comm), setup.weights)?;
+                    let model = match setup.pp {
+                        1 => Model::shard_as(&gpt, &params, Some(comm), setup.weights)?,
+                        _ => Model::stage_as(&gpt, &params, comm, setup.weights)?,
+                    };
                     let built = built_tx.clone();
                     brigade::with_threads(per_rank, || {
                         if rank == 0 {
@@ -137,7 +144,7 @@ impl EngineHandle {
             })
             .expect("spawn the engine's rank threads");
         // (a rank that fails to build ends the process with its error instead)
-        for _ in 0..setup.tp {
+        for _ in 0..ranks {
             if built_rx.recv().is_err() {
                 break;
             }
@@ -155,7 +162,10 @@ impl EngineHandle {
         setup: EngineSetup,
         metrics: Metrics,
     ) -> Result<(EngineHandle, std::thread::JoinHandle<()>), ShardError> {
-        let model = Model::shard_as(&gpt, &params, Some(comm), setup.weights)?;
+        let model = match setup.pp {
+            1 => Model::shard_as(&gpt, &params, Some(comm), setup.weights)?,
+            _ => Model::stage_as(&gpt, &params, comm, setup.weights)?,
+        };
         drop(params);
         let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
         metrics.rank_holds(0, engine.pool().total_blocks(), engine.model.weight_bytes().1);
@@ -267,9 +277,13 @@ pub fn follow_group(
     params: Vec<f32>,
     comm: brigade_comm::Comm,
     (kv_blocks, block_size, threads, weights): (usize, usize, usize, WeightFormat),
+    pp: usize,
 ) -> Result<(), crate::error::ServeError> {
-    let model = Model::shard_as(&gpt, &params, Some(comm), weights)
-        .map_err(|e| crate::error::ServeError::Setting(e.to_string()))?;
+    let model = match pp {
+        1 => Model::shard_as(&gpt, &params, Some(comm), weights),
+        _ => Model::stage_as(&gpt, &params, comm, weights),
+    }
+    .map_err(|e| crate::error::ServeError::Setting(e.to_string()))?;
     drop(params);
     let mut kv = KvStore::new(kv_blocks, block_size, model.layers_n, model.kv_width());
     brigade::with_threads(threads, || while model.follow(&mut kv) {})

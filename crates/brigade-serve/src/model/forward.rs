@@ -21,6 +21,14 @@
 //! columns instead and its input all-gathered, so each output element is the same `fma` chain
 //! over the whole k as on one worker: `--tp N` gives the single worker's logits bit for bit.
 //! Rank 0 schedules; each step it broadcasts the step's work to the others.
+//!
+//! Pipeline parallelism (`--pp N`): stage s holds a contiguous run of the layers (`stage_layers`:
+//! the layers split as evenly as they go, the first stages taking one more) with their KV cache,
+//! the first stage the embedding, the last the final norm and head. Every stage gets each
+//! step's work; the first embeds the tokens and runs its layers, each next stage takes the rows
+//! from the one before, and the last sends the logits back to rank 0. Every operation is the
+//! single worker's on the same rows, so `--pp N` gives its logits bit for bit. One step is in
+//! the pipeline at a time (the stages take turns: no batches in flight yet).
 
 use super::kv_store::KvStore;
 use super::weights::{Dims, ShardError, WeightFormat, Weights};
@@ -37,7 +45,28 @@ pub struct Model {
     /// The tensor-parallel group (none on a single worker).
     comm: Option<Comm>,
     tp: usize,
+    /// The pipeline this rank is a stage of (none without one).
+    pipe: Option<Pipe>,
     w: Weights,
+}
+
+/// A pipeline-parallel rank: its group (rank r is stage r) and its stage.
+struct Pipe {
+    comm: Comm,
+    stage: usize,
+    stages: usize,
+}
+
+/// Message tags of the pipeline: a step's rows to the next stage, the logits to rank 0.
+const TAG_ROWS: u32 = 1;
+const TAG_LOGITS: u32 = 2;
+
+/// The layers stage `s` of `stages` holds among `layers`: as even as they go, the first stages
+/// one more.
+pub fn stage_layers(layers: usize, stages: usize, s: usize) -> std::ops::Range<usize> {
+    let (each, extra) = (layers / stages, layers % stages);
+    let start = s * each + s.min(extra);
+    start..start + each + usize::from(s < extra)
 }
 
 /// A step's work as rank 0 sends it to the others.
@@ -84,8 +113,40 @@ impl Model {
             context: cfg.block_size,
             comm: comm.filter(|c| c.size() > 1),
             tp,
+            pipe: None,
             w,
         })
+    }
+
+    /// This rank's stage of the pipeline `comm` (rank r is stage r): its run of the layers
+    /// (`stage_layers`), their KV cache, the embedding on the first stage and the head on the
+    /// last. Refuses more stages than layers.
+    pub fn stage_as(gpt: &Gpt, params: &[f32], comm: Comm, format: WeightFormat) -> Result<Model, ShardError> {
+        let cfg = gpt.cfg;
+        let (stage, stages) = (comm.rank(), comm.size());
+        if stages > cfg.n_layer {
+            return Err(ShardError::Layout(format!(
+                "--pp {stages} splits the model's {} layers into more stages than there are layers; use --pp at most {}",
+                cfg.n_layer, cfg.n_layer
+            )));
+        }
+        let layers = stage_layers(cfg.n_layer, stages, stage);
+        let mut w = Weights::shard(gpt, params, (0, 1), format)?;
+        w.keep_stage(layers.clone(), (stage == 0, stage + 1 == stages));
+        Ok(Model {
+            layers_n: layers.len(),
+            vocab: cfg.vocab_size,
+            context: cfg.block_size,
+            comm: None,
+            tp: 1,
+            pipe: (stages > 1).then_some(Pipe { comm, stage, stages }),
+            w,
+        })
+    }
+
+    /// The group rank 0 sends each step's work to: the tensor-parallel group or the pipeline.
+    fn group(&self) -> Option<&Comm> {
+        self.comm.as_ref().or(self.pipe.as_ref().map(|p| &p.comm))
     }
 
     /// Bytes of this rank's products' weights (read once a step), and of all its weights.
@@ -102,7 +163,7 @@ impl Model {
     /// the logits `[vocab]` of the last token of each work item that asks for them, in order.
     /// On rank 0 of a tensor-parallel group, first sends the work to the other ranks.
     pub fn step(&self, kv: &mut KvStore, work: &[Work]) -> Vec<Vec<f32>> {
-        if self.comm.is_some() {
+        if self.group().is_some() {
             let mut msg = vec![work.len() as u32];
             for w in work {
                 msg.extend([w.tokens.len() as u32, w.start as u32, w.blocks.len() as u32, w.logits as u32]);
@@ -120,7 +181,7 @@ impl Model {
         if copies.is_empty() {
             return;
         }
-        if self.comm.is_some() {
+        if self.group().is_some() {
             let mut msg = vec![COPY];
             msg.extend(copies.iter().flat_map(|&(s, d, n)| [s as u32, d as u32, n as u32]));
             self.send(&msg);
@@ -162,14 +223,14 @@ impl Model {
 
     /// On rank 0: ends the other ranks' `follow` loops.
     pub fn stop_followers(&self) {
-        if self.comm.is_some() {
+        if self.group().is_some() {
             self.send(&[STOP]);
         }
     }
 
     /// Broadcasts a message of u32s from rank 0 (its length first), bit for bit in f32s.
     fn send(&self, msg: &[u32]) {
-        let comm = self.comm.as_ref().expect("a group");
+        let comm = self.group().expect("a group");
         let mut len = [f32::from_bits(msg.len() as u32)];
         comm.broadcast(&mut len, 0).expect("the tensor-parallel group is alive");
         let mut buf: Vec<f32> = msg.iter().map(|&v| f32::from_bits(v)).collect();
@@ -177,7 +238,7 @@ impl Model {
     }
 
     fn receive(&self) -> Vec<u32> {
-        let comm = self.comm.as_ref().expect("a follower has a group");
+        let comm = self.group().expect("a follower has a group");
         let mut len = [0f32];
         comm.broadcast(&mut len, 0).expect("the tensor-parallel group is alive");
         let mut buf = vec![0f32; len[0].to_bits() as usize];
@@ -214,7 +275,13 @@ impl Model {
             work.iter().enumerate().flat_map(|(i, w)| (0..w.tokens.len()).map(move |p| (i, w.start + p))).collect();
         let tables: Vec<&[usize]> = work.iter().map(|w| w.blocks).collect();
         let mut x = vec![0f32; n * c];
-        for ((wi, pos), xr) in rows.iter().zip(x.chunks_exact_mut(c)) {
+        let stage = self.pipe.as_ref().map(|p| (p.stage, p.stages));
+        if let Some((s, _)) = stage.filter(|&(s, _)| s > 0) {
+            // a later stage: the rows as the stage before left them
+            let p = self.pipe.as_ref().expect("a stage");
+            p.comm.recv(&mut x, s - 1, TAG_ROWS).expect("the pipeline is alive");
+        }
+        for ((wi, pos), xr) in rows.iter().zip(x.chunks_exact_mut(c)).filter(|_| stage.is_none_or(|(s, _)| s == 0)) {
             let tok = work[*wi].tokens[pos - work[*wi].start] as usize;
             let e = &self.w.embed[tok * c..(tok + 1) * c];
             match &self.w.wpe {
@@ -281,6 +348,20 @@ impl Model {
             matmul_rows(&mut y, self.gather_cols(hidden, n, ml, mlp, &mut f_all), &ly.wout, n);
             residual(&mut x, self.gather_cols(&y, n, cl, c, &mut y_all), ly.bout.as_deref(), c);
         }
+        let logit_rows = work.iter().filter(|w| w.logits).count();
+        if let Some((s, stages)) = stage {
+            let p = self.pipe.as_ref().expect("a stage");
+            if s + 1 < stages {
+                p.comm.send(&x, s + 1, TAG_ROWS).expect("the pipeline is alive");
+                if s > 0 {
+                    return Vec::new();
+                }
+                // rank 0 (the first stage) takes the logits from the last
+                let mut logits = vec![0f32; logit_rows * self.vocab];
+                p.comm.recv(&mut logits, stages - 1, TAG_LOGITS).expect("the pipeline is alive");
+                return logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect();
+            }
+        }
         // the last row of each work item that wants logits
         let mut last = Vec::new();
         let mut row = 0;
@@ -298,6 +379,12 @@ impl Model {
         matmul_rows(&mut logits, &hl, &self.w.head, m);
         let mut all = Vec::new();
         let logits = self.gather_cols(&logits, m, vl, self.vocab, &mut all);
+        if let Some(p) = self.pipe.as_ref() {
+            // the last stage: the logits go to rank 0, which samples
+            debug_assert_eq!(m, logit_rows);
+            p.comm.send(logits, 0, TAG_LOGITS).expect("the pipeline is alive");
+            return Vec::new();
+        }
         logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect()
     }
 }

@@ -188,6 +188,19 @@ impl Weights {
         Ok(w)
     }
 
+    /// Keeps only the layers `layers` (a pipeline stage's), the embedding only on the first
+    /// stage and the final norm and head only on the last.
+    pub(crate) fn keep_stage(&mut self, layers: std::ops::Range<usize>, (first, last): (bool, bool)) {
+        self.layers = self.layers.drain(layers).collect();
+        if !first {
+            self.embed = Vec::new();
+            self.wpe = self.wpe.as_ref().map(|_| Vec::new());
+        }
+        if !last {
+            self.head = Packed::new(&[], 0, 0);
+        }
+    }
+
     /// Bytes of the products' weights (what a step reads), and of all the weights.
     pub(crate) fn bytes(&self) -> (usize, usize) {
         let products: usize = self
