@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `--pp 2` over two MPI processes (1 thread a stage) beside one process of 2 threads,
+# gpt2-small with random weights, `brigade bench serve --url` at 1 and 32 concurrent streams.
+# Needs a build with --features mpi. Usage: python3 ../shared/peers/runq.py -- scripts/bench_serve_pp.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$PWD/target/release/brigade
+tmp=$(mktemp -d)
+pid=
+trap '[ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+ready() { for _ in $(seq 1 300); do curl -sf "localhost:$1/ready" >/dev/null && return; sleep 0.2; done; echo "server on $1 not ready" >&2; exit 1; }
+"$bin" serve --model gpt2-small --threads 2 --port 18011 >"$tmp/threads.log" 2>&1 &
+pid=$!
+ready 18011
+"$bin" bench serve --url http://127.0.0.1:18011 --model gpt2-small --concurrency 1,32 >"$tmp/threads.txt" 2>&1
+kill -TERM "$pid"; wait "$pid" || true
+mpirun -n 2 --allow-run-as-root --oversubscribe "$bin" serve --backend mpi --model gpt2-small --pp 2 --threads 1 --port 18012 >"$tmp/mpi.log" 2>&1 &
+pid=$!
+ready 18012
+"$bin" bench serve --url http://127.0.0.1:18012 --model gpt2-small --concurrency 1,32 >"$tmp/mpi.txt" 2>&1
+kill -TERM "$pid"; wait "$pid" || true
+pid=
+echo "one process, 2 threads:"; grep concurrent: "$tmp/threads.txt"
+echo "--pp 2 over MPI processes:"; grep concurrent: "$tmp/mpi.txt"
+python3 - "$tmp/threads.txt" "$tmp/mpi.txt" <<'PY'
+import re, sys
+rate = lambda f: {int(m[0]): float(m[1]) for m in re.findall(r"(\d+) concurrent: .*?, ([\d.]+) output tokens/s", open(f).read())}
+t, m = rate(sys.argv[1]), rate(sys.argv[2])
+for c in sorted(t):
+    print(f"{c} concurrent: --pp 2 / one process = {m[c] / t[c]:.2f}x output tokens/s")
+PY
