@@ -25,7 +25,7 @@ pub fn run(a: RouteArgs) -> Result<()> {
     let Some(policy) = Policy::parse(&a.policy) else {
         bail!("--policy {}: expected round-robin, least-loaded or cache-aware", a.policy);
     };
-    let o = RouteOptions { replicas: a.replicas, policy, host: a.host, port: a.port };
+    let o = RouteOptions { replicas: a.replicas, policy, host: a.host, port: a.port, wait_for_models: false };
     route::run(o, |addr| println!("brigade route: listening on http://{addr}"))?;
     Ok(())
 }

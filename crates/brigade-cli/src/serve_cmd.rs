@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// build with --features mpi).
     #[arg(long, default_value = "local")]
     backend: String,
+    /// Start this many replicas of the server (processes of this binary, each with these
+    /// settings and --threads) behind a cache-aware router on --host/--port (`brigade route`).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
 }
 
 /// The engine's flags, as `serve` and `run` take them.
@@ -169,6 +173,17 @@ pub fn options(a: ServeArgs) -> Result<ServeOptions> {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    if a.replicas == 0 || a.replicas > 64 {
+        bail!("--replicas must be from 1 to 64, got {}", a.replicas);
+    }
+    if a.replicas > 1 {
+        if a.backend != "local" {
+            bail!("--replicas starts local replicas; give it without --backend mpi");
+        }
+        let (host, port, n) = (a.host.clone(), a.port, a.replicas);
+        options(a)?; // every setting checked before a replica starts
+        return run_replicas(n, host, port);
+    }
     let backend = a.backend.clone();
     let o = options(a)?;
     match backend.as_str() {
@@ -256,4 +271,67 @@ fn serve_rank(o: &mut ServeOptions, world: brigade_comm::Comm) -> Result<()> {
 #[cfg(not(feature = "mpi"))]
 fn run_mpi(_: ServeOptions) -> Result<()> {
     bail!("this brigade was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev) and start it under mpirun")
+}
+
+/// `--replicas N`: N servers of this binary with this command line's settings (on free ports of
+/// the loopback), and a cache-aware router over them on `host:port` in this process; the
+/// replicas are stopped (SIGTERM: they drain) when the router stops.
+fn run_replicas(n: usize, host: String, port: u16) -> Result<()> {
+    use std::io::BufRead;
+    // this command line without --replicas, --host and --port (each replica picks a free port)
+    let mut args: Vec<String> = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--replicas" | "--host" | "--port" => {
+                it.next();
+            }
+            _ if ["--replicas=", "--host=", "--port="].iter().any(|p| x.starts_with(p)) => {}
+            _ => args.push(x),
+        }
+    }
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    let mut urls = Vec::new();
+    let stop = |children: &mut Vec<std::process::Child>| {
+        for c in children.iter() {
+            // SAFETY: sends a signal to a child process this process started
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+        }
+        for c in children.iter_mut() {
+            let _ = c.wait();
+        }
+    };
+    for i in 0..n {
+        let mut c = std::process::Command::new(&exe)
+            .args(&args)
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        let out = c.stdout.take().expect("piped");
+        std::io::BufReader::new(out).read_line(&mut line)?;
+        children.push(c);
+        let Some(url) = line.trim().rsplit(' ').next().filter(|u| u.starts_with("http://")) else {
+            stop(&mut children);
+            bail!("replica {i} did not start (its error is above)");
+        };
+        urls.push(url.to_string());
+    }
+    // the router waits for nobody: replicas still loading join once they answer /ready
+    let o = brigade_serve::route::RouteOptions {
+        replicas: urls,
+        policy: brigade_serve::route::policy::Policy::CacheAware,
+        host,
+        port,
+        wait_for_models: true,
+    };
+    let r = brigade_serve::route::run(o, move |addr| {
+        println!("brigade serve: {n} replicas behind a router, listening on http://{addr}")
+    });
+    stop(&mut children);
+    r?;
+    Ok(())
 }

@@ -254,3 +254,33 @@ fn routers_that_cannot_serve_are_refused_in_one_line() {
         "{e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_with_replicas_starts_them_behind_a_router_and_stops_them() {
+    let ck = checkpoint().to_str().unwrap().to_string();
+    let direct = start(&replica_args(&ck));
+    direct.wait_ready().await;
+    let want = reference(&direct).await;
+    let mut s = start(&["--checkpoint", &ck, "--threads", "1", "--replicas", "2"]);
+    s.wait_ready().await;
+    let ps = prompts();
+    let got = futures_util::future::join_all(ps.iter().map(|p| s.post(body(p, false)))).await;
+    for (i, (st, v)) in got.iter().enumerate() {
+        assert_eq!((*st, answer(v)), (200, want[i].clone()), "prompt {:?}", ps[i]);
+    }
+    let text = reqwest::get(format!("{}/metrics", s.url)).await.unwrap().text().await.unwrap();
+    let up: Vec<&str> = text.lines().filter(|l| l.starts_with("brigade_route_replica_up{")).collect();
+    assert_eq!(up.len(), 2, "{text}");
+    assert!(up.iter().all(|l| l.ends_with(" 1")), "{text}");
+    // SIGTERM: the router stops, then its replicas drain and exit
+    let pid = s.child.id() as i32;
+    // SAFETY: signals the child process this test started
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let left = Command::new("pgrep")
+        .args(["-f", &format!("serve --checkpoint {ck} --threads 1 --host 127.0.0.1 --port 0")])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "replicas outlived the service: {}", String::from_utf8_lossy(&left.stdout));
+}

@@ -38,6 +38,9 @@ pub struct RouteOptions {
     pub host: String,
     /// 0: any free port (the one chosen is printed).
     pub port: u16,
+    /// Wait (up to 5 minutes) for every replica to answer before starting, instead of starting
+    /// with those that answer now (replicas this process has just started, still loading).
+    pub wait_for_models: bool,
 }
 
 /// One replica as the router sees it.
@@ -127,6 +130,15 @@ async fn serve(o: RouteOptions, on_listen: impl FnOnce(std::net::SocketAddr)) ->
         .map_err(|e| ServeError::Setting(format!("the HTTP client: {e}")))?;
     let mut models: Vec<(String, String)> = Vec::new();
     let mut replicas = Vec::new();
+    if o.wait_for_models {
+        let t0 = std::time::Instant::now();
+        for url in &o.replicas {
+            let url = url.trim_end_matches('/');
+            while model_of(&client, url).await.is_err() && t0.elapsed() < Duration::from_secs(300) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
     for url in &o.replicas {
         let url = url.trim_end_matches('/').to_string();
         let up = match model_of(&client, &url).await {
