@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Plants, one at a time, the bugs that a review found the suite blind to (issue 7), the
 # missing reductions of tensor and sequence parallelism (issue 8) and of the pipeline (issue 9),
-# and the Llama family's own (issue 22: grouped-query attention, rotary positions and their
-# scaling, RMSNorm, replicated key/value heads, Qwen2's biases), and checks
+# the Llama family's own (issue 22: grouped-query attention, rotary positions and their
+# scaling, RMSNorm, replicated key/value heads, Qwen2's biases) and context parallelism's (issue
+# 41: chunk-boundary targets, the ring's last hop, the all-gather's sum, the mask's skipping), and checks
 # that `cargo test --release` now fails on each. Works on a copy of the tree (the checkout is
 # never modified); the copy builds in target/planted. Takes ~1–2 minutes per bug on 2 cores.
 #   scripts/planted_bugs.sh            all bugs
@@ -43,6 +44,10 @@ bugs=(
   "replicated key/value heads: copies' gradients not summed@@crates/brigade/src/nn/tp/state.rs@@s/if copies <= 1 \|\| shared.is_empty\(\)/if true/@@brigade"
   "replicated key/value heads: every copy counted in the gradient norm@@crates/brigade/src/nn/tp/state.rs@@s/let shared = if tp.rank\(\).is_multiple_of\(copies.max\(1\)\)/let shared = if true/@@brigade"
   "Qwen2: no biases on q, k, v@@crates/brigade/src/models/family/llama.rs@@s/qkv_bias: ty == \"qwen2\" \|\| bias,/qkv_bias: bias,/@@brigade"
+  "context parallelism: a rank's targets from its own next row (the chunk-boundary bug)@@crates/brigade/src/train/trainer.rs@@s/let y: Vec<i32> = pick\(y.len\(\)\).map\(\|i\| y\[i\]\).collect\(\);/let y: Vec<i32> = { let n = split.local(); (0..x.len()).map(|j| if (j + 1) % n != 0 { x[j + 1] as i32 } else { crate::tensor::loss::IGNORE }).collect() };/@@brigade"
+  "context parallelism, ring: the blocks' dK\/dV not brought home (the last hop dropped)@@crates/brigade/src/nn/context.rs@@s/comm.recv\(&mut mine, prev, TAG_DKV\).map_err\(comm_err\)\?;/mine.copy_from_slice(&dkv);/@@brigade"
+  "context parallelism, all-gather: dK\/dV not summed over the group@@crates/brigade/src/nn/context.rs@@s/comm.reduce_scatter\(&dkv_all, &mut mine, ReduceOp::Sum\).map_err\(comm_err\)\?;/mine.copy_from_slice(&dkv_all[comm.rank() * blk..(comm.rank() + 1) * blk]);/@@brigade"
+  "context parallelism: a key chunk starting at a query chunk's last position skipped@@crates/brigade/src/nn/context.rs@@s/if kr.start <= qmax && kr.end > lmin/if kr.start < qmax && kr.end > lmin/@@brigade"
 )
 
 only=("$@")
