@@ -45,8 +45,8 @@ bugs=(
   "replicated key/value heads: every copy counted in the gradient norm@@crates/brigade/src/nn/tp/state.rs@@s/let shared = if tp.rank\(\).is_multiple_of\(copies.max\(1\)\)/let shared = if true/@@brigade"
   "Qwen2: no biases on q, k, v@@crates/brigade/src/models/family/llama.rs@@s/qkv_bias: ty == \"qwen2\" \|\| bias,/qkv_bias: bias,/@@brigade"
   "context parallelism: a rank's targets from its own next row (the chunk-boundary bug)@@crates/brigade/src/train/trainer.rs@@s/let y: Vec<i32> = pick\(y.len\(\)\).map\(\|i\| y\[i\]\).collect\(\);/let y: Vec<i32> = { let n = split.local(); (0..x.len()).map(|j| if (j + 1) % n != 0 { x[j + 1] as i32 } else { crate::tensor::loss::IGNORE }).collect() };/@@brigade"
-  "context parallelism, ring: the blocks' dK\/dV not brought home (the last hop dropped)@@crates/brigade/src/nn/context.rs@@s/comm.recv\(&mut mine, prev, TAG_DKV\).map_err\(comm_err\)\?;/mine.copy_from_slice(&dkv);/@@brigade"
-  "context parallelism, all-gather: dK\/dV not summed over the group@@crates/brigade/src/nn/context.rs@@s/comm.reduce_scatter\(&dkv_all, &mut mine, ReduceOp::Sum\).map_err\(comm_err\)\?;/mine.copy_from_slice(&dkv_all[comm.rank() * blk..(comm.rank() + 1) * blk]);/@@brigade"
+  "context parallelism, ring: the blocks' dK and dV not brought home (the last hop dropped)@@crates/brigade/src/nn/context.rs@@s/comm.recv\(&mut mine, prev, TAG_DKV\).map_err\(comm_err\)\?;/mine.copy_from_slice(&dkv);/@@brigade"
+  "context parallelism, all-gather: dK and dV not summed over the group@@crates/brigade/src/nn/context.rs@@s/comm.reduce_scatter\(&dkv_all, &mut mine, ReduceOp::Sum\).map_err\(comm_err\)\?;/mine.copy_from_slice(&dkv_all[comm.rank() * blk..(comm.rank() + 1) * blk]);/@@brigade"
   "context parallelism: a key chunk starting at a query chunk's last position skipped@@crates/brigade/src/nn/context.rs@@s/if kr.start <= qmax && kr.end > lmin/if kr.start < qmax && kr.end > lmin/@@brigade"
 )
 
