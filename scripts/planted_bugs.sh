@@ -38,7 +38,7 @@ bugs=(
   "selective recompute: the backward reads the dropped scores@@crates/brigade/src/nn/attention.rs@@s/let probs: &\[f32\] = if st.probs.is_empty\(\) \{/let probs: \&[f32] = if false {/@@brigade"
   "grouped-query attention: each query head's dk, dv overwrite the group's instead of adding@@crates/brigade/src/tensor/attention.rs@@s/let beta = j > 0;/let beta = false;/@@brigade"
   "grouped-query attention: query heads read key/value heads round-robin, not by group@@crates/brigade/src/tensor/attention.rs@@s/let kvh = h \/ s.group\(\);/let kvh = h % s.kv_heads;/@@brigade"
-  "rotary backward: the gradient rotated forward again, not back@@crates/brigade/src/nn/attention.rs@@s/rope_rows\(&mut dqkv\[rq.clone\(\)\], self.heads, &st.rope, \|r\| r % t, true\);/rope_rows(\&mut dqkv[rq.clone()], self.heads, \&st.rope, |r| r % t, false);/@@brigade"
+  "rotary backward: the gradient rotated forward again, not back@@crates/brigade/src/nn/attention.rs@@s/rope_rows\(&mut dqkv\[rq.clone\(\)\], self.heads, &st.rope, \|r\| docs.pos\(r, t\), true\);/rope_rows(\&mut dqkv[rq.clone()], self.heads, \&st.rope, |r| docs.pos(r, t), false);/@@brigade"
   "Llama 3 rope scaling ignored@@crates/brigade/src/models/family/spec.rs@@s/inv_freq\(hd, \*theta, scaling\)/inv_freq(hd, *theta, scaling.filter(|_| false))/@@brigade"
   "RMSNorm epsilon fixed at 1e-6@@crates/brigade/src/tensor/rmsnorm.rs@@s/\(ms \+ eps as f64\)/(ms + 1e-6)/@@brigade"
   "replicated key/value heads: copies' gradients not summed@@crates/brigade/src/nn/tp/state.rs@@s/if copies <= 1 \|\| shared.is_empty\(\)/if true/@@brigade"
