@@ -47,10 +47,10 @@ start "$tmp/two.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --tp 2 --checkp
 two=$url
 start "$tmp/pp.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --pp 2 --checkpoint "$tmp/llama" --port 0 --threads 1
 pp=$url
-python3 - "$one" "$pp" <<'PY'
+python3 - "$one" "$two" "$pp" <<'PY'
 import json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor
-one, pp = sys.argv[1], sys.argv[2]
+one, split = sys.argv[1], {"--tp 2": sys.argv[2], "--pp 2": sys.argv[3]}
 prompts = ["The ring", "brigade trains", "Every layout", "A rank holds", "keys and values", "The planner", "tokens per", "one worker"]
 def ask(url, p):
     body = json.dumps({"model": "llama", "prompt": p, "max_tokens": 16, "temperature": 0, "logprobs": 2}).encode()
@@ -58,30 +58,14 @@ def ask(url, p):
     c = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
     return c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
 with ThreadPoolExecutor(8) as ex:
-    a = list(ex.map(lambda p: ask(one, p), prompts))
-    b = list(ex.map(lambda p: ask(pp, p), prompts))
-for p, x, y in zip(prompts, a, b):
-    assert x == y, f"{p!r}: one process {x} vs --pp 2 over MPI {y}"
-print(f"serve: --pp 2 over 2 MPI processes gives one process's tokens and log-probabilities bit for bit on {len(prompts)} concurrent prompts")
+    want = list(ex.map(lambda p: ask(one, p), prompts))
+    for how, url in split.items():
+        got = list(ex.map(lambda p: ask(url, p), prompts))
+        for p, x, y in zip(prompts, want, got):
+            assert x == y, f"{p!r}: one process {x} vs {how} over MPI {y}"
+        print(f"serve: {how} over 2 MPI processes gives one process's tokens and log-probabilities bit for bit on {len(prompts)} concurrent prompts, e.g. {prompts[0]!r} -> {want[0][0]!r}")
 PY
 kill -TERM "${pids[2]}"
-python3 - "$one" "$two" <<'PY'
-import json, sys, urllib.request
-from concurrent.futures import ThreadPoolExecutor
-one, two = sys.argv[1], sys.argv[2]
-prompts = ["The ring", "brigade trains", "Every layout", "A rank holds", "keys and values", "The planner", "tokens per", "one worker"]
-def ask(url, p):
-    body = json.dumps({"model": "llama", "prompt": p, "max_tokens": 16, "temperature": 0, "logprobs": 2}).encode()
-    req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
-    c = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
-    return c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
-with ThreadPoolExecutor(8) as ex:
-    a = list(ex.map(lambda p: ask(one, p), prompts))
-    b = list(ex.map(lambda p: ask(two, p), prompts))
-for p, x, y in zip(prompts, a, b):
-    assert x == y, f"{p!r}: one process {x} vs --tp 2 over MPI {y}"
-print(f"serve: --tp 2 over 2 MPI processes gives one process's tokens and log-probabilities bit for bit on {len(prompts)} concurrent prompts, e.g. {prompts[0]!r} -> {a[0][0]!r}")
-PY
 # SIGTERM to mpirun: rank 0 drains, ends its followers' loops, and every process exits
 kill -TERM "${pids[1]}"
 for _ in $(seq 1 100); do

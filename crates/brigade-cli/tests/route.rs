@@ -8,25 +8,12 @@ mod common;
 
 use common::server::{checkpoint, start, Server};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Starts `brigade route --port 0 ARGS` (its stdout's first line names the port).
+/// Starts `brigade route --port 0 ARGS`.
 fn route(args: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_brigade"))
-        .arg("route")
-        .args(["--port", "0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_string();
-    assert!(url.starts_with("http://"), "no listening line: {line:?}");
-    Server { child, url }
+    common::server::start_command("route", args)
 }
 
 fn replica_args(ck: &str) -> Vec<&str> {

@@ -8,7 +8,7 @@
 mod common;
 
 use brigade::models::Gpt;
-use brigade_serve::engine::{Admit, Engine, Limits, Output, Request, Sampling};
+use brigade_serve::engine::{Engine, Limits};
 use brigade_serve::model::forward::stage_layers;
 use brigade_serve::model::weights::WeightFormat;
 use brigade_serve::model::{KvStore, Model, ShardError, Work};
@@ -102,38 +102,8 @@ fn pipelined_logits_equal_the_single_workers_bit_for_bit() {
 fn the_engine_on_a_pipeline_gives_the_same_tokens() {
     common::for_each_family(|f| {
         let (gpt, p) = model(f);
-        let requests: Vec<Request> = (0..6u64)
-            .map(|j| Request {
-                id: j,
-                prompt: (0..(3 + j * 5)).map(|i| ((i * 11 + j * 3) % 101) as u32).collect(),
-                sampling: Sampling {
-                    temperature: if j % 2 == 0 { 0.0 } else { 0.9 },
-                    top_k: 0,
-                    top_p: 1.0,
-                    seed: j,
-                    max_tokens: 20,
-                    stop_tokens: vec![],
-                    top_logprobs: 2,
-                },
-            })
-            .collect();
         let limits = Limits { max_running: 4, max_step_tokens: 12 };
-        let drive = |e: &mut Engine| -> Vec<Output> {
-            for r in &requests {
-                e.add(r.clone()).unwrap();
-            }
-            for k in 0..3u64 {
-                let mut r = requests[5].clone();
-                r.id = 10 + k;
-                r.sampling.seed = 100 + k;
-                e.add_with(r, Admit { follows: Some(5), ..Default::default() }).unwrap();
-            }
-            let mut out = Vec::new();
-            while e.has_work() {
-                out.extend(e.step());
-            }
-            out
-        };
+        let drive = common::drive;
         let want = drive(&mut Engine::new(Model::new(&gpt, &p), 40, 4, limits));
         let got = brigade_comm::local::run(2, |comm| -> Result<_, ShardError> {
             let rank = comm.rank();

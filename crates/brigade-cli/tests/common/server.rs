@@ -76,10 +76,16 @@ impl Drop for Server {
 
 /// Starts `brigade serve --port 0 ARGS` and waits for the port (not for readiness).
 pub fn start(args: &[&str]) -> Server {
+    let threads: &[&str] = if args.contains(&"--threads") { &[] } else { &["--threads", "1"] };
+    start_command("serve", &[threads, args].concat())
+}
+
+/// Starts `brigade COMMAND --port 0 ARGS` (a server whose stdout's first line ends in its URL)
+/// and waits for the port.
+pub fn start_command(command: &str, args: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_brigade"))
-        .arg("serve")
+        .arg(command)
         .args(["--port", "0"])
-        .args(if args.contains(&"--threads") { &[][..] } else { &["--threads", "1"][..] })
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

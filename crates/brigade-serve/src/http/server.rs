@@ -159,7 +159,8 @@ async fn serve(o: ServeOptions, kv_blocks: usize, on_listen: impl FnOnce(std::ne
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// Until SIGTERM or Ctrl-C (the server's, and the router's, signal to stop).
+pub(crate) async fn wait_for_signal() {
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
     tokio::select! {

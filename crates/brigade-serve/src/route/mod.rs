@@ -208,14 +208,7 @@ async fn serve(o: RouteOptions, on_listen: impl FnOnce(std::net::SocketAddr)) ->
         router.policy.name()
     );
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        })
+        .with_graceful_shutdown(crate::http::server::wait_for_signal())
         .await
         .map_err(|e| io("the HTTP server failed", e))?;
     eprintln!("brigade route: stopped");

@@ -48,3 +48,39 @@ pub fn for_each_family(mut check: impl FnMut(Family)) {
         }
     }
 }
+
+/// The engine workload the parallel tests run on one worker and on ranks: six requests of 3 to
+/// 28 prompt tokens (greedy and sampled), then three branches sharing request 5's prompt (its
+/// partial block copied on every rank), stepped to the end.
+pub fn drive(e: &mut brigade_serve::engine::Engine) -> Vec<brigade_serve::engine::Output> {
+    use brigade_serve::engine::{Admit, Request, Sampling};
+    let requests: Vec<Request> = (0..6u64)
+        .map(|j| Request {
+            id: j,
+            prompt: (0..(3 + j * 5)).map(|i| ((i * 11 + j * 3) % 101) as u32).collect(),
+            sampling: Sampling {
+                temperature: if j % 2 == 0 { 0.0 } else { 0.9 },
+                top_k: 0,
+                top_p: 1.0,
+                seed: j,
+                max_tokens: 20,
+                stop_tokens: vec![],
+                top_logprobs: 2,
+            },
+        })
+        .collect();
+    for r in &requests {
+        e.add(r.clone()).unwrap();
+    }
+    for k in 0..3u64 {
+        let mut r = requests[5].clone();
+        r.id = 10 + k;
+        r.sampling.seed = 100 + k;
+        e.add_with(r, Admit { follows: Some(5), ..Default::default() }).unwrap();
+    }
+    let mut out = Vec::new();
+    while e.has_work() {
+        out.extend(e.step());
+    }
+    out
+}

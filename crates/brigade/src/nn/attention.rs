@@ -212,21 +212,23 @@ impl CausalSelfAttention {
     }
 
     /// Sequence `i`'s rows of q, k and v (of `b` sequences of `t` rows), each `[t, width]`.
-    fn sequence(&self, qkv: &[f32], (b, t): (usize, usize), i: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn sequence(&self, qkv: &[f32], bt: (usize, usize), i: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        (self.sequence_part(qkv, bt, i, 0), self.sequence_part(qkv, bt, i, 1), self.sequence_part(qkv, bt, i, 2))
+    }
+
+    /// Sequence `i`'s rows of q (`part` 0), k (1) or v (2), `[t, width]`.
+    fn sequence_part(&self, qkv: &[f32], (b, t): (usize, usize), i: usize, part: usize) -> Vec<f32> {
         let (qw, kvw) = (self.c, self.kv_heads * self.hd);
         let rows = i * t..(i + 1) * t;
+        let (at, width) = [(0, qw), (qw, kvw), (qw + kvw, kvw)][part];
         match self.qkv {
             Qkv::Fused(_) => {
                 let w = qw + 2 * kvw;
-                let part = |a: usize, n: usize| -> Vec<f32> {
-                    qkv[rows.start * w..rows.end * w].chunks(w).flat_map(|r| r[a..a + n].iter().copied()).collect()
-                };
-                (part(0, qw), part(qw, kvw), part(qw + kvw, kvw))
+                qkv[rows.start * w..rows.end * w].chunks(w).flat_map(|r| r[at..at + width].iter().copied()).collect()
             }
             Qkv::Separate { .. } => {
-                let [rq, rk, rv] = self.blocks(b * t);
-                let of = |r: std::ops::Range<usize>, w: usize| qkv[r][rows.start * w..rows.end * w].to_vec();
-                (of(rq, qw), of(rk, kvw), of(rv, kvw))
+                let block = self.blocks(b * t)[part].clone();
+                qkv[block][rows.start * width..rows.end * width].to_vec()
             }
         }
     }
@@ -295,7 +297,7 @@ impl CausalSelfAttention {
                 let qw = self.c;
                 let kvw = self.kv_heads * self.hd;
                 for (i, cs) in st.cp.iter().enumerate().take(b) {
-                    let (q, _, _) = self.sequence(&st.qkv, (b, t), i);
+                    let q = self.sequence_part(&st.qkv, (b, t), i, 0);
                     let lo = first_keys(&cx, docs, (i, t));
                     let rows = i * t * qw..(i + 1) * t * qw;
                     let (mut dq, mut dk, mut dv) = (vec![0f32; t * qw], vec![0f32; t * kvw], vec![0f32; t * kvw]);

@@ -225,17 +225,24 @@ impl<'a> Local<'a> {
         Local { s, n, pos: cx.positions(), runs: cx.split.runs(cx.comm.rank()), lo, qh }
     }
 
+    /// A block's (`kv`: its `k` rows, then its `v` rows) keys and values by key/value head,
+    /// each `[t_loc, hd]`: taken once for the query heads that share them.
+    fn kv_heads(&self, kv: &[f32]) -> Vec<(Vec<f32>, Vec<f32>)> {
+        let (s, hd) = (self.s, self.s.hd);
+        let kvw = s.kv_heads * hd;
+        let (kblk, vblk) = kv.split_at(self.n * kvw);
+        (0..s.kv_heads).map(|g| (column(kblk, kvw, g, hd), column(vblk, kvw, g, hd))).collect()
+    }
+
     /// Attends to rank `src`'s block (`kv`: its `k` rows, then its `v` rows), merged into each
     /// head's `(out, lse)`.
     fn attend(&self, split: SeqSplit, src: usize, kv: &[f32], acc: &mut [(Vec<f32>, Vec<f32>)]) {
-        let (s, n, hd) = (self.s, self.n, self.s.hd);
-        let kvw = s.kv_heads * hd;
-        let (kblk, vblk) = kv.split_at(n * kvw);
+        let (s, hd) = (self.s, self.s.hd);
+        let kvh = self.kv_heads(kv);
         let (kruns, kpos) = (split.runs(src), split.positions(src));
         let pairs = visible_pairs(&self.runs, self.lo, &kruns);
         acc.par_iter_mut().enumerate().for_each(|(h, (o, l))| {
-            let g = h / s.group();
-            let (kb, vb) = (column(kblk, kvw, g, hd), column(vblk, kvw, g, hd));
+            let (kb, vb) = &kvh[h / s.group()];
             for (qr, kr) in &pairs {
                 let qs = Queries { pos: &self.pos[qr.clone()], lo: &self.lo[qr.clone()] };
                 let (mut ob, mut lb) = (vec![0f32; qr.len() * hd], vec![0f32; qr.len()]);
@@ -267,7 +274,7 @@ impl<'a> Local<'a> {
     ) {
         let (s, n, hd) = (self.s, self.n, self.s.hd);
         let kvw = s.kv_heads * hd;
-        let (kblk, vblk) = kv.split_at(n * kvw);
+        let kvh = self.kv_heads(kv);
         let (kruns, kpos) = (split.runs(src), split.positions(src));
         let pairs = visible_pairs(&self.runs, self.lo, &kruns);
         // each head's dK and dV of the block, summed per key/value head in head order
@@ -275,8 +282,7 @@ impl<'a> Local<'a> {
             .par_iter_mut()
             .enumerate()
             .map(|(h, dqh)| {
-                let g = h / s.group();
-                let (kb, vb) = (column(kblk, kvw, g, hd), column(vblk, kvw, g, hd));
+                let (kb, vb) = &kvh[h / s.group()];
                 let HeadGrad { dout: doh, lse, delta } = &grads[h];
                 let (mut dkb, mut dvb) = (vec![0f32; n * hd], vec![0f32; n * hd]);
                 for (qr, kr) in &pairs {

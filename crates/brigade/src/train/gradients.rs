@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::models::config::kv_copies;
 use crate::models::units::Whole;
 use crate::models::Gpt;
-use crate::nn::context::Context;
+use crate::nn::context::{Context, SeqSplit};
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::store::ShardStore;
 use crate::parallel::data::zero::{Cut, Shards, UnitReducer};
@@ -162,13 +162,13 @@ fn dp_err(e: brigade_comm::CommError) -> Error {
 
 impl Trainer {
     /// This rank's share `x`, `y` of the batch (sequences of `t` tokens; under context
-    /// parallelism this rank's `t` rows of each) through its list;
+    /// parallelism, split by `split`, this rank's `t` rows of each) through its list;
     /// leaves the summed gradient in `grads` (ZeRO ≥ 1: this rank's pieces in `gshard`) and
     /// returns the sum of the token losses of this data-parallel replica.
     pub(crate) fn accumulate_share(
         &mut self,
         (x, y, pos): (&[u32], &[i32], Option<&[u32]>),
-        t: usize,
+        (t, split): (usize, Option<SeqSplit>),
         scale: f32,
     ) -> Result<f64> {
         let step = self.step + 1;
@@ -179,8 +179,8 @@ impl Trainer {
         let positions: Vec<Vec<u32>> = pos.map_or(Vec::new(), |p| p.chunks(mb * t).map(<[u32]>::to_vec).collect());
         let data = MicroBatches { tokens: &tokens, targets: &targets, b: mb, t, scale, positions: &positions };
         let (dp, zero) = (self.mesh.group(REPLICAS), self.dpc.zero);
-        // the context group holding the rest of each sequence (t is this rank's rows of one)
-        let cp = self.context_split(t * self.mesh.shape.degree(Axis::Cp))?.map(|split| Context {
+        // the context group holding the rest of each sequence
+        let cp = split.map(|split| Context {
             comm: self.mesh.group(&[Axis::Cp]),
             split,
             kind: self.layout.cp_comm,

@@ -297,7 +297,7 @@ impl Trainer {
         let pos = pos.map(|p| &p[mine.clone()]);
         let (x, y) = (&x[mine.clone()], &y[mine]);
         let loss_sum = match self.context_split(t)? {
-            None => self.accumulate_share((x, y, pos), t, scale)?,
+            None => self.accumulate_share((x, y, pos), (t, None), scale)?,
             Some(split) => {
                 // and of each of its sequences, the rows this rank of the context group holds:
                 // each token with its own target (the next token's id, wherever that token is)
@@ -306,7 +306,7 @@ impl Trainer {
                 let x: Vec<u32> = pick(x.len()).map(|i| x[i]).collect();
                 let y: Vec<i32> = pick(y.len()).map(|i| y[i]).collect();
                 let pos: Option<Vec<u32>> = pos.map(|p| pick(p.len()).map(|i| p[i]).collect());
-                self.accumulate_share((&x, &y, pos.as_deref()), split.local(), scale)?
+                self.accumulate_share((&x, &y, pos.as_deref()), (split.local(), Some(split)), scale)?
             }
         };
         let t0 = Instant::now();
