@@ -61,6 +61,46 @@ fn parent_pid() -> u32 {
     std::os::unix::process::parent_id()
 }
 
+/// Polls `done` until it says so: spinning while a peer is about to arrive, then sleeping
+/// between tests so that a rank that waits long (an idle server's followers) does not burn its
+/// core; gives up after `timeout`, or when the launcher (mpirun) is gone and left this rank
+/// orphaned.
+fn wait_politely(timeout: Duration, mut done: impl FnMut() -> bool) -> Wait {
+    let start = Instant::now();
+    let parent = parent_pid();
+    let mut checked_parent = start;
+    loop {
+        if done() {
+            return Wait::Done;
+        }
+        let waited = start.elapsed();
+        if waited > timeout {
+            return Wait::TimedOut;
+        }
+        if waited < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(if waited < Duration::from_millis(200) {
+                Duration::from_micros(50)
+            } else {
+                Duration::from_micros(500)
+            });
+        }
+        if checked_parent.elapsed() > Duration::from_secs(1) {
+            checked_parent = Instant::now();
+            if parent_pid() != parent {
+                return Wait::Orphaned;
+            }
+        }
+    }
+}
+
+/// Ends a rank whose launcher is gone.
+fn exit_orphaned(rank: i32) -> ! {
+    eprintln!("error: rank {rank}: the process that launched this rank (mpirun) is gone; exiting");
+    std::process::exit(1)
+}
+
 pub struct MpiBackend {
     comm: SimpleCommunicator,
     /// Sends in flight with the copies they read from: a send returns at once, as on `local`
@@ -111,50 +151,21 @@ impl MpiBackend {
         let n = self.comm.size() as usize;
         let mut all = vec![0u64; 4 * n];
         let start = Instant::now();
-        let parent = parent_pid();
         let waited = mpi::request::scope(|scope| {
-            let mut req = self.comm.immediate_all_gather_into(scope, &mine[..], &mut all[..]);
-            let mut checked_parent = start;
-            loop {
-                match req.test() {
-                    Ok(_) => return Wait::Done,
-                    Err(r) => req = r,
+            let mut req = Some(self.comm.immediate_all_gather_into(scope, &mine[..], &mut all[..]));
+            wait_politely(self.timeout, || match req.take().expect("tested until done").test() {
+                Ok(_) => true,
+                Err(r) => {
+                    req = Some(r);
+                    false
                 }
-                let waited = start.elapsed();
-                if waited > self.timeout {
-                    return Wait::TimedOut;
-                }
-                // spin while a peer is about to arrive; a rank that waits long (an idle
-                // server's followers) sleeps between tests instead of burning its core
-                if waited < Duration::from_millis(2) {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(if waited < Duration::from_millis(200) {
-                        Duration::from_micros(50)
-                    } else {
-                        Duration::from_micros(500)
-                    });
-                }
-                // a launcher that died leaves its ranks orphaned: they stop instead of waiting
-                if checked_parent.elapsed() > Duration::from_secs(1) {
-                    checked_parent = Instant::now();
-                    if parent_pid() != parent {
-                        return Wait::Orphaned;
-                    }
-                }
-            }
+            })
         });
         match waited {
             Wait::Done => {}
             // The request still references our buffers: the job cannot continue.
             Wait::TimedOut => self.fail(CommError::Timeout { op, seq, len, waited: start.elapsed(), missing: vec![] }),
-            Wait::Orphaned => {
-                eprintln!(
-                    "error: rank {}: the process that launched this rank (mpirun) is gone; exiting",
-                    self.comm.rank()
-                );
-                std::process::exit(1)
-            }
+            Wait::Orphaned => exit_orphaned(self.comm.rank()),
         }
         let descs: Vec<&[u64]> = all.chunks(4).collect();
         if descs.iter().all(|d| *d == mine) {
@@ -292,7 +303,19 @@ impl Backend for MpiBackend {
     }
 
     fn recv(&self, buf: &mut [f32], src: usize, tag: u32) -> Result<()> {
-        let (msg, status) = self.comm.process_at_rank(src as i32).matched_probe_with_tag(tag as i32);
+        // a message may be long in coming (a pipeline stage waiting for the next step): probe
+        // politely rather than block in MPI's busy poll; as before, no timeout on a receive
+        let peer = self.comm.process_at_rank(src as i32);
+        let mut got = None;
+        match wait_politely(Duration::MAX, || {
+            got = peer.immediate_matched_probe_with_tag(tag as i32);
+            got.is_some()
+        }) {
+            Wait::Done => {}
+            Wait::TimedOut => unreachable!("no timeout on a receive"),
+            Wait::Orphaned => exit_orphaned(self.comm.rank()),
+        }
+        let (msg, status) = got.expect("probed above");
         let n = status.count(f32::equivalent_datatype()) as usize;
         if n != buf.len() {
             return Err(CommError::Mismatch {

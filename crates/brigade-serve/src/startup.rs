@@ -91,7 +91,7 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
         }
         // each stage holds its layers' keys and values: the cache's MiB are per stage, sized
         // by the stage with the most layers (every stage keeps the same blocks)
-        let layers = crate::model::forward::stage_layers(cfg.n_layer, pp, 0).len();
+        let layers = (0..pp).map(|s| crate::model::forward::stage_layers(&cfg, pp, s).len()).max().unwrap_or(1);
         let width = crate::model::weights::kv_width(&cfg, 1);
         let kv_blocks = KvStore::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, layers, width);
         if kv_blocks == 0 {

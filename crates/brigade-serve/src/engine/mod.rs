@@ -19,5 +19,5 @@ pub use block_pool::{BlockKey, BlockPool};
 pub use profile::StepProfile;
 pub use request::{Admit, Constrain, Finish, Output, Refused, Request, Sampling};
 pub use scheduler::{Limits, Scheduler, Stats, MIN_PREFILL, PREFILL_PER_DECODE};
-pub use step::Engine;
+pub use step::{BlockCounts, Engine};
 pub use worker::{follow_group, EngineHandle, EngineSetup};

@@ -86,9 +86,11 @@ impl EngineHandle {
     ) -> (EngineHandle, std::thread::JoinHandle<()>) {
         // rank 0's engine, which reports what it holds as every rank does
         let reporter = metrics.clone();
+        let cfg = gpt.cfg;
         let engine_of = move |model: Model| {
             let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
-            reporter.rank_holds(0, engine.pool().total_blocks(), engine.model.weight_bytes().1);
+            say_pipeline(&cfg, &engine);
+            reporter.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
             engine
         };
         let ranks = setup.tp * setup.pp;
@@ -168,7 +170,8 @@ impl EngineHandle {
         };
         drop(params);
         let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
-        metrics.rank_holds(0, engine.pool().total_blocks(), engine.model.weight_bytes().1);
+        say_pipeline(&gpt.cfg, &engine);
+        metrics.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
         Ok(EngineHandle::start(engine, setup.threads, metrics))
     }
 
@@ -199,16 +202,41 @@ impl EngineHandle {
     }
 }
 
+/// One line on a pipelined engine: its stages' layers and the steps it keeps in flight.
+fn say_pipeline(cfg: &brigade::models::GptConfig, engine: &Engine) {
+    let stages = engine.model.stages();
+    if stages > 1 {
+        let cut: Vec<String> = (0..stages)
+            .map(|s| {
+                let r = crate::model::forward::stage_layers(cfg, stages, s);
+                format!("{}..{}", r.start, r.end)
+            })
+            .collect();
+        let lanes = engine.lanes();
+        let short = if lanes < stages {
+            " (a step per stage needs a whole context's KV blocks per stage: raise --kv-cache-mib for more)"
+        } else {
+            ""
+        };
+        eprintln!(
+            "brigade serve: {stages} pipeline stages (layers {}), {lanes} steps in flight{short}",
+            cut.join(", ")
+        );
+    }
+}
+
 fn run(engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) {
-    let engine = serve_commands(engine, rx, metrics);
+    let mut engine = serve_commands(engine, rx, metrics);
+    // the steps still in the pipeline come back before the stages are told to stop
+    engine.drain();
     engine.model.stop_followers();
 }
 
 fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics) -> Engine {
     let mut outs: HashMap<u64, UnboundedSender<Result<Output, Refused>>> = HashMap::new();
-    let mut hits = engine.pool().hits;
+    let mut hits = engine.blocks().hits;
     let mut preemptions = 0;
-    metrics.kv_blocks_total.set(engine.pool().total_blocks() as i64);
+    metrics.kv_blocks_total.set(engine.blocks().total as i64);
     loop {
         // wait for work when idle; otherwise take what has come in and step
         let mut cmds: Vec<Cmd> = Vec::new();
@@ -237,6 +265,9 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
                     outs.remove(&id);
                 }
                 Cmd::Profile(reply) => {
+                    // measured one step at a time: the steps in the pipeline come back first
+                    let out = engine.drain();
+                    deliver(&mut engine, &mut outs, out);
                     let _ = reply.send(engine.profile());
                 }
                 Cmd::Stop => return engine,
@@ -248,24 +279,31 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
             engine.abort(id);
             outs.remove(&id);
         }
-        for o in engine.step() {
-            let (id, done) = (o.id, o.finished.is_some());
-            let sent = outs.get(&o.id).is_some_and(|tx| tx.send(Ok(o)).is_ok());
-            if !sent && !done {
-                engine.abort(id);
-            }
-            if done || !sent {
-                outs.remove(&id);
-            }
-        }
+        let out = engine.step();
+        deliver(&mut engine, &mut outs, out);
+        let blocks = engine.blocks();
         metrics.generated_tokens.inc_by(engine.stats().generated - metrics.generated_tokens.get());
-        metrics.prefix_cache_hits.inc_by(engine.pool().hits - hits);
-        hits = engine.pool().hits;
+        metrics.prefix_cache_hits.inc_by(blocks.hits - hits);
+        hits = blocks.hits;
         metrics.preemptions.inc_by(engine.stats().preemptions - preemptions);
         preemptions = engine.stats().preemptions;
         metrics.running.set(engine.running() as i64);
         metrics.waiting.set(engine.waiting() as i64);
-        metrics.kv_blocks_used.set(engine.pool().used_blocks() as i64);
+        metrics.kv_blocks_used.set(blocks.used as i64);
+    }
+}
+
+/// Sends each token to its request's handler; a handler gone aborts its request.
+fn deliver(engine: &mut Engine, outs: &mut HashMap<u64, UnboundedSender<Result<Output, Refused>>>, out: Vec<Output>) {
+    for o in out {
+        let (id, done) = (o.id, o.finished.is_some());
+        let sent = outs.get(&o.id).is_some_and(|tx| tx.send(Ok(o)).is_ok());
+        if !sent && !done {
+            engine.abort(id);
+        }
+        if done || !sent {
+            outs.remove(&id);
+        }
     }
 }
 

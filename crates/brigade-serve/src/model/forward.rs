@@ -23,16 +23,19 @@
 //! Rank 0 schedules; each step it broadcasts the step's work to the others.
 //!
 //! Pipeline parallelism (`--pp N`): stage s holds a contiguous run of the layers (`stage_layers`:
-//! the layers split as evenly as they go, the first stages taking one more) with their KV cache,
-//! the first stage the embedding, the last the final norm and head. Every stage gets each
-//! step's work; the first embeds the tokens and runs its layers, each next stage takes the rows
-//! from the one before, and the last sends the logits back to rank 0. Every operation is the
-//! single worker's on the same rows, so `--pp N` gives its logits bit for bit. One step is in
-//! the pipeline at a time (the stages take turns: no batches in flight yet).
+//! cut by cost, as training's partitioner cuts them — the last stage's head counts as the layers
+//! its product is worth, so on GPT-2 small 2 stages hold 9 and 3 layers) with their KV cache, the
+//! first stage the embedding, the last the final norm and head. Each step's work travels down the
+//! pipeline ahead of its rows (each stage passes it on before it computes); the first stage
+//! embeds the tokens and runs its layers, each next stage takes the rows from the one before,
+//! and the last sends the logits back to rank 0. Every message goes point to point and returns at
+//! once, so rank 0 can `launch` the next step while the later stages work on the last one, and
+//! `collect` their logits in order: the engine keeps one step per stage in flight. Every
+//! operation is the single worker's on the same rows, so `--pp N` gives its logits bit for bit.
 
 use super::kv_store::KvStore;
 use super::weights::{Dims, ShardError, WeightFormat, Weights};
-use brigade::models::Gpt;
+use brigade::models::{Gpt, GptConfig};
 use brigade::tensor::rowwise::matmul_rows;
 use brigade_comm::Comm;
 use rayon::prelude::*;
@@ -57,16 +60,26 @@ struct Pipe {
     stages: usize,
 }
 
-/// Message tags of the pipeline: a step's rows to the next stage, the logits to rank 0.
+/// Message tags of the pipeline: a step's rows to the next stage, the logits to rank 0, a
+/// step's work (and every other message of rank 0's) down the pipeline.
 const TAG_ROWS: u32 = 1;
 const TAG_LOGITS: u32 = 2;
+const TAG_WORK: u32 = 3;
 
-/// The layers stage `s` of `stages` holds among `layers`: as even as they go, the first stages
-/// one more.
-pub fn stage_layers(layers: usize, stages: usize, s: usize) -> std::ops::Range<usize> {
-    let (each, extra) = (layers / stages, layers % stages);
-    let start = s * each + s.min(extra);
-    start..start + each + usize::from(s < extra)
+/// The layers stage `s` of `stages` holds among `cfg`'s layers: contiguous runs balanced by
+/// inference FLOPs per token (training's partitioner, `partition`), each layer's products and
+/// attention over half the context, the first layer with the embedding's lookup, the last with
+/// the final norm and the head's product over the vocabulary — every stage at least one layer.
+/// `stages` must not exceed the layers.
+pub fn stage_layers(cfg: &GptConfig, stages: usize, s: usize) -> std::ops::Range<usize> {
+    let (c, v) = (cfg.n_embd as f64, cfg.vocab_size as f64);
+    let layer = 2.0 * cfg.block_matrices() as f64 + 2.0 * (cfg.block_size / 2) as f64 * cfg.q_width() as f64;
+    let mut costs = vec![layer; cfg.n_layer];
+    costs[0] += c;
+    costs[cfg.n_layer - 1] += 2.0 * v * c + 10.0 * c;
+    let cuts = brigade::parallel::pipeline::partition::partition(&costs, stages)
+        .expect("at most as many stages as layers (checked by the caller)");
+    cuts[s].clone()
 }
 
 /// A step's work as rank 0 sends it to the others.
@@ -130,7 +143,7 @@ impl Model {
                 cfg.n_layer, cfg.n_layer
             )));
         }
-        let layers = stage_layers(cfg.n_layer, stages, stage);
+        let layers = stage_layers(&cfg, stages, stage);
         let mut w = Weights::shard(gpt, params, (0, 1), format)?;
         w.keep_stage(layers.clone(), (stage == 0, stage + 1 == stages));
         Ok(Model {
@@ -149,6 +162,11 @@ impl Model {
         self.comm.as_ref().or(self.pipe.as_ref().map(|p| &p.comm))
     }
 
+    /// The pipeline's stages (1 without one).
+    pub fn stages(&self) -> usize {
+        self.pipe.as_ref().map_or(1, |p| p.stages)
+    }
+
     /// Bytes of this rank's products' weights (read once a step), and of all its weights.
     pub fn weight_bytes(&self) -> (usize, usize) {
         self.w.bytes()
@@ -163,16 +181,44 @@ impl Model {
     /// the logits `[vocab]` of the last token of each work item that asks for them, in order.
     /// On rank 0 of a tensor-parallel group, first sends the work to the other ranks.
     pub fn step(&self, kv: &mut KvStore, work: &[Work]) -> Vec<Vec<f32>> {
-        if self.group().is_some() {
-            let mut msg = vec![work.len() as u32];
-            for w in work {
-                msg.extend([w.tokens.len() as u32, w.start as u32, w.blocks.len() as u32, w.logits as u32]);
-                msg.extend_from_slice(w.tokens);
-                msg.extend(w.blocks.iter().map(|&b| b as u32));
-            }
-            self.send(&msg);
+        if self.pipe.is_some() {
+            self.launch(kv, work);
+            return self.collect(work.iter().filter(|w| w.logits).count());
         }
+        self.send_work(work);
         self.forward(kv, work)
+    }
+
+    /// On rank 0 of a pipeline: starts a step — its work sent down the pipeline, the first
+    /// stage's layers run, its rows sent on — without waiting for its logits, which
+    /// [`Model::collect`] takes (steps come back in the order they were launched).
+    pub fn launch(&self, kv: &mut KvStore, work: &[Work]) {
+        assert!(self.pipe.as_ref().is_some_and(|p| p.stage == 0), "launch on the first stage of a pipeline");
+        self.send_work(work);
+        self.forward(kv, work);
+    }
+
+    /// On rank 0 of a pipeline: the logits (`rows` of them) of the oldest step launched, from
+    /// the last stage.
+    pub fn collect(&self, rows: usize) -> Vec<Vec<f32>> {
+        let p = self.pipe.as_ref().expect("collect on a pipeline");
+        let mut logits = vec![0f32; rows * self.vocab];
+        p.comm.recv(&mut logits, p.stages - 1, TAG_LOGITS).expect("the pipeline is alive");
+        logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect()
+    }
+
+    /// Sends a step's work to the other ranks (nothing without a group).
+    fn send_work(&self, work: &[Work]) {
+        if self.group().is_none() {
+            return;
+        }
+        let mut msg = vec![work.len() as u32];
+        for w in work {
+            msg.extend([w.tokens.len() as u32, w.start as u32, w.blocks.len() as u32, w.logits as u32]);
+            msg.extend_from_slice(w.tokens);
+            msg.extend(w.blocks.iter().map(|&b| b as u32));
+        }
+        self.send(&msg);
     }
 
     /// Copies the first `slots` slots of block `src` into block `dst` for each `(src, dst,
@@ -228,18 +274,36 @@ impl Model {
         }
     }
 
-    /// Broadcasts a message of u32s from rank 0 (its length first), bit for bit in f32s.
+    /// Sends a message of u32s from rank 0 (its length first), bit for bit in f32s: broadcast
+    /// to a tensor-parallel group, or to the second stage of a pipeline, which passes it on.
     fn send(&self, msg: &[u32]) {
-        let comm = self.group().expect("a group");
         let mut len = [f32::from_bits(msg.len() as u32)];
-        comm.broadcast(&mut len, 0).expect("the tensor-parallel group is alive");
         let mut buf: Vec<f32> = msg.iter().map(|&v| f32::from_bits(v)).collect();
+        if let Some(p) = &self.pipe {
+            p.comm.send(&len, 1, TAG_WORK).expect("the pipeline is alive");
+            p.comm.send(&buf, 1, TAG_WORK).expect("the pipeline is alive");
+            return;
+        }
+        let comm = self.group().expect("a group");
+        comm.broadcast(&mut len, 0).expect("the tensor-parallel group is alive");
         comm.broadcast(&mut buf, 0).expect("the tensor-parallel group is alive");
     }
 
+    /// Rank 0's next message; in a pipeline, from the stage before, passed on to the next one
+    /// before this stage acts on it.
     fn receive(&self) -> Vec<u32> {
-        let comm = self.group().expect("a follower has a group");
         let mut len = [0f32];
+        if let Some(p) = &self.pipe {
+            p.comm.recv(&mut len, p.stage - 1, TAG_WORK).expect("the pipeline is alive");
+            let mut buf = vec![0f32; len[0].to_bits() as usize];
+            p.comm.recv(&mut buf, p.stage - 1, TAG_WORK).expect("the pipeline is alive");
+            if p.stage + 1 < p.stages {
+                p.comm.send(&len, p.stage + 1, TAG_WORK).expect("the pipeline is alive");
+                p.comm.send(&buf, p.stage + 1, TAG_WORK).expect("the pipeline is alive");
+            }
+            return buf.iter().map(|v| v.to_bits()).collect();
+        }
+        let comm = self.group().expect("a follower has a group");
         comm.broadcast(&mut len, 0).expect("the tensor-parallel group is alive");
         let mut buf = vec![0f32; len[0].to_bits() as usize];
         comm.broadcast(&mut buf, 0).expect("the tensor-parallel group is alive");
@@ -352,14 +416,9 @@ impl Model {
         if let Some((s, stages)) = stage {
             let p = self.pipe.as_ref().expect("a stage");
             if s + 1 < stages {
+                // rank 0 (the first stage) takes the logits from the last in `collect`
                 p.comm.send(&x, s + 1, TAG_ROWS).expect("the pipeline is alive");
-                if s > 0 {
-                    return Vec::new();
-                }
-                // rank 0 (the first stage) takes the logits from the last
-                let mut logits = vec![0f32; logit_rows * self.vocab];
-                p.comm.recv(&mut logits, stages - 1, TAG_LOGITS).expect("the pipeline is alive");
-                return logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect();
+                return Vec::new();
             }
         }
         // the last row of each work item that wants logits
