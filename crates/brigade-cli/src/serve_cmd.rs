@@ -60,9 +60,14 @@ pub(crate) struct EngineArgs {
     #[arg(long, default_value_t = 1)]
     tp: usize,
     /// Cut the model's layers into this many pipeline stages (threads, or processes with
-    /// --backend mpi): the same tokens as 1; one step in the pipeline at a time.
+    /// --backend mpi): the same tokens as 1; a step per stage in flight.
     #[arg(long, default_value_t = 1)]
     pp: usize,
+    /// Split each sequence over this many context-parallel ranks (threads, or processes with
+    /// --backend mpi): its KV cache striped over their caches, a long prompt's prefill and its
+    /// attention shared; greedy tokens as 1's (logits within float rounding).
+    #[arg(long, default_value_t = 1)]
+    cp: usize,
     /// Sequences in the running batch.
     #[arg(long, default_value_t = 64)]
     max_running: usize,
@@ -85,13 +90,17 @@ impl EngineArgs {
     /// Checks the flags; the options with the model's source and the server's settings
     /// left at their defaults (no server: no port, no queue, no drain).
     pub(crate) fn options(&self, source: Option<Source>) -> Result<ServeOptions> {
-        let threads = self.threads.unwrap_or_else(|| crate::threads::default_threads().max(self.tp * self.pp));
+        let threads =
+            self.threads.unwrap_or_else(|| crate::threads::default_threads().max(self.tp * self.pp * self.cp));
         crate::threads::check_threads(threads, "--threads")?;
         if self.tp == 0 || self.tp > 64 {
             bail!("--tp must be from 1 to 64, got {}", self.tp);
         }
         if self.pp == 0 || self.pp > 64 {
             bail!("--pp must be from 1 to 64, got {}", self.pp);
+        }
+        if self.cp == 0 || self.cp > 64 {
+            bail!("--cp must be from 1 to 64, got {}", self.cp);
         }
         if self.max_running == 0 || self.max_running > 4096 {
             bail!("--max-running must be from 1 to 4096, got {}", self.max_running);
@@ -112,7 +121,7 @@ impl EngineArgs {
             host: String::new(),
             port: 0,
             threads,
-            layout: brigade::layout::Layout { tp: self.tp, pp: self.pp, ..Default::default() },
+            layout: brigade::layout::Layout { tp: self.tp, pp: self.pp, cp: self.cp, ..Default::default() },
             max_running: self.max_running,
             max_queued: 0,
             max_step_tokens: self.max_step_tokens,
@@ -211,7 +220,7 @@ fn run_mpi(mut o: ServeOptions) -> Result<()> {
     if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("PMI_SIZE").is_none() {
         bail!(
             "--backend mpi needs to be started by mpirun or srun (e.g. mpirun -n {} brigade serve --backend mpi --tp {} …)",
-            o.layout.tp * o.layout.pp,
+            o.layout.tp * o.layout.pp * o.layout.cp,
             o.layout.tp
         );
     }
@@ -225,17 +234,23 @@ fn run_mpi(mut o: ServeOptions) -> Result<()> {
 
 #[cfg(feature = "mpi")]
 fn serve_rank(o: &mut ServeOptions, world: brigade_comm::Comm) -> Result<()> {
-    let (rank, ranks, tp, pp) = (world.rank(), world.size(), o.layout.tp, o.layout.pp);
+    let (rank, ranks, tp, pp, cp) = (world.rank(), world.size(), o.layout.tp, o.layout.pp, o.layout.cp);
     // every rank checks the same things, so that all of them stop on a bad setting
-    if ranks != tp * pp {
-        let (flag, n) = if pp > 1 { ("--pp", pp) } else { ("--tp", tp) };
+    if ranks != tp * pp * cp {
+        let (flag, n) = if pp > 1 {
+            ("--pp", pp)
+        } else if cp > 1 {
+            ("--cp", cp)
+        } else {
+            ("--tp", tp)
+        };
         bail!(
             "{flag} {n} needs {} processes but mpirun started {ranks}; start mpirun -n {} or give {flag} {ranks}",
-            tp * pp,
-            tp * pp
+            tp * pp * cp,
+            tp * pp * cp
         );
     }
-    if o.embedding_model.is_some() && tp > 1 {
+    if o.embedding_model.is_some() && ranks > 1 {
         bail!("--embedding-model is served by one process; serve it without --backend mpi");
     }
     let source = o
@@ -263,7 +278,7 @@ fn serve_rank(o: &mut ServeOptions, world: brigade_comm::Comm) -> Result<()> {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
     http::run(o.clone(), move |addr| {
-        println!("brigade serve: listening on http://{addr} (rank 0 of {} processes)", tp * pp);
+        println!("brigade serve: listening on http://{addr} (rank 0 of {} processes)", tp * pp * cp);
     })?;
     Ok(())
 }

@@ -26,8 +26,8 @@ pub struct ServeOptions {
     /// 0: any free port (the one chosen is printed).
     pub port: u16,
     pub threads: usize,
-    /// How the model is split: over `layout.tp` tensor-parallel ranks (threads); serving takes
-    /// no other axis.
+    /// How the model is split: over `layout.tp` tensor-parallel ranks, `layout.pp` pipeline
+    /// stages or `layout.cp` context-parallel ranks (one of them); serving takes no other axis.
     pub layout: Layout,
     pub max_running: usize,
     pub max_queued: usize,
@@ -66,10 +66,23 @@ impl std::fmt::Debug for RankGroup {
 /// Checks the engine's settings against the model (`--tp`, `--threads`, the cache) and
 /// returns the KV blocks the cache holds.
 pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeError> {
-    let (tp, pp) = (o.layout.tp, o.layout.pp);
+    let (tp, pp, cp) = (o.layout.tp, o.layout.pp, o.layout.cp);
     let cfg = source.config()?;
-    if tp == 0 || pp == 0 {
-        return Err(ServeError::Setting("--tp and --pp must be at least 1".into()));
+    if tp == 0 || pp == 0 || cp == 0 {
+        return Err(ServeError::Setting("--tp, --pp and --cp must be at least 1".into()));
+    }
+    if cp > 1 {
+        if tp > 1 || pp > 1 {
+            return Err(ServeError::Setting(format!(
+                "--cp {cp} with --tp {tp} --pp {pp}: serving splits a model one way at a time yet; give one of --tp, --pp, --cp"
+            )));
+        }
+        if cp > o.threads && o.group.is_none() {
+            return Err(ServeError::Setting(format!(
+                "--cp {cp} needs at least as many --threads (one thread per rank), got {}; give --threads {cp}",
+                o.threads
+            )));
+        }
     }
     if pp > 1 {
         if tp > 1 {
@@ -133,7 +146,8 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
 /// this rank's share and KV cache, and runs the steps rank 0 sends until it stops.
 pub fn follow(o: &ServeOptions, source: &Source, kv_blocks: usize, comm: brigade_comm::Comm) -> Result<(), ServeError> {
     let Served { gpt, params, .. } = source.load()?;
-    crate::engine::follow_group(gpt, params, comm, (kv_blocks, o.block_size, o.threads, o.weights), o.layout.pp)
+    let split = (o.layout.pp, o.layout.cp);
+    crate::engine::follow_group(gpt, params, comm, (kv_blocks, o.block_size, o.threads, o.weights), split)
 }
 
 /// Loads the model and starts its engine: what handlers (or `brigade run`) use.
@@ -147,6 +161,7 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
         limits,
         tp: o.layout.tp,
         pp: o.layout.pp,
+        cp: o.layout.cp,
         threads: o.threads,
         weights: o.weights,
     };
@@ -165,7 +180,8 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
         chat,
         context,
         vocab,
-        kv_blocks,
+        // what one sequence may hold: under --cp, every rank's blocks (striped over them)
+        kv_blocks: kv_blocks * o.layout.cp,
         block_size: o.block_size,
         max_running: o.max_running,
         grammars: std::sync::OnceLock::new(),

@@ -8,6 +8,11 @@
 //! the same tokens reuses it instead of computing it again. Blocks no sequence holds wait in a
 //! free queue, oldest first, and keep their contents (and key) until they are taken for new
 //! tokens: least recently used cached blocks are evicted first.
+//!
+//! Under context parallelism (`--cp N`) the blocks are striped over N ranks: block `b` lives on
+//! rank `b % N`, and a sequence's `j`-th block is always taken from rank `j % N`'s blocks
+//! (`allocate_at`), so a long prompt's keys and values spread evenly and a prefix hit finds a
+//! block on the rank its place in the sequence asks for.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -37,8 +42,9 @@ pub struct BlockPool {
     refs: Vec<u32>,
     cached: Vec<Option<Cached>>,
     by_key: HashMap<BlockKey, usize>,
-    /// Blocks no sequence holds, by the time they were released (oldest first).
-    free: BTreeMap<u64, usize>,
+    /// Blocks no sequence holds, by the time they were released (oldest first), a queue per
+    /// shard (block `b` is shard `b % shards`).
+    free: Vec<BTreeMap<u64, usize>>,
     stamp_of: Vec<Option<u64>>,
     clock: u64,
     pub hits: u64,
@@ -47,13 +53,19 @@ pub struct BlockPool {
 
 impl BlockPool {
     pub fn new(blocks: usize, block_size: usize) -> BlockPool {
-        assert!(blocks > 0 && block_size > 0);
+        BlockPool::striped(blocks, 1, block_size)
+    }
+
+    /// `blocks` blocks on each of `shards` ranks (block `b` on rank `b % shards`).
+    pub fn striped(blocks: usize, shards: usize, block_size: usize) -> BlockPool {
+        assert!(blocks > 0 && shards > 0 && block_size > 0);
+        let blocks = blocks * shards;
         let mut c = BlockPool {
             block_size,
             refs: vec![0; blocks],
             cached: vec![None; blocks],
             by_key: HashMap::new(),
-            free: BTreeMap::new(),
+            free: vec![BTreeMap::new(); shards],
             stamp_of: vec![None; blocks],
             clock: 0,
             hits: 0,
@@ -71,6 +83,11 @@ impl BlockPool {
 
     /// Blocks that can be taken now (free, cached or not).
     pub fn free_blocks(&self) -> usize {
+        self.free.iter().map(BTreeMap::len).sum()
+    }
+
+    /// The ranks the blocks are striped over (1 but under context parallelism).
+    pub fn shards(&self) -> usize {
         self.free.len()
     }
 
@@ -80,19 +97,29 @@ impl BlockPool {
 
     fn release_to_queue(&mut self, b: usize) {
         self.clock += 1;
-        self.free.insert(self.clock, b);
+        let shards = self.free.len();
+        self.free[b % shards].insert(self.clock, b);
         self.stamp_of[b] = Some(self.clock);
     }
 
     fn take_from_queue(&mut self, b: usize) {
         if let Some(s) = self.stamp_of[b].take() {
-            self.free.remove(&s);
+            let shards = self.free.len();
+            self.free[b % shards].remove(&s);
         }
     }
 
-    /// A block for new tokens: the least recently released one, its cached contents dropped.
+    /// A block for new tokens: the least recently released one, its cached contents dropped
+    /// (the first shard's: a sequence's first block).
     pub fn allocate(&mut self) -> Option<usize> {
-        let (_, b) = self.free.pop_first()?;
+        self.allocate_at(0)
+    }
+
+    /// A block for a sequence's `j`-th block: the least recently released one of shard
+    /// `j % shards`, its cached contents dropped.
+    pub fn allocate_at(&mut self, j: usize) -> Option<usize> {
+        let shards = self.free.len();
+        let (_, b) = self.free[j % shards].pop_first()?;
         self.stamp_of[b] = None;
         if let Some(c) = self.cached[b].take() {
             self.by_key.remove(&c.key);
@@ -171,7 +198,10 @@ impl BlockPool {
         for b in 0..self.total_blocks() {
             assert_eq!(self.refs[b] == 0, self.stamp_of[b].is_some(), "block {b}");
         }
-        assert_eq!(self.free.len(), self.refs.iter().filter(|&&r| r == 0).count());
+        assert_eq!(self.free_blocks(), self.refs.iter().filter(|&&r| r == 0).count());
+        for (shard, q) in self.free.iter().enumerate() {
+            assert!(q.values().all(|b| b % self.free.len() == shard), "a block queued on another shard");
+        }
         for (k, &b) in &self.by_key {
             assert_eq!(self.cached[b].as_ref().map(|c| c.key), Some(*k));
         }
@@ -182,6 +212,23 @@ impl BlockPool {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn a_striped_pool_gives_each_place_in_a_sequence_its_ranks_blocks() {
+        let mut kv = BlockPool::striped(3, 2, 4);
+        assert_eq!((kv.total_blocks(), kv.shards(), kv.free_blocks()), (6, 2, 6));
+        let even: Vec<usize> = [0, 2, 4].iter().map(|&j| kv.allocate_at(j).unwrap()).collect();
+        assert!(even.iter().all(|b| b % 2 == 0), "{even:?}");
+        assert_eq!(kv.allocate_at(6), None, "rank 0's blocks are all taken");
+        let odd = kv.allocate_at(1).unwrap();
+        assert_eq!(odd % 2, 1);
+        assert_eq!(kv.free_blocks(), 2);
+        kv.release(&even);
+        kv.check();
+        // released blocks go back to their own rank's queue, oldest first
+        assert_eq!(kv.allocate_at(0), Some(even[2]), "the tail is queued first");
+        kv.check();
+    }
 
     #[test]
     fn prefixes_are_shared_and_evicted_oldest_first() {

@@ -116,7 +116,9 @@ impl Scheduler {
             return Err(Refused::OutsideVocabulary { token: t, vocab: self.vocab });
         }
         let need = r.prompt.len().div_ceil(self.pool.block_size) + 1;
-        if need > self.pool.total_blocks() {
+        // striped over the ranks of a context-parallel group: the first rank takes the most
+        let shards = self.pool.shards();
+        if need.div_ceil(shards) > self.pool.total_blocks() / shards {
             return Err(Refused::CacheTooSmall { need, total: self.pool.total_blocks() });
         }
         if let Some(&t) = admit.forced.iter().find(|&&t| t as usize >= self.vocab) {
@@ -165,7 +167,7 @@ impl Scheduler {
     /// Gives sequence `s` blocks for tokens up to `upto`; false when the cache is out.
     fn grow(pool: &mut BlockPool, s: &mut Seq, upto: usize) -> bool {
         while s.blocks.len() * pool.block_size < upto {
-            match pool.allocate() {
+            match pool.allocate_at(s.blocks.len()) {
                 Some(b) => s.blocks.push(b),
                 None => return false,
             }
@@ -216,7 +218,7 @@ impl Scheduler {
                 self.pool.take(src);
                 s.blocks.push(src);
             } else {
-                let dst = self.pool.allocate()?;
+                let dst = self.pool.allocate_at(at)?;
                 copies.push((src, dst, n));
                 s.blocks.push(dst);
                 self.stats.prompt_tokens_copied += n as u64;

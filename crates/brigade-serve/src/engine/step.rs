@@ -49,7 +49,8 @@ pub struct BlockCounts {
 }
 
 impl Engine {
-    /// An engine over `kv_blocks` blocks of `block_size` tokens. A pipelined model gets one lane
+    /// An engine over `kv_blocks` blocks of `block_size` tokens (on each rank of a
+    /// context-parallel group: the scheduler numbers them all). A pipelined model gets one lane
     /// per stage, each with an equal share of the blocks and of `limits.max_running` — fewer
     /// lanes if a share would not hold one sequence of the whole context.
     pub fn new(model: Model, kv_blocks: usize, block_size: usize, limits: Limits) -> Engine {
@@ -67,7 +68,12 @@ impl Engine {
         let share = Limits { max_running: limits.max_running.div_ceil(n), ..limits };
         self.lanes = (0..n)
             .map(|v| Lane {
-                sched: Scheduler::new(BlockPool::new(kv_blocks / n, bs), share, self.model.context, self.model.vocab),
+                sched: Scheduler::new(
+                    BlockPool::striped(kv_blocks / n, self.model.kv_shards(), bs),
+                    share,
+                    self.model.context,
+                    self.model.vocab,
+                ),
                 base: v * (kv_blocks / n),
                 in_flight: None,
                 aborts: Vec::new(),

@@ -27,6 +27,9 @@ pub struct EngineSetup {
     /// Pipeline stages the model's layers are cut into (threads, or processes); tp must be 1
     /// then.
     pub pp: usize,
+    /// Context-parallel ranks each sequence's cache is striped over (threads, or processes);
+    /// tp and pp must be 1 then.
+    pub cp: usize,
     /// Threads for arithmetic, split evenly over the ranks.
     pub threads: usize,
     /// How the products' weights are held (f32 or 8 bits).
@@ -93,7 +96,7 @@ impl EngineHandle {
             reporter.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
             engine
         };
-        let ranks = setup.tp * setup.pp;
+        let ranks = setup.tp * setup.pp * setup.cp;
         let per_rank = (setup.threads / ranks).max(1);
         if ranks == 1 {
             let model = Model::shard_as(&gpt, &params, None, setup.weights).expect("a single worker takes any model");
@@ -116,10 +119,7 @@ impl EngineHandle {
                 };
                 let res = brigade_comm::local::run_with(cfg, ranks, |comm| -> Result<(), RankError> {
                     let rank = comm.rank();
-                    let model = match setup.pp {
-                        1 => Model::shard_as(&gpt, &params, Some(comm), setup.weights)?,
-                        _ => Model::stage_as(&gpt, &params, comm, setup.weights)?,
-                    };
+                    let model = rank_model(&gpt, &params, comm, (setup.pp, setup.cp), setup.weights)?;
                     let built = built_tx.clone();
                     brigade::with_threads(per_rank, || {
                         if rank == 0 {
@@ -164,10 +164,7 @@ impl EngineHandle {
         setup: EngineSetup,
         metrics: Metrics,
     ) -> Result<(EngineHandle, std::thread::JoinHandle<()>), ShardError> {
-        let model = match setup.pp {
-            1 => Model::shard_as(&gpt, &params, Some(comm), setup.weights)?,
-            _ => Model::stage_as(&gpt, &params, comm, setup.weights)?,
-        };
+        let model = rank_model(&gpt, &params, comm, (setup.pp, setup.cp), setup.weights)?;
         drop(params);
         let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
         say_pipeline(&gpt.cfg, &engine);
@@ -199,6 +196,24 @@ impl EngineHandle {
     /// Ends the engine thread once it has taken the commands before this one.
     pub fn stop(&self) {
         let _ = self.tx.send(Cmd::Stop);
+    }
+}
+
+/// This rank's model in group `comm`: a pipeline stage (pp > 1), a context-parallel rank with
+/// the whole model (cp > 1), or a tensor-parallel shard.
+fn rank_model(
+    gpt: &Gpt,
+    params: &[f32],
+    comm: brigade_comm::Comm,
+    (pp, cp): (usize, usize),
+    weights: WeightFormat,
+) -> Result<Model, ShardError> {
+    if pp > 1 {
+        Model::stage_as(gpt, params, comm, weights)
+    } else if cp > 1 {
+        Model::context_as(gpt, params, comm, weights)
+    } else {
+        Model::shard_as(gpt, params, Some(comm), weights)
     }
 }
 
@@ -315,13 +330,10 @@ pub fn follow_group(
     params: Vec<f32>,
     comm: brigade_comm::Comm,
     (kv_blocks, block_size, threads, weights): (usize, usize, usize, WeightFormat),
-    pp: usize,
+    (pp, cp): (usize, usize),
 ) -> Result<(), crate::error::ServeError> {
-    let model = match pp {
-        1 => Model::shard_as(&gpt, &params, Some(comm), weights),
-        _ => Model::stage_as(&gpt, &params, comm, weights),
-    }
-    .map_err(|e| crate::error::ServeError::Setting(e.to_string()))?;
+    let model = rank_model(&gpt, &params, comm, (pp, cp), weights)
+        .map_err(|e| crate::error::ServeError::Setting(e.to_string()))?;
     drop(params);
     let mut kv = KvStore::new(kv_blocks, block_size, model.layers_n, model.kv_width());
     brigade::with_threads(threads, || while model.follow(&mut kv) {})

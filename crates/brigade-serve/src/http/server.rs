@@ -32,9 +32,9 @@ pub fn run(o: ServeOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
         ));
     }
     let l = o.layout;
-    if (l.dp, l.cp, l.v, l.zero, l.sp) != (1, 1, 1, 0, false) {
+    if (l.dp, l.v, l.zero, l.sp) != (1, 1, 0, false) {
         return Err(ServeError::Setting(format!(
-            "serving splits the model over tensor-parallel ranks or pipeline stages only; give --tp N or --pp N, not the layout '{l}'"
+            "serving splits the model over tensor-parallel ranks, pipeline stages or context-parallel ranks only; give --tp N, --pp N or --cp N, not the layout '{l}'"
         )));
     }
     let Some(source) = &o.source else {

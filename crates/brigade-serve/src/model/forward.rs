@@ -32,6 +32,17 @@
 //! once, so rank 0 can `launch` the next step while the later stages work on the last one, and
 //! `collect` their logits in order: the engine keeps one step per stage in flight. Every
 //! operation is the single worker's on the same rows, so `--pp N` gives its logits bit for bit.
+//!
+//! Context parallelism (`--cp N`): every rank holds the whole model and a KV cache of its own;
+//! a sequence's blocks are striped over the ranks (its j-th block on rank j mod N, the
+//! scheduler's `BlockPool::allocate_at`), and each rank computes the rows whose block it holds —
+//! a long prompt's prefill split along the sequence, about evenly even under the causal mask.
+//! Attention passes the queries (`context_attention`): each rank attends every row of the step
+//! over the keys and values it holds, and each row's owner merges the ranks' partial results
+//! by their log-sum-exps, in rank order. Decoding reads the cache where it lies the same way.
+//! The merge adds a row's weighted values in another order than one worker's single chain over
+//! the positions, so logits are not bit-identical to one worker's (within float rounding;
+//! greedy tokens equal in the tests); they are batch- and chunk-invariant as ever.
 
 use super::kv_store::KvStore;
 use super::weights::{Dims, ShardError, WeightFormat, Weights};
@@ -50,7 +61,10 @@ pub struct Model {
     tp: usize,
     /// The pipeline this rank is a stage of (none without one).
     pipe: Option<Pipe>,
-    w: Weights,
+    /// The context-parallel group (none without one): block `b` of the cache is rank `b % N`'s,
+    /// its slot `b / N` there.
+    pub(super) cp: Option<Comm>,
+    pub(super) w: Weights,
 }
 
 /// A pipeline-parallel rank: its group (rank r is stage r) and its stage.
@@ -127,6 +141,7 @@ impl Model {
             comm: comm.filter(|c| c.size() > 1),
             tp,
             pipe: None,
+            cp: None,
             w,
         })
     }
@@ -153,13 +168,36 @@ impl Model {
             comm: None,
             tp: 1,
             pipe: (stages > 1).then_some(Pipe { comm, stage, stages }),
+            cp: None,
             w,
         })
     }
 
-    /// The group rank 0 sends each step's work to: the tensor-parallel group or the pipeline.
+    /// A rank of the context-parallel group `comm`: the whole model, its cache holding the
+    /// blocks `b` with `b % N` = its rank.
+    pub fn context_as(gpt: &Gpt, params: &[f32], comm: Comm, format: WeightFormat) -> Result<Model, ShardError> {
+        let mut m = Model::shard_as(gpt, params, None, format)?;
+        m.cp = (comm.size() > 1).then_some(comm);
+        Ok(m)
+    }
+
+    /// The group rank 0 sends each step's work to: the tensor-parallel group, the pipeline or
+    /// the context-parallel group.
     fn group(&self) -> Option<&Comm> {
-        self.comm.as_ref().or(self.pipe.as_ref().map(|p| &p.comm))
+        self.comm.as_ref().or(self.pipe.as_ref().map(|p| &p.comm)).or(self.cp.as_ref())
+    }
+
+    /// The ranks the cache's blocks are striped over (1 without context parallelism).
+    pub fn kv_shards(&self) -> usize {
+        self.cp.as_ref().map_or(1, Comm::size)
+    }
+
+    /// Whether block `b` is this rank's, and its slot in this rank's cache.
+    fn holds(&self, b: usize) -> Option<usize> {
+        match &self.cp {
+            None => Some(b),
+            Some(c) => (b % c.size() == c.rank()).then_some(b / c.size()),
+        }
     }
 
     /// The pipeline's stages (1 without one).
@@ -233,6 +271,14 @@ impl Model {
             self.send(&msg);
         }
         for &(s, d, n) in copies {
+            self.copy_held(kv, s, d, n);
+        }
+    }
+
+    /// A copy of `n` slots from block `s` to `d` (of one rank: a sequence's same place) on the
+    /// rank that holds them.
+    fn copy_held(&self, kv: &mut KvStore, s: usize, d: usize, n: usize) {
+        if let (Some(s), Some(d)) = (self.holds(s), self.holds(d)) {
             kv.copy_slots(s, d, n);
         }
     }
@@ -246,7 +292,7 @@ impl Model {
         }
         if msg[0] == COPY {
             for c in msg[1..].chunks_exact(3) {
-                kv.copy_slots(c[0] as usize, c[1] as usize, c[2] as usize);
+                self.copy_held(kv, c[0] as usize, c[1] as usize, c[2] as usize);
             }
             return true;
         }
@@ -333,10 +379,18 @@ impl Model {
         let cl = c / self.tp;
         let (qw, kvw) = (self.w.dims.q_width(), self.w.dims.kv_width());
         let qkvw = qw + 2 * kvw;
-        let n: usize = work.iter().map(|w| w.tokens.len()).sum();
-        // (work item, position) of every packed row
-        let rows: Vec<(usize, usize)> =
+        // (work item, position) of every packed row; under context parallelism, of the rows
+        // whose block this rank holds
+        let all: Vec<(usize, usize)> =
             work.iter().enumerate().flat_map(|(i, w)| (0..w.tokens.len()).map(move |p| (i, w.start + p))).collect();
+        let bs = kv.block_size;
+        let rows: Vec<(usize, usize)> = match &self.cp {
+            None => all.clone(),
+            Some(_) => {
+                all.iter().copied().filter(|&(wi, pos)| self.holds(work[wi].blocks[pos / bs]).is_some()).collect()
+            }
+        };
+        let n = rows.len();
         let tables: Vec<&[usize]> = work.iter().map(|w| w.blocks).collect();
         let mut x = vec![0f32; n * c];
         let stage = self.pipe.as_ref().map(|p| (p.stage, p.stages));
@@ -379,12 +433,18 @@ impl Model {
             }
             for (r, &(wi, pos)) in rows.iter().enumerate() {
                 let w = &work[wi];
-                let (b, slot) = (w.blocks[pos / kv.block_size], pos % kv.block_size);
+                let b = self.holds(w.blocks[pos / bs]).expect("a row of a block this rank holds");
+                let slot = pos % bs;
                 let at = r * qkvw + qw;
                 kv.slot_mut(b, li, 0, slot).copy_from_slice(&qkv[at..at + kvw]);
                 kv.slot_mut(b, li, 1, slot).copy_from_slice(&qkv[at + kvw..at + 2 * kvw]);
             }
-            super::paged_attention::attention(&mut ctx, &qkv, &rows, &tables, kv, li, self.w.dims);
+            match &self.cp {
+                None => super::paged_attention::attention(&mut ctx, &qkv, &rows, &tables, kv, li, self.w.dims),
+                Some(cp) => {
+                    super::context_attention::attention(cp, &mut ctx, &qkv, (&rows, &all), &tables, kv, li, self.w.dims)
+                }
+            }
             let ctx = self.gather_cols(&ctx, n, qw, q_all, &mut ctx_all);
             matmul_rows(&mut y, ctx, &ly.wproj, n);
             residual(&mut x, self.gather_cols(&y, n, cl, c, &mut y_all), ly.bproj.as_deref(), c);
@@ -421,14 +481,12 @@ impl Model {
                 return Vec::new();
             }
         }
-        // the last row of each work item that wants logits
+        // the last row of each work item that wants logits (among this rank's rows)
+        let is_last =
+            |&(wi, pos): &(usize, usize)| work[wi].logits && pos + 1 == work[wi].start + work[wi].tokens.len();
         let mut last = Vec::new();
-        let mut row = 0;
-        for w in work {
-            row += w.tokens.len();
-            if w.logits {
-                last.extend_from_slice(&x[(row - 1) * c..row * c]);
-            }
+        for (r, _) in rows.iter().enumerate().filter(|(_, row)| is_last(row)) {
+            last.extend_from_slice(&x[r * c..(r + 1) * c]);
         }
         let m = last.len() / c;
         let mut hl = vec![0f32; m * c];
@@ -436,19 +494,47 @@ impl Model {
         let vl = self.w.head.n;
         let mut logits = vec![0f32; m * vl];
         matmul_rows(&mut logits, &hl, &self.w.head, m);
-        let mut all = Vec::new();
-        let logits = self.gather_cols(&logits, m, vl, self.vocab, &mut all);
+        let mut gathered = Vec::new();
+        let logits = self.gather_cols(&logits, m, vl, self.vocab, &mut gathered);
         if let Some(p) = self.pipe.as_ref() {
             // the last stage: the logits go to rank 0, which samples
             debug_assert_eq!(m, logit_rows);
             p.comm.send(logits, 0, TAG_LOGITS).expect("the pipeline is alive");
             return Vec::new();
         }
+        if let Some(cp) = &self.cp {
+            // each row's logits from the rank that holds it, to rank 0 in the work's order
+            let owner = |&(wi, pos): &(usize, usize)| work[wi].blocks[pos / bs] % cp.size();
+            let lasts: Vec<usize> = all.iter().filter(|r| is_last(r)).map(owner).collect();
+            if cp.rank() > 0 {
+                if m > 0 {
+                    cp.send(logits, 0, TAG_LOGITS).expect("the context-parallel group is alive");
+                }
+                return Vec::new();
+            }
+            let mut from: Vec<Vec<f32>> = vec![Vec::new(); cp.size()];
+            from[0] = logits.to_vec();
+            for (r, f) in from.iter_mut().enumerate().skip(1) {
+                let k = lasts.iter().filter(|&&o| o == r).count();
+                if k > 0 {
+                    *f = vec![0f32; k * self.vocab];
+                    cp.recv(f, r, TAG_LOGITS).expect("the context-parallel group is alive");
+                }
+            }
+            let mut next = vec![0usize; cp.size()];
+            return lasts
+                .iter()
+                .map(|&o| {
+                    next[o] += 1;
+                    from[o][(next[o] - 1) * self.vocab..next[o] * self.vocab].to_vec()
+                })
+                .collect();
+        }
         logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect()
     }
 }
 
-fn add_bias(x: &mut [f32], b: &[f32]) {
+pub(super) fn add_bias(x: &mut [f32], b: &[f32]) {
     x.par_chunks_mut(b.len()).for_each(|r| r.iter_mut().zip(b).for_each(|(v, &bb)| *v += bb));
 }
 

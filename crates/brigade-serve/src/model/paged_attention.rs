@@ -67,7 +67,7 @@ pub(crate) fn attention(
 }
 
 /// A dot product in a fixed order: 8 lanes, then the lanes in order.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let mut ca = a.chunks_exact(8);
     let mut cb = b.chunks_exact(8);

@@ -1,0 +1,179 @@
+//! `--cp N` against the single worker: the same model on N rank threads, each sequence's blocks
+//! striped over them (block b on rank b mod N) and each rank computing the rows of its blocks,
+//! attention merged across ranks by log-sum-exp. The merge adds in another order than one
+//! worker's chain over the positions, so logits agree within float rounding (not bit for bit),
+//! and greedy tokens are equal; rows whose positions all lie on other ranks, prompt chunks beside
+//! decodes, and a prompt whose cache does not fit one rank's blocks are covered.
+
+mod common;
+
+use brigade::models::Gpt;
+use brigade_serve::engine::{Engine, Limits, Output, Refused, Request, Sampling};
+use brigade_serve::model::weights::WeightFormat;
+use brigade_serve::model::{KvStore, Model, ShardError, Work};
+
+/// The family's test model with a context of 256.
+fn model(f: common::Family) -> (Gpt, Vec<f32>) {
+    common::model(f, 101, 256, 5)
+}
+
+/// Three sequences over three steps (whole prompts, then a chunk beside decodes, then decodes)
+/// on blocks of 4 tokens numbered 0…: under cp 2 or 3 every sequence's blocks fall on every rank
+/// in turn, and sequence c's two blocks (7, 8) on no block of rank 0 at cp 3.
+fn steps(model: &Model, kv: &mut KvStore) -> Vec<Vec<f32>> {
+    let a: Vec<u32> = (0..9).map(|i| (i * 7 + 1) % 101).collect();
+    let b: Vec<u32> = (0..14).map(|i| (i * 13 + 2) % 101).collect();
+    let c: Vec<u32> = (0..5).map(|i| (i * 3 + 50) % 101).collect();
+    let (ba, bb, bc) = (vec![0, 1, 2], vec![3, 4, 5, 6], vec![7, 8]);
+    let mut out = Vec::new();
+    out.extend(model.step(
+        kv,
+        &[
+            Work { tokens: &a, start: 0, blocks: &ba, logits: true },
+            Work { tokens: &b[..6], start: 0, blocks: &bb, logits: false },
+        ],
+    ));
+    out.extend(model.step(
+        kv,
+        &[
+            Work { tokens: &[3], start: 9, blocks: &ba, logits: true },
+            Work { tokens: &b[6..], start: 6, blocks: &bb, logits: true },
+            Work { tokens: &c, start: 0, blocks: &bc, logits: true },
+        ],
+    ));
+    out.extend(model.step(
+        kv,
+        &[
+            Work { tokens: &[4], start: 10, blocks: &ba, logits: true },
+            Work { tokens: &[5], start: 14, blocks: &bb, logits: true },
+            Work { tokens: &[6], start: 5, blocks: &bc, logits: true },
+        ],
+    ));
+    out
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+#[test]
+fn context_parallel_logits_equal_the_single_workers_within_rounding() {
+    common::for_each_family(|f| {
+        let (gpt, p) = model(f);
+        let one = Model::new(&gpt, &p);
+        let mut kv = KvStore::new(16, 4, gpt.cfg.n_layer, one.kv_width());
+        let want = steps(&one, &mut kv);
+        assert_eq!(want.len(), 7);
+        for cp in [2, 3] {
+            let got = brigade_comm::local::run(cp, |comm| -> Result<_, ShardError> {
+                let rank = comm.rank();
+                let m = Model::context_as(&gpt, &p, comm, WeightFormat::F32)?;
+                assert_eq!(m.kv_shards(), cp);
+                // each rank's cache holds its share of the 16 blocks
+                let mut kv = KvStore::new(16_usize.div_ceil(cp), 4, m.layers_n, m.kv_width());
+                if rank == 0 {
+                    let out = steps(&m, &mut kv);
+                    m.stop_followers();
+                    Ok(out)
+                } else {
+                    while m.follow(&mut kv) {}
+                    Ok(vec![])
+                }
+            })
+            .unwrap();
+            assert_eq!(got[0].len(), want.len(), "{} cp {cp}", f.name());
+            for (i, (g, w)) in got[0].iter().zip(&want).enumerate() {
+                let worst = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                let scale = w.iter().fold(1f32, |m, v| m.max(v.abs()));
+                assert!(
+                    worst <= 5e-6 * scale,
+                    "{} cp {cp}: logits row {i} differ by {worst} (scale {scale})",
+                    f.name()
+                );
+                assert_eq!(argmax(g), argmax(w), "{} cp {cp}: row {i}'s greedy token", f.name());
+            }
+        }
+    });
+}
+
+fn greedy(id: u64, prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        id,
+        prompt,
+        sampling: Sampling {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: id,
+            max_tokens,
+            stop_tokens: vec![],
+            top_logprobs: 0,
+        },
+    }
+}
+
+/// Runs the requests to the end; each request's tokens in order.
+fn run(e: &mut Engine, requests: &[Request]) -> Vec<(u64, Vec<u32>, Vec<f32>)> {
+    for r in requests {
+        e.add(r.clone()).unwrap();
+    }
+    let mut out: Vec<Output> = Vec::new();
+    while e.has_work() {
+        out.extend(e.step());
+    }
+    requests
+        .iter()
+        .map(|r| {
+            let mine: Vec<&Output> = out.iter().filter(|o| o.id == r.id).collect();
+            (r.id, mine.iter().map(|o| o.token).collect(), mine.iter().map(|o| o.logprob).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn the_engine_gives_one_workers_greedy_tokens_and_serves_a_prompt_one_rank_cannot_hold() {
+    common::for_each_family(|f| {
+        let (gpt, p) = model(f);
+        // a 150-token prompt needs 39 blocks of 4 (38 and one for its first token): more than
+        // one rank's 24, within two ranks' 48; beside it, short prompts in chunks of 32 tokens
+        let long: Vec<u32> = (0..150).map(|i| ((i * 37 + 11) % 101) as u32).collect();
+        let mut requests = vec![greedy(0, long, 24)];
+        requests.extend(
+            (1..5u64).map(|j| greedy(j, (0..3 + j * 6).map(|i| ((i * 11 + j * 3) % 101) as u32).collect(), 16)),
+        );
+        let limits = Limits { max_running: 8, max_step_tokens: 32 };
+        // one worker with the cache of two ranks
+        let want = run(&mut Engine::new(Model::new(&gpt, &p), 48, 4, limits), &requests);
+        // one worker with one rank's cache refuses the long prompt
+        let mut small = Engine::new(Model::new(&gpt, &p), 24, 4, limits);
+        assert!(matches!(small.add(requests[0].clone()), Err(Refused::CacheTooSmall { .. })));
+        let got = brigade_comm::local::run(2, |comm| -> Result<_, ShardError> {
+            let rank = comm.rank();
+            let m = Model::context_as(&gpt, &p, comm, WeightFormat::F32)?;
+            if rank == 0 {
+                let mut e = Engine::new(m, 24, 4, limits);
+                assert_eq!(e.blocks().total, 48, "the scheduler numbers both ranks' blocks");
+                let out = run(&mut e, &requests);
+                e.pool().check();
+                e.model.stop_followers();
+                Ok(out)
+            } else {
+                let mut kv = KvStore::new(24, 4, m.layers_n, m.kv_width());
+                while m.follow(&mut kv) {}
+                Ok(vec![])
+            }
+        })
+        .unwrap();
+        for ((id, wt, wl), (_, gt, gl)) in want.iter().zip(&got[0]) {
+            assert_eq!(gt, wt, "{}: request {id}'s greedy tokens", f.name());
+            for (a, b) in gl.iter().zip(wl) {
+                assert!(
+                    (a - b).abs() <= 2e-5 * b.abs().max(1.0),
+                    "{}: request {id}: log-probability {a} vs {b}",
+                    f.name()
+                );
+            }
+        }
+        assert_eq!(got[0][0].1.len(), 24);
+    });
+}
