@@ -2,7 +2,7 @@
 # A model split over two MPI processes (1 thread each) beside the same service in one process of
 # 2 threads: `tp` (the default) sets `--tp 2` over MPI beside `--tp 2` over two threads; `pp`
 # sets `--pp 2` over MPI beside one unsplit process. gpt2-small with random weights, `brigade
-# bench serve --url` at 1 and 32 concurrent streams. Needs a build with --features mpi.
+# bench serve --url` at 1, 32 and 64 concurrent streams. Needs a build with --features mpi.
 # Usage: python3 ../shared/peers/runq.py -- scripts/bench_serve_mpi.sh [tp|pp]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +19,12 @@ ready() { for _ in $(seq 1 300); do curl -sf "localhost:$1/ready" >/dev/null && 
 "$bin" serve --model gpt2-small "${base[@]}" --threads 2 --port 18011 >"$tmp/threads.log" 2>&1 &
 pid=$!
 ready 18011
-"$bin" bench serve --url http://127.0.0.1:18011 --model gpt2-small --concurrency 1,32 >"$tmp/threads.txt" 2>&1
+"$bin" bench serve --url http://127.0.0.1:18011 --model gpt2-small --concurrency 1,32,64 >"$tmp/threads.txt" 2>&1
 kill -TERM "$pid"; wait "$pid" || true
 mpirun -n 2 --allow-run-as-root --oversubscribe "$bin" serve --backend mpi --model gpt2-small "${split[@]}" --threads 1 --port 18012 >"$tmp/mpi.log" 2>&1 &
 pid=$!
 ready 18012
-"$bin" bench serve --url http://127.0.0.1:18012 --model gpt2-small --concurrency 1,32 >"$tmp/mpi.txt" 2>&1
+"$bin" bench serve --url http://127.0.0.1:18012 --model gpt2-small --concurrency 1,32,64 >"$tmp/mpi.txt" 2>&1
 kill -TERM "$pid"; wait "$pid" || true
 pid=
 echo "$what:"; grep concurrent: "$tmp/threads.txt"

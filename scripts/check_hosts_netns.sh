@@ -9,8 +9,10 @@
 #   3. `brigade launch --np 6 --hosts H1:2,H2:2,H3:2 --min-ranks 2` loses the third host
 #      mid-run (its processes killed, its link down), resumes on the 4 ranks of the other two
 #      under the planner's layout and ends with the uninterrupted run's weights (1e-5);
-#   4. `brigade serve --backend mpi --tp 2`, and `--pp 2`, with their ranks on two hosts give one
-#      process's tokens and log-probabilities bit for bit;
+#   4. `brigade serve --backend mpi --tp 2` (started by `brigade launch --np 2 --hosts …`), and
+#      `--pp 2`, with their ranks on two hosts give one process's tokens and log-probabilities
+#      bit for bit; the --tp server's rank on host 2 killed, launch starts it again and it
+#      answers the same;
 #   5. `brigade route` on host 1 over replicas on hosts 2 and 3: host 3's replica killed under
 #      load (and its link taken down), no request lost, every answer one replica's tokens.
 # Needs root, iproute2, Open MPI, a build with --features mpi and ../shared/models.
@@ -111,9 +113,8 @@ scripts/weights_close.py "$tmp/el" "$tmp/whole" --within 1e-5 --what "hosts: the
 "$bin" train --model llama-tiny --data "$root/README.md" --seq 64 --batch 8 --steps 150 --lr 3e-3 --threads 2 --eval-every 0 --no-sample --out "$tmp/llama" >/dev/null 2>&1
 on1 "$bin" serve --checkpoint "$tmp/llama" --port 18101 --threads 2 >"$tmp/serve1.log" 2>&1 &
 before=$(bytes 2)
-# shellcheck disable=SC2086
-on1 timeout 300 mpirun --allow-run-as-root --oversubscribe $mpiargs -n 2 --host "${net}1:1,${net}2:1" \
-  "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 18102 --threads 1 >"$tmp/serve2.log" 2>&1 &
+on1 timeout 300 "$bin" launch --np 2 --hosts "${net}1:1,${net}2:1" --mpirun-args "$mpiargs" -- \
+  serve --tp 2 --checkpoint "$tmp/llama" --port 18102 --threads 1 >"$tmp/serve2.log" 2>&1 &
 served=$!
 # shellcheck disable=SC2086
 on1 timeout 300 mpirun --allow-run-as-root --oversubscribe $mpiargs -n 2 --host "${net}1:1,${net}2:1" \
@@ -123,8 +124,9 @@ for port in 18101 18102 18103; do
   for _ in $(seq 1 300); do on1 curl -sf "127.0.0.1:$port/ready" >/dev/null && break; sleep 0.2; done
   on1 curl -sf "127.0.0.1:$port/ready" >/dev/null || { echo "hosts: the server on $port did not start:"; cat "$tmp"/serve*.log; exit 1; } >&2
 done
-on1 python3 - <<'PY'
-import json, urllib.request
+same() {  # each server on the given ports answers as the one-process server on 18101
+  on1 python3 - "$@" <<'PY'
+import json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 prompts = ["The ring", "brigade trains", "Every layout", "A rank holds"]
 def ask(port, p):
@@ -132,17 +134,26 @@ def ask(port, p):
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"content-type": "application/json"})
     c = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
     return c["text"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+what = {"18102": "--tp 2", "18103": "--pp 2"}
 with ThreadPoolExecutor(4) as ex:
-    a = list(ex.map(lambda p: ask(18101, p), prompts))
-    b = list(ex.map(lambda p: ask(18102, p), prompts))
-    c = list(ex.map(lambda p: ask(18103, p), prompts))
-for p, x, y, z in zip(prompts, a, b, c):
-    assert x == y, f"{p!r}: one process {x} vs --tp 2 across two hosts {y}"
-    assert x == z, f"{p!r}: one process {x} vs --pp 2 across two hosts {z}"
+    want = list(ex.map(lambda p: ask(18101, p), prompts))
+    for port in sys.argv[1:]:
+        got = list(ex.map(lambda p: ask(int(port), p), prompts))
+        for p, x, y in zip(prompts, want, got):
+            assert x == y, f"{p!r}: one process {x} vs {what[port]} across two hosts {y}"
 PY
+}
+same 18102 18103
 served_bytes=$(( $(bytes 2) - before ))
-kill -TERM "$served" "$piped" 2>/dev/null || true
-wait "$served" "$piped" 2>/dev/null || true
+kill -TERM "$piped" 2>/dev/null || true
+wait "$piped" 2>/dev/null || true
+# the --tp server's rank on host 2 killed (and its host's MPI daemon): launch starts it again
+ip netns pids "${pre}2" | xargs -r kill -9
+for _ in $(seq 1 300); do grep -q "restart 1 of" "$tmp/serve2.log" && on1 curl -sf 127.0.0.1:18102/ready >/dev/null && break; sleep 0.2; done
+grep -q "restart 1 of" "$tmp/serve2.log" || { echo "hosts: launch did not restart the server:"; cat "$tmp/serve2.log"; exit 1; } >&2
+same 18102
+kill -TERM "$served" 2>/dev/null || true
+wait "$served" || { echo "hosts: launch did not stop cleanly:"; cat "$tmp/serve2.log"; exit 1; } >&2
 
 # 5. a router on host 1 over replicas on hosts 2 and 3; host 3 lost under load
 ip netns exec "${pre}3" ip link set eth0 up
@@ -184,4 +195,4 @@ retried = float([l for l in m.splitlines() if l.startswith("brigade_route_retrie
 assert retried >= 1, f"host 3 went down with nothing in flight: the check did not test a loss\n{m}"
 print(f"hosts: 150 requests through the router, host 3 lost under load: none lost, every one a single replica's tokens ({retried:.0f} retried)")
 PY
-echo "hosts: dp=2,tp=2 across 2 hosts equals one worker ($crossed bytes over host 2's link); embed across 3 hosts byte-identical; host 3 lost at step $at: $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/el.log"); serve --tp 2 and --pp 2 across 2 hosts give one process's tokens and log-probabilities ($served_bytes bytes over host 2's link)"
+echo "hosts: dp=2,tp=2 across 2 hosts equals one worker ($crossed bytes over host 2's link); embed across 3 hosts byte-identical; host 3 lost at step $at: $(grep -o 'resumed step [0-9]* on [0-9]* ranks as [^ ]*' "$tmp/el.log"); serve --tp 2 and --pp 2 across 2 hosts give one process's tokens and log-probabilities ($served_bytes bytes over host 2's link), the --tp server restarted by launch after its host-2 rank was killed"

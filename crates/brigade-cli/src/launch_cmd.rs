@@ -5,7 +5,8 @@
 //! times, saying how many steps were redone. With `--min-ranks M` a death costs the world its
 //! rank (under `--hosts`, the hosts that no longer answer), and the job resumes on the ranks
 //! left, at least M, under the layout the planner finds fastest for them. A failure of the
-//! settings (exit status 1 or 2) or an interrupt (130) is not retried.
+//! settings (exit status 1 or 2) or an interrupt (130) is not retried. `brigade launch --np N
+//! -- serve …` supervises a server's MPI ranks the same way (`launch_serve`).
 
 use crate::train_args::{KEPT_ON_RESUME, KEPT_SWITCHES};
 use crate::train_cmd::{TrainArgs, PROGRESS_ENV, RANK_LOST_EXIT};
@@ -44,7 +45,8 @@ pub struct LaunchArgs {
     /// `brigade plan --gpu`).
     #[arg(long, default_value = "h100-sxm")]
     pub(crate) gpu: String,
-    /// The command to supervise: `train` and its flags (it needs --out DIR to restart from).
+    /// The command to supervise: `train` and its flags (it needs --out DIR to restart from), or
+    /// `serve` and its flags (with --np: its ranks under mpirun, started again if one dies).
     #[arg(last = true, required = true, num_args = 1..)]
     pub(crate) command: Vec<String>,
 }
@@ -58,7 +60,7 @@ struct TrainOnly {
 
 /// Where the ranks run: threads of one child, or processes under mpirun on some hosts.
 #[derive(Clone, Debug)]
-enum Ranks {
+pub(crate) enum Ranks {
     Threads,
     Mpi { hosts: Vec<(String, usize)>, extra: Vec<String> },
 }
@@ -68,8 +70,13 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn run(a: LaunchArgs) -> Result<()> {
     let Some((cmd, rest)) = a.command.split_first() else { bail!("give the command to run after --: train …") };
+    if cmd == "serve" {
+        return crate::launch_serve::run(&a, rest);
+    }
     if cmd != "train" {
-        bail!("brigade launch supervises `train`; got '{cmd}' (write: brigade launch -- train --out DIR …)");
+        bail!(
+            "brigade launch supervises `train` and `serve`; got '{cmd}' (write: brigade launch -- train --out DIR …)"
+        );
     }
     let t = TrainOnly::try_parse_from(std::iter::once("train".to_string()).chain(rest.iter().cloned()))
         .map_err(|e| anyhow::anyhow!("the train command: {}", e.to_string().trim()))?
@@ -221,6 +228,11 @@ fn ranks(a: &LaunchArgs, t: &TrainArgs, world: usize) -> Result<Ranks> {
     if t.backend == "local" && a.command.iter().any(|s| s.starts_with("--backend")) {
         bail!("--np runs one rank a process: drop train's --backend local (launch passes --backend mpi)");
     }
+    mpi_ranks(a, np)
+}
+
+/// `np` ranks as processes under mpirun, on `--hosts` if given.
+pub(crate) fn mpi_ranks(a: &LaunchArgs, np: usize) -> Result<Ranks> {
     let extra: Vec<String> = a.mpirun_args.as_deref().unwrap_or("").split_whitespace().map(str::to_string).collect();
     let hosts = match &a.hosts {
         None => Vec::new(),
@@ -267,7 +279,7 @@ fn mpirun_base() -> Vec<String> {
 }
 
 /// The child process of one attempt.
-fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Path) -> Command {
+pub(crate) fn child(exe: &Path, args: &[String], ranks: &Ranks, world: usize, progress: &Path) -> Command {
     let mut c;
     match ranks {
         Ranks::Threads => {
@@ -329,7 +341,7 @@ fn watch(
 }
 
 /// The child's status if it ends within `limit` (checked every 100 ms), else `None`.
-fn wait_within(p: &mut std::process::Child, limit: Duration) -> Option<ExitStatus> {
+pub(crate) fn wait_within(p: &mut std::process::Child, limit: Duration) -> Option<ExitStatus> {
     let until = Instant::now() + limit;
     loop {
         match p.try_wait() {
@@ -345,7 +357,7 @@ fn wait_within(p: &mut std::process::Child, limit: Duration) -> Option<ExitStatu
 /// (128 + a rank's signal, a signal's number, 1), any failure but an interrupt (130) or a
 /// usage error (2) once training has `started` (its progress file written), and before that
 /// a rank's signal.
-fn rank_died(status: ExitStatus, ranks: &Ranks, started: bool) -> bool {
+pub(crate) fn rank_died(status: ExitStatus, ranks: &Ranks, started: bool) -> bool {
     use std::os::unix::process::ExitStatusExt as _;
     let mpi = matches!(ranks, Ranks::Mpi { .. });
     let code = status.code();
@@ -355,7 +367,7 @@ fn rank_died(status: ExitStatus, ranks: &Ranks, started: bool) -> bool {
         || (mpi && started && code.is_some_and(|c| c != 130 && c != 2))
 }
 
-fn describe(status: ExitStatus) -> String {
+pub(crate) fn describe(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt as _;
     match (status.signal(), status.code()) {
         (Some(9), _) => "killed by SIGKILL".into(),
@@ -370,7 +382,7 @@ fn describe(status: ExitStatus) -> String {
 }
 
 /// The hosts among `hosts` that do not run `true` under mpirun within [`PROBE_TIMEOUT`].
-fn unanswering(hosts: &[(String, usize)], extra: &[String]) -> Vec<String> {
+pub(crate) fn unanswering(hosts: &[(String, usize)], extra: &[String]) -> Vec<String> {
     let mut gone = Vec::new();
     for (h, _) in hosts {
         let mut c = Command::new("mpirun");

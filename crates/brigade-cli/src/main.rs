@@ -19,6 +19,7 @@ mod embed_cmd;
 mod export_cmd;
 mod interrupt;
 mod launch_cmd;
+mod launch_serve;
 mod plan_cmd;
 mod route_cmd;
 mod run_cmd;

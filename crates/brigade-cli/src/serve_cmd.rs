@@ -86,6 +86,19 @@ pub(crate) struct EngineArgs {
     weights: Weights,
 }
 
+impl ServeArgs {
+    /// The processes a server of these settings runs on under mpirun (--tp · --pp · --cp), and
+    /// the replicas it asks for.
+    pub(crate) fn ranks(&self) -> (usize, usize) {
+        (self.engine.tp * self.engine.pp * self.engine.cp, self.replicas)
+    }
+
+    /// Seconds it takes to drain after SIGTERM.
+    pub(crate) fn shutdown_timeout(&self) -> f64 {
+        self.shutdown_timeout
+    }
+}
+
 impl EngineArgs {
     /// Checks the flags; the options with the model's source and the server's settings
     /// left at their defaults (no server: no port, no queue, no drain).
@@ -279,6 +292,11 @@ fn serve_rank(o: &mut ServeOptions, world: brigade_comm::Comm) -> Result<()> {
     }
     http::run(o.clone(), move |addr| {
         println!("brigade serve: listening on http://{addr} (rank 0 of {} processes)", tp * pp * cp);
+        // under `brigade launch`: the server is up (a rank lost from now on is a death to
+        // restart after, not a setting to report)
+        if let Some(p) = std::env::var_os(crate::train_cmd::PROGRESS_ENV) {
+            let _ = std::fs::write(p, "listening\n");
+        }
     })?;
     Ok(())
 }

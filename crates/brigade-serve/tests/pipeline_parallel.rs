@@ -98,7 +98,8 @@ fn stages_are_cut_by_cost_with_the_head_on_the_last() {
                 }
             }
             each(&cfg, 0, &mut ends, &mut best);
-            // attention (counted by the cut, not here) may move a cut by one layer at most
+            // attention and rank 0's own work (counted by the cut, not here) may move a cut by one
+            // layer at most
             assert!(
                 worst <= best + cfg.block_matrices(),
                 "{} layers, pp {pp}: {cut:?} has a stage of {worst} weights; the best cut's heaviest has {best}",
@@ -107,7 +108,9 @@ fn stages_are_cut_by_cost_with_the_head_on_the_last() {
         }
     }
     let small = GptConfig::preset("gpt2-small").unwrap();
-    assert_eq!((0..2).map(|s| stage_layers(&small, 2, s)).collect::<Vec<_>>(), [0..9, 9..12]);
+    // GPT-2 small's head is worth 5.5 layers, rank 0's own work about one: 8 + 4 (measured
+    // faster than 9 + 3 and 7 + 5 in scripts/bench_serve_mpi.sh pp)
+    assert_eq!((0..2).map(|s| stage_layers(&small, 2, s)).collect::<Vec<_>>(), [0..8, 8..12]);
 }
 
 #[test]
