@@ -113,7 +113,9 @@ scripts/weights_close.py "$tmp/el" "$tmp/whole" --within 1e-5 --what "hosts: the
 "$bin" train --model llama-tiny --data "$root/README.md" --seq 64 --batch 8 --steps 150 --lr 3e-3 --threads 2 --eval-every 0 --no-sample --out "$tmp/llama" >/dev/null 2>&1
 on1 "$bin" serve --checkpoint "$tmp/llama" --port 18101 --threads 2 >"$tmp/serve1.log" 2>&1 &
 before=$(bytes 2)
-on1 timeout 300 "$bin" launch --np 2 --hosts "${net}1:1,${net}2:1" --mpirun-args "$mpiargs" -- \
+# (not through on1: a shell function in the background is a subshell, and SIGTERM would end it
+# instead of launch)
+ip netns exec "${pre}1" timeout 300 "$bin" launch --np 2 --hosts "${net}1:1,${net}2:1" --mpirun-args "$mpiargs" -- \
   serve --tp 2 --checkpoint "$tmp/llama" --port 18102 --threads 1 >"$tmp/serve2.log" 2>&1 &
 served=$!
 # shellcheck disable=SC2086
@@ -153,7 +155,7 @@ for _ in $(seq 1 300); do grep -q "restart 1 of" "$tmp/serve2.log" && on1 curl -
 grep -q "restart 1 of" "$tmp/serve2.log" || { echo "hosts: launch did not restart the server:"; cat "$tmp/serve2.log"; exit 1; } >&2
 same 18102
 kill -TERM "$served" 2>/dev/null || true
-wait "$served" || { echo "hosts: launch did not stop cleanly:"; cat "$tmp/serve2.log"; exit 1; } >&2
+wait "$served" || { echo "hosts: launch did not stop cleanly (exit status $?):"; cat "$tmp/serve2.log"; exit 1; } >&2
 
 # 5. a router on host 1 over replicas on hosts 2 and 3; host 3 lost under load
 ip netns exec "${pre}3" ip link set eth0 up

@@ -70,9 +70,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn run(a: LaunchArgs) -> Result<()> {
     let Some((cmd, rest)) = a.command.split_first() else { bail!("give the command to run after --: train …") };
-    if cmd == "serve" {
-        return crate::launch_serve::run(&a, rest);
-    }
     if cmd != "train" {
         bail!(
             "brigade launch supervises `train` and `serve`; got '{cmd}' (write: brigade launch -- train --out DIR …)"

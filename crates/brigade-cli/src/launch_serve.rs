@@ -3,7 +3,8 @@
 //! training job is: when a rank dies (a process killed, a host lost) the whole server is started
 //! again, on the hosts that still answer when they hold enough slots, up to `--max-restarts`
 //! times. A server that fails before it listens (its settings) is not retried. SIGINT or SIGTERM
-//! is passed on to mpirun: rank 0 drains its requests and every rank exits.
+//! (any number of them) is passed on to mpirun once: rank 0 drains its requests, every rank
+//! exits, and launch exits 0 (SIGKILL ends launch at once).
 
 use crate::launch_cmd::{child, describe, mpi_ranks, rank_died, unanswering, wait_within, LaunchArgs, Ranks};
 use crate::serve_cmd::ServeArgs;
@@ -19,7 +20,8 @@ struct ServeOnly {
     serve: ServeArgs,
 }
 
-pub(crate) fn run(a: &LaunchArgs, rest: &[String]) -> Result<()> {
+pub(crate) fn run(a: &LaunchArgs) -> Result<()> {
+    let rest = &a.command[1..];
     let s = ServeOnly::try_parse_from(std::iter::once("serve".to_string()).chain(rest.iter().cloned()))
         .map_err(|e| anyhow::anyhow!("the serve command: {}", e.to_string().trim()))?
         .serve;
@@ -39,10 +41,12 @@ pub(crate) fn run(a: &LaunchArgs, rest: &[String]) -> Result<()> {
         bail!("--min-ranks resumes training on fewer ranks; a server restarts on its --np ranks (leave it out)");
     }
     let mut ranks = mpi_ranks(a, np)?;
-    let stop = crate::interrupt::flag(
-        "\nbrigade launch: stopping the server (rank 0 drains its requests; a second signal ends launch at once)\n",
-        "\nbrigade launch: ended at once; mpirun and its ranks may still be stopping\n",
-    )?;
+    // every SIGINT/SIGTERM just asks the server to stop (a process group's signal reaches
+    // launch more than once): it is passed on to mpirun once, and launch waits for the drain
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&stop))?;
+    }
     let exe = std::env::current_exe().context("cannot find the brigade executable")?;
     let progress = std::env::temp_dir().join(format!("brigade-launch-{}.serve", std::process::id()));
     // (`child` adds --backend mpi)
@@ -59,6 +63,7 @@ pub(crate) fn run(a: &LaunchArgs, rest: &[String]) -> Result<()> {
                 break st;
             }
             if stop.load(Ordering::SeqCst) {
+                eprintln!("brigade launch: stopping the server (rank 0 drains its requests)");
                 // SAFETY: signals our own child; mpirun passes SIGTERM on to its ranks
                 unsafe {
                     libc::kill(job.id() as i32, libc::SIGTERM);

@@ -94,6 +94,8 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Train(a) => train_cmd::run(*a),
+        // a server's ranks (launch_serve), or a training job (launch_cmd)
+        Cmd::Launch(a) if a.command.first().is_some_and(|c| c == "serve") => launch_serve::run(&a),
         Cmd::Launch(a) => launch_cmd::run(a),
         Cmd::Sample(a) => sample_cmd::run(a),
         Cmd::Plan(a) => plan_cmd::run(*a),

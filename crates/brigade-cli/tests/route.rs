@@ -253,7 +253,8 @@ async fn serve_with_replicas_starts_them_behind_a_router_and_stops_them() {
     let ps = prompts();
     let got = futures_util::future::join_all(ps.iter().map(|p| s.post(body(p, false)))).await;
     for (i, (st, v)) in got.iter().enumerate() {
-        assert_eq!((*st, answer(v)), (200, want[i].clone()), "prompt {:?}", ps[i]);
+        assert_eq!(*st, 200, "prompt {:?}: {v}", ps[i]);
+        assert_eq!(answer(v), want[i].clone(), "prompt {:?}", ps[i]);
     }
     let text = reqwest::get(format!("{}/metrics", s.url)).await.unwrap().text().await.unwrap();
     let up: Vec<&str> = text.lines().filter(|l| l.starts_with("brigade_route_replica_up{")).collect();

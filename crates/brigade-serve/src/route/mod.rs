@@ -144,7 +144,10 @@ async fn serve(o: RouteOptions, on_listen: impl FnOnce(std::net::SocketAddr)) ->
         let up = match model_of(&client, &url).await {
             Ok(m) => {
                 models.push((url.clone(), m));
-                true
+                // a replica still loading its model names it already: it takes requests once
+                // its /ready says so (the health checks bring it in)
+                let ready = client.get(format!("{url}/ready")).timeout(HEALTH_TIMEOUT).send().await;
+                ready.is_ok_and(|r| r.status().is_success())
             }
             Err(e) => {
                 eprintln!("brigade route: replica {url} does not answer ({e}); starting without it — it joins once it answers");
