@@ -282,6 +282,16 @@ struct Bar {
 }
 
 /// Touches a file every half second until dropped.
+/// Writes the progress file whole or not at all (beside it, then renamed over it): a rank killed
+/// mid-write must not leave the supervisor an empty file, which reads as no step. A report, not
+/// state: a write that fails costs the supervisor its count, no more.
+fn write_progress(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("writing");
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
 struct Heartbeat {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -296,7 +306,7 @@ impl Heartbeat {
             while !flag.load(Ordering::Relaxed) {
                 // the content (the last step) stays; its time is what the supervisor watches
                 if let Ok(step) = std::fs::read_to_string(&path) {
-                    let _ = std::fs::write(&path, step);
+                    write_progress(&path, &step);
                 }
                 std::thread::sleep(std::time::Duration::from_millis(500));
             }
@@ -360,7 +370,7 @@ impl Bar {
 impl Observer for Bar {
     fn start(&mut self, tr: &Trainer) {
         if let Some(path) = &self.progress {
-            let _ = std::fs::write(path, format!("{}\n", tr.step));
+            write_progress(path, &format!("{}\n", tr.step));
         }
         let m = &tr.model.cfg;
         let (layout, per_rank) = match tr.mesh.shape.world() {
@@ -398,8 +408,7 @@ impl Observer for Bar {
 
     fn step(&mut self, s: &StepStats, rate: f64) {
         if let Some(path) = &self.progress {
-            // a report, not state: a write that fails costs the supervisor its count, no more
-            let _ = std::fs::write(path, format!("{}\n", s.step));
+            write_progress(path, &format!("{}\n", s.step));
         }
         self.bar.set_position(s.step as u64);
         self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", s.loss, s.lr, rate));
