@@ -6,7 +6,8 @@ and streamed (with usage), n, lists of prompts, token-id prompts, logprobs, stop
 ignore_eos / return_token_ids via extra_body; OpenAI errors raised as the client's exception classes. Then chat completions on a
 Llama-family checkpoint trained with the real Qwen2 tokenizer (../shared/tokenizers/qwen2, its
 own chat template): whole and streamed (role first, usage), n, seed, logprobs/top_logprobs,
-max_completion_tokens, and the refusals (unknown role, tools, response_format). Exits non-zero
+max_completion_tokens, tool calls (required and named: calls that parse, streamed equal to whole, a tool
+result answered), and the refusals (unknown role, duplicate tools, response_format). Exits non-zero
 on the first mismatch. CI runs it (after `pip install openai`).
 
     python3 scripts/check_serve_openai.py [path/to/brigade]
@@ -154,7 +155,7 @@ else:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = os.path.join(tmp, "qwen-chat")
         subprocess.run([BRIGADE, "train", "--model", "llama-tiny", "--data", prose_corpus(os.path.join(tmp, "corpus.txt")),
-                        "--tokenizer", QWEN2, "--steps", "2", "--block-size", "64", "--threads", "1", "--out", ckpt],
+                        "--tokenizer", QWEN2, "--steps", "2", "--block-size", "512", "--seq", "64", "--threads", "1", "--out", ckpt],
                        check=True, capture_output=True)
         srv, client = serve(ckpt)
         try:
@@ -196,12 +197,47 @@ else:
             except ValueError:
                 ok = False
             check(ok and r.choices[0].finish_reason == "stop", f"response_format json_schema: {r.choices[0].message.content!r}")
+            # tools: the model's template (Qwen2.5's) takes them; a required call always parses,
+            # streamed or whole, as the client reads it
+            weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather now.",
+                       "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                                      "required": ["city"], "additionalProperties": False}}}
+            clock = {"type": "function", "function": {"name": "get-time", "parameters": {"type": "object",
+                     "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"],
+                     "additionalProperties": False}}}
+            tkw = dict(model="chat", messages=msgs, tools=[weather, clock], tool_choice="required", max_tokens=80,
+                       temperature=1.0, seed=3)
+            r = client.chat.completions.create(**tkw)
+            calls = r.choices[0].message.tool_calls or []
+            ok = r.choices[0].finish_reason == "tool_calls" and len(calls) >= 1
+            for c in calls:
+                args = json.loads(c.function.arguments)
+                ok &= c.type == "function" and c.function.name in ("get_weather", "get-time") and set(args) <= {"city", "zone"}
+            check(ok, f"tool_choice=required: {len(calls)} call(s) that parse, e.g. {calls[0].function.name if calls else None}"
+                      f"({calls[0].function.arguments if calls else ''})")
+            streamed = {}
+            for chunk in client.chat.completions.create(stream=True, **tkw):
+                for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                    e = streamed.setdefault(d.index, {"name": "", "arguments": ""})
+                    e["name"] += (d.function.name or "") if d.function else ""
+                    e["arguments"] += (d.function.arguments or "") if d.function else ""
+            check([streamed[k] for k in sorted(streamed)] == [{"name": c.function.name, "arguments": c.function.arguments} for c in calls],
+                  "streamed tool calls add up to the whole response's")
+            r = client.chat.completions.create(**{**tkw, "tool_choice": {"type": "function", "function": {"name": "get-time"}},
+                                                  "parallel_tool_calls": False})
+            calls = r.choices[0].message.tool_calls or []
+            check(len(calls) == 1 and calls[0].function.name == "get-time", "a named tool_choice: one call to it")
+            # the call answered: the conversation goes on with the result
+            follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
+                             {"role": "tool", "tool_call_id": calls[0].id, "content": "14:05"}] if calls else msgs
+            r = client.chat.completions.create(model="chat", messages=follow, tools=[weather, clock], max_tokens=5)
+            check(r.choices[0].finish_reason in ("length", "stop", "tool_calls"), "a tool result in the conversation")
             for what, call in [
                 ("an unknown role", lambda: client.chat.completions.create(
                     model="chat", messages=[{"role": "wizard", "content": "x"}])),
-                ("tools", lambda: client.chat.completions.create(
+                ("two tools of one name", lambda: client.chat.completions.create(
                     model="chat", messages=msgs,
-                    tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])),
+                    tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}] * 2)),
                 ("a guided_regex that does not compile", lambda: client.chat.completions.create(
                     model="chat", messages=msgs, extra_body={"guided_regex": "("})),
                 ("empty messages", lambda: client.chat.completions.create(model="chat", messages=[])),

@@ -434,6 +434,11 @@ async fn the_addition_checkpoint_answers_as_brigade_sample_does() {
 /// A random-weight Llama-family folder in Hugging Face's form (config.json, model.safetensors)
 /// with the real tokenizer folder `../shared/tokenizers/NAME` copied in (its chat template).
 fn chat_model(name: &str) -> Option<tempfile::TempDir> {
+    chat_model_of(name, 256)
+}
+
+/// `chat_model` with `context` positions.
+fn chat_model_of(name: &str, context: usize) -> Option<tempfile::TempDir> {
     use brigade::models::family::Llama;
     use brigade::models::{checkpoint, Gpt, GptConfig};
     let tok_dir = common::shared(&format!("tokenizers/{name}"))?;
@@ -454,7 +459,7 @@ fn chat_model(name: &str) -> Option<tempfile::TempDir> {
         n_head: 2,
         n_embd: 16,
         vocab_size: tok.vocab_size(),
-        block_size: 256,
+        block_size: context,
         family: a.into(),
     };
     let gpt = Gpt::new(cfg).unwrap();
@@ -472,7 +477,139 @@ fn chat_model(name: &str) -> Option<tempfile::TempDir> {
 fn chat_cases(name: &str) -> Vec<Value> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/chat_templates.json");
     let all: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    all.into_iter().filter(|c| c["tokenizer"] == name && c["add_generation_prompt"] == true).collect()
+    all.into_iter()
+        .filter(|c| c["tokenizer"] == name && c["add_generation_prompt"] == true && c.get("tools").is_none())
+        .collect()
+}
+
+/// The fixture's conversations with tools, as the API takes them (each call's arguments a JSON
+/// string).
+fn tool_cases(name: &str) -> Vec<Value> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/chat_templates.json");
+    let all: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let mut out: Vec<Value> = all.into_iter().filter(|c| c["tokenizer"] == name && c.get("tools").is_some()).collect();
+    for c in &mut out {
+        for m in c["messages"].as_array_mut().unwrap() {
+            for call in m.get_mut("tool_calls").and_then(Value::as_array_mut).into_iter().flatten() {
+                let args = call["function"]["arguments"].to_string();
+                call["function"]["arguments"] = json!(args);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tools_reach_the_template_and_required_calls_always_parse() {
+    for name in ["qwen2", "llama3"] {
+        let Some(model) = chat_model_of(name, 1024) else { return };
+        let s = start(&["--checkpoint", model.path().to_str().unwrap(), "--served-model-name", "chat"]);
+        s.wait_ready().await;
+        // the rendered prompt (tools, calls with their arguments, tool results) is transformers'
+        let cases = tool_cases(name);
+        assert_eq!(cases.len(), if name == "qwen2" { 5 } else { 4 });
+        for case in &cases {
+            let body = json!({"model": "chat", "messages": case["messages"], "tools": case["tools"], "max_tokens": 1,
+                "return_token_ids": true, "tool_choice": "none"});
+            let (st, r) = s.post_to("/v1/chat/completions", body).await;
+            assert_eq!(st, 200, "{r}");
+            assert_eq!(r["prompt_token_ids"], case["ids"], "{name}: {}", case["messages"]);
+        }
+        // required calls from random weights: every call parses against its function's schema
+        let city = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"], "additionalProperties": false}}});
+        let zone = json!({"type": "function", "function": {"name": "get-time", "parameters": {"type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": false}}});
+        let ask = |choice: Value, parallel: bool, seed: u64| {
+            json!({"model": "chat", "messages": [{"role": "user", "content": "Weather and time in Paris?"}],
+                "tools": [city, zone], "tool_choice": choice, "parallel_tool_calls": parallel, "max_tokens": 120,
+                "temperature": 1.0, "seed": seed})
+        };
+        for seed in 0..4 {
+            for (choice, parallel) in [
+                (json!("required"), false),
+                (json!("required"), true),
+                (json!({"type": "function", "function": {"name": "get-time"}}), false),
+            ] {
+                let (st, r) = s.post_to("/v1/chat/completions", ask(choice.clone(), parallel, seed)).await;
+                assert_eq!(st, 200, "{r}");
+                let c = &r["choices"][0];
+                assert_eq!(c["finish_reason"], "tool_calls", "{name} {choice} seed {seed}: {r}");
+                let calls = c["message"]["tool_calls"].as_array().unwrap();
+                assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{name}: {r}");
+                for call in calls {
+                    assert_eq!(call["type"], "function");
+                    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+                    let f = &call["function"];
+                    let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+                    match f["name"].as_str().unwrap() {
+                        "get_weather" => assert!(["Paris", "Oslo"].contains(&args["city"].as_str().unwrap()), "{args}"),
+                        "get-time" => assert!(["UTC", "CET"].contains(&args["zone"].as_str().unwrap()), "{args}"),
+                        other => panic!("{name}: a call to {other}"),
+                    }
+                    if choice.is_object() {
+                        assert_eq!(f["name"], "get-time");
+                    }
+                }
+                // streamed: each call's index, id and name once, its arguments in pieces that add up
+                let mut sb = ask(choice.clone(), parallel, seed);
+                sb["stream"] = json!(true);
+                let events = s.stream_to("/v1/chat/completions", sb).await;
+                let mut got: Vec<(String, String, String)> = Vec::new();
+                let mut finish = Value::Null;
+                for e in &events {
+                    let ch = &e["choices"][0];
+                    if !ch["finish_reason"].is_null() {
+                        finish = ch["finish_reason"].clone();
+                    }
+                    for d in ch["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                        let k = d["index"].as_u64().unwrap() as usize;
+                        if k == got.len() {
+                            got.push((
+                                d["id"].as_str().unwrap().into(),
+                                d["function"]["name"].as_str().unwrap().into(),
+                                String::new(),
+                            ));
+                        } else {
+                            assert!(
+                                d.get("id").is_none() && d["function"].get("name").is_none(),
+                                "id and name once: {d}"
+                            );
+                        }
+                        got[k].2.push_str(d["function"]["arguments"].as_str().unwrap());
+                    }
+                }
+                assert_eq!(finish, "tool_calls");
+                let want: Vec<(String, String, String)> = calls
+                    .iter()
+                    .map(|c| {
+                        (
+                            c["id"].as_str().unwrap().into(),
+                            c["function"]["name"].as_str().unwrap().into(),
+                            c["function"]["arguments"].as_str().unwrap().into(),
+                        )
+                    })
+                    .collect();
+                assert_eq!(
+                    got.iter().map(|g| (&g.1, &g.2)).collect::<Vec<_>>(),
+                    want.iter().map(|w| (&w.1, &w.2)).collect::<Vec<_>>(),
+                    "{name}: streamed calls differ from the whole response's"
+                );
+            }
+        }
+        // bad tools: 400 naming the field, nothing reaches the engine
+        for (body, param) in [
+            (json!({"messages": [{"role": "user", "content": "x"}], "tools": [city, city]}), "tools[1].function.name"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "zz", "content": "1"}]}),
+                "messages[1].tool_call_id",
+            ),
+        ] {
+            let (st, r) = s.post_to("/v1/chat/completions", body).await;
+            assert_eq!((st, r["error"]["param"].as_str()), (400, Some(param)), "{r}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -565,8 +702,8 @@ async fn chat_completions_render_the_models_template() {
                 "messages[0].content[0].type",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}),
-                "tools",
+                json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f g"}}]}),
+                "tools[0].function.name",
             ),
             (
                 json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}),

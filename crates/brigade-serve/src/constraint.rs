@@ -23,6 +23,8 @@ pub enum Spec {
     Regex(String),
     /// vLLM's `guided_choice`: exactly one of these strings.
     Choice(Vec<String>),
+    /// A grammar in llguidance's Lark (a chat request's required tool calls).
+    Lark(String),
 }
 
 impl Spec {
@@ -41,6 +43,7 @@ impl Spec {
             Spec::JsonSchema(s) => compact(s.clone()),
             Spec::JsonObject => compact(serde_json::json!({"type": "object"})),
             Spec::Regex(r) => TopLevelGrammar::from_regex(r),
+            Spec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             Spec::Choice(c) => {
                 let alts: Vec<String> = c.iter().map(|s| regex_escape(s)).collect();
                 TopLevelGrammar::from_regex(&format!("({})", alts.join("|")))

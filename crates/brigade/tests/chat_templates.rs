@@ -1,7 +1,8 @@
 //! The models' own chat templates through minijinja against `transformers`'
 //! `apply_chat_template` (fixture made by scripts/make_chat_fixture.py with the real Llama 3
 //! and Qwen2 tokenizer folders of ../shared/tokenizers): the same conversations give the same
-//! text and the same token ids; the end of turn is the template's own token; a template that
+//! text and the same token ids, with tools too (one tool, two, an assistant's calls, tool results,
+//! a follow-up, parallel calls); the end of turn is the template's own token; a template that
 //! raises, or one that does not parse, is an error of one line.
 
 mod common;
@@ -32,14 +33,14 @@ fn renders_and_tokenizes_as_transformers_does() {
         let Some((tok, t)) = template(name) else { return };
         for c in cases.iter().filter(|c| c["tokenizer"] == name) {
             let gen = c["add_generation_prompt"].as_bool().unwrap();
-            let text = t.render(&c["messages"], gen, &Map::new()).unwrap();
+            let text = t.render_with_tools(&c["messages"], c.get("tools"), gen, &Map::new()).unwrap();
             assert_eq!(text, c["text"].as_str().unwrap(), "{name}: {}", c["messages"]);
             let ids: Vec<u32> = c["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
             assert_eq!(tok.encode_plain(&text).unwrap(), ids, "{name}: ids of {}", c["messages"]);
             checked += 1;
         }
     }
-    assert_eq!(checked, 8, "every fixture case was checked");
+    assert_eq!(checked, 17, "every fixture case was checked");
 }
 
 #[test]

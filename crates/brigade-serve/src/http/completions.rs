@@ -63,6 +63,7 @@ fn constraint_param(req: &Completion) -> &'static str {
     match req.constraint {
         Some(crate::constraint::Spec::Regex(_)) => "guided_regex",
         Some(crate::constraint::Spec::Choice(_)) => "guided_choice",
+        Some(crate::constraint::Spec::Lark(_)) => "tools",
         _ => "response_format",
     }
 }
@@ -188,6 +189,15 @@ async fn whole(
                 Kind::Chat => json!({"index": i, "message": {"role": "assistant", "content": c.detok.text()}}),
             };
             v["finish_reason"] = json!(c.finish);
+            if let (Kind::Chat, Some((syntax, names))) = (kind, &req.tool_calls) {
+                let (content, calls) = crate::request::tools::read_calls(c.detok.text(), *syntax, names);
+                if !calls.is_empty() {
+                    v["message"]["content"] = if content.is_empty() { Value::Null } else { json!(content) };
+                    v["message"]["tool_calls"] =
+                        crate::request::tools::api_calls(&calls, &format!("{}_{i}", choices.base));
+                    v["finish_reason"] = json!("tool_calls");
+                }
+            }
             v["logprobs"] = choices.logprobs(i, 0);
             if req.return_token_ids {
                 v["token_ids"] = json!(c.tokens);
@@ -276,6 +286,43 @@ fn stream(
             let from = choices.list[(o.id - choices.base) as usize].lp.len();
             let Some((i, piece)) = choices.take(&o, &app.metrics) else { continue };
             let c = &choices.list[i];
+            if let (Kind::Chat, Some((syntax, names))) = (kind, &req.tool_calls) {
+                // with tools, a choice is sent once it ends: its text before any call, then
+                // each call (its index, id and name once, its arguments in pieces), then its finish
+                if c.finish.is_none() {
+                    continue;
+                }
+                let text = c.detok.text();
+                let (content, calls) = crate::request::tools::read_calls(text, *syntax, names);
+                let mut chunks = Vec::new();
+                if !content.is_empty() {
+                    chunks.push(
+                        json!({"index": i, "delta": {"content": content}, "logprobs": null, "finish_reason": null}),
+                    );
+                }
+                let api = crate::request::tools::api_calls(&calls, &format!("{}_{i}", choices.base));
+                for (k, call) in api.as_array().into_iter().flatten().enumerate() {
+                    let f = &call["function"];
+                    chunks.push(
+                        json!({"index": i, "delta": {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                        "function": {"name": f["name"], "arguments": ""}}]}, "logprobs": null, "finish_reason": null}),
+                    );
+                    let args: Vec<char> = f["arguments"].as_str().unwrap_or_default().chars().collect();
+                    for piece in args.chunks(16) {
+                        let piece: String = piece.iter().collect();
+                        chunks.push(json!({"index": i, "delta": {"tool_calls": [{"index": k, "function": {"arguments": piece}}]},
+                            "logprobs": null, "finish_reason": null}));
+                    }
+                }
+                let finish = if calls.is_empty() { json!(c.finish) } else { json!("tool_calls") };
+                chunks.push(json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish}));
+                for ch in chunks {
+                    if tx.send(event(&chunk_of(ch))).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
             let mut ch = match kind {
                 Kind::Text => json!({"index": i, "text": piece}),
                 Kind::Chat => json!({"index": i, "delta": {"content": piece}}),

@@ -2,8 +2,9 @@
 //! the conversation (`messages`: system, user and assistant turns, `content` a string or a
 //! list of text parts), the chat form of log-probabilities (`logprobs` + `top_logprobs`),
 //! `max_completion_tokens`, vLLM's `add_generation_prompt` and `chat_template_kwargs`, and
-//! every field both APIs share. Tools, structured outputs, audio and images are refused with
-//! 400 naming the field, as is anything unknown.
+//! every field both APIs share, and tools (`tools`, `tool_choice`, `parallel_tool_calls`, an
+//! assistant's `tool_calls`, `tool` messages answering them: `request::tools`). Audio and images
+//! are refused with 400 naming the field, as is anything unknown.
 
 use super::completion::{self, bool_field, field, int_field, type_name, Completion, MAX_LOGPROBS};
 use super::error::ApiError;
@@ -18,6 +19,8 @@ pub struct Chat {
     pub messages: Value,
     pub add_generation_prompt: bool,
     pub template_kwargs: Map<String, Value>,
+    /// The tools the model may call (none given: `None`).
+    pub tools: Option<super::tools::Tools>,
 }
 
 /// The fields only the chat API takes (with the shared ones of `completion::COMMON`).
@@ -37,7 +40,7 @@ const CHAT: &[&str] = &[
     "function_call",
 ];
 
-const ROLES: &[&str] = &["system", "user", "assistant"];
+const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
 
 /// The reserved inputs of the template, which `chat_template_kwargs` may not set.
 const RESERVED: &[&str] = &["messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token"];
@@ -100,37 +103,71 @@ fn messages(v: Option<&Value>) -> Result<Value, ApiError> {
         }
     };
     let mut out = Vec::new();
+    // the call ids assistant messages issued so far (a tool message answers one of them)
+    let mut issued: Vec<String> = Vec::new();
     for (i, m) in list.iter().enumerate() {
         let Value::Object(m) = m else {
             return Err(ApiError::bad(&format!("messages[{i}]"), format!("'messages[{i}]' must be an object")));
         };
-        let role = match m.get("role") {
-            Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
-            Some(Value::String(r)) if r == "tool" || r == "function" => {
-                return Err(ApiError::bad(
+        let role =
+            match m.get("role") {
+                Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+                Some(Value::String(r)) if r == "function" => return Err(ApiError::bad(
                     &format!("messages[{i}].role"),
-                    format!(
-                    "'{r}' messages are not supported (this server has no tool calls); use system, user or assistant"
-                ),
-                ))
-            }
-            Some(Value::String(r)) => {
-                return Err(ApiError::bad(
-                    &format!("messages[{i}].role"),
-                    format!("unknown role '{r}' in messages[{i}]; use system, user or assistant"),
-                ))
-            }
-            _ => {
-                return Err(ApiError::bad(
-                    &format!("messages[{i}].role"),
-                    format!("'messages[{i}].role' is required: system, user or assistant"),
-                ))
-            }
+                    "'function' messages are the old API's; answer a call with a 'tool' message and its tool_call_id"
+                        .to_string(),
+                )),
+                Some(Value::String(r)) => {
+                    return Err(ApiError::bad(
+                        &format!("messages[{i}].role"),
+                        format!("unknown role '{r}' in messages[{i}]; use system, user, assistant or tool"),
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::bad(
+                        &format!("messages[{i}].role"),
+                        format!("'messages[{i}].role' is required: system, user, assistant or tool"),
+                    ))
+                }
+            };
+        // an assistant turn that only calls tools may have no content
+        let calls = m.get("tool_calls").filter(|v| !v.is_null());
+        let text = match m.get("content") {
+            None | Some(Value::Null) if role == "assistant" && calls.is_some() => Value::Null,
+            c => Value::String(content(i, c)?),
         };
-        let mut msg = json!({"role": role, "content": content(i, m.get("content"))?});
+        let mut msg = json!({"role": role, "content": text});
+        if let Some(c) = calls {
+            if role != "assistant" {
+                return Err(ApiError::bad(
+                    &format!("messages[{i}].tool_calls"),
+                    format!("'messages[{i}].tool_calls' belongs to assistant messages"),
+                ));
+            }
+            let (calls, ids) = super::tools::assistant_calls(i, c)?;
+            msg["tool_calls"] = calls;
+            issued.extend(ids);
+        }
+        if role == "tool" {
+            match m.get("tool_call_id") {
+                Some(Value::String(id)) if issued.contains(id) => msg["tool_call_id"] = json!(id),
+                Some(Value::String(id)) => {
+                    return Err(ApiError::bad(
+                        &format!("messages[{i}].tool_call_id"),
+                        format!("'messages[{i}].tool_call_id' is '{id}', which no assistant message before it issued"),
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::bad(
+                        &format!("messages[{i}].tool_call_id"),
+                        format!("'messages[{i}].tool_call_id' is required: the id of the call this message answers"),
+                    ))
+                }
+            }
+        }
         for (k, v) in m {
             match k.as_str() {
-                "role" | "content" => {}
+                "role" | "content" | "tool_calls" | "tool_call_id" => {}
                 "name" if v.is_string() => msg["name"] = v.clone(),
                 "name" => {
                     return Err(ApiError::bad(
@@ -138,13 +175,15 @@ fn messages(v: Option<&Value>) -> Result<Value, ApiError> {
                         format!("'messages[{i}].name' must be a string"),
                     ))
                 }
-                "tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal" if !v.is_null() => {
+                "function_call" | "audio" | "refusal" if !v.is_null() => {
                     return Err(ApiError::bad(
                         &format!("messages[{i}].{k}"),
-                        format!("'messages[{i}].{k}' is not supported (this server has no tool calls or audio)"),
+                        format!(
+                            "'messages[{i}].{k}' is not supported (this server has no audio; calls are tool_calls)"
+                        ),
                     ))
                 }
-                "tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal" => {}
+                "function_call" | "audio" | "refusal" => {}
                 _ => {
                     return Err(ApiError::bad(
                         &format!("messages[{i}].{k}"),
@@ -164,21 +203,7 @@ pub fn parse(body: &[u8]) -> Result<Chat, ApiError> {
     let messages = messages(field(&o, "messages"))?;
     // what this server does not do: only the no-op values pass
     let refuse = |k: &str, why: &str| Err(ApiError::bad(k, format!("'{k}' is not supported: {why}")));
-    match field(&o, "tools") {
-        Some(Value::Array(a)) if a.is_empty() => {}
-        None => {}
-        Some(_) => return refuse("tools", "this server has no tool calls; leave it out"),
-    }
-    match field(&o, "tool_choice") {
-        None => {}
-        Some(Value::String(s)) if s == "none" => {}
-        Some(_) => return refuse("tool_choice", "this server has no tool calls; leave it out or set it to \"none\""),
-    }
-    if let Some(v) = field(&o, "parallel_tool_calls") {
-        if !v.is_boolean() {
-            return Err(ApiError::bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false"));
-        }
-    }
+    let tools = super::tools::parse(field(&o, "tools"), field(&o, "tool_choice"), field(&o, "parallel_tool_calls"))?;
     match field(&o, "modalities") {
         None => {}
         Some(Value::Array(a)) if a.iter().all(|m| m == "text") => {}
@@ -246,7 +271,13 @@ pub fn parse(body: &[u8]) -> Result<Chat, ApiError> {
             ))
         }
     };
-    Ok(Chat { completion: c, messages, add_generation_prompt, template_kwargs })
+    if tools.as_ref().is_some_and(|t| t.choice != super::tools::Choice::None) && c.constraint.is_some() {
+        return Err(ApiError::bad(
+            "tool_choice",
+            "a structured output and tool calls in one request: give 'tool_choice': \"none\" or leave the structured output out",
+        ));
+    }
+    Ok(Chat { completion: c, messages, add_generation_prompt, template_kwargs, tools })
 }
 
 #[cfg(test)]
@@ -276,7 +307,11 @@ mod tests {
             (r#"{"messages": [{"content": "x"}]}"#.into(), "messages[0].role"),
             (
                 r#"{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]}"#.into(),
-                "messages[1].role",
+                "messages[1].tool_call_id",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y", "tool_call_id": "c9"}]}"#.into(),
+                "messages[1].tool_call_id",
             ),
             (r#"{"messages": [{"role": "user"}]}"#.into(), "messages[0].content"),
             (r#"{"messages": [{"role": "user", "content": 5}]}"#.into(), "messages[0].content"),
@@ -291,11 +326,11 @@ mod tests {
             ),
             (
                 r#"{"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]}"#.into(),
-                "messages[0].tool_calls",
+                "messages[0].tool_calls[0].function",
             ),
             (r#"{"messages": [{"role": "user", "content": "x", "mood": "sad"}]}"#.into(), "messages[0].mood"),
-            (format!(r#"{{{m}, "tools": [{{"type": "function"}}]}}"#), "tools"),
-            (format!(r#"{{{m}, "tool_choice": "auto"}}"#), "tool_choice"),
+            (format!(r#"{{{m}, "tools": [{{"type": "function"}}]}}"#), "tools[0].function"),
+            (format!(r#"{{{m}, "tool_choice": "required"}}"#), "tool_choice"),
             (format!(r#"{{{m}, "response_format": {{"type": "xml"}}}}"#), "response_format"),
             (format!(r#"{{{m}, "audio": {{"voice": "x"}}}}"#), "audio"),
             (format!(r#"{{{m}, "modalities": ["text", "audio"]}}"#), "modalities"),

@@ -33,6 +33,9 @@ pub struct Completion {
     pub return_token_ids: bool,
     /// Structured output: what every choice's text must be.
     pub constraint: Option<crate::constraint::Spec>,
+    /// A chat request with tools: the call syntax and the functions' names, to read the calls
+    /// back out of each choice's text.
+    pub tool_calls: Option<(super::tools::Syntax, Vec<String>)>,
 }
 
 /// The most choices one request may ask for.
@@ -260,6 +263,7 @@ pub(crate) fn common(o: &Map<String, Value>) -> Result<Completion, ApiError> {
     let constraint = constraint(o)?;
     Ok(Completion {
         constraint,
+        tool_calls: None,
         model,
         prompts: Vec::new(),
         max_tokens,

@@ -43,6 +43,8 @@ pub struct ChatTemplate {
     specials: Map<String, Json>,
     /// Ids that end a turn: the tokenizer's EOS and the template's end-of-turn token.
     pub end_of_turn: Vec<u32>,
+    /// The template's source, to tell which tools syntax it writes.
+    source: String,
 }
 
 impl ChatTemplate {
@@ -115,7 +117,7 @@ impl ChatTemplate {
                 }
             }
         }
-        Ok(Some(ChatTemplate { env, file, specials, end_of_turn }))
+        Ok(Some(ChatTemplate { env, file, specials, end_of_turn, source }))
     }
 
     /// The conversation `messages` (a list of `{role, content}`) as the template writes it,
@@ -127,17 +129,43 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         kwargs: &Map<String, Json>,
     ) -> Result<String, ChatTemplateError> {
+        self.render_with_tools(messages, None, add_generation_prompt, kwargs)
+    }
+
+    /// `render` with the tools the model may call (OpenAI's `tools`: `[{type: "function",
+    /// function: {name, description, parameters}}]`) in the template's `tools` input, as
+    /// `transformers`' `apply_chat_template(messages, tools=…)` passes them; assistant messages'
+    /// `tool_calls` (arguments as objects) and `tool` messages are in `messages`.
+    pub fn render_with_tools(
+        &self,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        kwargs: &Map<String, Json>,
+    ) -> Result<String, ChatTemplateError> {
         let mut ctx = kwargs.clone();
         for (k, v) in &self.specials {
             ctx.insert(k.clone(), v.clone());
         }
         ctx.insert("messages".into(), messages.clone());
-        ctx.insert("tools".into(), Json::Null);
+        ctx.insert("tools".into(), tools.cloned().unwrap_or(Json::Null));
         ctx.insert("documents".into(), Json::Null);
         ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
         let tmpl = self.env.get_template("chat").expect("added at load");
         tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
             .map_err(|e| ChatTemplateError(format!("the chat template failed: {}", one_line(&e))))
+    }
+}
+
+impl ChatTemplate {
+    /// Whether the template reads the `tools` input (else tools need the generic fallback).
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// Whether the template's text contains `s` (a family's call syntax: `<tool_call>`, …).
+    pub fn mentions(&self, s: &str) -> bool {
+        self.source.contains(s)
     }
 }
 

@@ -1,0 +1,517 @@
+//! Tool calls in the chat API: the request's `tools`, `tool_choice` and `parallel_tool_calls`
+//! checked as OpenAI's API checks them; the call syntax of the model's template family (Hermes /
+//! Qwen2.5 `<tool_call>{"name", "arguments"}</tool_call>`, Llama 3.x `{"name", "parameters"}`,
+//! or the generic fallback `{"tool_calls": [{"name", "arguments"}]}` for templates that do not
+//! take tools); the grammar that makes a required call parse (llguidance's Lark, each
+//! function's `parameters` schema inside it); and the calls read back out of the text.
+
+use super::completion::type_name;
+use super::error::ApiError;
+use serde_json::{json, Value};
+
+/// What `tool_choice` asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Choice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// How the model writes a call (its template's family).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Syntax {
+    /// Hermes / Qwen2.5: `<tool_call>\n{"name": N, "arguments": {…}}\n</tool_call>`, one a line.
+    Hermes,
+    /// Llama 3.x: the message is `{"name": N, "parameters": {…}}` (one call a turn).
+    Llama3,
+    /// A template that does not take tools: `{"tool_calls": [{"name": N, "arguments": {…}}]}`.
+    Generic,
+}
+
+/// A request's tools, checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tools {
+    /// `[{type: "function", function: {name, description?, parameters?, strict?}}]` as given.
+    pub list: Value,
+    pub choice: Choice,
+    pub parallel: bool,
+}
+
+impl Tools {
+    /// Each function's name and its parameters' schema (an empty object schema if none).
+    pub fn functions(&self) -> Vec<(String, Value)> {
+        self.list
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| {
+                        let f = &t["function"];
+                        let params = f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                        (f["name"].as_str().unwrap_or_default().to_string(), params)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn bad(param: &str, msg: String) -> ApiError {
+    ApiError::bad(param, msg)
+}
+
+/// A function name OpenAI's API allows: letters, digits, `_` and `-`, 1 to 64 of them.
+fn valid_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request; `None` when no tool is
+/// given (and the choice allows that).
+pub fn parse(
+    tools: Option<&Value>,
+    choice: Option<&Value>,
+    parallel: Option<&Value>,
+) -> Result<Option<Tools>, ApiError> {
+    let list = match tools {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a.clone(),
+        Some(v) => return Err(bad("tools", format!("'tools' must be a list of tools, got {}", type_name(v)))),
+    };
+    let mut names: Vec<String> = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let p = format!("tools[{i}]");
+        let Value::Object(t) = t else { return Err(bad(&p, format!("'{p}' must be an object"))) };
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            Some(other) => {
+                return Err(bad(
+                    &format!("{p}.type"),
+                    format!("'{p}.type' is '{other}'; this server calls tools of type \"function\""),
+                ))
+            }
+            None => return Err(bad(&format!("{p}.type"), format!("'{p}.type' is required (\"function\")"))),
+        }
+        let Some(Value::Object(f)) = t.get("function") else {
+            return Err(bad(&format!("{p}.function"), format!("'{p}.function' must be an object with a name")));
+        };
+        let name = match f.get("name") {
+            Some(Value::String(n)) if valid_name(n) => n.clone(),
+            Some(Value::String(n)) => {
+                return Err(bad(
+                    &format!("{p}.function.name"),
+                    format!("'{p}.function.name' is '{n}'; a name is 1 to 64 letters, digits, '_' or '-'"),
+                ))
+            }
+            _ => return Err(bad(&format!("{p}.function.name"), format!("'{p}.function.name' is required (a string)"))),
+        };
+        if names.contains(&name) {
+            return Err(bad(&format!("{p}.function.name"), format!("two tools are named '{name}'; names must differ")));
+        }
+        match f.get("parameters") {
+            None | Some(Value::Object(_)) => {}
+            Some(v) => {
+                return Err(bad(
+                    &format!("{p}.function.parameters"),
+                    format!("'{p}.function.parameters' must be a JSON schema (an object), got {}", type_name(v)),
+                ))
+            }
+        }
+        if let Some(Value::Object(s)) = f.get("parameters") {
+            if let Some(ty) = s.get("type") {
+                if !(ty.is_string() || ty.is_array()) {
+                    return Err(bad(
+                        &format!("{p}.function.parameters"),
+                        format!(
+                            "'{p}.function.parameters' is not a valid JSON schema: 'type' must be a string or a list"
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(d) = f.get("description") {
+            if !d.is_string() && !d.is_null() {
+                return Err(bad(
+                    &format!("{p}.function.description"),
+                    format!("'{p}.function.description' must be a string"),
+                ));
+            }
+        }
+        names.push(name);
+    }
+    let choice = match choice {
+        None | Some(Value::Null) => {
+            if names.is_empty() {
+                Choice::None
+            } else {
+                Choice::Auto
+            }
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Choice::None,
+            "auto" => Choice::Auto,
+            "required" => Choice::Required,
+            other => {
+                return Err(bad(
+                    "tool_choice",
+                    format!("'tool_choice' is '{other}'; use \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"),
+                ))
+            }
+        },
+        Some(Value::Object(o)) => {
+            let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+            match (o.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(n)) => Choice::Named(n.to_string()),
+                _ => {
+                    return Err(bad(
+                        "tool_choice",
+                        "'tool_choice' as an object is {\"type\": \"function\", \"function\": {\"name\": …}}".into(),
+                    ))
+                }
+            }
+        }
+        Some(v) => return Err(bad("tool_choice", format!("'tool_choice' must be a string or an object, got {}", type_name(v)))),
+    };
+    match &choice {
+        Choice::Required if names.is_empty() => {
+            return Err(bad("tool_choice", "'tool_choice' is \"required\" but no 'tools' are given".into()))
+        }
+        Choice::Named(n) if !names.contains(n) => {
+            return Err(bad(
+                "tool_choice",
+                format!("'tool_choice' names the function '{n}', which is not among the tools ({})", names.join(", ")),
+            ))
+        }
+        _ => {}
+    }
+    let parallel = match parallel {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false".into())),
+    };
+    if names.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Tools { list: Value::Array(list), choice, parallel }))
+}
+
+/// An assistant message's `tool_calls` as the templates take them: each call's `arguments` (a
+/// JSON string in the API) parsed to an object, as vLLM passes them; the ids it issues.
+pub fn assistant_calls(i: usize, v: &Value) -> Result<(Value, Vec<String>), ApiError> {
+    let p = format!("messages[{i}].tool_calls");
+    let Value::Array(calls) = v else { return Err(bad(&p, format!("'{p}' must be a list of calls"))) };
+    let mut out = Vec::new();
+    let mut ids = Vec::new();
+    for (j, c) in calls.iter().enumerate() {
+        let q = format!("{p}[{j}]");
+        let id = c
+            .get("id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(&format!("{q}.id"), format!("'{q}.id' is required (a string)")))?;
+        if c.get("type").is_some_and(|t| t != "function") {
+            return Err(bad(&format!("{q}.type"), format!("'{q}.type' must be \"function\"")));
+        }
+        let f =
+            c.get("function").ok_or_else(|| bad(&format!("{q}.function"), format!("'{q}.function' is required")))?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(&format!("{q}.function.name"), format!("'{q}.function.name' is required (a string)")))?;
+        let args = match f.get("arguments") {
+            Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| {
+                bad(&format!("{q}.function.arguments"), format!("'{q}.function.arguments' is not valid JSON: {e}"))
+            })?,
+            _ => {
+                return Err(bad(
+                    &format!("{q}.function.arguments"),
+                    format!("'{q}.function.arguments' must be a JSON string (the call's arguments as text)"),
+                ))
+            }
+        };
+        ids.push(id.to_string());
+        out.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}));
+    }
+    Ok((Value::Array(out), ids))
+}
+
+/// The family of a chat template, from the call syntax it writes.
+pub fn syntax_of(takes_tools: bool, mentions: impl Fn(&str) -> bool) -> Syntax {
+    if !takes_tools {
+        Syntax::Generic
+    } else if mentions("<tool_call>") {
+        Syntax::Hermes
+    } else if mentions("parameters") {
+        Syntax::Llama3
+    } else {
+        Syntax::Generic
+    }
+}
+
+/// The generic fallback for a template that does not take tools (llama.cpp's generic format,
+/// documented in docs/serving.md): a system message with the tools as JSON and how to call them
+/// goes first (merged into the conversation's own system message), an assistant message's calls
+/// become its content as the JSON the model is asked to write, a tool result becomes a user
+/// message the model reads.
+pub fn generic_messages(messages: &Value, tools: &Tools) -> Value {
+    let list = serde_json::to_string(&tools.list).unwrap_or_default();
+    let ask = match &tools.choice {
+        Choice::Required => "You must call one of them.".to_string(),
+        Choice::Named(n) => format!("You must call {n}."),
+        _ => "Call them when they help; otherwise answer as JSON: {\"response\": \"your answer\"}.".to_string(),
+    };
+    let preface = format!(
+        "You can call these tools:\n{list}\n\nTo call tools, answer with JSON only: {{\"tool_calls\": [{{\"name\": \"<tool name>\", \"arguments\": {{...}}}}]}}. {ask}"
+    );
+    let mut out = Vec::new();
+    let msgs = messages.as_array().cloned().unwrap_or_default();
+    let mut rest = msgs.as_slice();
+    match msgs.first() {
+        Some(m) if m["role"] == "system" => {
+            let own = m["content"].as_str().unwrap_or_default();
+            out.push(json!({"role": "system", "content": format!("{own}\n\n{preface}")}));
+            rest = &msgs[1..];
+        }
+        _ => out.push(json!({"role": "system", "content": preface})),
+    }
+    for m in rest {
+        match m["role"].as_str() {
+            Some("assistant") if m.get("tool_calls").is_some() => {
+                let calls: Vec<Value> = m["tool_calls"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|c| json!({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push(json!({"role": "assistant", "content": json!({"tool_calls": calls}).to_string()}));
+            }
+            Some("tool") => out.push(json!({"role": "user", "content": format!(
+                "Result of tool call {}: {}",
+                m["tool_call_id"].as_str().unwrap_or_default(),
+                m["content"].as_str().unwrap_or_default()
+            )})),
+            _ => out.push(m.clone()),
+        }
+    }
+    Value::Array(out)
+}
+
+/// JSON written as the templates show it: `", "` and `": "`, no other whitespace.
+const COMPACT: &str = r#""x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
+
+/// One call's JSON schema: the function's name as a constant, then its arguments' schema.
+fn call_schema(name: &str, params: &Value, args_key: &str) -> Value {
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": name}, args_key: params},
+        "required": ["name", args_key],
+        "additionalProperties": false,
+    })
+}
+
+/// The Lark grammar (llguidance) of the calls a request must make (`required` or a named
+/// function): calls in the template family's syntax, each one of the functions allowed with its
+/// parameters' schema, one or (with `parallel_tool_calls`) more. `None` when calls are free.
+pub fn grammar(tools: &Tools, syntax: Syntax) -> Option<String> {
+    let functions: Vec<(String, Value)> = match &tools.choice {
+        Choice::Required => tools.functions(),
+        Choice::Named(n) => tools.functions().into_iter().filter(|(f, _)| f == n).collect(),
+        Choice::None | Choice::Auto => return None,
+    };
+    let args_key = if syntax == Syntax::Llama3 { "parameters" } else { "arguments" };
+    let one: Vec<Value> = functions.iter().map(|(n, p)| call_schema(n, p, args_key)).collect();
+    let schema = |s: Value| {
+        let mut text = s.to_string();
+        // the compact separators llguidance writes, inserted at the schema's top
+        text.insert_str(1, &format!("{COMPACT}, "));
+        text
+    };
+    let call = schema(json!({"anyOf": one}));
+    let many = tools.parallel && syntax != Syntax::Llama3;
+    Some(match syntax {
+        Syntax::Hermes => {
+            let rep = if many { r#" ("\n" call)*"# } else { "" };
+            format!("start: call{rep}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {call}\n")
+        }
+        Syntax::Llama3 => format!("start: body\nbody: %json {call}\n"),
+        Syntax::Generic => {
+            let mut list = json!({"type": "array", "items": {"anyOf": one}, "minItems": 1});
+            if !many {
+                list["maxItems"] = json!(1);
+            }
+            let whole = schema(
+                json!({"type": "object", "properties": {"tool_calls": list}, "required": ["tool_calls"], "additionalProperties": false}),
+            );
+            format!("start: body\nbody: %json {whole}\n")
+        }
+    })
+}
+
+/// A call read back out of the model's text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub name: String,
+    /// The arguments as JSON text (compact, as they parse).
+    pub arguments: String,
+}
+
+/// The calls in `text` written in `syntax` to functions among `names`, and the text before the
+/// first call (the message's content). A call that does not parse (cut by `max_tokens`, or not
+/// a call at all) is left as text: every call returned parses.
+pub fn read_calls(text: &str, syntax: Syntax, names: &[String]) -> (String, Vec<Call>) {
+    let as_call = |v: &Value, key: &str| -> Option<Call> {
+        let name = v.get("name")?.as_str()?;
+        let args = v.get(key).or_else(|| v.get("arguments")).or_else(|| v.get("parameters"))?;
+        (names.iter().any(|n| n == name) && args.is_object())
+            .then(|| Call { name: name.to_string(), arguments: args.to_string() })
+    };
+    match syntax {
+        Syntax::Hermes => {
+            let Some(first) = text.find("<tool_call>") else { return (text.to_string(), Vec::new()) };
+            let mut calls = Vec::new();
+            let mut rest = &text[first..];
+            while let Some(start) = rest.find("<tool_call>") {
+                let after = &rest[start + "<tool_call>".len()..];
+                let Some(end) = after.find("</tool_call>") else { break };
+                let Ok(v) = serde_json::from_str::<Value>(after[..end].trim()) else { break };
+                let Some(c) = as_call(&v, "arguments") else { break };
+                calls.push(c);
+                rest = &after[end + "</tool_call>".len()..];
+            }
+            if calls.is_empty() {
+                return (text.to_string(), calls);
+            }
+            (text[..first].trim_end().to_string(), calls)
+        }
+        Syntax::Llama3 => {
+            let body = text.trim().trim_start_matches("<|python_tag|>").trim();
+            let mut calls = Vec::new();
+            for part in body.split(';') {
+                match serde_json::from_str::<Value>(part.trim()).ok().as_ref().and_then(|v| as_call(v, "parameters")) {
+                    Some(c) => calls.push(c),
+                    None => return (text.to_string(), Vec::new()),
+                }
+            }
+            (String::new(), calls)
+        }
+        Syntax::Generic => {
+            let Ok(v) = serde_json::from_str::<Value>(text.trim()) else { return (text.to_string(), Vec::new()) };
+            if let Some(list) = v.get("tool_calls").and_then(Value::as_array) {
+                let calls: Option<Vec<Call>> = list.iter().map(|c| as_call(c, "arguments")).collect();
+                if let Some(calls) = calls.filter(|c| !c.is_empty()) {
+                    return (String::new(), calls);
+                }
+            }
+            match v.get("response").and_then(Value::as_str) {
+                Some(r) => (r.to_string(), Vec::new()),
+                None => (text.to_string(), Vec::new()),
+            }
+        }
+    }
+}
+
+/// The calls as the API returns them (`message.tool_calls`), with ids `call_<base>_<k>`.
+pub fn api_calls(calls: &[Call], base: &str) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| json!({"id": format!("call_{base}_{k}"), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect(),
+    )
+}
+
+/// The functions' names, in order.
+pub fn names(tools: &Tools) -> Vec<String> {
+    tools.functions().into_iter().map(|(n, _)| n).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Value {
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+    }
+
+    #[test]
+    fn tools_and_choices_are_checked_as_openai_checks_them() {
+        let t = parse(Some(&json!([weather()])), None, None).unwrap().unwrap();
+        assert_eq!((t.choice.clone(), t.parallel), (Choice::Auto, true));
+        let t = parse(
+            Some(&json!([weather()])),
+            Some(&json!({"type": "function", "function": {"name": "get_weather"}})),
+            Some(&json!(false)),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((t.choice, t.parallel), (Choice::Named("get_weather".into()), false));
+        assert_eq!(parse(None, Some(&json!("none")), None).unwrap(), None);
+        for (tools, choice, param) in [
+            (json!([{"type": "retrieval"}]), None, "tools[0].type"),
+            (json!([{"type": "function", "function": {"name": "a b"}}]), None, "tools[0].function.name"),
+            (json!([weather(), weather()]), None, "tools[1].function.name"),
+            (
+                json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+                None,
+                "tools[0].function.parameters",
+            ),
+            (
+                json!([{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]),
+                None,
+                "tools[0].function.parameters",
+            ),
+            (json!([weather()]), Some(json!({"type": "function", "function": {"name": "nope"}})), "tool_choice"),
+            (json!([]), Some(json!("required")), "tool_choice"),
+            (json!([weather()]), Some(json!("sometimes")), "tool_choice"),
+            (json!("x"), None, "tools"),
+        ] {
+            let e = parse(Some(&tools), choice.as_ref(), None).expect_err(&tools.to_string());
+            assert_eq!(e.param.as_deref(), Some(param), "{tools}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn calls_are_read_back_in_each_syntax_and_broken_ones_stay_text() {
+        let names = vec!["get_weather".to_string(), "get-time".to_string()];
+        let h = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get-time\", \"arguments\": {\"zone\": \"UTC\"}}\n</tool_call>";
+        let (content, calls) = read_calls(h, Syntax::Hermes, &names);
+        assert_eq!(content, "Let me check.");
+        assert_eq!(calls.len(), 2);
+        assert_eq!((calls[1].name.as_str(), calls[1].arguments.as_str()), ("get-time", r#"{"zone":"UTC"}"#));
+        // cut by max_tokens: no call
+        let (content, calls) = read_calls("<tool_call>\n{\"name\": \"get_weather\", \"argu", Syntax::Hermes, &names);
+        assert!(calls.is_empty() && content.starts_with("<tool_call>"));
+        // an unknown function is not a call
+        assert!(read_calls("<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", Syntax::Hermes, &names)
+            .1
+            .is_empty());
+        let (_, calls) =
+            read_calls("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", Syntax::Llama3, &names);
+        assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
+        let (_, calls) = read_calls(
+            r#"{"tool_calls": [{"name": "get-time", "arguments": {"zone": "X"}}]}"#,
+            Syntax::Generic,
+            &names,
+        );
+        assert_eq!(calls[0].name, "get-time");
+        assert_eq!(read_calls(r#"{"response": "hi"}"#, Syntax::Generic, &names), ("hi".to_string(), vec![]));
+    }
+
+    #[test]
+    fn assistant_calls_take_json_string_arguments() {
+        let (v, ids) = assistant_calls(
+            1,
+            &json!([{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]),
+        )
+        .unwrap();
+        assert_eq!(ids, ["c1"]);
+        assert_eq!(v[0]["function"]["arguments"], json!({"a": 1}));
+        let e =
+            assistant_calls(1, &json!([{"id": "c1", "function": {"name": "f", "arguments": {"a": 1}}}])).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[1].tool_calls[0].function.arguments"));
+        let e =
+            assistant_calls(1, &json!([{"id": "c1", "function": {"name": "f", "arguments": "{oops"}}])).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[1].tool_calls[0].function.arguments"));
+    }
+}
