@@ -69,17 +69,7 @@ pub(crate) const COMMON: &[&str] = &[
 
 /// The fields only `/v1/completions` takes.
 const COMPLETIONS: &[&str] = &["prompt", "logprobs", "echo", "best_of", "suffix"];
-
-pub(crate) fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+pub(crate) use super::error::type_name;
 
 /// A field that is absent or null is `None`.
 pub(crate) fn field<'a>(o: &'a Map<String, Value>, k: &str) -> Option<&'a Value> {

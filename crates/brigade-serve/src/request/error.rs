@@ -41,3 +41,15 @@ impl ApiError {
         serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
     }
 }
+
+/// What a JSON value is, for an error message ("a string", "an array", …).
+pub(crate) fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -5,8 +5,7 @@
 //! take tools); the grammar that makes a required call parse (llguidance's Lark, each
 //! function's `parameters` schema inside it); and the calls read back out of the text.
 
-use super::completion::type_name;
-use super::error::ApiError;
+use super::error::{type_name, ApiError};
 use serde_json::{json, Value};
 
 /// What `tool_choice` asks for.
