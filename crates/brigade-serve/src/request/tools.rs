@@ -308,14 +308,18 @@ fn call_schema(name: &str, params: &Value, args_key: &str) -> Value {
     })
 }
 
-/// The Lark grammar (llguidance) of the calls a request must make (`required` or a named
-/// function): calls in the template family's syntax, each one of the functions allowed with its
-/// parameters' schema, one or (with `parallel_tool_calls`) more. `None` when calls are free.
+/// The Lark grammar (llguidance) of a request's output with tools: calls in the template
+/// family's syntax, each one of the functions allowed with its parameters' schema, one or (with
+/// `parallel_tool_calls`) more. `required` and a named function: calls from the first token.
+/// `auto`: free text until the model starts a call (Hermes: `<tool_call>`, found by a lazy
+/// lexeme; Llama 3.x: a message opening with `{`; generic: its JSON answer), from where the call
+/// is held to its schema — so every call that is emitted parses. `None` for `none`.
 pub fn grammar(tools: &Tools, syntax: Syntax) -> Option<String> {
+    let auto = tools.choice == Choice::Auto;
     let functions: Vec<(String, Value)> = match &tools.choice {
-        Choice::Required => tools.functions(),
+        Choice::Required | Choice::Auto => tools.functions(),
         Choice::Named(n) => tools.functions().into_iter().filter(|(f, _)| f == n).collect(),
-        Choice::None | Choice::Auto => return None,
+        Choice::None => return None,
     };
     let args_key = if syntax == Syntax::Llama3 { "parameters" } else { "arguments" };
     let one: Vec<Value> = functions.iter().map(|(n, p)| call_schema(n, p, args_key)).collect();
@@ -327,10 +331,17 @@ pub fn grammar(tools: &Tools, syntax: Syntax) -> Option<String> {
     };
     let call = schema(json!({"anyOf": one}));
     let many = tools.parallel && syntax != Syntax::Llama3;
+    let more = if many { r#" ("\n" call)*"# } else { "" };
+    let calls = format!("call: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {call}\n");
     Some(match syntax {
-        Syntax::Hermes => {
-            let rep = if many { r#" ("\n" call)*"# } else { "" };
-            format!("start: call{rep}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {call}\n")
+        // text without a call, or text up to the first `<tool_call>` (lazy: it ends there)
+        // and the calls from it
+        Syntax::Hermes if auto => format!(
+            "start: TEXT | pre \"\\n\" body \"\\n</tool_call>\"{more}\npre[lazy]: /(?s:.*)<tool_call>/\nTEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/\n{calls}"
+        ),
+        Syntax::Hermes => format!("start: call{more}\n{calls}"),
+        Syntax::Llama3 if auto => {
+            format!("start: TEXT | body\nTEXT: /(?s:.*)/ & ~/[ \\t\\n]*\\{{(?s:.*)/\nbody: %json {call}\n")
         }
         Syntax::Llama3 => format!("start: body\nbody: %json {call}\n"),
         Syntax::Generic => {
@@ -338,9 +349,11 @@ pub fn grammar(tools: &Tools, syntax: Syntax) -> Option<String> {
             if !many {
                 list["maxItems"] = json!(1);
             }
-            let whole = schema(
-                json!({"type": "object", "properties": {"tool_calls": list}, "required": ["tool_calls"], "additionalProperties": false}),
-            );
+            let calls = json!({"type": "object", "properties": {"tool_calls": list}, "required": ["tool_calls"],
+                "additionalProperties": false});
+            let answer = json!({"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
+                "additionalProperties": false});
+            let whole = if auto { schema(json!({"anyOf": [calls, answer]})) } else { schema(calls) };
             format!("start: body\nbody: %json {whole}\n")
         }
     })

@@ -1,0 +1,104 @@
+//! The grammars tool calls are held to (llguidance over the real Qwen2.5 and Llama 3
+//! tokenizers): each text is fed token by token as the tokenizer cuts it, and must be allowed
+//! at every step and complete at its end — or be stopped at some token. `required`: only calls,
+//! each one of the functions with arguments its schema allows; `auto`: free text, or text and
+//! then calls that parse — a call that strays from its schema is stopped where it strays;
+//! `parallel_tool_calls: false`: one call.
+
+mod common;
+
+use brigade::models::tokenizer::Tokenizer;
+use brigade_serve::constraint::{Grammars, Spec};
+use brigade_serve::request::tools::{self, Syntax};
+use serde_json::json;
+
+fn tools(choice: serde_json::Value, parallel: bool) -> tools::Tools {
+    let weather = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": false}}});
+    let time = json!({"type": "function", "function": {"name": "get-time", "parameters": {"type": "object",
+        "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}});
+    tools::parse(Some(&json!([weather, time])), Some(&choice), Some(&json!(parallel))).unwrap().unwrap()
+}
+
+/// Whether the grammar lets the tokenizer's tokens of `text` through, one by one, and is complete
+/// after them.
+fn allows(g: &Grammars, tok: &Tokenizer, grammar: &str, text: &str) -> bool {
+    let mut c = g.constraint(&Spec::Lark(grammar.to_string())).unwrap();
+    for id in tok.encode_plain(text).unwrap() {
+        let mut row = vec![0f32; tok.vocab_size()];
+        if !c.mask(&mut row) || row[id as usize] == f32::NEG_INFINITY {
+            return false;
+        }
+        c.commit(id);
+    }
+    c.satisfied()
+}
+
+fn load(name: &str) -> Option<(Tokenizer, Grammars)> {
+    let dir = common::shared(&format!("tokenizers/{name}"))?;
+    let tok = Tokenizer::from_file(&dir).unwrap();
+    let eos: Vec<u32> = tok.specials().eos.into_iter().collect();
+    let g = Grammars::load(&dir.join("tokenizer.json"), tok.vocab_size(), &eos).unwrap();
+    Some((tok, g))
+}
+
+#[test]
+fn hermes_calls_parse_in_every_mode() {
+    let Some((tok, g)) = load("qwen2") else { return };
+    let call =
+        |name: &str, args: &str| format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>");
+    let w = call("get_weather", r#"{"city": "Paris", "days": 2}"#);
+    let t = call("get-time", r#"{"zone": "UTC"}"#);
+    let required = tools::grammar(&tools(json!("required"), true), Syntax::Hermes).unwrap();
+    assert!(allows(&g, &tok, &required, &w));
+    assert!(allows(&g, &tok, &required, &format!("{w}\n{t}")), "parallel calls");
+    assert!(!allows(&g, &tok, &required, "Sure! "), "required: no text");
+    assert!(!allows(&g, &tok, &required, &call("get_weather", r#"{"town": "Paris"}"#)), "an argument the schema lacks");
+    assert!(!allows(&g, &tok, &required, &call("get_weather", r#"{"city": 5}"#)), "a number for a string");
+    assert!(!allows(&g, &tok, &required, &call("rm_rf", r#"{}"#)), "an unknown function");
+    assert!(!allows(&g, &tok, &required, &call("get_weather", r#"{ "city":"Paris"}"#)), "free whitespace");
+    let one = tools::grammar(&tools(json!("required"), false), Syntax::Hermes).unwrap();
+    assert!(allows(&g, &tok, &one, &w) && !allows(&g, &tok, &one, &format!("{w}\n{t}")), "one call without parallel");
+    let named =
+        tools::grammar(&tools(json!({"type": "function", "function": {"name": "get-time"}}), true), Syntax::Hermes)
+            .unwrap();
+    assert!(allows(&g, &tok, &named, &t) && !allows(&g, &tok, &named, &w), "the named function only");
+    let auto = tools::grammar(&tools(json!("auto"), true), Syntax::Hermes).unwrap();
+    assert!(allows(&g, &tok, &auto, "It is sunny in Paris, I think."), "auto: free text");
+    assert!(allows(&g, &tok, &auto, &format!("Let me look.\n{w}\n{t}")), "auto: text, then calls");
+    assert!(allows(&g, &tok, &auto, &w), "auto: a call at once");
+    assert!(
+        !allows(&g, &tok, &auto, &format!("Let me look.\n{}", call("get_weather", r#"{"city": 5}"#))),
+        "auto: a stray call"
+    );
+    assert!(!allows(&g, &tok, &auto, "<tool_call>\nnot json"), "auto: a call that is not JSON");
+    assert!(tools::grammar(&tools(json!("none"), true), Syntax::Hermes).is_none());
+}
+
+#[test]
+fn llama3_and_generic_calls_parse() {
+    let Some((tok, g)) = load("llama3") else { return };
+    let w = r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#;
+    let required = tools::grammar(&tools(json!("required"), true), Syntax::Llama3).unwrap();
+    assert!(allows(&g, &tok, &required, w));
+    assert!(
+        !allows(&g, &tok, &required, r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#),
+        "Llama's key is parameters"
+    );
+    let auto = tools::grammar(&tools(json!("auto"), true), Syntax::Llama3).unwrap();
+    assert!(allows(&g, &tok, &auto, "Paris is sunny.") && allows(&g, &tok, &auto, w));
+    assert!(!allows(&g, &tok, &auto, r#"{"name": "get_weather", "parameters": {"city": 1}}"#), "auto: a stray call");
+    let generic = tools::grammar(&tools(json!("auto"), false), Syntax::Generic).unwrap();
+    assert!(allows(&g, &tok, &generic, r#"{"tool_calls": [{"name": "get-time", "arguments": {"zone": "UTC"}}]}"#));
+    assert!(allows(&g, &tok, &generic, r#"{"response": "It is noon."}"#));
+    assert!(
+        !allows(
+            &g,
+            &tok,
+            &generic,
+            r#"{"tool_calls": [{"name": "get-time", "arguments": {"zone": "UTC"}}, {"name": "get-time", "arguments": {"zone": "CET"}}]}"#
+        ),
+        "one call without parallel"
+    );
+    assert!(!allows(&g, &tok, &generic, "It is noon."), "generic: JSON only");
+}
