@@ -255,11 +255,17 @@ pub fn generic_messages(messages: &Value, tools: &Tools) -> Value {
     let ask = match &tools.choice {
         Choice::Required => "You must call one of them.".to_string(),
         Choice::Named(n) => format!("You must call {n}."),
-        _ => "Call them when they help; otherwise answer as JSON: {\"response\": \"your answer\"}.".to_string(),
+        Choice::Auto => {
+            "Call them when they help; otherwise answer as JSON: {\"response\": \"your answer\"}.".to_string()
+        }
+        Choice::None => "Do not call them now: answer the user in plain text.".to_string(),
     };
-    let preface = format!(
-        "You can call these tools:\n{list}\n\nTo call tools, answer with JSON only: {{\"tool_calls\": [{{\"name\": \"<tool name>\", \"arguments\": {{...}}}}]}}. {ask}"
-    );
+    let preface = match tools.choice {
+        Choice::None => format!("These tools were available:\n{list}\n\n{ask}"),
+        _ => format!(
+            "You can call these tools:\n{list}\n\nTo call tools, answer with JSON only: {{\"tool_calls\": [{{\"name\": \"<tool name>\", \"arguments\": {{...}}}}]}}. {ask}"
+        ),
+    };
     let mut out = Vec::new();
     let msgs = messages.as_array().cloned().unwrap_or_default();
     let mut rest = msgs.as_slice();
