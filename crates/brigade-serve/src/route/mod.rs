@@ -113,6 +113,12 @@ pub fn run(o: RouteOptions, on_listen: impl FnOnce(std::net::SocketAddr) + Send 
 }
 
 /// The model a replica serves (the first of `/v1/models`), or why it does not answer.
+/// Whether the replica at `url` answers its `/ready` with 200 (its model loaded).
+async fn is_ready(client: &reqwest::Client, url: &str) -> bool {
+    let r = client.get(format!("{url}/ready")).timeout(HEALTH_TIMEOUT).send().await;
+    r.is_ok_and(|r| r.status().is_success())
+}
+
 async fn model_of(client: &reqwest::Client, url: &str) -> Result<String, String> {
     let r = client.get(format!("{url}/v1/models")).timeout(Duration::from_secs(5)).send().await;
     let r = r.map_err(|e| e.to_string())?;
@@ -134,7 +140,8 @@ async fn serve(o: RouteOptions, on_listen: impl FnOnce(std::net::SocketAddr)) ->
         let t0 = std::time::Instant::now();
         for url in &o.replicas {
             let url = url.trim_end_matches('/');
-            while model_of(&client, url).await.is_err() && t0.elapsed() < Duration::from_secs(300) {
+            // (replicas this process started: each has loaded its model, not just named it)
+            while !is_ready(&client, url).await && t0.elapsed() < Duration::from_secs(300) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -146,8 +153,7 @@ async fn serve(o: RouteOptions, on_listen: impl FnOnce(std::net::SocketAddr)) ->
                 models.push((url.clone(), m));
                 // a replica still loading its model names it already: it takes requests once
                 // its /ready says so (the health checks bring it in)
-                let ready = client.get(format!("{url}/ready")).timeout(HEALTH_TIMEOUT).send().await;
-                ready.is_ok_and(|r| r.status().is_success())
+                is_ready(&client, &url).await
             }
             Err(e) => {
                 eprintln!("brigade route: replica {url} does not answer ({e}); starting without it — it joins once it answers");
