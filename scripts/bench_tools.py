@@ -47,7 +47,7 @@ def start(cmd):
 
 def ask(url, choice, k):
     body = {"model": "m", "messages": [{"role": "user", "content": f"Question {k}: what is the weather in Paris?"}],
-            "tools": TOOLS, "tool_choice": choice, "max_tokens": 48, "temperature": 0.8, "seed": k}
+            "tools": TOOLS, "tool_choice": choice, "max_tokens": 160, "temperature": 0.8, "seed": k}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"})
     t0 = time.perf_counter()
     r = json.load(urllib.request.urlopen(req, timeout=600))
