@@ -73,10 +73,16 @@ pub enum ConstraintError {
     Compile(String),
 }
 
-/// The served tokenizer's token trie and a parser factory over it (built once, shared).
+/// The served tokenizer's token trie and a parser factory over it (built once, shared), and the
+/// grammars compiled so far: a request with the same constraint (the same tools, the same
+/// schema) starts from a copy of the compiled parser instead of compiling it again.
 pub struct Grammars {
     factory: Arc<ParserFactory>,
+    compiled: std::sync::Mutex<std::collections::HashMap<String, llguidance::TokenParser>>,
 }
+
+/// Compiled grammars kept (the oldest are not tracked: past this many, the cache starts over).
+const KEPT: usize = 64;
 
 impl Grammars {
     /// From the model's `tokenizer.json`, for a vocabulary of `vocab` (the model's: tokens past
@@ -90,12 +96,26 @@ impl Grammars {
         let env = bt.into_tok_env(Some(vocab)).map_err(|e| unavailable(&e))?;
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| unavailable(&e))?;
         factory.set_stderr_log_level(0);
-        Ok(Grammars { factory: Arc::new(factory) })
+        Ok(Grammars { factory: Arc::new(factory), compiled: Default::default() })
     }
 
     /// A fresh constraint for one sequence; a spec that does not compile is an error naming why.
     pub fn constraint(&self, spec: &Spec) -> Result<Box<dyn Constrain>, ConstraintError> {
-        let parser = self.factory.create_parser(spec.grammar()).map_err(|e| ConstraintError::Compile(e.to_string()))?;
+        let key = format!("{spec:?}");
+        let cached = self.compiled.lock().unwrap_or_else(|p| p.into_inner()).get(&key).map(|p| p.deep_clone());
+        let parser = match cached {
+            Some(p) => p,
+            None => {
+                let p =
+                    self.factory.create_parser(spec.grammar()).map_err(|e| ConstraintError::Compile(e.to_string()))?;
+                let mut c = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
+                if c.len() >= KEPT {
+                    c.clear();
+                }
+                c.insert(key, p.deep_clone());
+                p
+            }
+        };
         Ok(Box::new(Guided { m: Matcher::new(Ok(parser)) }))
     }
 }

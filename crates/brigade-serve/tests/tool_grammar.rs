@@ -102,3 +102,25 @@ fn llama3_and_generic_calls_parse() {
     );
     assert!(!allows(&g, &tok, &generic, "It is noon."), "generic: JSON only");
 }
+
+#[test]
+fn constraints_of_one_compiled_grammar_keep_their_own_state() {
+    let Some((tok, g)) = load("qwen2") else { return };
+    let grammar = tools::grammar(&tools(json!("required"), false), Syntax::Hermes).unwrap();
+    let w = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    // a first sequence walks a whole call; the next ones (from the cached parser) start afresh
+    let mut first = g.constraint(&Spec::Lark(grammar.clone())).unwrap();
+    for id in tok.encode_plain(w).unwrap() {
+        first.commit(id);
+    }
+    assert!(first.satisfied());
+    let mut second = g.constraint(&Spec::Lark(grammar.clone())).unwrap();
+    assert!(!second.satisfied(), "a fresh constraint has emitted nothing yet");
+    let mut row = vec![0f32; tok.vocab_size()];
+    assert!(second.mask(&mut row));
+    let lt = tok.encode_plain("<tool_call>").unwrap()[0] as usize;
+    assert!(row[lt].is_finite(), "the second starts at the beginning of a call");
+    for _ in 0..3 {
+        assert!(allows(&g, &tok, &grammar, w), "every copy accepts the whole call");
+    }
+}
