@@ -10,46 +10,11 @@ mod common;
 use brigade::models::Gpt;
 use brigade_serve::engine::{Engine, Limits, Output, Refused, Request, Sampling};
 use brigade_serve::model::weights::WeightFormat;
-use brigade_serve::model::{KvStore, Model, ShardError, Work};
+use brigade_serve::model::{KvStore, Model, ShardError};
 
 /// The family's test model with a context of 256.
 fn model(f: common::Family) -> (Gpt, Vec<f32>) {
     common::model(f, 101, 256, 5)
-}
-
-/// Three sequences over three steps (whole prompts, then a chunk beside decodes, then decodes)
-/// on blocks of 4 tokens numbered 0…: under cp 2 or 3 every sequence's blocks fall on every rank
-/// in turn, and sequence c's two blocks (7, 8) on no block of rank 0 at cp 3.
-fn steps(model: &Model, kv: &mut KvStore) -> Vec<Vec<f32>> {
-    let a: Vec<u32> = (0..9).map(|i| (i * 7 + 1) % 101).collect();
-    let b: Vec<u32> = (0..14).map(|i| (i * 13 + 2) % 101).collect();
-    let c: Vec<u32> = (0..5).map(|i| (i * 3 + 50) % 101).collect();
-    let (ba, bb, bc) = (vec![0, 1, 2], vec![3, 4, 5, 6], vec![7, 8]);
-    let mut out = Vec::new();
-    out.extend(model.step(
-        kv,
-        &[
-            Work { tokens: &a, start: 0, blocks: &ba, logits: true },
-            Work { tokens: &b[..6], start: 0, blocks: &bb, logits: false },
-        ],
-    ));
-    out.extend(model.step(
-        kv,
-        &[
-            Work { tokens: &[3], start: 9, blocks: &ba, logits: true },
-            Work { tokens: &b[6..], start: 6, blocks: &bb, logits: true },
-            Work { tokens: &c, start: 0, blocks: &bc, logits: true },
-        ],
-    ));
-    out.extend(model.step(
-        kv,
-        &[
-            Work { tokens: &[4], start: 10, blocks: &ba, logits: true },
-            Work { tokens: &[5], start: 14, blocks: &bb, logits: true },
-            Work { tokens: &[6], start: 5, blocks: &bc, logits: true },
-        ],
-    ));
-    out
 }
 
 fn argmax(v: &[f32]) -> usize {
@@ -62,7 +27,7 @@ fn context_parallel_logits_equal_the_single_workers_within_rounding() {
         let (gpt, p) = model(f);
         let one = Model::new(&gpt, &p);
         let mut kv = KvStore::new(16, 4, gpt.cfg.n_layer, one.kv_width());
-        let want = steps(&one, &mut kv);
+        let want = common::steps(&one, &mut kv);
         assert_eq!(want.len(), 7);
         for cp in [2, 3] {
             let got = brigade_comm::local::run(cp, |comm| -> Result<_, ShardError> {
@@ -72,7 +37,7 @@ fn context_parallel_logits_equal_the_single_workers_within_rounding() {
                 // each rank's cache holds its share of the 16 blocks
                 let mut kv = KvStore::new(16_usize.div_ceil(cp), 4, m.layers_n, m.kv_width());
                 if rank == 0 {
-                    let out = steps(&m, &mut kv);
+                    let out = common::steps(&m, &mut kv);
                     m.stop_followers();
                     Ok(out)
                 } else {

@@ -8,41 +8,8 @@ use brigade::models::family::Qkv;
 use brigade::models::GptConfig;
 use brigade_serve::engine::{Engine, Limits};
 use brigade_serve::model::KvStore;
-use brigade_serve::model::{Model, ShardError, Work};
+use brigade_serve::model::{Model, ShardError};
 use common::Family;
-
-/// Three sequences over three steps: whole prompts, then a chunk beside decodes, then decodes.
-fn steps(model: &Model, kv: &mut KvStore) -> Vec<Vec<f32>> {
-    let a: Vec<u32> = (0..9).map(|i| (i * 7 + 1) % 101).collect();
-    let b: Vec<u32> = (0..14).map(|i| (i * 13 + 2) % 101).collect();
-    let c: Vec<u32> = (0..5).map(|i| (i * 3 + 50) % 101).collect();
-    let (ba, bb, bc) = (vec![0, 1, 2], vec![3, 4, 5, 6], vec![7, 8]);
-    let mut out = Vec::new();
-    out.extend(model.step(
-        kv,
-        &[
-            Work { tokens: &a, start: 0, blocks: &ba, logits: true },
-            Work { tokens: &b[..6], start: 0, blocks: &bb, logits: false },
-        ],
-    ));
-    out.extend(model.step(
-        kv,
-        &[
-            Work { tokens: &[3], start: 9, blocks: &ba, logits: true },
-            Work { tokens: &b[6..], start: 6, blocks: &bb, logits: true },
-            Work { tokens: &c, start: 0, blocks: &bc, logits: true },
-        ],
-    ));
-    out.extend(model.step(
-        kv,
-        &[
-            Work { tokens: &[4], start: 10, blocks: &ba, logits: true },
-            Work { tokens: &[5], start: 14, blocks: &bb, logits: true },
-            Work { tokens: &[6], start: 5, blocks: &bc, logits: true },
-        ],
-    ));
-    out
-}
 
 /// Whether a group of `tp` ranks can serve `cfg`, from its description alone: `tp` divides the
 /// query heads, the MLP and the hidden size, and either divides the key/value heads (each rank
@@ -80,7 +47,7 @@ fn sharded_logits(f: Family) {
     let (gpt, p) = common::model(f, 101, 64, 5);
     let one = Model::new(&gpt, &p);
     let mut kv = KvStore::new(16, 4, 2, one.kv_width());
-    let want = steps(&one, &mut kv);
+    let want = common::steps(&one, &mut kv);
     let name = f.name();
     assert_eq!(want.len(), 7, "{name}");
     for tp in sizes(&gpt.cfg) {
@@ -92,7 +59,7 @@ fn sharded_logits(f: Family) {
             // at tp 2, shared by 2 or 4 ranks at tp 4 or 8)
             assert_eq!(m.kv_width(), kv_width(&gpt.cfg, tp), "{name} tp {tp}: floats of a token's keys");
             if rank == 0 {
-                let out = steps(&m, &mut kv);
+                let out = common::steps(&m, &mut kv);
                 m.stop_followers();
                 Ok(out)
             } else {

@@ -84,3 +84,39 @@ pub fn drive(e: &mut brigade_serve::engine::Engine) -> Vec<brigade_serve::engine
     }
     out
 }
+
+/// The parallel tests' model workload: three sequences over three steps on blocks of 4 tokens
+/// numbered 0… (whole prompts, then a chunk beside decodes, then decodes) — under cp 2 or 3 every
+/// sequence's blocks fall on every rank in turn, and sequence c's two blocks (7, 8) on no block
+/// of rank 0 at cp 3. The logits of every item that asks for them, in order.
+pub fn steps(model: &brigade_serve::model::Model, kv: &mut brigade_serve::model::KvStore) -> Vec<Vec<f32>> {
+    let a: Vec<u32> = (0..9).map(|i| (i * 7 + 1) % 101).collect();
+    let b: Vec<u32> = (0..14).map(|i| (i * 13 + 2) % 101).collect();
+    let c: Vec<u32> = (0..5).map(|i| (i * 3 + 50) % 101).collect();
+    let (ba, bb, bc) = (vec![0, 1, 2], vec![3, 4, 5, 6], vec![7, 8]);
+    let mut out = Vec::new();
+    out.extend(model.step(
+        kv,
+        &[
+            brigade_serve::model::Work { tokens: &a, start: 0, blocks: &ba, logits: true },
+            brigade_serve::model::Work { tokens: &b[..6], start: 0, blocks: &bb, logits: false },
+        ],
+    ));
+    out.extend(model.step(
+        kv,
+        &[
+            brigade_serve::model::Work { tokens: &[3], start: 9, blocks: &ba, logits: true },
+            brigade_serve::model::Work { tokens: &b[6..], start: 6, blocks: &bb, logits: true },
+            brigade_serve::model::Work { tokens: &c, start: 0, blocks: &bc, logits: true },
+        ],
+    ));
+    out.extend(model.step(
+        kv,
+        &[
+            brigade_serve::model::Work { tokens: &[4], start: 10, blocks: &ba, logits: true },
+            brigade_serve::model::Work { tokens: &[5], start: 14, blocks: &bb, logits: true },
+            brigade_serve::model::Work { tokens: &[6], start: 5, blocks: &bc, logits: true },
+        ],
+    ));
+    out
+}
