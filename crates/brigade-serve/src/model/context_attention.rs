@@ -74,11 +74,12 @@ pub(crate) fn attention(
     // 3. this rank's rows merged over the ranks, in rank order
     let hd = d.hd;
     let mine_at: Vec<usize> = (0..all.len()).filter(|&i| place[i].0 == rank).collect();
-    ctx.par_chunks_mut(qw).zip(mine_at.par_iter()).for_each(|(out, &i)| {
+    ctx.par_chunks_mut(qw).zip(mine_at.par_iter()).for_each_init(Vec::new, |wts, (out, &i)| {
         let of = |r: usize| &parts[(r * all.len() + i) * width..(r * all.len() + i + 1) * width];
         for h in 0..heads {
             let top = (0..ranks).map(|r| of(r)[qw + h]).fold(f32::NEG_INFINITY, f32::max);
-            let wts: Vec<f32> = (0..ranks).map(|r| brigade::tensor::math::exp(of(r)[qw + h] - top)).collect();
+            wts.clear();
+            wts.extend((0..ranks).map(|r| brigade::tensor::math::exp(of(r)[qw + h] - top)));
             let total: f32 = wts.iter().sum();
             let o = &mut out[h * hd..(h + 1) * hd];
             o.fill(0.0);

@@ -391,12 +391,10 @@ impl Model {
         let all: Vec<(usize, usize)> =
             work.iter().enumerate().flat_map(|(i, w)| (0..w.tokens.len()).map(move |p| (i, w.start + p))).collect();
         let bs = kv.block_size;
-        let rows: Vec<(usize, usize)> = match &self.cp {
-            None => all.clone(),
-            Some(_) => {
-                all.iter().copied().filter(|&(wi, pos)| self.holds(work[wi].blocks[pos / bs]).is_some()).collect()
-            }
-        };
+        let held: Option<Vec<(usize, usize)>> = self.cp.as_ref().map(|_| {
+            all.iter().copied().filter(|&(wi, pos)| self.holds(work[wi].blocks[pos / bs]).is_some()).collect()
+        });
+        let rows: &[(usize, usize)] = held.as_deref().unwrap_or(&all);
         let n = rows.len();
         let tables: Vec<&[usize]> = work.iter().map(|w| w.blocks).collect();
         let mut x = vec![0f32; n * c];
@@ -447,9 +445,9 @@ impl Model {
                 kv.slot_mut(b, li, 1, slot).copy_from_slice(&qkv[at + kvw..at + 2 * kvw]);
             }
             match &self.cp {
-                None => super::paged_attention::attention(&mut ctx, &qkv, &rows, &tables, kv, li, self.w.dims),
+                None => super::paged_attention::attention(&mut ctx, &qkv, rows, &tables, kv, li, self.w.dims),
                 Some(cp) => {
-                    super::context_attention::attention(cp, &mut ctx, &qkv, (&rows, &all), &tables, kv, li, self.w.dims)
+                    super::context_attention::attention(cp, &mut ctx, &qkv, (rows, &all), &tables, kv, li, self.w.dims)
                 }
             }
             let ctx = self.gather_cols(&ctx, n, qw, q_all, &mut ctx_all);
