@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::server::{checkpoint, fixture_tokenizer, start, Server};
+use common::server::{chat_model_of, checkpoint, fixture_tokenizer, start, Server};
 use common::{fails_with, ok};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -195,6 +195,122 @@ async fn every_node_equals_the_completions_api_alone_and_in_a_crowd() {
                     .collect::<Vec<_>>()
             };
             assert_eq!(strip(&r["nodes"][id]), strip(n), "node {id} changed in the crowd");
+        }
+    }
+}
+
+/// Plan → a branch per tool call → join, on a model with a real chat template: the plan's calls
+/// are what `/v1/chat/completions` returns for the same conversation and tools; the map has a
+/// branch per call, its prompt filled from the call's fields, each branch what the chat API
+/// returns for it; the join what `/v1/completions` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_map_over_tool_calls_runs_a_branch_per_call_each_equal_to_the_chat_api() {
+    let city = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"], "additionalProperties": false}}});
+    let zone = json!({"type": "function", "function": {"name": "get-time", "parameters": {"type": "object",
+        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": false}}});
+    for name in ["qwen2", "llama3"] {
+        let Some(model) = chat_model_of(name, 1024) else { return };
+        let s = start(&["--checkpoint", model.path().to_str().unwrap()]);
+        s.wait_ready().await;
+        let mut several = false;
+        for seed in 0..3 {
+            let spec = json!({"nodes": [
+                {"id": "plan", "system": "You plan.", "prompt": "Weather and time in Paris?", "tools": [city, zone],
+                    "tool_choice": "required", "parallel_tool_calls": true, "max_tokens": 120, "temperature": 1.0, "seed": seed},
+                {"id": "act", "map": {"over": "plan", "split": "tool_calls"}, "chat": true,
+                    "prompt": "Run {{item.name}} on {{item.arguments}} ({{item.arguments.city}}{{item.name}})", "max_tokens": 6, "temperature": 0.0},
+                {"id": "join", "prompt": "{{act}}\nSo:", "max_tokens": 5, "temperature": 0.0}
+            ]});
+            // `{{item.arguments.city}}` exists on get_weather's calls only: a get-time call fails the
+            // map (naming the field), so the spec is run as written and, where it fails, without it
+            let (st, mut got) = s.post_to("/v1/programs", spec.clone()).await;
+            assert_eq!(st, 200, "{got}");
+            let mut spec = spec;
+            if !got["nodes"]["act"]["error"].is_null() {
+                let e = got["nodes"]["act"]["error"].as_str().unwrap();
+                assert!(e.contains("no field 'city'"), "{e}: {got}");
+                assert_eq!(got["nodes"]["join"]["error"], "it depends on 'act', which failed");
+                spec["nodes"][1]["prompt"] = json!("Run {{item.name}} on {{item.arguments}}");
+                let (st, again) = s.post_to("/v1/programs", spec.clone()).await;
+                assert_eq!(st, 200, "{again}");
+                got = again;
+            }
+            let plan = node(&got, "plan")["branches"][0].clone();
+            let want = json!({"messages": [{"role": "system", "content": "You plan."}, {"role": "user", "content": "Weather and time in Paris?"}],
+                "tools": [city, zone], "tool_choice": "required", "parallel_tool_calls": true, "max_tokens": 120,
+                "temperature": 1.0, "seed": seed, "return_token_ids": true});
+            let (st, alone) = s.post_to("/v1/chat/completions", want).await;
+            assert_eq!(st, 200, "{alone}");
+            let c = &alone["choices"][0];
+            assert_eq!(plan["token_ids"], c["token_ids"], "{name}: the plan differs from the chat API's answer");
+            let fields = |calls: &Value| -> Vec<(Value, Value)> {
+                calls
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|k| (k["function"]["name"].clone(), k["function"]["arguments"].clone()))
+                    .collect()
+            };
+            let calls = fields(&c["message"]["tool_calls"]);
+            assert!(!calls.is_empty());
+            assert_eq!(fields(&plan["tool_calls"]), calls, "{name}");
+            assert_eq!(plan["content"], c["message"]["content"].as_str().unwrap_or(""));
+            several |= calls.len() > 1;
+            // a branch per call, in order, each the chat API's answer to its filled prompt
+            let act = node(&got, "act")["branches"].as_array().unwrap().clone();
+            assert_eq!(act.len(), calls.len(), "{name}: one branch per call");
+            for (b, (fname, args)) in act.iter().zip(&calls) {
+                let a: Value = serde_json::from_str(args.as_str().unwrap()).unwrap();
+                let mut prompt = format!("Run {} on {}", fname.as_str().unwrap(), a);
+                if spec["nodes"][1]["prompt"].as_str().unwrap().contains("city") {
+                    prompt += &format!(" ({}{})", a["city"].as_str().unwrap(), fname.as_str().unwrap());
+                }
+                assert_eq!(b["prompt"], prompt.as_str());
+                let (st, one) = s
+                    .post_to(
+                        "/v1/chat/completions",
+                        json!({"messages": [{"role": "user", "content": prompt}],
+                        "max_tokens": 6, "temperature": 0.0, "return_token_ids": true}),
+                    )
+                    .await;
+                assert_eq!(st, 200, "{one}");
+                assert_eq!(b["token_ids"], one["choices"][0]["token_ids"], "{name}: {prompt}");
+                assert_eq!(b["text"], one["choices"][0]["message"]["content"]);
+            }
+            let texts: Vec<&str> = act.iter().map(|b| b["text"].as_str().unwrap()).collect();
+            let join = &node(&got, "join")["branches"][0];
+            let (st, one) = s
+                .post(json!({"prompt": format!("{}\nSo:", texts.join("\n")), "max_tokens": 5, "temperature": 0.0,
+                    "return_token_ids": true}))
+                .await;
+            assert_eq!(st, 200);
+            assert_eq!(join["token_ids"], one["choices"][0]["token_ids"]);
+        }
+        assert!(several || name == "llama3", "{name}: no seed made parallel calls; the map was never wider than 1");
+        // what a tool node may not be, refused before anything runs
+        let weather = json!([city]);
+        for (body, want) in [
+            (
+                json!({"nodes": [{"id": "a", "prompt": "x"}, {"id": "b", "map": {"over": "a", "split": "tool_calls"}, "prompt": "{{item}}"}]}),
+                "maps over the tool calls of 'a', which offers no tools",
+            ),
+            (json!({"nodes": [{"id": "a", "prompt": "x", "tools": weather, "chat": false}]}), "only a chat node takes"),
+            (
+                json!({"nodes": [{"id": "a", "prompt": "x", "tools": [{"type": "function", "function": {"name": "a b"}}]}]}),
+                "node 'a': 'tools[0].function.name' is 'a b'",
+            ),
+            (json!({"nodes": [{"id": "a", "prompt": "x", "tool_choice": "required"}]}), "node 'a'"),
+            (
+                json!({"nodes": [{"id": "a", "prompt": "x", "tools": weather, "choices": ["y"]}]}),
+                "cannot be a chat node",
+            ),
+            (json!({"nodes": [{"id": "a", "prompt": "x", "chat": true, "messages": []}]}), "set by the program"),
+        ] {
+            let (st, r) = s.post_to("/v1/programs", body.clone()).await;
+            assert_eq!(st, 400, "{body}: {r}");
+            let m = r["error"]["message"].as_str().unwrap();
+            assert!(m.contains(want), "{body}: {m}");
         }
     }
 }

@@ -170,3 +170,41 @@ impl Server {
             .collect()
     }
 }
+
+/// A random-weight Llama-family folder in Hugging Face's form (config.json, model.safetensors)
+/// with the real tokenizer folder `../shared/tokenizers/NAME` copied in (its chat template),
+/// `context` positions; `None` (with the reason printed) without `../shared`.
+pub fn chat_model_of(name: &str, context: usize) -> Option<tempfile::TempDir> {
+    use brigade::models::family::Llama;
+    use brigade::models::{checkpoint, Gpt, GptConfig};
+    let tok_dir = super::shared(&format!("tokenizers/{name}"))?;
+    let tok = brigade::models::tokenizer::Tokenizer::from_file(&tok_dir).unwrap();
+    let a = Llama {
+        n_kv_head: 1,
+        head_dim: 8,
+        intermediate: 32,
+        rms_eps: 1e-6,
+        rope_theta: 1e6,
+        rope_scaling: None,
+        tied: true,
+        qkv_bias: true,
+        o_bias: false,
+    };
+    let cfg = GptConfig {
+        n_layer: 1,
+        n_head: 2,
+        n_embd: 16,
+        vocab_size: tok.vocab_size(),
+        block_size: context,
+        family: a.into(),
+    };
+    let gpt = Gpt::new(cfg).unwrap();
+    let params = gpt.init_params(7);
+    let d = tempfile::tempdir().unwrap();
+    checkpoint::write_json(&d.path().join("config.json"), &checkpoint::hf_config(&cfg)).unwrap();
+    checkpoint::save_tensors(&d.path().join("model.safetensors"), &gpt.layout, &params, "", None).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok_dir.join(f), d.path().join(f)).unwrap();
+    }
+    Some(d)
+}

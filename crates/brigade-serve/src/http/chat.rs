@@ -6,9 +6,9 @@
 
 use super::app::{error, App};
 use super::completions::{respond, serving};
-use crate::request::shape::Kind;
-use crate::request::{chat, tools};
-use crate::request::{ApiError, Completion, Prompt};
+use crate::request::chat;
+use crate::request::shape::{chat_prompt, Kind};
+use crate::request::{ApiError, Completion};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
@@ -28,35 +28,5 @@ pub(crate) async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -
 /// The request as a completion of the rendered conversation's token ids.
 fn prepare(app: &App, body: &[u8]) -> Result<Completion, ApiError> {
     let chat = chat::parse(body)?;
-    let l = serving(app)?;
-    let template = l.chat.as_ref().map_err(|why| ApiError::bad("messages", why.to_string()))?;
-    let tok = l.tokenizer.as_ref().expect("a chat template comes with its tokenizer");
-    let mut req = chat.completion;
-    let text = match &chat.tools {
-        // (a conversation may still hold calls and results when no tools are offered now)
-        None => template.render(&chat.messages, chat.add_generation_prompt, &chat.template_kwargs),
-        Some(t) => {
-            let syntax = tools::syntax_of(template.takes_tools(), |s| template.mentions(s));
-            if t.choice != tools::Choice::None {
-                req.tool_calls = Some((syntax, tools::names(t)));
-                req.constraint = tools::grammar(t, syntax).map(crate::constraint::Spec::Lark);
-            }
-            match syntax {
-                tools::Syntax::Generic => {
-                    let messages = tools::generic_messages(&chat.messages, t);
-                    template.render(&messages, chat.add_generation_prompt, &chat.template_kwargs)
-                }
-                _ => template.render_with_tools(
-                    &chat.messages,
-                    Some(&t.list),
-                    chat.add_generation_prompt,
-                    &chat.template_kwargs,
-                ),
-            }
-        }
-    }
-    .map_err(|e| ApiError::bad("messages", e))?;
-    let ids = tok.encode_plain(&text).map_err(|e| ApiError::bad("messages", e.to_string()))?;
-    req.prompts = vec![Prompt::Ids(ids)];
-    Ok(req)
+    chat_prompt(serving(app)?, chat)
 }

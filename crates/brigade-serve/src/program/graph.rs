@@ -18,6 +18,9 @@ pub enum Split {
     Json,
     /// The non-empty pieces between the matches of a regex.
     Regex(regex::Regex),
+    /// The tool calls the node made (every branch's, in order), each as
+    /// `{"name": N, "arguments": {…}}`: a node with `tools` only.
+    ToolCalls,
 }
 
 /// How a node fans out.
@@ -47,6 +50,19 @@ pub struct Node {
     pub deps: Vec<usize>,
     /// Seconds from the program's start by which the node must be done, or it fails.
     pub deadline_s: Option<f64>,
+    /// Rendered as a conversation by the model's chat template (`"chat": true`, or given a
+    /// `system` or `tools`): the prompt is the user's turn and the settings are
+    /// `/v1/chat/completions`' (`tools`, `tool_choice`, `parallel_tool_calls` among them).
+    pub chat: bool,
+    /// The system message of a chat node.
+    pub system: Option<String>,
+}
+
+impl Node {
+    /// Whether the node offers the model tools (its output may hold calls).
+    pub fn has_tools(&self) -> bool {
+        self.settings.get("tools").is_some_and(|t| !t.is_null())
+    }
 }
 
 /// `max_parallel`: chosen by the engine, or a bound.
@@ -86,9 +102,11 @@ impl Default for Limits {
 }
 
 /// Keys of a node that are the program's, not completions settings.
-const NODE_KEYS: &[&str] = &["id", "prompt", "fork", "map", "choices", "deadline_s"];
-/// Completions settings a node may not set: the program sets them.
-const REFUSED: &[&str] = &["prompt", "n", "stream", "model", "echo"];
+const NODE_KEYS: &[&str] = &["id", "prompt", "fork", "map", "choices", "deadline_s", "chat", "system"];
+/// Completions (or chat) settings a node may not set: the program sets them.
+const REFUSED: &[&str] = &["prompt", "messages", "n", "stream", "model", "echo"];
+/// Settings that make a node a chat node.
+const CHAT_SETTINGS: &[&str] = &["tools", "tool_choice", "parallel_tool_calls"];
 
 /// Why a program is refused before anything runs: the node (or key) and the problem, in words.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -174,6 +192,14 @@ impl Program {
                     return Err(format!("node '{}' names itself", n.id));
                 }
                 d.push(j);
+            }
+            if let Fanout::Map { over, split: Split::ToolCalls } = &n.fanout {
+                if !nodes[index[over.as_str()]].has_tools() {
+                    return Err(format!(
+                        "node '{}' maps over the tool calls of '{over}', which offers no tools; give '{over}' \"tools\"",
+                        n.id
+                    ));
+                }
             }
             d.sort_unstable();
             d.dedup();
@@ -324,6 +350,28 @@ fn node(i: usize, v: &Value, limits: &Limits) -> Result<Node, String> {
             return Err(format!("node '{id}': \"max_tokens\" must be a whole number, got {m}"));
         }
     }
+    let system = match o.get("system") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(x) => return Err(format!("node '{id}': \"system\" must be a string (the system message), got {x}")),
+    };
+    let wants_chat = system.is_some() || CHAT_SETTINGS.iter().any(|k| settings.contains_key(*k));
+    let chat = match o.get("chat") {
+        None | Some(Value::Null) => wants_chat,
+        Some(Value::Bool(true)) => true,
+        Some(Value::Bool(false)) if wants_chat => {
+            return Err(format!(
+                "node '{id}' says \"chat\": false but gives a system message or tools, which only a chat node takes"
+            ))
+        }
+        Some(Value::Bool(false)) => false,
+        Some(x) => return Err(format!("node '{id}': \"chat\" must be true or false, got {x}")),
+    };
+    if matches!(fanout, Fanout::Select(_)) && chat {
+        return Err(format!(
+            "node '{id}': a select scores given continuations of a text prompt; it cannot be a chat node"
+        ));
+    }
     let deadline_s = match o.get("deadline_s") {
         None | Some(Value::Null) => None,
         Some(x) => match x.as_f64() {
@@ -331,7 +379,7 @@ fn node(i: usize, v: &Value, limits: &Limits) -> Result<Node, String> {
             _ => return Err(format!("node '{id}': \"deadline_s\" must be a number of seconds above 0, got {x}")),
         },
     };
-    Ok(Node { id, prompt, fanout, settings, deps: Vec::new(), deadline_s })
+    Ok(Node { id, prompt, fanout, settings, deps: Vec::new(), deadline_s, chat, system })
 }
 
 fn map(id: &str, v: &Value, limits: &Limits) -> Result<Fanout, String> {
@@ -358,6 +406,7 @@ fn map(id: &str, v: &Value, limits: &Limits) -> Result<Fanout, String> {
         None => Split::Lines,
         Some(Value::String(s)) if s == "lines" => Split::Lines,
         Some(Value::String(s)) if s == "json" => Split::Json,
+        Some(Value::String(s)) if s == "tool_calls" => Split::ToolCalls,
         Some(Value::Object(r)) if r.len() == 1 && r.contains_key("regex") => {
             let pat = r["regex"].as_str().ok_or_else(|| format!("node '{id}': \"regex\" must be a string"))?;
             let re =
@@ -365,7 +414,9 @@ fn map(id: &str, v: &Value, limits: &Limits) -> Result<Fanout, String> {
             Split::Regex(re)
         }
         Some(x) => {
-            return Err(format!("node '{id}': \"split\" must be \"lines\", \"json\" or {{\"regex\": R}}, got {x}"))
+            return Err(format!(
+                "node '{id}': \"split\" must be \"lines\", \"json\", \"tool_calls\" or {{\"regex\": R}}, got {x}"
+            ))
         }
     };
     for k in o.keys() {
@@ -514,6 +565,7 @@ pub fn split(how: &Split, text: &str) -> Result<Vec<String>, String> {
                 .collect()
         }
         Split::Regex(re) => re.split(text).filter(|s| !s.is_empty()).map(str::to_string).collect(),
+        Split::ToolCalls => return Err("tool calls are split from the calls the node made, not from its text".into()),
     })
 }
 

@@ -7,14 +7,15 @@
 //! for its rendered prompt and settings. A node that fails fails the nodes that depend on it
 //! and no other; the result names which and why.
 
-use super::graph::{split, Fanout, Node, Program, Width};
+use super::graph::{split, Fanout, Node, Program, Split, Width};
 use crate::constraint::ConstraintError;
 use crate::engine::{Admit, Output, Refused, Request, Sampling, StepProfile};
 use crate::metrics::Metrics;
 use crate::request::choices::Choices;
-use crate::request::completion::{self, Completion, Prompt};
-use crate::request::shape::{prompt_ids, prompted, sampling, Kind};
-use crate::request::ApiError;
+use crate::request::completion::{self, Completion};
+use crate::request::shape::{chat_prompt, prompt_ids, prompted, sampling, Kind};
+use crate::request::tools::{self, Call, Syntax};
+use crate::request::{chat, ApiError};
 use crate::startup::Loaded;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -39,7 +40,7 @@ pub(crate) fn check(p: &Program, l: &Loaded) -> Result<(), CheckError> {
     };
     for n in &p.nodes {
         let node = || n.id.clone();
-        let req = completion(n, vec!["x".into()]).map_err(|err| CheckError::Settings { node: node(), err })?;
+        let req = completion(l, n, vec!["x".into()]).map_err(|err| CheckError::Settings { node: node(), err })?;
         l.constraint(req.constraint.as_ref()).map_err(|err| CheckError::Constraint { node: node(), err })?;
         if let Fanout::Select(choices) = &n.fanout {
             for c in choices {
@@ -69,15 +70,36 @@ pub(crate) enum CheckError {
     EmptyChoice { node: String, choice: String },
 }
 
-/// The node's settings as a completions request for `prompts` (a fork's N as `n`).
-fn completion(n: &Node, prompts: Vec<String>) -> Result<Completion, ApiError> {
+/// The node's settings as a completions request for `prompts` (a fork's N as `n`); a chat
+/// node's as a chat request per prompt (its system message, the prompt as the user's turn)
+/// rendered by the model's template, the prompts then token ids.
+fn completion(l: &Loaded, n: &Node, prompts: Vec<String>) -> Result<Completion, ApiError> {
     let mut body: Map<String, Value> = n.settings.clone();
-    body.insert("prompt".into(), json!(prompts));
     if let Fanout::Fork(k) = n.fanout {
         body.insert("n".into(), json!(k));
     }
-    let bytes = serde_json::to_vec(&Value::Object(body)).expect("JSON");
-    completion::parse(&bytes)
+    if !n.chat {
+        body.insert("prompt".into(), json!(prompts));
+        let bytes = serde_json::to_vec(&Value::Object(body)).expect("JSON");
+        return completion::parse(&bytes);
+    }
+    let mut rendered: Option<Completion> = None;
+    let mut ids = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        let mut messages = Vec::new();
+        if let Some(s) = &n.system {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": p}));
+        body.insert("messages".into(), Value::Array(messages));
+        let bytes = serde_json::to_vec(&Value::Object(body.clone())).expect("JSON");
+        let mut c = chat_prompt(l, chat::parse(&bytes)?)?;
+        ids.append(&mut c.prompts);
+        rendered = Some(c);
+    }
+    let mut req = rendered.expect("a node has at least one prompt");
+    req.prompts = ids;
+    Ok(req)
 }
 
 enum State {
@@ -112,6 +134,10 @@ struct Run<'a> {
     scores: Vec<f64>,
     start_s: Option<f64>,
     end_s: Option<f64>,
+    /// A node with tools: how its calls are written, and the functions offered.
+    tool_calls: Option<(Syntax, Vec<String>)>,
+    /// Each branch's tool calls once done (every one parses against its function's schema).
+    calls: Vec<Vec<Call>>,
 }
 
 impl Run<'_> {
@@ -139,6 +165,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
             scores: Vec::new(),
             start_s: None,
             end_s: None,
+            tool_calls: None,
+            calls: Vec::new(),
         })
         .collect();
     let mut owner: HashMap<u64, (usize, usize)> = HashMap::new();
@@ -162,8 +190,9 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
             }
             if node.deps.iter().all(|&d| matches!(runs[d].state, State::Done)) {
                 match start(ctx, p, i, &runs) {
-                    Ok((branches, choices)) => {
+                    Ok((branches, choices, tool_calls)) => {
                         let r = &mut runs[i];
+                        r.tool_calls = tool_calls;
                         for (j, b) in branches.iter().enumerate() {
                             owner.insert(b.request.id, (i, j));
                         }
@@ -262,7 +291,9 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
             inflight -= 1;
         }
         if r.branches.iter().all(|b| b.done) {
-            match r.branches.iter().position(|b| b.unmet) {
+            // a tool node's calls are read as the chat API reads them: a call cut by max_tokens
+            // is left out and the whole ones kept, so only a text constraint can go unmet
+            match r.branches.iter().position(|b| b.unmet && r.tool_calls.is_none()) {
                 Some(j) => {
                     let max = r.branches[j].request.sampling.max_tokens;
                     fail(r, format!("branch {j}'s output did not meet its constraint within max_tokens ({max})"), t0)
@@ -308,12 +339,39 @@ fn fail(r: &mut Run, why: String, t0: Instant) {
     r.end_s = Some(t0.elapsed().as_secs_f64());
 }
 
-/// A node's branches, as the completions API would build its sequences.
-fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<Branch>, Choices<'a>), String> {
+/// What a node starts with: its branches, their choices as they fill, and (with tools) how its
+/// calls are read back.
+type Started<'a> = (Vec<Branch>, Choices<'a>, Option<(Syntax, Vec<String>)>);
+
+/// A node's branches, as the completions (or chat) API would build its sequences.
+fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<Started<'a>, String> {
     let l = ctx.l;
     let node = &p.nodes[i];
     let texts = |name: &str| p.nodes.iter().position(|n| n.id == name).map(|k| &runs[k].texts[..]);
     let prompts: Vec<String> = match &node.fanout {
+        Fanout::Map { over, split: Split::ToolCalls } => {
+            let k = p.nodes.iter().position(|n| n.id == *over).expect("a checked reference");
+            let items: Vec<String> = runs[k]
+                .calls
+                .iter()
+                .flatten()
+                .map(|c| {
+                    let args: Value = serde_json::from_str(&c.arguments).expect("every call read back parses");
+                    json!({"name": c.name, "arguments": args}).to_string()
+                })
+                .collect();
+            if items.is_empty() {
+                return Err(format!("its map over the tool calls of '{over}' found none: '{over}' called no tool"));
+            }
+            if items.len() > ctx.max_branches {
+                return Err(format!(
+                    "its map over the tool calls of '{over}' found {} calls; at most {} branches are allowed",
+                    items.len(),
+                    ctx.max_branches
+                ));
+            }
+            items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?
+        }
         Fanout::Map { over, split: how } => {
             let input = texts(over).expect("a checked reference").join("\n");
             let items = split(how, &input).map_err(|e| format!("its map over '{over}': {e}"))?;
@@ -332,14 +390,15 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<
         Fanout::Items(items) => items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?,
         _ => vec![node.prompt.render(texts, None)?],
     };
-    let mut req = completion(node, prompts.clone()).map_err(|e| e.message)?;
+    let mut req = completion(l, node, prompts.clone()).map_err(|e| e.message)?;
+    let kind = if node.chat { Kind::Chat } else { Kind::Text };
     if req.seed.is_none() && req.temperature > 0.0 {
         // as the completions API: sampling without a seed draws one
         req.seed = Some(rand::random());
     }
     let mut checked = Vec::new();
-    for text in &prompts {
-        let ids = prompt_ids(l, &Prompt::Text(text.clone())).map_err(|e| e.message)?;
+    for prompt in &req.prompts {
+        let ids = prompt_ids(l, prompt).map_err(|e| e.message)?;
         checked.push(prompted(l, &req, ids).map_err(|e| format!("its rendered prompt: {}", e.message))?);
     }
     let count = match &node.fanout {
@@ -396,19 +455,19 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<(Vec<
         }
         Fanout::Fork(k) => {
             for j in 0..*k {
-                let s = sampling(l, &req, Kind::Text, checked[0].max_tokens, j);
+                let s = sampling(l, &req, kind, checked[0].max_tokens, j);
                 branches.push(branch(j, &prompts[0], &checked[0].ids, s, vec![])?);
             }
         }
         _ => {
             for (j, c) in checked.iter().enumerate() {
-                let s = sampling(l, &req, Kind::Text, c.max_tokens, 0);
+                let s = sampling(l, &req, kind, c.max_tokens, 0);
                 branches.push(branch(j, &prompts[j], &c.ids, s, vec![])?);
             }
         }
     }
     let started = Instant::now();
-    Ok((branches, Choices::new(l, &req, Kind::Text, &ids, started)))
+    Ok((branches, Choices::new(l, &req, kind, &ids, started), req.tool_calls.clone()))
 }
 
 /// A node whose branches are all done: its texts (a select's: the choice of highest mean
@@ -422,6 +481,9 @@ fn finish(node: &Node, r: &mut Run, t0: Instant) {
             r.texts = vec![options[best].clone()];
         }
         _ => r.texts = choices.list.iter().map(|c| c.detok.text().to_string()).collect(),
+    }
+    if let Some((syntax, names)) = &r.tool_calls {
+        r.calls = r.texts.iter().map(|t| tools::read_calls(t, *syntax, names).1).collect();
     }
     r.state = State::Done;
     r.end_s = Some(t0.elapsed().as_secs_f64());
@@ -449,7 +511,7 @@ fn node_value(node: &Node, r: &Run) -> Value {
                 (Fanout::Select(options), _) => options[j].clone(),
                 _ => c.map(|c| c.detok.text().to_string()).unwrap_or_default(),
             };
-            json!({
+            let mut v = json!({
                 "prompt": b.prompt,
                 "text": text,
                 "token_ids": c.map(|c| c.tokens.clone()).unwrap_or_default(),
@@ -458,7 +520,14 @@ fn node_value(node: &Node, r: &Run) -> Value {
                 "end_s": b.end_s,
                 "prompt_tokens": b.request.prompt.len(),
                 "prompt_tokens_computed": b.prompt_computed,
-            })
+            });
+            if let (Some((syntax, names)), Some(c)) = (&r.tool_calls, c) {
+                // as the chat API answers: the text before the calls, and the calls
+                let (content, calls) = tools::read_calls(c.detok.text(), *syntax, names);
+                v["content"] = json!(content);
+                v["tool_calls"] = tools::api_calls(&calls, &format!("{}_{j}", node.id));
+            }
+            v
         })
         .collect();
     let mut v = json!({

@@ -1,5 +1,7 @@
 //! A node's prompt template: text with `{{X}}` (every branch of node X, joined by a newline in
-//! branch order), `{{X[i]}}` (branch i of X) and, in a map node, `{{item}}` (its item).
+//! branch order), `{{X[i]}}` (branch i of X) and, in a map node, `{{item}}` (its item) or
+//! `{{item.F}}` (field F of an item that is a JSON object — a tool call's `name` or
+//! `arguments`, or `item.arguments.city`: a string as it is, anything else as JSON).
 
 use std::collections::BTreeSet;
 
@@ -11,6 +13,8 @@ pub enum Piece {
     Node(String, Option<usize>),
     /// `{{item}}`.
     Item,
+    /// `{{item.a.b}}`: a field of a JSON item, by its path.
+    ItemField(Vec<String>),
 }
 
 /// A parsed template.
@@ -61,7 +65,7 @@ impl Template {
     }
 
     pub fn uses_item(&self) -> bool {
-        self.pieces.contains(&Piece::Item)
+        self.pieces.iter().any(|p| matches!(p, Piece::Item | Piece::ItemField(_)))
     }
 
     /// The text with each reference filled: `branches(X)` gives node X's branch texts, `item`
@@ -76,6 +80,22 @@ impl Template {
             match p {
                 Piece::Text(t) => out.push_str(t),
                 Piece::Item => out.push_str(item.ok_or("{{item}} outside a map node")?),
+                Piece::ItemField(path) => {
+                    let item = item.ok_or("{{item}} outside a map node")?;
+                    let name = format!("{{{{item.{}}}}}", path.join("."));
+                    let v: serde_json::Value = serde_json::from_str(item)
+                        .map_err(|_| format!("{name}: the item is not a JSON object: {}", preview(item)))?;
+                    let mut at = &v;
+                    for f in path {
+                        at = at
+                            .get(f)
+                            .ok_or_else(|| format!("{name}: the item has no field '{f}': {}", preview(item)))?;
+                    }
+                    match at {
+                        serde_json::Value::String(s) => out.push_str(s),
+                        other => out.push_str(&other.to_string()),
+                    }
+                }
                 Piece::Node(n, i) => {
                     let b = branches(n).ok_or_else(|| format!("node '{n}' has no output"))?;
                     match i {
@@ -95,6 +115,15 @@ impl Template {
 fn reference(inner: &str) -> Result<Piece, String> {
     if inner == ITEM {
         return Ok(Piece::Item);
+    }
+    if let Some(path) = inner.strip_prefix("item.") {
+        let path: Vec<String> = path.split('.').map(|f| f.trim().to_string()).collect();
+        if path.iter().any(|f| !valid_id(f)) {
+            return Err(format!(
+                "'{{{{{inner}}}}}': a field path is names of letters, digits, '_' or '-' joined by '.'"
+            ));
+        }
+        return Ok(Piece::ItemField(path));
     }
     let (name, index) = match inner.strip_suffix(']').and_then(|s| s.split_once('[')) {
         Some((n, i)) => {
@@ -146,6 +175,20 @@ mod tests {
         let past = Template::parse("{{expand[3]}}").unwrap().render(get, None).unwrap_err();
         assert!(past.contains("has 3 branch(es)"), "{past}");
         assert_eq!(Template::parse("no refs { } }}").unwrap().pieces, [Piece::Text("no refs { } }}".into())]);
+    }
+
+    #[test]
+    fn an_items_fields_render_strings_as_they_are_and_the_rest_as_json() {
+        let t = Template::parse("{{item.name}}({{ item.arguments }}) in {{item.arguments.city}}").unwrap();
+        assert!(t.uses_item());
+        let none = |_: &str| None;
+        let call = r#"{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}"#;
+        assert_eq!(t.render(none, Some(call)).unwrap(), r#"get_weather({"city":"Paris","days":2}) in Paris"#);
+        let e = t.render(none, Some(r#"{"name": "f", "arguments": {}}"#)).unwrap_err();
+        assert!(e.contains("no field 'city'"), "{e}");
+        let e = t.render(none, Some("plain text")).unwrap_err();
+        assert!(e.contains("not a JSON object"), "{e}");
+        assert!(Template::parse("{{item.}}").unwrap_err().contains("field path"));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! how each choice is sampled. No transport here: the HTTP handlers and the program runner
 //! both call it, so a program's node is sampled exactly as the same completions request.
 
+use super::chat::Chat;
 use super::completion::{Completion, Prompt};
 use super::error::ApiError;
+use super::tools;
 use crate::engine::Sampling;
 use crate::startup::Loaded;
 
@@ -102,4 +104,41 @@ pub(crate) fn sampling(l: &Loaded, req: &Completion, kind: Kind, max_tokens: usi
         },
         top_logprobs: req.logprobs.unwrap_or(0),
     }
+}
+
+/// A chat request as a completion of its rendered conversation's token ids: rendered by the
+/// model's own chat template (with the tools as it takes them, or the generic fallback),
+/// tokenized as it stands (the template writes the special tokens); with tools offered, the
+/// call syntax to read calls back and the grammar that makes a call parse.
+pub(crate) fn chat_prompt(l: &Loaded, chat: Chat) -> Result<Completion, ApiError> {
+    let template = l.chat.as_ref().map_err(|why| ApiError::bad("messages", why.to_string()))?;
+    let tok = l.tokenizer.as_ref().expect("a chat template comes with its tokenizer");
+    let mut req = chat.completion;
+    let text = match &chat.tools {
+        // (a conversation may still hold calls and results when no tools are offered now)
+        None => template.render(&chat.messages, chat.add_generation_prompt, &chat.template_kwargs),
+        Some(t) => {
+            let syntax = tools::syntax_of(template.takes_tools(), |s| template.mentions(s));
+            if t.choice != tools::Choice::None {
+                req.tool_calls = Some((syntax, tools::names(t)));
+                req.constraint = tools::grammar(t, syntax).map(crate::constraint::Spec::Lark);
+            }
+            match syntax {
+                tools::Syntax::Generic => {
+                    let messages = tools::generic_messages(&chat.messages, t);
+                    template.render(&messages, chat.add_generation_prompt, &chat.template_kwargs)
+                }
+                _ => template.render_with_tools(
+                    &chat.messages,
+                    Some(&t.list),
+                    chat.add_generation_prompt,
+                    &chat.template_kwargs,
+                ),
+            }
+        }
+    }
+    .map_err(|e| ApiError::bad("messages", e))?;
+    let ids = tok.encode_plain(&text).map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    req.prompts = vec![Prompt::Ids(ids)];
+    Ok(req)
 }
