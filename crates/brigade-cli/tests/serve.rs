@@ -521,11 +521,14 @@ async fn tools_reach_the_template_and_required_calls_always_parse() {
                 let events = s.stream_to("/v1/chat/completions", sb).await;
                 let mut got: Vec<(String, String, String)> = Vec::new();
                 let mut finish = Value::Null;
+                let mut content = String::new();
                 for e in &events {
                     let ch = &e["choices"][0];
+                    assert!(finish.is_null(), "nothing after the finish: {e}");
                     if !ch["finish_reason"].is_null() {
                         finish = ch["finish_reason"].clone();
                     }
+                    content.push_str(ch["delta"]["content"].as_str().unwrap_or(""));
                     for d in ch["delta"]["tool_calls"].as_array().into_iter().flatten() {
                         let k = d["index"].as_u64().unwrap() as usize;
                         if k == got.len() {
@@ -544,6 +547,7 @@ async fn tools_reach_the_template_and_required_calls_always_parse() {
                     }
                 }
                 assert_eq!(finish, "tool_calls");
+                assert_eq!(content, c["message"]["content"].as_str().unwrap_or(""), "{name}: streamed content");
                 let want: Vec<(String, String, String)> = calls
                     .iter()
                     .map(|c| {

@@ -56,6 +56,12 @@ fn hermes_calls_parse_in_every_mode() {
     assert!(!allows(&g, &tok, &required, &call("get_weather", r#"{"town": "Paris"}"#)), "an argument the schema lacks");
     assert!(!allows(&g, &tok, &required, &call("get_weather", r#"{"city": 5}"#)), "a number for a string");
     assert!(!allows(&g, &tok, &required, &call("rm_rf", r#"{}"#)), "an unknown function");
+    // get-time's schema does not say additionalProperties: a call still takes only what it declares
+    assert!(allows(&g, &tok, &required, &call("get-time", r#"{"zone": "UTC"}"#)));
+    assert!(
+        !allows(&g, &tok, &required, &call("get-time", r#"{"zone": "UTC", "format": "24h"}"#)),
+        "an argument get-time does not declare"
+    );
     assert!(!allows(&g, &tok, &required, &call("get_weather", r#"{ "city":"Paris"}"#)), "free whitespace");
     let one = tools::grammar(&tools(json!("required"), false), Syntax::Hermes).unwrap();
     assert!(allows(&g, &tok, &one, &w) && !allows(&g, &tok, &one, &format!("{w}\n{t}")), "one call without parallel");

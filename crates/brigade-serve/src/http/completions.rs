@@ -8,7 +8,7 @@ use crate::engine::{Admit, Output, Refused, Request};
 use crate::request::choices::Choices;
 use crate::request::completion::{self, Completion};
 use crate::request::shape::{prompt_ids, prompted, sampling, Kind, Prompted};
-use crate::request::ApiError;
+use crate::request::{tools, ApiError};
 use crate::startup::Loaded;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -190,11 +190,10 @@ async fn whole(
             };
             v["finish_reason"] = json!(c.finish);
             if let (Kind::Chat, Some((syntax, names))) = (kind, &req.tool_calls) {
-                let (content, calls) = crate::request::tools::read_calls(c.detok.text(), *syntax, names);
+                let (content, calls) = tools::read_calls(c.detok.text(), *syntax, names);
                 if !calls.is_empty() {
                     v["message"]["content"] = if content.is_empty() { Value::Null } else { json!(content) };
-                    v["message"]["tool_calls"] =
-                        crate::request::tools::api_calls(&calls, &format!("{}_{i}", choices.base));
+                    v["message"]["tool_calls"] = tools::api_calls(&calls, &format!("{}_{i}", choices.base));
                     v["finish_reason"] = json!("tool_calls");
                 }
             }
@@ -259,6 +258,14 @@ fn stream(
                 }
             }
         }
+        // with tools, each chat choice is read for calls as it streams
+        let mut streams: Vec<Option<tools::Stream>> = match (kind, &req.tool_calls) {
+            (Kind::Chat, Some((syntax, names))) => {
+                (0..choices.list.len()).map(|_| Some(tools::Stream::new(*syntax, names.clone()))).collect()
+            }
+            _ => Vec::new(),
+        };
+        let mut called_any = vec![false; choices.list.len()];
         let mut engine_rx = match submitted {
             Ok(rx) => rx,
             Err(e) => {
@@ -286,36 +293,35 @@ fn stream(
             let from = choices.list[(o.id - choices.base) as usize].lp.len();
             let Some((i, piece)) = choices.take(&o, &app.metrics) else { continue };
             let c = &choices.list[i];
-            if let (Kind::Chat, Some((syntax, names))) = (kind, &req.tool_calls) {
-                // with tools, a choice is sent once it ends: its text before any call, then
-                // each call (its index, id and name once, its arguments in pieces), then its finish
-                if c.finish.is_none() {
-                    continue;
-                }
-                let text = c.detok.text();
-                let (content, calls) = crate::request::tools::read_calls(text, *syntax, names);
+            if let Some(stream) = streams.get_mut(i).and_then(Option::as_mut) {
+                // with tools: the text before the first call as it comes, each call once it is
+                // whole (its index, id and name once, its arguments in pieces), then the finish
                 let mut chunks = Vec::new();
-                if !content.is_empty() {
-                    chunks.push(
-                        json!({"index": i, "delta": {"content": content}, "logprobs": null, "finish_reason": null}),
-                    );
-                }
-                let api = crate::request::tools::api_calls(&calls, &format!("{}_{i}", choices.base));
-                for (k, call) in api.as_array().into_iter().flatten().enumerate() {
-                    let f = &call["function"];
-                    chunks.push(
-                        json!({"index": i, "delta": {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                        "function": {"name": f["name"], "arguments": ""}}]}, "logprobs": null, "finish_reason": null}),
-                    );
-                    let args: Vec<char> = f["arguments"].as_str().unwrap_or_default().chars().collect();
-                    for piece in args.chunks(16) {
-                        let piece: String = piece.iter().collect();
-                        chunks.push(json!({"index": i, "delta": {"tool_calls": [{"index": k, "function": {"arguments": piece}}]},
-                            "logprobs": null, "finish_reason": null}));
+                let mut called = false;
+                for d in stream.feed(c.detok.text(), c.finish.is_some()) {
+                    match d {
+                        tools::Delta::Content(text) => chunks.push(
+                            json!({"index": i, "delta": {"content": text}, "logprobs": null, "finish_reason": null}),
+                        ),
+                        tools::Delta::Call(k, call) => {
+                            called = true;
+                            let id = tools::call_id(&format!("{}_{i}", choices.base), k);
+                            chunks.push(json!({"index": i, "delta": {"tool_calls": [{"index": k, "id": id, "type": "function",
+                                "function": {"name": call.name, "arguments": ""}}]}, "logprobs": null, "finish_reason": null}));
+                            let args: Vec<char> = call.arguments.chars().collect();
+                            for piece in args.chunks(16) {
+                                let piece: String = piece.iter().collect();
+                                chunks.push(json!({"index": i, "delta": {"tool_calls": [{"index": k, "function": {"arguments": piece}}]},
+                                    "logprobs": null, "finish_reason": null}));
+                            }
+                        }
                     }
                 }
-                let finish = if calls.is_empty() { json!(c.finish) } else { json!("tool_calls") };
-                chunks.push(json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish}));
+                called_any[i] |= called;
+                if c.finish.is_some() {
+                    let finish = if called_any[i] { json!("tool_calls") } else { json!(c.finish) };
+                    chunks.push(json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish}));
+                }
                 for ch in chunks {
                     if tx.send(event(&chunk_of(ch))).await.is_err() {
                         return;

@@ -304,11 +304,50 @@ pub fn generic_messages(messages: &Value, tools: &Tools) -> Value {
 /// JSON written as the templates show it: `", "` and `": "`, no other whitespace.
 const COMPACT: &str = r#""x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
 
-/// One call's JSON schema: the function's name as a constant, then its arguments' schema.
+/// A parameters schema whose objects take only the properties they name: every object schema
+/// with `properties` and no `additionalProperties` gets `additionalProperties: false` (as
+/// llama.cpp's grammar converter treats an absent one). A function takes the arguments it
+/// declares; JSON Schema's default would let a call add any others, which no function accepts.
+/// The schema the template shows the model is left as given.
+fn closed(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => {
+            let mut out: serde_json::Map<String, Value> = o
+                .iter()
+                .map(|(k, x)| {
+                    let x = match k.as_str() {
+                        // maps of names to schemas
+                        "properties" | "$defs" | "definitions" | "patternProperties" => match x {
+                            Value::Object(m) => Value::Object(m.iter().map(|(n, s)| (n.clone(), closed(s))).collect()),
+                            other => other.clone(),
+                        },
+                        // schemas, or lists of them
+                        "items" | "anyOf" | "oneOf" | "allOf" | "prefixItems" | "additionalProperties" | "not" => {
+                            match x {
+                                Value::Array(a) => Value::Array(a.iter().map(closed).collect()),
+                                other => closed(other),
+                            }
+                        }
+                        _ => x.clone(),
+                    };
+                    (k.clone(), x)
+                })
+                .collect();
+            if out.contains_key("properties") && !out.contains_key("additionalProperties") {
+                out.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
+}
+
+/// One call's JSON schema: the function's name as a constant, then its arguments' schema
+/// (closed: no arguments it does not declare).
 fn call_schema(name: &str, params: &Value, args_key: &str) -> Value {
     json!({
         "type": "object",
-        "properties": {"name": {"const": name}, args_key: params},
+        "properties": {"name": {"const": name}, args_key: closed(params)},
         "required": ["name", args_key],
         "additionalProperties": false,
     })
@@ -413,7 +452,11 @@ pub fn read_calls(text: &str, syntax: Syntax, names: &[String]) -> (String, Vec<
             (String::new(), calls)
         }
         Syntax::Generic => {
-            let Ok(v) = serde_json::from_str::<Value>(text.trim()) else { return (text.to_string(), Vec::new()) };
+            let Ok(v) = serde_json::from_str::<Value>(text.trim()) else {
+                // cut by max_tokens inside the list: the calls written whole before the cut
+                let calls = whole_calls(text).iter().map_while(|c| as_call(c, "arguments")).collect::<Vec<_>>();
+                return if calls.is_empty() { (text.to_string(), calls) } else { (String::new(), calls) };
+            };
             if let Some(list) = v.get("tool_calls").and_then(Value::as_array) {
                 let calls: Option<Vec<Call>> = list.iter().map(|c| as_call(c, "arguments")).collect();
                 if let Some(calls) = calls.filter(|c| !c.is_empty()) {
@@ -428,15 +471,107 @@ pub fn read_calls(text: &str, syntax: Syntax, names: &[String]) -> (String, Vec<
     }
 }
 
+/// The elements written whole at the start of a generic answer's `{"tool_calls": [` list whose
+/// end was cut off (the compact form the grammar writes: `, ` between elements).
+fn whole_calls(text: &str) -> Vec<Value> {
+    let Some(mut rest) = text.trim_start().strip_prefix(r#"{"tool_calls": ["#) else { return Vec::new() };
+    let mut out = Vec::new();
+    loop {
+        let mut it = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match it.next() {
+            Some(Ok(v)) => {
+                out.push(v);
+                rest = &rest[it.byte_offset()..];
+            }
+            _ => return out,
+        }
+        match rest.strip_prefix(", ") {
+            Some(r) => rest = r,
+            None => return out,
+        }
+    }
+}
+
+/// What a streamed choice with tools sends next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Delta {
+    /// Text of the message's content.
+    Content(String),
+    /// Call `index`, whole (it is sent as its id and name, then its arguments in pieces).
+    Call(usize, Call),
+}
+
+/// A choice with tools, streamed as it is generated: the text before the first call as it comes
+/// (holding back what may still turn out to start a call: a partial `<tool_call>` and the
+/// whitespace before it, which the content loses), then each call as soon as it is whole. What
+/// it sends adds up to what [`read_calls`] reads from the whole text: the same content, the same
+/// calls. The Hermes syntax only; the others (whose text is JSON from its first character, or
+/// not a call at all) are read once the choice ends.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    syntax: Syntax,
+    names: Vec<String>,
+    /// Bytes of the text sent as content.
+    sent: usize,
+    /// Calls sent.
+    calls: usize,
+}
+
+impl Stream {
+    pub fn new(syntax: Syntax, names: Vec<String>) -> Stream {
+        Stream { syntax, names, sent: 0, calls: 0 }
+    }
+
+    /// What to send now that the choice's text is `text` (`ended`: it will not grow).
+    pub fn feed(&mut self, text: &str, ended: bool) -> Vec<Delta> {
+        let mut out = Vec::new();
+        if self.syntax != Syntax::Hermes && !ended {
+            return out;
+        }
+        let (content, calls) = read_calls(text, self.syntax, &self.names);
+        // content that is final: with a call read, the text before it; at the end, all of it
+        let upto = if !calls.is_empty() || ended {
+            content.len()
+        } else {
+            let cut = match text.find(TOOL_CALL) {
+                Some(at) => at,
+                None => text.len() - partial_open(text),
+            };
+            text[..cut].trim_end().len()
+        };
+        if upto > self.sent {
+            out.push(Delta::Content(text[self.sent..upto].to_string()));
+            self.sent = upto;
+        }
+        for (k, c) in calls.into_iter().enumerate().skip(self.calls) {
+            out.push(Delta::Call(k, c));
+            self.calls = k + 1;
+        }
+        out
+    }
+}
+
+const TOOL_CALL: &str = "<tool_call>";
+
+/// Bytes at the end of `text` that begin `<tool_call>` (a call's opening, cut mid-way).
+fn partial_open(text: &str) -> usize {
+    (1..TOOL_CALL.len()).rev().find(|&n| text.ends_with(&TOOL_CALL[..n])).unwrap_or(0)
+}
+
 /// The calls as the API returns them (`message.tool_calls`), with ids `call_<base>_<k>`.
 pub fn api_calls(calls: &[Call], base: &str) -> Value {
     Value::Array(
         calls
             .iter()
             .enumerate()
-            .map(|(k, c)| json!({"id": format!("call_{base}_{k}"), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .map(|(k, c)| json!({"id": call_id(base, k), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
             .collect(),
     )
+}
+
+/// Call `k`'s id among calls numbered from `base`.
+pub fn call_id(base: &str, k: usize) -> String {
+    format!("call_{base}_{k}")
 }
 
 /// The functions' names, in order.
@@ -514,6 +649,102 @@ mod tests {
         );
         assert_eq!(calls[0].name, "get-time");
         assert_eq!(read_calls(r#"{"response": "hi"}"#, Syntax::Generic, &names), ("hi".to_string(), vec![]));
+        // a generic list cut by max_tokens: the calls written whole before the cut, and no other
+        let cut = r#"{"tool_calls": [{"name": "get-time", "arguments": {"zone": "X"}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "argu"#;
+        let (content, calls) = read_calls(cut, Syntax::Generic, &names);
+        assert_eq!((content.as_str(), calls.len()), ("", 2));
+        assert_eq!(calls[1].arguments, r#"{"city":"Oslo"}"#);
+        let (content, calls) = read_calls(r#"{"tool_calls": [{"name": "get-time", "argu"#, Syntax::Generic, &names);
+        assert!(calls.is_empty() && content.starts_with("{\"tool_calls\""));
+        // an unknown function ends what is read
+        let odd = r#"{"tool_calls": [{"name": "rm", "arguments": {}}, {"name": "get-time", "arguments": {}}, {"#;
+        assert!(read_calls(odd, Syntax::Generic, &names).1.is_empty());
+    }
+
+    /// Every way of cutting `text` into two pieces, and token-like pieces of 3 bytes: what the
+    /// stream sends adds up to what `read_calls` reads from the whole.
+    fn streams_like_the_whole(text: &str, syntax: Syntax, names: &[String]) -> Vec<Delta> {
+        let (content, calls) = read_calls(text, syntax, names);
+        let cuts: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+        let mut first = Vec::new();
+        let mut plans: Vec<Vec<usize>> = cuts.iter().map(|&c| vec![c, text.len()]).collect();
+        plans.push(cuts.iter().copied().step_by(3).chain([text.len()]).collect());
+        for plan in plans {
+            let mut s = Stream::new(syntax, names.to_vec());
+            let mut deltas = Vec::new();
+            for &end in &plan {
+                deltas.extend(s.feed(&text[..end], false));
+            }
+            deltas.extend(s.feed(text, true));
+            let sent: String = deltas
+                .iter()
+                .filter_map(|d| match d {
+                    Delta::Content(c) => Some(c.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let got: Vec<Call> = deltas
+                .iter()
+                .filter_map(|d| match d {
+                    Delta::Call(_, c) => Some(c.clone()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!((sent.as_str(), &got), (content.as_str(), &calls), "{text:?} cut at {plan:?}");
+            if first.is_empty() {
+                first = deltas;
+            }
+        }
+        first
+    }
+
+    #[test]
+    fn a_streamed_choice_with_tools_adds_up_to_the_whole_and_sends_text_early() {
+        let names = vec!["get_weather".to_string(), "get-time".to_string()];
+        let w = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let t = "<tool_call>\n{\"name\": \"get-time\", \"arguments\": {\"zone\": \"UTC\"}}\n</tool_call>";
+        for text in [
+            format!("Let me check the <tool weather.  \n{w}\n{t}"),
+            format!("{w}\n{t}"),
+            "Just text, < and <tool_ in it \n".to_string(),
+            format!("Text then a cut call {}", &w[..30]),
+            format!("Text, a call, then a broken one\n{w}\n<tool_call>\n{{\"name\": \"rm\"}}\n</tool_call>"),
+            "<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call> after".to_string(),
+            "ünïcödé ✓ <tool_call>".to_string(),
+        ] {
+            streams_like_the_whole(&text, Syntax::Hermes, &names);
+        }
+        // cut in two just after the first call: the text and the first call go before the end
+        let text = format!("Let me check.\n{w}\n{t}");
+        let mut s = Stream::new(Syntax::Hermes, names.clone());
+        let early = s.feed(&text[..text.find(t).unwrap()], false);
+        assert_eq!(early.len(), 2, "{early:?}");
+        assert_eq!(early[0], Delta::Content("Let me check.".into()));
+        assert!(matches!(&early[1], Delta::Call(0, c) if c.name == "get_weather"));
+        // the other syntaxes: everything at the end
+        let g = r#"{"tool_calls": [{"name": "get-time", "arguments": {"zone": "X"}}]}"#;
+        let mut s = Stream::new(Syntax::Generic, names.clone());
+        assert!(s.feed(&g[..20], false).is_empty() && s.feed(g, false).is_empty());
+        streams_like_the_whole(g, Syntax::Generic, &names);
+        streams_like_the_whole(r#"{"name": "get-time", "parameters": {"zone": "X"}}"#, Syntax::Llama3, &names);
+        streams_like_the_whole("plain words", Syntax::Llama3, &names);
+    }
+
+    #[test]
+    fn a_calls_schema_takes_only_the_arguments_it_declares() {
+        let params = json!({"type": "object", "properties": {"where": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}},
+            "extra": {"type": "object", "properties": {}, "additionalProperties": true}}, "required": ["where"]});
+        let c = closed(&params);
+        assert_eq!(c["additionalProperties"], false);
+        assert_eq!(c["properties"]["where"]["additionalProperties"], false);
+        assert_eq!(c["properties"]["tags"]["items"]["additionalProperties"], false);
+        // what the schema says is kept
+        assert_eq!(c["properties"]["extra"]["additionalProperties"], true);
+        assert_eq!(c["required"], json!(["where"]));
+        // a string property named like a keyword is not a schema
+        let p = json!({"type": "object", "properties": {"items": {"type": "string"}}});
+        assert_eq!(closed(&p)["properties"]["items"], json!({"type": "string"}));
     }
 
     #[test]
