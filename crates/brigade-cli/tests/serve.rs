@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::ok;
 use common::server::{chat_model_of, checkpoint, fixture_tokenizer, start};
+use common::{fails_with, ok};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -812,4 +812,45 @@ async fn embeddings_equal_brigade_embeds_bit_for_bit() {
     let (st, e) = g.post_to("/v1/embeddings", json!({"input": "x"})).await;
     assert_eq!((st, e["error"]["param"].as_str()), (400, Some("model")), "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("--embedding-model"));
+}
+
+/// `bench serve --tools N`: each load with `tool_choice` none and required, and the grammar's
+/// compile counted once — the same tools again start from the cached grammar.
+#[test]
+fn bench_serve_with_tools_compiles_the_grammar_once() {
+    let Some(model) = chat_model_of("qwen2", 1024) else { return };
+    let cwd = std::env::temp_dir();
+    fails_with(&["bench", "serve", "--tools", "3", "--concurrency", "1"], &cwd, "--tools sends chat requests");
+    let args = [
+        "bench",
+        "serve",
+        "--checkpoint",
+        model.path().to_str().unwrap(),
+        "--tools",
+        "3",
+        "--concurrency",
+        "2",
+        "--requests",
+        "2",
+        "--output-len",
+        "24",
+        "--threads",
+        "2",
+        "--json",
+    ];
+    let out = ok(&args, &cwd);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tools"], 3);
+    let g = &v["grammar"];
+    assert!(g["first_compile_ms"].as_f64().unwrap() > 0.0, "{g}");
+    // (a request looks its grammar up when it is checked and again when it is admitted)
+    assert_eq!(g["compiles_again"].as_f64(), Some(0.0), "{g}");
+    assert!(g["cache_hits_again"].as_f64().unwrap() >= 1.0, "{g}");
+    let rows = v["rows"].as_array().unwrap();
+    let choices: Vec<&str> = rows.iter().map(|r| r["tool_choice"].as_str().unwrap()).collect();
+    assert_eq!(choices, ["none", "required"]);
+    for r in rows {
+        assert_eq!((r["requests"].as_u64(), r["failed"].as_u64()), (Some(2), Some(0)), "{r}");
+        assert!(r["output_tokens_per_s"].as_f64().unwrap() > 0.0);
+    }
 }

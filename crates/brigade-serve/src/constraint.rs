@@ -5,6 +5,7 @@
 //! tokens, so constrained outputs stay batch-invariant.
 
 use crate::engine::Constrain;
+use crate::metrics::GrammarCounters;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
@@ -79,6 +80,7 @@ pub enum ConstraintError {
 pub struct Grammars {
     factory: Arc<ParserFactory>,
     compiled: std::sync::Mutex<std::collections::HashMap<String, llguidance::TokenParser>>,
+    counters: GrammarCounters,
 }
 
 /// Compiled grammars kept (the oldest are not tracked: past this many, the cache starts over).
@@ -96,7 +98,13 @@ impl Grammars {
         let env = bt.into_tok_env(Some(vocab)).map_err(|e| unavailable(&e))?;
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| unavailable(&e))?;
         factory.set_stderr_log_level(0);
-        Ok(Grammars { factory: Arc::new(factory), compiled: Default::default() })
+        Ok(Grammars { factory: Arc::new(factory), compiled: Default::default(), counters: Default::default() })
+    }
+
+    /// Counts compiles, their time and cache hits in `c` (the server's metrics).
+    pub fn counted(mut self, c: GrammarCounters) -> Grammars {
+        self.counters = c;
+        self
     }
 
     /// A fresh constraint for one sequence; a spec that does not compile is an error naming why.
@@ -104,10 +112,16 @@ impl Grammars {
         let key = format!("{spec:?}");
         let cached = self.compiled.lock().unwrap_or_else(|p| p.into_inner()).get(&key).map(|p| p.deep_clone());
         let parser = match cached {
-            Some(p) => p,
+            Some(p) => {
+                self.counters.cache_hits.inc();
+                p
+            }
             None => {
+                let t0 = std::time::Instant::now();
                 let p =
                     self.factory.create_parser(spec.grammar()).map_err(|e| ConstraintError::Compile(e.to_string()))?;
+                self.counters.compiles.inc();
+                self.counters.compile_seconds.inc_by(t0.elapsed().as_secs_f64());
                 let mut c = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
                 if c.len() >= KEPT {
                     c.clear();

@@ -7,7 +7,17 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+
+/// What the structured-output engine counts: grammars compiled, the seconds their compiling
+/// took, and constraints that started from a cached compiled grammar instead.
+#[derive(Clone, Debug, Default)]
+pub struct GrammarCounters {
+    pub compiles: Counter,
+    pub compile_seconds: Counter<f64, AtomicU64>,
+    pub cache_hits: Counter,
+}
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -26,6 +36,7 @@ pub struct Metrics {
     /// blocks and the bytes of its weights (so a scrape shows that N ranks run, each with 1/N).
     pub rank_kv_blocks: Family<Vec<(String, String)>, Gauge>,
     pub rank_weight_bytes: Family<Vec<(String, String)>, Gauge>,
+    pub grammars: GrammarCounters,
     registry: Arc<Registry>,
 }
 
@@ -69,7 +80,24 @@ impl Metrics {
             "Bytes of the weights each tensor-parallel rank holds",
             rank_weight_bytes.clone(),
         );
+        let grammars = GrammarCounters::default();
+        r.register(
+            "brigade_grammar_compiles",
+            "Grammars compiled (tools, structured outputs)",
+            grammars.compiles.clone(),
+        );
+        r.register(
+            "brigade_grammar_compile_seconds",
+            "Seconds spent compiling grammars",
+            grammars.compile_seconds.clone(),
+        );
+        r.register(
+            "brigade_grammar_cache_hits",
+            "Constraints started from a cached compiled grammar",
+            grammars.cache_hits.clone(),
+        );
         Metrics {
+            grammars,
             requests,
             waiting,
             running,

@@ -185,6 +185,7 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
         block_size: o.block_size,
         max_running: o.max_running,
         grammars: std::sync::OnceLock::new(),
+        grammar_counters: metrics.grammars.clone(),
     })
 }
 
@@ -206,6 +207,8 @@ pub struct Loaded {
     pub(crate) max_running: usize,
     /// The structured-output engine over the tokenizer, built at the first constrained request.
     pub(crate) grammars: OnceLock<Result<Grammars, ConstraintError>>,
+    /// Where the grammars count their compiles and cache hits (the server's metrics).
+    grammar_counters: crate::metrics::GrammarCounters,
 }
 
 impl Loaded {
@@ -227,7 +230,7 @@ impl Loaded {
         self.grammars
             .get_or_init(|| match &self.tokenizer {
                 Some(brigade::models::tokenizer::Tokenizer::Hf(_, path, ..)) => {
-                    Grammars::load(path, self.vocab, &self.eos)
+                    Grammars::load(path, self.vocab, &self.eos).map(|g| g.counted(self.grammar_counters.clone()))
                 }
                 _ => Err(ConstraintError::Unavailable(
                     "structured outputs need the model's tokenizer.json; this model has none".into(),

@@ -32,6 +32,57 @@ pub struct Load {
     /// Prompts are random token ids below this.
     pub vocab: usize,
     pub seed: u64,
+    /// Chat requests offering this many tools with this `tool_choice` instead of completions of
+    /// random ids (`bench serve --tools N`).
+    pub tools: Option<(usize, &'static str)>,
+}
+
+/// `n` functions as an agent offers them: a name, a description, a schema of a few arguments.
+pub fn bench_tools(n: usize) -> Value {
+    Value::Array(
+        (0..n)
+            .map(|k| {
+                json!({"type": "function", "function": {"name": format!("lookup_{k}"),
+                    "description": format!("Looks up fact {k} about a city: its weather, time or population."),
+                    "parameters": {"type": "object", "properties": {
+                        "city": {"type": "string", "description": "The city's name"},
+                        "days": {"type": "integer", "description": "How many days ahead"},
+                        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city"]}}})
+            })
+            .collect(),
+    )
+}
+
+/// The server's grammar counters (`brigade serve`'s `/metrics`): compiles, seconds compiling,
+/// cache hits; `None` from a server without them.
+pub async fn grammar_counts(url: &str) -> Option<(f64, f64, f64)> {
+    let text = reqwest::get(format!("{url}/metrics")).await.ok()?.text().await.ok()?;
+    let get = |name: &str| text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()));
+    Some((
+        get("brigade_grammar_compiles_total ")?,
+        get("brigade_grammar_compile_seconds_total ")?,
+        get("brigade_grammar_cache_hits_total ")?,
+    ))
+}
+
+/// The request body of one request of `load` (a completion of `prompt`, or a chat with tools).
+fn body_of(load: &Load, prompt: Vec<u32>) -> (Value, &'static str) {
+    let mut body = match load.tools {
+        None => json!({"prompt": prompt, "max_tokens": load.output_len, "temperature": 0, "stream": true,
+            "ignore_eos": true}),
+        // a chat ends where the model ends it (a call, or an answer): the tokens are counted by
+        // the usage the server reports, not by its events (a call's arguments come in pieces)
+        Some((n, choice)) => {
+            json!({"messages": [{"role": "user", "content": "What will the weather be in Paris over the next 3 days, and what time is it there?"}],
+            "tools": bench_tools(n), "tool_choice": choice, "max_tokens": load.output_len, "temperature": 0,
+            "stream": true, "stream_options": {"include_usage": true}})
+        }
+    };
+    if let Some(m) = &load.model {
+        body["model"] = json!(m);
+    }
+    (body, if load.tools.is_some() { "/v1/chat/completions" } else { "/v1/completions" })
 }
 
 /// One load's figures.
@@ -67,13 +118,9 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// One streamed request: the time to its first token and the gaps between the next ones.
 async fn one(client: &reqwest::Client, load: &Load, prompt: Vec<u32>) -> Result<Sample> {
-    let mut body = json!({"prompt": prompt, "max_tokens": load.output_len, "temperature": 0, "stream": true,
-        "ignore_eos": true});
-    if let Some(m) = &load.model {
-        body["model"] = json!(m);
-    }
+    let (body, path) = body_of(load, prompt);
     let mut t0 = Instant::now();
-    let mut r = client.post(format!("{}/v1/completions", load.url)).json(&body).send().await;
+    let mut r = client.post(format!("{}{path}", load.url)).json(&body).send().await;
     for _ in 0..3 {
         if !r.as_ref().is_err_and(|e| e.is_request() || e.is_connect()) {
             break;
@@ -81,7 +128,7 @@ async fn one(client: &reqwest::Client, load: &Load, prompt: Vec<u32>) -> Result<
         // a pooled keep-alive connection the server had closed (llama-server closes one after
         // a few requests): the request never reached it; send it again, timed afresh
         t0 = Instant::now();
-        r = client.post(format!("{}/v1/completions", load.url)).json(&body).send().await;
+        r = client.post(format!("{}{path}", load.url)).json(&body).send().await;
     }
     let r = r?;
     if !r.status().is_success() {
@@ -90,6 +137,7 @@ async fn one(client: &reqwest::Client, load: &Load, prompt: Vec<u32>) -> Result<
     let mut stream = r.bytes_stream();
     let mut buf = Vec::new();
     let (mut last, mut ttft, mut gaps, mut tokens) = (t0, None, Vec::new(), 0);
+    let mut usage = None;
     while let Some(chunk) = stream.next().await {
         buf.extend_from_slice(&chunk?);
         while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
@@ -104,7 +152,18 @@ async fn one(client: &reqwest::Client, load: &Load, prompt: Vec<u32>) -> Result<
             if v.get("error").is_some() {
                 bail!("the server failed mid-stream: {data}");
             }
-            let generated = v["choices"].as_array().is_some_and(|c| !c.is_empty());
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                usage = Some(n as usize);
+            }
+            let generated = v["choices"].as_array().is_some_and(|c| match load.tools {
+                None => !c.is_empty(),
+                // a chat's first event (its role, no text) is sent before any token
+                Some(_) => c.iter().any(|c| {
+                    c["delta"]["content"].as_str().is_some_and(|t| !t.is_empty())
+                        || c["delta"].get("tool_calls").is_some()
+                        || !c["finish_reason"].is_null()
+                }),
+            });
             if !generated {
                 continue;
             }
@@ -117,7 +176,7 @@ async fn one(client: &reqwest::Client, load: &Load, prompt: Vec<u32>) -> Result<
             tokens += 1;
         }
     }
-    Ok(Sample { ttft: ttft.context("no token came back")?, gaps, tokens })
+    Ok(Sample { ttft: ttft.context("no token came back")?, gaps, tokens: usage.unwrap_or(tokens) })
 }
 
 fn prompt(rng: &mut ChaCha8Rng, load: &Load) -> Vec<u32> {

@@ -314,6 +314,7 @@ async fn measure(f: &Flags, url: &str) -> Result<()> {
             output_len: 256,
             vocab: 50_000,
             seed: 3,
+            tools: None,
         };
         let alone = loadgen::run(&load).await?;
         if !f.json {

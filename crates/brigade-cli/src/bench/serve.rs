@@ -6,7 +6,7 @@
 //! (one request) and the matmul rate (many).
 
 use super::args::LoadArgs;
-use super::loadgen::{self, Arrivals, Load, Row};
+use super::loadgen::{self, Arrivals, Load};
 use anyhow::{bail, Context, Result};
 use brigade::models::GptConfig;
 use brigade_serve::http;
@@ -42,10 +42,16 @@ pub struct Flags {
     /// How the server holds the matrices (as `brigade serve --weights`).
     #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::F32)]
     pub(crate) weights: crate::serve_cmd::Weights,
+    /// Chat requests offering N tools instead: each load runs with `tool_choice: "none"` and
+    /// then `"required"` (the calls held to their schemas), their output tokens/s side by side,
+    /// and the grammar's compile time the first time and cached after (needs a --checkpoint
+    /// with a chat template, or --url).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) tools: usize,
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    let Flags { load: l, checkpoint, url, rate, requests, tp, seed, weights } = f;
+    let Flags { load: l, checkpoint, url, rate, requests, tp, seed, weights, tools } = f;
 
     crate::threads::check_threads(l.threads, "--threads")?;
     measure(Run {
@@ -62,6 +68,7 @@ pub fn run(f: Flags) -> Result<()> {
         threads: l.threads,
         seed,
         json: l.json,
+        tools,
     })
 }
 
@@ -80,6 +87,7 @@ struct Run {
     weights: WeightFormat,
     seed: u64,
     json: bool,
+    tools: usize,
 }
 
 /// Weight bytes read per step and floating-point operations per generated token.
@@ -111,6 +119,12 @@ fn measure(a: Run) -> Result<()> {
         Some(d) => Source::Checkpoint(d.clone()),
         None => Source::Preset(a.model.clone()),
     };
+    if a.tools > 0 && a.checkpoint.is_none() && a.url.is_none() {
+        bail!("--tools sends chat requests: give --checkpoint DIR with a chat template (e.g. SmolLM2-135M-Instruct's folder) or --url");
+    }
+    if a.tools > 128 {
+        bail!("--tools takes at most 128 tools, got {}", a.tools);
+    }
     let cfg = source.config()?;
     if a.prompt_len == 0 || a.output_len == 0 || a.prompt_len + a.output_len > cfg.block_size {
         bail!(
@@ -143,8 +157,31 @@ fn measure(a: Run) -> Result<()> {
         output_len: a.output_len.min(8),
         vocab: cfg.vocab_size,
         seed: a.seed,
+        tools: None,
     };
     rt.block_on(loadgen::run(&base)).context("the warm-up request failed")?;
+    // with tools: the grammar compiled by the first required request, and cached for the next
+    let mut grammar = serde_json::Value::Null;
+    if a.tools > 0 {
+        let first = Load { tools: Some((a.tools, "required")), ..base.clone() };
+        let c0 = rt.block_on(loadgen::grammar_counts(&url));
+        rt.block_on(loadgen::run(&first)).context("the first request with tools failed")?;
+        let c1 = rt.block_on(loadgen::grammar_counts(&url));
+        rt.block_on(loadgen::run(&first)).context("the second request with tools failed")?;
+        let c2 = rt.block_on(loadgen::grammar_counts(&url));
+        if let (Some(c0), Some(c1), Some(c2)) = (c0, c1, c2) {
+            let compile_ms = 1e3 * (c1.1 - c0.1) / (c1.0 - c0.0).max(1.0);
+            let (again, hits) = (c2.0 - c1.0, c2.2 - c1.2);
+            if !a.json {
+                outln!(
+                    "grammar of {} tools (required): compiled in {compile_ms:.1} ms the first time; the same request again: {again} compiles, {hits} cache hits",
+                    a.tools
+                );
+            }
+            grammar =
+                serde_json::json!({"first_compile_ms": compile_ms, "compiles_again": again, "cache_hits_again": hits});
+        }
+    }
     let mut loads: Vec<Arrivals> = a.concurrency.iter().map(|&c| Arrivals::Concurrency(c)).collect();
     if let Some(r) = a.rate {
         loads = vec![Arrivals::Rate(r)];
@@ -156,33 +193,61 @@ fn measure(a: Run) -> Result<()> {
             Arrivals::Rate(r) => ((r * 30.0) as usize).clamp(8, 1000),
         });
         let load = Load { arrivals, requests, output_len: a.output_len, seed: a.seed + 1 + i as u64, ..base.clone() };
-        let row: Row = rt.block_on(loadgen::run(&load))?;
-        let (fr, fc) = (row.output_tokens_per_s / read_limit, row.output_tokens_per_s / compute_limit);
-        if !a.json {
-            let what = match arrivals {
-                Arrivals::Concurrency(c) => format!("{c} concurrent"),
-                Arrivals::Rate(r) => format!("{r} requests/s (Poisson)"),
-            };
-            outln!(
-                "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit, {:.0}% of the matmul limit",
-                row.requests,
-                row.failed,
-                row.wall_s,
-                row.requests_per_s,
-                row.output_tokens_per_s,
-                row.ttft_p50_ms,
-                row.ttft_p99_ms,
-                row.itl_p50_ms,
-                row.itl_p99_ms,
-                row.itl_p99_ms / row.itl_p50_ms,
-                100.0 * fr,
-                100.0 * fc
-            );
+        let choices: &[Option<(usize, &'static str)>] =
+            if a.tools > 0 { &[Some((a.tools, "none")), Some((a.tools, "required"))] } else { &[None] };
+        let mut per_choice = Vec::new();
+        for &tools in choices {
+            let load = Load { tools, ..load.clone() };
+            per_choice.push((tools, rt.block_on(loadgen::run(&load))?));
         }
-        let mut v = serde_json::to_value(&row)?;
-        v["weight_read_limit_fraction"] = serde_json::json!(fr);
-        v["matmul_limit_fraction"] = serde_json::json!(fc);
-        rows.push(v);
+        if let [(_, none), (_, required)] = &per_choice[..] {
+            let ratio = required.output_tokens_per_s / none.output_tokens_per_s;
+            if !a.json {
+                outln!(
+                    "{} tools at {}: required {:.1} against none {:.1} output tokens/s: {ratio:.2}×",
+                    a.tools,
+                    match arrivals {
+                        Arrivals::Concurrency(c) => format!("{c} concurrent"),
+                        Arrivals::Rate(r) => format!("{r} requests/s"),
+                    },
+                    required.output_tokens_per_s,
+                    none.output_tokens_per_s
+                );
+            }
+        }
+        for (tools, row) in per_choice {
+            let (fr, fc) = (row.output_tokens_per_s / read_limit, row.output_tokens_per_s / compute_limit);
+            if !a.json {
+                let what = match arrivals {
+                    Arrivals::Concurrency(c) => format!("{c} concurrent"),
+                    Arrivals::Rate(r) => format!("{r} requests/s (Poisson)"),
+                };
+                let what = match tools {
+                    Some((_, choice)) => format!("{what}, tool_choice {choice}"),
+                    None => what,
+                };
+                outln!(
+                    "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit, {:.0}% of the matmul limit",
+                    row.requests,
+                    row.failed,
+                    row.wall_s,
+                    row.requests_per_s,
+                    row.output_tokens_per_s,
+                    row.ttft_p50_ms,
+                    row.ttft_p99_ms,
+                    row.itl_p50_ms,
+                    row.itl_p99_ms,
+                    row.itl_p99_ms / row.itl_p50_ms,
+                    100.0 * fr,
+                    100.0 * fc
+                );
+            }
+            let mut v = serde_json::to_value(&row)?;
+            v["weight_read_limit_fraction"] = serde_json::json!(fr);
+            v["matmul_limit_fraction"] = serde_json::json!(fc);
+            v["tool_choice"] = serde_json::json!(tools.map(|t| t.1));
+            rows.push(v);
+        }
     }
     let limits = serde_json::json!({"read_gbps": read_gbps, "weight_bytes": weight_bytes,
         "weight_read_limit_tokens_per_s": read_limit, "matmul_gflops": matmul_gflops,
@@ -191,7 +256,7 @@ fn measure(a: Run) -> Result<()> {
         outln!(
             "{}",
             serde_json::json!({"bench": "serve", "model": model_name(&a), "url": a.url, "threads": a.threads, "tp": a.tp, "weights": format!("{:?}", a.weights),
-                "prompt_len": a.prompt_len, "output_len": a.output_len, "limits": limits, "rows": rows})
+                "prompt_len": a.prompt_len, "output_len": a.output_len, "limits": limits, "rows": rows, "tools": a.tools, "grammar": grammar})
         );
     } else {
         outln!(
