@@ -1,10 +1,10 @@
 //! The GGUF container (version 3, as llama.cpp's `gguf.h` and gguf-py define it): a header,
 //! key/value metadata, a table of tensors (name, dimensions innermost first, type, offset) and
-//! the tensors' data, each at a multiple of the alignment (32). Tensors are written as f32,
-//! f16, or Q8_0 (blocks of 32 values: an f16 scale `max|x| / 127` and 32 signed bytes
-//! `round(x / scale)`, llama.cpp's `quantize_row_q8_0_ref`).
+//! the tensors' data, each at a multiple of the alignment (32), written here (`read` reads
+//! it). Tensors are written as f32, f16, or Q8_0 (blocks of 32 values: an f16 scale
+//! `max|x| / 127` and 32 signed bytes `round(x / scale)`, llama.cpp's `quantize_row_q8_0_ref`;
+//! `quants`).
 
-use half::f16;
 use std::io::{self, Write};
 
 pub const MAGIC: &[u8; 4] = b"GGUF";
@@ -13,52 +13,8 @@ pub const ALIGNMENT: usize = 32;
 /// Values per Q8_0 block.
 pub const Q8_0_BLOCK: usize = 32;
 
-/// A tensor's element type, with its GGUF number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TensorType {
-    F32,
-    F16,
-    Q8_0,
-}
-
-impl TensorType {
-    pub fn id(self) -> u32 {
-        match self {
-            TensorType::F32 => 0,
-            TensorType::F16 => 1,
-            TensorType::Q8_0 => 8,
-        }
-    }
-
-    /// Bytes of `n` values (whole blocks for Q8_0).
-    pub fn bytes(self, n: usize) -> usize {
-        match self {
-            TensorType::F32 => 4 * n,
-            TensorType::F16 => 2 * n,
-            TensorType::Q8_0 => n / Q8_0_BLOCK * (2 + Q8_0_BLOCK),
-        }
-    }
-
-    /// The values encoded as this type (Q8_0: `x.len()` a multiple of 32).
-    pub fn encode(self, x: &[f32]) -> Vec<u8> {
-        match self {
-            TensorType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            TensorType::F16 => x.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
-            TensorType::Q8_0 => {
-                assert!(x.len().is_multiple_of(Q8_0_BLOCK), "Q8_0 takes whole blocks of 32");
-                let mut out = Vec::with_capacity(self.bytes(x.len()));
-                for b in x.chunks_exact(Q8_0_BLOCK) {
-                    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let d = amax / 127.0;
-                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-                    out.extend(b.iter().map(|&v| (v * id).round() as i8 as u8));
-                }
-                out
-            }
-        }
-    }
-}
+/// A tensor's element type (the writer encodes F32, F16 and Q8_0).
+pub use super::quants::GgmlType as TensorType;
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -167,27 +123,6 @@ pub fn write(w: &mut impl Write, metadata: &[(String, Value)], tensors: &[Tensor
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Q8_0 against its definition written out: scale max|x| / 127 (as f16), values rounded.
-    #[test]
-    fn q8_0_blocks_are_llama_cpps() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173).collect();
-        let enc = TensorType::Q8_0.encode(&x);
-        assert_eq!(enc.len(), 2 * 34);
-        for (b, blk) in x.chunks(32).zip(enc.chunks(34)) {
-            let amax = b.iter().map(|v| v.abs()).fold(0.0, f32::max);
-            let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-            assert!((d - amax / 127.0).abs() <= 1e-3 * amax / 127.0);
-            for (v, &q) in b.iter().zip(&blk[2..]) {
-                let want = (v * 127.0 / amax).round() as i8;
-                assert!((q as i8 - want).abs() <= 1, "{v}: {} vs {want}", q as i8);
-                // dequantized within half a step
-                assert!((q as i8 as f32 * d - v).abs() <= 0.51 * d + 1e-3 * amax);
-            }
-        }
-        // an all-zero block has scale 0 and zero values (no division by zero)
-        assert!(TensorType::Q8_0.encode(&[0.0; 32]).iter().all(|&b| b == 0));
-    }
 
     /// The header, metadata, tensor table and aligned data where the format puts them.
     #[test]

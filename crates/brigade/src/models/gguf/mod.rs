@@ -3,5 +3,7 @@
 
 pub mod export;
 pub mod file;
+pub mod quants;
+pub mod read;
 
 pub use export::{export, Exported, FileType};

@@ -1,0 +1,296 @@
+//! GGUF's tensor types (ggml's `ggml_type`): how many values a block holds, its bytes, and its
+//! values back as f32 — each type's dequantization as llama.cpp's `dequantize_row_*` and
+//! gguf-py's `dequantize_blocks` write it, in the same f32 operations and order, so the values
+//! are bit for bit theirs. The writer encodes F32, F16 and Q8_0 (`encode`).
+
+use half::{bf16, f16};
+
+/// Values per block of the k-quants.
+pub const QK_K: usize = 256;
+
+/// A tensor's element type, with its GGUF number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)] // ggml's names
+pub enum GgmlType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+/// The types read, as their names (for a message naming what is supported).
+pub const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+
+impl GgmlType {
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
+            GgmlType::BF16 => 30,
+        }
+    }
+
+    /// The type numbered `id`, or its ggml name when it is one brigade does not read.
+    pub fn from_id(id: u32) -> Result<GgmlType, String> {
+        const ALL: [GgmlType; 11] = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        if let Some(t) = ALL.into_iter().find(|t| t.id() == id) {
+            return Ok(t);
+        }
+        // ggml's other numbers (ggml.h), so that a refusal names the type
+        let name = match id {
+            4 | 5 => "Q4_2/Q4_3 (removed from ggml)",
+            9 => "Q8_1",
+            10 => "Q2_K",
+            11 => "Q3_K",
+            15 => "Q8_K",
+            16 => "IQ2_XXS",
+            17 => "IQ2_XS",
+            18 => "IQ3_XXS",
+            19 => "IQ1_S",
+            20 => "IQ4_NL",
+            21 => "IQ3_S",
+            22 => "IQ2_S",
+            23 => "IQ4_XS",
+            24 => "I8",
+            25 => "I16",
+            26 => "I32",
+            27 => "I64",
+            28 => "F64",
+            29 => "IQ1_M",
+            34 => "TQ1_0",
+            35 => "TQ2_0",
+            39 => "MXFP4",
+            _ => "unknown",
+        };
+        Err(format!("tensor type {id} ({name})"))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::BF16 => "BF16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
+            GgmlType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// (values, bytes) of one block.
+    pub fn block(self) -> (usize, usize) {
+        match self {
+            GgmlType::F32 => (1, 4),
+            GgmlType::F16 | GgmlType::BF16 => (1, 2),
+            GgmlType::Q4_0 => (32, 18),
+            GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
+            GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q4_K => (QK_K, 144),
+            GgmlType::Q5_K => (QK_K, 176),
+            GgmlType::Q6_K => (QK_K, 210),
+        }
+    }
+
+    /// Bytes of `n` values (`n` a whole number of blocks).
+    pub fn bytes(self, n: usize) -> usize {
+        let (v, b) = self.block();
+        n / v * b
+    }
+
+    /// The values encoded as this type; the writer's types only (F32, F16, Q8_0 with
+    /// `x.len()` a multiple of 32).
+    pub fn encode(self, x: &[f32]) -> Vec<u8> {
+        match self {
+            GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            GgmlType::F16 => x.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
+            GgmlType::Q8_0 => {
+                assert!(x.len().is_multiple_of(32), "Q8_0 takes whole blocks of 32");
+                let mut out = Vec::with_capacity(self.bytes(x.len()));
+                for b in x.chunks_exact(32) {
+                    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                    out.extend(b.iter().map(|&v| (v * id).round() as i8 as u8));
+                }
+                out
+            }
+            other => panic!("the GGUF writer does not encode {}", other.name()),
+        }
+    }
+
+    /// `data`'s values (whole blocks) as f32, appended to `out`.
+    pub fn dequantize_into(self, data: &[u8], out: &mut Vec<f32>) {
+        let (_, bb) = self.block();
+        debug_assert!(data.len().is_multiple_of(bb));
+        let h = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        for b in data.chunks_exact(bb) {
+            match self {
+                GgmlType::F32 => out.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                GgmlType::F16 => out.push(h(b, 0)),
+                GgmlType::BF16 => out.push(bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+                GgmlType::Q8_0 => {
+                    let d = h(b, 0);
+                    out.extend(b[2..34].iter().map(|&q| q as i8 as f32 * d));
+                }
+                GgmlType::Q4_0 => {
+                    let (d, qs) = (h(b, 0), &b[2..18]);
+                    out.extend(qs.iter().map(|&q| ((q & 0x0F) as i8 - 8) as f32 * d));
+                    out.extend(qs.iter().map(|&q| ((q >> 4) as i8 - 8) as f32 * d));
+                }
+                GgmlType::Q4_1 => {
+                    let (d, m, qs) = (h(b, 0), h(b, 2), &b[4..20]);
+                    out.extend(qs.iter().map(|&q| d * (q & 0x0F) as f32 + m));
+                    out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
+                }
+                GgmlType::Q5_0 => {
+                    let d = h(b, 0);
+                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                    let qs = &b[6..22];
+                    for half in 0..2 {
+                        for (j, &q) in qs.iter().enumerate() {
+                            let lo = if half == 0 { q & 0x0F } else { q >> 4 };
+                            let hi = ((qh >> (j + 16 * half)) & 1) as u8;
+                            out.push(((lo | hi << 4) as i8 - 16) as f32 * d);
+                        }
+                    }
+                }
+                GgmlType::Q5_1 => {
+                    let (d, m) = (h(b, 0), h(b, 2));
+                    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                    let qs = &b[8..24];
+                    for half in 0..2 {
+                        for (j, &q) in qs.iter().enumerate() {
+                            let lo = if half == 0 { q & 0x0F } else { q >> 4 };
+                            let hi = ((qh >> (j + 16 * half)) & 1) as u8;
+                            out.push(d * (lo | hi << 4) as f32 + m);
+                        }
+                    }
+                }
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    let (d, dmin, scales) = (h(b, 0), h(b, 2), &b[4..16]);
+                    let (qh, qs) =
+                        if self == GgmlType::Q5_K { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
+                    // four groups of 64: 32 low nibbles then 32 high ones, each 32 with its
+                    // 6-bit scale and minimum; Q5_K's fifth bit from `qh`, bit 2g and 2g+1
+                    for g in 0..4 {
+                        let q = &qs[32 * g..32 * g + 32];
+                        for (k, shift) in [(2 * g, 0u8), (2 * g + 1, 4u8)] {
+                            let (sc, mn) = scale_min_k4(k, scales);
+                            let (d1, m1) = (d * sc as f32, dmin * mn as f32);
+                            for l in 0..32 {
+                                let mut v = (q[l] >> shift) & 0x0F;
+                                if let Some(qh) = qh {
+                                    v |= ((qh[l] >> k) & 1) << 4;
+                                }
+                                out.push(d1 * v as f32 - m1);
+                            }
+                        }
+                    }
+                }
+                GgmlType::Q6_K => {
+                    let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+                    let d = h(b, 208);
+                    for n in 0..2 {
+                        let (ql, qh, sc) = (&ql[64 * n..], &qh[32 * n..], &sc[8 * n..]);
+                        // four runs of 32: low nibbles of ql[0..32], of ql[32..64], then the
+                        // high ones; two bits each from qh; a scale per 16 values
+                        for run in 0..4 {
+                            let (lo_at, shift) = ([0, 32, 0, 32][run], [0, 0, 4, 4][run]);
+                            for l in 0..32 {
+                                let lo = (ql[lo_at + l] >> shift) & 0x0F;
+                                let hi = (qh[l] >> (2 * run)) & 3;
+                                let q = (lo | hi << 4) as i8 - 32;
+                                let s = sc[2 * run + l / 16] as i8;
+                                out.push(d * s as f32 * q as f32);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Scale and minimum `j` (0..8) of a k-quant block's 12 packed bytes (llama.cpp's
+/// `get_scale_min_k4`).
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Q8_0 against its definition written out: scale max|x| / 127 (as f16), values rounded.
+    #[test]
+    fn q8_0_blocks_are_llama_cpps() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173).collect();
+        let enc = GgmlType::Q8_0.encode(&x);
+        assert_eq!(enc.len(), 2 * 34);
+        for (b, blk) in x.chunks(32).zip(enc.chunks(34)) {
+            let amax = b.iter().map(|v| v.abs()).fold(0.0, f32::max);
+            let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+            assert!((d - amax / 127.0).abs() <= 1e-3 * amax / 127.0);
+            for (v, &q) in b.iter().zip(&blk[2..]) {
+                let want = (v * 127.0 / amax).round() as i8;
+                assert!((q as i8 - want).abs() <= 1, "{v}: {} vs {want}", q as i8);
+                // dequantized within half a step
+                assert!((q as i8 as f32 * d - v).abs() <= 0.51 * d + 1e-3 * amax);
+            }
+        }
+        // an all-zero block has scale 0 and zero values (no division by zero)
+        assert!(GgmlType::Q8_0.encode(&[0.0; 32]).iter().all(|&b| b == 0));
+        let mut back = Vec::new();
+        GgmlType::Q8_0.dequantize_into(&enc, &mut back);
+        assert!(back.iter().zip(&x).all(|(a, b)| (a - b).abs() < 0.02));
+    }
+
+    #[test]
+    fn types_round_trip_their_numbers_and_name_the_others() {
+        for id in 0..64 {
+            if let Ok(t) = GgmlType::from_id(id) {
+                assert_eq!(t.id(), id);
+            }
+        }
+        assert_eq!(GgmlType::from_id(11).unwrap_err(), "tensor type 11 (Q3_K)");
+        assert_eq!(GgmlType::Q6_K.bytes(512), 420);
+    }
+}
