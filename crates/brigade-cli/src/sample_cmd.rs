@@ -1,5 +1,5 @@
 use anyhow::{bail, Result};
-use brigade::models::checkpoint::{load_model, STATE_FILE, TOKENIZER_FILE};
+use brigade::models::checkpoint::{STATE_FILE, TOKENIZER_FILE};
 use brigade::models::generate::generate_streaming;
 use brigade::models::tokenizer::Tokenizer;
 use brigade::models::SampleOptions;
@@ -55,7 +55,9 @@ pub fn run(a: SampleArgs) -> Result<()> {
         );
     }
     crate::threads::check_threads(a.threads, "--threads")?;
-    let (model, params) = load_model(&a.checkpoint)?;
+    let (model, params) = brigade::models::open::open_model(&a.checkpoint)?;
+    // a GGUF file's tokenizer is unpacked into a folder beside nothing of the user's
+    let meta = brigade::models::open::metadata_folder(&a.checkpoint)?;
     // A brigade checkpoint says how it was trained; a Hugging Face folder has no trainer state.
     let run = if a.checkpoint.join(STATE_FILE).exists() { Some(saved_config(&a.checkpoint)?) } else { None };
     if let Some(task) = run.as_ref().and_then(|c| c.addition()) {
@@ -84,7 +86,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
             ),
         }
     }
-    let tok_path = a.checkpoint.join(TOKENIZER_FILE);
+    let tok_path = meta.join(TOKENIZER_FILE);
     let trained_with_tokenizer = run.as_ref().is_some_and(|c| c.tokenizer.is_some());
     let tok = if tok_path.exists() {
         Tokenizer::from_file(&tok_path)?

@@ -1,9 +1,10 @@
-//! What `brigade serve` serves: a GPT-2 from a checkpoint directory (brigade's own, or a
-//! Hugging Face GPT-2 folder) or a preset shape with random weights (for benchmarks), and the
-//! tokenizer that goes with it.
+//! What `brigade serve` serves: a model from a checkpoint directory (brigade's own, or a
+//! Hugging Face folder), a GGUF file (dequantized), or a preset shape with random weights (for
+//! benchmarks), and the tokenizer that goes with it.
 
 use crate::error::{Result, ServeError};
-use brigade::models::checkpoint::{load_model, read_model_config, trained_with_tokenizer_file, TOKENIZER_FILE};
+use brigade::models::checkpoint::{trained_with_tokenizer_file, TOKENIZER_FILE};
+use brigade::models::open::{metadata_folder, open_config, open_model};
 use brigade::models::tokenizer::Tokenizer;
 use brigade::models::{Gpt, GptConfig};
 use std::path::{Path, PathBuf};
@@ -30,7 +31,7 @@ impl Source {
     /// The model's shape, read without loading weights (to refuse a bad path at once).
     pub fn config(&self) -> Result<GptConfig> {
         Ok(match self {
-            Source::Checkpoint(dir) => read_model_config(dir)?,
+            Source::Checkpoint(dir) => open_config(dir)?,
             Source::Preset(name) => GptConfig::preset(name)?,
         })
     }
@@ -38,9 +39,11 @@ impl Source {
     /// The name `/v1/models` lists: the directory's name or the preset's.
     pub fn default_name(&self) -> String {
         match self {
-            Source::Checkpoint(dir) => {
-                dir.canonicalize().ok().and_then(|d| d.file_name().map(|f| f.to_string_lossy().into_owned()))
-            }
+            // a folder's name, or a file's without its extension (`x.gguf` serves as `x`)
+            Source::Checkpoint(dir) => dir.canonicalize().ok().and_then(|d| {
+                let name = if d.is_file() { d.file_stem() } else { d.file_name() };
+                name.map(|f| f.to_string_lossy().into_owned())
+            }),
             Source::Preset(name) => Some(name.clone()),
         }
         .unwrap_or_else(|| "model".into())
@@ -55,15 +58,17 @@ impl Source {
                 Ok(Served { gpt, params, tokenizer: None, eos: Vec::new() })
             }
             Source::Checkpoint(dir) => {
-                let (gpt, params) = load_model(dir)?;
-                let tokenizer = tokenizer_of(dir, gpt.cfg.vocab_size)?;
+                let (gpt, params) = open_model(dir)?;
+                // a GGUF file's tokenizer and generation config, unpacked from its metadata
+                let meta = metadata_folder(dir)?;
+                let tokenizer = tokenizer_of(&meta, gpt.cfg.vocab_size)?;
                 let mut eos: Vec<u32> = match &tokenizer {
                     Some(Tokenizer::Hf(t, _, _, sp)) => {
                         sp.eos.or_else(|| t.token_to_id("<|endoftext|>")).into_iter().collect()
                     }
                     _ => Vec::new(),
                 };
-                for id in generation_eos(dir, gpt.cfg.vocab_size)? {
+                for id in generation_eos(&meta, gpt.cfg.vocab_size)? {
                     if !eos.contains(&id) {
                         eos.push(id);
                     }

@@ -36,3 +36,230 @@ fn every_type_dequantizes_bit_for_bit_as_gguf_py() {
         }
     }
 }
+
+/// The real SmolLM2-135M-Instruct GGUF (Q4_1 weights, Q8_0 embeddings) beside the Hugging Face
+/// folder transformers' own GGUF loader made from it (`get.sh --hf`): the same config, every
+/// parameter bit for bit, the same chat template, the same token ids. Needs the files
+/// `../shared/models/smollm2-135m-instruct/get.sh DIR --hf` writes, at `$BRIGADE_SMOLLM2`
+/// (`.ci/run` sets it after fetching them); skipped, saying so, without it.
+#[test]
+fn the_real_smollm2_gguf_reads_as_transformers_dequantized_it() {
+    let Some(dir) = std::env::var_os("BRIGADE_SMOLLM2").map(std::path::PathBuf::from) else {
+        eprintln!("skipped: set BRIGADE_SMOLLM2 to the folder get.sh --hf filled (.ci/run does)");
+        return;
+    };
+    let gguf = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let hf = dir.join("hf");
+    use brigade::models::open::{metadata_folder, open_config, open_model};
+    assert_eq!(format!("{:?}", open_config(&gguf).unwrap()), format!("{:?}", open_config(&hf).unwrap()));
+    let (m1, p1) = open_model(&gguf).unwrap();
+    let (m2, p2) = brigade::models::checkpoint::load_model(&hf).unwrap();
+    assert_eq!(m1.layout.total, m2.layout.total);
+    for s in &m2.layout.specs {
+        let (a, b) = (s.view.of(&p1), s.view.of(&p2));
+        let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differ, 0, "{}: {differ} of {} values differ from transformers' dequantization", s.name, a.len());
+    }
+    // the tokenizer and template unpacked from the metadata
+    let meta = metadata_folder(&gguf).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(meta.join("tokenizer_config.json")).unwrap()).unwrap();
+    let template = std::fs::read_to_string(hf.join("chat_template.jinja")).unwrap();
+    assert_eq!(cfg["chat_template"].as_str().unwrap().trim_end(), template.trim_end());
+    assert_eq!((cfg["bos_token"].as_str(), cfg["eos_token"].as_str()), (Some("<|im_start|>"), Some("<|im_end|>")));
+    let ours = brigade::models::tokenizer::Tokenizer::from_file(&meta).unwrap();
+    let theirs = brigade::models::tokenizer::Tokenizer::from_file(&hf).unwrap();
+    assert_eq!(ours.vocab_size(), theirs.vocab_size());
+    let shared = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/shakespeare");
+    let mut text = String::new();
+    if let Ok(rd) = std::fs::read_dir(&shared) {
+        let mut files: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+        files.sort();
+        for f in files.iter().take(3) {
+            text.push_str(&std::fs::read_to_string(f).unwrap_or_default().chars().take(20_000).collect::<String>());
+        }
+    }
+    text.push_str("<|im_start|>user\nWhat's the weather like?<|im_end|>\n<|im_start|>assistant\n ünïcödé ✓ 🦙");
+    // transformers' loader makes a plain GPT-2 pre-tokenizer of 'smollm'; llama.cpp (and the
+    // published SmolLM2 tokenizer) split digits one by one: compared where there are none
+    let text: String = text.chars().filter(|c| !c.is_numeric()).collect();
+    assert_eq!(ours.encode(&text).unwrap(), theirs.encode(&text).unwrap());
+    let digits = ours.encode("in 2024").unwrap();
+    let pieces: Vec<String> = digits.iter().map(|&i| ours.decode(&[i])).collect();
+    assert_eq!(pieces, ["in", " ", "2", "0", "2", "4"], "each digit alone");
+}
+
+/// A checkpoint folder of `cfg` with random weights (distinct everywhere, so a misplaced row
+/// shows) and the shared tokenizer folder `tok`.
+fn checkpoint(dir: &std::path::Path, cfg: brigade::models::GptConfig, tok: &std::path::Path) -> Vec<f32> {
+    use brigade::models::checkpoint::{hf_config, save_tensors, write_json};
+    std::fs::create_dir_all(dir).unwrap();
+    let model = brigade::models::Gpt::new(cfg).unwrap();
+    let mut params = model.layout.init(5);
+    for (i, p) in params.iter_mut().enumerate() {
+        *p += (i % 977) as f32 * 1e-4;
+    }
+    save_tensors(&dir.join("model.safetensors"), &model.layout, &params, "", None).unwrap();
+    write_json(&dir.join("config.json"), &hf_config(&cfg)).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tok.join(f), dir.join(f)).unwrap();
+    }
+    params
+}
+
+/// brigade's own f32 export of each family member read back: the same config, every parameter
+/// bit for bit (the Llama architecture's q/k rows back from llama.cpp's pair order, Qwen2's
+/// biases, Llama 3's rope scaling from its factors), the same token ids from the tokenizer
+/// rebuilt out of the metadata as from the original `tokenizer.json`, the same template.
+#[test]
+fn brigades_own_gguf_reads_back_as_the_checkpoint_it_was() {
+    use brigade::models::family::Family;
+    use brigade::models::open::{metadata_folder, open_config, open_model};
+    let tmp = tempfile::tempdir().unwrap();
+    std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
+    let Family::Llama(with_all) = Family::ALL[1] else { panic!("the second family is Llama's") };
+    // Qwen2: q/k/v biases, no o bias, no scaling; Llama 3: biases everywhere and scaled rope
+    let qwen = brigade::models::family::Llama { o_bias: false, rope_scaling: None, tied: true, ..with_all };
+    for (name, family) in [("qwen2", qwen), ("llama3", with_all)] {
+        let Some(tok) = common_shared(&format!("tokenizers/{name}")) else { return };
+        let vocab = brigade::models::tokenizer::Tokenizer::from_file(&tok).unwrap().vocab_size();
+        let cfg = brigade::models::GptConfig {
+            vocab_size: vocab,
+            family: family.into(),
+            ..brigade::models::GptConfig::example(Family::ALL[1], vocab, 64)
+        };
+        let ck = tmp.path().join(name);
+        let params = checkpoint(&ck, cfg, &tok);
+        let out = tmp.path().join(format!("{name}.gguf"));
+        brigade::models::gguf::export(&ck, &out, brigade::models::gguf::FileType::F32).unwrap();
+        let read = open_config(&out).unwrap();
+        let (_, back) = open_model(&out).unwrap();
+        assert!(back.iter().zip(&params).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: parameters differ");
+        if name == "qwen2" {
+            assert_eq!(format!("{read:?}"), format!("{cfg:?}"), "{name}");
+        } else {
+            // llama.cpp keeps Llama 3's scaling as its factors only, which a small head's few
+            // frequencies do not pin down: the scaling read back gives the file's factors
+            let again = tmp.path().join("again");
+            checkpoint(&again, read, &tok);
+            let out2 = tmp.path().join("again.gguf");
+            brigade::models::gguf::export(&again, &out2, brigade::models::gguf::FileType::F32).unwrap();
+            let factors = |p: &std::path::Path| {
+                let g = brigade::models::gguf::read::Gguf::open(p).unwrap();
+                g.dequantize(g.tensor("rope_freqs.weight").unwrap())
+            };
+            assert_eq!(factors(&out2), factors(&out));
+            let strip =
+                |c: &brigade::models::GptConfig| format!("{c:?}").split("rope_scaling").next().unwrap().to_string();
+            assert_eq!(strip(&read), strip(&cfg));
+            assert!(format!("{read:?}").contains("factor: 8.0"), "{read:?}");
+        }
+        let meta = metadata_folder(&out).unwrap();
+        let ours = brigade::models::tokenizer::Tokenizer::from_file(&meta).unwrap();
+        let theirs = brigade::models::tokenizer::Tokenizer::from_file(&ck).unwrap();
+        assert_eq!(
+            ours.specials(),
+            brigade::models::tokenizer::Specials { config: ours.specials().config, ..theirs.specials() }
+        );
+        let text = "<|im_start|>user\nHow's 2024's weather?  \n\n It's 33°C — 3.14159!<|im_end|>\n ünïcödé ✓ 🦙 I'VE been 'told";
+        assert_eq!(ours.encode(text).unwrap(), theirs.encode(text).unwrap(), "{name}");
+        let cfg_of = |d: &std::path::Path| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap()).unwrap()
+        };
+        assert_eq!(cfg_of(&meta)["chat_template"], cfg_of(&ck)["chat_template"], "{name}");
+        // the second open reads the unpacked folder again, not a new one
+        assert_eq!(metadata_folder(&out).unwrap(), meta);
+    }
+}
+
+fn common_shared(rel: &str) -> Option<std::path::PathBuf> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(rel);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
+        "{} not found and BRIGADE_REQUIRE_SHARED is set",
+        p.display()
+    );
+    eprintln!("skipped: {} not found", p.display());
+    None
+}
+
+/// A GGUF file's header with the bytes after `key` (its value's type and value) replaced.
+fn patched(file: &[u8], find: &[u8], with: &[u8]) -> Vec<u8> {
+    assert_eq!(find.len(), with.len());
+    let at = file
+        .windows(find.len())
+        .position(|w| w == find)
+        .unwrap_or_else(|| panic!("{:?} not in the file", String::from_utf8_lossy(find)));
+    let mut out = file.to_vec();
+    out[at..at + with.len()].copy_from_slice(with);
+    out
+}
+
+/// A string value as GGUF writes it after its key: type 8, a u64 length, the bytes.
+fn str_value(key: &str, v: &str) -> Vec<u8> {
+    let mut b = key.as_bytes().to_vec();
+    b.extend(8u32.to_le_bytes());
+    b.extend((v.len() as u64).to_le_bytes());
+    b.extend(v.as_bytes());
+    b
+}
+
+#[test]
+fn bad_gguf_files_fail_with_one_line_naming_the_problem() {
+    use brigade::models::open::{metadata_folder, open_model};
+    let Some(tok) = common_shared("tokenizers/llama3") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
+    let vocab = brigade::models::tokenizer::Tokenizer::from_file(&tok).unwrap().vocab_size();
+    let family = brigade::models::family::Family::ALL[1];
+    let cfg =
+        brigade::models::GptConfig { vocab_size: vocab, ..brigade::models::GptConfig::example(family, vocab, 64) };
+    let ck = tmp.path().join("ck");
+    checkpoint(&ck, cfg, &tok);
+    let good = tmp.path().join("good.gguf");
+    brigade::models::gguf::export(&ck, &good, brigade::models::gguf::FileType::F32).unwrap();
+    let whole = std::fs::read(&good).unwrap();
+    let mut k = 0;
+    let mut fails = |bytes: &[u8], want: &str| {
+        k += 1;
+        let p = tmp.path().join(format!("bad{k}.gguf"));
+        std::fs::write(&p, bytes).unwrap();
+        let e = match open_model(&p) {
+            Err(e) => e.to_string(),
+            Ok(_) => metadata_folder(&p).err().map(|e| e.to_string()).unwrap_or_default(),
+        };
+        assert!(e.contains(want), "expected '{want}' in: {e}");
+        assert_eq!(e.lines().count(), 1, "one line: {e}");
+    };
+    fails(b"{\"not\": \"gguf\"}", "is a file but not GGUF");
+    fails(&whole[..whole.len() - 1000], "runs past the end of the file");
+    fails(&whole[..200], "truncated");
+    fails(
+        &patched(&whole, &str_value("general.architecture", "llama"), &str_value("general.architecture", "gemma")),
+        "general.architecture is 'gemma'",
+    );
+    fails(
+        &patched(&whole, b"llama.feed_forward_length", b"llama.feed_forward_lengtX"),
+        "'llama.feed_forward_length' is missing",
+    );
+    let mut emb = b"llama.embedding_length".to_vec();
+    emb.extend(4u32.to_le_bytes());
+    let mut smaller = emb.clone();
+    emb.extend(64u32.to_le_bytes());
+    smaller.extend(32u32.to_le_bytes());
+    fails(&patched(&whole, &emb, &smaller), "the metadata's model has");
+    fails(
+        &patched(&whole, &str_value("tokenizer.ggml.model", "gpt2"), &str_value("tokenizer.ggml.model", "bert")),
+        "tokenizer.ggml.model is 'bert'",
+    );
+    fails(
+        &patched(&whole, &str_value("tokenizer.ggml.pre", "llama-bpe"), &str_value("tokenizer.ggml.pre", "llama-xyz")),
+        "tokenizer.ggml.pre is 'llama-xyz'",
+    );
+    let missing = tmp.path().join("nope.gguf");
+    let e = open_model(&missing).unwrap_err().to_string();
+    assert!(e.contains("no such checkpoint"), "{e}");
+}

@@ -7,6 +7,7 @@ pub mod family;
 pub mod generate;
 pub mod gguf;
 pub mod gpt;
+pub mod open;
 pub mod pass;
 pub mod shard_load;
 pub mod tokenizer;

@@ -70,14 +70,14 @@ pub struct Exported {
 
 /// A tensor's way from the checkpoint: its Hugging Face name, its GGUF name, and what is done
 /// to it on the way.
-struct Route {
-    hf: String,
-    gguf: String,
-    change: Change,
+pub(super) struct Route {
+    pub(super) hf: String,
+    pub(super) gguf: String,
+    pub(super) change: Change,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Change {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Change {
     None,
     /// `[in, out]` (GPT-2's Conv1D) to `[out, in]`.
     Transpose,
@@ -88,7 +88,7 @@ enum Change {
 }
 
 /// Every tensor of `model` with its GGUF name, in llama.cpp's order.
-fn routes(model: &Gpt) -> Vec<Route> {
+pub(super) fn routes(model: &Gpt) -> Vec<Route> {
     let cfg = &model.cfg;
     let arch = cfg.gguf();
     let r = |hf: String, gguf: String, change| Route { hf, gguf, change };
@@ -171,6 +171,32 @@ fn changed(x: &[f32], shape: &[usize], change: Change) -> (Vec<f32>, Vec<usize>)
                 for s in 0..2 {
                     for j in 0..half {
                         let (from, to) = (h * hd + s * half + j, h * hd + 2 * j + s);
+                        t[to * cols..(to + 1) * cols].copy_from_slice(&x[from * cols..(from + 1) * cols]);
+                    }
+                }
+            }
+            (t, shape.to_vec())
+        }
+    }
+}
+
+/// A tensor as GGUF stores it (`shape` GGUF's, row-major) back as the checkpoint holds it:
+/// `changed` undone.
+pub(super) fn inverse_change(x: Vec<f32>, shape: &[usize], change: Change) -> (Vec<f32>, Vec<usize>) {
+    match change {
+        Change::None => (x, shape.to_vec()),
+        // a transpose is its own inverse
+        Change::Transpose => changed(&x, shape, change),
+        Change::Interleave { heads } => {
+            // within each head, row (2j + s) goes back to (s·half + j)
+            let cols = if shape.len() == 2 { shape[1] } else { 1 };
+            let hd = shape[0] / heads;
+            let half = hd / 2;
+            let mut t = vec![0f32; x.len()];
+            for h in 0..heads {
+                for s in 0..2 {
+                    for j in 0..half {
+                        let (from, to) = (h * hd + 2 * j + s, h * hd + s * half + j);
                         t[to * cols..(to + 1) * cols].copy_from_slice(&x[from * cols..(from + 1) * cols]);
                     }
                 }

@@ -1,8 +1,10 @@
-//! GGUF, llama.cpp's model file: the container (`file.rs`) and a checkpoint written as one
-//! (`export.rs`, `brigade export --gguf`).
+//! GGUF, llama.cpp's model file: the container written (`file`) and read (`read`), its tensor
+//! types (`quants`), a checkpoint written as one (`export`, `brigade export --gguf`) and one
+//! read as a checkpoint (`import`).
 
 pub mod export;
 pub mod file;
+pub mod import;
 pub mod quants;
 pub mod read;
 

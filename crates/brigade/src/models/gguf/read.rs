@@ -277,6 +277,11 @@ impl Gguf {
         Ok(Gguf { path: path.to_path_buf(), version, metadata, tensors, map, data_start })
     }
 
+    /// A name for the file's content: the hash of its header (metadata and tensor table).
+    pub fn header_hash(&self) -> String {
+        blake3::hash(&self.map[..self.data_start]).to_hex()[..24].to_string()
+    }
+
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }
