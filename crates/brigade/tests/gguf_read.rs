@@ -2,6 +2,8 @@
 //! --pure` wrote them from the real SmolLM2-135M-Instruct, dequantized bit for bit as gguf-py's
 //! reference does (`tests/fixtures/gguf_blocks.json`, made by `scripts/make_gguf_fixture.py`).
 
+mod common;
+
 use brigade::models::gguf::quants::GgmlType;
 use serde_json::Value;
 
@@ -121,7 +123,7 @@ fn brigades_own_gguf_reads_back_as_the_checkpoint_it_was() {
     // Qwen2: q/k/v biases, no o bias, no scaling; Llama 3: biases everywhere and scaled rope
     let qwen = brigade::models::family::Llama { o_bias: false, rope_scaling: None, tied: true, ..with_all };
     for (name, family) in [("qwen2", qwen), ("llama3", with_all)] {
-        let Some(tok) = common_shared(&format!("tokenizers/{name}")) else { return };
+        let Some(tok) = common::shared(&format!("tokenizers/{name}")) else { return };
         let vocab = brigade::models::tokenizer::Tokenizer::from_file(&tok).unwrap().vocab_size();
         let cfg = brigade::models::GptConfig {
             vocab_size: vocab,
@@ -172,20 +174,6 @@ fn brigades_own_gguf_reads_back_as_the_checkpoint_it_was() {
     }
 }
 
-fn common_shared(rel: &str) -> Option<std::path::PathBuf> {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(rel);
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("BRIGADE_REQUIRE_SHARED").is_none(),
-        "{} not found and BRIGADE_REQUIRE_SHARED is set",
-        p.display()
-    );
-    eprintln!("skipped: {} not found", p.display());
-    None
-}
-
 /// A GGUF file's header with the bytes after `key` (its value's type and value) replaced.
 fn patched(file: &[u8], find: &[u8], with: &[u8]) -> Vec<u8> {
     assert_eq!(find.len(), with.len());
@@ -210,7 +198,7 @@ fn str_value(key: &str, v: &str) -> Vec<u8> {
 #[test]
 fn bad_gguf_files_fail_with_one_line_naming_the_problem() {
     use brigade::models::open::{metadata_folder, open_model};
-    let Some(tok) = common_shared("tokenizers/llama3") else { return };
+    let Some(tok) = common::shared("tokenizers/llama3") else { return };
     let tmp = tempfile::tempdir().unwrap();
     std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
     let vocab = brigade::models::tokenizer::Tokenizer::from_file(&tok).unwrap().vocab_size();
