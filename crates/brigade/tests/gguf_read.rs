@@ -16,6 +16,21 @@ fn hex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
+/// The writer's quantizers on the values llama-quantize started from: its bytes exactly.
+#[test]
+fn q8_0_and_q4_0_blocks_are_llama_quantizes_bytes() {
+    let f = fixture();
+    for name in ["Q8_0", "Q4_0"] {
+        let t = &f["types"][name];
+        let ty = GgmlType::from_id(t["id"].as_u64().unwrap() as u32).unwrap();
+        let source: Vec<f32> =
+            t["source_bits"].as_array().unwrap().iter().map(|v| f32::from_bits(v.as_u64().unwrap() as u32)).collect();
+        assert_eq!(source.len(), 6 * 32);
+        let ours = ty.encode(&source);
+        assert_eq!(ours, hex(t["bytes"].as_str().unwrap()), "{name}");
+    }
+}
+
 #[test]
 fn every_type_dequantizes_bit_for_bit_as_gguf_py() {
     let f = fixture();

@@ -1,7 +1,8 @@
 //! GGUF's tensor types (ggml's `ggml_type`): how many values a block holds, its bytes, and its
 //! values back as f32 — each type's dequantization as llama.cpp's `dequantize_row_*` and
 //! gguf-py's `dequantize_blocks` write it, in the same f32 operations and order, so the values
-//! are bit for bit theirs. The writer encodes F32, F16 and Q8_0 (`encode`).
+//! are bit for bit theirs. The writer encodes F32, F16, Q8_0 and Q4_0 (`encode`), as
+//! llama.cpp's reference quantizers do.
 
 use half::{bf16, f16};
 
@@ -130,8 +131,8 @@ impl GgmlType {
         n / v * b
     }
 
-    /// The values encoded as this type; the writer's types only (F32, F16, Q8_0 with
-    /// `x.len()` a multiple of 32).
+    /// The values encoded as this type; the writer's types only (F32, F16, and Q8_0 and Q4_0
+    /// with `x.len()` a multiple of 32).
     pub fn encode(self, x: &[f32]) -> Vec<u8> {
         match self {
             GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -145,6 +146,16 @@ impl GgmlType {
                     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                     out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
                     out.extend(b.iter().map(|&v| (v * id).round() as i8 as u8));
+                }
+                out
+            }
+            GgmlType::Q4_0 => {
+                assert!(x.len().is_multiple_of(32), "Q4_0 takes whole blocks of 32");
+                let mut out = Vec::with_capacity(self.bytes(x.len()));
+                for b in x.chunks_exact(32) {
+                    let (d, q) = q4_0_block(b);
+                    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                    out.extend((0..16).map(|j| q[j] | q[j + 16] << 4));
                 }
                 out
             }
@@ -243,6 +254,27 @@ impl GgmlType {
             }
         }
     }
+}
+
+/// One Q4_0 block of 32 values as llama.cpp's `quantize_row_q4_0_ref` makes it: the scale
+/// `d = max / −8` (`max` the value of largest magnitude, its sign kept; stored as f16) and each
+/// value's 4 bits `min(15, trunc(x / d + 8.5))`, from the unrounded scale. The value is then
+/// `(q − 8) · d`, with `d` as stored.
+pub fn q4_0_block(x: &[f32]) -> (f32, [u8; 32]) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0u8; 32];
+    for (qj, &v) in q.iter_mut().zip(x) {
+        *qj = ((v * id + 8.5) as i8).min(15) as u8;
+    }
+    (d, q)
 }
 
 /// Scale and minimum `j` (0..8) of a k-quant block's 12 packed bytes (llama.cpp's
