@@ -80,8 +80,9 @@ pub(crate) struct EngineArgs {
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// How the matrices are held: f32, or quantized to 8 bits at load (int8: a scale per
-    /// output column and group of 32 inputs; int8-channel: one per output column).
+    /// How the matrices are held: f32, or quantized at load (int8: 8 bits, a scale per output
+    /// column and group of 32 inputs; int8-channel: one per output column; int4: the blocks'
+    /// matrices as llama.cpp's Q4_0, 4 bits and a scale per 32 inputs, the head at int8).
     #[arg(long, value_enum, default_value_t = Weights::F32)]
     weights: Weights,
 }
@@ -153,6 +154,7 @@ pub(crate) enum Weights {
     F32,
     Int8,
     Int8Channel,
+    Int4,
 }
 
 impl Weights {
@@ -161,6 +163,7 @@ impl Weights {
             Weights::F32 => WeightFormat::F32,
             Weights::Int8 => WeightFormat::Int8,
             Weights::Int8Channel => WeightFormat::Int8Channel,
+            Weights::Int4 => WeightFormat::Int4,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! 8-bit weights (`--weights int8`, `int8-channel`) against f32 on the Hugging Face fixtures
+//! 8- and 4-bit weights (`--weights int8`, `int8-channel`, `int4`) against f32 on the Hugging Face fixtures
 //! of the Llama family (and a GPT-2): batch invariance holds bit for bit (a request alone and
 //! in a crowd), tensor parallelism gives the single worker's int8 tokens, and the error
 //! against f32 — max |Δlogit| after a 100-token prompt, and the fraction of greedy tokens
@@ -16,7 +16,7 @@ use brigade_serve::model::{Model, ShardError, Work};
 use std::collections::HashMap;
 use std::path::Path;
 
-const FORMATS: [WeightFormat; 2] = [WeightFormat::Int8, WeightFormat::Int8Channel];
+const FORMATS: [WeightFormat; 3] = [WeightFormat::Int8, WeightFormat::Int8Channel, WeightFormat::Int4];
 
 fn greedy(max_tokens: usize) -> Sampling {
     Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens, stop_tokens: vec![], top_logprobs: 2 }
@@ -143,9 +143,12 @@ fn int8_error_against_f32_on_the_fixtures() {
                 top1 * 100.0,
                 prefix * 100.0
             );
-            // a broken quantizer (a wrong scale or column) is far outside these
-            assert!(rel < 0.05, "{name} {fmt:?}: logits {:.1}% off", rel * 100.0);
-            assert!(top1 > 0.8, "{name} {fmt:?}: top-1 agreement {:.1}%", top1 * 100.0);
+            // a broken quantizer (a wrong scale or column) is far outside these; 4 bits on these
+            // small random-weight models (16 levels a group, no trained structure to keep) move
+            // the logits much more, and a wrong nibble or scale still lands at chance (~1%)
+            let (max_rel, min_top1) = if fmt == WeightFormat::Int4 { (0.6, 0.4) } else { (0.05, 0.8) };
+            assert!(rel < max_rel, "{name} {fmt:?}: logits {:.1}% off", rel * 100.0);
+            assert!(top1 > min_top1, "{name} {fmt:?}: top-1 agreement {:.1}%", top1 * 100.0);
         }
     }
 }

@@ -99,6 +99,14 @@ fn costs(cfg: &GptConfig, context: usize, weights: WeightFormat) -> (f64, f64) {
         WeightFormat::F32 => 4.0,
         WeightFormat::Int8 => 1.0 + 4.0 / 32.0,
         WeightFormat::Int8Channel => 1.0,
+        // the blocks at 4.5 bits a weight; the head (v × c of `matrices`) at 8 + a scale per 32
+        WeightFormat::Int4 => {
+            let head = v * c;
+            return (
+                (matrices - head) * (0.5 + 4.0 / 32.0) + head * (1.0 + 4.0 / 32.0),
+                2.0 * matrices + 4.0 * l * cfg.q_width() as f64 * context as f64,
+            );
+        }
     };
     // the products, then attention over `context` positions (q·k and p·v of the key/value
     // heads each query head reads)

@@ -129,6 +129,9 @@ pub enum WeightFormat {
     Int8,
     /// 8 bits, one scale per output column.
     Int8Channel,
+    /// 4 bits as llama.cpp's Q4_0 (a scale per output column and per 32 rows of k) for the
+    /// blocks' matrices; the head at 8 bits (`Int8`), as llama.cpp keeps its output layer.
+    Int4,
 }
 
 impl WeightFormat {
@@ -136,7 +139,7 @@ impl WeightFormat {
     fn group(self) -> Option<usize> {
         match self {
             WeightFormat::F32 => None,
-            WeightFormat::Int8 => Some(32),
+            WeightFormat::Int8 | WeightFormat::Int4 => Some(32),
             WeightFormat::Int8Channel => Some(usize::MAX),
         }
     }
@@ -169,7 +172,7 @@ fn quantize(p: &mut Packed, group: usize) {
 impl Weights {
     /// Rank `rank` of `tp`'s share of `gpt` (a whole, unsliced model) with parameters
     /// `params`, its products' weights held as `format` says (every matrix of the blocks and
-    /// the head; the embedding table, read a row a token, stays f32).
+    /// the head — at 8 bits under `Int4`; the embedding table, read a row a token, stays f32).
     pub(crate) fn shard(
         gpt: &Gpt,
         params: &[f32],
@@ -180,7 +183,12 @@ impl Weights {
         if let Some(g) = format.group() {
             for l in &mut w.layers {
                 for p in [&mut l.wqkv, &mut l.wproj, &mut l.wfc, &mut l.wout] {
-                    quantize(p, g);
+                    if format == WeightFormat::Int4 {
+                        let f32s = std::mem::replace(p, Packed::new(&[], 0, 0));
+                        *p = f32s.quantized_int4();
+                    } else {
+                        quantize(p, g);
+                    }
                 }
             }
             quantize(&mut w.head, g);

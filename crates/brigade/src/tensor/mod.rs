@@ -17,6 +17,7 @@ pub mod matmul;
 pub mod rmsnorm;
 pub mod rope;
 pub mod rowwise;
+pub mod rowwise_int4;
 pub mod rowwise_int8;
 pub mod sgemm;
 
@@ -55,6 +56,43 @@ pub(crate) fn store_strip(c: SendPtr, row0: usize, s: usize, n: usize, acc: &[f3
 
 /// Whether the 512-bit tiles of the row-invariant kernels run (AVX-512F): they compute the
 /// same chains as the 256-bit and portable ones, lane for lane.
+/// Strips a task of the quantized products takes (and a one-row tile's width).
+pub(crate) const TASK: usize = 4;
+
+/// Rows `from..m` of a quantized product `c[m, n] = a[m, k] · w` in the strips `ss`: 4-row
+/// tiles (`four(acc, rows, strip)`), then single rows × four strips (`one(acc, row, strips)`,
+/// the last strip repeated to fill); each tile stored once.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn quantized_rows(
+    cp: SendPtr,
+    a: &[f32],
+    (from, m, k, n): (usize, usize, usize, usize),
+    ss: std::ops::Range<usize>,
+    four: impl Fn(&mut [[f32; STRIP]; 4], &[f32], usize),
+    one: impl Fn(&mut [[f32; STRIP]; TASK], &[f32], [usize; TASK]),
+) {
+    let mut i = from;
+    while i + 4 <= m {
+        for s in ss.clone() {
+            let mut acc = [[0f32; STRIP]; 4];
+            four(&mut acc, &a[i * k..(i + 4) * k], s);
+            for (r, accr) in acc.iter().enumerate() {
+                store_strip(cp, (i + r) * n, s, n, accr);
+            }
+        }
+        i += 4;
+    }
+    while i < m {
+        let strips: [usize; TASK] = std::array::from_fn(|q| (ss.start + q).min(ss.end - 1));
+        let mut acc = [[0f32; STRIP]; TASK];
+        one(&mut acc, &a[i * k..(i + 1) * k], strips);
+        for (q, s) in ss.clone().enumerate() {
+            store_strip(cp, i * n, s, n, &acc[q]);
+        }
+        i += 1;
+    }
+}
+
 pub(crate) fn wide() -> bool {
     #[cfg(target_arch = "x86_64")]
     return is_x86_feature_detected!("avx512f");

@@ -10,6 +10,7 @@
 //! loads of the strip and 6 broadcasts), then 4 × 16, and for the last rows (a single decode
 //! row, say) 1 row × 64 columns — enough independent FMA chains to hide their latency.
 
+use super::rowwise_int4::{matmul_rows_int4, Int4};
 use super::rowwise_int8::{matmul_rows_int8, Int8};
 use super::{store_strip as store, wide, SendPtr, STRIP as W};
 use rayon::prelude::*;
@@ -24,6 +25,7 @@ pub struct Packed {
     /// `[strip][k][16]`, the last strip zero-padded (empty once quantized).
     data: Vec<f32>,
     int8: Option<Int8>,
+    int4: Option<Int4>,
 }
 
 impl Packed {
@@ -38,7 +40,7 @@ impl Packed {
                     .copy_from_slice(&w[kk * n + s * W..kk * n + s * W + width]);
             }
         }
-        Packed { k, n, data, int8: None }
+        Packed { k, n, data, int8: None, int4: None }
     }
 
     /// From the transpose of a row-major `[n, k]` matrix (a tied embedding as the LM head),
@@ -56,19 +58,30 @@ impl Packed {
                 }
             }
         });
-        Packed { k, n, data, int8: None }
+        Packed { k, n, data, int8: None, int4: None }
     }
 
     /// The same matrix in 8 bits (`rowwise_int8`): a scale per column and per `group` rows of
     /// k (`group` ≥ k: one per column).
     pub fn quantized_int8(self, group: usize) -> Packed {
         let int8 = Int8::from_strips(&self.data, self.k, self.n, group.min(self.k).max(1));
-        Packed { k: self.k, n: self.n, data: Vec::new(), int8: Some(int8) }
+        Packed { k: self.k, n: self.n, data: Vec::new(), int8: Some(int8), int4: None }
+    }
+
+    /// The same matrix in 4 bits (`rowwise_int4`, llama.cpp's Q4_0): a scale per column and
+    /// per 32 rows of k.
+    pub fn quantized_int4(self) -> Packed {
+        let int4 = Int4::from_strips(&self.data, self.k, self.n);
+        Packed { k: self.k, n: self.n, data: Vec::new(), int8: None, int4: Some(int4) }
     }
 
     /// Bytes the product reads of the weights.
     pub fn bytes(&self) -> usize {
-        self.int8.as_ref().map_or(4 * self.data.len(), Int8::bytes)
+        match (&self.int8, &self.int4) {
+            (Some(q), _) => q.bytes(),
+            (_, Some(q)) => q.bytes(),
+            _ => 4 * self.data.len(),
+        }
     }
 
     fn strip(&self, s: usize) -> &[f32] {
@@ -76,10 +89,19 @@ impl Packed {
     }
 }
 
+/// The f32 strips of a packed (unquantized) matrix, for the quantized kernels' tests.
+#[cfg(test)]
+pub(crate) fn tests_strips(p: &Packed) -> Vec<f32> {
+    p.data.clone()
+}
+
 /// `c[m, n] = a[m, k] · w` (overwritten).
 pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
     if let Some(q) = &w.int8 {
         return matmul_rows_int8(c, a, q, m);
+    }
+    if let Some(q) = &w.int4 {
+        return matmul_rows_int4(c, a, q, m);
     }
     let (k, n) = (w.k, w.n);
     assert!(a.len() == m * k && c.len() == m * n);
@@ -356,6 +378,37 @@ mod tests {
                 }
             }
             assert_eq!(Packed::from_transposed(&wt, n, k).data, w.data);
+        }
+    }
+
+    /// 4-bit weights: every row, alone or in any batch, is bit for bit the f32 kernel's
+    /// product with the dequantized matrix, which is within a step of the original (a step:
+    /// the group's largest magnitude / 8; half a step but at the end opposite the largest
+    /// value, where Q4_0's 16 levels stop at 7 steps).
+    #[test]
+    fn int4_rows_are_the_f32_kernel_on_the_dequantized_matrix() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for &(k, n) in &[(7, 5), (64, 48), (70, 100), (33, 40), (96, 17), (128, 64)] {
+            let wv: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let q = Packed::new(&wv, k, n).quantized_int4();
+            let deq = q.int4.as_ref().unwrap().dequantized();
+            for (j, (d, w)) in deq.iter().zip(&wv).enumerate() {
+                // |w| < 1: a step is at most 1/8 (and the f16 scale's rounding a little more)
+                assert!((d - w).abs() <= 1.0 / 8.0 * 1.01 + 1e-6, "k {k} n {n}: element {j}: {d} vs {w}");
+            }
+            let reference = Packed::new(&deq, k, n);
+            let a: Vec<f32> = (0..23 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let mut want = vec![0f32; n];
+            for m in [1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 23] {
+                let mut c = vec![0f32; m * n];
+                matmul_rows(&mut c, &a[..m * k], &q, m);
+                for i in 0..m {
+                    matmul_rows(&mut want, &a[i * k..(i + 1) * k], &reference, 1);
+                    let same = c[i * n..(i + 1) * n].iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "k {k} n {n}: row {i} of {m}");
+                }
+            }
+            assert_eq!(q.bytes(), n.div_ceil(16) * (8 * k + 64 * k.div_ceil(32)));
         }
     }
 

@@ -10,11 +10,8 @@
 //! dequantized vectors, the group's two scale vectors), and 1 row × 64 columns for the last
 //! rows (a decode's single row; one 512-bit register a strip where the CPU has AVX-512).
 
-use super::{store_strip as store, wide, SendPtr, STRIP as W};
+use super::{quantized_rows, store_strip as store, wide, SendPtr, STRIP as W, TASK};
 use rayon::prelude::*;
-
-/// Strips per task.
-const TASK: usize = 4;
 
 /// A `[k, n]` matrix in 8 bits with its scales.
 pub struct Int8 {
@@ -113,27 +110,14 @@ pub fn matmul_rows_int8(c: &mut [f32], a: &[f32], w: &Int8, m: usize) {
                 i += 8;
             }
         }
-        while i + 4 <= m {
-            for s in ss.clone() {
-                let mut acc = [[0f32; W]; 4];
-                tile_rows(&mut acc, &a[i * k..(i + 4) * k], w, s);
-                for (r, accr) in acc.iter().enumerate() {
-                    store(cp, (i + r) * n, s, n, accr);
-                }
-            }
-            i += 4;
-        }
-        while i < m {
-            let ar = &a[i * k..(i + 1) * k];
-            // up to four strips (the last repeated to fill), each stored once
-            let four: [usize; TASK] = std::array::from_fn(|q| (ss.start + q).min(ss.end - 1));
-            let mut acc = [[0f32; W]; TASK];
-            tile_1x64(&mut acc, ar, w, four);
-            for (q, s) in ss.clone().enumerate() {
-                store(cp, i * n, s, n, &acc[q]);
-            }
-            i += 1;
-        }
+        quantized_rows(
+            cp,
+            a,
+            (i, m, k, n),
+            ss,
+            |acc, rows, s| tile_rows(acc, rows, w, s),
+            |acc, row, four| tile_1x64(acc, row, w, four),
+        );
     });
 }
 

@@ -1,0 +1,350 @@
+//! `matmul_rows` over 4-bit weights, as llama.cpp's Q4_0 holds them: a scale per output column
+//! and per group of 32 rows of k, each weight 4 bits `q` standing for `(q − 8) · s` —
+//! dequantized in registers (the nibble widened, 8 subtracted, converted, times the scale: one
+//! rounding, the product), then the same `fma` chain over k in order from 0 as the f32 kernel.
+//! Every output element is bit for bit the f32 kernel's result on the dequantized matrix,
+//! whatever rows are around it (batch invariance holds), and the weights are read at 4.5 bits
+//! a value (half the 8-bit form's bytes, an eighth of f32's).
+//!
+//! Layout as the other kernels': columns in strips of 16, `[strip][k][8]` bytes — byte `j` of
+//! a row holds column `j` in its low nibble and column `j + 8` in its high one — and
+//! `[strip][group][16]` scales. Quantization is llama.cpp's `quantize_row_q4_0_ref` per column
+//! and group (`models::gguf::quants::q4_0_block`), so a matrix quantized here is the one
+//! `llama-quantize` makes of it.
+
+use super::{quantized_rows, wide, SendPtr, STRIP as W, TASK};
+use crate::models::gguf::quants::q4_0_block;
+use rayon::prelude::*;
+
+/// Rows of k that share a scale.
+pub const GROUP: usize = 32;
+
+/// A `[k, n]` matrix in 4 bits with its scales.
+pub struct Int4 {
+    pub k: usize,
+    pub n: usize,
+    q: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl Int4 {
+    fn groups(&self) -> usize {
+        self.k.div_ceil(GROUP)
+    }
+
+    /// Quantizes strips of f32 values `[strip][k][16]` (the f32 kernel's packing); a last
+    /// group shorter than 32 is quantized as if padded with zeros.
+    pub fn from_strips(strips: &[f32], k: usize, n: usize) -> Int4 {
+        assert!(strips.len() == n.div_ceil(W) * k * W);
+        let groups = k.div_ceil(GROUP);
+        let ns = n.div_ceil(W);
+        let mut q = vec![0u8; ns * k * W / 2];
+        let mut scales = vec![0f32; ns * groups * W];
+        q.par_chunks_mut(k * W / 2).zip(scales.par_chunks_mut(groups * W)).enumerate().for_each(|(s, (qs, ss))| {
+            let strip = &strips[s * k * W..(s + 1) * k * W];
+            for g in 0..groups {
+                let rows = g * GROUP..((g + 1) * GROUP).min(k);
+                for t in 0..W {
+                    let mut x = [0f32; GROUP];
+                    for (xi, kk) in x.iter_mut().zip(rows.clone()) {
+                        *xi = strip[kk * W + t];
+                    }
+                    let (d, nib) = q4_0_block(&x);
+                    // the scale as llama.cpp stores it (f16)
+                    ss[g * W + t] = half::f16::from_f32(d).to_f32();
+                    for (i, kk) in rows.clone().enumerate() {
+                        let byte = &mut qs[kk * W / 2 + t % 8];
+                        *byte |= if t < 8 { nib[i] } else { nib[i] << 4 };
+                    }
+                }
+            }
+        });
+        Int4 { k, n, q, scales }
+    }
+
+    /// The dequantized matrix `[k, n]` (row-major): `(q − 8) · s`, each in f32 — what the
+    /// kernel computes with.
+    pub fn dequantized(&self) -> Vec<f32> {
+        let (k, n) = (self.k, self.n);
+        let mut out = vec![0f32; k * n];
+        for j in 0..n {
+            let (s, t) = (j / W, j % W);
+            for kk in 0..k {
+                let (q, sc) = self.strip(s);
+                out[kk * n + j] = weight(q, sc, kk, t);
+            }
+        }
+        out
+    }
+
+    /// Bytes of values and scales.
+    pub fn bytes(&self) -> usize {
+        self.q.len() + 4 * self.scales.len()
+    }
+
+    fn strip(&self, s: usize) -> (&[u8], &[f32]) {
+        let g = self.groups();
+        (&self.q[s * self.k * W / 2..(s + 1) * self.k * W / 2], &self.scales[s * g * W..(s + 1) * g * W])
+    }
+}
+
+/// The weight of row `kk`, column `t` of a strip: `(q − 8) · s`.
+#[inline(always)]
+fn weight(q: &[u8], sc: &[f32], kk: usize, t: usize) -> f32 {
+    let b = q[kk * W / 2 + t % 8];
+    let nib = if t < 8 { b & 0x0F } else { b >> 4 };
+    (nib as i32 - 8) as f32 * sc[kk / GROUP * W + t]
+}
+
+/// `c[m, n] = a[m, k] · w` (overwritten).
+pub fn matmul_rows_int4(c: &mut [f32], a: &[f32], w: &Int4, m: usize) {
+    let (k, n) = (w.k, w.n);
+    assert!(a.len() == m * k && c.len() == m * n);
+    let strips = n.div_ceil(W);
+    let cp = SendPtr(c.as_mut_ptr());
+    (0..strips.div_ceil(TASK)).into_par_iter().for_each(|task| {
+        let ss = task * TASK..((task + 1) * TASK).min(strips);
+        quantized_rows(
+            cp,
+            a,
+            (0, m, k, n),
+            ss,
+            |acc, rows, s| tile_rows(acc, rows, w, s),
+            |acc, row, four| tile_1x64(acc, row, w, four),
+        );
+    });
+}
+
+/// `acc[r][t] = Σ_k a[r, k]·w[k, t]` for 4 rows of strip `s`.
+fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int4, s: usize) {
+    let k = w.k;
+    assert_eq!(a.len(), 4 * k);
+    let (q, sc) = w.strip(s);
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
+        return unsafe { simd::tile_rows_avx512(acc, a, k, q, sc) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 and FMA (checked); lengths as above.
+        return unsafe { simd::tile_rows(acc, a, k, q, sc) };
+    }
+    for kk in 0..k {
+        for (r, accr) in acc.iter_mut().enumerate() {
+            let av = a[r * k + kk];
+            for (t, x) in accr.iter_mut().enumerate() {
+                *x = av.mul_add(weight(q, sc, kk, t), *x);
+            }
+        }
+    }
+}
+
+/// One row × the four strips `ss`.
+fn tile_1x64(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int4, ss: [usize; TASK]) {
+    let k = w.k;
+    assert_eq!(a.len(), k);
+    let strips = ss.map(|s| w.strip(s));
+    #[cfg(target_arch = "x86_64")]
+    if wide() {
+        // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
+        return unsafe { simd::tile_1x64_avx512(acc, a, strips) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
+        let (lo, hi) = acc.split_at_mut(2);
+        // SAFETY: as above, with AVX2 and FMA.
+        unsafe {
+            simd::tile_1x32(lo.try_into().unwrap(), a, [strips[0], strips[1]]);
+            simd::tile_1x32(hi.try_into().unwrap(), a, [strips[2], strips[3]]);
+        }
+        return;
+    }
+    for (kk, &av) in a.iter().enumerate() {
+        for (accq, (q, sc)) in acc.iter_mut().zip(&strips) {
+            for (t, x) in accq.iter_mut().enumerate() {
+                *x = av.mul_add(weight(q, sc, kk, t), *x);
+            }
+        }
+    }
+}
+
+/// The tiles with AVX2/FMA and AVX-512 intrinsics; each lane computes what the portable loops
+/// compute.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{GROUP, W};
+    use std::arch::x86_64::*;
+
+    /// The 8 low nibbles (columns 0..8) and 8 high ones (columns 8..16) of a row's 8 bytes,
+    /// each minus 8, as 32-bit integers.
+    #[inline(always)]
+    unsafe fn nibbles256(q: *const u8) -> (__m256i, __m256i) {
+        let b = _mm_loadl_epi64(q as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        let lo = _mm256_cvtepu8_epi32(_mm_and_si128(b, m));
+        let hi = _mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m));
+        let eight = _mm256_set1_epi32(8);
+        (_mm256_sub_epi32(lo, eight), _mm256_sub_epi32(hi, eight))
+    }
+
+    /// The row's 16 weights in one 512-bit register: nibbles minus 8, converted, times the scales.
+    #[inline(always)]
+    unsafe fn weights512(q: *const u8, s: __m512) -> __m512 {
+        let b = _mm_loadl_epi64(q as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        let both = _mm_unpacklo_epi64(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+        let v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(both), _mm512_set1_epi32(8));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(v), s)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, q: &[u8], sc: &[f32]) {
+        let mut c = [[_mm256_setzero_ps(); 2]; 4];
+        let (ap, qp) = (a.as_ptr(), q.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(GROUP) {
+            let s0 = _mm256_loadu_ps(sc.as_ptr().add(g * W));
+            let s1 = _mm256_loadu_ps(sc.as_ptr().add(g * W + 8));
+            while kk < ((g + 1) * GROUP).min(k) {
+                let (lo, hi) = nibbles256(qp.add(kk * W / 2));
+                let w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), s0);
+                let w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), s1);
+                for (r, cr) in c.iter_mut().enumerate() {
+                    let av = _mm256_broadcast_ss(&*ap.add(r * k + kk));
+                    cr[0] = _mm256_fmadd_ps(av, w0, cr[0]);
+                    cr[1] = _mm256_fmadd_ps(av, w1, cr[1]);
+                }
+                kk += 1;
+            }
+        }
+        for (accr, cr) in acc.iter_mut().zip(&c) {
+            _mm256_storeu_ps(accr.as_mut_ptr(), cr[0]);
+            _mm256_storeu_ps(accr.as_mut_ptr().add(8), cr[1]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile_1x32(acc: &mut [[f32; W]; 2], a: &[f32], strips: [(&[u8], &[f32]); 2]) {
+        let k = a.len();
+        let mut c = [_mm256_setzero_ps(); 4];
+        let (q0, q1) = (strips[0].0.as_ptr(), strips[1].0.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(GROUP) {
+            let s: [__m256; 4] = [
+                _mm256_loadu_ps(strips[0].1.as_ptr().add(g * W)),
+                _mm256_loadu_ps(strips[0].1.as_ptr().add(g * W + 8)),
+                _mm256_loadu_ps(strips[1].1.as_ptr().add(g * W)),
+                _mm256_loadu_ps(strips[1].1.as_ptr().add(g * W + 8)),
+            ];
+            while kk < ((g + 1) * GROUP).min(k) {
+                let av = _mm256_broadcast_ss(a.get_unchecked(kk));
+                let (l0, h0) = nibbles256(q0.add(kk * W / 2));
+                let (l1, h1) = nibbles256(q1.add(kk * W / 2));
+                c[0] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(l0), s[0]), c[0]);
+                c[1] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(h0), s[1]), c[1]);
+                c[2] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(l1), s[2]), c[2]);
+                c[3] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(h1), s[3]), c[3]);
+                kk += 1;
+            }
+        }
+        for q in 0..2 {
+            _mm256_storeu_ps(acc[q].as_mut_ptr(), c[2 * q]);
+            _mm256_storeu_ps(acc[q].as_mut_ptr().add(8), c[2 * q + 1]);
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_rows_avx512(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, q: &[u8], sc: &[f32]) {
+        let mut c = [_mm512_setzero_ps(); 4];
+        let (ap, qp) = (a.as_ptr(), q.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(GROUP) {
+            let s = _mm512_loadu_ps(sc.as_ptr().add(g * W));
+            while kk < ((g + 1) * GROUP).min(k) {
+                let wv = weights512(qp.add(kk * W / 2), s);
+                for (r, cr) in c.iter_mut().enumerate() {
+                    *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), wv, *cr);
+                }
+                kk += 1;
+            }
+        }
+        for (accr, cr) in acc.iter_mut().zip(&c) {
+            _mm512_storeu_ps(accr.as_mut_ptr(), *cr);
+        }
+    }
+
+    /// One row × four strips: a strip's row of 16 weights in one register, four chains.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_1x64_avx512(acc: &mut [[f32; W]; 4], a: &[f32], strips: [(&[u8], &[f32]); 4]) {
+        let k = a.len();
+        let mut c = [_mm512_setzero_ps(); 4];
+        let q: [*const u8; 4] = std::array::from_fn(|i| strips[i].0.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(GROUP) {
+            let s: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(strips[i].1.as_ptr().add(g * W)));
+            while kk < ((g + 1) * GROUP).min(k) {
+                let av = _mm512_set1_ps(*a.get_unchecked(kk));
+                for i in 0..4 {
+                    c[i] = _mm512_fmadd_ps(av, weights512(q[i].add(kk * W / 2), s[i]), c[i]);
+                }
+                kk += 1;
+            }
+        }
+        for i in 0..4 {
+            _mm512_storeu_ps(acc[i].as_mut_ptr(), c[i]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Every path — the portable loops, AVX2 and AVX-512 where the CPU has them — gives the
+    /// same bits (the dispatch takes the widest, so the narrower paths are called here).
+    #[test]
+    fn every_path_computes_the_same_bits() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let (k, n) = (75, 64);
+        let wv: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let packed = crate::tensor::rowwise::Packed::new(&wv, k, n);
+        let w = Int4::from_strips(&crate::tensor::rowwise::tests_strips(&packed), k, n);
+        let a: Vec<f32> = (0..4 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        // the portable loops, written out
+        let mut want = [[0f32; W]; 4];
+        let (q, sc) = w.strip(1);
+        for kk in 0..k {
+            for (r, accr) in want.iter_mut().enumerate() {
+                for (t, x) in accr.iter_mut().enumerate() {
+                    *x = a[r * k + kk].mul_add(weight(q, sc, kk, t), *x);
+                }
+            }
+        }
+        let bits = |x: &[[f32; W]]| x.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
+                let mut got = [[0f32; W]; 4];
+                // SAFETY: AVX2 and FMA checked; `a` holds 4 rows of k, `q`/`sc` one strip
+                unsafe { simd::tile_rows(&mut got, &a, k, q, sc) };
+                assert_eq!(bits(&got), bits(&want), "AVX2 4 rows");
+                let mut one = [[0f32; W]; 2];
+                // SAFETY: as above, one row
+                unsafe { simd::tile_1x32(&mut one, &a[..k], [w.strip(1), w.strip(1)]) };
+                assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX2 one row");
+            }
+            if wide() {
+                let mut got = [[0f32; W]; 4];
+                // SAFETY: AVX-512F checked
+                unsafe { simd::tile_rows_avx512(&mut got, &a, k, q, sc) };
+                assert_eq!(bits(&got), bits(&want), "AVX-512 4 rows");
+                let mut one = [[0f32; W]; 4];
+                // SAFETY: as above
+                unsafe { simd::tile_1x64_avx512(&mut one, &a[..k], [w.strip(1); 4]) };
+                assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX-512 one row");
+            }
+        }
+    }
+}
