@@ -180,7 +180,8 @@ def main():
     for name, url, mode in a.target:
         client = OpenAI(base_url=url.rstrip("/") + "/v1", api_key="none", timeout=600, max_retries=0)
         model = client.models.list().data[0].id
-        results[name] = {"url": url, "mode": mode, "model": model, "categories": {}}
+        key = f"{name} {mode}"
+        results[key] = {"server": name, "url": url, "mode": mode, "model": model, "categories": {}}
         for c in cats:
             qs, truth = data[c]
             t0 = time.time()
@@ -204,8 +205,8 @@ def main():
                 "refused": errors,
                 "seconds": time.time() - t0,
             }
-            results[name]["categories"][c] = row
-            results[name].setdefault("answers", {})[c] = [
+            results[key]["categories"][c] = row
+            results[key].setdefault("answers", {})[c] = [
                 {"id": e["id"], **{k: v for k, v in ans.items() if k != "tools"}} for e, ans in zip(qs, answers)
             ]
             sv = f"{valid}/{total}" if total else "-"
@@ -225,7 +226,7 @@ def main():
         v = sum(rows[c]["schema_valid"] for c in cats)
         t = sum(rows[c]["calls"] for c in cats)
         pct = f"{100 * v / t:.1f}% ({v}/{t})" if t else "-"
-        print(f"| {name} | {r['mode']} | " + " | ".join(cells) + f" | **{s}/{n}** ({100 * s / n:.1f}%) | {pct} |")
+        print(f"| {r['server']} | {r['mode']} | " + " | ".join(cells) + f" | **{s}/{n}** ({100 * s / n:.1f}%) | {pct} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(results, f, indent=1)
