@@ -31,6 +31,27 @@ fn q8_0_and_q4_0_blocks_are_llama_quantizes_bytes() {
     }
 }
 
+/// A Q4_0 or Q8_0 matrix of a GGUF file served with `--weights int4` or `int8` runs on the
+/// file's own values: quantizing the dequantized blocks again gives them back bit for bit
+/// (Q4_0's largest value sits at level 0, so its scale is recovered exactly; Q8_0's at ±127).
+#[test]
+fn q4_0_and_q8_0_weights_quantize_back_to_the_files_values() {
+    use brigade::tensor::rowwise::Packed;
+    let f = fixture();
+    for name in ["Q4_0", "Q8_0"] {
+        let t = &f["types"][name];
+        let deq: Vec<f32> =
+            t["values_bits"].as_array().unwrap().iter().map(|v| f32::from_bits(v.as_u64().unwrap() as u32)).collect();
+        // one output column whose 192 inputs are the file's six blocks (groups of 32 along k)
+        let (k, n) = (deq.len(), 1);
+        let packed = Packed::new(&deq, k, n);
+        let q = if name == "Q4_0" { packed.quantized_int4() } else { packed.quantized_int8(32) };
+        let back = q.dequantized();
+        let differ = back.iter().zip(&deq).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{name}: {differ} of {k} values changed");
+    }
+}
+
 #[test]
 fn every_type_dequantizes_bit_for_bit_as_gguf_py() {
     let f = fixture();

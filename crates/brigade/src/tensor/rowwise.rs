@@ -75,6 +75,25 @@ impl Packed {
         Packed { k: self.k, n: self.n, data: Vec::new(), int8: None, int4: Some(int4) }
     }
 
+    /// The matrix `[k, n]` (row-major) the product computes with: the values, or the quantized
+    /// ones dequantized.
+    pub fn dequantized(&self) -> Vec<f32> {
+        match (&self.int8, &self.int4) {
+            (Some(q), _) => q.dequantized(),
+            (_, Some(q)) => q.dequantized(),
+            _ => {
+                let (k, n) = (self.k, self.n);
+                let mut out = vec![0f32; k * n];
+                for j in 0..n {
+                    for kk in 0..k {
+                        out[kk * n + j] = self.data[((j / W) * k + kk) * W + j % W];
+                    }
+                }
+                out
+            }
+        }
+    }
+
     /// Bytes the product reads of the weights.
     pub fn bytes(&self) -> usize {
         match (&self.int8, &self.int4) {
