@@ -1,5 +1,6 @@
-//! `brigade export CHECKPOINT --gguf OUT.gguf [--type f32|f16|q8_0]`: a checkpoint (ours or a
-//! Hugging Face folder of either family) as one GGUF file for llama.cpp and Ollama.
+//! `brigade export CHECKPOINT --gguf OUT.gguf [--type f32|f16|q8_0|q4_0]`: a checkpoint (ours
+//! or a Hugging Face folder of either family) as one GGUF file for llama.cpp and Ollama.
+//! `brigade quantize IN OUT.gguf --type …` is the same writer.
 
 use anyhow::{bail, Result};
 use brigade::models::gguf::{export, FileType};
@@ -14,10 +15,27 @@ pub struct ExportArgs {
     /// Write a GGUF file here (metadata, tokenizer, chat template, tensors under llama.cpp's names).
     #[arg(long, value_name = "OUT.gguf")]
     gguf: Option<PathBuf>,
-    /// How matrices are stored: f32 (exact), f16, or q8_0 (8 bits per weight plus a scale per
-    /// 32); norms and biases stay f32.
-    #[arg(long = "type", default_value = "f32", value_name = "f32|f16|q8_0")]
+    /// How matrices are stored: f32 (exact), f16, q8_0 (8 bits per weight plus a scale per
+    /// 32), or q4_0 (4 bits plus a scale per 32; the token table and output layer at q8_0);
+    /// norms and biases stay f32. Quantized as llama.cpp's reference quantizers do.
+    #[arg(long = "type", default_value = "f32", value_name = "f32|f16|q8_0|q4_0")]
     ty: String,
+}
+
+/// `brigade quantize IN OUT.gguf --type …`: the export's writer under the name llama.cpp's tool
+/// has.
+#[derive(Args, Debug)]
+pub struct QuantizeArgs {
+    /// Checkpoint directory (a `brigade train --out` directory or a Hugging Face folder).
+    checkpoint: PathBuf,
+    /// The GGUF file to write.
+    out: PathBuf,
+    #[arg(long = "type", default_value = "q8_0", value_name = "f32|f16|q8_0|q4_0")]
+    ty: String,
+}
+
+pub fn quantize(a: QuantizeArgs) -> Result<()> {
+    run(ExportArgs { checkpoint: a.checkpoint, gguf: Some(a.out), ty: a.ty })
 }
 
 pub fn run(a: ExportArgs) -> Result<()> {

@@ -56,6 +56,8 @@ enum Cmd {
     Tokenize(Box<tokenize_cmd::TokenizeArgs>),
     /// Write a checkpoint as a GGUF file that llama.cpp and Ollama run.
     Export(export_cmd::ExportArgs),
+    /// Write a checkpoint as a quantized GGUF file (q8_0, q4_0; the export's writer).
+    Quantize(export_cmd::QuantizeArgs),
     /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API, with continuous batching.
     Serve(Box<serve_cmd::ServeArgs>),
     /// One OpenAI-compatible front door over several `brigade serve` replicas: round robin,
@@ -102,6 +104,7 @@ fn main() {
         Cmd::Embed(a) => embed_cmd::run(*a),
         Cmd::Tokenize(a) => tokenize_cmd::run(*a),
         Cmd::Export(a) => export_cmd::run(a),
+        Cmd::Quantize(a) => export_cmd::quantize(a),
         Cmd::Serve(a) => serve_cmd::run(*a),
         Cmd::Route(a) => route_cmd::run(a),
         Cmd::Run(a) => run_cmd::run(*a),

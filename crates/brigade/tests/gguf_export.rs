@@ -247,7 +247,8 @@ fn bad_exports_fail_with_one_line_and_write_nothing() {
     let e = export(&tmp.path().join("ck"), &out, FileType::F32).unwrap_err().to_string();
     assert!(e.contains("no tokenizer.json"), "{e}");
     assert!(!out.exists());
-    assert!(FileType::parse("q4_k").unwrap_err().to_string().contains("f32, f16 or q8_0"));
+    assert!(FileType::parse("q4_k").unwrap_err().to_string().contains("f32, f16, q8_0 or q4_0"));
+    assert_eq!(FileType::parse("q4_0").unwrap(), FileType::Q4_0);
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left.len(), 1, "nothing but the checkpoint: {left:?}");
 }

@@ -26,6 +26,9 @@ pub enum FileType {
     F16,
     /// Q8_0 where a row's length is a multiple of 32, else f16.
     Q8_0,
+    /// Q4_0 for the blocks' matrices whose rows are multiples of 32 (else f16), the token table
+    /// and the output layer at Q8_0 (as brigade's `--weights int4` keeps its head).
+    Q4_0,
 }
 
 impl FileType {
@@ -34,26 +37,32 @@ impl FileType {
             "f32" => Ok(FileType::F32),
             "f16" => Ok(FileType::F16),
             "q8_0" => Ok(FileType::Q8_0),
-            _ => Err(Error::Config(format!("unknown GGUF type '{s}'; use f32, f16 or q8_0"))),
+            "q4_0" => Ok(FileType::Q4_0),
+            _ => Err(Error::Config(format!("unknown GGUF type '{s}'; use f32, f16, q8_0 or q4_0"))),
         }
     }
 
-    /// llama.cpp's `general.file_type` (`LLAMA_FTYPE_ALL_F32` 0, `MOSTLY_F16` 1, `MOSTLY_Q8_0` 7).
+    /// llama.cpp's `general.file_type` (`LLAMA_FTYPE_ALL_F32` 0, `MOSTLY_F16` 1, `MOSTLY_Q4_0`
+    /// 2, `MOSTLY_Q8_0` 7).
     fn id(self) -> u32 {
         match self {
             FileType::F32 => 0,
             FileType::F16 => 1,
+            FileType::Q4_0 => 2,
             FileType::Q8_0 => 7,
         }
     }
 
-    /// The type a tensor of `shape` is stored as.
-    fn tensor_type(self, shape: &[usize]) -> TensorType {
+    /// The type tensor `name` of `shape` is stored as.
+    fn tensor_type(self, name: &str, shape: &[usize]) -> TensorType {
+        let blocks = shape[shape.len() - 1].is_multiple_of(file::Q8_0_BLOCK);
+        let table = name == "token_embd.weight" || name == "output.weight";
         match (self, shape.len()) {
             (FileType::F32, _) | (_, 1) => TensorType::F32,
             (FileType::F16, _) => TensorType::F16,
-            (FileType::Q8_0, _) if shape[shape.len() - 1].is_multiple_of(file::Q8_0_BLOCK) => TensorType::Q8_0,
-            (FileType::Q8_0, _) => TensorType::F16,
+            (FileType::Q4_0, _) if blocks && !table => TensorType::Q4_0,
+            (FileType::Q8_0 | FileType::Q4_0, _) if blocks => TensorType::Q8_0,
+            (FileType::Q8_0 | FileType::Q4_0, _) => TensorType::F16,
         }
     }
 }
@@ -407,7 +416,8 @@ pub fn export(dir: &Path, out: &Path, ty: FileType) -> Result<Exported> {
             .get(r.hf.as_str())
             .ok_or_else(|| Error::ckpt(dir, format!("has no tensor {} for GGUF's {}", r.hf, r.gguf)))?;
         let (values, shape) = changed(spec.view.of(&params), &spec.shape, r.change);
-        tensors.push(Tensor::new(r.gguf, &shape, ty.tensor_type(&shape), &values));
+        let t = ty.tensor_type(&r.gguf, &shape);
+        tensors.push(Tensor::new(r.gguf, &shape, t, &values));
     }
     // Llama 3's frequency scaling: the factor each rotary frequency is divided by
     if let Positions::Rotary { theta, scaling: Some(s) } = cfg.positions() {
