@@ -9,15 +9,35 @@
 //! Layout as the other kernels': columns in strips of 16, `[strip][k][8]` bytes — byte `j` of
 //! a row holds column `j` in its low nibble and column `j + 8` in its high one — and
 //! `[strip][group][16]` scales. Quantization is llama.cpp's `quantize_row_q4_0_ref` per column
-//! and group (`models::gguf::quants::q4_0_block`), so a matrix quantized here is the one
-//! `llama-quantize` makes of it.
+//! and group (`q4_0_block`, which the GGUF writer uses too), so a matrix quantized here is the
+//! one `llama-quantize` makes of it.
 
 use super::{quantized_rows, wide, SendPtr, STRIP as W, TASK};
-use crate::models::gguf::quants::q4_0_block;
 use rayon::prelude::*;
 
 /// Rows of k that share a scale.
 pub const GROUP: usize = 32;
+
+/// One Q4_0 block of 32 values as llama.cpp's `quantize_row_q4_0_ref` makes it: the scale
+/// `d = max / −8` (`max` the value of largest magnitude, its sign kept; stored as f16) and each
+/// value's 4 bits `min(15, trunc(x / d + 8.5))`, from the unrounded scale. The value is then
+/// `(q − 8) · d`, with `d` as stored.
+pub fn q4_0_block(x: &[f32]) -> (f32, [u8; 32]) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0u8; 32];
+    for (qj, &v) in q.iter_mut().zip(x) {
+        *qj = ((v * id + 8.5) as i8).min(15) as u8;
+    }
+    (d, q)
+}
 
 /// A `[k, n]` matrix in 4 bits with its scales.
 pub struct Int4 {

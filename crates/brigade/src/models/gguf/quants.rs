@@ -4,6 +4,7 @@
 //! are bit for bit theirs. The writer encodes F32, F16, Q8_0 and Q4_0 (`encode`), as
 //! llama.cpp's reference quantizers do.
 
+pub use crate::tensor::rowwise_int4::q4_0_block;
 use half::{bf16, f16};
 
 /// Values per block of the k-quants.
@@ -254,27 +255,6 @@ impl GgmlType {
             }
         }
     }
-}
-
-/// One Q4_0 block of 32 values as llama.cpp's `quantize_row_q4_0_ref` makes it: the scale
-/// `d = max / −8` (`max` the value of largest magnitude, its sign kept; stored as f16) and each
-/// value's 4 bits `min(15, trunc(x / d + 8.5))`, from the unrounded scale. The value is then
-/// `(q − 8) · d`, with `d` as stored.
-pub fn q4_0_block(x: &[f32]) -> (f32, [u8; 32]) {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in x {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    let d = max / -8.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let mut q = [0u8; 32];
-    for (qj, &v) in q.iter_mut().zip(x) {
-        *qj = ((v * id + 8.5) as i8).min(15) as u8;
-    }
-    (d, q)
 }
 
 /// Scale and minimum `j` (0..8) of a k-quant block's 12 packed bytes (llama.cpp's
