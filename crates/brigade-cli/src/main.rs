@@ -16,6 +16,7 @@ static ALLOC: brigade::alloc::RankAlloc = brigade::alloc::RankAlloc;
 
 mod bench;
 mod embed_cmd;
+mod eval_cmd;
 mod export_cmd;
 mod interrupt;
 mod launch_cmd;
@@ -56,6 +57,9 @@ enum Cmd {
     Tokenize(Box<tokenize_cmd::TokenizeArgs>),
     /// Write a checkpoint as a GGUF file that llama.cpp and Ollama run.
     Export(export_cmd::ExportArgs),
+    /// Measure a quantized model against its reference (KL divergence, top-1, perplexity).
+    #[command(subcommand)]
+    Eval(eval_cmd::EvalCmd),
     /// Write a checkpoint as a quantized GGUF file (q8_0, q4_0; the export's writer).
     Quantize(export_cmd::QuantizeArgs),
     /// Serve a GPT checkpoint over an OpenAI-compatible HTTP API, with continuous batching.
@@ -105,6 +109,7 @@ fn main() {
         Cmd::Tokenize(a) => tokenize_cmd::run(*a),
         Cmd::Export(a) => export_cmd::run(a),
         Cmd::Quantize(a) => export_cmd::quantize(a),
+        Cmd::Eval(c) => eval_cmd::run(c),
         Cmd::Serve(a) => serve_cmd::run(*a),
         Cmd::Route(a) => route_cmd::run(a),
         Cmd::Run(a) => run_cmd::run(*a),

@@ -854,3 +854,59 @@ fn bench_serve_with_tools_compiles_the_grammar_once() {
         assert!(r["output_tokens_per_s"].as_f64().unwrap() > 0.0);
     }
 }
+
+/// `brigade eval kld` on a small trained checkpoint: the model against itself is KL 0 and full
+/// agreement exactly (the two forwards run in lockstep on the same positions), 8 and 4 bits
+/// are above 0 (4 bits further), every chunk's second half is scored, and perplexity is the
+/// mean next-token likelihood's.
+#[test]
+fn eval_kld_measures_a_model_against_its_reference() {
+    let ck = checkpoint();
+    let d = tempfile::tempdir().unwrap();
+    let text = d.path().join("held_out.txt");
+    std::fs::write(&text, common::server::prose_corpus()).unwrap();
+    let run = |w: &str| -> Value {
+        let args = [
+            "eval",
+            "kld",
+            "--reference",
+            ck.to_str().unwrap(),
+            "--weights",
+            w,
+            "--text",
+            text.to_str().unwrap(),
+            "--ctx",
+            "32",
+            "--chunks",
+            "3",
+            "--threads",
+            "1",
+            "--json",
+        ];
+        serde_json::from_slice(&ok(&args, d.path()).stdout).unwrap()
+    };
+    let same = run("f32");
+    assert_eq!(same["tokens_scored"], 3 * 15, "positions 16..30 of each chunk of 32");
+    assert_eq!((same["mean_kld"].as_f64(), same["top1_agreement"].as_f64()), (Some(0.0), Some(1.0)), "{same}");
+    assert_eq!(same["ppl_model"], same["ppl_reference"]);
+    let (q8, q4) = (run("int8"), run("int4"));
+    let (k8, k4) = (q8["mean_kld"].as_f64().unwrap(), q4["mean_kld"].as_f64().unwrap());
+    assert!(k8 > 0.0 && k4 > k8, "int8 {k8}, int4 {k4}");
+    assert!(same["ppl_reference"].as_f64().unwrap() > 1.0);
+    fails_with(
+        &[
+            "eval",
+            "kld",
+            "--reference",
+            ck.to_str().unwrap(),
+            "--text",
+            text.to_str().unwrap(),
+            "--ctx",
+            "32",
+            "--chunks",
+            "100000",
+        ],
+        d.path(),
+        "chunks of 32 fit",
+    );
+}
