@@ -374,7 +374,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_0() {
 #[test]
 fn bad_serve_flags_fail_cleanly() {
     let d = tempfile::tempdir().unwrap();
-    common::fails_with(&["serve", "--checkpoint", "/no/such/dir"], d.path(), "cannot read");
+    common::fails_with(&["serve", "--checkpoint", "/no/such/dir"], d.path(), "no such checkpoint");
     common::fails_with(&["serve", "--model", "gpt2-huge"], d.path(), "gpt2-huge");
     common::fails_with(&["serve", "--model", "tiny", "--max-running", "0"], d.path(), "--max-running");
     common::fails_with(&["serve", "--model", "tiny", "--shutdown-timeout=-1"], d.path(), "--shutdown-timeout");
