@@ -124,10 +124,30 @@ pub fn matmul_rows_int4(c: &mut [f32], a: &[f32], w: &Int4, m: usize) {
     let cp = SendPtr(c.as_mut_ptr());
     (0..strips.div_ceil(TASK)).into_par_iter().for_each(|task| {
         let ss = task * TASK..((task + 1) * TASK).min(strips);
+        let mut i = 0;
+        // with 512-bit registers, 8 rows × two strips first: each unpacked weight vector feeds
+        // 8 FMAs (the unpacking, not the reading, bounds a batch)
+        #[cfg(target_arch = "x86_64")]
+        if wide() {
+            while i + 8 <= m {
+                for s in ss.clone().step_by(2) {
+                    let s2 = (s + 1).min(ss.end - 1);
+                    let mut acc = [[[0f32; W]; 8]; 2];
+                    // SAFETY: the CPU has AVX-512F (checked); `a` holds rows i..i + 8.
+                    unsafe { simd::tile_8x32_avx512(&mut acc, &a[i * k..(i + 8) * k], k, [w.strip(s), w.strip(s2)]) };
+                    for (q, st) in [s, s2].into_iter().enumerate().take(if s2 == s { 1 } else { 2 }) {
+                        for (r, accr) in acc[q].iter().enumerate() {
+                            super::store_strip(cp, (i + r) * n, st, n, accr);
+                        }
+                    }
+                }
+                i += 8;
+            }
+        }
         quantized_rows(
             cp,
             a,
-            (0, m, k, n),
+            (i, m, k, n),
             ss,
             |acc, rows, s| tile_rows(acc, rows, w, s),
             |acc, row, four| tile_1x64(acc, row, w, four),
@@ -271,6 +291,33 @@ mod simd {
         for q in 0..2 {
             _mm256_storeu_ps(acc[q].as_mut_ptr(), c[2 * q]);
             _mm256_storeu_ps(acc[q].as_mut_ptr().add(8), c[2 * q + 1]);
+        }
+    }
+
+    /// 8 rows × two strips: 16 accumulators, each strip's row unpacked once for the 8 rows.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_8x32_avx512(acc: &mut [[[f32; W]; 8]; 2], a: &[f32], k: usize, strips: [(&[u8], &[f32]); 2]) {
+        assert!(a.len() == 8 * k);
+        let mut c = [[_mm512_setzero_ps(); 2]; 8];
+        let (ap, q0, q1) = (a.as_ptr(), strips[0].0.as_ptr(), strips[1].0.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(GROUP) {
+            let s0 = _mm512_loadu_ps(strips[0].1.as_ptr().add(g * W));
+            let s1 = _mm512_loadu_ps(strips[1].1.as_ptr().add(g * W));
+            while kk < ((g + 1) * GROUP).min(k) {
+                let w0 = weights512(q0.add(kk * W / 2), s0);
+                let w1 = weights512(q1.add(kk * W / 2), s1);
+                for (r, cr) in c.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(*ap.add(r * k + kk));
+                    cr[0] = _mm512_fmadd_ps(av, w0, cr[0]);
+                    cr[1] = _mm512_fmadd_ps(av, w1, cr[1]);
+                }
+                kk += 1;
+            }
+        }
+        for (r, cr) in c.iter().enumerate() {
+            _mm512_storeu_ps(acc[0][r].as_mut_ptr(), cr[0]);
+            _mm512_storeu_ps(acc[1][r].as_mut_ptr(), cr[1]);
         }
     }
 
