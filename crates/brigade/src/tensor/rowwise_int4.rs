@@ -350,7 +350,19 @@ mod simd {
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
             let s: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(strips[i].1.as_ptr().add(g * W)));
-            while kk < ((g + 1) * GROUP).min(k) {
+            let end = ((g + 1) * GROUP).min(k);
+            // two rows of k at once: their 16 bytes masked and shifted in one go (a group's
+            // rows are an even number but the last group's may not be)
+            while kk + 2 <= end {
+                let (a0, a1) = (_mm512_set1_ps(*a.get_unchecked(kk)), _mm512_set1_ps(*a.get_unchecked(kk + 1)));
+                for i in 0..4 {
+                    let (w0, w1) = weights512_pair(q[i].add(kk * W / 2), s[i]);
+                    c[i] = _mm512_fmadd_ps(a0, w0, c[i]);
+                    c[i] = _mm512_fmadd_ps(a1, w1, c[i]);
+                }
+                kk += 2;
+            }
+            while kk < end {
                 let av = _mm512_set1_ps(*a.get_unchecked(kk));
                 for i in 0..4 {
                     c[i] = _mm512_fmadd_ps(av, weights512(q[i].add(kk * W / 2), s[i]), c[i]);
@@ -361,6 +373,19 @@ mod simd {
         for i in 0..4 {
             _mm512_storeu_ps(acc[i].as_mut_ptr(), c[i]);
         }
+    }
+
+    /// Two consecutive rows' 16 weights each (their 16 bytes loaded, masked and shifted once):
+    /// lanewise what `weights512` gives for each row.
+    #[inline(always)]
+    unsafe fn weights512_pair(q: *const u8, s: __m512) -> (__m512, __m512) {
+        let b = _mm_loadu_si128(q as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        let (lo, hi) = (_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+        let eight = _mm512_set1_epi32(8);
+        let v0 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)), eight);
+        let v1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(lo, hi)), eight);
+        (_mm512_mul_ps(_mm512_cvtepi32_ps(v0), s), _mm512_mul_ps(_mm512_cvtepi32_ps(v1), s))
     }
 }
 
