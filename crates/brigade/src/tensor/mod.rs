@@ -59,38 +59,61 @@ pub(crate) fn store_strip(c: SendPtr, row0: usize, s: usize, n: usize, acc: &[f3
 /// Strips a task of the quantized products takes (and a one-row tile's width).
 pub(crate) const TASK: usize = 4;
 
-/// Rows `from..m` of a quantized product `c[m, n] = a[m, k] · w` in the strips `ss`: 4-row
-/// tiles (`four(acc, rows, strip)`), then single rows × four strips (`one(acc, row, strips)`,
-/// the last strip repeated to fill); each tile stored once.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn quantized_rows(
-    cp: SendPtr,
+/// A quantized product `c[m, n] = a[m, k] · w` (overwritten), tasks of `TASK` strips in
+/// parallel: with 512-bit registers 8-row × two-strip tiles first (`eight(acc, rows,
+/// [s, s2])`, each dequantized weight vector feeding 8 FMAs), then 4-row tiles (`four(acc,
+/// rows, s)`), then single rows × four strips (`one(acc, row, strips)`, the last strip repeated
+/// to fill); each tile stored once. The kernels (`rowwise_int8`, `rowwise_int4`) give the tiles.
+pub(crate) fn quantized_product(
+    c: &mut [f32],
     a: &[f32],
-    (from, m, k, n): (usize, usize, usize, usize),
-    ss: std::ops::Range<usize>,
-    four: impl Fn(&mut [[f32; STRIP]; 4], &[f32], usize),
-    one: impl Fn(&mut [[f32; STRIP]; TASK], &[f32], [usize; TASK]),
+    (m, k, n): (usize, usize, usize),
+    eight: impl Fn(&mut [[[f32; STRIP]; 8]; 2], &[f32], [usize; 2]) + Sync,
+    four: impl Fn(&mut [[f32; STRIP]; 4], &[f32], usize) + Sync,
+    one: impl Fn(&mut [[f32; STRIP]; TASK], &[f32], [usize; TASK]) + Sync,
 ) {
-    let mut i = from;
-    while i + 4 <= m {
-        for s in ss.clone() {
-            let mut acc = [[0f32; STRIP]; 4];
-            four(&mut acc, &a[i * k..(i + 4) * k], s);
-            for (r, accr) in acc.iter().enumerate() {
-                store_strip(cp, (i + r) * n, s, n, accr);
+    use rayon::prelude::*;
+    assert!(a.len() == m * k && c.len() == m * n);
+    let strips = n.div_ceil(STRIP);
+    let cp = SendPtr(c.as_mut_ptr());
+    (0..strips.div_ceil(TASK)).into_par_iter().for_each(|task| {
+        let ss = task * TASK..((task + 1) * TASK).min(strips);
+        let mut i = 0;
+        if wide() {
+            while i + 8 <= m {
+                for s in ss.clone().step_by(2) {
+                    let s2 = (s + 1).min(ss.end - 1);
+                    let mut acc = [[[0f32; STRIP]; 8]; 2];
+                    eight(&mut acc, &a[i * k..(i + 8) * k], [s, s2]);
+                    for (q, st) in [s, s2].into_iter().enumerate().take(if s2 == s { 1 } else { 2 }) {
+                        for (r, accr) in acc[q].iter().enumerate() {
+                            store_strip(cp, (i + r) * n, st, n, accr);
+                        }
+                    }
+                }
+                i += 8;
             }
         }
-        i += 4;
-    }
-    while i < m {
-        let strips: [usize; TASK] = std::array::from_fn(|q| (ss.start + q).min(ss.end - 1));
-        let mut acc = [[0f32; STRIP]; TASK];
-        one(&mut acc, &a[i * k..(i + 1) * k], strips);
-        for (q, s) in ss.clone().enumerate() {
-            store_strip(cp, i * n, s, n, &acc[q]);
+        while i + 4 <= m {
+            for s in ss.clone() {
+                let mut acc = [[0f32; STRIP]; 4];
+                four(&mut acc, &a[i * k..(i + 4) * k], s);
+                for (r, accr) in acc.iter().enumerate() {
+                    store_strip(cp, (i + r) * n, s, n, accr);
+                }
+            }
+            i += 4;
         }
-        i += 1;
-    }
+        while i < m {
+            let four_strips: [usize; TASK] = std::array::from_fn(|q| (ss.start + q).min(ss.end - 1));
+            let mut acc = [[0f32; STRIP]; TASK];
+            one(&mut acc, &a[i * k..(i + 1) * k], four_strips);
+            for (q, s) in ss.clone().enumerate() {
+                store_strip(cp, i * n, s, n, &acc[q]);
+            }
+            i += 1;
+        }
+    });
 }
 
 pub(crate) fn wide() -> bool {

@@ -10,7 +10,7 @@
 //! dequantized vectors, the group's two scale vectors), and 1 row × 64 columns for the last
 //! rows (a decode's single row; one 512-bit register a strip where the CPU has AVX-512).
 
-use super::{quantized_rows, store_strip as store, wide, SendPtr, STRIP as W, TASK};
+use super::{quantized_product, wide, STRIP as W, TASK};
 use rayon::prelude::*;
 
 /// A `[k, n]` matrix in 8 bits with its scales.
@@ -82,43 +82,20 @@ impl Int8 {
 
 /// `c[m, n] = a[m, k] · w` (overwritten).
 pub fn matmul_rows_int8(c: &mut [f32], a: &[f32], w: &Int8, m: usize) {
-    let (k, n) = (w.k, w.n);
-    assert!(a.len() == m * k && c.len() == m * n);
-    let strips = n.div_ceil(W);
-    let cp = SendPtr(c.as_mut_ptr());
-    (0..strips.div_ceil(TASK)).into_par_iter().for_each(|task| {
-        let ss = task * TASK..((task + 1) * TASK).min(strips);
-        let mut i = 0;
-        // with 512-bit registers, 8 rows × two strips first: each dequantized weight vector
-        // feeds 8 FMAs
-        #[cfg(target_arch = "x86_64")]
-        if wide() {
-            while i + 8 <= m {
-                for s in ss.clone().step_by(2) {
-                    let s2 = (s + 1).min(ss.end - 1);
-                    let mut acc = [[[0f32; W]; 8]; 2];
-                    // SAFETY: the CPU has AVX-512F (checked); `a` holds rows i..i + 8.
-                    unsafe {
-                        simd::tile_8x32_avx512(&mut acc, &a[i * k..(i + 8) * k], k, w.group, [w.strip(s), w.strip(s2)])
-                    };
-                    for (q, st) in [s, s2].into_iter().enumerate().take(if s2 == s { 1 } else { 2 }) {
-                        for (r, accr) in acc[q].iter().enumerate() {
-                            store(cp, (i + r) * n, st, n, accr);
-                        }
-                    }
-                }
-                i += 8;
-            }
-        }
-        quantized_rows(
-            cp,
-            a,
-            (i, m, k, n),
-            ss,
-            |acc, rows, s| tile_rows(acc, rows, w, s),
-            |acc, row, four| tile_1x64(acc, row, w, four),
-        );
-    });
+    quantized_product(
+        c,
+        a,
+        (m, w.k, w.n),
+        |acc, rows, [s, s2]| {
+            // SAFETY: called only where the CPU has AVX-512F; `rows` holds 8 rows of k.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                simd::tile_8x32_avx512(acc, rows, w.k, w.group, [w.strip(s), w.strip(s2)])
+            };
+        },
+        |acc, rows, s| tile_rows(acc, rows, w, s),
+        |acc, row, four| tile_1x64(acc, row, w, four),
+    );
 }
 
 /// `acc[r][t] = Σ_k a[r, k]·(q[k, t]·s[k / group, t])` for 4 rows of strip `s`.
