@@ -28,7 +28,7 @@ pub struct KldArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// How the measured model holds its matrices (as `brigade serve --weights`).
-    #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::F32)]
+    #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::Stored)]
     weights: crate::serve_cmd::Weights,
     /// Text files to score (their text joined), tokenized by the reference's tokenizer.
     #[arg(long, required = true, num_args = 1..)]
@@ -112,11 +112,12 @@ fn kld(a: KldArgs) -> Result<()> {
         }
         None => (&gpt, &params[..]),
     };
-    let format = a.weights.format();
+    let source = brigade_serve::source::Source::Checkpoint(a.model.clone().unwrap_or_else(|| a.reference.clone()));
+    let format = source.held(&a.weights.format(), mgpt)?;
     let t0 = std::time::Instant::now();
     let stats = brigade::with_threads(a.threads, || -> Result<_> {
         let reference = Model::shard_as(&gpt, &params, None, brigade_serve::model::weights::WeightFormat::F32)?;
-        let model = Model::shard_as(mgpt, mparams, None, format)?;
+        let model = Model::shard_as(mgpt, mparams, None, format.clone())?;
         let bs = 16;
         let per = a.ctx.div_ceil(bs);
         let tables: Vec<Vec<usize>> = (0..chunks.len()).map(|c| (c * per..(c + 1) * per).collect()).collect();

@@ -80,10 +80,12 @@ pub(crate) struct EngineArgs {
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// How the matrices are held: f32, or quantized at load (int8: 8 bits, a scale per output
-    /// column and group of 32 inputs; int8-channel: one per output column; int4: the blocks'
-    /// matrices as llama.cpp's Q4_0, 4 bits and a scale per 32 inputs, the head at int8).
-    #[arg(long, value_enum, default_value_t = Weights::F32)]
+    /// How the matrices are held: stored (as the file holds them: a GGUF's quantized matrices
+    /// in their own types, floats in f32), f32 (a GGUF dequantized), or quantized at load
+    /// (int8: 8 bits, a scale per output column and group of 32 inputs; int8-channel: one per
+    /// output column; int4: the blocks' matrices as llama.cpp's Q4_0, 4 bits and a scale per 32
+    /// inputs, the head at int8).
+    #[arg(long, value_enum, default_value_t = Weights::Stored)]
     weights: Weights,
 }
 
@@ -151,6 +153,7 @@ impl EngineArgs {
 /// `--weights`: the choices clap lists when the value is not one of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Weights {
+    Stored,
     F32,
     Int8,
     Int8Channel,
@@ -160,6 +163,7 @@ pub(crate) enum Weights {
 impl Weights {
     pub(crate) fn format(self) -> WeightFormat {
         match self {
+            Weights::Stored => WeightFormat::Stored,
             Weights::F32 => WeightFormat::F32,
             Weights::Int8 => WeightFormat::Int8,
             Weights::Int8Channel => WeightFormat::Int8Channel,

@@ -3,8 +3,9 @@
 //! benchmarks), and the tokenizer that goes with it.
 
 use crate::error::{Result, ServeError};
+use crate::model::weights::WeightFormat;
 use brigade::models::checkpoint::{trained_with_tokenizer_file, TOKENIZER_FILE};
-use brigade::models::open::{metadata_folder, open_config, open_model};
+use brigade::models::open::{metadata_folder, open_config, open_model, open_stored};
 use brigade::models::tokenizer::Tokenizer;
 use brigade::models::{Gpt, GptConfig};
 use std::path::{Path, PathBuf};
@@ -47,6 +48,18 @@ impl Source {
             Source::Preset(name) => Some(name.clone()),
         }
         .unwrap_or_else(|| "model".into())
+    }
+
+    /// How the products are held: `Stored` becomes a GGUF file's matrices in their own types
+    /// (other sources hold floats, served in f32); other formats as they are.
+    pub fn held(&self, format: &WeightFormat, gpt: &Gpt) -> Result<WeightFormat> {
+        Ok(match (format, self) {
+            (WeightFormat::Stored, Source::Checkpoint(path)) => match open_stored(path, gpt)? {
+                Some(s) => WeightFormat::StoredIn(std::sync::Arc::new(s)),
+                None => WeightFormat::Stored,
+            },
+            _ => format.clone(),
+        })
     }
 
     pub fn load(&self) -> Result<Served> {

@@ -147,7 +147,8 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
 pub fn follow(o: &ServeOptions, source: &Source, kv_blocks: usize, comm: brigade_comm::Comm) -> Result<(), ServeError> {
     let Served { gpt, params, .. } = source.load()?;
     let split = (o.layout.pp, o.layout.cp);
-    crate::engine::follow_group(gpt, params, comm, (kv_blocks, o.block_size, o.threads, o.weights), split)
+    let weights = source.held(&o.weights, &gpt)?;
+    crate::engine::follow_group(gpt, params, comm, (kv_blocks, o.block_size, o.threads, weights), split)
 }
 
 /// Loads the model and starts its engine: what handlers (or `brigade run`) use.
@@ -163,7 +164,7 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
         pp: o.layout.pp,
         cp: o.layout.cp,
         threads: o.threads,
-        weights: o.weights,
+        weights: source.held(&o.weights, &gpt)?,
     };
     let group = o.group.as_ref().and_then(RankGroup::take);
     let (handle, join) = match group {

@@ -50,7 +50,7 @@ fn int8_outputs_do_not_depend_on_the_batch_or_the_ranks() {
     for f in common::FAMILIES {
         let (gpt, p) = common::model(f, 101, 96, 4);
         for fmt in FORMATS {
-            let model = || Model::shard_as(&gpt, &p, None, fmt).unwrap();
+            let model = || Model::shard_as(&gpt, &p, None, fmt.clone()).unwrap();
             let reqs = prompts(101, 12, 6);
             let crowd = run(&mut Engine::new(model(), 40, 4, Limits { max_running: 8, max_step_tokens: 20 }), &reqs);
             for r in &reqs {
@@ -63,7 +63,7 @@ fn int8_outputs_do_not_depend_on_the_batch_or_the_ranks() {
             // two ranks: the single worker's int8 tokens and log-probabilities
             let got = brigade_comm::local::run(2, |comm| -> Result<_, ShardError> {
                 let rank = comm.rank();
-                let m = Model::shard_as(&gpt, &p, Some(comm), fmt)?;
+                let m = Model::shard_as(&gpt, &p, Some(comm), fmt.clone())?;
                 if rank == 0 {
                     let mut e = Engine::new(m, 40, 4, Limits { max_running: 8, max_step_tokens: 20 });
                     let out = run(&mut e, &reqs);
@@ -104,7 +104,7 @@ fn greedy_agreement(gpt: &Gpt, p: &[f32], fmt: WeightFormat) -> (f64, f64) {
     let reqs: Vec<Request> = prompts(v, 64, 8).into_iter().map(|r| Request { sampling: greedy(64), ..r }).collect();
     let limits = Limits { max_running: 64, max_step_tokens: 1024 };
     let f32s = run(&mut Engine::new(Model::new(gpt, p), 2048, 16, limits), &reqs);
-    let q = Model::shard_as(gpt, p, None, fmt).unwrap();
+    let q = Model::shard_as(gpt, p, None, fmt.clone()).unwrap();
     let own = run(&mut Engine::new(Model::shard_as(gpt, p, None, fmt).unwrap(), 2048, 16, limits), &reqs);
     let (mut top1, mut prefix) = (0, 0);
     for r in &reqs {
@@ -135,8 +135,8 @@ fn int8_error_against_f32_on_the_fixtures() {
         let v = gpt.cfg.vocab_size as u32;
         let long: Vec<u32> = (0..100).map(|i| (i * 37 + 11) % v).collect();
         for fmt in FORMATS {
-            let (d, rel) = logit_error(&gpt, &p, &long, fmt);
-            let (top1, prefix) = greedy_agreement(&gpt, &p, fmt);
+            let (d, rel) = logit_error(&gpt, &p, &long, fmt.clone());
+            let (top1, prefix) = greedy_agreement(&gpt, &p, fmt.clone());
             println!(
                 "{name} {fmt:?}: max |Δlogit| {d:.4} ({:.2}% of the largest logit); greedy top-1 equal to f32's at {:.1}% of positions; {:.1}% of tokens before the first difference",
                 rel * 100.0,
@@ -146,7 +146,7 @@ fn int8_error_against_f32_on_the_fixtures() {
             // a broken quantizer (a wrong scale or column) is far outside these; 4 bits on these
             // small random-weight models (16 levels a group, no trained structure to keep) move
             // the logits much more, and a wrong nibble or scale still lands at chance (~1%)
-            let (max_rel, min_top1) = if fmt == WeightFormat::Int4 { (0.6, 0.4) } else { (0.05, 0.8) };
+            let (max_rel, min_top1) = if matches!(fmt, WeightFormat::Int4) { (0.6, 0.4) } else { (0.05, 0.8) };
             assert!(rel < max_rel, "{name} {fmt:?}: logits {:.1}% off", rel * 100.0);
             assert!(top1 > min_top1, "{name} {fmt:?}: top-1 agreement {:.1}%", top1 * 100.0);
         }
@@ -194,7 +194,7 @@ fn int8_perplexity_of_a_trained_checkpoint_on_held_out_problems() {
     };
     let f32s = ppl(WeightFormat::F32);
     for fmt in FORMATS {
-        let q = ppl(fmt);
+        let q = ppl(fmt.clone());
         println!("addition checkpoint, 64 held-out problems: perplexity of the answers f32 {f32s:.4}, {fmt:?} {q:.4} ({:+.2}%)", (q / f32s - 1.0) * 100.0);
         assert!(q < 1.5 * f32s, "{fmt:?}: perplexity {q} against f32's {f32s}");
     }

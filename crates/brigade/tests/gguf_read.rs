@@ -75,6 +75,105 @@ fn every_type_dequantizes_bit_for_bit_as_gguf_py() {
     }
 }
 
+/// Every block type kept as stored (`GgmlType::quant_rows` → `Packed::from_quant_rows`): the
+/// rows' values are gguf-py's dequantization bit for bit, and the quantized kernels' product —
+/// at every tile shape (8-, 4- and single-row tiles, several strips, a ragged last strip) — is
+/// bit for bit the f32 kernel's on those values, so serving a file as stored is serving its
+/// dequantized weights, batch-invariant.
+#[test]
+fn every_block_type_kept_as_stored_computes_the_dequantized_product() {
+    use brigade::tensor::rowwise::{matmul_rows, Packed};
+    let f = fixture();
+    let mut kept = 0;
+    for (name, t) in f["types"].as_object().unwrap() {
+        let ty = GgmlType::from_id(t["id"].as_u64().unwrap() as u32).unwrap();
+        let bytes = hex(t["bytes"].as_str().unwrap());
+        let (per, size) = ty.block();
+        let blocks = bytes.len() / size;
+        // rows of k = 2 blocks' values, 37 rows cycling through the file's blocks (3 strips,
+        // the last one ragged)
+        let (k, rows) = (2 * per, 37);
+        let mut data = Vec::new();
+        for r in 0..rows {
+            for b in 0..2 {
+                let at = (r * 2 + b + r / 3) % blocks;
+                data.extend_from_slice(&bytes[at * size..(at + 1) * size]);
+            }
+        }
+        let Some(q) = ty.quant_rows(&data, rows, k) else {
+            assert!(["F16", "BF16"].contains(&name.as_str()), "{name} is a block type and must be kept as stored");
+            continue;
+        };
+        let mut deq = Vec::new();
+        ty.dequantize_into(&data, &mut deq);
+        let vals = q.dequantized();
+        assert_eq!(vals.len(), deq.len());
+        let differ = vals.iter().zip(&deq).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{name}: {differ} of the rows' values differ from the dequantized ones");
+        // the f32 kernel on the dequantized matrix [k, rows] (row r is output column r)
+        let mut w = vec![0f32; k * rows];
+        for r in 0..rows {
+            for kk in 0..k {
+                w[kk * rows + r] = deq[r * k + kk];
+            }
+        }
+        let (f32s, stored) = (Packed::new(&w, k, rows), Packed::from_quant_rows(&q));
+        assert!(stored.bytes() < f32s.bytes() / 3, "{name}: held quantized ({} bytes)", stored.bytes());
+        for m in [1, 3, 4, 8, 13] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919 % 997) as f32 / 498.5 - 1.0) * 0.3).collect();
+            let (mut want, mut got) = (vec![0f32; m * rows], vec![0f32; m * rows]);
+            matmul_rows(&mut want, &a, &f32s, m);
+            matmul_rows(&mut got, &a, &stored, m);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{name}, {m} rows, element {i}: {g} against {w}");
+            }
+        }
+        kept += 1;
+    }
+    assert_eq!(kept, 8, "the eight block types");
+}
+
+/// Matrices of different types reading one input (a fused q|k|v of a Q4_K_M file: Q4_K,
+/// Q4_K, Q6_K) share one form that holds each exactly.
+#[test]
+fn mixed_types_fused_into_one_product_keep_every_value() {
+    use brigade::tensor::quant_rows::QuantRows;
+    use brigade::tensor::rowwise::{matmul_rows, Packed};
+    let f = fixture();
+    let rows_of = |name: &str, rows: usize| {
+        let t = &f["types"][name];
+        let ty = GgmlType::from_id(t["id"].as_u64().unwrap() as u32).unwrap();
+        let bytes = hex(t["bytes"].as_str().unwrap());
+        let size = ty.block().1;
+        let per_row = 256 / ty.block().0;
+        let data: Vec<u8> =
+            (0..rows * per_row).flat_map(|i| bytes[(i % (bytes.len() / size)) * size..][..size].to_vec()).collect();
+        ty.quant_rows(&data, rows, 256).unwrap()
+    };
+    for parts in
+        [vec!["Q4_K", "Q4_K", "Q6_K"], vec!["Q4_0", "Q4_1"], vec!["Q4_0", "Q4_0"], vec!["Q8_0", "Q5_1", "Q4_K"]]
+    {
+        let qs: Vec<QuantRows> = parts.iter().enumerate().map(|(i, n)| rows_of(n, 5 + 3 * i)).collect();
+        let deq: Vec<f32> = qs.iter().flat_map(|q| q.dequantized()).collect();
+        let fused = QuantRows::concat(qs);
+        let (k, n) = (fused.k, fused.rows);
+        // equal values (a zero minimum turns −0 into +0, which no fma chain from +0 tells apart)
+        let differ = fused.dequantized().iter().zip(&deq).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{parts:?}: {differ} values changed");
+        let mut w = vec![0f32; k * n];
+        for r in 0..n {
+            for kk in 0..k {
+                w[kk * n + r] = deq[r * k + kk];
+            }
+        }
+        let a: Vec<f32> = (0..9 * k).map(|i| ((i * 31 % 101) as f32 - 50.0) / 97.0).collect();
+        let (mut want, mut got) = (vec![0f32; 9 * n], vec![0f32; 9 * n]);
+        matmul_rows(&mut want, &a, &Packed::new(&w, k, n), 9);
+        matmul_rows(&mut got, &a, &Packed::from_quant_rows(&fused), 9);
+        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "{parts:?}");
+    }
+}
+
 /// The real SmolLM2-135M-Instruct GGUF (Q4_1 weights, Q8_0 embeddings) beside the Hugging Face
 /// folder transformers' own GGUF loader made from it (`get.sh --hf`): the same config, every
 /// parameter bit for bit, the same chat template, the same token ids. Needs the files

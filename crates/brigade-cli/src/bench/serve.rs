@@ -40,7 +40,7 @@ pub struct Flags {
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
     /// How the server holds the matrices (as `brigade serve --weights`).
-    #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::F32)]
+    #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::Stored)]
     pub(crate) weights: crate::serve_cmd::Weights,
     /// Chat requests offering N tools instead: each load runs with `tool_choice: "none"` and
     /// then `"required"` (the calls held to their schemas), their output tokens/s side by side,
@@ -96,7 +96,9 @@ fn costs(cfg: &GptConfig, context: usize, weights: WeightFormat) -> (f64, f64) {
     let matrices = l * cfg.block_matrices() as f64 + v * c;
     // a byte a weight and a 4-byte scale per 32 (int8) or per column (int8-channel)
     let bytes = match weights {
-        WeightFormat::F32 => 4.0,
+        // a GGUF's matrices as stored: what the file holds of them (`stored_bytes`)
+        WeightFormat::StoredIn(_) => unreachable!("the bytes of stored matrices are the file's"),
+        WeightFormat::F32 | WeightFormat::Stored => 4.0,
         WeightFormat::Int8 => 1.0 + 4.0 / 32.0,
         WeightFormat::Int8Channel => 1.0,
         // the blocks at 4.5 bits a weight; the head (v × c of `matrices`) at 8 + a scale per 32
@@ -111,6 +113,17 @@ fn costs(cfg: &GptConfig, context: usize, weights: WeightFormat) -> (f64, f64) {
     // the products, then attention over `context` positions (q·k and p·v of the key/value
     // heads each query head reads)
     (matrices * bytes, 2.0 * matrices + 4.0 * l * cfg.q_width() as f64 * context as f64)
+}
+
+/// A GGUF file's matrices as it stores them, read per step when served as stored (every
+/// two-dimensional tensor: the tied embedding counted once, as the head; `None` for a folder).
+fn stored_matrix_bytes(path: &std::path::Path) -> Result<Option<f64>> {
+    use brigade::models::gguf::{import::is_gguf, read::Gguf};
+    if !is_gguf(path) {
+        return Ok(None);
+    }
+    let g = Gguf::open(path)?;
+    Ok(Some(g.tensors.iter().filter(|t| t.dims.len() == 2).map(|t| t.bytes() as f64).sum()))
 }
 
 fn measure(a: Run) -> Result<()> {
@@ -146,13 +159,18 @@ fn measure(a: Run) -> Result<()> {
     let (read_gbps, matmul_gflops) = brigade::with_threads(a.threads, || {
         (brigade::bench::machine::read_gbps(512 << 20), brigade::bench::matmul_gflops(2048, 2048, 2048, 3))
     })?;
-    let (weight_bytes, flops_per_token) = costs(&cfg, a.prompt_len + a.output_len / 2, a.weights);
+    let (mut weight_bytes, flops_per_token) = costs(&cfg, a.prompt_len + a.output_len / 2, a.weights.clone());
+    if let (Some(p), WeightFormat::Stored) = (&a.checkpoint, &a.weights) {
+        if let Some(bytes) = stored_matrix_bytes(p)? {
+            weight_bytes = bytes;
+        }
+    }
     let read_limit = read_gbps * 1e9 / weight_bytes;
     let compute_limit = matmul_gflops * 1e9 / flops_per_token;
     let max_c = a.concurrency.iter().copied().max().unwrap_or(64);
     let url = match &a.url {
         Some(u) => u.trim_end_matches('/').to_string(),
-        None => start_server(source, a.threads, (a.tp, a.weights), max_c)?,
+        None => start_server(source, a.threads, (a.tp, a.weights.clone()), max_c)?,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let model = if a.url.is_some() { None } else { Some(model_name(&a)) };

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// How the engine is set up: the cache and step limits, and the tensor-parallel degree.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct EngineSetup {
     pub kv_blocks: usize,
     pub block_size: usize,
@@ -119,7 +119,7 @@ impl EngineHandle {
                 };
                 let res = brigade_comm::local::run_with(cfg, ranks, |comm| -> Result<(), RankError> {
                     let rank = comm.rank();
-                    let model = rank_model(&gpt, &params, comm, (setup.pp, setup.cp), setup.weights)?;
+                    let model = rank_model(&gpt, &params, comm, (setup.pp, setup.cp), setup.weights.clone())?;
                     let built = built_tx.clone();
                     brigade::with_threads(per_rank, || {
                         if rank == 0 {

@@ -140,7 +140,7 @@ impl Model {
     pub fn shard_as(gpt: &Gpt, params: &[f32], comm: Option<Comm>, format: WeightFormat) -> Result<Model, ShardError> {
         let cfg = gpt.cfg;
         let (rank, tp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
-        let w = Weights::shard(gpt, params, (rank, tp), format)?;
+        let w = Weights::shard(gpt, params, (rank, tp), &format)?;
         Ok(Model {
             layers_n: cfg.n_layer,
             vocab: cfg.vocab_size,
@@ -166,7 +166,7 @@ impl Model {
             )));
         }
         let layers = stage_layers(&cfg, stages, stage);
-        let mut w = Weights::shard(gpt, params, (0, 1), format)?;
+        let mut w = Weights::shard(gpt, params, (0, 1), &format)?;
         w.keep_stage(layers.clone(), (stage == 0, stage + 1 == stages));
         Ok(Model {
             layers_n: layers.len(),

@@ -13,10 +13,13 @@
 
 use brigade::models::config::kv_copies;
 use brigade::models::family::{BlockSpec, Linear, MlpSpec, NormKind, NormSpec, Orient, Positions, Qkv};
+use brigade::models::gguf::import::Stored;
 use brigade::models::{Gpt, GptConfig};
 use brigade::params::Split;
+use brigade::tensor::quant_rows::QuantRows;
 use brigade::tensor::rope::RopeTable;
 use brigade::tensor::rowwise::Packed;
+use std::sync::Arc;
 
 /// Why a model cannot be cut for a tensor-parallel group (or held at all).
 #[derive(Debug, thiserror::Error)]
@@ -121,9 +124,14 @@ pub(crate) struct Weights {
 }
 
 /// How the products' weights are held.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub enum WeightFormat {
+    /// As the model's file holds them: a GGUF file's block-quantized matrices in their own
+    /// types (`Some`: filled in when the file is loaded; `Packed::from_quant_rows`), every
+    /// float tensor (and a checkpoint folder's weights) in f32.
     #[default]
+    Stored,
+    StoredIn(Arc<Stored>),
     F32,
     /// 8 bits, a scale per output column and per group of 32 rows of k.
     Int8,
@@ -136,9 +144,9 @@ pub enum WeightFormat {
 
 impl WeightFormat {
     /// The rows of k that share a scale (`None`: f32).
-    fn group(self) -> Option<usize> {
+    fn group(&self) -> Option<usize> {
         match self {
-            WeightFormat::F32 => None,
+            WeightFormat::F32 | WeightFormat::Stored | WeightFormat::StoredIn(_) => None,
             WeightFormat::Int8 | WeightFormat::Int4 => Some(32),
             WeightFormat::Int8Channel => Some(usize::MAX),
         }
@@ -177,13 +185,17 @@ impl Weights {
         gpt: &Gpt,
         params: &[f32],
         (rank, tp): (usize, usize),
-        format: WeightFormat,
+        format: &WeightFormat,
     ) -> Result<Weights, ShardError> {
-        let mut w = Self::shard_f32(gpt, params, rank, tp)?;
+        let stored = match format {
+            WeightFormat::StoredIn(s) => Some(&**s),
+            _ => None,
+        };
+        let mut w = Self::shard_f32(gpt, params, rank, tp, stored)?;
         if let Some(g) = format.group() {
             for l in &mut w.layers {
                 for p in [&mut l.wqkv, &mut l.wproj, &mut l.wfc, &mut l.wout] {
-                    if format == WeightFormat::Int4 {
+                    if matches!(format, WeightFormat::Int4) {
                         let f32s = std::mem::replace(p, Packed::new(&[], 0, 0));
                         *p = f32s.quantized_int4();
                     } else {
@@ -220,13 +232,25 @@ impl Weights {
         (products, products + 4 * (self.embed.len() + self.wpe.as_ref().map_or(0, Vec::len)))
     }
 
-    fn shard_f32(gpt: &Gpt, params: &[f32], rank: usize, tp: usize) -> Result<Weights, ShardError> {
+    /// The weights in f32, or the products `stored` holds in their file's types.
+    fn shard_f32(
+        gpt: &Gpt,
+        params: &[f32],
+        rank: usize,
+        tp: usize,
+        stored: Option<&Stored>,
+    ) -> Result<Weights, ShardError> {
         let cfg = &gpt.cfg;
         check_tp(cfg, tp)?;
-        let cut = Cutter { gpt, params, rank, tp, copies: kv_copies(cfg, tp) };
+        let cut = Cutter { gpt, params, rank, tp, copies: kv_copies(cfg, tp), stored };
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
         let vl = v.div_ceil(tp);
+        let head_name = if cfg.tied() { cfg.embedding_name() } else { cfg.head_name() };
         let vocab_block = |table: &[f32]| {
+            if let Some(rows) = cut.stored_rows(head_name) {
+                let idx = cut.indices(v, [v, 1], Split::Vocab);
+                return Packed::from_quant_rows(&rows.select(&idx));
+            }
             let mut block = vec![0f32; vl * c];
             Split::Vocab.slice(table, &[v, c], rank, tp, &mut block);
             Packed::from_transposed(&block, vl, c)
@@ -308,9 +332,38 @@ struct Cutter<'a> {
     tp: usize,
     /// Ranks holding each key/value head.
     copies: usize,
+    /// The file's block-quantized matrices, kept in their types.
+    stored: Option<&'a Stored>,
 }
 
 impl Cutter<'_> {
+    fn stored_rows(&self, name: &str) -> Option<QuantRows> {
+        self.stored.and_then(|s| s.rows(name))
+    }
+
+    /// The output features (of `d_out`) this rank holds under `split` of a tensor of `shape`
+    /// (`[d_out, 1]` or `[1, d_out]`), in its order; `None` a padding row.
+    fn indices(&self, d_out: usize, shape: [usize; 2], split: Split) -> Vec<Option<usize>> {
+        // each feature's number + 1 cut as the values are (a padding row comes out 0)
+        let numbers: Vec<f32> = (1..=d_out).map(|i| i as f32).collect();
+        self.piece(&numbers, &shape, split).iter().map(|&x| (x > 0.0).then(|| x as usize - 1)).collect()
+    }
+
+    /// The products `ls` (reading one input) in their file's types, this rank's output
+    /// features side by side, if the file stores every one of them block-quantized.
+    fn stored_columns(&self, ls: &[(&Linear, Split)]) -> Option<Packed> {
+        let mut parts = Vec::with_capacity(ls.len());
+        for &(l, split) in ls {
+            let rows = self.stored_rows(&l.weight())?;
+            let shape = match l.orient {
+                Orient::OutIn => [l.d_out, 1],
+                Orient::InOut => [1, l.d_out],
+            };
+            parts.push(rows.select(&self.indices(l.d_out, shape, split)));
+        }
+        Some(Packed::from_quant_rows(&QuantRows::concat(parts)))
+    }
+
     fn whole(&self, name: &str) -> Vec<f32> {
         let spec = self.gpt.layout.get(name).unwrap_or_else(|| panic!("a whole model has {name}"));
         spec.view.of(self.params).to_vec()
@@ -331,6 +384,7 @@ impl Cutter<'_> {
         let d_in = ls[0].d_in;
         let mut w_pieces = Vec::with_capacity(ls.len());
         let mut b_pieces = Vec::with_capacity(ls.len());
+        let mut splits = Vec::with_capacity(ls.len());
         for &l in ls {
             let split = match l.orient {
                 Orient::OutIn if b.is_kv(l) => Split::kv_heads(self.copies),
@@ -344,14 +398,29 @@ impl Cutter<'_> {
                 Orient::OutIn => [l.d_out, l.d_in],
                 Orient::InOut => [l.d_in, l.d_out],
             };
-            w_pieces.push((l.orient, self.piece(&self.whole(&l.weight()), &shape, split)));
+            splits.push((l, split));
             b_pieces.push(l.bias.then(|| self.piece(&self.whole(&l.bias_name()), &[l.d_out], split)));
+            if self.stored.is_none() {
+                w_pieces.push((l.orient, self.piece(&self.whole(&l.weight()), &shape, split)));
+            }
         }
         let bias = match b_pieces.iter().filter(|b| b.is_some()).count() {
             0 => None,
             n if n == ls.len() => Some(b_pieces.into_iter().flatten().flatten().collect()),
             _ => return Err(ShardError::MixedBiases { name: ls[0].name.clone() }),
         };
+        if let Some(p) = self.stored_columns(&splits) {
+            return Ok((p, bias));
+        }
+        if w_pieces.is_empty() {
+            for &(l, split) in &splits {
+                let shape = match l.orient {
+                    Orient::OutIn => [l.d_out, l.d_in],
+                    Orient::InOut => [l.d_in, l.d_out],
+                };
+                w_pieces.push((l.orient, self.piece(&self.whole(&l.weight()), &shape, split)));
+            }
+        }
         Ok((pack(&w_pieces, d_in)?, bias))
     }
 
@@ -363,6 +432,9 @@ impl Cutter<'_> {
             Orient::OutIn => (Split::Rows, [l.d_out, l.d_in]),
             Orient::InOut => (Split::Cols { parts: 1 }, [l.d_in, l.d_out]),
         };
+        if let Some(p) = self.stored_columns(&[(l, split)]) {
+            return Ok((p, l.bias.then(|| self.whole(&l.bias_name()))));
+        }
         let w = self.piece(&self.whole(&l.weight()), &shape, split);
         Ok((pack(&[(l.orient, w)], l.d_in)?, l.bias.then(|| self.whole(&l.bias_name()))))
     }

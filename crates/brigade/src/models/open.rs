@@ -16,6 +16,16 @@ pub fn open_model(path: &Path) -> Result<(Gpt, Vec<f32>)> {
     load_model(path)
 }
 
+/// A GGUF file's block-quantized matrices as stored (`None` for a checkpoint folder, whose
+/// weights are floats), for serving them in their own types.
+pub fn open_stored(path: &Path, model: &Gpt) -> Result<Option<import::Stored>> {
+    exists(path)?;
+    if import::is_gguf(path) {
+        return import::Stored::open(path, model).map(Some);
+    }
+    Ok(None)
+}
+
 /// The model's shape, without its weights.
 pub fn open_config(path: &Path) -> Result<GptConfig> {
     read_model_config(&metadata_folder(path)?)

@@ -14,6 +14,7 @@ pub mod loss;
 pub mod mat;
 pub mod math;
 pub mod matmul;
+pub mod quant_rows;
 pub mod rmsnorm;
 pub mod rope;
 pub mod rowwise;
@@ -114,6 +115,57 @@ pub(crate) fn quantized_product(
             i += 1;
         }
     });
+}
+
+/// The vector steps the quantized kernels share: a group's scales or minimums loaded, and
+/// integers turned into weights (`q · s`, then `+ m` with minimums: two roundings, as the
+/// files' reference dequantizes).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod lanes {
+    use super::STRIP as W;
+    use std::arch::x86_64::*;
+
+    /// The 16-wide scales (or minimums) of group `g`; zeros where a strip has none.
+    #[inline(always)]
+    pub unsafe fn group512(v: &[f32], g: usize) -> __m512 {
+        if v.is_empty() {
+            _mm512_setzero_ps()
+        } else {
+            _mm512_loadu_ps(v.as_ptr().add(g * W))
+        }
+    }
+
+    /// Half `h` (8 lanes) of group `g`'s scales or minimums; zeros where a strip has none.
+    #[inline(always)]
+    pub unsafe fn group256(v: &[f32], g: usize, h: usize) -> __m256 {
+        if v.is_empty() {
+            _mm256_setzero_ps()
+        } else {
+            _mm256_loadu_ps(v.as_ptr().add(g * W + 8 * h))
+        }
+    }
+
+    /// 16 integers to weights: times the scales, plus the minimums with them (`MIN`).
+    #[inline(always)]
+    pub unsafe fn scaled512<const MIN: bool>(v: __m512i, s: __m512, m: __m512) -> __m512 {
+        let w = _mm512_mul_ps(_mm512_cvtepi32_ps(v), s);
+        if MIN {
+            _mm512_add_ps(w, m)
+        } else {
+            w
+        }
+    }
+
+    /// 8 integers to weights, as `scaled512`.
+    #[inline(always)]
+    pub unsafe fn scaled256<const MIN: bool>(v: __m256i, s: __m256, m: __m256) -> __m256 {
+        let w = _mm256_mul_ps(_mm256_cvtepi32_ps(v), s);
+        if MIN {
+            _mm256_add_ps(w, m)
+        } else {
+            w
+        }
+    }
 }
 
 pub(crate) fn wide() -> bool {

@@ -75,6 +75,18 @@ impl Packed {
         Packed { k: self.k, n: self.n, data: Vec::new(), int8: None, int4: Some(int4) }
     }
 
+    /// A file's block-quantized rows kept as stored (row `j` of `rows` is output column `j`):
+    /// the 4-bit kernel for 4-bit rows in groups of 32, the 8-bit kernel (with the rows'
+    /// groups) for the others. The product computes exactly what the f32 kernel computes on
+    /// `rows.dequantized()`.
+    pub fn from_quant_rows(rows: &super::quant_rows::QuantRows) -> Packed {
+        let (k, n) = (rows.k, rows.rows);
+        if rows.bits == 4 && rows.group == super::rowwise_int4::GROUP {
+            return Packed { k, n, data: Vec::new(), int8: None, int4: Some(Int4::from_quant_rows(rows)) };
+        }
+        Packed { k, n, data: Vec::new(), int8: Some(Int8::from_quant_rows(rows)), int4: None }
+    }
+
     /// The matrix `[k, n]` (row-major) the product computes with: the values, or the quantized
     /// ones dequantized.
     pub fn dequantized(&self) -> Vec<f32> {

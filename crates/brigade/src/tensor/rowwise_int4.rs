@@ -11,6 +11,10 @@
 //! `[strip][group][16]` scales. Quantization is llama.cpp's `quantize_row_q4_0_ref` per column
 //! and group (`q4_0_block`, which the GGUF writer uses too), so a matrix quantized here is the
 //! one `llama-quantize` makes of it.
+//!
+//! With a minimum per group (Q4_1, and Q4_K's groups of 32 — `from_quant_rows`, a file's blocks
+//! as they are stored) a weight is `q · s + m`, `q` the nibble itself (no 8 subtracted): the
+//! product and the sum rounded as the file's reference dequantizes them.
 
 use super::{quantized_product, wide, STRIP as W, TASK};
 use rayon::prelude::*;
@@ -45,7 +49,12 @@ pub struct Int4 {
     pub n: usize,
     q: Vec<u8>,
     scales: Vec<f32>,
+    /// `[strip][group][16]` minimums (Q4_1, Q4_K); `None`: the nibble minus 8 times the scale.
+    mins: Option<Vec<f32>>,
 }
+
+/// A strip's nibbles, scales and minimums (empty without them).
+type Strip<'a> = (&'a [u8], &'a [f32], &'a [f32]);
 
 impl Int4 {
     fn groups(&self) -> usize {
@@ -79,7 +88,33 @@ impl Int4 {
                 }
             }
         });
-        Int4 { k, n, q, scales }
+        Int4 { k, n, q, scales, mins: None }
+    }
+
+    /// A file's 4-bit rows as stored (`rows.bits == 4`, groups of 32): row `j` becomes output
+    /// column `j`.
+    pub fn from_quant_rows(rows: &super::quant_rows::QuantRows) -> Int4 {
+        assert!(rows.bits == 4 && rows.group == GROUP && rows.k.is_multiple_of(GROUP));
+        let (k, n, groups) = (rows.k, rows.rows, rows.groups());
+        let ns = n.div_ceil(W);
+        let mut q = vec![0u8; ns * k * W / 2];
+        let mut scales = vec![0f32; ns * groups * W];
+        let mut mins = rows.mins.as_ref().map(|_| vec![0f32; ns * groups * W]);
+        let offset = if rows.mins.is_some() { 0 } else { 8 };
+        for j in 0..n {
+            let (s, t) = (j / W, j % W);
+            for kk in 0..k {
+                let nib = (rows.q[j * k + kk] + offset) as u8 & 0x0F;
+                q[s * k * W / 2 + kk * W / 2 + t % 8] |= if t < 8 { nib } else { nib << 4 };
+            }
+            for g in 0..groups {
+                scales[(s * groups + g) * W + t] = rows.scales[j * groups + g];
+                if let (Some(o), Some(m)) = (&mut mins, &rows.mins) {
+                    o[(s * groups + g) * W + t] = m[j * groups + g];
+                }
+            }
+        }
+        Int4 { k, n, q, scales, mins }
     }
 
     /// The dequantized matrix `[k, n]` (row-major): `(q − 8) · s`, each in f32 — what the
@@ -90,8 +125,7 @@ impl Int4 {
         for j in 0..n {
             let (s, t) = (j / W, j % W);
             for kk in 0..k {
-                let (q, sc) = self.strip(s);
-                out[kk * n + j] = weight(q, sc, kk, t);
+                out[kk * n + j] = weight(self.strip(s), kk, t);
             }
         }
         out
@@ -99,25 +133,40 @@ impl Int4 {
 
     /// Bytes of values and scales.
     pub fn bytes(&self) -> usize {
-        self.q.len() + 4 * self.scales.len()
+        self.q.len() + 4 * (self.scales.len() + self.mins.as_ref().map_or(0, Vec::len))
     }
 
-    fn strip(&self, s: usize) -> (&[u8], &[f32]) {
+    fn strip(&self, s: usize) -> Strip<'_> {
         let g = self.groups();
-        (&self.q[s * self.k * W / 2..(s + 1) * self.k * W / 2], &self.scales[s * g * W..(s + 1) * g * W])
+        let mn = self.mins.as_ref().map_or(&[][..], |m| &m[s * g * W..(s + 1) * g * W]);
+        (&self.q[s * self.k * W / 2..(s + 1) * self.k * W / 2], &self.scales[s * g * W..(s + 1) * g * W], mn)
     }
 }
 
-/// The weight of row `kk`, column `t` of a strip: `(q − 8) · s`.
+/// The weight of row `kk`, column `t` of a strip: `(q − 8) · s`, or `q · s + m`.
 #[inline(always)]
-fn weight(q: &[u8], sc: &[f32], kk: usize, t: usize) -> f32 {
+fn weight((q, sc, mn): Strip, kk: usize, t: usize) -> f32 {
     let b = q[kk * W / 2 + t % 8];
     let nib = if t < 8 { b & 0x0F } else { b >> 4 };
-    (nib as i32 - 8) as f32 * sc[kk / GROUP * W + t]
+    let g = kk / GROUP * W + t;
+    if mn.is_empty() {
+        (nib as i32 - 8) as f32 * sc[g]
+    } else {
+        nib as f32 * sc[g] + mn[g]
+    }
 }
 
 /// `c[m, n] = a[m, k] · w` (overwritten).
 pub fn matmul_rows_int4(c: &mut [f32], a: &[f32], w: &Int4, m: usize) {
+    if w.mins.is_some() {
+        product::<true>(c, a, w, m)
+    } else {
+        product::<false>(c, a, w, m)
+    }
+}
+
+/// The product's tiles, with (`MIN`) or without minimums.
+fn product<const MIN: bool>(c: &mut [f32], a: &[f32], w: &Int4, m: usize) {
     quantized_product(
         c,
         a,
@@ -126,109 +175,132 @@ pub fn matmul_rows_int4(c: &mut [f32], a: &[f32], w: &Int4, m: usize) {
             // SAFETY: called only where the CPU has AVX-512F; `rows` holds 8 rows of k.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                simd::tile_8x32_avx512(acc, rows, w.k, [w.strip(s), w.strip(s2)])
+                simd::tile_8x32_avx512::<MIN>(acc, rows, w.k, [w.strip(s), w.strip(s2)])
             };
         },
-        |acc, rows, s| tile_rows(acc, rows, w, s),
-        |acc, row, four| tile_1x64(acc, row, w, four),
+        |acc, rows, s| tile_rows::<MIN>(acc, rows, w, s),
+        |acc, row, four| tile_1x64::<MIN>(acc, row, w, four),
     );
 }
 
 /// `acc[r][t] = Σ_k a[r, k]·w[k, t]` for 4 rows of strip `s`.
-fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int4, s: usize) {
+fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int4, s: usize) {
     let k = w.k;
     assert_eq!(a.len(), 4 * k);
-    let (q, sc) = w.strip(s);
+    let strip = w.strip(s);
     #[cfg(target_arch = "x86_64")]
     if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
-        return unsafe { simd::tile_rows_avx512(acc, a, k, q, sc) };
+        return unsafe { simd::tile_rows_avx512::<MIN>(acc, a, k, strip) };
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 and FMA (checked); lengths as above.
-        return unsafe { simd::tile_rows(acc, a, k, q, sc) };
+        return unsafe { simd::tile_rows::<MIN>(acc, a, k, strip) };
     }
     for kk in 0..k {
         for (r, accr) in acc.iter_mut().enumerate() {
             let av = a[r * k + kk];
             for (t, x) in accr.iter_mut().enumerate() {
-                *x = av.mul_add(weight(q, sc, kk, t), *x);
+                *x = av.mul_add(weight(strip, kk, t), *x);
             }
         }
     }
 }
 
 /// One row × the four strips `ss`.
-fn tile_1x64(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int4, ss: [usize; TASK]) {
+fn tile_1x64<const MIN: bool>(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int4, ss: [usize; TASK]) {
     let k = w.k;
     assert_eq!(a.len(), k);
     let strips = ss.map(|s| w.strip(s));
     #[cfg(target_arch = "x86_64")]
     if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
-        return unsafe { simd::tile_1x64_avx512(acc, a, strips) };
+        return unsafe { simd::tile_1x64_avx512::<MIN>(acc, a, strips) };
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
         let (lo, hi) = acc.split_at_mut(2);
         // SAFETY: as above, with AVX2 and FMA.
         unsafe {
-            simd::tile_1x32(lo.try_into().unwrap(), a, [strips[0], strips[1]]);
-            simd::tile_1x32(hi.try_into().unwrap(), a, [strips[2], strips[3]]);
+            simd::tile_1x32::<MIN>(lo.try_into().unwrap(), a, [strips[0], strips[1]]);
+            simd::tile_1x32::<MIN>(hi.try_into().unwrap(), a, [strips[2], strips[3]]);
         }
         return;
     }
     for (kk, &av) in a.iter().enumerate() {
-        for (accq, (q, sc)) in acc.iter_mut().zip(&strips) {
+        for (accq, &strip) in acc.iter_mut().zip(&strips) {
             for (t, x) in accq.iter_mut().enumerate() {
-                *x = av.mul_add(weight(q, sc, kk, t), *x);
+                *x = av.mul_add(weight(strip, kk, t), *x);
             }
         }
     }
 }
 
 /// The tiles with AVX2/FMA and AVX-512 intrinsics; each lane computes what the portable loops
-/// compute.
+/// compute. `MIN`: the strips carry minimums (`q · s + m`); otherwise `(q − 8) · s`.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{GROUP, W};
+    use super::super::lanes::{group256, group512, scaled256, scaled512};
+    use super::{Strip, GROUP, W};
     use std::arch::x86_64::*;
 
-    /// The 8 low nibbles (columns 0..8) and 8 high ones (columns 8..16) of a row's 8 bytes,
-    /// each minus 8, as 32-bit integers.
+    /// The 8 low nibbles (columns 0..8) and 8 high ones (columns 8..16) of a row's 8 bytes
+    /// (each minus 8 without minimums), as 32-bit integers.
     #[inline(always)]
-    unsafe fn nibbles256(q: *const u8) -> (__m256i, __m256i) {
+    unsafe fn nibbles256<const MIN: bool>(q: *const u8) -> (__m256i, __m256i) {
         let b = _mm_loadl_epi64(q as *const __m128i);
         let m = _mm_set1_epi8(0x0F);
         let lo = _mm256_cvtepu8_epi32(_mm_and_si128(b, m));
         let hi = _mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m));
+        if MIN {
+            return (lo, hi);
+        }
         let eight = _mm256_set1_epi32(8);
         (_mm256_sub_epi32(lo, eight), _mm256_sub_epi32(hi, eight))
     }
 
-    /// The row's 16 weights in one 512-bit register: nibbles minus 8, converted, times the scales.
+    /// The row's 16 weights in one 512-bit register.
     #[inline(always)]
-    unsafe fn weights512(q: *const u8, s: __m512) -> __m512 {
+    unsafe fn weights512<const MIN: bool>(q: *const u8, s: __m512, mn: __m512) -> __m512 {
         let b = _mm_loadl_epi64(q as *const __m128i);
         let m = _mm_set1_epi8(0x0F);
         let both = _mm_unpacklo_epi64(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
-        let v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(both), _mm512_set1_epi32(8));
-        _mm512_mul_ps(_mm512_cvtepi32_ps(v), s)
+        let mut v = _mm512_cvtepu8_epi32(both);
+        if !MIN {
+            v = _mm512_sub_epi32(v, _mm512_set1_epi32(8));
+        }
+        scaled512::<MIN>(v, s, mn)
+    }
+
+    /// Two consecutive rows' 16 weights each (their 16 bytes loaded, masked and shifted once):
+    /// lanewise what `weights512` gives for each row.
+    #[inline(always)]
+    unsafe fn weights512_pair<const MIN: bool>(q: *const u8, s: __m512, mn: __m512) -> (__m512, __m512) {
+        let b = _mm_loadu_si128(q as *const __m128i);
+        let m = _mm_set1_epi8(0x0F);
+        let (lo, hi) = (_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+        let mut v0 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi));
+        let mut v1 = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(lo, hi));
+        if !MIN {
+            let eight = _mm512_set1_epi32(8);
+            (v0, v1) = (_mm512_sub_epi32(v0, eight), _mm512_sub_epi32(v1, eight));
+        }
+        (scaled512::<MIN>(v0, s, mn), scaled512::<MIN>(v1, s, mn))
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, q: &[u8], sc: &[f32]) {
+    pub unsafe fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, (q, sc, mn): Strip) {
         let mut c = [[_mm256_setzero_ps(); 2]; 4];
         let (ap, qp) = (a.as_ptr(), q.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
-            let s0 = _mm256_loadu_ps(sc.as_ptr().add(g * W));
-            let s1 = _mm256_loadu_ps(sc.as_ptr().add(g * W + 8));
+            let (s0, s1) = (group256(sc, g, 0), group256(sc, g, 1));
+            let (m0, m1) = (group256(mn, g, 0), group256(mn, g, 1));
             while kk < ((g + 1) * GROUP).min(k) {
-                let (lo, hi) = nibbles256(qp.add(kk * W / 2));
-                let w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), s0);
-                let w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), s1);
+                let (lo, hi) = nibbles256::<MIN>(qp.add(kk * W / 2));
+                let w0 = scaled256::<MIN>(lo, s0, m0);
+                let w1 = scaled256::<MIN>(hi, s1, m1);
                 for (r, cr) in c.iter_mut().enumerate() {
                     let av = _mm256_broadcast_ss(&*ap.add(r * k + kk));
                     cr[0] = _mm256_fmadd_ps(av, w0, cr[0]);
@@ -244,26 +316,22 @@ mod simd {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_1x32(acc: &mut [[f32; W]; 2], a: &[f32], strips: [(&[u8], &[f32]); 2]) {
+    pub unsafe fn tile_1x32<const MIN: bool>(acc: &mut [[f32; W]; 2], a: &[f32], strips: [Strip; 2]) {
         let k = a.len();
         let mut c = [_mm256_setzero_ps(); 4];
         let (q0, q1) = (strips[0].0.as_ptr(), strips[1].0.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
-            let s: [__m256; 4] = [
-                _mm256_loadu_ps(strips[0].1.as_ptr().add(g * W)),
-                _mm256_loadu_ps(strips[0].1.as_ptr().add(g * W + 8)),
-                _mm256_loadu_ps(strips[1].1.as_ptr().add(g * W)),
-                _mm256_loadu_ps(strips[1].1.as_ptr().add(g * W + 8)),
-            ];
+            let s: [__m256; 4] = std::array::from_fn(|i| group256(strips[i / 2].1, g, i % 2));
+            let m: [__m256; 4] = std::array::from_fn(|i| group256(strips[i / 2].2, g, i % 2));
             while kk < ((g + 1) * GROUP).min(k) {
                 let av = _mm256_broadcast_ss(a.get_unchecked(kk));
-                let (l0, h0) = nibbles256(q0.add(kk * W / 2));
-                let (l1, h1) = nibbles256(q1.add(kk * W / 2));
-                c[0] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(l0), s[0]), c[0]);
-                c[1] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(h0), s[1]), c[1]);
-                c[2] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(l1), s[2]), c[2]);
-                c[3] = _mm256_fmadd_ps(av, _mm256_mul_ps(_mm256_cvtepi32_ps(h1), s[3]), c[3]);
+                let (l0, h0) = nibbles256::<MIN>(q0.add(kk * W / 2));
+                let (l1, h1) = nibbles256::<MIN>(q1.add(kk * W / 2));
+                c[0] = _mm256_fmadd_ps(av, scaled256::<MIN>(l0, s[0], m[0]), c[0]);
+                c[1] = _mm256_fmadd_ps(av, scaled256::<MIN>(h0, s[1], m[1]), c[1]);
+                c[2] = _mm256_fmadd_ps(av, scaled256::<MIN>(l1, s[2], m[2]), c[2]);
+                c[3] = _mm256_fmadd_ps(av, scaled256::<MIN>(h1, s[3], m[3]), c[3]);
                 kk += 1;
             }
         }
@@ -275,17 +343,22 @@ mod simd {
 
     /// 8 rows × two strips: 16 accumulators, each strip's row unpacked once for the 8 rows.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_8x32_avx512(acc: &mut [[[f32; W]; 8]; 2], a: &[f32], k: usize, strips: [(&[u8], &[f32]); 2]) {
+    pub unsafe fn tile_8x32_avx512<const MIN: bool>(
+        acc: &mut [[[f32; W]; 8]; 2],
+        a: &[f32],
+        k: usize,
+        strips: [Strip; 2],
+    ) {
         assert!(a.len() == 8 * k);
         let mut c = [[_mm512_setzero_ps(); 2]; 8];
         let (ap, q0, q1) = (a.as_ptr(), strips[0].0.as_ptr(), strips[1].0.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
-            let s0 = _mm512_loadu_ps(strips[0].1.as_ptr().add(g * W));
-            let s1 = _mm512_loadu_ps(strips[1].1.as_ptr().add(g * W));
+            let (s0, s1) = (group512(strips[0].1, g), group512(strips[1].1, g));
+            let (m0, m1) = (group512(strips[0].2, g), group512(strips[1].2, g));
             while kk < ((g + 1) * GROUP).min(k) {
-                let w0 = weights512(q0.add(kk * W / 2), s0);
-                let w1 = weights512(q1.add(kk * W / 2), s1);
+                let w0 = weights512::<MIN>(q0.add(kk * W / 2), s0, m0);
+                let w1 = weights512::<MIN>(q1.add(kk * W / 2), s1, m1);
                 for (r, cr) in c.iter_mut().enumerate() {
                     let av = _mm512_set1_ps(*ap.add(r * k + kk));
                     cr[0] = _mm512_fmadd_ps(av, w0, cr[0]);
@@ -301,14 +374,14 @@ mod simd {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_rows_avx512(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, q: &[u8], sc: &[f32]) {
+    pub unsafe fn tile_rows_avx512<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, (q, sc, mn): Strip) {
         let mut c = [_mm512_setzero_ps(); 4];
         let (ap, qp) = (a.as_ptr(), q.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
-            let s = _mm512_loadu_ps(sc.as_ptr().add(g * W));
+            let (s, m) = (group512(sc, g), group512(mn, g));
             while kk < ((g + 1) * GROUP).min(k) {
-                let wv = weights512(qp.add(kk * W / 2), s);
+                let wv = weights512::<MIN>(qp.add(kk * W / 2), s, m);
                 for (r, cr) in c.iter_mut().enumerate() {
                     *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), wv, *cr);
                 }
@@ -322,20 +395,21 @@ mod simd {
 
     /// One row × four strips: a strip's row of 16 weights in one register, four chains.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_1x64_avx512(acc: &mut [[f32; W]; 4], a: &[f32], strips: [(&[u8], &[f32]); 4]) {
+    pub unsafe fn tile_1x64_avx512<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], strips: [Strip; 4]) {
         let k = a.len();
         let mut c = [_mm512_setzero_ps(); 4];
         let q: [*const u8; 4] = std::array::from_fn(|i| strips[i].0.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
-            let s: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(strips[i].1.as_ptr().add(g * W)));
+            let s: [__m512; 4] = std::array::from_fn(|i| group512(strips[i].1, g));
+            let m: [__m512; 4] = std::array::from_fn(|i| group512(strips[i].2, g));
             let end = ((g + 1) * GROUP).min(k);
             // two rows of k at once: their 16 bytes masked and shifted in one go (a group's
             // rows are an even number but the last group's may not be)
             while kk + 2 <= end {
                 let (a0, a1) = (_mm512_set1_ps(*a.get_unchecked(kk)), _mm512_set1_ps(*a.get_unchecked(kk + 1)));
                 for i in 0..4 {
-                    let (w0, w1) = weights512_pair(q[i].add(kk * W / 2), s[i]);
+                    let (w0, w1) = weights512_pair::<MIN>(q[i].add(kk * W / 2), s[i], m[i]);
                     c[i] = _mm512_fmadd_ps(a0, w0, c[i]);
                     c[i] = _mm512_fmadd_ps(a1, w1, c[i]);
                 }
@@ -344,7 +418,7 @@ mod simd {
             while kk < end {
                 let av = _mm512_set1_ps(*a.get_unchecked(kk));
                 for i in 0..4 {
-                    c[i] = _mm512_fmadd_ps(av, weights512(q[i].add(kk * W / 2), s[i]), c[i]);
+                    c[i] = _mm512_fmadd_ps(av, weights512::<MIN>(q[i].add(kk * W / 2), s[i], m[i]), c[i]);
                 }
                 kk += 1;
             }
@@ -353,67 +427,86 @@ mod simd {
             _mm512_storeu_ps(acc[i].as_mut_ptr(), c[i]);
         }
     }
-
-    /// Two consecutive rows' 16 weights each (their 16 bytes loaded, masked and shifted once):
-    /// lanewise what `weights512` gives for each row.
-    #[inline(always)]
-    unsafe fn weights512_pair(q: *const u8, s: __m512) -> (__m512, __m512) {
-        let b = _mm_loadu_si128(q as *const __m128i);
-        let m = _mm_set1_epi8(0x0F);
-        let (lo, hi) = (_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
-        let eight = _mm512_set1_epi32(8);
-        let v0 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)), eight);
-        let v1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(lo, hi)), eight);
-        (_mm512_mul_ps(_mm512_cvtepi32_ps(v0), s), _mm512_mul_ps(_mm512_cvtepi32_ps(v1), s))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::quant_rows::QuantRows;
     use rand::{Rng, SeedableRng};
 
+    /// Q4_1-like rows as a file stores them: nibbles, scales and minimums.
+    pub(crate) fn rows_with_mins(rng: &mut impl Rng, rows: usize, k: usize) -> QuantRows {
+        let g = k / GROUP;
+        QuantRows {
+            rows,
+            k,
+            group: GROUP,
+            bits: 4,
+            q: (0..rows * k).map(|_| rng.gen_range(0..16)).collect(),
+            scales: (0..rows * g).map(|_| rng.gen_range(0.001..0.1)).collect(),
+            mins: Some((0..rows * g).map(|_| rng.gen_range(-0.8..0.0)).collect()),
+        }
+    }
+
     /// Every path — the portable loops, AVX2 and AVX-512 where the CPU has them — gives the
-    /// same bits (the dispatch takes the widest, so the narrower paths are called here).
+    /// same bits, with and without minimums (the dispatch takes the widest, so the narrower
+    /// paths are called here).
     #[test]
     fn every_path_computes_the_same_bits() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let (k, n) = (75, 64);
         let wv: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-2.0..2.0)).collect();
         let packed = crate::tensor::rowwise::Packed::new(&wv, k, n);
-        let w = Int4::from_strips(&crate::tensor::rowwise::tests_strips(&packed), k, n);
-        let a: Vec<f32> = (0..4 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let plain = Int4::from_strips(&crate::tensor::rowwise::tests_strips(&packed), k, n);
+        let with_mins = Int4::from_quant_rows(&rows_with_mins(&mut rng, n, 96));
+        for w in [plain, with_mins] {
+            let k = w.k;
+            let a: Vec<f32> = (0..4 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            if w.mins.is_some() {
+                check::<true>(&w, &a);
+            } else {
+                check::<false>(&w, &a);
+            }
+        }
+    }
+
+    fn check<const MIN: bool>(w: &Int4, a: &[f32]) {
+        let k = w.k;
         // the portable loops, written out
         let mut want = [[0f32; W]; 4];
-        let (q, sc) = w.strip(1);
+        let strip = w.strip(1);
         for kk in 0..k {
             for (r, accr) in want.iter_mut().enumerate() {
                 for (t, x) in accr.iter_mut().enumerate() {
-                    *x = a[r * k + kk].mul_add(weight(q, sc, kk, t), *x);
+                    *x = a[r * k + kk].mul_add(weight(strip, kk, t), *x);
                 }
             }
         }
         let bits = |x: &[[f32; W]]| x.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let mut got = [[0f32; W]; 4];
+        tile_rows::<MIN>(&mut got, a, w, 1);
+        assert_eq!(bits(&got), bits(&want), "dispatched 4 rows");
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
                 let mut got = [[0f32; W]; 4];
-                // SAFETY: AVX2 and FMA checked; `a` holds 4 rows of k, `q`/`sc` one strip
-                unsafe { simd::tile_rows(&mut got, &a, k, q, sc) };
+                // SAFETY: AVX2 and FMA checked; `a` holds 4 rows of k, `strip` one strip
+                unsafe { simd::tile_rows::<MIN>(&mut got, a, k, strip) };
                 assert_eq!(bits(&got), bits(&want), "AVX2 4 rows");
                 let mut one = [[0f32; W]; 2];
                 // SAFETY: as above, one row
-                unsafe { simd::tile_1x32(&mut one, &a[..k], [w.strip(1), w.strip(1)]) };
+                unsafe { simd::tile_1x32::<MIN>(&mut one, &a[..k], [strip, strip]) };
                 assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX2 one row");
             }
             if wide() {
                 let mut got = [[0f32; W]; 4];
                 // SAFETY: AVX-512F checked
-                unsafe { simd::tile_rows_avx512(&mut got, &a, k, q, sc) };
+                unsafe { simd::tile_rows_avx512::<MIN>(&mut got, a, k, strip) };
                 assert_eq!(bits(&got), bits(&want), "AVX-512 4 rows");
                 let mut one = [[0f32; W]; 4];
                 // SAFETY: as above
-                unsafe { simd::tile_1x64_avx512(&mut one, &a[..k], [w.strip(1); 4]) };
+                unsafe { simd::tile_1x64_avx512::<MIN>(&mut one, &a[..k], [strip; 4]) };
                 assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX-512 one row");
             }
         }

@@ -9,6 +9,10 @@
 //! `[strip][group][16]` scales. Tiles: 4 rows × 16 columns (8 accumulators, the strip's two
 //! dequantized vectors, the group's two scale vectors), and 1 row × 64 columns for the last
 //! rows (a decode's single row; one 512-bit register a strip where the CPU has AVX-512).
+//!
+//! A file's 8-bit and 5- or 6-bit rows as stored (`from_quant_rows`: Q8_0, Q5_0, Q5_1, Q5_K,
+//! Q6_K) take the same kernels; those with a minimum per group compute `q · s + m` (the
+//! product, then the sum, as the file's reference dequantizes them).
 
 use super::{quantized_product, wide, STRIP as W, TASK};
 use rayon::prelude::*;
@@ -21,7 +25,12 @@ pub struct Int8 {
     pub group: usize,
     q: Vec<i8>,
     scales: Vec<f32>,
+    /// `[strip][group][16]` minimums (Q5_1, Q5_K); `None`: `q · s`.
+    mins: Option<Vec<f32>>,
 }
+
+/// A strip's values, scales and minimums (empty without them).
+type Strip<'a> = (&'a [i8], &'a [f32], &'a [f32]);
 
 impl Int8 {
     fn groups(&self) -> usize {
@@ -51,7 +60,31 @@ impl Int8 {
                 }
             }
         });
-        Int8 { k, n, group, q, scales }
+        Int8 { k, n, group, q, scales, mins: None }
+    }
+
+    /// A file's rows as stored (any `bits`, groups dividing k): row `j` becomes output column
+    /// `j`.
+    pub fn from_quant_rows(rows: &super::quant_rows::QuantRows) -> Int8 {
+        let (k, n, group, groups) = (rows.k, rows.rows, rows.group, rows.groups());
+        assert!(k.is_multiple_of(group));
+        let ns = n.div_ceil(W);
+        let mut q = vec![0i8; ns * k * W];
+        let mut scales = vec![0f32; ns * groups * W];
+        let mut mins = rows.mins.as_ref().map(|_| vec![0f32; ns * groups * W]);
+        for j in 0..n {
+            let (s, t) = (j / W, j % W);
+            for kk in 0..k {
+                q[(s * k + kk) * W + t] = rows.q[j * k + kk];
+            }
+            for g in 0..groups {
+                scales[(s * groups + g) * W + t] = rows.scales[j * groups + g];
+                if let (Some(o), Some(m)) = (&mut mins, &rows.mins) {
+                    o[(s * groups + g) * W + t] = m[j * groups + g];
+                }
+            }
+        }
+        Int8 { k, n, group, q, scales, mins }
     }
 
     /// The dequantized matrix `[k, n]` (row-major): `q · s`, each in f32 — what the kernel
@@ -62,8 +95,7 @@ impl Int8 {
         for j in 0..n {
             let (s, t) = (j / W, j % W);
             for kk in 0..k {
-                out[kk * n + j] =
-                    self.q[(s * k + kk) * W + t] as f32 * self.scales[(s * self.groups() + kk / self.group) * W + t];
+                out[kk * n + j] = weight(self.strip(s), self.group, kk, t);
             }
         }
         out
@@ -71,17 +103,39 @@ impl Int8 {
 
     /// Bytes of values and scales.
     pub fn bytes(&self) -> usize {
-        self.q.len() + 4 * self.scales.len()
+        self.q.len() + 4 * (self.scales.len() + self.mins.as_ref().map_or(0, Vec::len))
     }
 
-    fn strip(&self, s: usize) -> (&[i8], &[f32]) {
+    fn strip(&self, s: usize) -> Strip<'_> {
         let g = self.groups();
-        (&self.q[s * self.k * W..(s + 1) * self.k * W], &self.scales[s * g * W..(s + 1) * g * W])
+        let mn = self.mins.as_ref().map_or(&[][..], |m| &m[s * g * W..(s + 1) * g * W]);
+        (&self.q[s * self.k * W..(s + 1) * self.k * W], &self.scales[s * g * W..(s + 1) * g * W], mn)
+    }
+}
+
+/// The weight of row `kk`, column `t` of a strip: `q · s`, or `q · s + m`.
+#[inline(always)]
+fn weight((q, sc, mn): Strip, group: usize, kk: usize, t: usize) -> f32 {
+    let g = kk / group * W + t;
+    let p = q[kk * W + t] as f32 * sc[g];
+    if mn.is_empty() {
+        p
+    } else {
+        p + mn[g]
     }
 }
 
 /// `c[m, n] = a[m, k] · w` (overwritten).
 pub fn matmul_rows_int8(c: &mut [f32], a: &[f32], w: &Int8, m: usize) {
+    if w.mins.is_some() {
+        product::<true>(c, a, w, m)
+    } else {
+        product::<false>(c, a, w, m)
+    }
+}
+
+/// The product's tiles, with (`MIN`) or without minimums.
+fn product<const MIN: bool>(c: &mut [f32], a: &[f32], w: &Int8, m: usize) {
     quantized_product(
         c,
         a,
@@ -90,96 +144,106 @@ pub fn matmul_rows_int8(c: &mut [f32], a: &[f32], w: &Int8, m: usize) {
             // SAFETY: called only where the CPU has AVX-512F; `rows` holds 8 rows of k.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                simd::tile_8x32_avx512(acc, rows, w.k, w.group, [w.strip(s), w.strip(s2)])
+                simd::tile_8x32_avx512::<MIN>(acc, rows, w.k, w.group, [w.strip(s), w.strip(s2)])
             };
         },
-        |acc, rows, s| tile_rows(acc, rows, w, s),
-        |acc, row, four| tile_1x64(acc, row, w, four),
+        |acc, rows, s| tile_rows::<MIN>(acc, rows, w, s),
+        |acc, row, four| tile_1x64::<MIN>(acc, row, w, four),
     );
 }
 
-/// `acc[r][t] = Σ_k a[r, k]·(q[k, t]·s[k / group, t])` for 4 rows of strip `s`.
-fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int8, s: usize) {
+/// `acc[r][t] = Σ_k a[r, k]·w[k, t]` for 4 rows of strip `s`.
+fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int8, s: usize) {
     let k = w.k;
     assert_eq!(a.len(), 4 * k);
-    let (q, sc) = w.strip(s);
+    let strip = w.strip(s);
     #[cfg(target_arch = "x86_64")]
     if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
-        return unsafe { simd::tile_rows_avx512(acc, a, k, w.group, q, sc) };
+        return unsafe { simd::tile_rows_avx512::<MIN>(acc, a, k, w.group, strip) };
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 and FMA (checked); the slices' lengths are checked above
         // and by `strip`.
-        return unsafe { simd::tile_rows(acc, a, k, w.group, q, sc) };
+        return unsafe { simd::tile_rows::<MIN>(acc, a, k, w.group, strip) };
     }
     for kk in 0..k {
-        let g = kk / w.group;
         for (r, accr) in acc.iter_mut().enumerate() {
             let av = a[r * k + kk];
-            for t in 0..W {
-                let wv = q[kk * W + t] as f32 * sc[g * W + t];
-                accr[t] = av.mul_add(wv, accr[t]);
+            for (t, x) in accr.iter_mut().enumerate() {
+                *x = av.mul_add(weight(strip, w.group, kk, t), *x);
             }
         }
     }
 }
 
 /// One row × the four strips `ss`.
-fn tile_1x64(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int8, ss: [usize; TASK]) {
+fn tile_1x64<const MIN: bool>(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int8, ss: [usize; TASK]) {
     let k = w.k;
     assert_eq!(a.len(), k);
     let strips = ss.map(|s| w.strip(s));
     #[cfg(target_arch = "x86_64")]
     if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
-        return unsafe { simd::tile_1x64_avx512(acc, a, w.group, strips) };
+        return unsafe { simd::tile_1x64_avx512::<MIN>(acc, a, w.group, strips) };
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
         let (lo, hi) = acc.split_at_mut(2);
         // SAFETY: as above, with AVX2 and FMA.
         unsafe {
-            simd::tile_1x32(lo.try_into().unwrap(), a, w.group, [strips[0], strips[1]]);
-            simd::tile_1x32(hi.try_into().unwrap(), a, w.group, [strips[2], strips[3]]);
+            simd::tile_1x32::<MIN>(lo.try_into().unwrap(), a, w.group, [strips[0], strips[1]]);
+            simd::tile_1x32::<MIN>(hi.try_into().unwrap(), a, w.group, [strips[2], strips[3]]);
         }
         return;
     }
     for (kk, &av) in a.iter().enumerate() {
-        let g = kk / w.group;
-        for (accq, (q, sc)) in acc.iter_mut().zip(&strips) {
-            for t in 0..W {
-                accq[t] = av.mul_add(q[kk * W + t] as f32 * sc[g * W + t], accq[t]);
+        for (accq, &strip) in acc.iter_mut().zip(&strips) {
+            for (t, x) in accq.iter_mut().enumerate() {
+                *x = av.mul_add(weight(strip, w.group, kk, t), *x);
             }
         }
     }
 }
 
-/// The tiles with AVX2/FMA intrinsics; each lane computes what the portable loops compute.
+/// The tiles with AVX2/FMA and AVX-512 intrinsics; each lane computes what the portable loops
+/// compute. `MIN`: the strips carry minimums (`q · s + m`).
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::W;
+    use super::super::lanes::{group256, group512, scaled256, scaled512};
+    use super::{Strip, W};
     use std::arch::x86_64::*;
 
-    /// 8 weights of a strip's row, dequantized: `q · s`.
+    /// 8 weights of a strip's row, dequantized: `q · s` (`+ m`).
     #[inline(always)]
-    unsafe fn dequant(q: *const i8, s: __m256) -> __m256 {
-        let b = _mm_loadl_epi64(q as *const __m128i);
-        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s)
+    unsafe fn dequant<const MIN: bool>(q: *const i8, s: __m256, m: __m256) -> __m256 {
+        scaled256::<MIN>(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q as *const __m128i)), s, m)
+    }
+
+    /// 16 weights of a strip's row in one 512-bit register, as `dequant`.
+    #[inline(always)]
+    unsafe fn dequant512<const MIN: bool>(q: *const i8, s: __m512, m: __m512) -> __m512 {
+        scaled512::<MIN>(_mm512_cvtepi8_epi32(_mm_loadu_si128(q as *const __m128i)), s, m)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_rows(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, group: usize, q: &[i8], sc: &[f32]) {
+    pub unsafe fn tile_rows<const MIN: bool>(
+        acc: &mut [[f32; W]; 4],
+        a: &[f32],
+        k: usize,
+        group: usize,
+        (q, sc, mn): Strip,
+    ) {
         let mut c = [[_mm256_setzero_ps(); 2]; 4];
         let (ap, qp) = (a.as_ptr(), q.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(group) {
-            let s0 = _mm256_loadu_ps(sc.as_ptr().add(g * W));
-            let s1 = _mm256_loadu_ps(sc.as_ptr().add(g * W + 8));
+            let (s0, s1) = (group256(sc, g, 0), group256(sc, g, 1));
+            let (m0, m1) = (group256(mn, g, 0), group256(mn, g, 1));
             while kk < ((g + 1) * group).min(k) {
-                let w0 = dequant(qp.add(kk * W), s0);
-                let w1 = dequant(qp.add(kk * W + 8), s1);
+                let w0 = dequant::<MIN>(qp.add(kk * W), s0, m0);
+                let w1 = dequant::<MIN>(qp.add(kk * W + 8), s1, m1);
                 for (r, cr) in c.iter_mut().enumerate() {
                     let av = _mm256_broadcast_ss(&*ap.add(r * k + kk));
                     cr[0] = _mm256_fmadd_ps(av, w0, cr[0]);
@@ -197,25 +261,23 @@ mod simd {
     /// 8 rows × two strips with 512-bit vectors: 16 accumulators, each strip's row
     /// dequantized once for the 8 rows.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_8x32_avx512(
+    pub unsafe fn tile_8x32_avx512<const MIN: bool>(
         acc: &mut [[[f32; W]; 8]; 2],
         a: &[f32],
         k: usize,
         group: usize,
-        strips: [(&[i8], &[f32]); 2],
+        strips: [Strip; 2],
     ) {
         assert!(a.len() == 8 * k);
         let mut c = [[_mm512_setzero_ps(); 2]; 8];
         let (ap, q0, q1) = (a.as_ptr(), strips[0].0.as_ptr(), strips[1].0.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(group) {
-            let s0 = _mm512_loadu_ps(strips[0].1.as_ptr().add(g * W));
-            let s1 = _mm512_loadu_ps(strips[1].1.as_ptr().add(g * W));
+            let (s0, s1) = (group512(strips[0].1, g), group512(strips[1].1, g));
+            let (m0, m1) = (group512(strips[0].2, g), group512(strips[1].2, g));
             while kk < ((g + 1) * group).min(k) {
-                let b0 = _mm_loadu_si128(q0.add(kk * W) as *const __m128i);
-                let b1 = _mm_loadu_si128(q1.add(kk * W) as *const __m128i);
-                let w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0)), s0);
-                let w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1)), s1);
+                let w0 = dequant512::<MIN>(q0.add(kk * W), s0, m0);
+                let w1 = dequant512::<MIN>(q1.add(kk * W), s1, m1);
                 for (r, cr) in c.iter_mut().enumerate() {
                     let av = _mm512_set1_ps(*ap.add(r * k + kk));
                     cr[0] = _mm512_fmadd_ps(av, w0, cr[0]);
@@ -232,15 +294,20 @@ mod simd {
 
     /// 4 rows × one strip with 512-bit vectors: the strip's row dequantized once for the 4.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_rows_avx512(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, group: usize, q: &[i8], sc: &[f32]) {
+    pub unsafe fn tile_rows_avx512<const MIN: bool>(
+        acc: &mut [[f32; W]; 4],
+        a: &[f32],
+        k: usize,
+        group: usize,
+        (q, sc, mn): Strip,
+    ) {
         let mut c = [_mm512_setzero_ps(); 4];
         let (ap, qp) = (a.as_ptr(), q.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(group) {
-            let s = _mm512_loadu_ps(sc.as_ptr().add(g * W));
+            let (s, m) = (group512(sc, g), group512(mn, g));
             while kk < ((g + 1) * group).min(k) {
-                let b = _mm_loadu_si128(qp.add(kk * W) as *const __m128i);
-                let wv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+                let wv = dequant512::<MIN>(qp.add(kk * W), s, m);
                 for (r, cr) in c.iter_mut().enumerate() {
                     *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), wv, *cr);
                 }
@@ -256,19 +323,23 @@ mod simd {
     /// converted and scaled in one register — lanewise the same operations as the 256-bit
     /// and portable paths, so the same bits.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_1x64_avx512(acc: &mut [[f32; W]; 4], a: &[f32], group: usize, strips: [(&[i8], &[f32]); 4]) {
+    pub unsafe fn tile_1x64_avx512<const MIN: bool>(
+        acc: &mut [[f32; W]; 4],
+        a: &[f32],
+        group: usize,
+        strips: [Strip; 4],
+    ) {
         let k = a.len();
         let mut c = [_mm512_setzero_ps(); 4];
         let q: [*const i8; 4] = std::array::from_fn(|i| strips[i].0.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(group) {
-            let s: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(strips[i].1.as_ptr().add(g * W)));
+            let s: [__m512; 4] = std::array::from_fn(|i| group512(strips[i].1, g));
+            let m: [__m512; 4] = std::array::from_fn(|i| group512(strips[i].2, g));
             while kk < ((g + 1) * group).min(k) {
                 let av = _mm512_set1_ps(*a.get_unchecked(kk));
                 for i in 0..4 {
-                    let b = _mm_loadu_si128(q[i].add(kk * W) as *const __m128i);
-                    let wv = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s[i]);
-                    c[i] = _mm512_fmadd_ps(av, wv, c[i]);
+                    c[i] = _mm512_fmadd_ps(av, dequant512::<MIN>(q[i].add(kk * W), s[i], m[i]), c[i]);
                 }
                 kk += 1;
             }
@@ -279,24 +350,20 @@ mod simd {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_1x32(acc: &mut [[f32; W]; 2], a: &[f32], group: usize, strips: [(&[i8], &[f32]); 2]) {
+    pub unsafe fn tile_1x32<const MIN: bool>(acc: &mut [[f32; W]; 2], a: &[f32], group: usize, strips: [Strip; 2]) {
         let k = a.len();
         let mut c = [_mm256_setzero_ps(); 4];
         let (q0, q1) = (strips[0].0.as_ptr(), strips[1].0.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(group) {
-            let s: [__m256; 4] = [
-                _mm256_loadu_ps(strips[0].1.as_ptr().add(g * W)),
-                _mm256_loadu_ps(strips[0].1.as_ptr().add(g * W + 8)),
-                _mm256_loadu_ps(strips[1].1.as_ptr().add(g * W)),
-                _mm256_loadu_ps(strips[1].1.as_ptr().add(g * W + 8)),
-            ];
+            let s: [__m256; 4] = std::array::from_fn(|i| group256(strips[i / 2].1, g, i % 2));
+            let m: [__m256; 4] = std::array::from_fn(|i| group256(strips[i / 2].2, g, i % 2));
             while kk < ((g + 1) * group).min(k) {
                 let av = _mm256_broadcast_ss(a.get_unchecked(kk));
-                c[0] = _mm256_fmadd_ps(av, dequant(q0.add(kk * W), s[0]), c[0]);
-                c[1] = _mm256_fmadd_ps(av, dequant(q0.add(kk * W + 8), s[1]), c[1]);
-                c[2] = _mm256_fmadd_ps(av, dequant(q1.add(kk * W), s[2]), c[2]);
-                c[3] = _mm256_fmadd_ps(av, dequant(q1.add(kk * W + 8), s[3]), c[3]);
+                c[0] = _mm256_fmadd_ps(av, dequant::<MIN>(q0.add(kk * W), s[0], m[0]), c[0]);
+                c[1] = _mm256_fmadd_ps(av, dequant::<MIN>(q0.add(kk * W + 8), s[1], m[1]), c[1]);
+                c[2] = _mm256_fmadd_ps(av, dequant::<MIN>(q1.add(kk * W), s[2], m[2]), c[2]);
+                c[3] = _mm256_fmadd_ps(av, dequant::<MIN>(q1.add(kk * W + 8), s[3], m[3]), c[3]);
                 kk += 1;
             }
         }

@@ -7,11 +7,12 @@
 //! the cache named by the file's header (`folder_of`), so everything that reads a Hugging Face
 //! folder reads them; the weights are read from the GGUF itself.
 
-use super::export::{inverse_change, routes};
+use super::export::{inverse_change, routes, Change};
 use super::read::{Gguf, Meta};
 use crate::error::{Error, Result};
 use crate::models::checkpoint::parse_model_config;
 use crate::models::Gpt;
+use crate::tensor::quant_rows::QuantRows;
 use serde_json::{json, Value as Json};
 use std::path::{Path, PathBuf};
 
@@ -330,4 +331,49 @@ pub fn load(path: &Path) -> Result<(Gpt, Vec<f32>)> {
         ));
     }
     Ok((model, params))
+}
+
+/// A GGUF file's block-quantized matrices as the file stores them, under their Hugging Face
+/// names, for serving them in their own types (`QuantRows`: bit for bit the values `load`
+/// dequantizes). The file stays memory-mapped; a matrix's rows are decoded when asked for.
+pub struct Stored {
+    g: Gguf,
+    routes: std::collections::HashMap<String, (String, Change)>,
+}
+
+impl std::fmt::Debug for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stored({} tensors)", self.routes.len())
+    }
+}
+
+impl Stored {
+    /// The stored matrices of the GGUF file `path` (whose model is `model`, as `load` built it).
+    pub fn open(path: &Path, model: &Gpt) -> Result<Stored> {
+        let g = Gguf::open(path)?;
+        let routes = routes(model).into_iter().map(|r| (r.hf, (r.gguf, r.change))).collect();
+        Ok(Stored { g, routes })
+    }
+
+    /// The matrix `hf` as output rows (an output feature a row, its inputs along it), if the
+    /// file stores it block-quantized; `None` for float tensors and vectors.
+    pub fn rows(&self, hf: &str) -> Option<QuantRows> {
+        let (name, change) = self.routes.get(hf)?;
+        let t = self.g.tensor(name)?;
+        let shape = t.shape();
+        let [rows, k] = shape[..] else { return None };
+        let q = t.ty.quant_rows(self.g.data(t), rows, k)?;
+        match *change {
+            // GGUF's rows are the outputs either way (a Conv1D `[in, out]` is stored transposed)
+            Change::None | Change::Transpose => Some(q),
+            Change::Interleave { heads } => {
+                // checkpoint row (s·half + j) of each head is GGUF row (2j + s)
+                let hd = rows / heads;
+                let half = hd / 2;
+                let idx: Vec<Option<usize>> =
+                    (0..rows).map(|r| Some(r / hd * hd + 2 * (r % hd % half) + r % hd / half)).collect();
+                Some(q.select(&idx))
+            }
+        }
+    }
 }

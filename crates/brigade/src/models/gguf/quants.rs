@@ -4,6 +4,7 @@
 //! are bit for bit theirs. The writer encodes F32, F16, Q8_0 and Q4_0 (`encode`), as
 //! llama.cpp's reference quantizers do.
 
+use crate::tensor::quant_rows::QuantRows;
 pub use crate::tensor::rowwise_int4::q4_0_block;
 use half::{bf16, f16};
 
@@ -164,51 +165,84 @@ impl GgmlType {
         }
     }
 
-    /// `data`'s values (whole blocks) as f32, appended to `out`.
+    /// `data`'s values (whole blocks) as f32, appended to `out`: the float types converted,
+    /// the block types as their `quant_rows` give them.
     pub fn dequantize_into(self, data: &[u8], out: &mut Vec<f32>) {
-        let (_, bb) = self.block();
+        let (per, bb) = self.block();
         debug_assert!(data.len().is_multiple_of(bb));
+        let n = data.len() / bb * per;
+        if let Some(q) = self.quant_rows(data, 1, n) {
+            out.extend(q.dequantized());
+            return;
+        }
+        for b in data.chunks_exact(bb) {
+            out.push(match self {
+                GgmlType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                GgmlType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                GgmlType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+                _ => unreachable!("the block types return above"),
+            });
+        }
+    }
+
+    /// A `[rows, k]` tensor's blocks as `QuantRows` (integers, scales, minimums) whose values
+    /// are bit for bit those of gguf-py's reference dequantization (`tests/gguf_read.rs`): Q4_0 and Q4_1 as 4-bit groups of 32, Q4_K's
+    /// sub-blocks as 4-bit groups of 32 with a minimum (`d·sc`, `−(dmin·m)`), Q8_0 and the
+    /// 5-bit types as 8-bit groups of 32, Q6_K as 8-bit groups of 16 (`d·sc`). `None` for the
+    /// float types (held as f32).
+    pub fn quant_rows(self, data: &[u8], rows: usize, k: usize) -> Option<QuantRows> {
+        let (bits, group, has_min) = match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
+            GgmlType::Q4_0 => (4, 32, false),
+            GgmlType::Q4_1 | GgmlType::Q4_K => (4, 32, true),
+            GgmlType::Q8_0 | GgmlType::Q5_0 => (8, 32, false),
+            GgmlType::Q5_1 | GgmlType::Q5_K => (8, 32, true),
+            GgmlType::Q6_K => (8, 16, false),
+        };
+        let (per, bb) = self.block();
+        assert!(k.is_multiple_of(per) && data.len() == rows * k / per * bb, "whole blocks of a [rows, k] tensor");
+        let n = rows * k;
+        let mut out = QuantRows {
+            rows,
+            k,
+            group,
+            bits,
+            q: Vec::with_capacity(n),
+            scales: Vec::with_capacity(n / group),
+            mins: has_min.then(|| Vec::with_capacity(n / group)),
+        };
         let h = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let fifth = |qh: u32, j: usize| ((qh >> j) & 1) as u8;
         for b in data.chunks_exact(bb) {
             match self {
-                GgmlType::F32 => out.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                GgmlType::F16 => out.push(h(b, 0)),
-                GgmlType::BF16 => out.push(bf16::from_le_bytes([b[0], b[1]]).to_f32()),
                 GgmlType::Q8_0 => {
-                    let d = h(b, 0);
-                    out.extend(b[2..34].iter().map(|&q| q as i8 as f32 * d));
+                    out.scales.push(h(b, 0));
+                    out.q.extend(b[2..34].iter().map(|&q| q as i8));
                 }
-                GgmlType::Q4_0 => {
-                    let (d, qs) = (h(b, 0), &b[2..18]);
-                    out.extend(qs.iter().map(|&q| ((q & 0x0F) as i8 - 8) as f32 * d));
-                    out.extend(qs.iter().map(|&q| ((q >> 4) as i8 - 8) as f32 * d));
-                }
-                GgmlType::Q4_1 => {
-                    let (d, m, qs) = (h(b, 0), h(b, 2), &b[4..20]);
-                    out.extend(qs.iter().map(|&q| d * (q & 0x0F) as f32 + m));
-                    out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
-                }
-                GgmlType::Q5_0 => {
-                    let d = h(b, 0);
-                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                    let qs = &b[6..22];
-                    for half in 0..2 {
-                        for (j, &q) in qs.iter().enumerate() {
-                            let lo = if half == 0 { q & 0x0F } else { q >> 4 };
-                            let hi = ((qh >> (j + 16 * half)) & 1) as u8;
-                            out.push(((lo | hi << 4) as i8 - 16) as f32 * d);
-                        }
+                GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                    let at = if self == GgmlType::Q4_0 { 2 } else { 4 };
+                    let off = if self == GgmlType::Q4_0 { 8 } else { 0 };
+                    out.scales.push(h(b, 0));
+                    if let Some(m) = &mut out.mins {
+                        m.push(h(b, 2));
                     }
+                    let qs = &b[at..at + 16];
+                    out.q.extend(qs.iter().map(|&q| (q & 0x0F) as i8 - off));
+                    out.q.extend(qs.iter().map(|&q| (q >> 4) as i8 - off));
                 }
-                GgmlType::Q5_1 => {
-                    let (d, m) = (h(b, 0), h(b, 2));
-                    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-                    let qs = &b[8..24];
+                GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                    let at = if self == GgmlType::Q5_0 { 2 } else { 4 };
+                    let off = if self == GgmlType::Q5_0 { 16 } else { 0 };
+                    out.scales.push(h(b, 0));
+                    if let Some(m) = &mut out.mins {
+                        m.push(h(b, 2));
+                    }
+                    let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                    let qs = &b[at + 4..at + 20];
                     for half in 0..2 {
                         for (j, &q) in qs.iter().enumerate() {
                             let lo = if half == 0 { q & 0x0F } else { q >> 4 };
-                            let hi = ((qh >> (j + 16 * half)) & 1) as u8;
-                            out.push(d * (lo | hi << 4) as f32 + m);
+                            out.q.push((lo | fifth(qh, j + 16 * half) << 4) as i8 - off);
                         }
                     }
                 }
@@ -216,19 +250,19 @@ impl GgmlType {
                     let (d, dmin, scales) = (h(b, 0), h(b, 2), &b[4..16]);
                     let (qh, qs) =
                         if self == GgmlType::Q5_K { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
-                    // four groups of 64: 32 low nibbles then 32 high ones, each 32 with its
-                    // 6-bit scale and minimum; Q5_K's fifth bit from `qh`, bit 2g and 2g+1
                     for g in 0..4 {
                         let q = &qs[32 * g..32 * g + 32];
-                        for (k, shift) in [(2 * g, 0u8), (2 * g + 1, 4u8)] {
-                            let (sc, mn) = scale_min_k4(k, scales);
-                            let (d1, m1) = (d * sc as f32, dmin * mn as f32);
-                            for l in 0..32 {
-                                let mut v = (q[l] >> shift) & 0x0F;
+                        for (j, shift) in [(2 * g, 0u8), (2 * g + 1, 4u8)] {
+                            let (sc, mn) = scale_min_k4(j, scales);
+                            out.scales.push(d * sc as f32);
+                            // `d1·v − m1` is `d1·v + (−m1)`, bit for bit
+                            out.mins.as_mut().expect("k-quants have minimums").push(-(dmin * mn as f32));
+                            for (l, &ql) in q.iter().enumerate() {
+                                let mut v = (ql >> shift) & 0x0F;
                                 if let Some(qh) = qh {
-                                    v |= ((qh[l] >> k) & 1) << 4;
+                                    v |= ((qh[l] >> j) & 1) << 4;
                                 }
-                                out.push(d1 * v as f32 - m1);
+                                out.q.push(v as i8);
                             }
                         }
                     }
@@ -238,22 +272,24 @@ impl GgmlType {
                     let d = h(b, 208);
                     for n in 0..2 {
                         let (ql, qh, sc) = (&ql[64 * n..], &qh[32 * n..], &sc[8 * n..]);
-                        // four runs of 32: low nibbles of ql[0..32], of ql[32..64], then the
-                        // high ones; two bits each from qh; a scale per 16 values
                         for run in 0..4 {
                             let (lo_at, shift) = ([0, 32, 0, 32][run], [0, 0, 4, 4][run]);
-                            for l in 0..32 {
-                                let lo = (ql[lo_at + l] >> shift) & 0x0F;
-                                let hi = (qh[l] >> (2 * run)) & 3;
-                                let q = (lo | hi << 4) as i8 - 32;
-                                let s = sc[2 * run + l / 16] as i8;
-                                out.push(d * s as f32 * q as f32);
+                            for half in 0..2 {
+                                // `d · s · q` is `(d · s) · q`: the scale of a group of 16
+                                out.scales.push(d * sc[2 * run + half] as i8 as f32);
+                                for l in 16 * half..16 * half + 16 {
+                                    let lo = (ql[lo_at + l] >> shift) & 0x0F;
+                                    let hi = (qh[l] >> (2 * run)) & 3;
+                                    out.q.push((lo | hi << 4) as i8 - 32);
+                                }
                             }
                         }
                     }
                 }
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float types return above"),
             }
         }
+        Some(out)
     }
 }
 
