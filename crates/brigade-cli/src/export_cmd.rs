@@ -3,7 +3,7 @@
 //! `brigade quantize IN OUT.gguf --type …` is the same writer.
 
 use anyhow::{bail, Result};
-use brigade::models::gguf::{export, FileType};
+use brigade::models::gguf::{export, export_model, FileType};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -26,7 +26,8 @@ pub struct ExportArgs {
 /// has.
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {
-    /// Checkpoint directory (a `brigade train --out` directory or a Hugging Face folder).
+    /// Checkpoint directory (a `brigade train --out` directory or a Hugging Face folder), or a
+    /// GGUF file (dequantized, then written in `--type`).
     checkpoint: PathBuf,
     /// The GGUF file to write.
     out: PathBuf,
@@ -46,7 +47,15 @@ pub fn run(a: ExportArgs) -> Result<()> {
     if out.is_dir() {
         bail!("--gguf {} is a directory; give a file name such as model.gguf", out.display());
     }
-    let e = export(&a.checkpoint, &out, ty)?;
+    // a GGUF file too (llama-quantize's input): its weights dequantized, its metadata unpacked
+    let e = if brigade::models::gguf::import::is_gguf(&a.checkpoint) {
+        let (model, params) = brigade::models::open::open_model(&a.checkpoint)?;
+        let meta = brigade::models::open::metadata_folder(&a.checkpoint)?;
+        let name = a.checkpoint.file_stem().map(|n| n.to_string_lossy().into_owned());
+        export_model((&model, &params), &meta, name, &out, ty)?
+    } else {
+        export(&a.checkpoint, &out, ty)?
+    };
     outln!(
         "wrote {} ({} tensors, {:.1} MB, llama.cpp architecture {}, tokenizer pre-split {}, {})",
         out.display(),

@@ -390,10 +390,23 @@ fn eos_and_sep(tj: &Json, config: &Json) -> Vec<(&'static str, bool)> {
 /// Writes checkpoint `dir` as a GGUF file at `out` with matrices stored as `ty`.
 pub fn export(dir: &Path, out: &Path, ty: FileType) -> Result<Exported> {
     let (model, params) = load_model(dir)?;
+    let name = dir.canonicalize().ok().and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+    export_model((&model, &params), dir, name, out, ty)
+}
+
+/// `export` of a model already loaded (a GGUF file's, dequantized), its tokenizer files in
+/// `meta_dir`, under `name`.
+pub fn export_model(
+    (model, params): (&Gpt, &[f32]),
+    meta_dir: &Path,
+    name: Option<String>,
+    out: &Path,
+    ty: FileType,
+) -> Result<Exported> {
+    let dir = meta_dir;
     let cfg = &model.cfg;
     let arch = cfg.gguf();
-    let (tok_meta, pre) = tokenizer_metadata(dir, cfg.vocab_size)?;
-    let name = dir.canonicalize().ok().and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let (tok_meta, pre) = tokenizer_metadata(meta_dir, cfg.vocab_size)?;
     let mut meta = vec![
         ("general.architecture".to_string(), Value::Str(arch.arch.into())),
         ("general.type".into(), Value::Str("model".into())),
@@ -411,11 +424,11 @@ pub fn export(dir: &Path, out: &Path, ty: FileType) -> Result<Exported> {
     meta.extend(tok_meta);
     let specs: HashMap<&str, _> = model.layout.specs.iter().map(|s| (s.name.as_str(), s)).collect();
     let mut tensors = Vec::new();
-    for r in routes(&model) {
+    for r in routes(model) {
         let spec = specs
             .get(r.hf.as_str())
             .ok_or_else(|| Error::ckpt(dir, format!("has no tensor {} for GGUF's {}", r.hf, r.gguf)))?;
-        let (values, shape) = changed(spec.view.of(&params), &spec.shape, r.change);
+        let (values, shape) = changed(spec.view.of(params), &spec.shape, r.change);
         let t = ty.tensor_type(&r.gguf, &shape);
         tensors.push(Tensor::new(r.gguf, &shape, t, &values));
     }

@@ -8,4 +8,4 @@ pub mod import;
 pub mod quants;
 pub mod read;
 
-pub use export::{export, Exported, FileType};
+pub use export::{export, export_model, Exported, FileType};
