@@ -16,10 +16,11 @@ pub struct TrainArgs {
     #[arg(long)]
     pub(crate) model: Option<String>,
     /// Start from a published model: a Hugging Face folder (config.json, safetensors weights,
-    /// tokenizer.json) of either family. Its config.json gives the family and shape (--model
-    /// is then optional and must match); each rank reads only its own slices of the weights;
-    /// its tokenizer is --data's unless --tokenizer is given.
-    #[arg(long, value_name = "DIR")]
+    /// tokenizer.json) of either family, or a GGUF file (its weights dequantized). Its
+    /// config.json (a GGUF's metadata) gives the family and shape (--model is then optional
+    /// and must match); each rank keeps only its own slices of the weights; its tokenizer is
+    /// --data's unless --tokenizer is given.
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub(crate) init: Option<PathBuf>,
     /// What to train on (default: the built-in addition task): a UTF-8 text file, an llm.c /
     /// nanoGPT token file (.bin with llm.c's header), a Megatron dataset (PREFIX or PREFIX.bin,

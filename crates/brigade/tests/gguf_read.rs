@@ -386,3 +386,63 @@ fn bad_gguf_files_fail_with_one_line_naming_the_problem() {
     let e = open_model(&missing).unwrap_err().to_string();
     assert!(e.contains("no such checkpoint"), "{e}");
 }
+
+/// `train --init MODEL.gguf` starts where `--init` of the folder it was written from starts:
+/// the same shape (from the file's metadata), every rank's slice of the same weights (gathered:
+/// the folder's exactly), the same first loss, alone and with the matrices split over two ranks.
+#[test]
+fn train_init_from_a_gguf_file_starts_where_its_folder_does() {
+    use brigade::layout::Layout;
+    use brigade::models::family::Family;
+    use brigade::parallel::{Mesh, MeshShape};
+    use brigade::train::{TrainConfig, Trainer};
+    let Some(tok) = common::shared("tokenizers/qwen2") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
+    let Family::Llama(with_all) = Family::ALL[1] else { panic!("the second family is Llama's") };
+    let family = brigade::models::family::Llama { o_bias: false, rope_scaling: None, tied: true, ..with_all };
+    let vocab = brigade::models::tokenizer::Tokenizer::from_file(&tok).unwrap().vocab_size();
+    let cfg = brigade::models::GptConfig {
+        vocab_size: vocab,
+        family: family.into(),
+        ..brigade::models::GptConfig::example(Family::ALL[1], vocab, 64)
+    };
+    let ck = tmp.path().join("folder");
+    let params = checkpoint(&ck, cfg, &tok);
+    let file = tmp.path().join("model.gguf");
+    brigade::models::gguf::export(&ck, &file, brigade::models::gguf::FileType::F32).unwrap();
+    let text = tmp.path().join("corpus.txt");
+    std::fs::write(&text, "The quick brown fox jumps over the lazy dog. ".repeat(200)).unwrap();
+    let (b, t) = (2, 32);
+    let x: Vec<u32> = (0..b * t).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let y: Vec<i32> = (0..b * t).map(|i| ((i * 104729 + 5) % vocab) as i32).collect();
+    for spec in ["dp=1", "tp=2"] {
+        let layout = Layout::parse(spec).unwrap();
+        let first = |init: &std::path::Path| {
+            let cfg = TrainConfig {
+                model: String::new(),
+                init: Some(init.to_path_buf()),
+                data: Some(text.clone()),
+                steps: 2,
+                batch: b,
+                seq: Some(t),
+                eval_every: 0,
+                ..TrainConfig::default()
+            };
+            brigade_comm::local::run(layout.world(), |world| {
+                let mesh = Mesh::new(&world, MeshShape::of(&layout))?;
+                let mut tr = Trainer::on_mesh(cfg.clone(), mesh, &layout)?;
+                let local = tr.local_params()?.into_owned();
+                let full = tr.full_params()?.unwrap_or(local);
+                let s = brigade::with_threads(1, || tr.step_on(&x, &y))??;
+                Ok::<_, brigade::Error>((full, s.loss))
+            })
+            .unwrap_or_else(|e| panic!("--init {} on {spec}: {e}", init.display()))
+        };
+        let (from_folder, from_file) = (first(&ck), first(&file));
+        assert_eq!(from_file[0].0, params, "{spec}: the GGUF's weights, gathered, are not the folder's");
+        for (r, (a, f)) in from_file.iter().zip(&from_folder).enumerate() {
+            assert_eq!(a.1.to_bits(), f.1.to_bits(), "{spec}: rank {r}'s first loss {} vs the folder's {}", a.1, f.1);
+        }
+    }
+}

@@ -161,7 +161,8 @@ impl TrainConfig {
     /// The shape of the published model in `dir` (its `config.json`); `model`, if a preset,
     /// must be of its family and shape, and no shape override may be set.
     fn published_config(&self, dir: &std::path::Path) -> Result<GptConfig> {
-        let cfg = crate::models::checkpoint::read_model_config(dir)?;
+        // a GGUF file's config.json is its metadata, unpacked
+        let cfg = crate::models::open::open_config(dir)?;
         let overrides = [
             ("n_layer", self.n_layer.is_some()),
             ("n_head", self.n_head.is_some()),

@@ -9,6 +9,7 @@ use super::optimizer::{AdamW, LrSchedule};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
 use crate::layout::{Layout, Schedule};
+use crate::models::gguf::import::is_gguf;
 use crate::models::shard_load::MappedWeights;
 use crate::models::Gpt;
 use crate::parallel::data::zero::Shards;
@@ -54,15 +55,16 @@ impl Trainer {
             m.path = std::path::absolute(&m.path).map_err(|e| Error::io(&m.path, e))?;
         }
         if let Some(p) = &cfg.init {
-            if !p.is_dir() {
+            if !p.is_dir() && !is_gguf(p) {
                 return Err(Error::Config(format!(
-                    "--init {}: no such folder; give a Hugging Face model folder (config.json, model.safetensors, tokenizer.json)",
+                    "--init {}: no such folder or GGUF file; give a Hugging Face model folder (config.json, model.safetensors, tokenizer.json) or a .gguf file",
                     p.display()
                 )));
             }
             cfg.init = Some(std::path::absolute(p).map_err(|e| Error::io(p, e))?);
-            // a published model is trained with its own tokenizer unless told otherwise
-            let dir = cfg.init.clone().unwrap_or_default();
+            // a published model is trained with its own tokenizer unless told otherwise (a GGUF
+            // file's, unpacked from its metadata)
+            let dir = crate::models::open::metadata_folder(&cfg.init.clone().unwrap_or_default())?;
             if cfg.tokenizer.is_none() && cfg.data.is_some() && dir.join("tokenizer.json").is_file() {
                 cfg.tokenizer = Some(dir);
             }
@@ -170,6 +172,7 @@ impl Trainer {
         let full_model = Gpt::new(mcfg)?;
         let mut params = match (&cfg.init, &cfg.shape_from) {
             // a published model's weights: this rank reads its own tensors and slices only
+            (Some(file), None) if is_gguf(file) => gguf_local(file, &parts.layout, tp)?,
             (Some(dir), None) => MappedWeights::open(dir)?.read_local(&parts.layout, tp.0, tp.1, &full_model.layout)?,
             _ => parts.layout.init_shard(cfg.seed, tp.0, tp.1),
         };
@@ -214,4 +217,17 @@ impl Trainer {
             attend_clock: Default::default(),
         })
     }
+}
+
+/// This rank's share (`layout`, rank `tp.0` of `tp.1`) of a GGUF file's weights, dequantized.
+fn gguf_local(file: &std::path::Path, layout: &crate::params::ParamLayout, tp: (usize, usize)) -> Result<Vec<f32>> {
+    let (whole, params) = crate::models::open::open_model(file)?;
+    let mut out = vec![0f32; layout.total];
+    for s in &layout.specs {
+        let full = whole.layout.get(&s.name).ok_or_else(|| {
+            Error::ckpt(file, format!("has no tensor {} for the model its metadata describes", s.name))
+        })?;
+        s.split.slice(full.view.of(&params), &s.full_shape, tp.0, tp.1, s.view.of_mut(&mut out));
+    }
+    Ok(out)
 }
