@@ -126,11 +126,12 @@ pub(crate) struct Weights {
 /// How the products' weights are held.
 #[derive(Clone, Debug, Default)]
 pub enum WeightFormat {
-    /// As the model's file holds them: a GGUF file's block-quantized matrices in their own
-    /// types (`Some`: filled in when the file is loaded; `Packed::from_quant_rows`), every
-    /// float tensor (and a checkpoint folder's weights) in f32.
+    /// As the model's file holds them (asked for; `Source::held` makes it `StoredIn` for a
+    /// GGUF file): every float tensor, and a checkpoint folder's weights, in f32.
     #[default]
     Stored,
+    /// A GGUF file's block-quantized matrices in their own types (`Packed::from_quant_rows`),
+    /// its float tensors in f32.
     StoredIn(Arc<Stored>),
     F32,
     /// 8 bits, a scale per output column and per group of 32 rows of k.
@@ -382,7 +383,6 @@ impl Cutter<'_> {
     /// cut by `Split::kv_heads`, as training cuts them.
     fn columns(&self, b: &BlockSpec, ls: &[&Linear], parts: usize) -> Result<(Packed, Option<Vec<f32>>), ShardError> {
         let d_in = ls[0].d_in;
-        let mut w_pieces = Vec::with_capacity(ls.len());
         let mut b_pieces = Vec::with_capacity(ls.len());
         let mut splits = Vec::with_capacity(ls.len());
         for &l in ls {
@@ -394,15 +394,8 @@ impl Cutter<'_> {
                 }
                 Orient::InOut => Split::Cols { parts },
             };
-            let shape = match l.orient {
-                Orient::OutIn => [l.d_out, l.d_in],
-                Orient::InOut => [l.d_in, l.d_out],
-            };
             splits.push((l, split));
             b_pieces.push(l.bias.then(|| self.piece(&self.whole(&l.bias_name()), &[l.d_out], split)));
-            if self.stored.is_none() {
-                w_pieces.push((l.orient, self.piece(&self.whole(&l.weight()), &shape, split)));
-            }
         }
         let bias = match b_pieces.iter().filter(|b| b.is_some()).count() {
             0 => None,
@@ -412,15 +405,16 @@ impl Cutter<'_> {
         if let Some(p) = self.stored_columns(&splits) {
             return Ok((p, bias));
         }
-        if w_pieces.is_empty() {
-            for &(l, split) in &splits {
+        let w_pieces: Vec<(Orient, Vec<f32>)> = splits
+            .iter()
+            .map(|&(l, split)| {
                 let shape = match l.orient {
                     Orient::OutIn => [l.d_out, l.d_in],
                     Orient::InOut => [l.d_in, l.d_out],
                 };
-                w_pieces.push((l.orient, self.piece(&self.whole(&l.weight()), &shape, split)));
-            }
-        }
+                (l.orient, self.piece(&self.whole(&l.weight()), &shape, split))
+            })
+            .collect();
         Ok((pack(&w_pieces, d_in)?, bias))
     }
 

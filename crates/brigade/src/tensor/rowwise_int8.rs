@@ -93,9 +93,9 @@ impl Int8 {
         let (k, n) = (self.k, self.n);
         let mut out = vec![0f32; k * n];
         for j in 0..n {
-            let (s, t) = (j / W, j % W);
+            let (strip, t) = (self.strip(j / W), j % W);
             for kk in 0..k {
-                out[kk * n + j] = weight(self.strip(s), self.group, kk, t);
+                out[kk * n + j] = weight(strip, self.group, kk, t);
             }
         }
         out

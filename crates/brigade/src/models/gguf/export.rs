@@ -170,23 +170,23 @@ fn changed(x: &[f32], shape: &[usize], change: Change) -> (Vec<f32>, Vec<usize>)
             (t, vec![cols, rows])
         }
         Change::Interleave { heads } => {
-            // within each head, row (s·half + j) goes to (2j + s)
             let cols = if shape.len() == 2 { shape[1] } else { 1 };
-            let rows = shape[0];
-            let hd = rows / heads;
-            let half = hd / 2;
+            let hd = shape[0] / heads;
             let mut t = vec![0f32; x.len()];
-            for h in 0..heads {
-                for s in 0..2 {
-                    for j in 0..half {
-                        let (from, to) = (h * hd + s * half + j, h * hd + 2 * j + s);
-                        t[to * cols..(to + 1) * cols].copy_from_slice(&x[from * cols..(from + 1) * cols]);
-                    }
-                }
+            for (r, row) in x.chunks_exact(cols).enumerate() {
+                let to = gguf_row(r, hd);
+                t[to * cols..(to + 1) * cols].copy_from_slice(row);
             }
             (t, shape.to_vec())
         }
     }
+}
+
+/// The GGUF row of checkpoint row `r` of a q or k matrix under `Change::Interleave`, its heads
+/// `hd` rows each: within a head, row (s·half + j) goes to (2j + s) (llama.cpp's `permute`).
+pub(super) fn gguf_row(r: usize, hd: usize) -> usize {
+    let (head, within, half) = (r / hd, r % hd, hd / 2);
+    head * hd + 2 * (within % half) + within / half
 }
 
 /// A tensor as GGUF stores it (`shape` GGUF's, row-major) back as the checkpoint holds it:
@@ -197,18 +197,12 @@ pub(super) fn inverse_change(x: Vec<f32>, shape: &[usize], change: Change) -> (V
         // a transpose is its own inverse
         Change::Transpose => changed(&x, shape, change),
         Change::Interleave { heads } => {
-            // within each head, row (2j + s) goes back to (s·half + j)
             let cols = if shape.len() == 2 { shape[1] } else { 1 };
             let hd = shape[0] / heads;
-            let half = hd / 2;
             let mut t = vec![0f32; x.len()];
-            for h in 0..heads {
-                for s in 0..2 {
-                    for j in 0..half {
-                        let (from, to) = (h * hd + 2 * j + s, h * hd + s * half + j);
-                        t[to * cols..(to + 1) * cols].copy_from_slice(&x[from * cols..(from + 1) * cols]);
-                    }
-                }
+            for (r, row) in t.chunks_exact_mut(cols).enumerate() {
+                let from = gguf_row(r, hd);
+                row.copy_from_slice(&x[from * cols..(from + 1) * cols]);
             }
             (t, shape.to_vec())
         }
@@ -403,7 +397,6 @@ pub fn export_model(
     out: &Path,
     ty: FileType,
 ) -> Result<Exported> {
-    let dir = meta_dir;
     let cfg = &model.cfg;
     let arch = cfg.gguf();
     let (tok_meta, pre) = tokenizer_metadata(meta_dir, cfg.vocab_size)?;
@@ -427,7 +420,7 @@ pub fn export_model(
     for r in routes(model) {
         let spec = specs
             .get(r.hf.as_str())
-            .ok_or_else(|| Error::ckpt(dir, format!("has no tensor {} for GGUF's {}", r.hf, r.gguf)))?;
+            .ok_or_else(|| Error::ckpt(meta_dir, format!("has no tensor {} for GGUF's {}", r.hf, r.gguf)))?;
         let (values, shape) = changed(spec.view.of(params), &spec.shape, r.change);
         let t = ty.tensor_type(&r.gguf, &shape);
         tensors.push(Tensor::new(r.gguf, &shape, t, &values));

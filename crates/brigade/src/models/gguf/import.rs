@@ -7,7 +7,7 @@
 //! the cache named by the file's header (`folder_of`), so everything that reads a Hugging Face
 //! folder reads them; the weights are read from the GGUF itself.
 
-use super::export::{inverse_change, routes, Change};
+use super::export::{gguf_row, inverse_change, routes, Change};
 use super::read::{Gguf, Meta};
 use crate::error::{Error, Result};
 use crate::models::checkpoint::parse_model_config;
@@ -367,11 +367,7 @@ impl Stored {
             // GGUF's rows are the outputs either way (a Conv1D `[in, out]` is stored transposed)
             Change::None | Change::Transpose => Some(q),
             Change::Interleave { heads } => {
-                // checkpoint row (s·half + j) of each head is GGUF row (2j + s)
-                let hd = rows / heads;
-                let half = hd / 2;
-                let idx: Vec<Option<usize>> =
-                    (0..rows).map(|r| Some(r / hd * hd + 2 * (r % hd % half) + r % hd / half)).collect();
+                let idx: Vec<Option<usize>> = (0..rows).map(|r| Some(gguf_row(r, rows / heads))).collect();
                 Some(q.select(&idx))
             }
         }
