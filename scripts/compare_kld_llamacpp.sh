@@ -9,7 +9,8 @@
 # MODEL.gguf: the published file (SmolLM2-135M-Instruct.Q4_1.gguf); its dequantized weights,
 # written as f32 by `brigade quantize`, are the reference, and `llama-quantize` makes each type
 # from that reference (TYPES default: Q8_0 Q6_K Q5_K_M Q4_K_M Q4_0). The published file itself
-# is measured too. LLAMA_BIN_DIR holds llama-quantize and llama-perplexity
+# is measured too, and with $BRIGADE_TYPES (e.g. "q4_k q4_0") the files `brigade quantize`
+# writes from the same reference. LLAMA_BIN_DIR holds llama-quantize and llama-perplexity
 # (../shared/peers/llamacpp/setup.sh's build, with `--target llama-perplexity`).
 set -euo pipefail
 bin=$(realpath "$1") lbin=$(realpath "$2") model=$(realpath "$3") text=$(realpath "$4") chunks=${5:-8}
@@ -27,6 +28,11 @@ files=("$(basename "$model" .gguf)=$model")
 for t in "${types[@]}"; do
   "$lbin/llama-quantize" "$ref" "$work/$t.gguf" "$t" >/dev/null 2>&1
   files+=("$t=$work/$t.gguf")
+done
+# files `brigade quantize` writes from the same reference ($BRIGADE_TYPES, e.g. "q4_k q4_0")
+for t in ${BRIGADE_TYPES:-}; do
+  "$bin" quantize "$ref" "$work/brigade-$t.gguf" --type "$t" >/dev/null
+  files+=("brigade quantize $t=$work/brigade-$t.gguf")
 done
 printf '%-34s %12s %12s %8s %10s %10s\n' file "brigade KLD" "llama KLD" ratio "b top-1" "l top-1"
 for f in "${files[@]}"; do

@@ -1,4 +1,4 @@
-//! `brigade export CHECKPOINT --gguf OUT.gguf [--type f32|f16|q8_0|q4_0]`: a checkpoint (ours
+//! `brigade export CHECKPOINT --gguf OUT.gguf [--type f32|f16|q8_0|q4_0|q4_k]`: a checkpoint (ours
 //! or a Hugging Face folder of either family) as one GGUF file for llama.cpp and Ollama.
 //! `brigade quantize IN OUT.gguf --type …` is the same writer.
 
@@ -16,9 +16,11 @@ pub struct ExportArgs {
     #[arg(long, value_name = "OUT.gguf")]
     gguf: Option<PathBuf>,
     /// How matrices are stored: f32 (exact), f16, q8_0 (8 bits per weight plus a scale per
-    /// 32), or q4_0 (4 bits plus a scale per 32; the token table and output layer at q8_0);
-    /// norms and biases stay f32. Quantized as llama.cpp's reference quantizers do.
-    #[arg(long = "type", default_value = "f32", value_name = "f32|f16|q8_0|q4_0")]
+    /// 32), q4_0 (4 bits plus a scale per 32), or q4_k (llama.cpp's Q4_K: 4 bits, a 6-bit scale
+    /// and minimum per 32 under an f16 pair per 256; rows not a multiple of 256 as Q5_0); with
+    /// q4_0 and q4_k the token table and output layer at q8_0; norms and biases stay f32.
+    /// Quantized byte for byte as llama.cpp's quantizers do.
+    #[arg(long = "type", default_value = "f32", value_name = "f32|f16|q8_0|q4_0|q4_k")]
     ty: String,
 }
 
@@ -31,7 +33,7 @@ pub struct QuantizeArgs {
     checkpoint: PathBuf,
     /// The GGUF file to write.
     out: PathBuf,
-    #[arg(long = "type", default_value = "q8_0", value_name = "f32|f16|q8_0|q4_0")]
+    #[arg(long = "type", default_value = "q8_0", value_name = "f32|f16|q8_0|q4_0|q4_k")]
     ty: String,
 }
 

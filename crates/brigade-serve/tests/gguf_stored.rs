@@ -2,7 +2,7 @@
 //! block-quantized matrix in its own type, in the kernels that dequantize in registers. The
 //! served tokens and log-probabilities are bit for bit those of serving the file dequantized to
 //! f32 — alone, in a batch, and under tensor parallelism — while the products read a fraction
-//! of the bytes. Files: brigade's own exports (`FileType::Q4_0`, `Q8_0`) of small Qwen2 and
+//! of the bytes. Files: brigade's own exports (`FileType::Q4_0`, `Q8_0`, `Q4_K`) of small Qwen2 and
 //! Llama 3 models (the Llama architecture's q/k rows stored in llama.cpp's pair order, undone
 //! for the blocks too), with the shared tokenizers.
 
@@ -39,6 +39,8 @@ fn a_gguf_served_as_stored_gives_its_dequantized_weights_tokens_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
     let Family::Llama(with_all) = Family::ALL[1] else { panic!("the second family is Llama's") };
+    // an MLP of 256 so that Q4_K (blocks of 256) holds the down projection; rows of 64 are Q5_0
+    let with_all = brigade::models::family::Llama { intermediate: 256, ..with_all };
     let qwen = brigade::models::family::Llama { o_bias: false, rope_scaling: None, tied: true, ..with_all };
     for (name, family) in [("qwen2", qwen), ("llama3", with_all)] {
         let Some(tok) = common::shared(&format!("tokenizers/{name}")) else { return };
@@ -50,7 +52,7 @@ fn a_gguf_served_as_stored_gives_its_dequantized_weights_tokens_bit_for_bit() {
         };
         let ck = tmp.path().join(name);
         checkpoint(&ck, cfg, &tok);
-        for ty in [FileType::Q4_0, FileType::Q8_0] {
+        for ty in [FileType::Q4_0, FileType::Q8_0, FileType::Q4_K] {
             let file = tmp.path().join(format!("{name}-{ty:?}.gguf"));
             export(&ck, &file, ty).unwrap();
             let (gpt, params) = open_model(&file).unwrap();

@@ -103,7 +103,10 @@ fn read(path: &Path) -> Gguf {
         let bytes = match ty {
             0 => 4 * n,
             1 => 2 * n,
+            2 => n / 32 * 18,
+            6 => n / 32 * 22,
             8 => n / 32 * 34,
+            12 => n / 256 * 144,
             _ => panic!("type {ty}"),
         } as usize;
         assert_eq!(off % 32, 0, "{name} aligned");
@@ -232,6 +235,53 @@ fn llama_exports_with_q_and_k_in_llama_cpps_pair_order_and_rope_factors() {
     }
 }
 
+/// `--type q4_k`: llama.cpp's Q4_K where a row is whole blocks of 256, its fallback Q5_0 where
+/// it is whole blocks of 32, the token table (and an untied head) at Q8_0, vectors f32; every
+/// matrix's values within its quantization step of the checkpoint's.
+#[test]
+fn q4_k_exports_each_matrix_in_the_type_its_rows_allow() {
+    use brigade::models::gguf::quants::GgmlType;
+    let Some(tok) = common::shared("tokenizers/gpt2") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    // rows of 64 (q|k|v, the MLP's up) and of 256 (the MLP's down)
+    let cfg = GptConfig { n_layer: 2, n_head: 2, n_embd: 64, vocab_size: 50257, block_size: 32, family: Family::Gpt2 };
+    let (model, params) = checkpoint(&tmp.path().join("ck"), cfg, &tok);
+    let out = tmp.path().join("m.gguf");
+    export(&tmp.path().join("ck"), &out, FileType::Q4_K).unwrap();
+    let g = read(&out);
+    assert_eq!(g.meta["general.file_type"], V::Num(14.0));
+    let mut seen = HashMap::new();
+    for (name, (dims, ty, data)) in &g.tensors {
+        let want = match (dims.len(), dims[0]) {
+            (1, _) => 0,
+            // as llama-quantize: learned positions are not quantized
+            _ if name == "position_embd.weight" => 0,
+            _ if name == "token_embd.weight" || name == "output.weight" => 8,
+            (_, row) if row % 256 == 0 => 12,
+            (_, row) if row % 32 == 0 => 6,
+            _ => 1,
+        };
+        assert_eq!(*ty, want, "{name} {dims:?}");
+        *seen.entry(want).or_insert(0) += 1;
+        let hf = match name.as_str() {
+            "blk.0.ffn_down.weight" => "h.0.mlp.c_proj.weight",
+            "blk.0.ffn_up.weight" => "h.0.mlp.c_fc.weight",
+            _ => continue,
+        };
+        // GPT-2's Conv1D is [in, out]; GGUF's rows are the outputs
+        let (w, shape) = tensor(&model, &params, hf);
+        let (k, n) = (shape[0], shape[1]);
+        let mut got = Vec::new();
+        GgmlType::from_id(*ty).unwrap().dequantize_into(data, &mut got);
+        assert_eq!(got.len(), k * n);
+        let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = (0..n * k).map(|j| (got[j] - w[(j % k) * n + j / k]).abs()).fold(0f32, f32::max);
+        // 4 or 5 bits: within a step, a fifteenth of a group's range at most
+        assert!(worst <= amax / 8.0 && worst > 0.0, "{name}: worst {worst} of {amax}");
+    }
+    assert_eq!((seen.get(&12), seen.get(&6)), (Some(&cfg.n_layer), Some(&(3 * cfg.n_layer))), "{seen:?}");
+}
+
 #[test]
 fn bad_exports_fail_with_one_line_and_write_nothing() {
     let Some(tok) = common::shared("tokenizers/gpt2") else { return };
@@ -247,8 +297,9 @@ fn bad_exports_fail_with_one_line_and_write_nothing() {
     let e = export(&tmp.path().join("ck"), &out, FileType::F32).unwrap_err().to_string();
     assert!(e.contains("no tokenizer.json"), "{e}");
     assert!(!out.exists());
-    assert!(FileType::parse("q4_k").unwrap_err().to_string().contains("f32, f16, q8_0 or q4_0"));
+    assert!(FileType::parse("q5_k").unwrap_err().to_string().contains("f32, f16, q8_0, q4_0 or q4_k"));
     assert_eq!(FileType::parse("q4_0").unwrap(), FileType::Q4_0);
+    assert_eq!(FileType::parse("q4_k").unwrap(), FileType::Q4_K);
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left.len(), 1, "nothing but the checkpoint: {left:?}");
 }

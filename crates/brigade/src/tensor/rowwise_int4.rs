@@ -22,11 +22,9 @@ use rayon::prelude::*;
 /// Rows of k that share a scale.
 pub const GROUP: usize = 32;
 
-/// One Q4_0 block of 32 values as llama.cpp's `quantize_row_q4_0_ref` makes it: the scale
-/// `d = max / −8` (`max` the value of largest magnitude, its sign kept; stored as f16) and each
-/// value's 4 bits `min(15, trunc(x / d + 8.5))`, from the unrounded scale. The value is then
-/// `(q − 8) · d`, with `d` as stored.
-pub fn q4_0_block(x: &[f32]) -> (f32, [u8; 32]) {
+/// The value of `x` largest in magnitude, with its sign (the first of equals; 0 for none):
+/// what llama.cpp's `q4_0`/`q5_0` quantizers divide by.
+pub fn signed_absmax(x: &[f32]) -> f32 {
     let (mut amax, mut max) = (0f32, 0f32);
     for &v in x {
         if amax < v.abs() {
@@ -34,7 +32,15 @@ pub fn q4_0_block(x: &[f32]) -> (f32, [u8; 32]) {
             max = v;
         }
     }
-    let d = max / -8.0;
+    max
+}
+
+/// One Q4_0 block of 32 values as llama.cpp's `quantize_row_q4_0_ref` makes it: the scale
+/// `d = max / −8` (`max` the value of largest magnitude, its sign kept; stored as f16) and each
+/// value's 4 bits `min(15, trunc(x / d + 8.5))`, from the unrounded scale. The value is then
+/// `(q − 8) · d`, with `d` as stored.
+pub fn q4_0_block(x: &[f32]) -> (f32, [u8; 32]) {
+    let d = signed_absmax(x) / -8.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut q = [0u8; 32];
     for (qj, &v) in q.iter_mut().zip(x) {

@@ -21,6 +21,7 @@ use std::path::Path;
 
 /// How the file's matrices are stored (vectors are f32 always, as llama.cpp's converter keeps them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // ggml's names
 pub enum FileType {
     F32,
     F16,
@@ -29,6 +30,9 @@ pub enum FileType {
     /// Q4_0 for the blocks' matrices whose rows are multiples of 32 (else f16), the token table
     /// and the output layer at Q8_0 (as brigade's `--weights int4` keeps its head).
     Q4_0,
+    /// Q4_K for the blocks' matrices whose rows are multiples of 256, Q5_0 for those of 32
+    /// (llama.cpp's fallback for Q4_K), else f16; the token table and the output layer at Q8_0.
+    Q4_K,
 }
 
 impl FileType {
@@ -38,31 +42,40 @@ impl FileType {
             "f16" => Ok(FileType::F16),
             "q8_0" => Ok(FileType::Q8_0),
             "q4_0" => Ok(FileType::Q4_0),
-            _ => Err(Error::Config(format!("unknown GGUF type '{s}'; use f32, f16, q8_0 or q4_0"))),
+            "q4_k" => Ok(FileType::Q4_K),
+            _ => Err(Error::Config(format!("unknown GGUF type '{s}'; use f32, f16, q8_0, q4_0 or q4_k"))),
         }
     }
 
     /// llama.cpp's `general.file_type` (`LLAMA_FTYPE_ALL_F32` 0, `MOSTLY_F16` 1, `MOSTLY_Q4_0`
-    /// 2, `MOSTLY_Q8_0` 7).
+    /// 2, `MOSTLY_Q8_0` 7, `MOSTLY_Q4_K_S` 14: its Q4_K without the mixture's 5- and 6-bit
+    /// layers).
     fn id(self) -> u32 {
         match self {
             FileType::F32 => 0,
             FileType::F16 => 1,
             FileType::Q4_0 => 2,
             FileType::Q8_0 => 7,
+            FileType::Q4_K => 14,
         }
     }
 
     /// The type tensor `name` of `shape` is stored as.
     fn tensor_type(self, name: &str, shape: &[usize]) -> TensorType {
-        let blocks = shape[shape.len() - 1].is_multiple_of(file::Q8_0_BLOCK);
+        let row = shape[shape.len() - 1];
+        let blocks = row.is_multiple_of(file::Q8_0_BLOCK);
+        let k_blocks = row.is_multiple_of(super::quants::QK_K);
         let table = name == "token_embd.weight" || name == "output.weight";
         match (self, shape.len()) {
             (FileType::F32, _) | (_, 1) => TensorType::F32,
             (FileType::F16, _) => TensorType::F16,
+            // llama-quantize leaves learned positions as they came (f32 here)
+            _ if name == "position_embd.weight" => TensorType::F32,
             (FileType::Q4_0, _) if blocks && !table => TensorType::Q4_0,
-            (FileType::Q8_0 | FileType::Q4_0, _) if blocks => TensorType::Q8_0,
-            (FileType::Q8_0 | FileType::Q4_0, _) => TensorType::F16,
+            (FileType::Q4_K, _) if k_blocks && !table => TensorType::Q4_K,
+            (FileType::Q4_K, _) if blocks && !table => TensorType::Q5_0,
+            (FileType::Q8_0 | FileType::Q4_0 | FileType::Q4_K, _) if blocks => TensorType::Q8_0,
+            (FileType::Q8_0 | FileType::Q4_0 | FileType::Q4_K, _) => TensorType::F16,
         }
     }
 }

@@ -133,8 +133,9 @@ impl GgmlType {
         n / v * b
     }
 
-    /// The values encoded as this type; the writer's types only (F32, F16, and Q8_0 and Q4_0
-    /// with `x.len()` a multiple of 32).
+    /// The values encoded as this type, as llama.cpp's reference quantizers
+    /// (`quantize_row_*_ref`) encode them; the writer's types only (F32, F16; Q8_0, Q4_0 and
+    /// Q5_0 with `x.len()` a multiple of 32; Q4_K with a multiple of 256).
     pub fn encode(self, x: &[f32]) -> Vec<u8> {
         match self {
             GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -159,6 +160,18 @@ impl GgmlType {
                     out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
                     out.extend((0..16).map(|j| q[j] | q[j + 16] << 4));
                 }
+                out
+            }
+            GgmlType::Q5_0 => {
+                assert!(x.len().is_multiple_of(32), "Q5_0 takes whole blocks of 32");
+                let mut out = Vec::with_capacity(self.bytes(x.len()));
+                x.chunks_exact(32).for_each(|b| q5_0_block(b, &mut out));
+                out
+            }
+            GgmlType::Q4_K => {
+                assert!(x.len().is_multiple_of(QK_K), "Q4_K takes whole blocks of 256");
+                let mut out = Vec::with_capacity(self.bytes(x.len()));
+                x.chunks_exact(QK_K).for_each(|b| q4_k_block(b, &mut out));
                 out
             }
             other => panic!("the GGUF writer does not encode {}", other.name()),
@@ -290,6 +303,142 @@ impl GgmlType {
             }
         }
         Some(out)
+    }
+}
+
+/// llama.cpp's `nearest_int`: round to nearest, ties to even (its `+ 1.5·2²³` trick).
+fn nearest_int(v: f32) -> i32 {
+    v.round_ties_even() as i32
+}
+
+/// One Q5_0 block (`quantize_row_q5_0_ref`): the scale `max / −16` of the value largest in
+/// magnitude, then `min(31, trunc(x / d + 16.5))` split into four low bits and a fifth.
+fn q5_0_block(x: &[f32], out: &mut Vec<u8>) {
+    let d = crate::tensor::rowwise_int4::signed_absmax(x) / -16.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+    let q: Vec<u8> = x.iter().map(|&v| ((v * id + 16.5) as i8).min(31) as u8).collect();
+    let qh = (0..32).fold(0u32, |h, j| h | (((q[j] & 0x10) >> 4) as u32) << j);
+    out.extend_from_slice(&qh.to_le_bytes());
+    out.extend((0..16).map(|j| (q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4));
+}
+
+/// llama.cpp's `make_qkx2_quants` for `nmax` levels with a minimum: a scale and a minimum
+/// (returned as the positive amount subtracted) for the weighted least-squares fit of `x`,
+/// searched over `nstep + 1` trial scales; the levels in `l`.
+fn make_qkx2_quants(nmax: i32, x: &[f32], w: &[f32], l: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> (f32, f32) {
+    let n = x.len();
+    let (mut min, mut max) = (x[0], x[0]);
+    let (mut sum_w, mut sum_x) = (w[0], w[0] * x[0]);
+    for i in 1..n {
+        min = min.min(x[i]);
+        max = max.max(x[i]);
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l.iter_mut().for_each(|v| *v = 0);
+        return (0.0, -min);
+    }
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best = 0f32;
+    for i in 0..n {
+        l[i] = nearest_int(iscale * (x[i] - min)).clamp(0, nmax) as u8;
+        let diff = scale * l[i] as f32 + min - x[i];
+        best += w[i] * (diff * diff);
+    }
+    let mut aux = vec![0u8; n];
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
+        for i in 0..n {
+            let li = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            aux[i] = li as u8;
+            let lf = li as f32;
+            sum_l += w[i] * lf;
+            sum_l2 += w[i] * lf * lf;
+            sum_xl += w[i] * lf * x[i];
+        }
+        let dd = sum_w * sum_l2 - sum_l * sum_l;
+        if dd > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / dd;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / dd;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut cur = 0f32;
+            for i in 0..n {
+                let diff = this_scale * aux[i] as f32 + this_min - x[i];
+                cur += w[i] * (diff * diff);
+            }
+            if cur < best {
+                l.copy_from_slice(&aux);
+                best = cur;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// One Q4_K block of 256 (`quantize_row_q4_K_ref`): eight sub-blocks of 32, each fitted with a
+/// scale and a minimum (weights `rms + |x|`), those quantized to 6 bits against the block's
+/// f16 `d` and `dmin`, then every value's level recomputed against its sub-block's stored pair.
+fn q4_k_block(x: &[f32], out: &mut Vec<u8>) {
+    let mut l = [0u8; QK_K];
+    let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+    let mut w = [0f32; 32];
+    for j in 0..8 {
+        let xs = &x[32 * j..32 * j + 32];
+        let sum_x2 = xs.iter().fold(0f32, |s, v| s + v * v);
+        let av_x = (sum_x2 / 32.0).sqrt();
+        for (wi, v) in w.iter_mut().zip(xs) {
+            *wi = av_x + v.abs();
+        }
+        (scales[j], mins[j]) = make_qkx2_quants(15, xs, &w, &mut l[32 * j..32 * j + 32], -1.0, 0.1, 20);
+    }
+    let max_scale = scales.iter().fold(0f32, |m, &s| if s > m { s } else { m });
+    let max_min = mins.iter().fold(0f32, |m, &s| if s > m { s } else { m });
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let mut packed = [0u8; 12];
+    for j in 0..8 {
+        // C's `uint8_t ls = nearest_int(…)` keeps the low byte
+        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        if j < 4 {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (ls & 0x0F) | ((lm & 0x0F) << 4);
+            packed[j - 4] |= (ls >> 4) << 6;
+            packed[j] |= (lm >> 4) << 6;
+        }
+    }
+    let d = f16::from_f32(max_scale / 63.0);
+    let dmin = f16::from_f32(max_min / 63.0);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &packed);
+        let dj = d.to_f32() * sc as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = dmin.to_f32() * m as f32;
+        for i in 32 * j..32 * j + 32 {
+            l[i] = nearest_int((x[i] + dm) / dj).clamp(0, 15) as u8;
+        }
+    }
+    out.extend_from_slice(&d.to_le_bytes());
+    out.extend_from_slice(&dmin.to_le_bytes());
+    out.extend_from_slice(&packed);
+    for g in l.chunks_exact(64) {
+        out.extend((0..32).map(|i| g[i] | g[i + 32] << 4));
     }
 }
 
