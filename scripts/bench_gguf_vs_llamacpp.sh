@@ -53,7 +53,7 @@ for f in "${files[@]}"; do
   extra=()
   [ "$name" = Q4_0 ] && extra=(--no-repack)
   port=$((18000 + RANDOM % 1000))
-  "$SERVER" -m "$f" -t 2 -tb 2 -c 8192 -np 32 --host 127.0.0.1 --port "$port" --no-webui "${extra[@]}" >"$work/server.log" 2>&1 &
+  "$SERVER" -m "$f" -t 2 -tb 2 -c 17408 -np 32 --host 127.0.0.1 --port "$port" --no-webui "${extra[@]}" >"$work/server.log" 2>&1 &
   pid=$!
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
   # the load generator alone (runq would count the server's own work as foreign and retry)

@@ -7,6 +7,7 @@ pub mod context;
 pub mod layernorm;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod tp;
 pub mod wgrad;

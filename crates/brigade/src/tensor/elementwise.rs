@@ -87,7 +87,7 @@ pub fn add_column_sums(acc: &mut [f32], rows: &[f32]) {
 
 /// σ(x) through the vectorising `exp` (libm's `expf` keeps the loop scalar).
 #[inline(always)]
-fn sigmoid(x: f32) -> f32 {
+pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + super::math::exp(-x))
 }
 

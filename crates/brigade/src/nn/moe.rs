@@ -1,0 +1,369 @@
+//! A mixture-of-experts feed-forward block (Qwen2-MoE, Qwen3-MoE, OLMoE, Mixtral): a router
+//! (a linear layer to one logit per expert, softmax in f32, the top k), SwiGLU experts each
+//! run on the rows routed to it (dropless: groups of uneven size), the chosen experts' outputs
+//! weighted by their probabilities (renormalised over the k when `norm_topk`, which is also
+//! Mixtral's softmax over the chosen logits) and summed in expert order — so a row's result
+//! does not depend on which other rows share its experts — and an optional shared expert
+//! scaled by a sigmoid gate (Qwen2-MoE). Forward and backward by hand
+//! (`tests/gradcheck.rs` checks them against finite differences and a row-by-row reference).
+//!
+//! The load-balancing loss is the Switch/Mixtral form `E · Σᵢ fᵢ·Pᵢ` (fᵢ: the share of rows
+//! that chose expert i among their k, Pᵢ: its mean probability), and the router z-loss the mean
+//! of `logsumexp(logits)²`, each taken over the rows of one sequence (DeepSeek-V3's
+//! sequence-wise form: a sequence's statistics do not depend on which rank or micro-batch holds
+//! the others, so every data-parallel layout and micro-batching computes the same loss).
+//! transformers pools the statistics over its whole forward batch and every layer; the two agree
+//! for one sequence and one MoE layer.
+
+use super::{ensure, Grads, Mlp, MlpScratch, MlpStash};
+use crate::params::{Init, ParamLayout, View};
+use crate::tensor::matmul;
+
+/// The router's and experts' sizes and rules.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeShape {
+    /// Hidden size.
+    pub c: usize,
+    pub experts: usize,
+    /// Experts each row goes to.
+    pub top_k: usize,
+    /// Each expert's SwiGLU width.
+    pub width: usize,
+    /// The shared expert's width (0: none).
+    pub shared_width: usize,
+    /// Whether the k chosen probabilities are renormalised to sum to 1.
+    pub norm_topk: bool,
+}
+
+/// The tensor names: `{prefix}.gate` (router), `{prefix}.experts.{e}.{gate,up,down}_proj`,
+/// `{prefix}.shared_expert.{…}` and `{prefix}.shared_expert_gate` — Qwen2-MoE's; Mixtral's
+/// `block_sparse_moe.experts.{e}.w1/w3/w2` are mapped to these by the family.
+#[derive(Clone, Debug)]
+pub struct MoeNames {
+    pub router: String,
+    /// Per expert: gate, up, down.
+    pub experts: Vec<[String; 3]>,
+    /// gate, up, down, and the sigmoid gate's `[1, C]`.
+    pub shared: Option<([String; 3], String)>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Moe {
+    pub shape: MoeShape,
+    /// `[E, C]`, stored `[out, in]`.
+    pub router: View,
+    pub experts: Vec<Mlp>,
+    pub shared: Option<(Mlp, View)>,
+}
+
+/// One expert's rows in a forward: which rows (ascending), with which weight, and its stash.
+#[derive(Default)]
+pub struct ExpertStash {
+    pub rows: Vec<usize>,
+    pub weights: Vec<f32>,
+    /// The rows' inputs gathered, and the expert's output on them.
+    pub x: Vec<f32>,
+    pub y: Vec<f32>,
+    pub mlp: MlpStash,
+}
+
+#[derive(Default)]
+pub struct MoeStash {
+    /// `[n, E]` probabilities, and each row's `log Σ exp(logits)`.
+    pub probs: Vec<f32>,
+    pub lse: Vec<f32>,
+    /// `[n, k]` chosen experts (best first).
+    pub chosen: Vec<u32>,
+    pub experts: Vec<ExpertStash>,
+    /// The shared expert's output and its gate's sigmoid.
+    pub shared: MlpStash,
+    pub shared_out: Vec<f32>,
+    pub shared_gate: Vec<f32>,
+    /// Rows per sequence (the aux losses' statistics are per sequence).
+    pub seq: usize,
+}
+
+impl MoeStash {
+    pub fn floats(&self) -> usize {
+        let e: usize = self.experts.iter().map(|s| s.x.len() + s.y.len() + s.weights.len() + s.mlp.floats()).sum();
+        self.probs.len() + self.lse.len() + self.chosen.len() + e + self.shared.floats() + self.shared_out.len()
+    }
+
+    /// Tokens each expert received in the last forward.
+    pub fn load(&self) -> Vec<usize> {
+        self.experts.iter().map(|s| s.rows.len()).collect()
+    }
+}
+
+/// The weights of the auxiliary losses' gradients in a backward (0: off).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AuxWeights {
+    /// Multiplies each sequence's load-balancing loss.
+    pub balance: f32,
+    /// Multiplies each sequence's z-loss.
+    pub z: f32,
+}
+
+/// Each sequence's auxiliary losses from a forward, summed over sequences.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AuxLosses {
+    pub balance: f64,
+    pub z: f64,
+}
+
+/// The backward's scratch.
+#[derive(Default)]
+pub struct MoeScratch {
+    pub dy: Vec<f32>,
+    pub dx: Vec<f32>,
+    pub dlogits: Vec<f32>,
+    pub dh: Vec<f32>,
+    pub dup: Vec<f32>,
+    pub dx2: Vec<f32>,
+}
+
+impl Moe {
+    pub fn new(layout: &mut ParamLayout, names: &MoeNames, shape: MoeShape, std: f32) -> Moe {
+        assert_eq!(names.experts.len(), shape.experts);
+        assert!(shape.top_k >= 1 && shape.top_k <= shape.experts);
+        let c = shape.c;
+        let router = layout.add(&format!("{}.weight", names.router), &[shape.experts, c], Init::Normal(std), true);
+        let swiglu = |layout: &mut ParamLayout, n: &[String; 3], m| {
+            Mlp::swiglu(layout, [n[0].as_str(), n[1].as_str(), n[2].as_str()], (c, m), 1, std)
+        };
+        let experts = names.experts.iter().map(|n| swiglu(layout, n, shape.width)).collect();
+        let shared = names.shared.as_ref().map(|(n, gate)| {
+            let mlp = swiglu(layout, n, shape.shared_width);
+            (mlp, layout.add(&format!("{gate}.weight"), &[1, c], Init::Normal(std), true))
+        });
+        Moe { shape, router, experts, shared }
+    }
+
+    /// `out[n, C]` (overwritten) for the rows `h[n, C]`, sequences of `seq` rows; returns each
+    /// sequence's auxiliary losses summed.
+    pub fn forward(&self, p: &[f32], h: &[f32], seq: usize, st: &mut MoeStash, out: &mut Vec<f32>) -> AuxLosses {
+        let MoeShape { c, experts: ne, top_k: k, norm_topk, .. } = self.shape;
+        let n = h.len() / c;
+        assert!(seq > 0 && n.is_multiple_of(seq), "{n} rows are not whole sequences of {seq}");
+        st.seq = seq;
+        ensure(&mut st.probs, n * ne);
+        st.lse.resize(n, 0.0);
+        if n > 0 {
+            matmul(&mut st.probs, h, self.router.of(p), n, c, ne, false, true, false);
+        }
+        for (row, lse) in st.probs.chunks_exact_mut(ne).zip(st.lse.iter_mut()) {
+            *lse = softmax_in_place(row);
+        }
+        st.chosen.clear();
+        st.experts.resize_with(ne, ExpertStash::default);
+        for e in &mut st.experts {
+            e.rows.clear();
+            e.weights.clear();
+        }
+        let mut order: Vec<u32> = Vec::with_capacity(ne);
+        for (t, row) in st.probs.chunks_exact(ne).enumerate() {
+            top_k(row, k, &mut order);
+            let sum: f32 = order.iter().map(|&e| row[e as usize]).sum();
+            for &e in order.iter() {
+                let w = if norm_topk { row[e as usize] / sum } else { row[e as usize] };
+                let s = &mut st.experts[e as usize];
+                s.rows.push(t);
+                s.weights.push(w);
+            }
+            st.chosen.extend_from_slice(&order);
+        }
+        ensure(out, n * c);
+        out.fill(0.0);
+        for (mlp, s) in self.experts.iter().zip(st.experts.iter_mut()) {
+            let m = s.rows.len();
+            ensure(&mut s.x, m * c);
+            for (i, &t) in s.rows.iter().enumerate() {
+                s.x[i * c..(i + 1) * c].copy_from_slice(&h[t * c..(t + 1) * c]);
+            }
+            if m == 0 {
+                s.y.clear();
+                continue;
+            }
+            mlp.forward(p, &s.x, &mut s.mlp, &mut s.y);
+        }
+        // the combine: each row's experts in expert order (a fixed order whatever the grouping)
+        for s in &st.experts {
+            for (i, (&t, &w)) in s.rows.iter().zip(&s.weights).enumerate() {
+                let (o, y) = (&mut out[t * c..(t + 1) * c], &s.y[i * c..(i + 1) * c]);
+                o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
+            }
+        }
+        if let Some((mlp, gate)) = &self.shared {
+            mlp.forward(p, h, &mut st.shared, &mut st.shared_out);
+            st.shared_gate.resize(n, 0.0);
+            let gw = gate.of(p);
+            for t in 0..n {
+                let z: f32 = h[t * c..(t + 1) * c].iter().zip(gw).map(|(a, b)| a * b).sum();
+                let sg = crate::tensor::elementwise::sigmoid(z);
+                st.shared_gate[t] = sg;
+                let (o, s) = (&mut out[t * c..(t + 1) * c], &st.shared_out[t * c..(t + 1) * c]);
+                o.iter_mut().zip(s).for_each(|(o, s)| *o += sg * s);
+            }
+        }
+        self.aux_losses(st)
+    }
+
+    /// Each sequence's load-balancing loss and z-loss, summed over sequences.
+    fn aux_losses(&self, st: &MoeStash) -> AuxLosses {
+        let (ne, k) = (self.shape.experts, self.shape.top_k);
+        let n = st.lse.len();
+        let mut out = AuxLosses::default();
+        if n == 0 {
+            return out;
+        }
+        let seq = st.seq;
+        for s in 0..n / seq {
+            let rows = s * seq..(s + 1) * seq;
+            let (f, pm) = sequence_stats(st, rows.clone(), ne, k);
+            out.balance += ne as f64 * f.iter().zip(&pm).map(|(a, b)| a * b).sum::<f64>();
+            out.z += st.lse[rows].iter().map(|&l| (l as f64) * (l as f64)).sum::<f64>() / seq as f64;
+        }
+        out
+    }
+
+    /// Accumulates the parameters' gradients; overwrites `dx` with the input rows' gradient.
+    /// `aux` weighs each sequence's auxiliary losses (as `forward` summed them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        gr: &mut Grads,
+        h: &[f32],
+        st: &MoeStash,
+        dout: &[f32],
+        dx: &mut Vec<f32>,
+        aux: AuxWeights,
+        sc: &mut MoeScratch,
+    ) {
+        let MoeShape { c, experts: ne, top_k: k, norm_topk, .. } = self.shape;
+        let n = h.len() / c;
+        ensure(dx, n * c);
+        dx.fill(0.0);
+        // d(weight) of each (row, chosen expert), in the row's chosen order
+        let mut dweight = vec![0f32; n * k];
+        let slot = |t: usize, e: usize| st.chosen[t * k..(t + 1) * k].iter().position(|&x| x as usize == e).unwrap();
+        for (e, (mlp, s)) in self.experts.iter().zip(&st.experts).enumerate() {
+            let m = s.rows.len();
+            if m == 0 {
+                continue;
+            }
+            ensure(&mut sc.dy, m * c);
+            for (i, (&t, &w)) in s.rows.iter().zip(&s.weights).enumerate() {
+                let (d, y) = (&dout[t * c..(t + 1) * c], &s.y[i * c..(i + 1) * c]);
+                dweight[t * k + slot(t, e)] = d.iter().zip(y).map(|(a, b)| a * b).sum();
+                sc.dy[i * c..(i + 1) * c].iter_mut().zip(d).for_each(|(o, d)| *o = w * d);
+            }
+            let scratch = MlpScratch { dh: &mut sc.dh, dup: &mut sc.dup, dx2: &mut sc.dx2 };
+            mlp.backward(gr, &s.x, &s.mlp, &sc.dy, &mut sc.dx, scratch);
+            for (i, &t) in s.rows.iter().enumerate() {
+                let (o, d) = (&mut dx[t * c..(t + 1) * c], &sc.dx[i * c..(i + 1) * c]);
+                o.iter_mut().zip(d).for_each(|(o, d)| *o += d);
+            }
+        }
+        if let Some((mlp, gate)) = &self.shared {
+            let gw = gate.of(gr.p).to_vec();
+            ensure(&mut sc.dy, n * c);
+            let mut dz = vec![0f32; n];
+            for t in 0..n {
+                let (d, s) = (&dout[t * c..(t + 1) * c], &st.shared_out[t * c..(t + 1) * c]);
+                let sg = st.shared_gate[t];
+                dz[t] = d.iter().zip(s).map(|(a, b)| a * b).sum::<f32>() * sg * (1.0 - sg);
+                sc.dy[t * c..(t + 1) * c].iter_mut().zip(d).for_each(|(o, d)| *o = sg * d);
+            }
+            let scratch = MlpScratch { dh: &mut sc.dh, dup: &mut sc.dup, dx2: &mut sc.dx2 };
+            mlp.backward(gr, h, &st.shared, &sc.dy, &mut sc.dx, scratch);
+            crate::tensor::elementwise::add_into(dx, &sc.dx);
+            let g = gate.of_mut(gr.g);
+            for t in 0..n {
+                let x = &h[t * c..(t + 1) * c];
+                g.iter_mut().zip(x).for_each(|(g, x)| *g += dz[t] * x);
+                dx[t * c..(t + 1) * c].iter_mut().zip(&gw).for_each(|(o, w)| *o += dz[t] * w);
+            }
+        }
+        // the router: d(probabilities), then through the softmax to the logits
+        ensure(&mut sc.dlogits, n * ne);
+        let seq = st.seq.max(1);
+        let mut dp = vec![0f32; ne];
+        let mut f = Vec::new();
+        for t in 0..n {
+            if aux.balance != 0.0 && t % seq == 0 {
+                f = sequence_stats(st, t..t + seq, ne, k).0;
+            }
+            let p = &st.probs[t * ne..(t + 1) * ne];
+            let chosen = &st.chosen[t * k..(t + 1) * k];
+            dp.fill(0.0);
+            let dw = &dweight[t * k..(t + 1) * k];
+            if norm_topk {
+                let sum: f32 = chosen.iter().map(|&e| p[e as usize]).sum();
+                let mean: f32 = chosen.iter().zip(dw).map(|(&e, d)| d * p[e as usize] / sum).sum();
+                for (&e, d) in chosen.iter().zip(dw) {
+                    dp[e as usize] = (d - mean) / sum;
+                }
+            } else {
+                for (&e, d) in chosen.iter().zip(dw) {
+                    dp[e as usize] = *d;
+                }
+            }
+            let dl = &mut sc.dlogits[t * ne..(t + 1) * ne];
+            if aux.balance != 0.0 {
+                // d/dp_ti of E·Σ fᵢ·(1/T)Σ_t p_ti, f held (counts have no gradient)
+                for (d, fi) in dp.iter_mut().zip(&f) {
+                    *d += aux.balance * ne as f32 * *fi as f32 / seq as f32;
+                }
+            }
+            let dot: f32 = dp.iter().zip(p).map(|(a, b)| a * b).sum();
+            for ((o, &d), &pi) in dl.iter_mut().zip(&dp).zip(p) {
+                *o = pi * (d - dot);
+            }
+            if aux.z != 0.0 {
+                // d/dlogits of lse² / T is 2·lse·p / T
+                let w = aux.z * 2.0 * st.lse[t] / seq as f32;
+                dl.iter_mut().zip(p).for_each(|(o, pi)| *o += w * pi);
+            }
+        }
+        if n > 0 {
+            gr.dw.add(gr.g, self.router, &sc.dlogits, h, (ne, n, c));
+            matmul(dx, &sc.dlogits, self.router.of(gr.p), n, ne, c, false, false, true);
+        }
+    }
+}
+
+/// Softmax of `row` in place (f32, max subtracted); returns `log Σ exp(row)`.
+fn softmax_in_place(row: &mut [f32]) -> f32 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let mut sum = 0f32;
+    for x in row.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    row.iter_mut().for_each(|x| *x /= sum);
+    max + sum.ln()
+}
+
+/// The `k` largest of `row` (ties to the lower index), best first.
+pub fn top_k(row: &[f32], k: usize, out: &mut Vec<u32>) {
+    out.clear();
+    out.extend(0..row.len() as u32);
+    out.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+    out.truncate(k);
+}
+
+/// Over `rows` (one sequence): each expert's share of rows choosing it, and its mean
+/// probability.
+fn sequence_stats(st: &MoeStash, rows: std::ops::Range<usize>, ne: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+    let len = rows.len() as f64;
+    let (mut f, mut pm) = (vec![0f64; ne], vec![0f64; ne]);
+    for t in rows {
+        for &e in &st.chosen[t * k..(t + 1) * k] {
+            f[e as usize] += 1.0 / len;
+        }
+        for (m, &p) in pm.iter_mut().zip(&st.probs[t * ne..(t + 1) * ne]) {
+            *m += p as f64 / len;
+        }
+    }
+    (f, pm)
+}
