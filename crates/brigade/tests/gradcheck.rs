@@ -413,6 +413,7 @@ fn llama_gradient_matches_finite_differences() {
         tied: false,
         qkv_bias: true,
         o_bias: true,
+        moe: None,
     };
     let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 16, vocab_size: 23, block_size: 8, family: a.into() };
     model_gradient_matches_finite_differences(cfg);

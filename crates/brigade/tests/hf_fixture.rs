@@ -1,29 +1,18 @@
 //! brigade's GPT-2 against Hugging Face `transformers` (fixture made by
 //! scripts/make_gpt2_fixture.py): same weights, same input → same logits, loss and gradients.
 
+mod common;
 use brigade::models::checkpoint::load_model;
 use brigade::models::units::Whole;
 use brigade::models::Activations;
 use brigade::models::{Output, Pass};
 use brigade::nn::tp::Tp;
 use brigade::tensor::loss::IGNORE;
+use common::fixture::{f32s, rel_err};
 use safetensors::SafeTensors;
 use std::path::Path;
 
 const DIR: &str = "tests/fixtures/gpt2_hf";
-
-fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
-    let t = st.tensor(name).unwrap_or_else(|_| panic!("fixture lacks {name}"));
-    t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
-
-/// max |a − b| / max |b|
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
-    let den = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
-    num / den
-}
 
 #[test]
 fn matches_hugging_face_gpt2() {

@@ -189,6 +189,7 @@ pub fn chat_model_of(name: &str, context: usize) -> Option<tempfile::TempDir> {
         tied: true,
         qkv_bias: true,
         o_bias: false,
+        moe: None,
     };
     let cfg = GptConfig {
         n_layer: 1,

@@ -38,6 +38,8 @@ pub enum ShardError {
     MixedBiases { name: String },
     #[error("products stored [in, out] are served one at a time")]
     MixedOrient,
+    #[error("serving a mixture of experts is not built yet; brigade trains it (brigade train --init DIR or --model moe-tiny)")]
+    Experts,
 }
 
 /// A normalisation's weights.
@@ -242,6 +244,9 @@ impl Weights {
         stored: Option<&Stored>,
     ) -> Result<Weights, ShardError> {
         let cfg = &gpt.cfg;
+        if cfg.moe().is_some() {
+            return Err(ShardError::Experts);
+        }
         check_tp(cfg, tp)?;
         let cut = Cutter { gpt, params, rank, tp, copies: kv_copies(cfg, tp), stored };
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
@@ -274,9 +279,11 @@ impl Weights {
             let (wfc, bfc) = match &b.mlp {
                 MlpSpec::Gelu { fc, .. } => cut.columns(&b, &[fc], 1)?,
                 MlpSpec::SwiGlu { gate, up, .. } => cut.columns(&b, &[gate, up], 1)?,
+                MlpSpec::Moe(_) => unreachable!("refused above"),
             };
             let (wout, bout) = match &b.mlp {
                 MlpSpec::Gelu { proj: l, .. } | MlpSpec::SwiGlu { down: l, .. } => cut.outputs(l)?,
+                MlpSpec::Moe(_) => unreachable!("refused above"),
             };
             swiglu = matches!(b.mlp, MlpSpec::SwiGlu { .. });
             layers.push(Layer {

@@ -122,7 +122,7 @@ fn memory_bound_rows(cfg: &GptConfig, block: &BlockSpec, n: usize, seq: usize) -
             let b = time_it(|| gelu_backward(&mut act, &h));
             rows.push(row("GELU backward", l, b, 3.0 * mb, "GB/s"));
         }
-        MlpSpec::SwiGlu { .. } => {
+        MlpSpec::SwiGlu { .. } | MlpSpec::Moe(_) => {
             let gate: Vec<f32> = (0..n * m).map(|i| (i % 19) as f32 * 0.1 - 0.9).collect();
             let (mut act, mut dup) = (vec![0f32; n * m], vec![0f32; n * m]);
             let mb = 4.0 * (n * m) as f64;
@@ -149,6 +149,7 @@ fn memory_bound_rows(cfg: &GptConfig, block: &BlockSpec, n: usize, seq: usize) -
     let mlp_in = match &block.mlp {
         MlpSpec::Gelu { fc, .. } => vec![fc],
         MlpSpec::SwiGlu { gate, up, .. } => vec![gate, up],
+        MlpSpec::Moe(m) => vec![&m.experts[0][0], &m.experts[0][1]],
     };
     let extra: Vec<&str> = [attn_in, mlp_in]
         .into_iter()

@@ -1,13 +1,15 @@
 //! One pre-norm transformer block as its family's spec (`family::BlockSpec`) describes it, cut
 //! across a tensor-parallel group: attention by heads and the MLP by hidden units, the
 //! residual stream on this rank's rows. LayerNorm or RMSNorm; a fused biased q|k|v or
-//! separate (grouped-query, rotary) projections; GELU or SwiGLU — the same two residual
-//! branches and the same collectives.
+//! separate (grouped-query, rotary) projections; GELU, SwiGLU or a mixture of SwiGLU experts
+//! (`nn::moe`, whole on each rank: not cut by tp) — the same two residual branches and the
+//! same collectives.
 
 use super::config::{kv_copies, GptConfig};
 use super::family::{MlpSpec, NormKind, NormSpec, Qkv};
 use crate::error::Result;
 use crate::nn::context::Context;
+use crate::nn::moe::{AuxLosses, AuxWeights, Moe, MoeNames, MoeScratch, MoeShape, MoeStash};
 use crate::nn::tp::Tp;
 use crate::nn::{
     ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, Grouped, LayerNorm, LnStash, Mlp, MlpScratch,
@@ -22,7 +24,14 @@ pub struct Block {
     pub ln_1: Norm,
     pub attn: CausalSelfAttention,
     pub ln_2: Norm,
-    pub mlp: Mlp,
+    pub mlp: FeedForward,
+}
+
+/// The second residual branch: a dense MLP (cut by tp) or a mixture of experts.
+#[derive(Clone, Debug)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Moe(Moe),
 }
 
 #[derive(Default)]
@@ -33,6 +42,9 @@ pub struct BlockStash {
     x2: Vec<f32>,
     ln2: LnStash,
     mlp: MlpStash,
+    moe: MoeStash,
+    /// A mixture's auxiliary losses in the last forward (summed over its sequences).
+    pub(crate) aux: AuxLosses,
 }
 
 impl BlockStash {
@@ -40,7 +52,7 @@ impl BlockStash {
     pub(crate) fn bytes(&self) -> usize {
         let ln = |l: &LnStash| l.out.len() + l.mean.len() + l.rstd.len();
         let a = &self.attn;
-        4 * (ln(&self.ln1) + a.floats() + self.x2.len() + ln(&self.ln2) + self.mlp.floats())
+        4 * (ln(&self.ln1) + a.floats() + self.x2.len() + ln(&self.ln2) + self.mlp.floats() + self.moe.floats())
     }
 }
 
@@ -68,6 +80,7 @@ pub(crate) struct Scratch {
     /// computed again by the backward (in `attn`).
     pub(crate) drop_scores: bool,
     pub(crate) attn: AttnScratch,
+    pub(crate) moe: MoeScratch,
 }
 
 impl Block {
@@ -103,9 +116,28 @@ impl Block {
         };
         let ln_2 = norm(layout, &spec.ln_2);
         let mlp = match &spec.mlp {
-            MlpSpec::Gelu { fc, proj } => Mlp::new(layout, (&fc.name, &proj.name), (c, fc.d_out), tp, (std, proj_std)),
+            MlpSpec::Gelu { fc, proj } => {
+                FeedForward::Dense(Mlp::new(layout, (&fc.name, &proj.name), (c, fc.d_out), tp, (std, proj_std)))
+            }
             MlpSpec::SwiGlu { gate, up, down } => {
-                Mlp::swiglu(layout, [&gate.name, &up.name, &down.name], (c, gate.d_out), tp, std)
+                FeedForward::Dense(Mlp::swiglu(layout, [&gate.name, &up.name, &down.name], (c, gate.d_out), tp, std))
+            }
+            MlpSpec::Moe(m) => {
+                assert_eq!(tp, 1, "check_tp refuses a mixture of experts under tp");
+                let names = MoeNames {
+                    router: m.router.name.clone(),
+                    experts: m.experts.iter().map(|e| e.clone().map(|l| l.name)).collect(),
+                    shared: m.shared.as_ref().map(|(e, g)| (e.clone().map(|l| l.name), g.name.clone())),
+                };
+                let shape = MoeShape {
+                    c,
+                    experts: m.experts.len(),
+                    top_k: m.top_k,
+                    width: m.width(),
+                    shared_width: m.shared.as_ref().map_or(0, |(e, _)| e[0].d_out),
+                    norm_topk: m.norm_topk,
+                };
+                FeedForward::Moe(Moe::new(layout, &names, shape, std))
             }
         };
         Block { ln_1, attn, ln_2, mlp }
@@ -134,15 +166,26 @@ impl Block {
         let y = tp.exit(part, rows)?;
         residual_bias_forward(&mut st.x2, x, y, self.attn.c_proj.bias(p));
         self.ln_2.forward(p, &st.x2, &mut st.ln2);
-        let h = tp.enter(&st.ln2.out, full)?;
-        self.mlp.forward(p, h, &mut st.mlp, part);
-        let y = tp.exit(part, rows)?;
-        residual_bias_forward(out, &st.x2, y, self.mlp.c_proj.bias(p));
+        match &self.mlp {
+            FeedForward::Dense(mlp) => {
+                let h = tp.enter(&st.ln2.out, full)?;
+                mlp.forward(p, h, &mut st.mlp, part);
+                let y = tp.exit(part, rows)?;
+                residual_bias_forward(out, &st.x2, y, mlp.c_proj.bias(p));
+            }
+            FeedForward::Moe(moe) => {
+                // whole sequences of t rows on this rank (tp and cp are refused with experts)
+                st.aux = moe.forward(p, &st.ln2.out, bt.1, &mut st.moe, part);
+                residual_bias_forward(out, &st.x2, part, &[]);
+            }
+        }
         Ok(())
     }
 
     /// On entry `dresid` is the gradient of the block output; on return, of the block input.
-    /// Two collectives backward (`f` before each column-parallel layer).
+    /// Two collectives backward (`f` before each column-parallel layer). `aux` weighs a
+    /// mixture's auxiliary losses.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward(
         &self,
         tp: &Tp,
@@ -150,15 +193,24 @@ impl Block {
         (x, docs): (&[f32], (Docs, Option<Context>)),
         st: &BlockStash,
         sc: &mut Scratch,
+        aux: AuxWeights,
     ) -> Result<()> {
-        let Scratch { dresid, dln, dpart, dfull, hfull, dh, dup, dx2, attn, .. } = sc;
+        let Scratch { dresid, dln, dpart, dfull, hfull, dh, dup, dx2, attn, moe, .. } = sc;
         // The residual add passes dresid unchanged to both branches.
-        self.mlp.c_proj.bias_backward(gr.g, dresid);
-        let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
-        let h = tp.enter(&st.ln2.out, hfull)?;
-        self.mlp.backward(gr, h, &st.mlp, dy, dpart, MlpScratch { dh, dup, dx2 });
-        let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
-        self.ln_2.backward(gr.p, gr.g, &st.x2, &st.ln2, d, dresid);
+        match &self.mlp {
+            FeedForward::Dense(mlp) => {
+                mlp.c_proj.bias_backward(gr.g, dresid);
+                let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
+                let h = tp.enter(&st.ln2.out, hfull)?;
+                mlp.backward(gr, h, &st.mlp, dy, dpart, MlpScratch { dh, dup, dx2 });
+                let d = tp.enter_backward(dpart.as_mut_slice(), dln)?;
+                self.ln_2.backward(gr.p, gr.g, &st.x2, &st.ln2, d, dresid);
+            }
+            FeedForward::Moe(m) => {
+                m.backward(gr, &st.ln2.out, &st.moe, dresid, dpart, aux, moe);
+                self.ln_2.backward(gr.p, gr.g, &st.x2, &st.ln2, dpart, dresid);
+            }
+        }
         self.attn.c_proj.bias_backward(gr.g, dresid);
         let dy = tp.exit_backward(dresid.as_slice(), dfull)?;
         let h = tp.enter(&st.ln1.out, hfull)?;

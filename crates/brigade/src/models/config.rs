@@ -93,6 +93,16 @@ impl GptConfig {
         self.ask().mlp_width(&self.shape())
     }
 
+    /// A mixture of experts' auxiliary-loss coefficients (`None`: a dense model).
+    pub fn moe(&self) -> Option<fam::MoeLosses> {
+        self.ask().moe_losses()
+    }
+
+    /// How many blocks are mixtures of experts.
+    pub fn moe_layers(&self) -> usize {
+        (0..self.n_layer).filter(|&i| matches!(self.block(i).mlp, fam::MlpSpec::Moe(_))).count()
+    }
+
     /// Whether the LM head is the token table.
     pub fn tied(&self) -> bool {
         self.ask().tied()
@@ -193,6 +203,11 @@ impl GptConfig {
 /// key/value heads) fits neither of the two ways to place them: tp divides them (each rank
 /// holds its own), or tp is a multiple of them (each is replicated on tp / kv ranks).
 pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
+    if tp > 1 && cfg.moe().is_some() {
+        return Err(Error::Layout(format!(
+            "tp={tp} with a mixture of experts: brigade does not cut experts across tensor-parallel ranks yet; use dp, pp or ZeRO"
+        )));
+    }
     let (h, kv) = (cfg.n_head, cfg.kv_heads());
     let mlp = cfg.mlp_width();
     let fits = |d: usize| {

@@ -10,6 +10,7 @@ use super::family::{NormKind, Positions};
 pub use super::pass::{Input, Output, Pass};
 use super::units::Whole;
 use crate::error::{Error, Result};
+use crate::nn::moe::{AuxLosses, AuxWeights};
 use crate::nn::tp::{vocab, Tp, VocabShard};
 use crate::nn::{ensure, Grads, LayerNorm, LnStash, Norm, RmsNorm, WeightGrads};
 use crate::params::{Init, ParamLayout, Split, View};
@@ -97,6 +98,10 @@ pub struct Gpt {
     pub tp: usize,
     pub tp_rank: usize,
     pub vocab: VocabShard,
+    /// The sequences a mixture's auxiliary losses are averaged over: the global batch's, set
+    /// by the trainer so that every micro-batch and rank weighs its sequences alike (0: those
+    /// of each backward).
+    pub moe_sequences: usize,
 }
 
 impl Gpt {
@@ -184,7 +189,26 @@ impl Gpt {
             tp,
             tp_rank: rank,
             vocab: VocabShard::of(cfg.vocab_size, rank, tp),
+            moe_sequences: 0,
         })
+    }
+
+    /// The weight of each sequence's auxiliary losses in each mixture layer of a backward over
+    /// `b` sequences: the coefficient over (MoE layers × the batch's sequences), so that the
+    /// loss is the coefficient times their mean.
+    fn aux_weights(&self, b: usize) -> AuxWeights {
+        let Some(c) = self.cfg.moe() else { return AuxWeights::default() };
+        let seqs = if self.moe_sequences > 0 { self.moe_sequences } else { b };
+        let n = (self.cfg.moe_layers() * seqs).max(1) as f32;
+        AuxWeights { balance: c.balance / n, z: c.z / n }
+    }
+
+    /// This part's mixtures' auxiliary losses in the last forward, each summed over its
+    /// sequences and layers (with `aux_weights`' scaling, the terms the backward adds).
+    pub fn aux_losses(&self, acts: &Activations) -> AuxLosses {
+        acts.blocks
+            .iter()
+            .fold(AuxLosses::default(), |a, s| AuxLosses { balance: a.balance + s.aux.balance, z: a.z + s.aux.z })
     }
 
     /// The local unit of this part's `k`-th block.
@@ -385,10 +409,11 @@ impl Gpt {
             }
             Output::Grad(dy) => sc.dresid.copy_from_slice(dy),
         }
+        let aux = self.aux_weights(b);
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             let (p, g) = store.params_grads(self.block_unit(i))?;
             dw.set_unit(self.block_unit(i));
-            blk.backward(tp, &mut Grads { p, g, dw }, (&acts.resid[i], (docs, cp)), &acts.blocks[i], sc)?;
+            blk.backward(tp, &mut Grads { p, g, dw }, (&acts.resid[i], (docs, cp)), &acts.blocks[i], sc, aux)?;
             store.grads_done(self.block_unit(i))?;
         }
         if !self.has_embedding {

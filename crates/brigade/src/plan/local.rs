@@ -80,7 +80,7 @@ fn elementwise_bytes_per_token(cfg: &GptConfig) -> f64 {
         + 9.0 * c // bias broadcasts into 3C, C, 4C, C outputs
         + 8.0 * c // bias gradients and the activation-gradient accumulations
         }
-        crate::models::family::MlpSpec::SwiGlu { .. } => {
+        crate::models::family::MlpSpec::SwiGlu { .. } | crate::models::family::MlpSpec::Moe(_) => {
             let (q, kv, m) = (cfg.q_width() as f64, cfg.kv_width() as f64, cfg.mlp_width() as f64);
             2.0 * 6.0 * c // two RMSNorms
             + 4.0 * (q + kv) // rotating q and k in place, forward and (inverse) backward

@@ -117,6 +117,12 @@ impl Trainer {
             )));
         }
         layout.check_seq(seq)?;
+        if mcfg.moe().is_some() && layout.cp > 1 {
+            return Err(Error::Layout(format!(
+                "cp={} with a mixture of experts: the routers' per-sequence statistics are not gathered across a context group yet; use dp, pp or ZeRO",
+                layout.cp
+            )));
+        }
         // a rank's rows of a micro-batch: all of them, or its share of each sequence under cp
         let local = seq / layout.cp;
         if sp && !(mb * local).is_multiple_of(tp) {
@@ -158,10 +164,13 @@ impl Trainer {
         let dpc = DataParallel { zero: layout.zero, ..DataParallel::default() };
         let on = |a: Axis| (mesh.coords[a], mesh.shape.degree(a));
         let (tp, pp) = (on(Axis::Tp), on(Axis::Pp));
-        let parts = match layout.runs_executor() {
+        let mut parts = match layout.runs_executor() {
             true => RankModel::stage(mcfg, tp, pp, layout.v, seq)?,
             false => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
         };
+        // a mixture's auxiliary losses are a mean over the global batch's sequences, whichever
+        // rank and micro-batch holds them
+        parts.chunks.iter_mut().for_each(|c| c.moe_sequences = cfg.batch);
         let model = parts.first().clone();
         // tensor-parallel collectives and the context group's exchanges run inside forward and
         // backward: timed from their trace

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod fixture;
+
 /// `../shared/REL` (beside the checkout), or `None` with a printed reason when it is absent;
 /// under `BRIGADE_REQUIRE_SHARED` (CI) its absence fails the test instead.
 pub fn shared(rel: &str) -> Option<PathBuf> {

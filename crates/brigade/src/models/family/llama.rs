@@ -6,8 +6,8 @@
 //! `LlamaForCausalLM`'s (`model.layers.0.self_attn.q_proj.weight`).
 
 use super::spec::{
-    AttnSpec, BlockSpec, Describe, GgufArch, GgufNum, Linear, Llama3Rope, MlpSpec, NormKind, NormSpec, Orient,
-    Overrides, Positions, Qkv, Shape,
+    AttnSpec, BlockSpec, Describe, GgufArch, GgufNum, Linear, Llama3Rope, MlpSpec, MoeLosses, MoeSpec, NormKind,
+    NormSpec, Orient, Overrides, Positions, Qkv, Shape,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -30,6 +30,52 @@ pub struct Llama {
     pub qkv_bias: bool,
     /// A bias on the output projection (Llama's `attention_bias`; Qwen2 has none).
     pub o_bias: bool,
+    /// A mixture of experts in place of the MLP (in the layers it names).
+    #[serde(default)]
+    pub moe: Option<LlamaMoe>,
+}
+
+/// How a mixture-of-experts model of the family (Qwen2-MoE, Mixtral) replaces its MLPs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlamaMoe {
+    pub experts: usize,
+    /// Experts each token goes to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Each expert's hidden width (Qwen2-MoE's `moe_intermediate_size`, Mixtral's
+    /// `intermediate_size`).
+    pub width: usize,
+    /// The shared expert's width (Qwen2-MoE's `shared_expert_intermediate_size`; 0: none).
+    pub shared_width: usize,
+    /// Whether the k chosen probabilities are renormalised (`norm_topk_prob`; Mixtral always).
+    pub norm_topk: bool,
+    /// Every `sparse_step`-th layer is a mixture (`decoder_sparse_step`), except those in
+    /// `dense` (a bit per layer, `mlp_only_layers`), which keep a dense MLP of `intermediate`.
+    pub sparse_step: usize,
+    pub dense: u64,
+    /// `router_aux_loss_coef`, and whether it counts (`output_router_logits`, as in
+    /// transformers).
+    pub aux_coef: f32,
+    pub aux_on: bool,
+    /// The router z-loss's coefficient (`router_z_loss_coef`; 0: off).
+    pub z_coef: f32,
+    pub naming: MoeNaming,
+}
+
+/// Whose tensor names and config the mixture is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoeNaming {
+    /// `Qwen2MoeForCausalLM`: `mlp.gate`, `mlp.experts.N.{gate,up,down}_proj`, `mlp.shared_expert*`.
+    Qwen2Moe,
+    /// `MixtralForCausalLM`: `block_sparse_moe.gate`, `block_sparse_moe.experts.N.w1/w3/w2`.
+    Mixtral,
+}
+
+impl LlamaMoe {
+    /// Whether layer `i` is a mixture (else a dense MLP).
+    pub fn sparse(&self, i: usize) -> bool {
+        let dense = i < 64 && self.dense >> i & 1 == 1;
+        !dense && (i + 1).is_multiple_of(self.sparse_step)
+    }
 }
 
 /// The fields the presets share unless they say otherwise.
@@ -43,6 +89,7 @@ const BASE: Llama = Llama {
     tied: false,
     qkv_bias: false,
     o_bias: false,
+    moe: None,
 };
 
 /// Llama 3.1's long-context rope scaling (factor 8 over 8192 positions); Llama 3.2's is 32.
@@ -66,7 +113,46 @@ pub const PRESETS: &[(&str, [usize; 5], Llama)] = &[
     ("llama3-8b", [32, 32, 4096, 128256, 8192], Llama { head_dim: 128, intermediate: 14336, ..BASE }),
     ("llama3-70b", [80, 64, 8192, 128256, 8192], Llama { head_dim: 128, intermediate: 28672, ..BASE }),
     ("llama3-405b", [126, 128, 16384, 128256, 131072], Llama { head_dim: 128, intermediate: 53248, rope_scaling: Some(LLAMA31_ROPE), ..BASE }),
+    // a Qwen2-MoE of 2.5M parameters (0.9M active): 8 experts, 2 a token, a shared expert
+    ("moe-tiny", [2, 4, 128, 256, 64], Llama { n_kv_head: 2, head_dim: 32, intermediate: 352, rope_theta: 10_000.0, qkv_bias: true, moe: Some(MOE_TINY), ..BASE }),
+    // Qwen/Qwen1.5-MoE-A2.7B (Qwen2MoeForCausalLM): 60 experts, 4 a token, a shared expert
+    ("qwen1.5-moe-a2.7b", [24, 16, 2048, 151936, 8192], Llama { n_kv_head: 16, head_dim: 128, intermediate: 5632, rope_theta: 1e6, rms_eps: 1e-6, qkv_bias: true, moe: Some(QWEN15_MOE), ..BASE }),
+    // mistralai/Mixtral-8x7B-v0.1
+    ("mixtral-8x7b", [32, 32, 4096, 32000, 32768], Llama { head_dim: 128, intermediate: 14336, rope_theta: 1e6, moe: Some(MIXTRAL_8X7B), ..BASE }),
 ];
+
+/// The mixture every Qwen2-MoE preset starts from.
+const QWEN2_MOE: LlamaMoe = LlamaMoe {
+    experts: 8,
+    top_k: 2,
+    width: 0,
+    shared_width: 0,
+    norm_topk: false,
+    sparse_step: 1,
+    dense: 0,
+    aux_coef: 0.001,
+    aux_on: false,
+    z_coef: 0.0,
+    naming: MoeNaming::Qwen2Moe,
+};
+const MOE_TINY: LlamaMoe = LlamaMoe { width: 96, shared_width: 192, aux_on: true, ..QWEN2_MOE };
+const QWEN15_MOE: LlamaMoe = LlamaMoe { experts: 60, top_k: 4, width: 1408, shared_width: 5632, ..QWEN2_MOE };
+const MIXTRAL_8X7B: LlamaMoe =
+    LlamaMoe { width: 14336, norm_topk: true, aux_coef: 0.02, naming: MoeNaming::Mixtral, ..QWEN2_MOE };
+
+/// A mixture of the tests' size for `EXAMPLE`'s shape: 4 experts, 2 a token, a shared expert,
+/// the first layer dense (Qwen2-MoE's `mlp_only_layers`), the auxiliary losses on.
+pub const MOE_EXAMPLE: LlamaMoe = LlamaMoe {
+    experts: 4,
+    top_k: 2,
+    width: 24,
+    shared_width: 40,
+    dense: 0b1,
+    aux_on: true,
+    aux_coef: 0.05,
+    z_coef: 0.01,
+    ..QWEN2_MOE
+};
 
 /// The fields of the small model the tests run for this family, with every part of it: GQA
 /// 8:2 with head width 8, q/k/v and output biases, Llama 3 rope scaling over 32 original
@@ -86,6 +172,7 @@ pub const EXAMPLE: Llama = Llama {
     tied: false,
     qkv_bias: true,
     o_bias: true,
+    moe: None,
 };
 
 /// The shape of that model: 8 query heads in 64.
@@ -95,6 +182,32 @@ pub fn example(vocab: usize, context: usize) -> Shape {
 
 fn linear(name: String, (d_in, d_out): (usize, usize), bias: bool) -> Linear {
     Linear { name, d_in, d_out, bias, orient: Orient::OutIn }
+}
+
+/// The mixture of block `prefix` under its naming's tensor names.
+fn moe_spec(moe: &LlamaMoe, prefix: &str, c: usize) -> MoeSpec {
+    let (m, ms) = (moe.width, moe.shared_width);
+    let swiglu = |[g, u, d]: [String; 3], m: usize| {
+        [linear(g, (c, m), false), linear(u, (c, m), false), linear(d, (m, c), false)]
+    };
+    let (router, experts, shared) = match moe.naming {
+        MoeNaming::Qwen2Moe => {
+            let at = |n: &str| format!("{prefix}.mlp.{n}");
+            let proj = |e: &str| ["gate_proj", "up_proj", "down_proj"].map(|n| at(&format!("{e}.{n}")));
+            let shared =
+                (ms > 0).then(|| (swiglu(proj("shared_expert"), ms), linear(at("shared_expert_gate"), (c, 1), false)));
+            let experts = (0..moe.experts).map(|e| swiglu(proj(&format!("experts.{e}")), m)).collect();
+            (linear(at("gate"), (c, moe.experts), false), experts, shared)
+        }
+        MoeNaming::Mixtral => {
+            let at = |n: &str| format!("{prefix}.block_sparse_moe.{n}");
+            // w1 the gate, w3 the up projection, w2 the down
+            let w = |e: usize| ["w1", "w3", "w2"].map(|n| at(&format!("experts.{e}.{n}")));
+            let experts = (0..moe.experts).map(|e| swiglu(w(e), m)).collect();
+            (linear(at("gate"), (c, moe.experts), false), experts, None)
+        }
+    };
+    MoeSpec { router, experts, shared, top_k: moe.top_k, norm_topk: moe.norm_topk }
 }
 
 impl Describe for Llama {
@@ -115,11 +228,19 @@ impl Describe for Llama {
     }
 
     fn sizes(&self) -> Vec<(&'static str, usize)> {
-        vec![
+        let mut out = vec![
             ("num_key_value_heads", self.n_kv_head),
             ("head_dim", self.head_dim),
             ("intermediate_size", self.intermediate),
-        ]
+        ];
+        if let Some(m) = self.moe {
+            out.extend([
+                ("num_experts", m.experts),
+                ("num_experts_per_tok", m.top_k),
+                ("moe_intermediate_size", m.width),
+            ]);
+        }
+        out
     }
 
     fn check(&self, s: &Shape) -> Result<(), String> {
@@ -134,6 +255,9 @@ impl Describe for Llama {
                 "head_dim = {} is odd; rotary embeddings rotate pairs of a head's dimensions",
                 self.head_dim
             ));
+        }
+        if let Some(m) = self.moe.filter(|m| m.top_k > m.experts) {
+            return Err(format!("num_experts_per_tok ({}) exceeds the {} experts", m.top_k, m.experts));
         }
         if !(self.rms_eps > 0.0 && self.rope_theta > 1.0) {
             return Err(format!(
@@ -150,7 +274,7 @@ impl Describe for Llama {
         let prefix = format!("model.layers.{i}");
         let rms = |n: &str| NormSpec { kind: NormKind::Rms { eps: self.rms_eps }, name: format!("{prefix}.{n}") };
         let at = |n: &str| format!("{prefix}.self_attn.{n}");
-        let mlp = |n: &str| format!("{prefix}.mlp.{n}");
+        let mlp_name = |n: &str| format!("{prefix}.mlp.{n}");
         BlockSpec {
             ln_1: rms("input_layernorm"),
             attn: AttnSpec {
@@ -162,10 +286,13 @@ impl Describe for Llama {
                 o: linear(at("o_proj"), (q, c), self.o_bias),
             },
             ln_2: rms("post_attention_layernorm"),
-            mlp: MlpSpec::SwiGlu {
-                gate: linear(mlp("gate_proj"), (c, m), false),
-                up: linear(mlp("up_proj"), (c, m), false),
-                down: linear(mlp("down_proj"), (m, c), false),
+            mlp: match self.moe.filter(|moe| moe.sparse(i)) {
+                Some(moe) => MlpSpec::Moe(moe_spec(&moe, &prefix, c)),
+                None => MlpSpec::SwiGlu {
+                    gate: linear(mlp_name("gate_proj"), (c, m), false),
+                    up: linear(mlp_name("up_proj"), (c, m), false),
+                    down: linear(mlp_name("down_proj"), (m, c), false),
+                },
             },
             std: 0.02,
             proj_std: 0.02,
@@ -214,6 +341,10 @@ impl Describe for Llama {
         }
     }
 
+    fn moe_losses(&self) -> Option<MoeLosses> {
+        self.moe.map(|m| MoeLosses { balance: if m.aux_on { m.aux_coef } else { 0.0 }, z: m.z_coef })
+    }
+
     fn reshape(&mut self, s: &Shape, o: Overrides, _: &str) -> Result<(), String> {
         // a changed width or head count keeps the heads of hidden / heads
         if o.reshaped {
@@ -254,22 +385,27 @@ fn need(v: &Value, k: &str) -> Result<usize, String> {
 /// transformers 5's (`rope_parameters`). Any value brigade does not implement is refused
 /// naming its key.
 pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
-    let ty = v.get("model_type").and_then(Value::as_str).unwrap_or("llama");
+    // without a model_type, the class names it
+    let class = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
+    let ty = v.get("model_type").and_then(Value::as_str).unwrap_or(match class {
+        Some("Qwen2ForCausalLM") => "qwen2",
+        Some("Qwen2MoeForCausalLM") => "qwen2_moe",
+        Some("MixtralForCausalLM") => "mixtral",
+        _ => "llama",
+    });
     let act = v.get("hidden_act").or_else(|| v.get("hidden_activation"));
     if let Some(a) = act.filter(|a| a.as_str() != Some("silu")) {
         return Err(unsupported("hidden_act", a, "\"silu\" (SwiGLU)"));
     }
-    for k in ["num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok"] {
-        if let Some(x) = v.get(k).filter(|x| !x.is_null() && x.as_u64() != Some(0)) {
-            return Err(unsupported(k, x, "dense MLPs only (no mixture of experts)"));
-        }
-    }
-    let sliding = match ty {
-        "qwen2" => v.get("use_sliding_window").filter(|x| x.as_bool() == Some(true)),
-        _ => v.get("sliding_window").filter(|x| !x.is_null()),
+    let qwen = ty == "qwen2" || ty == "qwen2_moe";
+    let layers = need(v, "num_hidden_layers")?;
+    let moe = parse_moe(v, ty, layers)?;
+    let sliding = match qwen {
+        true => v.get("use_sliding_window").filter(|x| x.as_bool() == Some(true)),
+        false => v.get("sliding_window").filter(|x| !x.is_null()),
     };
     if let Some(x) = sliding {
-        let key = if ty == "qwen2" { "use_sliding_window" } else { "sliding_window" };
+        let key = if qwen { "use_sliding_window" } else { "sliding_window" };
         return Err(unsupported(key, x, "full causal attention (no sliding window)"));
     }
     if let Some(x) = v.get("mlp_bias").filter(|x| x.as_bool() == Some(true)) {
@@ -285,8 +421,7 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
     if let Some(x) = v.get("use_mrope").filter(|x| x.as_bool() == Some(true)) {
         return Err(unsupported("use_mrope", x, "one-dimensional rotary positions"));
     }
-    let (layers, heads, hidden) =
-        (need(v, "num_hidden_layers")?, need(v, "num_attention_heads")?, need(v, "hidden_size")?);
+    let (heads, hidden) = (need(v, "num_attention_heads")?, need(v, "hidden_size")?);
     let kv = uint(v, "num_key_value_heads")?.unwrap_or(heads);
     // the shape's own rules (heads a multiple of the key/value heads, an even head_dim, no
     // zero) are `GptConfig::validate`'s, which every parsed config goes through
@@ -351,11 +486,90 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
         tied: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
         // Qwen2's attention always has q/k/v biases and none on o_proj; Llama's
         // `attention_bias` puts one on all four
-        qkv_bias: ty == "qwen2" || bias,
-        o_bias: ty != "qwen2" && bias,
+        // transformers 5 writes Qwen2-MoE's `qkv_bias` (true unless said)
+        qkv_bias: (qwen && flag(v, "qkv_bias", true)?) || bias,
+        o_bias: !qwen && bias,
+        moe,
     };
     let positions = uint(v, "max_position_embeddings")?.unwrap_or(2048);
     Ok((Shape::of([layers, heads, hidden, need(v, "vocab_size")?, positions]), arch))
+}
+
+fn flag(v: &Value, k: &str, default: bool) -> Result<bool, String> {
+    match v.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x.as_bool().ok_or_else(|| format!("'{k}' must be true or false, got {x}")),
+    }
+}
+
+/// The mixture of a Qwen2-MoE or Mixtral `config.json` (`None` for a dense model; experts in
+/// any other model type refused naming the key). Both spellings of the expert count are read.
+fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, String> {
+    let experts = match uint(v, "num_experts")? {
+        Some(e) => Some(("num_experts", e)),
+        None => uint(v, "num_local_experts")?.map(|e| ("num_local_experts", e)),
+    };
+    let naming = match ty {
+        "qwen2_moe" => MoeNaming::Qwen2Moe,
+        "mixtral" => MoeNaming::Mixtral,
+        _ => {
+            for k in ["num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok"] {
+                if let Some(x) = v.get(k).filter(|x| !x.is_null() && x.as_u64() != Some(0)) {
+                    return Err(unsupported(
+                        k,
+                        x,
+                        "mixtures of experts as qwen2_moe and mixtral models (this config's model_type has dense MLPs)",
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+    };
+    let Some((key, experts)) = experts.filter(|(_, e)| *e > 0) else {
+        return Err(format!("a {ty} config needs its number of experts (num_experts or num_local_experts)"));
+    };
+    let top_k = uint(v, "num_experts_per_tok")?.ok_or_else(|| {
+        format!("a {ty} config with {key} = {experts} must say how many are active (num_experts_per_tok)")
+    })?;
+    if top_k == 0 || top_k > experts {
+        return Err(format!("num_experts_per_tok = {top_k} must be between 1 and {key} ({experts})"));
+    }
+    let mut moe = LlamaMoe {
+        experts,
+        top_k,
+        width: 0,
+        shared_width: 0,
+        norm_topk: true,
+        sparse_step: 1,
+        dense: 0,
+        aux_coef: float(v, "router_aux_loss_coef")?.unwrap_or(0.001) as f32,
+        aux_on: flag(v, "output_router_logits", false)?,
+        z_coef: float(v, "router_z_loss_coef")?.unwrap_or(0.0) as f32,
+        naming,
+    };
+    match naming {
+        MoeNaming::Qwen2Moe => {
+            moe.width = need(v, "moe_intermediate_size")?;
+            moe.shared_width = uint(v, "shared_expert_intermediate_size")?.unwrap_or(0);
+            moe.norm_topk = flag(v, "norm_topk_prob", false)?;
+            moe.sparse_step = uint(v, "decoder_sparse_step")?.unwrap_or(1);
+            if moe.sparse_step == 0 {
+                return Err("decoder_sparse_step = 0: it must be at least 1 (every layer a mixture)".into());
+            }
+            if let Some(list) = v.get("mlp_only_layers").filter(|x| !x.is_null()) {
+                let bad = || {
+                    format!("mlp_only_layers = {list} must list layers below num_hidden_layers ({layers}, at most 64)")
+                };
+                for l in list.as_array().ok_or_else(bad)? {
+                    let i = l.as_u64().filter(|&i| (i as usize) < layers.min(64)).ok_or_else(bad)?;
+                    moe.dense |= 1 << i;
+                }
+            }
+        }
+        // Mixtral's experts are `intermediate_size` wide; its weights renormalise over the k
+        MoeNaming::Mixtral => moe.width = need(v, "intermediate_size")?,
+    }
+    Ok(Some(moe))
 }
 
 /// A Hugging Face `config.json` for a Llama-family model (Qwen2's class when it has q/k/v
@@ -363,6 +577,12 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
 pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Value {
     let Shape { n_layer: layers, n_head: heads, n_embd: hidden, vocab_size: vocab, block_size: positions } = *s;
     let qwen = a.qkv_bias && !a.o_bias;
+    let (model_type, class) = match (a.moe.map(|m| m.naming), qwen) {
+        (Some(MoeNaming::Qwen2Moe), _) => ("qwen2_moe", "Qwen2MoeForCausalLM"),
+        (Some(MoeNaming::Mixtral), _) => ("mixtral", "MixtralForCausalLM"),
+        (None, true) => ("qwen2", "Qwen2ForCausalLM"),
+        (None, false) => ("llama", "LlamaForCausalLM"),
+    };
     let scaling = a.rope_scaling.map(|r| {
         serde_json::json!({
             "rope_type": "llama3",
@@ -373,8 +593,8 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
         })
     });
     let mut v = serde_json::json!({
-        "model_type": if qwen { "qwen2" } else { "llama" },
-        "architectures": [if qwen { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+        "model_type": model_type,
+        "architectures": [class],
         "hidden_size": hidden,
         "intermediate_size": a.intermediate,
         "num_hidden_layers": layers,
@@ -397,6 +617,33 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
     } else {
         v["attention_bias"] = Value::Bool(a.o_bias);
         v["mlp_bias"] = Value::Bool(false);
+    }
+    if let Some(m) = a.moe {
+        let o = v.as_object_mut().expect("an object");
+        o.insert("num_experts_per_tok".into(), m.top_k.into());
+        o.insert("router_aux_loss_coef".into(), m.aux_coef.into());
+        o.insert("output_router_logits".into(), m.aux_on.into());
+        if m.z_coef != 0.0 {
+            o.insert("router_z_loss_coef".into(), m.z_coef.into());
+        }
+        match m.naming {
+            MoeNaming::Qwen2Moe => {
+                o.insert("num_experts".into(), m.experts.into());
+                o.insert("moe_intermediate_size".into(), m.width.into());
+                o.insert("shared_expert_intermediate_size".into(), m.shared_width.into());
+                o.insert("norm_topk_prob".into(), m.norm_topk.into());
+                o.insert("decoder_sparse_step".into(), m.sparse_step.into());
+                let dense: Vec<usize> = (0..64).filter(|i| m.dense >> i & 1 == 1).collect();
+                o.insert("mlp_only_layers".into(), dense.into());
+            }
+            MoeNaming::Mixtral => {
+                o.insert("num_local_experts".into(), m.experts.into());
+                // Mixtral's experts are its intermediate_size
+                o.insert("intermediate_size".into(), m.width.into());
+                o.insert("sliding_window".into(), Value::Null);
+                o.remove("mlp_bias");
+            }
+        }
     }
     v
 }
@@ -471,7 +718,61 @@ mod tests {
             assert!(e.contains(named), "{k}: {e}");
         }
         let mut v = llama3();
-        v["model_type"] = json!("mixtral");
-        assert!(super::super::read_hf(&v).unwrap_err().contains("mixtral"));
+        v["model_type"] = json!("qwen3_moe");
+        assert!(super::super::read_hf(&v).unwrap_err().contains("qwen3_moe"));
+    }
+
+    fn qwen2_moe() -> Value {
+        json!({"model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 50, "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 24, "norm_topk_prob": false, "decoder_sparse_step": 2,
+            "mlp_only_layers": [3], "output_router_logits": true, "router_aux_loss_coef": 0.05,
+            "use_sliding_window": false})
+    }
+
+    #[test]
+    fn mixtures_of_experts_read_and_write_back() {
+        let (shape, a) = parse(&qwen2_moe()).unwrap();
+        let m = a.moe.unwrap();
+        assert_eq!((m.experts, m.top_k, m.width, m.shared_width), (6, 2, 16, 24));
+        assert_eq!((m.norm_topk, m.aux_on, m.aux_coef, m.naming), (false, true, 0.05, MoeNaming::Qwen2Moe));
+        // every second layer a mixture, but layer 3 kept dense
+        assert_eq!((0..4).map(|i| m.sparse(i)).collect::<Vec<_>>(), [false, true, false, false]);
+        assert!(a.qkv_bias && !a.o_bias);
+        assert_eq!(parse(&to_json(&shape, &a, (None, None))).unwrap(), (shape, a));
+        let spec = a.block(&shape, 1);
+        let MlpSpec::Moe(moe) = &spec.mlp else { panic!("layer 1 is a mixture") };
+        assert_eq!(moe.experts[5][2].name, "model.layers.1.mlp.experts.5.down_proj");
+        assert_eq!(moe.shared.as_ref().unwrap().1.name, "model.layers.1.mlp.shared_expert_gate");
+        assert!(matches!(a.block(&shape, 3).mlp, MlpSpec::SwiGlu { .. }));
+        // Mixtral: num_local_experts, its intermediate_size the experts', renormalised
+        let mix = json!({"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 50,
+            "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": null});
+        let (shape, a) = parse(&mix).unwrap();
+        let m = a.moe.unwrap();
+        assert_eq!((m.experts, m.width, m.norm_topk, m.aux_on, m.naming), (4, 24, true, false, MoeNaming::Mixtral));
+        assert_eq!(parse(&to_json(&shape, &a, (None, None))).unwrap(), (shape, a));
+        let MlpSpec::Moe(moe) = &a.block(&shape, 0).mlp else { panic!("a mixture") };
+        assert_eq!(moe.experts[3][1].name, "model.layers.0.block_sparse_moe.experts.3.w3");
+    }
+
+    #[test]
+    fn mixtures_that_cannot_run_are_refused_naming_the_key() {
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("num_experts_per_tok", Value::Null, "num_experts_per_tok"),
+            ("num_experts_per_tok", json!(7), "num_experts_per_tok"),
+            ("num_experts", json!(0), "num_experts"),
+            ("mlp_only_layers", json!([4]), "mlp_only_layers"),
+            ("decoder_sparse_step", json!(0), "decoder_sparse_step"),
+            ("moe_intermediate_size", Value::Null, "moe_intermediate_size"),
+        ];
+        for (k, val, named) in cases {
+            let mut v = qwen2_moe();
+            v[k] = val;
+            let e = refused(&v);
+            assert!(e.contains(named) && !e.contains('\n'), "{k}: {e}");
+        }
     }
 }

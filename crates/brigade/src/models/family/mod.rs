@@ -10,10 +10,10 @@ pub mod llama;
 pub mod spec;
 
 pub use gpt2::Gpt2;
-pub use llama::Llama;
+pub use llama::{Llama, LlamaMoe, MoeNaming};
 pub use spec::{
-    AttnSpec, BlockSpec, Cut, Describe, GgufArch, GgufNum, Linear, Llama3Rope, MlpSpec, NormKind, NormSpec, Orient,
-    Overrides, Positions, Qkv, Shape,
+    AttnSpec, BlockSpec, Cut, Describe, GgufArch, GgufNum, Linear, Llama3Rope, MlpSpec, MoeLosses, MoeSpec, NormKind,
+    NormSpec, Orient, Overrides, Positions, Qkv, Shape,
 };
 
 use serde::{Deserialize, Serialize};
@@ -108,16 +108,26 @@ impl Family {
 }
 
 /// The model classes a `config.json` may name.
-pub const HF_CLASSES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM (and GPT2LMHeadModel)";
+pub const HF_CLASSES: &str =
+    "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM (and GPT2LMHeadModel)";
 
 /// Whether a `config.json` describes a Llama-family model (else GPT-2; anything else refused).
 fn is_llama_family(v: &Value) -> Result<bool, String> {
     let ty = v.get("model_type").and_then(Value::as_str);
     let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
     match (ty, arch) {
-        (Some("llama" | "qwen2" | "mistral"), _) => Ok(true),
+        (Some("llama" | "qwen2" | "mistral" | "qwen2_moe" | "mixtral"), _) => Ok(true),
         (Some("gpt2"), _) | (None, None | Some("GPT2LMHeadModel")) => Ok(false),
-        (None, Some("LlamaForCausalLM" | "Qwen2ForCausalLM" | "MistralForCausalLM")) => Ok(true),
+        (
+            None,
+            Some(
+                "LlamaForCausalLM" | "Qwen2ForCausalLM" | "MistralForCausalLM" | "Qwen2MoeForCausalLM"
+                | "MixtralForCausalLM",
+            ),
+        ) => Ok(true),
+        (Some(t @ ("qwen3_moe" | "olmoe" | "qwen3")), _) => Err(format!(
+            "model_type {t} has q/k norms in its attention, which brigade does not implement yet; brigade loads {HF_CLASSES}"
+        )),
         (ty, arch) => Err(format!(
             "model_type {:?} (architectures {:?}) is not supported; brigade loads {HF_CLASSES}",
             ty.unwrap_or("none"),

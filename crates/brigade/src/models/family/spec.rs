@@ -94,11 +94,42 @@ pub struct AttnSpec {
     pub o: Linear,
 }
 
-/// The MLP: GELU (tanh) between two products, or SwiGLU (`silu(gate) · up`, then `down`).
+/// The MLP: GELU (tanh) between two products, SwiGLU (`silu(gate) · up`, then `down`), or a
+/// mixture of SwiGLU experts.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MlpSpec {
     Gelu { fc: Linear, proj: Linear },
     SwiGlu { gate: Linear, up: Linear, down: Linear },
+    Moe(MoeSpec),
+}
+
+/// A mixture of experts (`nn::moe`): a router `C → E`, each row sent to its `top_k` most
+/// probable experts (their probabilities renormalised over the k when `norm_topk`), each
+/// expert a SwiGLU `[gate, up, down]`; optionally a shared expert every row passes through,
+/// scaled by a sigmoid gate `C → 1`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeSpec {
+    pub router: Linear,
+    pub experts: Vec<[Linear; 3]>,
+    pub shared: Option<([Linear; 3], Linear)>,
+    pub top_k: usize,
+    pub norm_topk: bool,
+}
+
+impl MoeSpec {
+    /// Each expert's hidden width.
+    pub fn width(&self) -> usize {
+        self.experts[0][0].d_out
+    }
+
+    /// Weight-matrix parameters a row passes through: the router, its k experts and the shared
+    /// expert (the FLOPs of a token; `BlockSpec::matrices` counts every expert).
+    pub fn active_matrices(&self) -> u128 {
+        let m = |l: &Linear| l.d_in as u128 * l.d_out as u128;
+        let expert: u128 = self.experts[0].iter().map(m).sum();
+        let shared: u128 = self.shared.iter().map(|(s, g)| s.iter().map(m).sum::<u128>() + m(g)).sum();
+        m(&self.router) + self.top_k as u128 * expert + shared
+    }
 }
 
 /// One pre-norm block: `x + attn(ln_1(x))`, then `+ mlp(ln_2(·))`; `std` and `proj_std` the
@@ -134,8 +165,31 @@ impl BlockSpec {
         match &self.mlp {
             MlpSpec::Gelu { fc, proj } => out.extend([(fc, Cut::Cols), (proj, Cut::Rows)]),
             MlpSpec::SwiGlu { gate, up, down } => out.extend([(gate, Cut::Cols), (up, Cut::Cols), (down, Cut::Rows)]),
+            MlpSpec::Moe(m) => {
+                // in the order the parameters are laid out (`nn::moe::Moe::new`)
+                out.push((&m.router, Cut::Cols));
+                for [gate, up, down] in m.experts.iter().chain(m.shared.iter().map(|(s, _)| s)) {
+                    out.extend([(gate, Cut::Cols), (up, Cut::Cols), (down, Cut::Rows)]);
+                }
+                if let Some((_, gate)) = &m.shared {
+                    out.push((gate, Cut::Cols));
+                }
+            }
         }
         out
+    }
+
+    /// Weight-matrix parameters a token passes through (all of them, but for a mixture of
+    /// experts only its k experts').
+    pub fn active_matrices(&self) -> u128 {
+        match &self.mlp {
+            MlpSpec::Moe(m) => {
+                let attn_end = self.linears().iter().position(|(l, _)| *l == &self.attn.o).unwrap() + 1;
+                let attn: u128 = self.linears()[..attn_end].iter().map(|(l, _)| l.d_in as u128 * l.d_out as u128).sum();
+                attn + m.active_matrices()
+            }
+            _ => self.matrices(),
+        }
     }
 
     /// Groups of products that read the same input at the same shape, in order (k with v,
@@ -145,6 +199,7 @@ impl BlockSpec {
         let paired = |a: &Linear, b: &Linear| match (&self.attn.qkv, &self.mlp) {
             (Qkv::Separate { k, v, .. }, _) if a == k && b == v => true,
             (_, MlpSpec::SwiGlu { gate, up, .. }) => a == gate && b == up,
+            (_, MlpSpec::Moe(m)) => m.experts.iter().any(|[gate, up, _]| a == gate && b == up),
             _ => false,
         };
         for (l, cut) in self.linears() {
@@ -271,4 +326,16 @@ pub trait Describe {
     /// A `brigade train` config's changes to a preset of this family (`preset` names it in
     /// errors).
     fn reshape(&mut self, s: &Shape, o: Overrides, preset: &str) -> Result<(), String>;
+    /// The auxiliary losses' coefficients of a mixture-of-experts model (`None`: dense).
+    fn moe_losses(&self) -> Option<MoeLosses> {
+        None
+    }
+}
+
+/// The coefficients of a mixture's auxiliary losses (0: off): the load-balancing loss and the
+/// router z-loss, each the mean over MoE layers and sequences of the batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MoeLosses {
+    pub balance: f32,
+    pub z: f32,
 }

@@ -144,6 +144,7 @@ pub(super) fn routes(model: &Gpt) -> Vec<Route> {
             MlpSpec::SwiGlu { gate, up, down } => {
                 linears.extend([(gate, "ffn_gate", None), (up, "ffn_up", None), (down, "ffn_down", None)])
             }
+            MlpSpec::Moe(_) => unreachable!("export_model refuses a mixture of experts"),
         }
         for (l, name, interleave) in linears {
             let change = match (l.orient, interleave) {
@@ -411,6 +412,11 @@ pub fn export_model(
     ty: FileType,
 ) -> Result<Exported> {
     let cfg = &model.cfg;
+    if cfg.moe().is_some() {
+        return Err(Error::Config(
+            "GGUF export of a mixture-of-experts model is not built yet (llama.cpp's expert tensors); keep its Hugging Face folder".into(),
+        ));
+    }
     let arch = cfg.gguf();
     let (tok_meta, pre) = tokenizer_metadata(meta_dir, cfg.vocab_size)?;
     let mut meta = vec![

@@ -1,0 +1,24 @@
+//! Reading the safetensors fixtures other libraries wrote, and comparing against them.
+
+use safetensors::SafeTensors;
+
+/// Tensor `name` (f32) of a fixture.
+pub fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("fixture lacks {name}"));
+    t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// Token ids `name` (i64, `[rows, cols]`) of a fixture, with its two dimensions.
+pub fn ids(st: &SafeTensors, name: &str) -> (Vec<u32>, usize, usize) {
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("fixture lacks {name}"));
+    let v = t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect();
+    (v, t.shape()[0], t.shape()[1])
+}
+
+/// max |a − b| / max |b|
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).fold(0.0, f64::max);
+    let den = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
+    num / den
+}

@@ -1,0 +1,92 @@
+//! brigade's mixtures of experts against Hugging Face `transformers` (fixtures made by
+//! scripts/make_moe_fixture.py): a Qwen2-MoE (a dense layer between two mixtures, a shared
+//! expert and its sigmoid gate, probabilities not renormalised) and a Mixtral (softmax over the
+//! chosen two). Same weights, same input → same logits, the same cross-entropy plus
+//! load-balancing loss, every parameter's gradient (the router's through the balancing loss
+//! too), and the same greedy continuation; and on one sequence of a one-layer model, brigade's
+//! per-sequence balancing loss is transformers' own.
+
+mod common;
+use brigade::models::checkpoint::load_model;
+use brigade::models::units::Whole;
+use brigade::models::{generate, Activations, Output, Pass, SampleOptions};
+use brigade::nn::tp::Tp;
+use brigade::tensor::loss::IGNORE;
+use common::fixture::{f32s, ids, rel_err};
+use safetensors::SafeTensors;
+use std::path::Path;
+
+fn targets_of(x: &[u32], t: usize) -> Vec<i32> {
+    (0..x.len()).map(|i| if i % t == t - 1 { IGNORE } else { x[i + 1] as i32 }).collect()
+}
+
+/// Cross-entropy mean plus the coefficient times the mean balancing loss, for `b` sequences.
+fn total_loss(model: &brigade::models::Gpt, params: &[f32], x: &[u32], (b, t): (usize, usize)) -> (f64, f64) {
+    let mut acts = Activations::default();
+    model.logits(params, x, (b, t), &mut acts);
+    let targets = targets_of(x, t);
+    let (sum, n) = model.loss(&Tp::SOLO, &targets, &mut acts).unwrap();
+    let coef = model.cfg.moe().unwrap().balance as f64;
+    let aux = model.aux_losses(&acts).balance / (model.cfg.moe_layers() * b) as f64;
+    (sum / n as f64 + coef * aux, aux)
+}
+
+fn matches_hugging_face(dir: &str, moe_layers: usize) {
+    let dir = Path::new(dir);
+    let (model, params) = load_model(dir).expect("loads a Hugging Face save_pretrained directory");
+    assert_eq!(model.cfg.moe_layers(), moe_layers, "{dir:?}: mixture layers");
+    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (x, b, t) = ids(&st, "input_ids");
+    let targets = targets_of(&x, t);
+    let count = targets.iter().filter(|&&y| y != IGNORE).count();
+
+    let mut acts = Activations::default();
+    model.logits(&params, &x, (b, t), &mut acts);
+    let e = rel_err(&acts.logits, &f32s(&st, "logits"));
+    assert!(e < 1e-4, "{dir:?}: logits differ from Hugging Face by {e:.2e} (relative)");
+    let (loss, aux) = total_loss(&model, &params, &x, (b, t));
+    let (want, want_aux) = (f32s(&st, "loss")[0] as f64, f32s(&st, "aux")[0] as f64);
+    assert!(((aux - want_aux) / want_aux).abs() < 1e-5, "{dir:?}: balancing loss {aux} vs PyTorch {want_aux}");
+    assert!(((loss - want) / want).abs() < 1e-5, "{dir:?}: loss {loss} vs PyTorch {want}");
+
+    model.logits(&params, &x, (b, t), &mut acts);
+    model.loss(&Tp::SOLO, &targets, &mut acts).unwrap();
+    let mut grads = vec![0f32; model.layout.total];
+    let mut store = Whole::new(&model.units, &params, &mut grads);
+    let from = Output::Loss { targets: &targets, scale: 1.0 / count as f32 };
+    model.backward(&mut Pass::new(&Tp::SOLO, &mut store), &x, from, &mut acts).unwrap();
+    let theirs: Vec<&str> = st.names().into_iter().filter_map(|n| n.strip_prefix("grad.")).collect();
+    assert_eq!(theirs.len(), model.layout.specs.len(), "{dir:?}: one gradient per parameter");
+    for name in theirs {
+        let spec = model.layout.get(name).unwrap_or_else(|| panic!("no parameter {name}"));
+        let e = rel_err(spec.view.of(&grads), &f32s(&st, &format!("grad.{name}")));
+        assert!(e < 1e-4, "{dir:?}: gradient of {name} differs from PyTorch by {e:.2e} (relative)");
+    }
+
+    let (prompt, _, _) = ids(&st, "prompt_ids");
+    let (want, _, n) = ids(&st, "greedy_ids");
+    let opt = SampleOptions { max_new_tokens: n, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, stop: None };
+    let got = generate(&model, &params, &[prompt], &opt);
+    assert_eq!(got[0], want, "{dir:?}: greedy continuation differs from Hugging Face generate()");
+}
+
+#[test]
+fn qwen2_moe_matches_hugging_face() {
+    matches_hugging_face(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen2_moe_hf"), 2);
+}
+
+#[test]
+fn mixtral_matches_hugging_face() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mixtral_hf");
+    matches_hugging_face(dir, 1);
+    // one sequence through the one-layer model: brigade's per-sequence balancing loss is
+    // transformers' own pooled one, and so is the whole loss
+    let (model, params) = load_model(Path::new(dir)).unwrap();
+    let st_bytes = std::fs::read(Path::new(dir).join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&st_bytes).unwrap();
+    let (x, _, t) = ids(&st, "input_ids");
+    let (loss, _) = total_loss(&model, &params, &x[..t], (1, t));
+    let want = f32s(&st, "one_seq_loss")[0] as f64;
+    assert!(((loss - want) / want).abs() < 1e-5, "one sequence: {loss} vs transformers' {want}");
+}
