@@ -448,6 +448,34 @@ fn a_checkpoint_resumes_under_another_context_split() {
     });
 }
 
+/// A mixture of experts (Qwen2-MoE's form: 8 experts, 2 a token, a shared expert, the
+/// balancing loss and z-loss on) spread over data-parallel replicas, ZeRO stages and pipeline
+/// stages, each schedule and recompute: experts are whole on every rank, each replica routes
+/// its own sequences, and the auxiliary losses, a mean over the global batch's sequences,
+/// weigh every sequence alike on any rank and micro-batch.
+#[rustfmt::skip]
+const EXPERTS: &[Case] = &[
+    ("dp=2", 4, SMALL),
+    ("dp=2,zero=1", 2, 7919),
+    ("dp=2,zero=2", 4, BIG),
+    ("dp=4,zero=3", 1, BIG),
+    ("pp=2,schedule=1f1b", 2, BIG),
+    ("pp=2,zero=1,schedule=zb,recompute=full", 4, SMALL),
+    ("pp=4,schedule=interleaved,v=2,recompute=selective", 2, BIG),
+    ("dp=2,pp=2,zero=1,schedule=gpipe", 1, SMALL),
+    ("schedule=1f1b,recompute=full", 4, BIG),
+];
+
+#[test]
+fn every_mixture_of_experts_layout_equals_the_single_worker() {
+    let (_, _, moe) = brigade::models::family::PRESETS.iter().find(|p| p.0 == "moe-tiny").copied().unwrap();
+    let (want, first) = single_worker(moe, DIGITS);
+    for &c in EXPERTS {
+        let got = run(moe, DIGITS, c, Start::Fresh(&first), None, STEPS);
+        assert_equivalent(moe, DIGITS, &format!("{c:?}"), &got, &want);
+    }
+}
+
 /// Every family (`Family::ALL`) under every case of `cases`.
 fn matrix_equals_the_single_worker(cases: &[Case], data: Data) {
     let mut ran = 0;

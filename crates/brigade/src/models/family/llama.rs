@@ -113,13 +113,16 @@ pub const PRESETS: &[(&str, [usize; 5], Llama)] = &[
     ("llama3-8b", [32, 32, 4096, 128256, 8192], Llama { head_dim: 128, intermediate: 14336, ..BASE }),
     ("llama3-70b", [80, 64, 8192, 128256, 8192], Llama { head_dim: 128, intermediate: 28672, ..BASE }),
     ("llama3-405b", [126, 128, 16384, 128256, 131072], Llama { head_dim: 128, intermediate: 53248, rope_scaling: Some(LLAMA31_ROPE), ..BASE }),
-    // a Qwen2-MoE of 2.5M parameters (0.9M active): 8 experts, 2 a token, a shared expert
+    // a Qwen2-MoE of 2.5M parameters: 8 experts, 2 a token, a shared expert
     ("moe-tiny", [2, 4, 128, 256, 64], Llama { n_kv_head: 2, head_dim: 32, intermediate: 352, rope_theta: 10_000.0, qkv_bias: true, moe: Some(MOE_TINY), ..BASE }),
     // Qwen/Qwen1.5-MoE-A2.7B (Qwen2MoeForCausalLM): 60 experts, 4 a token, a shared expert
     ("qwen1.5-moe-a2.7b", [24, 16, 2048, 151936, 8192], Llama { n_kv_head: 16, head_dim: 128, intermediate: 5632, rope_theta: 1e6, rms_eps: 1e-6, qkv_bias: true, moe: Some(QWEN15_MOE), ..BASE }),
     // mistralai/Mixtral-8x7B-v0.1
     ("mixtral-8x7b", [32, 32, 4096, 32000, 32768], Llama { head_dim: 128, intermediate: 14336, rope_theta: 1e6, moe: Some(MIXTRAL_8X7B), ..BASE }),
 ];
+
+/// The tiny mixture-of-experts preset (tests, the README's tour).
+pub const MOE_TINY_PRESET: &str = "moe-tiny";
 
 /// The mixture every Qwen2-MoE preset starts from.
 const QWEN2_MOE: LlamaMoe = LlamaMoe {
@@ -135,7 +138,9 @@ const QWEN2_MOE: LlamaMoe = LlamaMoe {
     z_coef: 0.0,
     naming: MoeNaming::Qwen2Moe,
 };
-const MOE_TINY: LlamaMoe = LlamaMoe { width: 96, shared_width: 192, aux_on: true, ..QWEN2_MOE };
+// the auxiliary losses on and heavier than a real run's, so that tests see them
+const MOE_TINY: LlamaMoe =
+    LlamaMoe { width: 96, shared_width: 192, aux_on: true, aux_coef: 0.01, z_coef: 0.001, ..QWEN2_MOE };
 const QWEN15_MOE: LlamaMoe = LlamaMoe { experts: 60, top_k: 4, width: 1408, shared_width: 5632, ..QWEN2_MOE };
 const MIXTRAL_8X7B: LlamaMoe =
     LlamaMoe { width: 14336, norm_topk: true, aux_coef: 0.02, naming: MoeNaming::Mixtral, ..QWEN2_MOE };

@@ -81,10 +81,12 @@ impl Family {
         }
     }
 
-    /// The family's tiny preset (its first), for tests and the built-in task.
+    /// The family's tiny preset (its first; a mixture of experts' own), for tests and the
+    /// built-in task.
     pub fn tiny_preset(&self) -> &'static str {
         match self {
             Family::Gpt2 => gpt2::PRESETS[0].0,
+            Family::Llama(a) if a.moe.is_some() => llama::MOE_TINY_PRESET,
             Family::Llama(_) => llama::PRESETS[0].0,
         }
     }
