@@ -31,6 +31,8 @@ pub enum Op {
     ReduceScatter,
     AllGather,
     Broadcast,
+    /// An all-to-all: each rank sends every rank (itself too) one piece of its buffer.
+    AllToAllV,
 }
 
 impl Op {
@@ -40,6 +42,7 @@ impl Op {
             "reduce_scatter" => Some(Op::ReduceScatter),
             "all_gather" => Some(Op::AllGather),
             "broadcast" => Some(Op::Broadcast),
+            "all_to_all_v" => Some(Op::AllToAllV),
             _ => None,
         }
     }
@@ -49,7 +52,7 @@ impl Op {
         let n = n as f64;
         match self {
             Op::AllReduce => 2.0 * (n - 1.0) / n,
-            Op::ReduceScatter | Op::AllGather => (n - 1.0) / n,
+            Op::ReduceScatter | Op::AllGather | Op::AllToAllV => (n - 1.0) / n,
             Op::Broadcast => 1.0,
         }
     }
@@ -69,16 +72,21 @@ pub struct Row {
 /// own out-of-place `MPI_Allreduce` through it.
 pub type AllReduceFn<'a> = &'a dyn Fn(&[f32], &mut [f32]) -> Result<()>;
 
+/// A replacement for the all-to-all under test (input, send counts, output, receive counts):
+/// the MPI baseline runs MPI's own `MPI_Alltoallv` through it.
+pub type AllToAllFn<'a> = &'a dyn Fn(&[f32], &[usize], &mut [f32], &[usize]) -> Result<()>;
+
+/// What replaces brigade's own collective in a sweep (MPI's, for the baseline).
+#[derive(Clone, Copy, Default)]
+pub struct Raw<'a> {
+    pub all_reduce: Option<AllReduceFn<'a>>,
+    pub all_to_all: Option<AllToAllFn<'a>>,
+}
+
 /// Times `op` at every power-of-two size from `min_bytes` to `max_bytes` (nccl-tests' form:
 /// mean time per call over many calls; the slowest rank's time is reported). Every rank must
 /// call it; all get the same rows.
-pub fn sweep(
-    comm: &Comm,
-    op: Op,
-    min_bytes: usize,
-    max_bytes: usize,
-    all_reduce: Option<AllReduceFn>,
-) -> Result<Vec<Row>> {
+pub fn sweep(comm: &Comm, op: Op, min_bytes: usize, max_bytes: usize, raw: Raw) -> Result<Vec<Row>> {
     let (rank, n) = (comm.rank(), comm.size());
     let mut rows = Vec::new();
     let mut bytes = min_bytes.max(4).next_power_of_two();
@@ -88,20 +96,26 @@ pub fn sweep(
         let mut a = vec![1.0f32; count];
         let mut b = vec![0.0f32; count];
         let mut c = vec![0.0f32; chunk];
-        let call = |a: &mut Vec<f32>, b: &mut Vec<f32>, c: &mut Vec<f32>| -> Result<()> {
-            match (op, all_reduce) {
-                (Op::AllReduce, Some(f)) => f(a, b),
-                (Op::AllReduce, None) => comm.all_reduce(a, ReduceOp::Sum),
-                (Op::ReduceScatter, _) => comm.reduce_scatter(a, c, ReduceOp::Sum),
-                (Op::AllGather, _) => comm.all_gather(c, b),
-                (Op::Broadcast, _) => comm.broadcast(a, 0),
+        // an all-to-all sends piece s of the buffer to rank s and gets this rank's piece from each
+        let send: Vec<usize> = (0..n).map(|s| crate::chunk_range(count, n, s).len()).collect();
+        let recv = vec![chunk; n];
+        let mut d = vec![0.0f32; if op == Op::AllToAllV { n * chunk } else { 0 }];
+        let mut call = |a: &mut Vec<f32>, b: &mut Vec<f32>, c: &mut Vec<f32>| -> Result<()> {
+            match (op, raw.all_reduce, raw.all_to_all) {
+                (Op::AllReduce, Some(f), _) => f(a, b),
+                (Op::AllReduce, None, _) => comm.all_reduce(a, ReduceOp::Sum),
+                (Op::ReduceScatter, ..) => comm.reduce_scatter(a, c, ReduceOp::Sum),
+                (Op::AllGather, ..) => comm.all_gather(c, b),
+                (Op::Broadcast, ..) => comm.broadcast(a, 0),
+                (Op::AllToAllV, _, Some(f)) => f(a, &send, &mut d, &recv),
+                (Op::AllToAllV, _, None) => comm.all_to_all_v(a, &send, &mut d, &recv),
             }
         };
         // One traced call names the algorithm; tracing stays off while timing.
         comm.enable_tracing(true);
         call(&mut a, &mut b, &mut c)?;
-        let algorithm = match all_reduce {
-            Some(_) if op == Op::AllReduce => "mpi".to_string(),
+        let algorithm = match (op, raw.all_reduce, raw.all_to_all) {
+            (Op::AllReduce, Some(_), _) | (Op::AllToAllV, _, Some(_)) => "mpi".to_string(),
             _ => comm.take_trace().last().map(|e| e.algorithm.to_string()).unwrap_or_default(),
         };
         comm.enable_tracing(false);

@@ -19,6 +19,10 @@ pub trait Backend: Send + Sync {
     /// `input` is this rank's chunk of `output`.
     fn all_gather(&self, input: &[f32], output: &mut [f32]) -> Result<&'static str>;
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<&'static str>;
+    /// Rank r sends `input`'s consecutive pieces of `send[s]` elements to each rank s (itself
+    /// included) and receives `recv[s]` from each into `output`, in rank order; every rank's
+    /// `send[s]` must equal rank s's `recv[r]` (checked on every rank alike).
+    fn all_to_all_v(&self, input: &[f32], send: &[usize], output: &mut [f32], recv: &[usize]) -> Result<&'static str>;
     fn send(&self, buf: &[f32], dst: usize, tag: u32) -> Result<()>;
     fn recv(&self, buf: &mut [f32], src: usize, tag: u32) -> Result<()>;
     fn barrier(&self) -> Result<()>;
@@ -142,6 +146,47 @@ impl Comm {
         }
         let b = &self.inner.backend;
         self.inner.traced("broadcast", buf.len() * F32, || Ok(((), b.broadcast(buf, root)?)))
+    }
+
+    /// Each rank sends `input`, cut into consecutive pieces of `send[s]` elements, to every rank
+    /// s (itself included), and receives `recv[s]` elements from each into `output`, in rank
+    /// order: the exchange of a mixture of experts' dispatch, whose sizes differ by rank and by
+    /// step. Sizes that disagree (a rank sending a count its peer does not expect) fail on every
+    /// rank with one message naming both; a rank that never comes is named after the timeout.
+    pub fn all_to_all_v(&self, input: &[f32], send: &[usize], output: &mut [f32], recv: &[usize]) -> Result<()> {
+        self.drain();
+        let n = self.size();
+        let bad = |detail: String| Err(CommError::Invalid { op: "all_to_all_v", detail });
+        if send.len() != n || recv.len() != n {
+            return bad(format!("{} send and {} receive counts for a group of {n}", send.len(), recv.len()));
+        }
+        let (s, r): (usize, usize) = (send.iter().sum(), recv.iter().sum());
+        if s != input.len() || r != output.len() {
+            return bad(format!(
+                "counts sum to {s} sent and {r} received, but the input holds {} and the output {}",
+                input.len(),
+                output.len()
+            ));
+        }
+        let b = &self.inner.backend;
+        self.inner.traced("all_to_all_v", (s + r) * F32, || Ok(((), b.all_to_all_v(input, send, output, recv)?)))
+    }
+
+    /// What each rank will send this one: `send[s]` to rank s becomes the result's entry for
+    /// s on rank s — the counts exchange before an `all_to_all_v`.
+    pub fn all_to_all_counts(&self, send: &[usize]) -> Result<Vec<usize>> {
+        let n = self.size();
+        if send.len() != n {
+            return Err(CommError::Invalid {
+                op: "all_to_all_v",
+                detail: format!("{} counts for a group of {n}", send.len()),
+            });
+        }
+        // each count as two exact f32 halves of 16 bits (counts up to 2³²)
+        let input: Vec<f32> = send.iter().flat_map(|&c| [(c >> 16) as f32, (c & 0xffff) as f32]).collect();
+        let mut out = vec![0f32; 2 * n];
+        self.all_to_all_v(&input, &vec![2; n], &mut out, &vec![2; n])?;
+        Ok(out.chunks_exact(2).map(|h| ((h[0] as usize) << 16) | h[1] as usize).collect())
     }
 
     pub fn send(&self, buf: &[f32], dst: usize, tag: u32) -> Result<()> {

@@ -226,8 +226,48 @@ pub fn groups(c: &Comm) -> Result<(), String> {
     broadcast(&halves)
 }
 
+/// How many elements rank `src` sends rank `dst` in round `k`: uneven, often zero, sometimes
+/// large (the same rule on every rank).
+pub fn a2a_count(src: usize, dst: usize, k: usize) -> usize {
+    let h = ((src * 131 + dst * 31 + k * 7919) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+    match k % 4 {
+        0 => (h % 7) as usize,    // small, often zero
+        1 => (h % 3000) as usize, // uneven
+        2 => {
+            if src == dst {
+                0
+            } else {
+                1
+            }
+        } // nothing to oneself
+        _ => (h % 40_000) as usize, // large
+    }
+}
+
+/// Uneven all-to-alls (a mixture of experts' dispatch), rank r's piece for s holding
+/// `value(r, i, s)`, and the counts exchange before them.
+pub fn all_to_all_v(c: &Comm) -> Result<(), String> {
+    let (r, n) = (c.rank(), c.size());
+    for k in 0..8 {
+        let send: Vec<usize> = (0..n).map(|s| a2a_count(r, s, k)).collect();
+        let recv: Vec<usize> = (0..n).map(|s| a2a_count(s, r, k)).collect();
+        if c.all_to_all_counts(&send).map_err(|e| e.to_string())? != recv {
+            return Err(format!("all_to_all_counts round {k}: rank {r} learned other counts"));
+        }
+        let input: Vec<f32> = (0..n).flat_map(|s| (0..send[s]).map(move |i| value(r, i, s))).collect();
+        let mut out = vec![f32::NAN; recv.iter().sum()];
+        c.all_to_all_v(&input, &send, &mut out, &recv).map_err(|e| e.to_string())?;
+        let want: Vec<f32> = (0..n).flat_map(|s| (0..recv[s]).map(move |i| value(s, i, r))).collect();
+        if let Some(i) = out.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits()) {
+            return Err(format!("all_to_all_v round {k}: rank {r}'s element {i} is {}, not {}", out[i], want[i]));
+        }
+    }
+    Ok(())
+}
+
 /// Every check, in an order all ranks follow.
 pub fn run_all(c: &Comm) -> Result<(), String> {
+    all_to_all_v(c)?;
     all_reduce(c)?;
     reduce_scatter(c)?;
     all_gather(c)?;

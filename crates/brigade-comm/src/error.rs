@@ -26,7 +26,27 @@ pub(crate) fn describe_call(op: &str, len: usize, arg: u64) -> String {
         "broadcast" => format!("(root {arg})"),
         _ => String::new(),
     };
+    if op == "all_to_all_v" {
+        return "all_to_all_v".into();
+    }
     format!("{op}{arg} of {len} elements")
+}
+
+/// The first disagreement of an all-to-all's counts (`counts[r]`: rank r's sends then its
+/// receives, a group's worth each), the same text on every rank; `None` when they agree.
+pub(crate) fn all_to_all_disagreement(counts: &[Vec<usize>]) -> Option<String> {
+    let n = counts.len();
+    for (a, c) in counts.iter().enumerate() {
+        for b in 0..n {
+            let (sends, expects) = (c[b], counts[b][n + a]);
+            if sends != expects {
+                return Some(format!(
+                    "all_to_all_v: rank {a} sends {sends} elements to rank {b}, which expects {expects} from it"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// The mismatch error for call `seq`, given what each rank called: ranks grouped by call, so

@@ -123,7 +123,8 @@ fn mpi_op(op: ReduceOp) -> SystemOperation {
     }
 }
 
-const OPS: [&str; 7] = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "split", "?"];
+const OPS: [&str; 8] =
+    ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "split", "all_to_all_v", "?"];
 
 impl MpiBackend {
     fn new(comm: SimpleCommunicator, timeout: Duration, checked: bool) -> MpiBackend {
@@ -184,6 +185,29 @@ impl MpiBackend {
             let s = 1.0 / self.comm.size() as f32;
             recv.iter_mut().for_each(|x| *x *= s);
         }
+        Ok(())
+    }
+
+    /// MPI's own `MPI_Alltoallv`, without the counts check: what the benchmark measures as the
+    /// baseline.
+    pub fn all_to_all_v_raw(&self, input: &[f32], send: &[usize], output: &mut [f32], recv: &[usize]) -> Result<()> {
+        let part = |c: &[usize]| -> (Vec<i32>, Vec<i32>) {
+            let counts: Vec<i32> = c.iter().map(|&x| x as i32).collect();
+            let mut at = 0i32;
+            let displs: Vec<i32> = c
+                .iter()
+                .map(|&x| {
+                    let d = at;
+                    at += x as i32;
+                    d
+                })
+                .collect();
+            (counts, displs)
+        };
+        let ((sc, sd), (rc, rd)) = (part(send), part(recv));
+        let sendp = mpi::datatype::Partition::new(input, &sc[..], &sd[..]);
+        let mut recvp = PartitionMut::new(output, &rc[..], &rd[..]);
+        self.comm.all_to_all_varcount_into(&sendp, &mut recvp);
         Ok(())
     }
 
@@ -276,6 +300,20 @@ impl Backend for MpiBackend {
         self.check("broadcast", buf.len(), root as u64)?;
         self.comm.process_at_rank(root as i32).broadcast_into(buf);
         Ok(ALGO_MPI)
+    }
+
+    fn all_to_all_v(&self, input: &[f32], send: &[usize], output: &mut [f32], recv: &[usize]) -> Result<&'static str> {
+        self.check("all_to_all_v", 0, 0)?;
+        // every rank's counts to every rank, so that a disagreement fails all of them alike
+        let n = self.size();
+        let mine: Vec<u64> = send.iter().chain(recv).map(|&c| c as u64).collect();
+        let mut all = vec![0u64; 2 * n * n];
+        self.comm.all_gather_into(&mine[..], &mut all[..]);
+        let counts: Vec<Vec<usize>> = all.chunks(2 * n).map(|c| c.iter().map(|&x| x as usize).collect()).collect();
+        if let Some(detail) = crate::error::all_to_all_disagreement(&counts) {
+            return Err(CommError::Mismatch { seq: self.seq.load(Ordering::Relaxed), size: n, detail });
+        }
+        self.all_to_all_v_raw(input, send, output, recv).map(|_| ALGO_MPI)
     }
 
     fn send(&self, buf: &[f32], dst: usize, tag: u32) -> Result<()> {

@@ -165,3 +165,47 @@ fn bad_arguments_are_refused() {
     })
     .unwrap();
 }
+
+/// An all-to-all whose sizes disagree (rank 1 expects 4 elements from rank 0, which sends 5)
+/// fails on every rank with the same message naming both; a rank that never comes is named
+/// after the timeout; counts that do not add up to the buffers are refused at once.
+#[test]
+fn all_to_all_v_with_disagreeing_sizes_or_a_missing_rank_fails_on_every_rank() {
+    let errs = run_with(short(), 3, |c| {
+        let (r, n) = (c.rank(), c.size());
+        let send = vec![5usize; n];
+        let mut recv = vec![5usize; n];
+        if r == 1 {
+            recv[0] = 4;
+        }
+        let input = vec![1f32; 5 * n];
+        let mut out = vec![0f32; recv.iter().sum()];
+        Ok::<_, String>(c.all_to_all_v(&input, &send, &mut out, &recv).unwrap_err())
+    })
+    .unwrap();
+    for e in errs {
+        assert!(matches!(e, CommError::Mismatch { .. }), "{e}");
+        assert!(e.to_string().contains("rank 0 sends 5 elements to rank 1, which expects 4 from it"), "{e}");
+    }
+    let out = run_with(short(), 3, |c| {
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(900));
+            return Ok::<_, String>(None);
+        }
+        let mut out = vec![0f32; 3];
+        Ok(Some(c.all_to_all_v(&[1.0; 3], &[1; 3], &mut out, &[1; 3]).unwrap_err()))
+    })
+    .unwrap();
+    for e in out.into_iter().flatten() {
+        assert!(e.to_string().contains("ranks [1] of the group never arrived"), "{e}");
+    }
+    run(2, |c| {
+        let mut out = vec![0f32; 2];
+        let e = c.all_to_all_v(&[1.0; 3], &[1, 1], &mut out, &[1, 1]).unwrap_err().to_string();
+        assert!(e.contains("counts sum to 2 sent and 2 received, but the input holds 3"), "{e}");
+        let e = c.all_to_all_v(&[1.0; 2], &[1, 1, 0], &mut out, &[1, 1]).unwrap_err().to_string();
+        assert!(e.contains("3 send and 2 receive counts for a group of 2"), "{e}");
+        Ok::<_, String>(())
+    })
+    .unwrap();
+}

@@ -12,7 +12,8 @@ pub struct Flags {
     /// local (threads sharing memory) or mpi (run under mpirun; needs --features mpi).
     #[arg(long, default_value = "local")]
     pub(crate) backend: String,
-    /// all_reduce, reduce_scatter, all_gather or broadcast.
+    /// all_reduce, reduce_scatter, all_gather, broadcast or all_to_all_v (each rank sends every
+    /// rank a piece of its buffer).
     #[arg(long, default_value = "all_reduce")]
     pub(crate) op: String,
     #[arg(long, default_value_t = 8)]
@@ -32,7 +33,7 @@ pub fn run(f: Flags) -> Result<()> {
 
 fn measure(ranks: usize, backend: &str, op: &str, min_bytes: usize, max_bytes: usize, json: bool) -> Result<()> {
     let Some(op_kind) = Op::parse(op) else {
-        bail!("unknown --op '{op}'; use all_reduce, reduce_scatter, all_gather or broadcast");
+        bail!("unknown --op '{op}'; use all_reduce, reduce_scatter, all_gather, broadcast or all_to_all_v");
     };
     if min_bytes == 0 || min_bytes > max_bytes {
         bail!("need 0 < --min-bytes <= --max-bytes");
@@ -52,8 +53,9 @@ fn measure(ranks: usize, backend: &str, op: &str, min_bytes: usize, max_bytes: u
                 }
             }
             let memcpy = memcpy_gbps(MEMCPY_BYTES, 2);
-            let rows = brigade_comm::local::run(ranks, |c| sweep(&c, op_kind, min_bytes, max_bytes, None))
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let rows =
+                brigade_comm::local::run(ranks, |c| sweep(&c, op_kind, min_bytes, max_bytes, Default::default()))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
             report("local", ranks, op, memcpy, &rows[0], json)
         }
         "mpi" => run_mpi(op_kind, op, min_bytes, max_bytes, json),
@@ -76,7 +78,9 @@ fn run_mpi(op_kind: Op, op: &str, min_bytes: usize, max_bytes: usize, json: bool
     let memcpy = if comm.rank() == 0 { memcpy_gbps(MEMCPY_BYTES, 2) } else { 0.0 };
     comm.barrier()?;
     let f = |a: &[f32], b: &mut [f32]| raw.all_reduce_out_of_place(a, b, ReduceOp::Sum);
-    let rows = sweep(&comm, op_kind, min_bytes, max_bytes, Some(&f))?;
+    let g = |a: &[f32], s: &[usize], b: &mut [f32], r: &[usize]| raw.all_to_all_v_raw(a, s, b, r);
+    let raws = brigade_comm::bench::Raw { all_reduce: Some(&f), all_to_all: Some(&g) };
+    let rows = sweep(&comm, op_kind, min_bytes, max_bytes, raws)?;
     if comm.rank() == 0 {
         report("mpi", comm.size(), op, memcpy, &rows, json)?;
     }

@@ -21,7 +21,7 @@
 use super::group::{Desc, Group, Slot};
 use crate::chunks::chunk_range;
 use crate::comm::Backend;
-use crate::error::{describe_call, mismatch, CommError, Result};
+use crate::error::{all_to_all_disagreement, describe_call, mismatch, CommError, Result};
 use crate::ReduceOp;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,6 +31,13 @@ pub const ALGO_ONE_SHOT: &str = "one_shot";
 
 /// Elements reduced per block: the accumulator stays in L1.
 const BLOCK: usize = 2048;
+
+/// What a rank publishes for an `all_to_all_v`: its input and its counts (a group's worth).
+struct Exchange {
+    input: *const f32,
+    send: *const usize,
+    recv: *const usize,
+}
 
 pub struct LocalBackend {
     group: Arc<Group>,
@@ -213,6 +220,36 @@ impl Backend for LocalBackend {
             buf.copy_from_slice(unsafe { std::slice::from_raw_parts(a as *const f32, n) });
         }
         self.end("broadcast", n).map(|_| ALGO_DIRECT)
+    }
+
+    fn all_to_all_v(&self, input: &[f32], send: &[usize], output: &mut [f32], recv: &[usize]) -> Result<&'static str> {
+        // sizes differ by rank: they travel behind `src`, not in the descriptor
+        let mine = Exchange { input: input.as_ptr(), send: send.as_ptr(), recv: recv.as_ptr() };
+        let p = self.begin("all_to_all_v", 0, 0, &mine as *const Exchange as usize, 0)?;
+        let n = self.group.size();
+        // SAFETY: every rank's `Exchange` and the slices it points to stay alive and unwritten
+        // until this call's second barrier; each holds a group's worth of counts.
+        let peers: Vec<&Exchange> =
+            self.peers(p, |s| s.src).into_iter().map(|a| unsafe { &*(a as *const Exchange) }).collect();
+        let counts: Vec<Vec<usize>> = peers
+            .iter()
+            .map(|x| unsafe { [std::slice::from_raw_parts(x.send, n), std::slice::from_raw_parts(x.recv, n)].concat() })
+            .collect();
+        // every rank reads every rank's counts, so all reach the same verdict
+        if let Some(detail) = all_to_all_disagreement(&counts) {
+            self.end("all_to_all_v", 0)?;
+            return Err(CommError::Mismatch { seq: self.seq.load(Ordering::Relaxed), size: n, detail });
+        }
+        let mut at = 0;
+        for (src, x) in peers.iter().enumerate() {
+            let offset: usize = counts[src][..self.rank].iter().sum();
+            let len = recv[src];
+            // SAFETY: rank `src`'s input holds the sum of its send counts, and is read-only here.
+            let piece = unsafe { std::slice::from_raw_parts(x.input.add(offset), len) };
+            output[at..at + len].copy_from_slice(piece);
+            at += len;
+        }
+        self.end("all_to_all_v", 0).map(|_| ALGO_DIRECT)
     }
 
     fn send(&self, buf: &[f32], dst: usize, tag: u32) -> Result<()> {

@@ -14,7 +14,7 @@ use std::time::Instant;
 pub fn measure_collectives(ranks: usize) -> crate::Result<Collectives> {
     use brigade_comm::bench::{sweep, Op};
     let rows = |lo, hi| {
-        brigade_comm::local::run(ranks, |c| sweep(&c, Op::AllReduce, lo, hi, None))
+        brigade_comm::local::run(ranks, |c| sweep(&c, Op::AllReduce, lo, hi, Default::default()))
             .map_err(|e| crate::Error::Train(format!("collective measurement failed: {e}")))
     };
     // Latency: the fastest small all-reduce (8 B – 4 KiB) of one sweep, since the first calls
