@@ -199,6 +199,8 @@ pub struct Spec {
     pub schedule: Option<Schedule>,
     /// Sequence parallelism beside tensor parallelism (`sp=1`); training only.
     pub sp: Option<bool>,
+    /// Ranks a mixture's experts are spread over (expert parallelism), carved from dp × cp.
+    pub ep: Option<usize>,
 }
 
 impl Spec {
@@ -241,15 +243,7 @@ impl Spec {
                         _ => return Err(Error::Layout(format!("cp_order={v}: expected zigzag or contiguous"))),
                     })
                 }
-                // named by the mesh already; training it arrives with its own layers
-                "ep" => {
-                    let n = num()?;
-                    if n != 1 {
-                        return Err(Error::Layout(format!(
-                            "ep={n}: expert parallelism is not supported yet (brigade trains with ep=1 only); drop ep or set ep=1"
-                        )));
-                    }
-                }
+                "ep" => f.ep = Some(num()?),
                 "mb" => f.mb = Some(num()?),
                 "v" => f.v = Some(num()?),
                 "recompute" => {
@@ -305,7 +299,15 @@ impl Spec {
             recompute: self.recompute.unwrap_or(Recompute::None),
             zero: self.zero.unwrap_or(0),
             sp: self.sp.unwrap_or(false),
+            ep: self.ep.unwrap_or(1),
         };
+        let dp_cp = l.dp.saturating_mul(l.cp);
+        if l.ep == 0 || !dp_cp.is_multiple_of(l.ep) {
+            return Err(Error::Layout(format!(
+                "ep={}: it must divide dp × cp = {dp_cp} (the expert groups are carved from the data × context ranks; ep adds no ranks)",
+                l.ep
+            )));
+        }
         l.dp.checked_mul(l.pp).and_then(|x| x.checked_mul(l.tp)).and_then(|x| x.checked_mul(l.cp)).ok_or_else(
             || Error::Layout(format!("mesh dp={}, pp={}, cp={}, tp={} is too large", l.dp, l.pp, l.cp, l.tp)),
         )?;
@@ -337,6 +339,8 @@ pub struct Layout {
     pub zero: u8,
     /// Sequence parallelism inside the tensor-parallel group.
     pub sp: bool,
+    /// Ranks of dp × cp a mixture's experts are spread over (each holds experts / ep of them).
+    pub ep: usize,
 }
 
 impl Default for Layout {
@@ -354,6 +358,7 @@ impl Default for Layout {
             recompute: Recompute::None,
             zero: 0,
             sp: false,
+            ep: 1,
         }
     }
 }
@@ -369,15 +374,14 @@ impl Layout {
         Axis::RANKS.iter().map(|&a| self.degree(a)).product()
     }
 
-    /// The layout's degree on `axis`: expert parallelism is 1 until training runs it
-    /// (parsing refuses anything else).
+    /// The layout's degree on `axis`.
     pub fn degree(&self, axis: Axis) -> usize {
         match axis {
             Axis::Pp => self.pp,
             Axis::Dp => self.dp,
             Axis::Cp => self.cp,
             Axis::Tp => self.tp,
-            Axis::Ep => 1,
+            Axis::Ep => self.ep,
         }
     }
 
@@ -482,9 +486,14 @@ impl std::fmt::Display for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         let d = Layout::default();
         let mut parts = Vec::new();
-        for (name, x, base) in
-            [("dp", self.dp, 1), ("pp", self.pp, 1), ("cp", self.cp, 1), ("tp", self.tp, 1), ("v", self.v, 1)]
-        {
+        for (name, x, base) in [
+            ("dp", self.dp, 1),
+            ("pp", self.pp, 1),
+            ("cp", self.cp, 1),
+            ("tp", self.tp, 1),
+            ("ep", self.ep, 1),
+            ("v", self.v, 1),
+        ] {
             if x != base {
                 parts.push(format!("{name}={x}"));
             }

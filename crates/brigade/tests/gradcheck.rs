@@ -500,7 +500,7 @@ mod moe {
     /// `L = Σ out·r + 0.7·Σ balance + 0.3·Σ z` over the sequences, in f64.
     fn loss(moe: &Moe, p: &[f32], h: &[f32], seq: usize, r: &[f32]) -> f64 {
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
-        let aux = moe.forward(p, h, seq, &mut st, &mut out);
+        let aux = moe.forward(p, (h, seq), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
         dot(&out, r) + AUX.balance as f64 * aux.balance + AUX.z as f64 * aux.z
     }
 
@@ -512,12 +512,12 @@ mod moe {
         let h = randn(&mut rng, n * shape.c, 1.0);
         let r = randn(&mut rng, n * shape.c, 1.0);
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
-        moe.forward(&p, &h, seq, &mut st, &mut out);
+        moe.forward(&p, (&h, seq), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
         let mut g = vec![0f32; p.len()];
         let mut dw = WeightGrads::Now;
         let mut dx = Vec::new();
         let mut gr = Grads { p: &p, g: &mut g, dw: &mut dw };
-        moe.backward(&mut gr, &h, &st, &r, &mut dx, AUX, &mut MoeScratch::default());
+        moe.backward(&mut gr, &h, None, &st, &r, &mut dx, AUX, &mut MoeScratch::default()).unwrap();
         let tag =
             format!("moe E{} k{} shared {} norm {}", shape.experts, shape.top_k, shape.shared_width, shape.norm_topk);
         check(&format!("{tag}: input"), &h, &dx, 1e-3, 200, KERNEL_TOL, |x| loss(&moe, &p, x, seq, &r));
@@ -553,7 +553,7 @@ mod moe {
         let n = 10;
         let h = randn(&mut rng, n * shape.c, 1.0);
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
-        moe.forward(&p, &h, n, &mut st, &mut out);
+        moe.forward(&p, (&h, n), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
         let get = |name: &str| layout.get(name).unwrap().view.of(&p).to_vec();
         let c = shape.c;
         // y = W_down · (silu(W_gate x) ⊙ W_up x), weights [out, in]
@@ -601,7 +601,7 @@ mod moe {
         // and each row alone gives its own result (the grouping does not enter)
         for t in [0, 7] {
             let (mut st1, mut one) = (MoeStash::default(), Vec::new());
-            moe.forward(&p, &h[t * c..(t + 1) * c], 1, &mut st1, &mut one);
+            moe.forward(&p, (&h[t * c..(t + 1) * c], 1), None, &mut st1, &mut one, &mut MoeScratch::default()).unwrap();
             for i in 0..c {
                 assert!((one[i] - out[t * c + i]).abs() <= 1e-6, "row {t} alone");
             }

@@ -95,8 +95,14 @@ fn every_schedule_executed_equals_the_whole_model() {
                         .collect();
                     let data = MicroBatches { tokens: &tokens, targets: &targets, b, t, scale, positions: &[] };
                     let t0 = std::time::Instant::now();
-                    let ran =
-                        run_step(&plan, (&comm, &Tp::SOLO, None), &mut chunks, &data, recompute, &mut Vec::new())?;
+                    let ran = run_step(
+                        &plan,
+                        (&comm, &Tp::SOLO, None, None),
+                        &mut chunks,
+                        &data,
+                        recompute,
+                        &mut Vec::new(),
+                    )?;
                     // the forwards' and backwards' seconds: some, and within the step
                     let wall = t0.elapsed().as_secs_f64();
                     assert!(

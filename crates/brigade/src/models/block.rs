@@ -9,7 +9,7 @@ use super::config::{kv_copies, GptConfig};
 use super::family::{MlpSpec, NormKind, NormSpec, Qkv};
 use crate::error::Result;
 use crate::nn::context::Context;
-use crate::nn::moe::{AuxLosses, AuxWeights, Moe, MoeNames, MoeScratch, MoeShape, MoeStash};
+use crate::nn::moe::{AuxLosses, AuxWeights, Experts, Moe, MoeNames, MoeScratch, MoeShape, MoeStash};
 use crate::nn::tp::Tp;
 use crate::nn::{
     ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, Grouped, LayerNorm, LnStash, Mlp, MlpScratch,
@@ -146,11 +146,12 @@ impl Block {
     /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows of `b`
     /// sequences of `t` tokens (`docs`: the positions of all rows; `cp`: the context group
     /// holding the sequences' other rows): two collectives forward (`g` after each
-    /// row-parallel layer; under sp also two gathers), and attention's exchange under cp.
+    /// row-parallel layer; under sp also two gathers), attention's exchange under cp, and a
+    /// mixture's dispatch to its experts' ranks under ep.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
-        tp: &Tp,
+        (tp, ep): (&Tp, Experts),
         p: &[f32],
         (x, out): (&[f32], &mut [f32]),
         bt: (usize, usize),
@@ -158,7 +159,7 @@ impl Block {
         st: &mut BlockStash,
         sc: &mut Scratch,
     ) -> Result<()> {
-        let Scratch { full, part, rows, drop_scores, .. } = sc;
+        let Scratch { full, part, rows, drop_scores, moe, .. } = sc;
         ensure(&mut st.x2, x.len());
         self.ln_1.forward(p, x, &mut st.ln1);
         let h = tp.enter(&st.ln1.out, full)?;
@@ -173,9 +174,9 @@ impl Block {
                 let y = tp.exit(part, rows)?;
                 residual_bias_forward(out, &st.x2, y, mlp.c_proj.bias(p));
             }
-            FeedForward::Moe(moe) => {
+            FeedForward::Moe(m) => {
                 // whole sequences of t rows on this rank (tp and cp are refused with experts)
-                st.aux = moe.forward(p, &st.ln2.out, bt.1, &mut st.moe, part);
+                st.aux = m.forward(p, (&st.ln2.out, bt.1), ep, &mut st.moe, part, moe)?;
                 residual_bias_forward(out, &st.x2, part, &[]);
             }
         }
@@ -188,7 +189,7 @@ impl Block {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward(
         &self,
-        tp: &Tp,
+        (tp, ep): (&Tp, Experts),
         gr: &mut Grads,
         (x, docs): (&[f32], (Docs, Option<Context>)),
         st: &BlockStash,
@@ -207,7 +208,7 @@ impl Block {
                 self.ln_2.backward(gr.p, gr.g, &st.x2, &st.ln2, d, dresid);
             }
             FeedForward::Moe(m) => {
-                m.backward(gr, &st.ln2.out, &st.moe, dresid, dpart, aux, moe);
+                m.backward(gr, &st.ln2.out, ep, &st.moe, dresid, dpart, aux, moe)?;
                 self.ln_2.backward(gr.p, gr.g, &st.x2, &st.ln2, dpart, dresid);
             }
         }

@@ -98,6 +98,14 @@ impl GptConfig {
         self.ask().moe_losses()
     }
 
+    /// Experts in each mixture layer (`None`: a dense model).
+    pub fn experts(&self) -> Option<usize> {
+        (0..self.n_layer).find_map(|i| match self.block(i).mlp {
+            fam::MlpSpec::Moe(m) => Some(m.experts.len()),
+            _ => None,
+        })
+    }
+
     /// How many blocks are mixtures of experts.
     pub fn moe_layers(&self) -> usize {
         (0..self.n_layer).filter(|&i| matches!(self.block(i).mlp, fam::MlpSpec::Moe(_))).count()

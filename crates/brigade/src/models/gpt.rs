@@ -314,7 +314,7 @@ impl Gpt {
         for (i, blk) in self.blocks.iter().enumerate() {
             let (done, rest) = acts.resid.split_at_mut(i + 1);
             let p = store.params(self.block_unit(i))?;
-            blk.forward(tp, p, (&done[i], &mut rest[0]), (b, t), (docs, cp), &mut acts.blocks[i], sc)?;
+            blk.forward((tp, pass.ep), p, (&done[i], &mut rest[0]), (b, t), (docs, cp), &mut acts.blocks[i], sc)?;
         }
         if self.has_head {
             self.ln_f.forward(store.params(self.final_unit())?, &acts.resid[l], &mut acts.lnf);
@@ -376,7 +376,8 @@ impl Gpt {
     /// sequence parallelism the gradients of the replicated parameters are partial sums over
     /// the group (`nn::tp::state::sum_replicated_grads`).
     pub fn backward(&self, pass: &mut Pass, tokens: &[u32], from: Output, acts: &mut Activations) -> Result<()> {
-        let Pass { tp, store, dw, cp, .. } = pass;
+        let Pass { tp, store, dw, cp, ep, .. } = pass;
+        let ep = *ep;
         let (tp, cp): (&Tp, _) = (tp, *cp);
         self.check_group(tp);
         let (b, t) = (acts.b, acts.t);
@@ -413,7 +414,8 @@ impl Gpt {
         for (i, blk) in self.blocks.iter().enumerate().rev() {
             let (p, g) = store.params_grads(self.block_unit(i))?;
             dw.set_unit(self.block_unit(i));
-            blk.backward(tp, &mut Grads { p, g, dw }, (&acts.resid[i], (docs, cp)), &acts.blocks[i], sc, aux)?;
+            let at = (acts.resid[i].as_slice(), (docs, cp));
+            blk.backward((tp, ep), &mut Grads { p, g, dw }, at, &acts.blocks[i], sc, aux)?;
             store.grads_done(self.block_unit(i))?;
         }
         if !self.has_embedding {

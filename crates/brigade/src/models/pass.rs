@@ -10,6 +10,7 @@ use crate::nn::context::Context;
 use crate::nn::tp::Tp;
 use crate::nn::WeightGrads;
 use crate::tensor::docs::Docs;
+use brigade_comm::Comm;
 
 pub struct Pass<'a> {
     pub tp: &'a Tp<'a>,
@@ -21,12 +22,14 @@ pub struct Pass<'a> {
     pub docs: Docs<'a>,
     /// The context group holding the sequences' other rows (context parallelism), if any.
     pub cp: Option<Context<'a>>,
+    /// The expert group a mixture's experts are spread over (expert parallelism), if any.
+    pub ep: Option<&'a Comm>,
 }
 
 impl<'a> Pass<'a> {
     /// A pass that takes every gradient at once.
     pub fn new(tp: &'a Tp<'a>, store: &'a mut dyn UnitStore) -> Pass<'a> {
-        Pass { tp, store, dw: WeightGrads::Now, docs: Docs::WHOLE, cp: None }
+        Pass { tp, store, dw: WeightGrads::Now, docs: Docs::WHOLE, cp: None, ep: None }
     }
 
     /// The same pass over packed documents at these positions (`None`: one a sequence).
@@ -37,6 +40,11 @@ impl<'a> Pass<'a> {
     /// The same pass over this rank's rows of sequences split across a context group.
     pub fn in_context(self, cp: Option<Context<'a>>) -> Pass<'a> {
         Pass { cp, ..self }
+    }
+
+    /// The same pass with a mixture's experts spread over `ep`.
+    pub fn with_experts(self, ep: Option<&'a Comm>) -> Pass<'a> {
+        Pass { ep, ..self }
     }
 
     /// The same pass with the weight matrices' gradients going to `dw`.

@@ -16,8 +16,10 @@
 //! for one sequence and one MoE layer.
 
 use super::{ensure, Grads, Mlp, MlpScratch, MlpStash};
+use crate::error::{Error, Result};
 use crate::params::{Init, ParamLayout, View};
 use crate::tensor::matmul;
+use brigade_comm::Comm;
 
 /// The router's and experts' sizes and rules.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -56,12 +58,10 @@ pub struct Moe {
     pub shared: Option<(Mlp, View)>,
 }
 
-/// One expert's rows in a forward: which rows (ascending), with which weight, and its stash.
+/// One of this rank's experts in a forward: the rows it received (from each rank of the group
+/// in turn) and its stash.
 #[derive(Default)]
 pub struct ExpertStash {
-    pub rows: Vec<usize>,
-    pub weights: Vec<f32>,
-    /// The rows' inputs gathered, and the expert's output on them.
     pub x: Vec<f32>,
     pub y: Vec<f32>,
     pub mlp: MlpStash,
@@ -74,6 +74,14 @@ pub struct MoeStash {
     pub lse: Vec<f32>,
     /// `[n, k]` chosen experts (best first).
     pub chosen: Vec<u32>,
+    /// Every (row, expert, weight) pair this rank routed, in expert order (rows ascending
+    /// within an expert): the order they are sent in and combined in.
+    pub pairs: Vec<(u32, u32, f32)>,
+    /// The experts' outputs for the pairs, `[pairs, C]`.
+    pub y: Vec<f32>,
+    /// Rows received from each rank of the expert group for each local expert (`[P][E/P]`).
+    pub recv: Vec<Vec<usize>>,
+    /// This rank's experts.
     pub experts: Vec<ExpertStash>,
     /// The shared expert's output and its gate's sigmoid.
     pub shared: MlpStash,
@@ -85,13 +93,22 @@ pub struct MoeStash {
 
 impl MoeStash {
     pub fn floats(&self) -> usize {
-        let e: usize = self.experts.iter().map(|s| s.x.len() + s.y.len() + s.weights.len() + s.mlp.floats()).sum();
-        self.probs.len() + self.lse.len() + self.chosen.len() + e + self.shared.floats() + self.shared_out.len()
+        let e: usize = self.experts.iter().map(|s| s.x.len() + s.y.len() + s.mlp.floats()).sum();
+        self.probs.len()
+            + self.lse.len()
+            + self.chosen.len()
+            + 3 * self.pairs.len()
+            + self.y.len()
+            + e
+            + self.shared.floats()
+            + self.shared_out.len()
     }
 
-    /// Tokens each expert received in the last forward.
-    pub fn load(&self) -> Vec<usize> {
-        self.experts.iter().map(|s| s.rows.len()).collect()
+    /// Tokens this rank routed to each of the `experts` in the last forward.
+    pub fn load(&self, experts: usize) -> Vec<usize> {
+        let mut n = vec![0; experts];
+        self.pairs.iter().for_each(|&(_, e, _)| n[e as usize] += 1);
+        n
     }
 }
 
@@ -114,6 +131,8 @@ pub struct AuxLosses {
 /// The backward's scratch.
 #[derive(Default)]
 pub struct MoeScratch {
+    pub send: Vec<f32>,
+    pub got: Vec<f32>,
     pub dy: Vec<f32>,
     pub dx: Vec<f32>,
     pub dlogits: Vec<f32>,
@@ -139,9 +158,17 @@ impl Moe {
         Moe { shape, router, experts, shared }
     }
 
-    /// `out[n, C]` (overwritten) for the rows `h[n, C]`, sequences of `seq` rows; returns each
-    /// sequence's auxiliary losses summed.
-    pub fn forward(&self, p: &[f32], h: &[f32], seq: usize, st: &mut MoeStash, out: &mut Vec<f32>) -> AuxLosses {
+    /// `out[n, C]` (overwritten) for the rows `h[n, C]`, sequences of `seq` rows, the experts
+    /// spread over `ep`; returns each sequence's auxiliary losses summed.
+    pub fn forward(
+        &self,
+        p: &[f32],
+        (h, seq): (&[f32], usize),
+        ep: Experts,
+        st: &mut MoeStash,
+        out: &mut Vec<f32>,
+        sc: &mut MoeScratch,
+    ) -> Result<AuxLosses> {
         let MoeShape { c, experts: ne, top_k: k, norm_topk, .. } = self.shape;
         let n = h.len() / c;
         assert!(seq > 0 && n.is_multiple_of(seq), "{n} rows are not whole sequences of {seq}");
@@ -155,43 +182,65 @@ impl Moe {
             *lse = softmax_in_place(row);
         }
         st.chosen.clear();
-        st.experts.resize_with(ne, ExpertStash::default);
-        for e in &mut st.experts {
-            e.rows.clear();
-            e.weights.clear();
-        }
         let mut order: Vec<u32> = Vec::with_capacity(ne);
+        let mut weights = vec![0f32; n * k];
         for (t, row) in st.probs.chunks_exact(ne).enumerate() {
             top_k(row, k, &mut order);
             let sum: f32 = order.iter().map(|&e| row[e as usize]).sum();
-            for &e in order.iter() {
-                let w = if norm_topk { row[e as usize] / sum } else { row[e as usize] };
-                let s = &mut st.experts[e as usize];
-                s.rows.push(t);
-                s.weights.push(w);
+            for (w, &e) in weights[t * k..(t + 1) * k].iter_mut().zip(&order) {
+                *w = if norm_topk { row[e as usize] / sum } else { row[e as usize] };
             }
             st.chosen.extend_from_slice(&order);
         }
-        ensure(out, n * c);
-        out.fill(0.0);
-        for (mlp, s) in self.experts.iter().zip(st.experts.iter_mut()) {
-            let m = s.rows.len();
-            ensure(&mut s.x, m * c);
-            for (i, &t) in s.rows.iter().enumerate() {
-                s.x[i * c..(i + 1) * c].copy_from_slice(&h[t * c..(t + 1) * c]);
+        // the pairs in expert order, rows ascending within each
+        st.pairs.clear();
+        for e in 0..ne as u32 {
+            for t in 0..n {
+                if let Some(j) = st.chosen[t * k..(t + 1) * k].iter().position(|&x| x == e) {
+                    st.pairs.push((t as u32, e, weights[t * k + j]));
+                }
             }
-            if m == 0 {
+        }
+        // out to the experts' ranks, through them, and back
+        let (q, groups) = group(ep);
+        let local = ne / groups;
+        let per_rank = |e: u32| e as usize / local;
+        let mut send_rows = vec![0usize; groups];
+        let mut counts = vec![0f32; groups * local];
+        for &(_, e, _) in &st.pairs {
+            send_rows[per_rank(e)] += 1;
+            counts[e as usize] += 1.0;
+        }
+        // how many rows of each local expert each rank sends here (exact in f32 below 2²⁴)
+        let mut got = Vec::new();
+        exchange(ep, &counts, &vec![local; groups], &vec![local; groups], &mut got)?;
+        st.recv = got.chunks(local).map(|c| c.iter().map(|&x| x as usize).collect()).collect();
+        let rows_in: Vec<usize> = st.recv.iter().map(|r| r.iter().sum()).collect();
+        sc.send.clear();
+        for &(t, _, _) in &st.pairs {
+            sc.send.extend_from_slice(&h[t as usize * c..(t as usize + 1) * c]);
+        }
+        let (cs, cr): (Vec<usize>, Vec<usize>) =
+            (send_rows.iter().map(|r| r * c).collect(), rows_in.iter().map(|r| r * c).collect());
+        exchange(ep, &sc.send, &cs, &cr, &mut sc.got)?;
+        st.experts.resize_with(local, ExpertStash::default);
+        for (j, s) in st.experts.iter_mut().enumerate() {
+            gather_expert(&sc.got, &st.recv, j, c, &mut s.x);
+            if s.x.is_empty() {
                 s.y.clear();
                 continue;
             }
-            mlp.forward(p, &s.x, &mut s.mlp, &mut s.y);
+            self.experts[q * local + j].forward(p, &s.x, &mut s.mlp, &mut s.y);
         }
+        let outs: Vec<&[f32]> = st.experts.iter().map(|s| s.y.as_slice()).collect();
+        scatter_experts(&outs, &st.recv, c, &mut sc.send);
+        exchange(ep, &sc.send, &cr, &cs, &mut st.y)?;
+        ensure(out, n * c);
+        out.fill(0.0);
         // the combine: each row's experts in expert order (a fixed order whatever the grouping)
-        for s in &st.experts {
-            for (i, (&t, &w)) in s.rows.iter().zip(&s.weights).enumerate() {
-                let (o, y) = (&mut out[t * c..(t + 1) * c], &s.y[i * c..(i + 1) * c]);
-                o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
-            }
+        for (i, &(t, _, w)) in st.pairs.iter().enumerate() {
+            let (o, y) = (&mut out[t as usize * c..(t as usize + 1) * c], &st.y[i * c..(i + 1) * c]);
+            o.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
         }
         if let Some((mlp, gate)) = &self.shared {
             mlp.forward(p, h, &mut st.shared, &mut st.shared_out);
@@ -205,7 +254,7 @@ impl Moe {
                 o.iter_mut().zip(s).for_each(|(o, s)| *o += sg * s);
             }
         }
-        self.aux_losses(st)
+        Ok(self.aux_losses(st))
     }
 
     /// Each sequence's load-balancing loss and z-loss, summed over sequences.
@@ -233,36 +282,53 @@ impl Moe {
         &self,
         gr: &mut Grads,
         h: &[f32],
+        ep: Experts,
         st: &MoeStash,
         dout: &[f32],
         dx: &mut Vec<f32>,
         aux: AuxWeights,
         sc: &mut MoeScratch,
-    ) {
+    ) -> Result<()> {
         let MoeShape { c, experts: ne, top_k: k, norm_topk, .. } = self.shape;
         let n = h.len() / c;
         ensure(dx, n * c);
         dx.fill(0.0);
-        // d(weight) of each (row, chosen expert), in the row's chosen order
+        // d(weight) of each (row, chosen expert), in the row's chosen order; the pairs'
+        // output gradients out to the experts' ranks
         let mut dweight = vec![0f32; n * k];
-        let slot = |t: usize, e: usize| st.chosen[t * k..(t + 1) * k].iter().position(|&x| x as usize == e).unwrap();
-        for (e, (mlp, s)) in self.experts.iter().zip(&st.experts).enumerate() {
-            let m = s.rows.len();
-            if m == 0 {
-                continue;
+        let slot = |t: usize, e: u32| st.chosen[t * k..(t + 1) * k].iter().position(|&x| x == e).unwrap();
+        sc.send.clear();
+        for (i, &(t, e, w)) in st.pairs.iter().enumerate() {
+            let t = t as usize;
+            let (d, y) = (&dout[t * c..(t + 1) * c], &st.y[i * c..(i + 1) * c]);
+            dweight[t * k + slot(t, e)] = d.iter().zip(y).map(|(a, b)| a * b).sum();
+            sc.send.extend(d.iter().map(|d| w * d));
+        }
+        let (q, groups) = group(ep);
+        let local = ne / groups;
+        let mut send_rows = vec![0usize; groups];
+        st.pairs.iter().for_each(|&(_, e, _)| send_rows[e as usize / local] += 1);
+        let cs: Vec<usize> = send_rows.iter().map(|r| r * c).collect();
+        let cr: Vec<usize> = st.recv.iter().map(|r| r.iter().sum::<usize>() * c).collect();
+        exchange(ep, &sc.send, &cs, &cr, &mut sc.got)?;
+        let mut dxs: Vec<Vec<f32>> = Vec::with_capacity(local);
+        for (j, s) in st.experts.iter().enumerate() {
+            gather_expert(&sc.got, &st.recv, j, c, &mut sc.dy);
+            let mut dxj = Vec::new();
+            if !s.x.is_empty() {
+                let scratch = MlpScratch { dh: &mut sc.dh, dup: &mut sc.dup, dx2: &mut sc.dx2 };
+                self.experts[q * local + j].backward(gr, &s.x, &s.mlp, &sc.dy, &mut dxj, scratch);
             }
-            ensure(&mut sc.dy, m * c);
-            for (i, (&t, &w)) in s.rows.iter().zip(&s.weights).enumerate() {
-                let (d, y) = (&dout[t * c..(t + 1) * c], &s.y[i * c..(i + 1) * c]);
-                dweight[t * k + slot(t, e)] = d.iter().zip(y).map(|(a, b)| a * b).sum();
-                sc.dy[i * c..(i + 1) * c].iter_mut().zip(d).for_each(|(o, d)| *o = w * d);
-            }
-            let scratch = MlpScratch { dh: &mut sc.dh, dup: &mut sc.dup, dx2: &mut sc.dx2 };
-            mlp.backward(gr, &s.x, &s.mlp, &sc.dy, &mut sc.dx, scratch);
-            for (i, &t) in s.rows.iter().enumerate() {
-                let (o, d) = (&mut dx[t * c..(t + 1) * c], &sc.dx[i * c..(i + 1) * c]);
-                o.iter_mut().zip(d).for_each(|(o, d)| *o += d);
-            }
+            dxs.push(dxj);
+        }
+        let parts: Vec<&[f32]> = dxs.iter().map(Vec::as_slice).collect();
+        scatter_experts(&parts, &st.recv, c, &mut sc.send);
+        exchange(ep, &sc.send, &cr, &cs, &mut sc.got)?;
+        // the input gradients added in expert order, as the outputs were
+        for (i, &(t, _, _)) in st.pairs.iter().enumerate() {
+            let t = t as usize;
+            let (o, d) = (&mut dx[t * c..(t + 1) * c], &sc.got[i * c..(i + 1) * c]);
+            o.iter_mut().zip(d).for_each(|(o, d)| *o += d);
         }
         if let Some((mlp, gate)) = &self.shared {
             let gw = gate.of(gr.p).to_vec();
@@ -328,6 +394,54 @@ impl Moe {
         if n > 0 {
             gr.dw.add(gr.g, self.router, &sc.dlogits, h, (ne, n, c));
             matmul(dx, &sc.dlogits, self.router.of(gr.p), n, ne, c, false, false, true);
+        }
+        Ok(())
+    }
+}
+
+/// The expert group a layer's experts are spread over (expert parallelism): rank q of P holds
+/// experts `q·E/P .. (q+1)·E/P`; `None`: one rank holds them all.
+pub type Experts<'a> = Option<&'a Comm>;
+
+/// (this rank's place, ranks) in the expert group.
+fn group(ep: Experts) -> (usize, usize) {
+    ep.map_or((0, 1), |c| (c.rank(), c.size()))
+}
+
+/// `input`'s pieces of `send[r]` elements to each rank r of the group, `recv[r]` from each
+/// into `out` (one rank: a copy).
+fn exchange(ep: Experts, input: &[f32], send: &[usize], recv: &[usize], out: &mut Vec<f32>) -> Result<()> {
+    out.resize(recv.iter().sum(), 0.0);
+    match ep {
+        None => out.copy_from_slice(input),
+        Some(comm) => comm
+            .all_to_all_v(input, send, out, recv)
+            .map_err(|e| Error::Train(format!("expert-parallel dispatch: {e}")))?,
+    }
+    Ok(())
+}
+
+/// Local expert `j`'s rows out of what the group sent (`recv[r][j]` rows from each rank r, the
+/// rank's pieces in expert order), in rank order.
+fn gather_expert(got: &[f32], recv: &[Vec<usize>], j: usize, c: usize, out: &mut Vec<f32>) {
+    out.clear();
+    let mut at = 0;
+    for r in recv {
+        let before: usize = r[..j].iter().sum();
+        out.extend_from_slice(&got[(at + before) * c..(at + before + r[j]) * c]);
+        at += r.iter().sum::<usize>();
+    }
+}
+
+/// The inverse of `gather_expert` for every local expert: each expert's rows (`per[j]`) laid
+/// out as the group sent them, rank by rank, to go back.
+fn scatter_experts(per: &[&[f32]], recv: &[Vec<usize>], c: usize, out: &mut Vec<f32>) {
+    out.clear();
+    let mut taken = vec![0usize; per.len()];
+    for r in recv {
+        for (j, &rows) in r.iter().enumerate() {
+            out.extend_from_slice(&per[j][taken[j] * c..(taken[j] + rows) * c]);
+            taken[j] += rows;
         }
     }
 }

@@ -87,6 +87,7 @@ pub fn layouts(m: &ModelShape, gpus: usize, t: &Training, fixed: &Spec) -> Vec<L
                                         cp,
                                         cp_comm: fixed.cp_comm.unwrap_or(CpComm::AllGather),
                                         cp_order: order,
+                                        ep: 1,
                                     };
                                     // GPipe only when asked for: it never beats 1F1B (same bubble, more
                                     // memory); ZB-H1 too, as the published runs and Megatron-LM have none

@@ -213,7 +213,9 @@ impl Trainer {
             micro_batches: tokens.len(),
         };
         let started = Instant::now();
-        let comms = (self.mesh.group(&[Axis::Pp]), &tp, cp);
+        // the expert group a mixture's experts are spread over
+        let ep = (self.mesh.shape.degree(Axis::Ep) > 1).then(|| self.mesh.group(&[Axis::Ep]));
+        let comms = (self.mesh.group(&[Axis::Pp]), &tp, cp, ep);
         let ran = run_step(&self.list, comms, &mut stores, &data, self.layout.recompute, &mut self.pool)?;
         let wall_s = started.elapsed().as_secs_f64();
         let RankStores { sync, exposed_s, .. } = stores;

@@ -117,6 +117,22 @@ impl Trainer {
             )));
         }
         layout.check_seq(seq)?;
+        match (layout.ep, mcfg.experts()) {
+            (1, _) => {}
+            (ep, None) => {
+                return Err(Error::Layout(format!(
+                    "ep={ep} spreads a mixture's experts over ranks, and this model has none (dense MLPs); drop ep, or train a mixture of experts (--model moe-tiny, or --init a Qwen2-MoE or Mixtral folder)"
+                )))
+            }
+            (ep, Some(e)) if !e.is_multiple_of(ep) => {
+                let fits: Vec<String> = (1..=e).filter(|d| e.is_multiple_of(*d)).map(|d| d.to_string()).collect();
+                return Err(Error::Layout(format!(
+                    "ep={ep} does not divide the model's {e} experts per layer; use ep among {}",
+                    fits.join(", ")
+                )));
+            }
+            _ => {}
+        }
         if mcfg.moe().is_some() && layout.cp > 1 {
             return Err(Error::Layout(format!(
                 "cp={} with a mixture of experts: the routers' per-sequence statistics are not gathered across a context group yet; use dp, pp or ZeRO",

@@ -163,7 +163,7 @@ impl Stash {
 /// can run while the rest of the list does.
 pub fn run_step(
     plan: &Plan,
-    (pp, tp, cp): (&Comm, &Tp, Option<Context>),
+    (pp, tp, cp, ep): (&Comm, &Tp, Option<Context>, Option<&Comm>),
     chunks: &mut dyn ChunkStores,
     data: &MicroBatches,
     recompute: Recompute,
@@ -231,7 +231,7 @@ pub fn run_step(
                     }
                 }
                 acts.set_selective(recompute == Recompute::Selective);
-                forward(chunks, (chunk, mb), (tp, cp, data), input.as_deref(), &mut acts, &mut ran.loss)?;
+                forward(chunks, (chunk, mb), (tp, cp, ep, data), input.as_deref(), &mut acts, &mut ran.loss)?;
                 let s = if recompute == Recompute::Full {
                     let output = (!has_head).then(|| acts.output().to_vec());
                     pool.push(acts);
@@ -266,7 +266,7 @@ pub fn run_step(
                         // full recompute: the forward again, from the stashed input
                         let mut acts = pool.pop().unwrap_or_default();
                         let mut unused = 0.0;
-                        forward(chunks, (chunk, mb), (tp, cp, data), input.as_deref(), &mut acts, &mut unused)?;
+                        forward(chunks, (chunk, mb), (tp, cp, ep, data), input.as_deref(), &mut acts, &mut unused)?;
                         acts
                     }
                 };
@@ -279,7 +279,7 @@ pub fn run_step(
                 let mut dw = Some(dw);
                 chunks.with(chunk, mb, stage, &mut |part, store| {
                     let sink = dw.take().expect("one backward per pass");
-                    let mut pass = Pass::new(tp, store).deferring(sink).in_context(cp);
+                    let mut pass = Pass::new(tp, store).deferring(sink).in_context(cp).with_experts(ep);
                     let r = part.backward(&mut pass, &data.tokens[mb], from, &mut acts);
                     dw = Some(pass.dw);
                     r
@@ -321,7 +321,7 @@ pub fn run_step(
 fn forward(
     chunks: &mut dyn ChunkStores,
     (c, mb): (usize, usize),
-    (tp, cp, data): (&Tp, Option<Context>, &MicroBatches),
+    (tp, cp, ep, data): (&Tp, Option<Context>, Option<&Comm>, &MicroBatches),
     input: Option<&[f32]>,
     acts: &mut Activations,
     loss: &mut f64,
@@ -331,7 +331,7 @@ fn forward(
         Some(h) => Input::Hidden(h),
     };
     chunks.with(c, mb, Stage::Forward, &mut |part, store| {
-        let mut pass = Pass::new(tp, store).with_docs(data.docs(mb)).in_context(cp);
+        let mut pass = Pass::new(tp, store).with_docs(data.docs(mb)).in_context(cp).with_experts(ep);
         part.forward(&mut pass, input, (data.b, data.t), acts)?;
         if part.has_head {
             *loss += part.loss(tp, &data.targets[mb], acts)?.0;
