@@ -181,7 +181,11 @@ fn human_time(s: f64) -> String {
 /// its position table sized to `seq` as the PyTorch peer does, after checking the sizes, the
 /// thread count and that the step fits in this machine's memory.
 pub fn step_shape(model: &str, batch: usize, seq: usize, threads: usize) -> Result<brigade::models::GptConfig> {
-    let mut cfg = brigade::models::GptConfig::preset(model)?;
+    let dir = std::path::Path::new(model);
+    let mut cfg = match dir.join("config.json").is_file() {
+        true => brigade::models::checkpoint::read_model_config(dir)?,
+        false => brigade::models::GptConfig::preset(model)?,
+    };
     crate::threads::check_threads(threads, "--threads")?;
     if seq == 0 || batch == 0 {
         bail!("--seq and --batch must be at least 1");

@@ -6,6 +6,8 @@ use clap::Args;
 /// The training step's shape a benchmark runs at.
 #[derive(Args, Debug)]
 pub struct ShapeArgs {
+    /// A model preset, or a Hugging Face folder whose config.json gives the shape (random
+    /// weights either way).
     #[arg(long, default_value = "gpt2-small")]
     pub(crate) model: String,
     #[arg(long, default_value_t = 256)]

@@ -175,29 +175,43 @@ impl GptConfig {
         self.ask().check(&self.shape()).map_err(Error::Config)
     }
 
-    /// The weight matrices of one block (attention and MLP), counted without overflow.
+    /// The weight matrices a token passes through in one block, on average over the blocks
+    /// (attention and MLP; of a mixture, the router and the k experts a token uses), counted
+    /// without overflow.
     pub fn block_matrices(&self) -> u128 {
-        self.block(0).matrices()
+        self.active_block_matrices() / self.n_layer.max(1) as u128
     }
 
-    /// Every parameter (embeddings, blocks, final norm, an untied head), counted without overflow.
+    /// Every block's active matrices (as `block_matrices`), summed. Dense blocks alike are
+    /// counted once.
+    fn active_block_matrices(&self) -> u128 {
+        match self.moe() {
+            None => self.n_layer as u128 * self.block(0).matrices(),
+            Some(_) => (0..self.n_layer).map(|i| self.block(i).active_matrices()).sum(),
+        }
+    }
+
+    /// Every parameter (embeddings, blocks — every expert of a mixture —, final norm, an
+    /// untied head), counted without overflow.
     pub fn num_params(&self) -> u128 {
         let (l, c, v) = (self.n_layer as u128, self.n_embd as u128, self.vocab_size as u128);
-        let block = self.block(0);
         let positions = match self.positions() {
             Positions::Learned { .. } => self.block_size as u128 * c,
             Positions::Rotary { .. } => 0,
         };
         let heads = if self.tied() { 1 } else { 2 };
-        heads * v * c
-            + positions
-            + l * (block.matrices() + block.vectors(self.n_embd))
-            + self.final_norm().params(self.n_embd)
+        let per = |b: BlockSpec| b.matrices() + b.vectors(self.n_embd);
+        let blocks = match self.moe() {
+            None => l * per(self.block(0)),
+            Some(_) => (0..self.n_layer).map(|i| per(self.block(i))).sum(),
+        };
+        heads * v * c + positions + blocks + self.final_norm().params(self.n_embd)
     }
 
-    /// Parameters counted by the 6·N FLOP rule: the block matrices and the LM head.
+    /// Parameters counted by the 6·N FLOP rule: the block matrices a token passes through (a
+    /// mixture's active ones) and the LM head.
     pub fn matmul_params(&self) -> usize {
-        self.n_layer * self.block_matrices() as usize + self.vocab_size * self.n_embd
+        self.active_block_matrices() as usize + self.vocab_size * self.n_embd
     }
 
     /// Training FLOPs per token: 6·N for the matmuls plus causal attention (q·kᵀ and P·v,
