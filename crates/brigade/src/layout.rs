@@ -554,9 +554,12 @@ mod tests {
         assert_eq!(l.world(), 24);
         let c = Layout::parse("dp=2,cp=4,tp=2").unwrap();
         assert_eq!((c.degree(Axis::Cp), c.world()), (4, 16));
-        // not silently accepted: training with it arrives in its own issue
-        let e = Layout::parse("dp=4,ep=2").unwrap_err().to_string();
-        assert!(e.contains("expert parallelism"), "{e}");
+        // experts carved from dp × cp: no ranks added, and ep must divide them
+        let e = Layout::parse("dp=4,ep=2").unwrap();
+        assert_eq!((e.degree(Axis::Ep), e.world(), e.to_string()), (2, 4, "dp=4,ep=2".to_string()));
+        let e = Layout::parse("dp=2,cp=2,ep=3").unwrap_err().to_string();
+        assert!(e.contains("ep=3: it must divide dp × cp = 4"), "{e}");
+        assert!(Layout::parse("ep=0").is_err());
         for bad in ["cp=0", "cp_comm=p2p", "cp_order=zagzig", "cp=two"] {
             assert!(Layout::parse(bad).is_err(), "{bad} accepted");
         }
