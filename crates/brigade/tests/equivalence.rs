@@ -91,10 +91,16 @@ struct Run {
     losses: Vec<f32>,
     weights: Vec<f32>,
     norms: Vec<(usize, f32)>,
+    /// A mixture's load of each step: the busiest expert over the mean, the balancing loss.
+    loads: Vec<(usize, f64, f64)>,
 }
 
 fn norms(tr: &Trainer) -> Vec<(usize, f32)> {
     tr.history.iter().map(|s| (s.step, s.grad_norm)).collect()
+}
+
+fn loads(tr: &Trainer) -> Vec<(usize, f64, f64)> {
+    tr.history.iter().map(|s| (s.step, s.moe_load_max_over_mean, s.moe_balance_loss)).collect()
 }
 
 /// The single worker's first step, tensor by tensor: its weights before it and its
@@ -120,7 +126,7 @@ fn single_worker(f: Family, data: Data) -> (Run, First) {
     while !tr.done() {
         tr.train_step().unwrap();
     }
-    (Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr) }, first)
+    (Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr), loads: loads(&tr) }, first)
 }
 
 /// How a rank's first step compares, tensor by tensor, with the single worker's.
@@ -239,7 +245,14 @@ fn run(f: Family, data: Data, c: Case, from: Start, to: Option<&std::path::Path>
         }
         let local = tr.local_params()?.into_owned();
         let full = tr.full_params()?.unwrap_or_else(|| local.clone());
-        Ok::<_, brigade::Error>((tr.losses.clone(), full, local, tr.parts.layout.clone(), norms(&tr), first))
+        Ok::<_, brigade::Error>((
+            tr.losses.clone(),
+            full,
+            local,
+            tr.parts.layout.clone(),
+            (norms(&tr), loads(&tr)),
+            first,
+        ))
     })
     .unwrap();
     if let Start::Fresh(_) = from {
@@ -284,8 +297,8 @@ fn run(f: Family, data: Data, c: Case, from: Start, to: Option<&std::path::Path>
             }
         }
     }
-    let (losses, weights, _, _, norms, _) = out.into_iter().next().unwrap();
-    Run { losses, weights, norms }
+    let (losses, weights, _, _, (norms, loads), _) = out.into_iter().next().unwrap();
+    Run { losses, weights, norms, loads }
 }
 
 /// ‖a − b‖ / ‖b‖ over one parameter tensor. Adam divides each gradient by its own running
@@ -313,6 +326,15 @@ fn assert_equivalent(f: Family, data: Data, what: &str, got: &Run, want: &Run) {
         let w = want.norms[step - 1].1;
         let e = ((g - w) / w).abs();
         assert!(e < 1e-5, "{what}: gradient norm at step {step} is {g}, single worker {w} ({e:.1e})");
+    }
+    // a mixture's expert load: the same rows to each expert (exactly), the same balancing loss
+    for &(step, imbalance, balance) in &got.loads {
+        let (_, want_i, want_b) = want.loads[step - 1];
+        assert_eq!(imbalance, want_i, "{what}: expert load at step {step}");
+        assert!(
+            (balance - want_b).abs() <= 1e-6 * want_b.abs(),
+            "{what}: balancing loss at step {step}: {balance} vs {want_b}"
+        );
     }
     // the model's weights as a whole to 1e-5 (the invariant); each tensor on its own to 1e-3,
     // so that a wrong small tensor cannot hide in the whole. A tensor that starts at zero
@@ -483,6 +505,8 @@ const EXPERTS: &[Case] = &[
 fn every_mixture_of_experts_layout_equals_the_single_worker() {
     let (_, _, moe) = brigade::models::family::PRESETS.iter().find(|p| p.0 == "moe-tiny").copied().unwrap();
     let (want, first) = single_worker(moe, DIGITS);
+    // the load is measured: every step routes the whole batch, some experts busier than others
+    assert!(want.loads.iter().all(|&(_, i, b)| i > 1.0 && i < 8.0 && b > 0.9), "{:?}", want.loads);
     for &c in EXPERTS {
         let got = run(moe, DIGITS, c, Start::Fresh(&first), None, STEPS);
         assert_equivalent(moe, DIGITS, &format!("{c:?}"), &got, &want);
@@ -528,7 +552,7 @@ fn resumes_under(f: Family, data: Data, from: Case, at: usize, to: &[Case]) {
     while !tr.done() {
         tr.train_step().unwrap();
     }
-    let got = Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr) };
+    let got = Run { losses: tr.losses.clone(), weights: tr.params.clone(), norms: norms(&tr), loads: loads(&tr) };
     assert_equivalent(f, data, "→ single worker", &got, &want);
 }
 

@@ -9,7 +9,7 @@ use super::config::{kv_copies, GptConfig};
 use super::family::{MlpSpec, NormKind, NormSpec, Qkv};
 use crate::error::Result;
 use crate::nn::context::Context;
-use crate::nn::moe::{AuxLosses, AuxWeights, Experts, Moe, MoeNames, MoeScratch, MoeShape, MoeStash};
+use crate::nn::moe::{AuxWeights, Experts, Moe, MoeNames, MoeScratch, MoeShape, MoeStash};
 use crate::nn::tp::Tp;
 use crate::nn::{
     ensure, AttnScratch, AttnStash, CausalSelfAttention, Grads, Grouped, LayerNorm, LnStash, Mlp, MlpScratch,
@@ -42,9 +42,7 @@ pub struct BlockStash {
     x2: Vec<f32>,
     ln2: LnStash,
     mlp: MlpStash,
-    moe: MoeStash,
-    /// A mixture's auxiliary losses in the last forward (summed over its sequences).
-    pub(crate) aux: AuxLosses,
+    pub(crate) moe: MoeStash,
 }
 
 impl BlockStash {
@@ -84,6 +82,15 @@ pub(crate) struct Scratch {
 }
 
 impl Block {
+    /// A mixture's tally since it was last taken (`[rows of each expert…, balancing losses]`);
+    /// `None` for a dense block.
+    pub(crate) fn take_tally(&self) -> Option<Vec<f64>> {
+        match &self.mlp {
+            FeedForward::Moe(m) => Some(m.tally.take(m.shape.experts)),
+            FeedForward::Dense(_) => None,
+        }
+    }
+
     /// Block `i` as the family's spec describes it, cut for a group of `tp`.
     pub(crate) fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig, tp: usize) -> Block {
         let c = cfg.n_embd;
@@ -176,7 +183,7 @@ impl Block {
             }
             FeedForward::Moe(m) => {
                 // whole sequences of t rows on this rank (tp and cp are refused with experts)
-                st.aux = m.forward(p, (&st.ln2.out, bt.1), ep, &mut st.moe, part, moe)?;
+                m.forward(p, (&st.ln2.out, bt.1), ep, &mut st.moe, part, moe)?;
                 residual_bias_forward(out, &st.x2, part, &[]);
             }
         }

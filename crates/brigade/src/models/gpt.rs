@@ -206,9 +206,24 @@ impl Gpt {
     /// This part's mixtures' auxiliary losses in the last forward, each summed over its
     /// sequences and layers (with `aux_weights`' scaling, the terms the backward adds).
     pub fn aux_losses(&self, acts: &Activations) -> AuxLosses {
-        acts.blocks
-            .iter()
-            .fold(AuxLosses::default(), |a, s| AuxLosses { balance: a.balance + s.aux.balance, z: a.z + s.aux.z })
+        let sum =
+            |a: AuxLosses, s: &BlockStash| AuxLosses { balance: a.balance + s.moe.aux.balance, z: a.z + s.moe.aux.z };
+        acts.blocks.iter().fold(AuxLosses::default(), sum)
+    }
+
+    /// What this part's mixtures routed in the backwards since last asked, laid out over the
+    /// whole model's layers (`[layer][rows of each expert…, balancing losses]`, zeros for the
+    /// layers it does not hold or that are dense): summed over ranks, a step's expert load.
+    pub fn take_moe_tally(&self) -> Vec<f64> {
+        let Some(e) = self.cfg.experts() else { return Vec::new() };
+        let mut out = vec![0.0; self.cfg.n_layer * (e + 1)];
+        let first = self.holds.start.max(1) - 1;
+        for (i, blk) in self.blocks.iter().enumerate() {
+            if let Some(t) = blk.take_tally() {
+                out[(first + i) * (e + 1)..(first + i + 1) * (e + 1)].copy_from_slice(&t);
+            }
+        }
+        out
     }
 
     /// The local unit of this part's `k`-th block.

@@ -56,6 +56,30 @@ pub struct Moe {
     pub router: View,
     pub experts: Vec<Mlp>,
     pub shared: Option<(Mlp, View)>,
+    /// What this rank's backwards routed since the tally was last taken (shared by the
+    /// layer's clones).
+    pub tally: std::sync::Arc<Tally>,
+}
+
+/// Rows routed to each expert and the balancing losses, summed over a step's backwards (one a
+/// micro-batch, whatever the recompute), for the step's metrics.
+#[derive(Debug, Default)]
+pub struct Tally(std::sync::Mutex<Vec<f64>>);
+
+impl Tally {
+    fn add(&self, st: &MoeStash, experts: usize) {
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        t.resize(experts + 1, 0.0);
+        st.pairs.iter().for_each(|&(_, e, _)| t[e as usize] += 1.0);
+        t[experts] += st.aux.balance;
+    }
+
+    /// `[rows of each expert…, balancing losses summed]`, zeroed.
+    pub fn take(&self, experts: usize) -> Vec<f64> {
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        t.resize(experts + 1, 0.0);
+        std::mem::replace(&mut *t, vec![0.0; experts + 1])
+    }
 }
 
 /// One of this rank's experts in a forward: the rows it received (from each rank of the group
@@ -89,6 +113,8 @@ pub struct MoeStash {
     pub shared_gate: Vec<f32>,
     /// Rows per sequence (the aux losses' statistics are per sequence).
     pub seq: usize,
+    /// The forward's auxiliary losses, summed over its sequences.
+    pub aux: AuxLosses,
 }
 
 impl MoeStash {
@@ -155,7 +181,7 @@ impl Moe {
             let mlp = swiglu(layout, n, shape.shared_width);
             (mlp, layout.add(&format!("{gate}.weight"), &[1, c], Init::Normal(std), true))
         });
-        Moe { shape, router, experts, shared }
+        Moe { shape, router, experts, shared, tally: Default::default() }
     }
 
     /// `out[n, C]` (overwritten) for the rows `h[n, C]`, sequences of `seq` rows, the experts
@@ -254,7 +280,8 @@ impl Moe {
                 o.iter_mut().zip(s).for_each(|(o, s)| *o += sg * s);
             }
         }
-        Ok(self.aux_losses(st))
+        st.aux = self.aux_losses(st);
+        Ok(st.aux)
     }
 
     /// Each sequence's load-balancing loss and z-loss, summed over sequences.
@@ -291,6 +318,7 @@ impl Moe {
     ) -> Result<()> {
         let MoeShape { c, experts: ne, top_k: k, norm_topk, .. } = self.shape;
         let n = h.len() / c;
+        self.tally.add(st, ne);
         ensure(dx, n * c);
         dx.fill(0.0);
         // d(weight) of each (row, chosen expert), in the row's chosen order; the pairs'

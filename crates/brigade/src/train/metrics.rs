@@ -51,6 +51,14 @@ pub struct StepStats {
     /// The share of the pipeline's time this rank waited for another stage (0 without one).
     #[serde(default)]
     pub bubble: f64,
+    /// A mixture of experts' load this step, over the global batch: the largest, over MoE
+    /// layers, of the busiest expert's rows over the mean (1: perfectly balanced; 0 for a
+    /// dense model), and the balancing loss (its mean over layers and sequences, before the
+    /// coefficient).
+    #[serde(default)]
+    pub moe_load_max_over_mean: f64,
+    #[serde(default)]
+    pub moe_balance_loss: f64,
     /// This rank's data-parallel gradient reductions (buckets, ZeRO-1 units, or pipeline chunks)
     /// launched while its forwards and backwards ran, each as its gradients became final: the
     /// ones the backward can hide. Of `dp_reductions`; the rest start after the list, exposed.

@@ -166,6 +166,7 @@ impl Trainer {
         let step = self.step + 1;
         let lr = self.sched.at(self.step);
         let (loss_sum, count) = self.accumulate_gradients_docs(x, y, pos)?;
+        let moe = self.moe_load()?;
         let loss = (loss_sum / count as f64) as f32;
         if !loss.is_finite() {
             return Err(Error::Train(self.explain_nonfinite_loss(loss, step)));
@@ -244,6 +245,8 @@ impl Trainer {
             pipeline_wait_s: c.wait,
             idle_s: (wall - compute_s - c.optimizer - comm_s - c.wait).max(0.0),
             bubble: self.pipeline.map_or(0.0, |p| p.bubble()),
+            moe_load_max_over_mean: moe.0,
+            moe_balance_loss: moe.1,
             dp_overlapped: c.dp_reductions.0,
             dp_reductions: c.dp_reductions.1,
         };
@@ -287,6 +290,8 @@ impl Trainer {
         }
         self.grads.fill(0.0);
         self.gshard.fill(0.0);
+        // a mixture's expert load counts this step's backwards only
+        self.parts.chunks.iter().for_each(|c| drop(c.take_moe_tally()));
         // Every target of the global batch counts once: the gradients of the dp ranks then sum
         // to the single worker's.
         let scale = 1.0 / count as f32;
@@ -313,6 +318,37 @@ impl Trainer {
         let loss_sum = data::sum_scalar(self.mesh.group(REPLICAS), loss_sum)?;
         note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "loss sum", REPLICAS, self.step + 1, t0);
         Ok((loss_sum, count))
+    }
+
+    /// A mixture's load over the global batch of the step just accumulated: (the busiest
+    /// expert's rows over the mean, the largest over layers; the balancing loss's mean over
+    /// layers and sequences) — (0, 0) for a dense model. Every rank of the mesh must call it.
+    fn moe_load(&mut self) -> Result<(f64, f64)> {
+        let Some(e) = self.parts.first().cfg.experts() else { return Ok((0.0, 0.0)) };
+        let mut t = vec![0f64; self.parts.first().cfg.n_layer * (e + 1)];
+        for c in &self.parts.chunks {
+            t.iter_mut().zip(c.take_moe_tally()).for_each(|(a, b)| *a += b);
+        }
+        // summed over the replicas (their own sequences) and the stages (their own layers),
+        // in f32: counts are exact below 2²⁴
+        let mut buf: Vec<f32> = t.iter().map(|&x| x as f32).collect();
+        for axes in [REPLICAS, &[Axis::Pp][..]] {
+            self.mesh
+                .group(axes)
+                .all_reduce(&mut buf, brigade_comm::ReduceOp::Sum)
+                .map_err(|e| Error::Train(format!("expert load sum: {e}")))?;
+        }
+        let (mut worst, mut balance) = (0f64, 0f64);
+        for layer in buf.chunks(e + 1) {
+            let rows: f64 = layer[..e].iter().map(|&x| x as f64).sum();
+            if rows > 0.0 {
+                let max = layer[..e].iter().fold(0f32, |m, &x| m.max(x)) as f64;
+                worst = worst.max(max / (rows / e as f64));
+            }
+            balance += layer[e] as f64;
+        }
+        let layers = self.parts.first().cfg.moe_layers().max(1);
+        Ok((worst, balance / (layers * self.cfg.batch) as f64))
     }
 
     /// The gradient left by the last `accumulate_gradients` (a step leaves it as it was: the
