@@ -10,7 +10,7 @@ use brigade::models::units::Whole;
 use brigade::models::{generate, Activations, Output, Pass, SampleOptions};
 use brigade::nn::tp::Tp;
 use brigade::tensor::loss::IGNORE;
-use common::fixture::{f32s, ids, rel_err};
+use common::fixture::{f32s, gradients_match, ids, rel_err};
 use safetensors::SafeTensors;
 use std::path::Path;
 
@@ -38,14 +38,7 @@ fn matches_hugging_face(dir: &str) {
     let mut store = Whole::new(&model.units, &params, &mut grads);
     let from = Output::Loss { targets: &targets, scale: 1.0 / count as f32 };
     model.backward(&mut Pass::new(&Tp::SOLO, &mut store), &x, from, &mut acts).unwrap();
-    // every parameter of the model has its gradient in the fixture, and the reverse
-    let theirs: Vec<&str> = st.names().into_iter().filter_map(|n| n.strip_prefix("grad.")).collect();
-    assert_eq!(theirs.len(), model.layout.specs.len(), "{dir:?}: one gradient per parameter");
-    for name in theirs {
-        let spec = model.layout.get(name).unwrap_or_else(|| panic!("no parameter {name}"));
-        let e = rel_err(spec.view.of(&grads), &f32s(&st, &format!("grad.{name}")));
-        assert!(e < 1e-4, "{dir:?}: gradient of {name} differs from PyTorch by {e:.2e} (relative)");
-    }
+    gradients_match(&model.layout, &grads, &st, &format!("{dir:?}"));
 
     // a prompt longer than one attention tile and than the original rope context
     let (long, b, t) = ids(&st, "long_input_ids");

@@ -100,15 +100,12 @@ impl GptConfig {
 
     /// Experts in each mixture layer (`None`: a dense model).
     pub fn experts(&self) -> Option<usize> {
-        (0..self.n_layer).find_map(|i| match self.block(i).mlp {
-            fam::MlpSpec::Moe(m) => Some(m.experts.len()),
-            _ => None,
-        })
+        (0..self.n_layer).find_map(|i| self.ask().experts_in(i))
     }
 
     /// How many blocks are mixtures of experts.
     pub fn moe_layers(&self) -> usize {
-        (0..self.n_layer).filter(|&i| matches!(self.block(i).mlp, fam::MlpSpec::Moe(_))).count()
+        (0..self.n_layer).filter(|&i| self.ask().experts_in(i).is_some()).count()
     }
 
     /// Whether the LM head is the token table.

@@ -22,3 +22,15 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let den = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
     num / den
 }
+
+/// Every parameter of `layout` has its gradient `grad.NAME` in the fixture, and the reverse;
+/// each within 1e-4 (relative to its largest entry) of PyTorch's.
+pub fn gradients_match(layout: &brigade::params::ParamLayout, grads: &[f32], st: &SafeTensors, what: &str) {
+    let theirs: Vec<&str> = st.names().into_iter().filter_map(|n| n.strip_prefix("grad.")).collect();
+    assert_eq!(theirs.len(), layout.specs.len(), "{what}: one gradient per parameter");
+    for name in theirs {
+        let spec = layout.get(name).unwrap_or_else(|| panic!("{what}: no parameter {name}"));
+        let e = rel_err(spec.view.of(grads), &f32s(st, &format!("grad.{name}")));
+        assert!(e < 1e-4, "{what}: gradient of {name} differs from PyTorch by {e:.2e} (relative)");
+    }
+}

@@ -346,6 +346,10 @@ impl Describe for Llama {
         }
     }
 
+    fn experts_in(&self, i: usize) -> Option<usize> {
+        self.moe.filter(|m| m.sparse(i)).map(|m| m.experts)
+    }
+
     fn moe_losses(&self) -> Option<MoeLosses> {
         self.moe.map(|m| MoeLosses { balance: if m.aux_on { m.aux_coef } else { 0.0 }, z: m.z_coef })
     }

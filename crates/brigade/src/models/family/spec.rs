@@ -330,6 +330,11 @@ pub trait Describe {
     fn moe_losses(&self) -> Option<MoeLosses> {
         None
     }
+    /// The experts of block `i` if it is a mixture (`None`: a dense MLP), without building the
+    /// block's spec.
+    fn experts_in(&self, _i: usize) -> Option<usize> {
+        None
+    }
 }
 
 /// The coefficients of a mixture's auxiliary losses (0: off): the load-balancing loss and the
