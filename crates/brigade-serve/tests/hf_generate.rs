@@ -3,7 +3,8 @@
 //! head; Qwen2 with q/k/v biases, a tied head and a sharded checkpoint): the engine's greedy
 //! tokens equal `generate()`'s, alone, inside a batch of other requests, and on 2 and 4
 //! tensor-parallel ranks (4: key/value heads replicated); and the next-token logits after a 100-token prompt (past the
-//! original rope context) equal the model's last-position logits.
+//! original rope context) equal the model's last-position logits. The mixtures of experts of
+//! scripts/make_moe_fixture.py (Qwen2-MoE, Mixtral) the same, every position's logits too.
 
 use brigade::models::checkpoint::load_model;
 use brigade::models::Gpt;
@@ -64,13 +65,35 @@ fn on_ranks(gpt: &Gpt, params: &[f32], tp: usize, requests: &[Request]) -> Vec<u
     got[0].clone()
 }
 
-/// `tps`: the group sizes the fixture's shape takes.
-fn matches_generate(name: &str, tps: &[usize]) {
+/// Every position's next-token logits of each sequence of the fixture's `input_ids` (one token
+/// a step, through the cache) against `transformers`' `logits`, to 1e-4 of their largest.
+fn logits_match(name: &str, gpt: &Gpt, params: &[f32], st: &SafeTensors) {
+    let (ids, t) = ids(st, "input_ids");
+    let hf = f32s(st, "logits");
+    let vocab = gpt.cfg.vocab_size;
+    let m = Model::new(gpt, params);
+    for (s, row) in ids.chunks_exact(t).enumerate() {
+        let mut kv = KvStore::new(32, 4, m.layers_n, m.kv_width());
+        let blocks: Vec<usize> = (0..t.div_ceil(4)).collect();
+        for p in 0..t {
+            let out = m.step(&mut kv, &[Work { tokens: &row[p..p + 1], start: p, blocks: &blocks, logits: true }]);
+            let want = &hf[(s * t + p) * vocab..(s * t + p + 1) * vocab];
+            let scale = want.iter().fold(0f32, |a, b| a.max(b.abs()));
+            let err = out[0].iter().zip(want).fold(0f32, |a, (x, y)| a.max((x - y).abs())) / scale;
+            assert!(err < 1e-4, "{name}: sequence {s}, position {p}: logits differ from transformers' by {err:.2e}");
+        }
+    }
+}
+
+/// `tps`: the group sizes the fixture's shape takes; `long`: whether it holds a 100-token
+/// prompt past the original rope context.
+fn matches_generate(name: &str, tps: &[usize], long: bool) {
     let dir = fixture(name);
     let (gpt, params) = load_model(&dir).unwrap();
     assert_eq!(gpt.cfg.family.name(), "Llama");
     let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
+    logits_match(name, &gpt, &params, &st);
     let (prompt, _) = ids(&st, "prompt_ids");
     let (want, n) = ids(&st, "greedy_ids");
     let probe = Request { id: 0, prompt: prompt.clone(), sampling: greedy(n) };
@@ -95,6 +118,9 @@ fn matches_generate(name: &str, tps: &[usize]) {
     for &tp in tps {
         assert_eq!(on_ranks(&gpt, &params, tp, &crowd), want, "{name}: tp {tp}");
     }
+    if !long {
+        return;
+    }
     // the 100-token prompt's next-token logits (a prefill in chunks of 16, the last alone)
     let (long, t) = ids(&st, "long_input_ids");
     let hf = f32s(&st, "long_logits");
@@ -118,11 +144,24 @@ fn matches_generate(name: &str, tps: &[usize]) {
 #[test]
 fn llama3_greedy_tokens_equal_generate() {
     // 8 query heads on 2 key/value heads: 4 ranks hold each key/value head twice
-    matches_generate("llama3_hf", &[2, 4]);
+    matches_generate("llama3_hf", &[2, 4], true);
 }
 
 #[test]
 fn qwen2_greedy_tokens_equal_generate() {
     // 6 query heads: 4 ranks would not divide them
-    matches_generate("qwen2_hf", &[2]);
+    matches_generate("qwen2_hf", &[2], true);
+}
+
+#[test]
+fn qwen2_moe_greedy_tokens_equal_generate() {
+    // 6 experts, 2 a token, a shared expert with its gate, the middle layer dense; tp 2 cuts
+    // every expert's 16 units and the shared expert's 24 in two
+    matches_generate("qwen2_moe_hf", &[2], false);
+}
+
+#[test]
+fn mixtral_greedy_tokens_equal_generate() {
+    // 4 experts, softmax over the chosen 2; one key/value head held by both ranks
+    matches_generate("mixtral_hf", &[2], false);
 }

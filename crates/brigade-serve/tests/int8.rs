@@ -129,7 +129,7 @@ fn greedy_agreement(gpt: &Gpt, p: &[f32], fmt: WeightFormat) -> (f64, f64) {
 
 #[test]
 fn int8_error_against_f32_on_the_fixtures() {
-    for name in ["llama3_hf", "qwen2_hf", "gpt2_hf"] {
+    for name in ["llama3_hf", "qwen2_hf", "gpt2_hf", "qwen2_moe_hf", "mixtral_hf"] {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures").join(name);
         let (gpt, p) = load_model(&dir).unwrap();
         let v = gpt.cfg.vocab_size as u32;

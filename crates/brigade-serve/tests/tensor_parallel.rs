@@ -4,7 +4,7 @@
 
 mod common;
 
-use brigade::models::family::Qkv;
+use brigade::models::family::{MlpSpec, Qkv};
 use brigade::models::GptConfig;
 use brigade_serve::engine::{Engine, Limits};
 use brigade_serve::model::KvStore;
@@ -14,10 +14,30 @@ use common::Family;
 /// Whether a group of `tp` ranks can serve `cfg`, from its description alone: `tp` divides the
 /// query heads, the MLP and the hidden size, and either divides the key/value heads (each rank
 /// holds its own) or is a multiple of them (each is held by tp / kv ranks).
+/// A mixture's experts (and shared expert) must split by their units too.
 fn fits(cfg: &GptConfig, tp: usize) -> bool {
     let (h, kv) = (cfg.n_head, cfg.kv_heads());
-    [h, cfg.mlp_width(), cfg.n_embd].iter().all(|d| d.is_multiple_of(tp))
+    let experts = (0..cfg.n_layer).flat_map(|i| match cfg.block(i).mlp {
+        MlpSpec::Moe(m) => vec![m.width(), m.shared.map_or(0, |(s, _)| s[0].d_out)],
+        _ => vec![],
+    });
+    [h, cfg.mlp_width(), cfg.n_embd].into_iter().chain(experts).all(|d| d.is_multiple_of(tp))
         && (kv.is_multiple_of(tp) || tp.is_multiple_of(kv))
+}
+
+#[test]
+fn experts_that_do_not_split_are_refused_with_the_sizes_that_do() {
+    use brigade::models::family::{llama, Llama, LlamaMoe};
+    let moe = LlamaMoe { width: 20, ..llama::MOE_EXAMPLE };
+    let f = Family::Llama(Llama { moe: Some(moe), ..llama::EXAMPLE });
+    let gpt = brigade::models::Gpt::new(common::config(f, 97, 64)).unwrap();
+    let p = gpt.init_params(1);
+    // 8 heads on 2 key/value heads take 8 ranks; the experts' 20 units do not
+    let e = brigade_comm::local::run(8, |comm| Model::shard(&gpt, &p, Some(comm)).map(|_| ()))
+        .expect_err("20 units over 8 ranks")
+        .to_string();
+    assert!(e.contains("--tp 8 does not divide the experts' width 20; use --tp among 1, 2, 4, 5, 10, 20"), "{e}");
+    assert!(brigade_comm::local::run(4, |comm| Model::shard(&gpt, &p, Some(comm)).map(|_| ())).is_ok());
 }
 
 /// The group sizes a family's test model takes: every `tp` > 1 that fits it (GPT-2's 4 heads

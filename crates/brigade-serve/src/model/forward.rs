@@ -454,6 +454,15 @@ impl Model {
             matmul_rows(&mut y, ctx, &ly.wproj, n);
             residual(&mut x, self.gather_cols(&y, n, cl, c, &mut y_all), ly.bproj.as_deref(), c);
             norm_rows(&mut h, &x, &ly.norm2, c);
+            if let Some(moe) = &ly.moe {
+                let gather = |l: &[f32], n: usize, w: usize, full: usize| {
+                    let mut out = Vec::new();
+                    self.gather_cols(l, n, w, full, &mut out).to_vec()
+                };
+                let y = super::experts::mixture(moe, &h, (n, c, cl), &gather);
+                residual(&mut x, self.gather_cols(&y, n, cl, c, &mut y_all), None, c);
+                continue;
+            }
             matmul_rows(&mut f, &h, &ly.wfc, n);
             if let Some(b) = &ly.bfc {
                 add_bias(&mut f, b);

@@ -12,7 +12,7 @@
 //! `tp / kv_heads` ranks.
 
 use brigade::models::config::kv_copies;
-use brigade::models::family::{BlockSpec, Linear, MlpSpec, NormKind, NormSpec, Orient, Positions, Qkv};
+use brigade::models::family::{BlockSpec, Linear, MlpSpec, MoeSpec, NormKind, NormSpec, Orient, Positions, Qkv};
 use brigade::models::gguf::import::Stored;
 use brigade::models::{Gpt, GptConfig};
 use brigade::params::Split;
@@ -38,8 +38,10 @@ pub enum ShardError {
     MixedBiases { name: String },
     #[error("products stored [in, out] are served one at a time")]
     MixedOrient,
-    #[error("serving a mixture of experts is not built yet; brigade trains it (brigade train --init DIR or --model moe-tiny)")]
-    Experts,
+    #[error("--tp {tp} does not divide the experts' width {width}; use --tp among {ok}")]
+    ExpertWidth { tp: usize, width: usize, ok: String },
+    #[error("{name}: experts with biases are not served")]
+    ExpertBias { name: String },
 }
 
 /// A normalisation's weights.
@@ -81,6 +83,46 @@ pub(crate) struct Layer {
     /// `[M, C/tp]`.
     pub(crate) wout: Packed,
     pub(crate) bout: Option<Vec<f32>>,
+    /// A mixture of experts in place of the MLP (`wfc` and `wout` then empty).
+    pub(crate) moe: Option<MoeLayer>,
+}
+
+/// A mixture of experts on one rank: the router (and the shared expert's gate) whole, every
+/// expert's SwiGLU cut by its units as the dense MLP is — gate | up by this rank's units, the
+/// down projection by this rank's output features (`nn::moe` is training's block).
+pub(crate) struct MoeLayer {
+    /// `[C, E]`: one logit per expert.
+    pub(crate) router: Packed,
+    /// Per expert: gate | up `[C, 2·W/tp]` and down `[W, C/tp]`.
+    pub(crate) experts: Vec<(Packed, Packed)>,
+    /// Each expert's whole width `W`.
+    pub(crate) width: usize,
+    /// The shared expert (gate | up, down, its whole width) and its sigmoid gate's `[C]`.
+    pub(crate) shared: Option<(Packed, Packed, usize, Vec<f32>)>,
+    pub(crate) top_k: usize,
+    pub(crate) norm_topk: bool,
+}
+
+impl MoeLayer {
+    /// Every product of the layer, to quantize.
+    fn products(&mut self) -> impl Iterator<Item = &mut Packed> {
+        let shared = self.shared.iter_mut().flat_map(|(gu, d, _, _)| [gu, d]);
+        self.experts.iter_mut().flat_map(|(gu, d)| [gu, d]).chain(shared)
+    }
+
+    /// Bytes a token reads: its k experts (of the average size), the shared expert, the router.
+    fn bytes_read(&self) -> usize {
+        let all: usize = self.experts.iter().map(|(gu, d)| gu.bytes() + d.bytes()).sum();
+        let shared = self.shared.as_ref().map_or(0, |(gu, d, _, g)| gu.bytes() + d.bytes() + 4 * g.len());
+        all * self.top_k / self.experts.len() + shared + self.router.bytes()
+    }
+
+    /// Bytes of all its weights.
+    fn bytes(&self) -> usize {
+        let all: usize = self.experts.iter().map(|(gu, d)| gu.bytes() + d.bytes()).sum();
+        let shared = self.shared.as_ref().map_or(0, |(gu, d, _, g)| gu.bytes() + d.bytes() + 4 * g.len());
+        all + shared + self.router.bytes()
+    }
 }
 
 /// The shapes a rank's forward works in.
@@ -164,13 +206,23 @@ pub fn kv_width(cfg: &GptConfig, tp: usize) -> usize {
 /// Whether `tp` ranks can serve `cfg`: the training's rule (heads, key/value heads, MLP) and
 /// whole output features on each rank.
 pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<(), ShardError> {
-    match brigade::models::config::check_tp(cfg, tp) {
+    match brigade::models::config::check_heads(cfg, tp) {
         Ok(()) => {}
         Err(brigade::error::Error::Layout(m)) => return Err(ShardError::Layout(m)),
         Err(e) => return Err(ShardError::Model(e)),
     }
     if !cfg.n_embd.is_multiple_of(tp) {
         return Err(ShardError::HiddenSize { tp, hidden: cfg.n_embd });
+    }
+    // every mixture's experts (and shared expert) cut by their units
+    for i in 0..cfg.n_layer {
+        if let MlpSpec::Moe(m) = cfg.block(i).mlp {
+            let widths = [Some(m.width()), m.shared.as_ref().map(|(s, _)| s[0].d_out)];
+            if let Some(width) = widths.into_iter().flatten().find(|w| !w.is_multiple_of(tp)) {
+                let ok: Vec<String> = (1..=width).filter(|d| width.is_multiple_of(*d)).map(|d| d.to_string()).collect();
+                return Err(ShardError::ExpertWidth { tp, width, ok: ok.join(", ") });
+            }
+        }
     }
     Ok(())
 }
@@ -197,7 +249,10 @@ impl Weights {
         let mut w = Self::shard_f32(gpt, params, rank, tp, stored)?;
         if let Some(g) = format.group() {
             for l in &mut w.layers {
-                for p in [&mut l.wqkv, &mut l.wproj, &mut l.wfc, &mut l.wout] {
+                let experts = l.moe.iter_mut().flat_map(MoeLayer::products);
+                let all = [&mut l.wqkv, &mut l.wproj, &mut l.wfc, &mut l.wout].into_iter().chain(experts);
+                // (a mixture's layer holds no dense MLP)
+                for p in all.filter(|p| p.k > 0) {
                     if matches!(format, WeightFormat::Int4) {
                         let f32s = std::mem::replace(p, Packed::new(&[], 0, 0));
                         *p = f32s.quantized_int4();
@@ -232,7 +287,11 @@ impl Weights {
             .map(|l| l.wqkv.bytes() + l.wproj.bytes() + l.wfc.bytes() + l.wout.bytes())
             .sum::<usize>()
             + self.head.bytes();
-        (products, products + 4 * (self.embed.len() + self.wpe.as_ref().map_or(0, Vec::len)))
+        // a mixture's token reads its own experts; all of them are held
+        let read: usize = self.layers.iter().filter_map(|l| l.moe.as_ref()).map(MoeLayer::bytes_read).sum();
+        let held: usize = self.layers.iter().filter_map(|l| l.moe.as_ref()).map(MoeLayer::bytes).sum();
+        let floats = 4 * (self.embed.len() + self.wpe.as_ref().map_or(0, Vec::len));
+        (products + read, products + held + floats)
     }
 
     /// The weights in f32, or the products `stored` holds in their file's types.
@@ -244,9 +303,6 @@ impl Weights {
         stored: Option<&Stored>,
     ) -> Result<Weights, ShardError> {
         let cfg = &gpt.cfg;
-        if cfg.moe().is_some() {
-            return Err(ShardError::Experts);
-        }
         check_tp(cfg, tp)?;
         let cut = Cutter { gpt, params, rank, tp, copies: kv_copies(cfg, tp), stored };
         let (c, v) = (cfg.n_embd, cfg.vocab_size);
@@ -276,16 +332,22 @@ impl Weights {
                 Qkv::Separate { q, k, v } => cut.columns(&b, &[q, k, v], 1)?,
             };
             let (wproj, bproj) = cut.outputs(&b.attn.o)?;
+            let empty = || (Packed::new(&[], 0, 0), None);
             let (wfc, bfc) = match &b.mlp {
                 MlpSpec::Gelu { fc, .. } => cut.columns(&b, &[fc], 1)?,
                 MlpSpec::SwiGlu { gate, up, .. } => cut.columns(&b, &[gate, up], 1)?,
-                MlpSpec::Moe(_) => unreachable!("refused above"),
+                MlpSpec::Moe(_) => empty(),
             };
             let (wout, bout) = match &b.mlp {
                 MlpSpec::Gelu { proj: l, .. } | MlpSpec::SwiGlu { down: l, .. } => cut.outputs(l)?,
-                MlpSpec::Moe(_) => unreachable!("refused above"),
+                MlpSpec::Moe(_) => empty(),
             };
-            swiglu = matches!(b.mlp, MlpSpec::SwiGlu { .. });
+            let moe = match &b.mlp {
+                MlpSpec::Moe(m) => Some(cut.experts(&b, m)?),
+                _ => None,
+            };
+            // a mixture's dense layers are SwiGLU (the family's)
+            swiglu |= !matches!(b.mlp, MlpSpec::Gelu { .. });
             layers.push(Layer {
                 norm1: norm(&b.ln_1),
                 wqkv,
@@ -297,6 +359,7 @@ impl Weights {
                 bfc,
                 wout,
                 bout,
+                moe,
             });
         }
         let embed = cut.whole(cfg.embedding_name());
@@ -370,6 +433,35 @@ impl Cutter<'_> {
             parts.push(rows.select(&self.indices(l.d_out, shape, split)));
         }
         Some(Packed::from_quant_rows(&QuantRows::concat(parts)))
+    }
+
+    /// A mixture's router whole, and its experts' SwiGLUs (and the shared expert's) cut by
+    /// their units: gate | up as `columns` cuts a dense SwiGLU, down by `outputs`.
+    fn experts(&self, b: &BlockSpec, m: &MoeSpec) -> Result<MoeLayer, ShardError> {
+        let swiglu = |[gate, up, down]: &[Linear; 3]| -> Result<(Packed, Packed), ShardError> {
+            let (gu, gb) = self.columns(b, &[gate, up], 1)?;
+            let (d, db) = self.outputs(down)?;
+            match gb.or(db) {
+                Some(_) => Err(ShardError::ExpertBias { name: gate.name.clone() }),
+                None => Ok((gu, d)),
+            }
+        };
+        let router = self.whole(&m.router.weight());
+        let shared = match &m.shared {
+            Some((s, g)) => {
+                let (gu, d) = swiglu(s)?;
+                Some((gu, d, s[0].d_out, self.whole(&g.weight())))
+            }
+            None => None,
+        };
+        Ok(MoeLayer {
+            router: Packed::from_transposed(&router, m.router.d_out, m.router.d_in),
+            experts: m.experts.iter().map(swiglu).collect::<Result<_, _>>()?,
+            width: m.width(),
+            shared,
+            top_k: m.top_k,
+            norm_topk: m.norm_topk,
+        })
     }
 
     fn whole(&self, name: &str) -> Vec<f32> {

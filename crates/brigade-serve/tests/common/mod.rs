@@ -6,10 +6,17 @@ use brigade::models::{Gpt, GptConfig};
 use std::path::{Path, PathBuf};
 
 /// The families the engine serves, each with the small model its tests run
-/// (`Family::example`: every part of the family).
+/// (`Family::example`: every part of the family), and the Llama family's example with a
+/// mixture of experts (`llama::MOE_EXAMPLE`: a dense first layer, then 4 experts, 2 a token, and
+/// a shared expert).
 pub use brigade::models::family::Family;
 
-pub const FAMILIES: [Family; Family::ALL.len()] = Family::ALL;
+pub const FAMILIES: [Family; Family::ALL.len() + 1] = [Family::ALL[0], Family::ALL[1], Family::Llama(MOE)];
+
+const MOE: brigade::models::family::Llama = brigade::models::family::Llama {
+    moe: Some(brigade::models::family::llama::MOE_EXAMPLE),
+    ..brigade::models::family::llama::EXAMPLE
+};
 
 pub fn config(f: Family, vocab: usize, context: usize) -> GptConfig {
     GptConfig::example(f, vocab, context)
@@ -44,7 +51,8 @@ pub fn for_each_family(mut check: impl FnMut(Family)) {
     for f in FAMILIES {
         if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(f))) {
             let msg = e.downcast_ref::<String>().map(String::as_str).or_else(|| e.downcast_ref::<&str>().copied());
-            panic!("{}: {}", f.name(), msg.unwrap_or("(a panic without a message)"));
+            let moe = if f.describe().experts_in(0).is_some() { " (mixture of experts)" } else { "" };
+            panic!("{}{moe}: {}", f.name(), msg.unwrap_or("(a panic without a message)"));
         }
     }
 }

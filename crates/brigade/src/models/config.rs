@@ -221,12 +221,18 @@ impl GptConfig {
 /// Refuses a tensor-parallel degree that does not divide the attention heads, or (separate
 /// key/value heads) fits neither of the two ways to place them: tp divides them (each rank
 /// holds its own), or tp is a multiple of them (each is replicated on tp / kv ranks).
+/// Training's rule also refuses tp with a mixture of experts (serving cuts them: `check_heads`).
 pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
     if tp > 1 && cfg.moe().is_some() {
         return Err(Error::Layout(format!(
-            "tp={tp} with a mixture of experts: brigade does not cut experts across tensor-parallel ranks yet; use dp, pp or ZeRO"
+            "tp={tp} with a mixture of experts: brigade's training does not cut experts across tensor-parallel ranks yet; use dp, pp, ep or ZeRO"
         )));
     }
+    check_heads(cfg, tp)
+}
+
+/// `check_tp` without training's refusal of experts: the heads, key/value heads and MLP width.
+pub fn check_heads(cfg: &GptConfig, tp: usize) -> Result<()> {
     let (h, kv) = (cfg.n_head, cfg.kv_heads());
     let mlp = cfg.mlp_width();
     let fits = |d: usize| {
