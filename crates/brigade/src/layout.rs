@@ -416,6 +416,13 @@ impl Layout {
         self.pp > 1 || self.v > 1 || self.recompute != Recompute::None
     }
 
+    /// Whether each rank holds only its expert group's block of a mixture's experts (ep > 1
+    /// without ZeRO), their gradients summed over the ranks holding the same experts. Under
+    /// ZeRO every rank keeps every expert's slot and ZeRO divides them over all dp × cp ranks.
+    pub fn divides_experts(&self) -> bool {
+        self.ep > 1 && self.zero == 0
+    }
+
     /// The micro-batch rule: the layout's `mb`, else `micro_batch` (the run's
     /// `--micro-batch`), else the whole share of a dp replica; the global `batch` must split
     /// into dp replicas of whole micro-batches.

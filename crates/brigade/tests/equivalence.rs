@@ -275,7 +275,30 @@ fn run(f: Family, data: Data, c: Case, from: Start, to: Option<&std::path::Path>
         // (the ranks of a context group hold the same parameters, as replicas do)
         let stage = r / (dp * cp * tp) * (dp * cp * tp);
         let replica = stage + r % tp;
-        assert_eq!(o.2, out[replica].2, "{c:?}: rank {r} and its replica {replica} hold different slices");
+        // every tensor equal to the first copy of it among the replicas (under ep without ZeRO
+        // a replica holds only its expert group's block of the experts)
+        for s in &o.3.specs {
+            let holder = (0..dp * cp)
+                .map(|k| stage + k * tp + r % tp)
+                .find(|&q| out[q].3.get(&s.name).is_some())
+                .expect("rank r itself holds it");
+            let there = out[holder].3.get(&s.name).unwrap().view.of(&out[holder].2);
+            assert_eq!(s.view.of(&o.2), there, "{c:?}: {} differs on rank {r} and its replica {holder}", s.name);
+        }
+        let experts = |l: &brigade::params::ParamLayout| -> Vec<String> {
+            l.specs.iter().filter(|s| s.expert).map(|s| s.name.clone()).collect()
+        };
+        if layout.divides_experts() {
+            // each rank holds its expert group's block of the stage's experts, no more
+            let ep = layout.degree(Axis::Ep);
+            let stage_experts: std::collections::BTreeSet<String> =
+                (0..dp * cp).flat_map(|k| experts(&out[stage + k * tp + r % tp].3)).collect();
+            let mine = experts(&o.3);
+            assert!(!mine.is_empty(), "{c:?}: rank {r} holds no expert");
+            assert_eq!(mine.len() * ep, stage_experts.len(), "{c:?}: rank {r} holds {} expert tensors", mine.len());
+        } else {
+            assert_eq!(o.2, out[replica].2, "{c:?}: rank {r} and its replica {replica} hold different slices");
+        }
         for s in o.3.specs.iter().filter(|s| s.split == Split::Replicated) {
             let first = s.view.of(&out[stage].2);
             assert_eq!(s.view.of(&o.2), first, "{c:?}: replicated {} differs on rank {r}", s.name);
@@ -572,6 +595,21 @@ fn checkpoint_resumes_under_another_layout(f: Family) {
         ("dp=2,tp=2,zero=2,sp=1", 2, SMALL),
         ("dp=2,pp=2,tp=2,zero=1,schedule=interleaved,v=2", 4, BIG),
         ("pp=4,schedule=zb,recompute=full", 2, BIG),
+    ]);
+}
+
+/// A mixture's checkpoint written with its experts divided over an expert group (each rank
+/// holding its block, gathered for the file) resumes under other groups, ZeRO and a pipeline,
+/// as if never stopped.
+#[test]
+#[rustfmt::skip]
+fn a_mixture_checkpoint_resumes_under_another_expert_group() {
+    let (_, _, moe) = brigade::models::family::PRESETS.iter().find(|p| p.0 == "moe-tiny").copied().unwrap();
+    resumes_under(moe, DIGITS, ("dp=4,ep=4", 2, SMALL), 2, &[
+        ("dp=2,ep=2", 4, BIG),
+        ("dp=4,ep=2,zero=1", 2, SMALL),
+        ("dp=2,pp=2,ep=2,schedule=1f1b", 2, BIG),
+        ("dp=2", 4, 7919),
     ]);
 }
 

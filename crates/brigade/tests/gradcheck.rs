@@ -491,7 +491,7 @@ mod moe {
                 )
             }),
         };
-        let moe = Moe::new(&mut layout, &names, shape, 0.3);
+        let moe = Moe::new(&mut layout, &names, shape, 0.3, 0..shape.experts);
         (moe, layout)
     }
 

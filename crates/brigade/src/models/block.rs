@@ -91,8 +91,15 @@ impl Block {
         }
     }
 
-    /// Block `i` as the family's spec describes it, cut for a group of `tp`.
-    pub(crate) fn new(layout: &mut ParamLayout, i: usize, cfg: &GptConfig, tp: usize) -> Block {
+    /// Block `i` as the family's spec describes it, cut for a group of `tp`; a mixture holding
+    /// rank `q`'s block of its experts when they are divided over `ep` ranks (`experts` = (q, ep)).
+    pub(crate) fn new(
+        layout: &mut ParamLayout,
+        i: usize,
+        cfg: &GptConfig,
+        tp: usize,
+        (q, ep): (usize, usize),
+    ) -> Block {
         let c = cfg.n_embd;
         let spec = cfg.block(i);
         let (std, proj_std) = (spec.std, spec.proj_std);
@@ -144,7 +151,8 @@ impl Block {
                     shared_width: m.shared.as_ref().map_or(0, |(e, _)| e[0].d_out),
                     norm_topk: m.norm_topk,
                 };
-                FeedForward::Moe(Moe::new(layout, &names, shape, std))
+                let local = shape.experts / ep;
+                FeedForward::Moe(Moe::new(layout, &names, shape, std, q * local..(q + 1) * local))
             }
         };
         Block { ln_1, attn, ln_2, mlp }

@@ -120,7 +120,21 @@ impl Gpt {
     /// LayerNorm with the LM head), as a pipeline stage holds them, cut for tensor-parallel
     /// rank `rank` of `tp`.
     pub fn part(cfg: GptConfig, rank: usize, tp: usize, holds: std::ops::Range<usize>) -> Result<Gpt> {
+        Gpt::part_of(cfg, (rank, tp), holds, (0, 1))
+    }
+
+    /// `part`, a mixture's routed experts divided over an expert group: rank `q` of `ep` holds
+    /// experts `q·E/ep .. (q+1)·E/ep` of each mixture layer (`(0, 1)`: all of them).
+    pub fn part_of(
+        cfg: GptConfig,
+        (rank, tp): (usize, usize),
+        holds: std::ops::Range<usize>,
+        (q, ep): (usize, usize),
+    ) -> Result<Gpt> {
         cfg.validate()?;
+        if let Some(e) = cfg.experts().filter(|e| !e.is_multiple_of(ep)) {
+            return Err(Error::Layout(format!("ep={ep} does not divide the model's {e} experts per layer")));
+        }
         check_tp(&cfg, tp)?;
         let last = cfg.n_layer + 1;
         if holds.is_empty() || holds.end > last + 1 {
@@ -149,7 +163,7 @@ impl Gpt {
         let mut blocks = Vec::new();
         for i in holds.start.max(1) - 1..holds.end.min(last) - 1 {
             let mut unit = ParamLayout::default();
-            blocks.push(Block::new(&mut unit, i, &cfg, tp));
+            blocks.push(Block::new(&mut unit, i, &cfg, tp, (q, ep)));
             units.push(layout.append(&unit));
         }
         let mut unit = ParamLayout::default();

@@ -54,7 +54,10 @@ pub struct Moe {
     pub shape: MoeShape,
     /// `[E, C]`, stored `[out, in]`.
     pub router: View,
+    /// The experts this rank holds: all of them, or (expert parallelism with the experts
+    /// divided) its group's block `first..first + E/P`.
     pub experts: Vec<Mlp>,
+    pub first: usize,
     pub shared: Option<(Mlp, View)>,
     /// What this rank's backwards routed since the tally was last taken (shared by the
     /// layer's clones).
@@ -168,20 +171,31 @@ pub struct MoeScratch {
 }
 
 impl Moe {
-    pub fn new(layout: &mut ParamLayout, names: &MoeNames, shape: MoeShape, std: f32) -> Moe {
+    /// The mixture with the experts `held` (all of them, or a rank's block under expert
+    /// parallelism): the others are not in `layout`.
+    pub fn new(
+        layout: &mut ParamLayout,
+        names: &MoeNames,
+        shape: MoeShape,
+        std: f32,
+        held: std::ops::Range<usize>,
+    ) -> Moe {
         assert_eq!(names.experts.len(), shape.experts);
+        assert!(held.end <= shape.experts && !held.is_empty());
         assert!(shape.top_k >= 1 && shape.top_k <= shape.experts);
         let c = shape.c;
         let router = layout.add(&format!("{}.weight", names.router), &[shape.experts, c], Init::Normal(std), true);
         let swiglu = |layout: &mut ParamLayout, n: &[String; 3], m| {
             Mlp::swiglu(layout, [n[0].as_str(), n[1].as_str(), n[2].as_str()], (c, m), 1, std)
         };
-        let experts = names.experts.iter().map(|n| swiglu(layout, n, shape.width)).collect();
+        let before = layout.specs.len();
+        let experts = names.experts[held.clone()].iter().map(|n| swiglu(layout, n, shape.width)).collect();
+        layout.specs[before..].iter_mut().for_each(|s| s.expert = true);
         let shared = names.shared.as_ref().map(|(n, gate)| {
             let mlp = swiglu(layout, n, shape.shared_width);
             (mlp, layout.add(&format!("{gate}.weight"), &[1, c], Init::Normal(std), true))
         });
-        Moe { shape, router, experts, shared, tally: Default::default() }
+        Moe { shape, router, experts, first: held.start, shared, tally: Default::default() }
     }
 
     /// `out[n, C]` (overwritten) for the rows `h[n, C]`, sequences of `seq` rows, the experts
@@ -256,7 +270,7 @@ impl Moe {
                 s.y.clear();
                 continue;
             }
-            self.experts[q * local + j].forward(p, &s.x, &mut s.mlp, &mut s.y);
+            self.expert(q * local + j).forward(p, &s.x, &mut s.mlp, &mut s.y);
         }
         let outs: Vec<&[f32]> = st.experts.iter().map(|s| s.y.as_slice()).collect();
         scatter_experts(&outs, &st.recv, c, &mut sc.send);
@@ -282,6 +296,17 @@ impl Moe {
         }
         st.aux = self.aux_losses(st);
         Ok(st.aux)
+    }
+
+    /// Expert `e`, which this rank must hold.
+    fn expert(&self, e: usize) -> &Mlp {
+        assert!(
+            (self.first..self.first + self.experts.len()).contains(&e),
+            "expert {e} is not among this rank's {}..{}: the expert group is not the one the layout was cut for",
+            self.first,
+            self.first + self.experts.len()
+        );
+        &self.experts[e - self.first]
     }
 
     /// Each sequence's load-balancing loss and z-loss, summed over sequences.
@@ -345,7 +370,7 @@ impl Moe {
             let mut dxj = Vec::new();
             if !s.x.is_empty() {
                 let scratch = MlpScratch { dh: &mut sc.dh, dup: &mut sc.dup, dx2: &mut sc.dx2 };
-                self.experts[q * local + j].backward(gr, &s.x, &s.mlp, &sc.dy, &mut dxj, scratch);
+                self.expert(q * local + j).backward(gr, &s.x, &s.mlp, &sc.dy, &mut dxj, scratch);
             }
             dxs.push(dxj);
         }

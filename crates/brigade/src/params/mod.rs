@@ -47,6 +47,9 @@ pub struct ParamSpec {
     pub split: Split,
     /// The shape of the full tensor (equal to `shape` when replicated or on one rank).
     pub full_shape: Vec<usize>,
+    /// A routed expert's tensor: under expert parallelism held only by the ranks holding that
+    /// expert, its gradient summed over them alone.
+    pub expert: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -76,7 +79,7 @@ impl ParamLayout {
         let view = View { offset: self.total, len };
         self.total += len;
         let (name, full_shape) = (name.to_string(), full_shape.to_vec());
-        self.specs.push(ParamSpec { name, shape, view, init, decay, split, full_shape });
+        self.specs.push(ParamSpec { name, shape, view, init, decay, split, full_shape, expert: false });
         view
     }
 
@@ -97,8 +100,27 @@ impl ParamLayout {
         let mut l = ParamLayout::default();
         for s in &self.specs {
             l.add(&s.name, &s.full_shape, s.init, s.decay);
+            l.specs.last_mut().expect("just added").expert = s.expert;
         }
         l
+    }
+
+    /// The same layout without the routed experts' tensors (`keep` false) or with only them.
+    pub fn experts(&self, keep: bool) -> ParamLayout {
+        ParamLayout { specs: self.specs.iter().filter(|s| s.expert == keep).cloned().collect(), total: self.total }
+    }
+
+    /// The ranges of the buffer that hold routed experts' tensors, adjacent ones merged.
+    pub fn expert_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+        for s in self.specs.iter().filter(|s| s.expert) {
+            let r = s.view.offset..s.view.offset + s.view.len;
+            match out.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => out.push(r),
+            }
+        }
+        out
     }
 
     /// Whether any parameter is cut across ranks (else the layout is the full model's).

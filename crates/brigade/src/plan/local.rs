@@ -245,7 +245,7 @@ pub fn predict_parallel(
     // each rank's parameters; the data-parallel reduction and the optimizer of the largest
     let params = (0..pp)
         .map(|r| match executor {
-            true => stages::RankModel::stage(*cfg, (0, ntp), (r, pp), l.v, run.seq).map(|p| p.layout.total),
+            true => stages::RankModel::stage(*cfg, (0, ntp), (r, pp), l.v, run.seq, (0, 1)).map(|p| p.layout.total),
             false => crate::models::Gpt::shard(*cfg, 0, ntp).map(|g| g.num_params()),
         })
         .collect::<crate::Result<Vec<_>>>()?

@@ -46,7 +46,7 @@ impl Trainer {
             return Ok(None);
         }
         let local = self.local_params()?;
-        if self.mesh.coords[crate::parallel::Axis::Dp] != 0 {
+        if self.mesh.coords[crate::parallel::Axis::Dp] != 0 && !self.layout.divides_experts() {
             return Ok(None);
         }
         self.full_to_first(&local)
@@ -55,7 +55,10 @@ impl Trainer {
     /// Whether `params` is the whole model (not cut across a tensor-parallel group, not left in
     /// ZeRO-3 pieces).
     fn holds_whole_model(&self) -> bool {
-        !self.layout.runs_executor() && !self.model.layout.is_sharded() && self.dpc.zero < 3
+        !self.layout.runs_executor()
+            && !self.model.layout.is_sharded()
+            && self.dpc.zero < 3
+            && !self.layout.divides_experts()
     }
 
     /// The single-worker model and its parameters: this rank's own, or `full` from

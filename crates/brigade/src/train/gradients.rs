@@ -190,6 +190,9 @@ impl Trainer {
         // the tied table's copies are summed over the pipeline before ZeRO-1 cuts the sum
         let untied = self.mesh.group(&[Axis::Pp]).size() == 1 && one_chunk;
         let sync = match zero {
+            // experts divided over the expert group: summed after the backward, each set over
+            // its own group
+            _ if self.layout.divides_experts() => Sync::After,
             _ if zero >= 2 => {
                 Sync::Sharded { open: None, full: (zero == 2).then_some(&self.params[..]), pshard: &self.pshard }
             }
@@ -268,6 +271,24 @@ impl Trainer {
         };
         if let Some(name) = exposed {
             note_comm((&mut self.timeline, &mut self.clock), &self.mesh, name, REPLICAS, step, t0);
+        }
+        if self.layout.divides_experts() {
+            // the routed experts' gradients over the ranks holding the same experts, the rest
+            // over every data × context rank
+            let experts = self.parts.layout.expert_ranges();
+            let dense = data::complement(self.grads.len(), &experts);
+            data::sum_ranges(dp, &mut self.grads, &dense)?;
+            note_comm((&mut self.timeline, &mut self.clock), &self.mesh, "gradient reduction", REPLICAS, step, t0);
+            let t0 = Instant::now();
+            data::sum_ranges(self.mesh.expert_data(), &mut self.grads, &experts)?;
+            note_comm(
+                (&mut self.timeline, &mut self.clock),
+                &self.mesh,
+                "expert gradient reduction",
+                REPLICAS,
+                step,
+                t0,
+            );
         }
         let t0 = Instant::now();
         self.parts.tie_grads(self.mesh.group(&[Axis::Pp]), &mut self.grads)?;

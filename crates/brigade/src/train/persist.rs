@@ -105,7 +105,8 @@ impl Trainer {
         let (mut params, mut moments) = reuse.map(|s| (s.params, s.moments)).unwrap_or_default();
         let dp = self.mesh.group(REPLICAS);
         let alone = |a: Axis| self.mesh.group(&[a]).size() == 1;
-        if alone(Axis::Tp) && alone(Axis::Pp) && self.parts.chunks.len() == 1 {
+        let divided = self.layout.divides_experts();
+        if alone(Axis::Tp) && alone(Axis::Pp) && self.parts.chunks.len() == 1 && !divided {
             // this rank's layout is the whole model's: the ZeRO pieces straight into place
             assert_eq!(local.total, total, "one chunk, no tp: the whole model");
             params.resize(total, 0.0);
@@ -126,7 +127,8 @@ impl Trainer {
             self.shards.gather(dp, &self.opt.m, &mut m)?;
             self.shards.gather(dp, &self.opt.v, &mut v)?;
             let p = self.local_params()?;
-            if self.mesh.coords[Axis::Dp] == 0 {
+            // (experts divided: every expert group gathers its blocks, so every rank takes part)
+            if self.mesh.coords[Axis::Dp] == 0 || divided {
                 let full_p = self.full_to_first(&p)?;
                 let full_m = self.full_to_first(&m)?;
                 let full_v = self.full_to_first(&v)?;
@@ -286,10 +288,23 @@ impl Trainer {
             return Ok(None);
         }
         let stages = self.mesh.group(&[Axis::Pp]);
-        let full = if stages.size() == 1 && self.parts.chunks.len() == 1 {
+        let divided = self.layout.divides_experts();
+        let full = if stages.size() == 1 && self.parts.chunks.len() == 1 && !divided {
             mine
         } else {
             let mut full = self.parts.place_in(&self.full_model.layout, &mine);
+            if divided {
+                // each expert lives on one rank of the expert group, the rest on all of them:
+                // the first keeps the rest, and the sum is the model
+                let ep = self.mesh.group(&[Axis::Ep]);
+                if ep.rank() > 0 {
+                    for s in self.full_model.layout.specs.iter().filter(|s| !s.expert) {
+                        s.view.of_mut(&mut full).fill(0.0);
+                    }
+                }
+                ep.all_reduce(&mut full, brigade_comm::ReduceOp::Sum)
+                    .map_err(|e| Error::Train(format!("gathering the experts across the expert group failed: {e}")))?;
+            }
             if stages.size() > 1 {
                 // each tensor lives on one stage, zeros elsewhere: the sum is the model
                 stages.all_reduce(&mut full, brigade_comm::ReduceOp::Sum).map_err(|e| {

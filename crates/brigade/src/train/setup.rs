@@ -180,9 +180,12 @@ impl Trainer {
         let dpc = DataParallel { zero: layout.zero, ..DataParallel::default() };
         let on = |a: Axis| (mesh.coords[a], mesh.shape.degree(a));
         let (tp, pp) = (on(Axis::Tp), on(Axis::Pp));
+        // a mixture's experts: this rank's expert group's block, or all of them
+        let ep = mesh.group(&[Axis::Ep]);
+        let experts = if layout.divides_experts() { (ep.rank(), ep.size()) } else { (0, 1) };
         let mut parts = match layout.runs_executor() {
-            true => RankModel::stage(mcfg, tp, pp, layout.v, seq)?,
-            false => RankModel::whole(Gpt::shard(mcfg, tp.0, tp.1)?),
+            true => RankModel::stage(mcfg, tp, pp, layout.v, seq, experts)?,
+            false => RankModel::whole(Gpt::part_of(mcfg, tp, 0..mcfg.n_layer + 2, experts)?),
         };
         // a mixture's auxiliary losses are a mean over the global batch's sequences, whichever
         // rank and micro-batch holds them
@@ -212,7 +215,11 @@ impl Trainer {
         let sched = LrSchedule::of(&cfg);
         Ok(Trainer {
             grads,
-            norm_layout: parts.counted_layout(),
+            // the routed experts counted apart when each rank holds only its block of them
+            norm_layout: match layout.divides_experts() {
+                true => parts.counted_layout().experts(false),
+                false => parts.counted_layout(),
+            },
             parts,
             list,
             pool: Vec::new(),

@@ -22,7 +22,7 @@
 use super::config::TrainConfig;
 use super::data::{Dataset, Tokenizer};
 use super::metrics::{note, note_comm, Part, PipelineStats, StepClock, StepStats};
-use super::optimizer::{clip_factor, AdamW, LrSchedule};
+use super::optimizer::{clip_factor, grad_sq_norm, AdamW, LrSchedule};
 use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
@@ -181,6 +181,12 @@ impl Trainer {
         // the summed gradient this rank updates from: the whole one, or its ZeRO pieces
         let g = if self.dpc.zero == 0 { &mut self.grads } else { &mut self.gshard };
         let mut sq = tp_state::local_sq_norm(&tp, g, (&cut, &replicated), (&shared, copies));
+        if self.layout.divides_experts() {
+            // (`norm_layout` then leaves the routed experts out) each expert once: this rank's
+            // block of them, summed over the expert group
+            let mine: f64 = self.parts.layout.expert_ranges().into_iter().map(|r| grad_sq_norm(&g[r])).sum();
+            sq += data::sum_scalar(self.mesh.group(&[Axis::Ep]), mine)?;
+        }
         self.trace("gradient norm", Part::Optimizer, step, t0);
         // the sums of the squares over the groups: tp's slices, the replicas' ZeRO pieces, pp's
         // stages

@@ -51,6 +51,37 @@ impl DataParallel {
 
 use zero::comm_err;
 
+/// Sums the `ranges` of `g` over `comm`, packed into one all-reduce.
+pub fn sum_ranges(comm: &Comm, g: &mut [f32], ranges: &[Range<usize>]) -> Result<()> {
+    if comm.size() == 1 || ranges.is_empty() {
+        return Ok(());
+    }
+    let mut buf: Vec<f32> = ranges.iter().flat_map(|r| g[r.clone()].iter().copied()).collect();
+    comm.all_reduce(&mut buf, ReduceOp::Sum).map_err(comm_err)?;
+    let mut at = 0;
+    for r in ranges {
+        g[r.clone()].copy_from_slice(&buf[at..at + r.len()]);
+        at += r.len();
+    }
+    Ok(())
+}
+
+/// The parts of `0..total` that none of the sorted, disjoint `ranges` covers.
+pub fn complement(total: usize, ranges: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for r in ranges {
+        if r.start > at {
+            out.push(at..r.start);
+        }
+        at = r.end;
+    }
+    if at < total {
+        out.push(at..total);
+    }
+    out
+}
+
 /// A reduction that launches its pieces while backward still runs: told each time the
 /// gradients of `g[from..]` are final (bucket by bucket, or ZeRO-1's unit by unit).
 pub trait OnReady {

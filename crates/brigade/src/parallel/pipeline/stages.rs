@@ -34,17 +34,19 @@ impl RankModel {
     }
 
     /// Pipeline rank `pp_rank`'s chunks of `cfg` cut into `pp · v` stages balanced by cost
-    /// at sequence length `seq`, each cut for tensor-parallel rank `tp_rank` of `tp`.
+    /// at sequence length `seq`, each cut for tensor-parallel rank `tp_rank` of `tp`, holding
+    /// expert rank `experts.0`'s block of a mixture's experts (`(0, 1)`: all of them).
     pub fn stage(
         cfg: GptConfig,
-        (tp_rank, tp): (usize, usize),
+        tp: (usize, usize),
         (pp_rank, pp): (usize, usize),
         v: usize,
         seq: usize,
+        experts: (usize, usize),
     ) -> Result<RankModel> {
         let cuts = stage_units(&cfg, pp, v, seq)?;
         let chunks =
-            (0..v).map(|c| Gpt::part(cfg, tp_rank, tp, cuts[c * pp + pp_rank].clone())).collect::<Result<_>>()?;
+            (0..v).map(|c| Gpt::part_of(cfg, tp, cuts[c * pp + pp_rank].clone(), experts)).collect::<Result<_>>()?;
         Ok(RankModel::of(chunks))
     }
 
