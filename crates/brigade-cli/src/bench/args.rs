@@ -68,8 +68,12 @@ pub(crate) fn text_run(
         (0..20 * (seq + 1) + 1000).map(|_| rng.gen_range(b'a'..=b'z') as char).collect()
     };
     std::fs::write(&data, text)?;
+    // a Hugging Face folder's shape (its config.json), random weights, as `bench train --model DIR`
+    let folder = std::path::Path::new(model);
+    let shape_from = folder.join("config.json").is_file().then(|| folder.to_path_buf());
     let cfg = brigade::train::TrainConfig {
         model: model.to_string(),
+        shape_from,
         data: Some(data),
         seq: Some(seq),
         batch,
