@@ -7,6 +7,9 @@ every parameter's gradient and greedy continuations that PyTorch computes for th
   with its sigmoid gate, q/k/v biases, GQA 2:1.
 - mixtral_hf: MixtralForCausalLM, 1 layer, 4 experts with 2 a token (softmax over the chosen),
   GQA 4:1, untied head.
+- qwen3_moe_hf: Qwen3MoeForCausalLM, 3 layers, the middle one dense, 6 experts with 2 a token
+  renormalised (norm_topk_prob true), no shared expert, an RMSNorm over each query and key head
+  (q_norm, k_norm), head_dim 16 in a hidden size of 32 with 4 heads (not hidden / heads), GQA 2:1.
 
 Both say output_router_logits: true, so the load-balancing loss counts. brigade's is the Switch
 form taken per sequence and per MoE layer, averaged (transformers pools its whole batch and
@@ -17,14 +20,17 @@ one sequence of the 1-layer Mixtral, where the two definitions coincide.
 brigade's test `hf_moe_fixture` loads the folders and must match logits and gradients to 1e-4
 relative and the continuations exactly.
 
-    ../shared/peers/.venv/bin/python scripts/make_moe_fixture.py
+    ../shared/peers/.venv/bin/python scripts/make_moe_fixture.py [NAME...]   (default: all)
 """
 import os
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+import sys
+
+from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 ROOT = "crates/brigade/tests/fixtures"
 
@@ -105,6 +111,8 @@ def make(name, model, vocab, top_k):
           "params", sum(p.numel() for p in model.parameters()))
 
 
+WANT = set(sys.argv[1:]) or {"qwen2_moe_hf", "mixtral_hf", "qwen3_moe_hf"}
+
 torch.manual_seed(0)
 qwen = Qwen2MoeConfig(
     vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
@@ -115,7 +123,8 @@ qwen = Qwen2MoeConfig(
     router_aux_loss_coef=0.05, use_sliding_window=False, bos_token_id=None, eos_token_id=None,
     pad_token_id=None,
 )
-make("qwen2_moe_hf", Qwen2MoeForCausalLM(qwen), qwen.vocab_size, qwen.num_experts_per_tok)
+if "qwen2_moe_hf" in WANT:
+    make("qwen2_moe_hf", Qwen2MoeForCausalLM(qwen), qwen.vocab_size, qwen.num_experts_per_tok)
 
 torch.manual_seed(1)
 mixtral = MixtralConfig(
@@ -125,4 +134,18 @@ mixtral = MixtralConfig(
     num_local_experts=4, num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.1,
     sliding_window=None, bos_token_id=None, eos_token_id=None, pad_token_id=None,
 )
-make("mixtral_hf", MixtralForCausalLM(mixtral), mixtral.vocab_size, mixtral.num_experts_per_tok)
+if "mixtral_hf" in WANT:
+    make("mixtral_hf", MixtralForCausalLM(mixtral), mixtral.vocab_size, mixtral.num_experts_per_tok)
+
+torch.manual_seed(2)
+qwen3 = Qwen3MoeConfig(
+    vocab_size=89, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6}, attention_bias=False,
+    num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+    decoder_sparse_step=1, mlp_only_layers=[1], output_router_logits=True, router_aux_loss_coef=0.02,
+    use_sliding_window=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+)
+if "qwen3_moe_hf" in WANT:
+    make("qwen3_moe_hf", Qwen3MoeForCausalLM(qwen3), qwen3.vocab_size, qwen3.num_experts_per_tok)

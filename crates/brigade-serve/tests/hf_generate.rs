@@ -165,3 +165,10 @@ fn mixtral_greedy_tokens_equal_generate() {
     // 4 experts, softmax over the chosen 2; one key/value head held by both ranks
     matches_generate("mixtral_hf", &[2], false);
 }
+
+#[test]
+fn qwen3_moe_greedy_tokens_equal_generate() {
+    // an RMSNorm over each query and key head before the rotation, head_dim 16 beside a
+    // hidden size of 32; 6 experts, 2 a token, renormalised; the middle layer dense
+    matches_generate("qwen3_moe_hf", &[2], false);
+}

@@ -399,7 +399,7 @@ fn gpt_gradient_matches_finite_differences() {
 }
 
 /// The Llama family: GQA 4:2, head_dim × heads ≠ hidden, q/k/v and o biases, untied head, and
-/// (second) MQA with a tied head and llama3 rope scaling.
+/// (second) MQA with a tied head and llama3 rope scaling, and (third) Qwen3's q/k norms.
 #[test]
 fn llama_gradient_matches_finite_differences() {
     use brigade::models::family::{Llama, Llama3Rope};
@@ -414,6 +414,7 @@ fn llama_gradient_matches_finite_differences() {
         qkv_bias: true,
         o_bias: true,
         moe: None,
+        qk_norm: false,
     };
     let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 16, vocab_size: 23, block_size: 8, family: a.into() };
     model_gradient_matches_finite_differences(cfg);
@@ -426,6 +427,9 @@ fn llama_gradient_matches_finite_differences() {
     let mqa =
         Llama { n_kv_head: 1, head_dim: 8, tied: true, qkv_bias: false, o_bias: false, rope_scaling: scaling, ..a };
     model_gradient_matches_finite_differences(GptConfig { family: mqa.into(), ..cfg });
+    // Qwen3's RMSNorm over each query and key head before the rotation
+    let qk = Llama { qk_norm: true, qkv_bias: false, o_bias: false, ..a };
+    model_gradient_matches_finite_differences(GptConfig { family: qk.into(), ..cfg });
 }
 
 fn model_gradient_matches_finite_differences(cfg: GptConfig) {

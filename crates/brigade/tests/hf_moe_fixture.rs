@@ -84,3 +84,15 @@ fn mixtral_matches_hugging_face() {
     let want = f32s(&st, "one_seq_loss")[0] as f64;
     assert!(((loss - want) / want).abs() < 1e-5, "one sequence: {loss} vs transformers' {want}");
 }
+
+/// Qwen3-MoE: an RMSNorm over each query and key head (q_norm, k_norm) before the rotation,
+/// head_dim 16 beside a hidden size of 32 (4 heads), the k probabilities renormalised, no
+/// shared expert, the middle layer dense; transformers 5 wrote the expert count as
+/// `num_local_experts`.
+#[test]
+fn qwen3_moe_matches_hugging_face() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen3_moe_hf");
+    matches_hugging_face(dir, 2);
+    let (model, _) = load_model(Path::new(dir)).unwrap();
+    assert!(model.layout.get("model.layers.0.self_attn.q_norm.weight").is_some_and(|s| s.shape == [16]));
+}

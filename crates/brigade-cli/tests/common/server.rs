@@ -190,6 +190,7 @@ pub fn chat_model_of(name: &str, context: usize) -> Option<tempfile::TempDir> {
         qkv_bias: true,
         o_bias: false,
         moe: None,
+        qk_norm: false,
     };
     let cfg = GptConfig {
         n_layer: 1,

@@ -430,6 +430,19 @@ impl Model {
             if let Some(b) = &ly.bqkv {
                 add_bias(&mut qkv, b);
             }
+            if let Some([qn, kn]) = &ly.qk_norm {
+                // each query and key head normalised before it is rotated
+                let hd = self.w.dims.hd;
+                qkv.par_chunks_mut(qkvw).for_each(|r| {
+                    let (q, k) = r[..qw + kvw].split_at_mut(qw);
+                    for (heads, n) in [(q, qn), (k, kn)] {
+                        for h in heads.chunks_exact_mut(hd) {
+                            let x = h.to_vec();
+                            n.row(h, &x);
+                        }
+                    }
+                });
+            }
             if let Some(rope) = &self.w.rope {
                 // queries and keys at their positions; values as they are
                 qkv.par_chunks_mut(qkvw)

@@ -72,6 +72,8 @@ pub(crate) struct Layer {
     /// `[C, qw + 2·kvw]`: q | k | v of this rank's heads.
     pub(crate) wqkv: Packed,
     pub(crate) bqkv: Option<Vec<f32>>,
+    /// RMSNorms over each query head and each key head before the rotation (Qwen3).
+    pub(crate) qk_norm: Option<[Norm; 2]>,
     /// `[Q, C/tp]`: this rank's output features of the attention's projection.
     pub(crate) wproj: Packed,
     /// The whole projection's bias (added after the gather).
@@ -352,6 +354,7 @@ impl Weights {
                 norm1: norm(&b.ln_1),
                 wqkv,
                 bqkv,
+                qk_norm: b.attn.qk_norm.as_ref().map(|([q, k], _)| [norm(q), norm(k)]),
                 wproj,
                 bproj,
                 norm2: norm(&b.ln_2),

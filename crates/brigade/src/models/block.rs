@@ -125,7 +125,15 @@ impl Block {
                     o_bias: spec.attn.o.bias,
                 };
                 let names = [q.name.as_str(), &k.name, &v.name, &spec.attn.o.name];
-                CausalSelfAttention::grouped(layout, names, shape, cfg.positions().inv_freq(cfg.head_dim()), std)
+                let attn =
+                    CausalSelfAttention::grouped(layout, names, shape, cfg.positions().inv_freq(cfg.head_dim()), std);
+                match &spec.attn.qk_norm {
+                    Some(([qn, kn], _)) => {
+                        let NormKind::Rms { eps } = qn.kind else { panic!("q/k norms are RMSNorms") };
+                        attn.with_qk_norm(layout, [&qn.name, &kn.name], eps)
+                    }
+                    None => attn,
+                }
             }
         };
         let ln_2 = norm(layout, &spec.ln_2);

@@ -228,6 +228,11 @@ pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
             "tp={tp} with a mixture of experts: brigade's training does not cut experts across tensor-parallel ranks yet; use dp, pp, ep or ZeRO"
         )));
     }
+    if tp > 1 && cfg.block(0).attn.qk_norm.is_some() {
+        return Err(Error::Layout(format!(
+            "tp={tp} with per-head q/k norms (Qwen3): brigade's training does not sum their gradients over the heads' ranks yet; use dp, pp or ZeRO"
+        )));
+    }
     check_heads(cfg, tp)
 }
 
@@ -309,6 +314,10 @@ mod tests {
             ("qwen2.5-0.5b", 494_032_768),
             ("llama3.2-1b", 1_235_814_400),
             ("llama3-8b", 8_030_261_248),
+            // Qwen3-0.6B and Qwen3-30B-A3B (`num_parameters()` of the Hub's models): q/k norms
+            // of 128 a layer each; 128 experts of 768 in every layer of the second
+            ("qwen3-0.6b", 596_049_920),
+            ("qwen3-30b-a3b", 30_532_122_624),
         ] {
             assert_eq!(GptConfig::preset(name).unwrap().num_params(), want, "{name}");
         }

@@ -7,12 +7,14 @@
 //! and the attention core is `nn::context`'s, which exchanges keys and values with the group.
 
 use super::context::{self, Context, CpStash, Heads};
+use super::norm::RmsNorm;
 use super::{ensure, Grads};
 use crate::error::Result;
 use crate::nn::tp::{ColumnParallelLinear, RowParallelLinear};
 use crate::params::ParamLayout;
 use crate::tensor::attention::{attention_backward, attention_forward, AttnShape};
 use crate::tensor::docs::Docs;
+use crate::tensor::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::tensor::rope::{rope_rows, RopeTable};
 
 /// The backward's working space, reused across layers and steps: the gradients of the
@@ -47,6 +49,9 @@ pub struct CausalSelfAttention {
     pub c: usize,
     /// Rotary frequencies (the Llama family), `hd / 2` of them.
     pub rope: Option<Vec<f32>>,
+    /// RMSNorms over each query head and each key head before the rotation (Qwen3): weights of
+    /// `hd`, shared by the heads.
+    pub qk_norm: Option<[RmsNorm; 2]>,
 }
 
 #[derive(Default)]
@@ -61,12 +66,20 @@ pub struct AttnStash {
     pub rope: RopeTable,
     /// Under context parallelism, each sequence's stash of the exchange (none otherwise).
     pub cp: Vec<CpStash>,
+    /// Under q/k norms: q | k before them, and each head's `1 / rms` (q's heads, then k's).
+    pub qk_raw: Vec<f32>,
+    pub qk_rstd: Vec<f32>,
 }
 
 impl AttnStash {
     /// Floats held for the backward.
     pub fn floats(&self) -> usize {
-        self.qkv.len() + self.probs.len() + self.att.len() + self.cp.iter().map(CpStash::floats).sum::<usize>()
+        self.qkv.len()
+            + self.probs.len()
+            + self.att.len()
+            + self.cp.iter().map(CpStash::floats).sum::<usize>()
+            + self.qk_raw.len()
+            + self.qk_rstd.len()
     }
 }
 
@@ -99,7 +112,16 @@ impl CausalSelfAttention {
         let c_attn = ColumnParallelLinear::new(layout, c_attn, c, 3 * c, 3, tp, std);
         let c_proj = RowParallelLinear::new(layout, c_proj, c, c, tp, proj_std);
         let (heads, hd) = (heads / tp, c / heads);
-        CausalSelfAttention { qkv: Qkv::Fused(c_attn), c_proj, heads, kv_heads: heads, hd, c: c / tp, rope: None }
+        CausalSelfAttention {
+            qkv: Qkv::Fused(c_attn),
+            c_proj,
+            heads,
+            kv_heads: heads,
+            hd,
+            c: c / tp,
+            rope: None,
+            qk_norm: None,
+        }
     }
 
     /// Separate q, k, v and output projections (weights `[out, in]`, named `[q, k, v, o]` as
@@ -129,7 +151,15 @@ impl CausalSelfAttention {
             hd: s.hd,
             c: qw / s.tp,
             rope,
+            qk_norm: None,
         }
+    }
+
+    /// The same attention with RMSNorms (named `[q_norm, k_norm]`) over each query and key
+    /// head before the rotation (Qwen3).
+    pub fn with_qk_norm(mut self, layout: &mut ParamLayout, [q, k]: [&str; 2], eps: f32) -> Self {
+        self.qk_norm = Some([RmsNorm::new(layout, q, self.hd, eps), RmsNorm::new(layout, k, self.hd, eps)]);
+        self
     }
 
     fn shape(&self, b: usize, t: usize) -> AttnShape {
@@ -176,6 +206,16 @@ impl CausalSelfAttention {
                 q.forward(p, x, &mut st.qkv[rq.clone()]);
                 k.forward(p, x, &mut st.qkv[rk.clone()]);
                 v.forward(p, x, &mut st.qkv[rv]);
+                if let Some([qn, kn]) = &self.qk_norm {
+                    // each head's rows normalised: rows of hd, q's heads then k's
+                    st.qk_raw.clear();
+                    st.qk_raw.extend_from_slice(&st.qkv[rq.start..rk.end]);
+                    ensure(&mut st.qk_rstd, st.qk_raw.len() / self.hd);
+                    let (raw_q, raw_k) = st.qk_raw.split_at(rq.len());
+                    let (rs_q, rs_k) = st.qk_rstd.split_at_mut(rq.len() / self.hd);
+                    rmsnorm_forward(&mut st.qkv[rq.clone()], rs_q, raw_q, qn.w.of(p), self.hd, qn.eps);
+                    rmsnorm_forward(&mut st.qkv[rk.clone()], rs_k, raw_k, kn.w.of(p), self.hd, kn.eps);
+                }
                 let inv = self.rope.as_deref().expect("separate projections rotate");
                 if st.rope.positions() < positions || st.rope.half != inv.len() {
                     st.rope = RopeTable::new(inv, positions);
@@ -323,6 +363,17 @@ impl CausalSelfAttention {
                 // the rotation's backward is the inverse rotation
                 rope_rows(&mut dqkv[rq.clone()], self.heads, &st.rope, |r| docs.pos(r, t), true);
                 rope_rows(&mut dqkv[rk.clone()], self.kv_heads, &st.rope, |r| docs.pos(r, t), true);
+                if let Some([qn, kn]) = &self.qk_norm {
+                    // through each head's norm, to the projections' outputs
+                    let (raw_q, raw_k) = st.qk_raw.split_at(rq.len());
+                    let (rs_q, rs_k) = st.qk_rstd.split_at(rq.len() / self.hd);
+                    for (r, raw, rs, n) in [(rq.clone(), raw_q, rs_q, qn), (rk.clone(), raw_k, rs_k, kn)] {
+                        ensure(dx2, r.len());
+                        dx2.fill(0.0);
+                        rmsnorm_backward(dx2, n.w.of_mut(g), &dqkv[r.clone()], raw, rs, n.w.of(p), self.hd);
+                        dqkv[r].copy_from_slice(dx2);
+                    }
+                }
                 ensure(dx2, x.len());
                 q.backward(p, g, x, &dqkv[rq], dx, dw);
                 k.backward(p, g, x, &dqkv[rk], dx2, dw);

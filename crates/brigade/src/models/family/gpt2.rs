@@ -76,6 +76,7 @@ impl Describe for Gpt2 {
             attn: AttnSpec {
                 qkv: Qkv::Fused(linear(format!("{prefix}.attn.c_attn"), (c, 3 * c))),
                 o: linear(format!("{prefix}.attn.c_proj"), (c, c)),
+                qk_norm: None,
             },
             ln_2: ln("ln_2"),
             mlp: MlpSpec::Gelu {

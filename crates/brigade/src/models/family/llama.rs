@@ -33,6 +33,10 @@ pub struct Llama {
     /// A mixture of experts in place of the MLP (in the layers it names).
     #[serde(default)]
     pub moe: Option<LlamaMoe>,
+    /// An RMSNorm over each query and key head before the rotation (Qwen3's `q_norm`, `k_norm`:
+    /// one weight of head_dim shared by the heads).
+    #[serde(default)]
+    pub qk_norm: bool,
 }
 
 /// How a mixture-of-experts model of the family (Qwen2-MoE, Mixtral) replaces its MLPs.
@@ -68,6 +72,8 @@ pub enum MoeNaming {
     Qwen2Moe,
     /// `MixtralForCausalLM`: `block_sparse_moe.gate`, `block_sparse_moe.experts.N.w1/w3/w2`.
     Mixtral,
+    /// `Qwen3MoeForCausalLM`: Qwen2-MoE's tensor names, no shared expert (and q/k norms).
+    Qwen3Moe,
 }
 
 impl LlamaMoe {
@@ -90,6 +96,7 @@ const BASE: Llama = Llama {
     qkv_bias: false,
     o_bias: false,
     moe: None,
+    qk_norm: false,
 };
 
 /// Llama 3.1's long-context rope scaling (factor 8 over 8192 positions); Llama 3.2's is 32.
@@ -119,7 +126,27 @@ pub const PRESETS: &[(&str, [usize; 5], Llama)] = &[
     ("qwen1.5-moe-a2.7b", [24, 16, 2048, 151936, 8192], Llama { n_kv_head: 16, head_dim: 128, intermediate: 5632, rope_theta: 1e6, rms_eps: 1e-6, qkv_bias: true, moe: Some(QWEN15_MOE), ..BASE }),
     // mistralai/Mixtral-8x7B-v0.1
     ("mixtral-8x7b", [32, 32, 4096, 32000, 32768], Llama { head_dim: 128, intermediate: 14336, rope_theta: 1e6, moe: Some(MIXTRAL_8X7B), ..BASE }),
+    // a Qwen3-MoE of moe-tiny's size: q/k norms, 8 experts, 2 a token renormalised, no shared expert
+    ("qwen3-moe-tiny", [2, 4, 128, 256, 64], Llama { n_kv_head: 2, head_dim: 32, intermediate: 352, rope_theta: 10_000.0, qk_norm: true, moe: Some(QWEN3_MOE_TINY), ..BASE }),
+    // Qwen/Qwen3-0.6B
+    ("qwen3-0.6b", [28, 16, 1024, 151936, 40960], Llama { head_dim: 128, intermediate: 3072, rope_theta: 1e6, rms_eps: 1e-6, tied: true, qk_norm: true, ..BASE }),
+    // Qwen/Qwen3-30B-A3B (Qwen3MoeForCausalLM): 128 experts, 8 a token
+    ("qwen3-30b-a3b", [48, 32, 2048, 151936, 40960], Llama { n_kv_head: 4, head_dim: 128, intermediate: 6144, rope_theta: 1e6, rms_eps: 1e-6, qk_norm: true, moe: Some(QWEN3_30B_A3B), ..BASE }),
 ];
+
+/// The preset of the tests' Qwen3-MoE (q/k norms with experts).
+pub const QWEN3_MOE_TINY_PRESET: &str = "qwen3-moe-tiny";
+const QWEN3_MOE_TINY: LlamaMoe = LlamaMoe { shared_width: 0, norm_topk: true, naming: MoeNaming::Qwen3Moe, ..MOE_TINY };
+const QWEN3_30B_A3B: LlamaMoe = LlamaMoe {
+    experts: 128,
+    top_k: 8,
+    width: 768,
+    shared_width: 0,
+    norm_topk: true,
+    aux_coef: 0.001,
+    naming: MoeNaming::Qwen3Moe,
+    ..QWEN2_MOE
+};
 
 /// The tiny mixture-of-experts preset (tests, the README's tour).
 pub const MOE_TINY_PRESET: &str = "moe-tiny";
@@ -178,6 +205,7 @@ pub const EXAMPLE: Llama = Llama {
     qkv_bias: true,
     o_bias: true,
     moe: None,
+    qk_norm: false,
 };
 
 /// The shape of that model: 8 query heads in 64.
@@ -196,7 +224,7 @@ fn moe_spec(moe: &LlamaMoe, prefix: &str, c: usize) -> MoeSpec {
         [linear(g, (c, m), false), linear(u, (c, m), false), linear(d, (m, c), false)]
     };
     let (router, experts, shared) = match moe.naming {
-        MoeNaming::Qwen2Moe => {
+        MoeNaming::Qwen2Moe | MoeNaming::Qwen3Moe => {
             let at = |n: &str| format!("{prefix}.mlp.{n}");
             let proj = |e: &str| ["gate_proj", "up_proj", "down_proj"].map(|n| at(&format!("{e}.{n}")));
             let shared =
@@ -289,6 +317,7 @@ impl Describe for Llama {
                     v: linear(at("v_proj"), (c, kv), self.qkv_bias),
                 },
                 o: linear(at("o_proj"), (q, c), self.o_bias),
+                qk_norm: self.qk_norm.then(|| ([rms("self_attn.q_norm"), rms("self_attn.k_norm")], self.head_dim)),
             },
             ln_2: rms("post_attention_layernorm"),
             mlp: match self.moe.filter(|moe| moe.sparse(i)) {
@@ -399,6 +428,8 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
     let ty = v.get("model_type").and_then(Value::as_str).unwrap_or(match class {
         Some("Qwen2ForCausalLM") => "qwen2",
         Some("Qwen2MoeForCausalLM") => "qwen2_moe",
+        Some("Qwen3ForCausalLM") => "qwen3",
+        Some("Qwen3MoeForCausalLM") => "qwen3_moe",
         Some("MixtralForCausalLM") => "mixtral",
         _ => "llama",
     });
@@ -406,15 +437,17 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
     if let Some(a) = act.filter(|a| a.as_str() != Some("silu")) {
         return Err(unsupported("hidden_act", a, "\"silu\" (SwiGLU)"));
     }
+    // Qwen2's q/k/v biases; Qwen3 has Llama's `attention_bias` and a norm on each q and k head
     let qwen = ty == "qwen2" || ty == "qwen2_moe";
+    let qwen3 = ty == "qwen3" || ty == "qwen3_moe";
     let layers = need(v, "num_hidden_layers")?;
     let moe = parse_moe(v, ty, layers)?;
-    let sliding = match qwen {
+    let sliding = match qwen || qwen3 {
         true => v.get("use_sliding_window").filter(|x| x.as_bool() == Some(true)),
         false => v.get("sliding_window").filter(|x| !x.is_null()),
     };
     if let Some(x) = sliding {
-        let key = if qwen { "use_sliding_window" } else { "sliding_window" };
+        let key = if qwen || qwen3 { "use_sliding_window" } else { "sliding_window" };
         return Err(unsupported(key, x, "full causal attention (no sliding window)"));
     }
     if let Some(x) = v.get("mlp_bias").filter(|x| x.as_bool() == Some(true)) {
@@ -499,6 +532,7 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
         qkv_bias: (qwen && flag(v, "qkv_bias", true)?) || bias,
         o_bias: !qwen && bias,
         moe,
+        qk_norm: qwen3,
     };
     let positions = uint(v, "max_position_embeddings")?.unwrap_or(2048);
     Ok((Shape::of([layers, heads, hidden, need(v, "vocab_size")?, positions]), arch))
@@ -520,6 +554,7 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
     };
     let naming = match ty {
         "qwen2_moe" => MoeNaming::Qwen2Moe,
+        "qwen3_moe" => MoeNaming::Qwen3Moe,
         "mixtral" => MoeNaming::Mixtral,
         _ => {
             for k in ["num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok"] {
@@ -527,7 +562,7 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
                     return Err(unsupported(
                         k,
                         x,
-                        "mixtures of experts as qwen2_moe and mixtral models (this config's model_type has dense MLPs)",
+                        "mixtures of experts as qwen2_moe, qwen3_moe and mixtral models (this config's model_type has dense MLPs)",
                     ));
                 }
             }
@@ -557,9 +592,11 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
         naming,
     };
     match naming {
-        MoeNaming::Qwen2Moe => {
+        MoeNaming::Qwen2Moe | MoeNaming::Qwen3Moe => {
             moe.width = need(v, "moe_intermediate_size")?;
-            moe.shared_width = uint(v, "shared_expert_intermediate_size")?.unwrap_or(0);
+            if naming == MoeNaming::Qwen2Moe {
+                moe.shared_width = uint(v, "shared_expert_intermediate_size")?.unwrap_or(0);
+            }
             moe.norm_topk = flag(v, "norm_topk_prob", false)?;
             moe.sparse_step = uint(v, "decoder_sparse_step")?.unwrap_or(1);
             if moe.sparse_step == 0 {
@@ -585,12 +622,15 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
 /// biases only, else Llama's), in the Hub's form, which transformers 4 and 5 both read.
 pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Value {
     let Shape { n_layer: layers, n_head: heads, n_embd: hidden, vocab_size: vocab, block_size: positions } = *s;
-    let qwen = a.qkv_bias && !a.o_bias;
-    let (model_type, class) = match (a.moe.map(|m| m.naming), qwen) {
-        (Some(MoeNaming::Qwen2Moe), _) => ("qwen2_moe", "Qwen2MoeForCausalLM"),
-        (Some(MoeNaming::Mixtral), _) => ("mixtral", "MixtralForCausalLM"),
-        (None, true) => ("qwen2", "Qwen2ForCausalLM"),
-        (None, false) => ("llama", "LlamaForCausalLM"),
+    // (Qwen3's q/k norms name its classes; its biases are Llama's `attention_bias`)
+    let qwen = a.qkv_bias && !a.o_bias && !a.qk_norm;
+    let (model_type, class) = match (a.moe.map(|m| m.naming), qwen, a.qk_norm) {
+        (Some(MoeNaming::Qwen2Moe), _, _) => ("qwen2_moe", "Qwen2MoeForCausalLM"),
+        (Some(MoeNaming::Qwen3Moe), _, _) => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+        (Some(MoeNaming::Mixtral), _, _) => ("mixtral", "MixtralForCausalLM"),
+        (None, _, true) => ("qwen3", "Qwen3ForCausalLM"),
+        (None, true, _) => ("qwen2", "Qwen2ForCausalLM"),
+        (None, false, _) => ("llama", "LlamaForCausalLM"),
     };
     let scaling = a.rope_scaling.map(|r| {
         serde_json::json!({
@@ -623,6 +663,9 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
     });
     if qwen {
         v["use_sliding_window"] = Value::Bool(false);
+    } else if a.qk_norm {
+        v["use_sliding_window"] = Value::Bool(false);
+        v["attention_bias"] = Value::Bool(a.o_bias);
     } else {
         v["attention_bias"] = Value::Bool(a.o_bias);
         v["mlp_bias"] = Value::Bool(false);
@@ -636,10 +679,12 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
             o.insert("router_z_loss_coef".into(), m.z_coef.into());
         }
         match m.naming {
-            MoeNaming::Qwen2Moe => {
+            MoeNaming::Qwen2Moe | MoeNaming::Qwen3Moe => {
                 o.insert("num_experts".into(), m.experts.into());
                 o.insert("moe_intermediate_size".into(), m.width.into());
-                o.insert("shared_expert_intermediate_size".into(), m.shared_width.into());
+                if m.naming == MoeNaming::Qwen2Moe {
+                    o.insert("shared_expert_intermediate_size".into(), m.shared_width.into());
+                }
                 o.insert("norm_topk_prob".into(), m.norm_topk.into());
                 o.insert("decoder_sparse_step".into(), m.sparse_step.into());
                 let dense: Vec<usize> = (0..64).filter(|i| m.dense >> i & 1 == 1).collect();
@@ -727,8 +772,8 @@ mod tests {
             assert!(e.contains(named), "{k}: {e}");
         }
         let mut v = llama3();
-        v["model_type"] = json!("qwen3_moe");
-        assert!(super::super::read_hf(&v).unwrap_err().contains("qwen3_moe"));
+        v["model_type"] = json!("olmoe");
+        assert!(super::super::read_hf(&v).unwrap_err().contains("olmoe"));
     }
 
     fn qwen2_moe() -> Value {
@@ -765,6 +810,35 @@ mod tests {
         assert_eq!(parse(&to_json(&shape, &a, (None, None))).unwrap(), (shape, a));
         let MlpSpec::Moe(moe) = &a.block(&shape, 0).mlp else { panic!("a mixture") };
         assert_eq!(moe.experts[3][1].name, "model.layers.0.block_sparse_moe.experts.3.w3");
+        // Qwen3-MoE as transformers 5 writes it (num_local_experts), and Qwen3: q/k norms,
+        // Llama's attention_bias, no shared expert
+        let q3 = json!({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 40,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "vocab_size": 50, "num_local_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "norm_topk_prob": true, "mlp_only_layers": [1], "attention_bias": false, "use_sliding_window": false});
+        let (shape, a) = parse(&q3).unwrap();
+        let m = a.moe.unwrap();
+        assert_eq!((m.experts, m.width, m.shared_width, m.norm_topk, m.naming), (6, 16, 0, true, MoeNaming::Qwen3Moe));
+        assert!(a.qk_norm && !a.qkv_bias && !a.o_bias);
+        let back = to_json(&shape, &a, (None, None));
+        assert_eq!(
+            (back["model_type"].as_str(), back["architectures"][0].as_str()),
+            (Some("qwen3_moe"), Some("Qwen3MoeForCausalLM"))
+        );
+        assert_eq!(parse(&back).unwrap(), (shape, a));
+        let spec = a.block(&shape, 0);
+        assert_eq!(spec.attn.qk_norm.as_ref().unwrap().0[1].name, "model.layers.0.self_attn.k_norm");
+        let MlpSpec::Moe(moe) = &spec.mlp else { panic!("layer 0 is a mixture") };
+        assert!(moe.shared.is_none() && moe.norm_topk);
+        let mut dense = q3.clone();
+        dense["model_type"] = json!("qwen3");
+        for k in ["num_local_experts", "num_experts_per_tok", "moe_intermediate_size"] {
+            dense.as_object_mut().unwrap().remove(k);
+        }
+        let (shape, a) = parse(&dense).unwrap();
+        assert!(a.qk_norm && a.moe.is_none());
+        assert_eq!(to_json(&shape, &a, (None, None))["architectures"][0], "Qwen3ForCausalLM");
+        assert_eq!(parse(&to_json(&shape, &a, (None, None))).unwrap(), (shape, a));
     }
 
     #[test]

@@ -417,6 +417,11 @@ pub fn export_model(
             "GGUF export of a mixture-of-experts model is not built yet (llama.cpp's expert tensors); keep its Hugging Face folder".into(),
         ));
     }
+    if cfg.block(0).attn.qk_norm.is_some() {
+        return Err(Error::Config(
+            "GGUF export of a model with q/k norms (Qwen3) is not built yet (llama.cpp's qwen3 architecture); keep its Hugging Face folder".into(),
+        ));
+    }
     let arch = cfg.gguf();
     let (tok_meta, pre) = tokenizer_metadata(meta_dir, cfg.vocab_size)?;
     let mut meta = vec![
