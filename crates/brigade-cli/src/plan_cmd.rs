@@ -51,6 +51,10 @@ pub struct PlanArgs {
     net_gbps: Option<f64>,
     #[arg(long)]
     gpus_per_node: Option<usize>,
+    /// A mixture of experts' busiest expert's tokens over the mean (1: balanced; `brigade
+    /// train` reports it as moe_load_max_over_mean).
+    #[arg(long, default_value_t = 1.0)]
+    expert_imbalance: f64,
     /// Total GPUs.
     #[arg(long, required_unless_present = "local")]
     gpus: Option<usize>,
@@ -136,6 +140,8 @@ fn shape_unchecked(a: &PlanArgs) -> Result<ModelShape> {
         hidden,
         heads,
         kv_heads: a.kv_heads.unwrap_or(heads),
+        head_dim: hidden / heads.max(1),
+        moe: None,
         ffn: a.ffn.unwrap_or(4 * hidden),
         swiglu: a.swiglu,
         seq: need(a.seq, "--seq")?,
@@ -327,7 +333,15 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     let precision = brigade::plan::cost::Precision::parse(&a.precision)
         .ok_or_else(|| anyhow::anyhow!("unknown --precision '{}'; use bf16, fp16 or fp32", a.precision))?;
-    let t = Training { global_batch, flash_attention: !a.no_flash_attention, precision };
+    if !(a.expert_imbalance >= 1.0 && a.expert_imbalance.is_finite()) {
+        bail!("--expert-imbalance {} must be at least 1 (the busiest expert over the mean)", a.expert_imbalance);
+    }
+    let t = Training {
+        global_batch,
+        flash_attention: !a.no_flash_attention,
+        precision,
+        expert_imbalance: a.expert_imbalance,
+    };
     let ranked = search(&m, &acc, gpus, &t, &fixed)?;
     let best = ranked[0];
     let tokens_per_step = (global_batch * m.seq) as f64;
@@ -362,17 +376,32 @@ pub fn run(a: PlanArgs) -> Result<()> {
         m.vocab,
         (m.layers as f64 * p_layer + p_embed) / 1e9
     );
+    if let Some(e) = m.moe {
+        // what a token passes through: its k experts (and a shared one), the attention, the tables
+        let active = m.layers as f64 * brigade::plan::cost::layer_flops_per_token(&m).0 / 2.0 + p_embed;
+        outln!(
+            "       {} of {} layers mixtures of {} experts of {} ({} a token{}) — {:.2}B active parameters",
+            e.layers,
+            m.layers,
+            e.experts,
+            e.width,
+            e.top_k,
+            if e.shared > 0 { format!(", a shared expert of {}", e.shared) } else { String::new() },
+            active / 1e9
+        );
+    }
     outln!(
         "cluster: {} × {} ({:.0} TFLOP/s, {:.0} GiB, {:.2} TB/s; NVLink {:.0} GB/s, network {:.0} GB/s per GPU, {} per node); global batch {}",
         gpus, a.gpu, acc.peak_tflops, acc.hbm_gib, acc.hbm_tbps, acc.nvlink_gbps, acc.net_gbps, acc.gpus_per_node, global_batch
     );
     outln!("{} layouts fit; fastest first:", ranked.len());
     outln!(
-        "{:>4} {:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9} {:>9} {:>6} {:>8}",
+        "{:>4} {:>4} {:>4} {:>5} {:>4} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9} {:>9} {:>6} {:>8}",
         "tp",
         "pp",
         "cp",
         "dp",
+        "ep",
         "mb",
         "v",
         "schedule",
@@ -386,11 +415,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
     for e in ranked.iter().take(a.top) {
         let l = e.layout;
         outln!(
-            "{:>4} {:>4} {:>4} {:>5} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9.3} {:>9.1} {:>5.1}% {:>8.1}",
+            "{:>4} {:>4} {:>4} {:>5} {:>4} {:>3} {:>2} {:>11} {:>10} {:>4} {:>9.3} {:>9.1} {:>5.1}% {:>8.1}",
             l.tp,
             l.pp,
             l.cp,
             l.dp,
+            l.ep,
             l.mb.map_or("-".to_string(), |m| m.to_string()),
             l.v,
             l.schedule_name(),
@@ -404,8 +434,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
     }
     let b = best.breakdown;
     outln!(
-        "best: step {:.3} s = compute {:.3} + tp comm {:.3} + cp comm {:.3} + pp bubble {:.3} + p2p {:.3} + exposed dp comm {:.3} + optimizer {:.3}",
-        best.step_time_s, b.compute_s, b.tp_comm_s, b.cp_comm_s, b.pp_bubble_s, b.p2p_s, b.dp_exposed_s, b.optimizer_s
+        "best: step {:.3} s = compute {:.3} + tp comm {:.3} + cp comm {:.3} + ep all-to-all {:.3} + pp bubble {:.3} + p2p {:.3} + exposed dp comm {:.3} + optimizer {:.3}",
+        best.step_time_s, b.compute_s, b.tp_comm_s, b.cp_comm_s, b.ep_comm_s, b.pp_bubble_s, b.p2p_s, b.dp_exposed_s, b.optimizer_s
     );
     outln!(
         "      {:.1} model TFLOP/s per GPU ({:.1} with recomputation), MFU {:.1}%, {:.1} GiB per GPU, {:.0} tokens/s",

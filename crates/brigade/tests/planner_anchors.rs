@@ -47,6 +47,8 @@ fn predictions_match_published_runs() {
             hidden,
             heads,
             kv_heads: num("kv_heads").unwrap_or(heads),
+            head_dim: hidden / heads,
+            moe: None,
             ffn: num("ffn_hidden").unwrap_or(4 * hidden),
             swiglu: row["model"].contains("Llama"),
             seq: num("seq_len").unwrap(),

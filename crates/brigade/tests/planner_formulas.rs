@@ -5,7 +5,19 @@ use brigade::plan::catalog::{accelerator, model, Accelerator, ModelShape};
 use brigade::plan::{estimate, memory_gib, search, step_flops, Training};
 
 fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
-    ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab, tied: true }
+    ModelShape {
+        layers,
+        hidden,
+        heads,
+        kv_heads: heads,
+        head_dim: hidden / heads,
+        moe: None,
+        ffn: 4 * hidden,
+        swiglu: false,
+        seq,
+        vocab,
+        tied: true,
+    }
 }
 
 #[test]
@@ -392,4 +404,79 @@ fn the_planner_uses_the_models_training_builds() {
     let total = 32.0 * per_layer + embed + brigade::plan::cost::head_params(&m);
     // the planner leaves out the norms' 2·L·h + h = 266,240 scales
     assert_eq!(total, 8_030_261_248.0 - 266_240.0);
+}
+
+/// A mixture's parameters as the planner counts them: every expert for memory, the k a token
+/// goes to (with the attention and both tables) for its FLOPs — the published figures of
+/// Mixtral 8x7B (46.7B, 12.9B active: Mistral AI's announcement) and Qwen3-30B-A3B (30.5B,
+/// 3.3B activated: its model card), to their rounding.
+#[test]
+fn mixture_parameter_counts_match_the_published_figures() {
+    for (name, total, active) in [("mixtral-8x7b", 46.7e9, 12.9e9), ("qwen3-30b-a3b", 30.5e9, 3.3e9)] {
+        let m = model(name).unwrap();
+        let (per_layer, embed) = brigade::plan::cost::params(&m);
+        let tables = embed + brigade::plan::cost::head_params(&m);
+        let all = m.layers as f64 * per_layer + tables;
+        let used = m.layers as f64 * brigade::plan::cost::layer_flops_per_token(&m).0 / 2.0 + tables;
+        assert!((all / total - 1.0).abs() < 0.005, "{name}: {all:.4e} parameters, published {total:.3e}");
+        assert!((used / active - 1.0).abs() < 0.02, "{name}: {used:.4e} active, published {active:.3e}");
+        // and the model FLOPs of a step are 6 per active matrix parameter (head included) plus
+        // the attention core, as training counts them
+        let cfg = brigade::models::GptConfig::preset(name).unwrap();
+        let (flops, _) = step_flops(&m, 1, Recompute::None);
+        let attention = 3.0 * m.layers as f64 * 4.0 * (m.seq * m.seq * m.heads * m.head_dim) as f64;
+        let want = 6.0 * (m.seq * cfg.matmul_params()) as f64;
+        assert!(((flops - attention) / want - 1.0).abs() < 1e-6, "{name}: {flops:.4e} − attention vs {want:.4e}");
+    }
+}
+
+/// Expert parallelism divides the routed experts' 16 bytes a parameter (weights, gradients,
+/// AdamW) over the expert group, and its all-to-alls cross the network once the group leaves a
+/// node.
+#[test]
+fn experts_divide_their_memory_over_ep_and_the_all_to_all_pays_for_leaving_a_node() {
+    let m = model("mixtral-8x7b").unwrap();
+    let a = accelerator("h100-sxm").unwrap();
+    let t = Training { global_batch: 64, ..Training::default() };
+    let base = Layout { dp: 16, mb: Some(1), recompute: Recompute::Full, ..Layout::default() };
+    let e = m.moe.expect("a mixture");
+    // every expert of every layer, counted from the shape
+    let experts = (e.layers * e.experts * 3 * m.hidden * e.width) as f64;
+    let gib = (1u64 << 30) as f64;
+    let one = memory_gib(&m, &t, &base);
+    for ep in [2, 4, 8] {
+        let l = Layout { ep, ..base };
+        let saved = one - memory_gib(&m, &t, &l);
+        let want = 16.0 * experts * (1.0 - 1.0 / ep as f64) / gib;
+        assert!((saved / want - 1.0).abs() < 1e-9, "ep={ep}: saves {saved:.3} GiB, want {want:.3}");
+        // ZeRO-3 then cuts the experts over the dp / ep ranks holding the same ones
+        let z = Layout { zero: 3, ..l };
+        let z1 = Layout { zero: 3, ..base };
+        assert!((memory_gib(&m, &t, &z) - memory_gib(&m, &t, &z1)).abs() < 1e-9, "ep={ep}: ZeRO-3 divides the same");
+    }
+    assert_eq!(estimate(&m, &a, &t, &base).breakdown.ep_comm_s, 0.0);
+    let inside = estimate(&m, &a, &t, &Layout { ep: 8, ..base }).breakdown.ep_comm_s;
+    let across = estimate(&m, &a, &t, &Layout { ep: 16, ..base }).breakdown.ep_comm_s;
+    // 15/16 of the bytes over the 50 GB/s network against 7/8 over 450 GB/s NVLink
+    let ratio = across / inside;
+    let want = (15.0 / 16.0 / 50.0) / (7.0 / 8.0 / 450.0);
+    assert!(
+        ratio > 0.9 * want && ratio < 1.1 * want,
+        "across / inside a node {ratio:.2}, bytes over bandwidth {want:.2}"
+    );
+    // a busier expert rank exchanges (and computes) more
+    let busy = Training { expert_imbalance: 1.5, ..t };
+    let b = estimate(&m, &a, &busy, &Layout { ep: 8, ..base });
+    assert!(
+        b.breakdown.ep_comm_s > 1.4 * inside
+            && b.breakdown.compute_s > estimate(&m, &a, &t, &Layout { ep: 8, ..base }).breakdown.compute_s
+    );
+    // the search tries ep, and a dense model never
+    let fixed = Fixed::default();
+    assert!(search(&m, &a, 64, &Training { global_batch: 512, ..t }, &fixed).unwrap().iter().any(|e| e.layout.ep > 1));
+    let dense = model("llama3-8b").unwrap();
+    assert!(search(&dense, &a, 16, &Training { global_batch: 64, ..t }, &fixed)
+        .unwrap()
+        .iter()
+        .all(|e| e.layout.ep == 1));
 }

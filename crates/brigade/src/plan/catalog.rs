@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use serde::Serialize;
 
-/// A dense decoder-only transformer's shape.
+/// A decoder-only transformer's shape (dense, or with mixtures of experts).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct ModelShape {
     pub layers: usize,
@@ -11,6 +11,10 @@ pub struct ModelShape {
     pub heads: usize,
     /// Key/value heads (grouped-query attention); `heads` for multi-head attention.
     pub kv_heads: usize,
+    /// One head's width (`hidden / heads` unless the model says otherwise, as Qwen3 does).
+    pub head_dim: usize,
+    /// The mixtures of experts in place of some layers' MLPs (`None`: dense).
+    pub moe: Option<ExpertShape>,
     /// MLP width.
     pub ffn: usize,
     /// Gated MLP (SwiGLU): three matrices instead of two.
@@ -21,16 +25,42 @@ pub struct ModelShape {
     pub tied: bool,
 }
 
+/// A model's mixtures of experts, as the planner costs them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ExpertShape {
+    /// Routed experts per mixture layer, and how many a token goes to.
+    pub experts: usize,
+    pub top_k: usize,
+    /// Each routed expert's SwiGLU width, and a shared expert's (0: none).
+    pub width: usize,
+    pub shared: usize,
+    /// Layers that are mixtures (the others keep a dense MLP of `ffn`).
+    pub layers: usize,
+}
+
 impl ModelShape {
     /// The shape of one of brigade's model configs (GPT-2 or the Llama family) at `seq`.
     pub fn of(cfg: &crate::models::GptConfig, seq: usize) -> ModelShape {
+        use crate::models::family::MlpSpec;
+        let moe = (0..cfg.n_layer).find_map(|i| match cfg.block(i).mlp {
+            MlpSpec::Moe(m) => Some(ExpertShape {
+                experts: m.experts.len(),
+                top_k: m.top_k,
+                width: m.width(),
+                shared: m.shared.as_ref().map_or(0, |(s, _)| s[0].d_out),
+                layers: cfg.moe_layers(),
+            }),
+            _ => None,
+        });
         ModelShape {
             layers: cfg.n_layer,
             hidden: cfg.n_embd,
             heads: cfg.n_head,
             kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
+            moe,
             ffn: cfg.mlp_width(),
-            swiglu: matches!(cfg.block(0).mlp, crate::models::family::MlpSpec::SwiGlu { .. }),
+            swiglu: !matches!(cfg.block(0).mlp, MlpSpec::Gelu { .. }),
             seq,
             vocab: cfg.vocab_size,
             tied: cfg.tied(),
@@ -39,7 +69,19 @@ impl ModelShape {
 }
 
 const fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
-    ModelShape { layers, hidden, heads, kv_heads: heads, ffn: 4 * hidden, swiglu: false, seq, vocab, tied: true }
+    ModelShape {
+        layers,
+        hidden,
+        heads,
+        kv_heads: heads,
+        head_dim: hidden / heads,
+        moe: None,
+        ffn: 4 * hidden,
+        swiglu: false,
+        seq,
+        vocab,
+        tied: true,
+    }
 }
 
 /// A Llama-family decoder: `(heads, kv)` query and key/value heads, a SwiGLU MLP `ffn` wide,
@@ -51,7 +93,19 @@ const fn llama(
     seq: usize,
     vocab: usize,
 ) -> ModelShape {
-    ModelShape { layers, hidden, heads, kv_heads: kv, ffn, swiglu: true, seq, vocab, tied: false }
+    ModelShape {
+        layers,
+        hidden,
+        heads,
+        kv_heads: kv,
+        head_dim: hidden / heads,
+        moe: None,
+        ffn,
+        swiglu: true,
+        seq,
+        vocab,
+        tied: false,
+    }
 }
 
 pub const MODELS: &[(&str, ModelShape)] = &[

@@ -55,11 +55,15 @@ pub struct Training {
     pub global_batch: usize,
     pub flash_attention: bool,
     pub precision: Precision,
+    /// A mixture's busiest expert's tokens over the mean (1: perfectly balanced; brigade's
+    /// training reports it per step as `moe_load_max_over_mean`): the expert-parallel rank
+    /// holding it computes and exchanges that much more, and the others wait for it.
+    pub expert_imbalance: f64,
 }
 
 impl Default for Training {
     fn default() -> Self {
-        Training { global_batch: 1, flash_attention: true, precision: Precision::Bf16 }
+        Training { global_batch: 1, flash_attention: true, precision: Precision::Bf16, expert_imbalance: 1.0 }
     }
 }
 
@@ -80,6 +84,8 @@ pub struct Breakdown {
     pub tp_comm_s: f64,
     /// Context parallelism's exchange of keys and values that attention does not hide.
     pub cp_comm_s: f64,
+    /// Expert parallelism's all-to-alls (tokens to their experts' ranks and back).
+    pub ep_comm_s: f64,
     pub pp_bubble_s: f64,
     pub p2p_s: f64,
     /// Data-parallel gradient reduction not hidden behind the last backward.
@@ -122,21 +128,56 @@ fn cp_imbalance(l: &Layout) -> f64 {
     }
 }
 
-/// FLOPs per token of one layer's forward pass: (matrix products, attention core).
-pub fn layer_flops_per_token(m: &ModelShape) -> (f64, f64) {
-    let (h, s) = (m.hidden as f64, m.seq as f64);
-    let hkv = h * m.kv_heads as f64 / m.heads as f64;
-    let mlp = if m.swiglu { 3.0 } else { 2.0 };
-    let lin = 2.0 * h * (h + 2.0 * hkv) + 2.0 * h * h + 2.0 * h * m.ffn as f64 * mlp;
-    // q·kᵀ and p·v over the full s×s square, as the Megatron-LM paper counts
-    (lin, 4.0 * s * h)
+/// The widths of one layer's queries (all heads) and of its keys (= its values).
+fn attn_widths(m: &ModelShape) -> (f64, f64) {
+    ((m.heads * m.head_dim) as f64, (m.kv_heads * m.head_dim) as f64)
 }
 
-/// Parameters: per layer, and the embedding (the LM head's too when tied; an untied head is
-/// as many again, see `head_params`).
+/// Parameters of one layer, averaged over the layers: (the matrices a token passes through —
+/// attention, the dense MLP or its k experts, a shared expert and the router —, every matrix —
+/// every expert —, the routed experts' alone).
+fn layer_matrices(m: &ModelShape) -> (f64, f64, f64) {
+    let h = m.hidden as f64;
+    let (q, kv) = attn_widths(m);
+    let attn = h * (q + 2.0 * kv) + q * h;
+    let per_mlp = if m.swiglu { 3.0 } else { 2.0 };
+    let dense = h * m.ffn as f64 * per_mlp;
+    let Some(e) = m.moe else { return (attn + dense, attn + dense, 0.0) };
+    let (l, lm) = (m.layers as f64, e.layers as f64);
+    let expert = 3.0 * h * e.width as f64;
+    // the router, and a shared expert with its one-logit gate
+    let always = h * e.experts as f64 + if e.shared > 0 { 3.0 * h * e.shared as f64 + h } else { 0.0 };
+    let avg = |moe: f64| ((l - lm) * dense + lm * moe) / l;
+    let routed = lm * expert * e.experts as f64 / l;
+    (attn + avg(always + e.top_k as f64 * expert), attn + avg(always) + routed, routed)
+}
+
+/// FLOPs per token of one layer's forward pass (averaged over the layers): (matrix products,
+/// attention core). A mixture counts the k experts a token goes to, not the others.
+pub fn layer_flops_per_token(m: &ModelShape) -> (f64, f64) {
+    let (active, _, _) = layer_matrices(m);
+    // q·kᵀ and p·v over the full s×s square, as the Megatron-LM paper counts
+    (2.0 * active, 4.0 * m.seq as f64 * attn_widths(m).0)
+}
+
+/// Parameters: per layer (every expert of a mixture), and the embedding (the LM head's too
+/// when tied; an untied head is as many again, see `head_params`).
 pub fn params(m: &ModelShape) -> (f64, f64) {
-    let (lin, _) = layer_flops_per_token(m);
-    (lin / 2.0, (m.vocab * m.hidden) as f64)
+    (layer_matrices(m).1, (m.vocab * m.hidden) as f64)
+}
+
+/// Of `params`' per layer, the routed experts' (spread over the expert-parallel ranks).
+pub fn expert_params(m: &ModelShape) -> f64 {
+    layer_matrices(m).2
+}
+
+/// The routed experts' share of a token's matrix-product FLOPs in a layer (what the busiest
+/// expert-parallel rank does `expert_imbalance` times as much of).
+fn expert_flop_share(m: &ModelShape) -> f64 {
+    let Some(e) = m.moe else { return 0.0 };
+    let (active, _, _) = layer_matrices(m);
+    let routed = e.layers as f64 * e.top_k as f64 * 3.0 * (m.hidden * e.width) as f64 / m.layers as f64;
+    routed / active
 }
 
 /// Training FLOPs of one step: (model FLOPs, hardware FLOPs incl. recomputation).
@@ -169,8 +210,15 @@ pub fn step_flops(m: &ModelShape, batch: usize, rec: Recompute) -> (f64, f64) {
 /// generalised to grouped-query attention and any MLP width), before tensor parallelism.
 fn activation_bytes_per_token(m: &ModelShape, t: &Training, rec: Recompute) -> f64 {
     let h = m.hidden as f64;
-    let hkv = h * m.kv_heads as f64 / m.heads as f64;
-    let f = m.ffn as f64;
+    let hkv = attn_widths(m).1;
+    // a mixture's token passes through k experts (and a shared one): their widths, averaged
+    let f = match m.moe {
+        None => m.ffn as f64,
+        Some(e) => {
+            let moe = (e.top_k * e.width + e.shared) as f64;
+            ((m.layers - e.layers) as f64 * m.ffn as f64 + e.layers as f64 * moe) / m.layers as f64
+        }
+    };
     let attention = 7.0 * h + 4.0 * hkv; // qkv input, q, k, v, projection input, dropout mask
     let mlp = if m.swiglu { 3.0 * h + 6.0 * f } else { 3.0 * h + 4.0 * f };
     let norms = 4.0 * h;
@@ -261,18 +309,23 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
         (false, false) => 0.0,
         _ => embed,
     };
-    let p = (lps * per_layer + ends) / tp;
-    // ZeRO cuts its pieces over every rank holding the same parameters: data × context
+    // the routed experts spread over the expert group, the rest whole on each rank
+    let experts = lps * expert_params(m) / tp;
+    let p = (lps * per_layer + ends) / tp - experts;
+    // ZeRO cuts its pieces over every rank holding the same parameters: data × context, and
+    // for the experts the dp · cp / ep ranks holding the same ones
     let dp = (l.dp * l.cp) as f64;
+    let ep = l.ep.max(1) as f64;
     // 16 bytes/param either way: mixed precision keeps bf16 weights and grads (2 + 2) and
     // fp32 master weights and moments (12); fp32 keeps weights and grads (4 + 4) and moments (8).
     let (w, g) = (t.precision.bytes(), t.precision.bytes());
-    let state = match l.zero {
+    let per_param = |dp: f64| match l.zero {
         0 => 16.0,
         1 => w + g + (16.0 - w - g) / dp,
         2 => w + (16.0 - w) / dp,
         _ => 16.0 / dp,
-    } * p;
+    };
+    let state = per_param(dp) * p + per_param(dp / ep) * experts / ep;
     let tokens = rank_tokens(m, t, l);
     let per_layer_act = tokens * activation_bytes_per_token(m, t, l.recompute) / tp; // sequence parallel
     let stored = match l.recompute {
@@ -285,7 +338,7 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
     let logits = if last { tokens * m.vocab as f64 / tp * (t.precision.bytes() + 4.0) } else { 0.0 };
     // context parallelism: the keys and values a layer's attention reads from the group (all
     // of the sequence's, all-gathered; a ring holds two blocks)
-    let hkv = (m.hidden * m.kv_heads / m.heads) as f64;
+    let hkv = attn_widths(m).1;
     let kv = 2.0 * tokens * hkv * t.precision.bytes() / tp;
     let exchanged = match (l.cp, l.cp_comm) {
         (1, _) => 0.0,
@@ -294,6 +347,24 @@ fn rank_memory_gib(m: &ModelShape, t: &Training, l: &Layout, r: usize, layers: u
     };
     let act = lps * stored * in_flight + recompute_working_set + logits + exchanged;
     (state + act) / (1u64 << 30) as f64 + RESERVED_GIB
+}
+
+/// Expert parallelism's all-to-alls in one layer of one micro-batch, averaged over the layers
+/// (the mixtures' share of them): each rank sends its `tokens` (cut over tp, as sequence
+/// parallelism holds them) × k copies to their experts' ranks and takes the outputs back, in
+/// the forward and twice so in the backward (and once more forward under full recompute); the
+/// (ep − 1)/ep that leave the rank cross NVLink inside a node or the network across nodes, the
+/// busiest rank's share `expert_imbalance` times the mean.
+fn all_to_all_per_layer(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout, tokens: f64) -> f64 {
+    let (Some(e), ep) = (m.moe, l.ep.max(1)) else { return 0.0 };
+    if ep == 1 {
+        return 0.0;
+    }
+    let bw = if spans(l.tp, ep, a.gpus_per_node) { a.net_gbps } else { a.nvlink_gbps } * 1e9;
+    let bytes = tokens / l.tp as f64 * e.top_k as f64 * m.hidden as f64 * t.precision.bytes();
+    let one = (ep - 1) as f64 * ALPHA_S + bytes * (ep - 1) as f64 / ep as f64 * t.expert_imbalance / bw;
+    let n = if l.recompute == Recompute::Full { 6.0 } else { 4.0 };
+    n * one * e.layers as f64 / m.layers as f64
 }
 
 /// One micro-batch's work on a pipeline stage, seconds: its forward, its whole backward, and
@@ -373,7 +444,7 @@ fn cp_exposed_per_layer(
     let cp = l.cp as f64;
     // the group's stride is tp: it leaves the node when tp·cp ranks do not fit in one
     let bw = if spans(l.tp, l.cp, a.gpus_per_node) { a.net_gbps } else { a.nvlink_gbps } * 1e9;
-    let hkv = (m.hidden * m.kv_heads / m.heads) as f64;
+    let hkv = attn_widths(m).1;
     let block = 2.0 * rank_tokens(m, t, l) * hkv * t.precision.bytes() / l.tp as f64;
     let forwards = if recomputed { 2.0 } else { 1.0 };
     match l.cp_comm {
@@ -399,7 +470,9 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let tokens = rank_tokens(m, t, l);
     let x = m.hidden as f64 / tp;
     let gemm_eff = a.gemm_efficiency * x / (x + SHAPE_X0);
-    let t_lin = tokens * lin / tp / (peak * gemm_eff);
+    // the busiest expert-parallel rank computes its experts' share `expert_imbalance` times over
+    let imbalance = 1.0 + expert_flop_share(m) * (t.expert_imbalance - 1.0);
+    let t_lin = tokens * lin * imbalance / tp / (peak * gemm_eff);
     // each rank's queries attend over the whole sequence: its share of the work, balanced or not
     let t_att = tokens * att * cp_imbalance(l) / tp / (peak * a.attention_efficiency);
     let stored = tokens * activation_bytes_per_token(m, t, Recompute::Full) / tp;
@@ -423,7 +496,8 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let compute_mb = lps * (fwd + bwd + rec) + head;
     let tp_mb = lps * tp_per_layer;
     let cp_mb = lps * cp_exposed_per_layer(m, a, t, l, (t_att, rec > 0.0));
-    let stage_mb = compute_mb + tp_mb + cp_mb;
+    let ep_mb = lps * all_to_all_per_layer(m, a, t, l, tokens);
+    let stage_mb = compute_mb + tp_mb + cp_mb + ep_mb;
     let micro = t.global_batch / (l.dp * micro_batch(t, l));
     // a micro-batch on the busiest stage: its forward with the forward's two tensor-parallel
     // collectives, its backward (recomputation and the other collectives), and the backward's
@@ -437,19 +511,32 @@ pub fn estimate(m: &ModelShape, a: &Accelerator, t: &Training, l: &Layout) -> Es
     let p2p = if l.pp > 1 { 2.0 * l.v as f64 * micro * (ALPHA_S + act_bytes / tp / (pp_bw * 1e9)) } else { 0.0 };
     // Data parallel: gradients of this GPU's parameters, hidden behind the last backward.
     let (per_layer, embed) = params(m);
-    let p_gpu = (lps * per_layer + embed + head_params(m)) / tp;
-    // (summed over the data × context ranks, which hold the same parameters)
+    let ep = l.ep.max(1);
+    let experts = lps * expert_params(m) / tp;
+    let p_gpu = (lps * per_layer + embed + head_params(m)) / tp - experts;
+    // (summed over the data × context ranks, which hold the same parameters; a rank's experts
+    // over the dp · cp / ep of them holding the same experts)
     let replicas = l.dp * l.cp;
     let dp_bw = if spans(l.tp, replicas, gpn) { a.net_gbps } else { a.nvlink_gbps };
+    let edp_bw = if spans(l.tp * ep, replicas / ep, gpn) { a.net_gbps } else { a.nvlink_gbps };
     let zero_factor = if l.zero >= 3 { 1.5 } else { 1.0 };
-    let dp_time = zero_factor * all_reduce_time(replicas, t.precision.bytes() * p_gpu, dp_bw, 2.0);
+    let bytes = t.precision.bytes();
+    let expert_time = match m.moe {
+        Some(_) => all_reduce_time(replicas / ep, bytes * experts / ep as f64, edp_bw, 2.0),
+        None => 0.0,
+    };
+    let dp_time = zero_factor * (all_reduce_time(replicas, bytes * p_gpu, dp_bw, 2.0) + expert_time);
     let dp_exposed = (dp_time - lps * bwd).max(0.0);
-    let opt_params = if l.zero >= 1 { p_gpu / replicas as f64 } else { p_gpu };
+    let opt_params = match l.zero {
+        0 => p_gpu + experts / ep as f64,
+        _ => p_gpu / replicas as f64 + experts / replicas as f64,
+    };
     let optimizer = 16.0 * opt_params / (a.hbm_tbps * 1e12);
     let breakdown = Breakdown {
         compute_s: micro * compute_mb,
         tp_comm_s: micro * tp_mb,
         cp_comm_s: micro * cp_mb,
+        ep_comm_s: micro * ep_mb,
         pp_bubble_s: bubble,
         p2p_s: p2p,
         dp_exposed_s: dp_exposed,

@@ -18,7 +18,8 @@ pub fn relayout(cfg: &TrainConfig, world: usize, acc: &Accelerator) -> Result<Es
     let (mcfg, seq) = Trainer::check_layout(cfg, &Layout::default())?;
     let shape = ModelShape::of(&mcfg, seq);
     // brigade trains in f32 with its own attention kernel
-    let t = Training { global_batch: cfg.batch, flash_attention: false, precision: Precision::Fp32 };
+    let t =
+        Training { global_batch: cfg.batch, flash_attention: false, precision: Precision::Fp32, ..Training::default() };
     let fixed = Spec { mb: cfg.micro_batch, ..Spec::default() };
     // fastest first; those that fit before those that do not
     let mut ranked = rank_all(&shape, acc, world, &t, &fixed);
@@ -58,7 +59,7 @@ mod tests {
     fn the_pick_has_the_world_and_the_batch_and_is_the_fastest_the_trainer_takes() {
         let acc = super::super::catalog::accelerator("h100-sxm").unwrap();
         let cfg = tiny();
-        let t = Training { global_batch: 6, flash_attention: false, precision: Precision::Fp32 };
+        let t = Training { global_batch: 6, flash_attention: false, precision: Precision::Fp32, ..Training::default() };
         let (m, seq) = Trainer::check_layout(&cfg, &Layout::default()).unwrap();
         let shape = ModelShape::of(&m, seq);
         for world in 1..=6 {

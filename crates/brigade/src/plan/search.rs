@@ -107,7 +107,16 @@ pub fn layouts(m: &ModelShape, gpus: usize, t: &Training, fixed: &Spec) -> Vec<L
             }
         }
     }
-    out
+    // a mixture's experts spread over ep ranks carved from data × context: every ep that
+    // divides both them and the experts
+    let eps = |l: &Layout| -> Vec<usize> {
+        let experts = m.moe.map_or(1, |e| e.experts);
+        divisors(l.dp * l.cp)
+            .into_iter()
+            .filter(|&ep| experts.is_multiple_of(ep) && fixed.ep.is_none_or(|x| x == ep))
+            .collect()
+    };
+    out.into_iter().flat_map(|l| eps(&l).into_iter().map(move |ep| Layout { ep, ..l })).collect()
 }
 
 /// Every matching layout, fitting or not, fastest first (for judging a layout someone ran).
@@ -124,7 +133,7 @@ pub fn search(m: &ModelShape, a: &Accelerator, gpus: usize, t: &Training, fixed:
         return Err(Error::Config(format!(
             "no layout of {gpus} GPUs matches: tp must divide the {} heads and the GPU count, pp must divide gpus/tp, \
              cp must divide gpus/(tp·pp) and cut the sequence of {} into 2·cp chunks, dp = gpus/(tp·pp·cp) must divide \
-             the global batch of {}, and fixed fields must agree",
+             the global batch of {}, ep must divide dp·cp and the experts, and fixed fields must agree",
             m.heads, m.seq, t.global_batch
         )));
     }
