@@ -10,6 +10,8 @@ every parameter's gradient and greedy continuations that PyTorch computes for th
 - qwen3_moe_hf: Qwen3MoeForCausalLM, 3 layers, the middle one dense, 6 experts with 2 a token
   renormalised (norm_topk_prob true), no shared expert, an RMSNorm over each query and key head
   (q_norm, k_norm), head_dim 16 in a hidden size of 32 with 4 heads (not hidden / heads), GQA 2:1.
+- olmoe_hf: OlmoeForCausalLM, 2 layers, 6 experts of intermediate_size 16 with 2 a token, not
+  renormalised, RMSNorms over all of q and all of k (q_norm of 32, k_norm of 16), GQA 2:1.
 
 Both say output_router_logits: true, so the load-balancing loss counts. brigade's is the Switch
 form taken per sequence and per MoE layer, averaged (transformers pools its whole batch and
@@ -29,8 +31,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 import sys
 
-from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 ROOT = "crates/brigade/tests/fixtures"
 
@@ -111,7 +113,7 @@ def make(name, model, vocab, top_k):
           "params", sum(p.numel() for p in model.parameters()))
 
 
-WANT = set(sys.argv[1:]) or {"qwen2_moe_hf", "mixtral_hf", "qwen3_moe_hf"}
+WANT = set(sys.argv[1:]) or {"qwen2_moe_hf", "mixtral_hf", "qwen3_moe_hf", "olmoe_hf"}
 
 torch.manual_seed(0)
 qwen = Qwen2MoeConfig(
@@ -149,3 +151,14 @@ qwen3 = Qwen3MoeConfig(
 )
 if "qwen3_moe_hf" in WANT:
     make("qwen3_moe_hf", Qwen3MoeForCausalLM(qwen3), qwen3.vocab_size, qwen3.num_experts_per_tok)
+
+torch.manual_seed(3)
+olmoe = OlmoeConfig(
+    vocab_size=79, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, attention_bias=False, clip_qkv=None,
+    num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, output_router_logits=True,
+    router_aux_loss_coef=0.01, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+)
+if "olmoe_hf" in WANT:
+    make("olmoe_hf", OlmoeForCausalLM(olmoe), olmoe.vocab_size, olmoe.num_experts_per_tok)

@@ -172,3 +172,15 @@ fn qwen3_moe_greedy_tokens_equal_generate() {
     // hidden size of 32; 6 experts, 2 a token, renormalised; the middle layer dense
     matches_generate("qwen3_moe_hf", &[2], false);
 }
+
+#[test]
+fn olmoe_greedy_tokens_equal_generate() {
+    // q/k norms over all heads at once (so no tp: refused with one line, checked below); 6
+    // experts, 2 a token, not renormalised
+    matches_generate("olmoe_hf", &[], false);
+    let (gpt, params) = load_model(&fixture("olmoe_hf")).unwrap();
+    let e = brigade_comm::local::run(2, |comm| Model::shard(&gpt, &params, Some(comm)).map(|_| ()))
+        .expect_err("whole-width q/k norms under tp")
+        .to_string();
+    assert!(e.contains("--tp 2") && e.contains("q/k norms span all 32"), "{e}");
+}

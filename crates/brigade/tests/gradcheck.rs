@@ -399,7 +399,7 @@ fn gpt_gradient_matches_finite_differences() {
 }
 
 /// The Llama family: GQA 4:2, head_dim × heads ≠ hidden, q/k/v and o biases, untied head, and
-/// (second) MQA with a tied head and llama3 rope scaling, and (third) Qwen3's q/k norms.
+/// (second) MQA with a tied head and llama3 rope scaling, and Qwen3's and OLMoE's q/k norms.
 #[test]
 fn llama_gradient_matches_finite_differences() {
     use brigade::models::family::{Llama, Llama3Rope};
@@ -415,6 +415,7 @@ fn llama_gradient_matches_finite_differences() {
         o_bias: true,
         moe: None,
         qk_norm: false,
+        qk_norm_whole: false,
     };
     let cfg = GptConfig { n_layer: 2, n_head: 4, n_embd: 16, vocab_size: 23, block_size: 8, family: a.into() };
     model_gradient_matches_finite_differences(cfg);
@@ -430,6 +431,9 @@ fn llama_gradient_matches_finite_differences() {
     // Qwen3's RMSNorm over each query and key head before the rotation
     let qk = Llama { qk_norm: true, qkv_bias: false, o_bias: false, ..a };
     model_gradient_matches_finite_differences(GptConfig { family: qk.into(), ..cfg });
+    // OLMoE's, over all of q and all of k at once
+    let whole = Llama { qk_norm_whole: true, ..qk };
+    model_gradient_matches_finite_differences(GptConfig { family: whole.into(), ..cfg });
 }
 
 fn model_gradient_matches_finite_differences(cfg: GptConfig) {

@@ -96,3 +96,14 @@ fn qwen3_moe_matches_hugging_face() {
     let (model, _) = load_model(Path::new(dir)).unwrap();
     assert!(model.layout.get("model.layers.0.self_attn.q_norm.weight").is_some_and(|s| s.shape == [16]));
 }
+
+/// OLMoE: RMSNorms over all of q and all of k at once (q_norm of the 32 features of 4 heads,
+/// k_norm of 16), experts `intermediate_size` wide, not renormalised, every layer a mixture.
+#[test]
+fn olmoe_matches_hugging_face() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/olmoe_hf");
+    matches_hugging_face(dir, 2);
+    let (model, _) = load_model(Path::new(dir)).unwrap();
+    assert!(model.layout.get("model.layers.1.self_attn.q_norm.weight").is_some_and(|s| s.shape == [32]));
+    assert!(model.layout.get("model.layers.1.self_attn.k_norm.weight").is_some_and(|s| s.shape == [16]));
+}

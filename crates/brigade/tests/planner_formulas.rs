@@ -409,10 +409,13 @@ fn the_planner_uses_the_models_training_builds() {
 /// A mixture's parameters as the planner counts them: every expert for memory, the k a token
 /// goes to (with the attention and both tables) for its FLOPs — the published figures of
 /// Mixtral 8x7B (46.7B, 12.9B active: Mistral AI's announcement) and Qwen3-30B-A3B (30.5B,
-/// 3.3B activated: its model card), to their rounding.
+/// 3.3B activated: its model card) and OLMoE-1B-7B (6.9B, 1.3B active: its paper), to their
+/// rounding.
 #[test]
 fn mixture_parameter_counts_match_the_published_figures() {
-    for (name, total, active) in [("mixtral-8x7b", 46.7e9, 12.9e9), ("qwen3-30b-a3b", 30.5e9, 3.3e9)] {
+    for (name, total, active) in
+        [("mixtral-8x7b", 46.7e9, 12.9e9), ("qwen3-30b-a3b", 30.5e9, 3.3e9), ("olmoe-1b-7b", 6.9e9, 1.3e9)]
+    {
         let m = model(name).unwrap();
         let (per_layer, embed) = brigade::plan::cost::params(&m);
         let tables = embed + brigade::plan::cost::head_params(&m);

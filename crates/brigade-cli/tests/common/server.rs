@@ -191,6 +191,7 @@ pub fn chat_model_of(name: &str, context: usize) -> Option<tempfile::TempDir> {
         o_bias: false,
         moe: None,
         qk_norm: false,
+        qk_norm_whole: false,
     };
     let cfg = GptConfig {
         n_layer: 1,

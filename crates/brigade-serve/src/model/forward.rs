@@ -431,12 +431,11 @@ impl Model {
                 add_bias(&mut qkv, b);
             }
             if let Some([qn, kn]) = &ly.qk_norm {
-                // each query and key head normalised before it is rotated
-                let hd = self.w.dims.hd;
+                // each query and key head (or all of them, OLMoE) normalised before rotation
                 qkv.par_chunks_mut(qkvw).for_each(|r| {
                     let (q, k) = r[..qw + kvw].split_at_mut(qw);
                     for (heads, n) in [(q, qn), (k, kn)] {
-                        for h in heads.chunks_exact_mut(hd) {
+                        for h in heads.chunks_exact_mut(n.width()) {
                             let x = h.to_vec();
                             n.row(h, &x);
                         }

@@ -53,6 +53,13 @@ pub(crate) enum Norm {
 }
 
 impl Norm {
+    /// The width of the rows it normalises.
+    pub(crate) fn width(&self) -> usize {
+        match self {
+            Norm::Layer(w, _, _) | Norm::Rms(w, _) => w.len(),
+        }
+    }
+
     pub(crate) fn row(&self, out: &mut [f32], x: &[f32]) {
         match self {
             Norm::Layer(w, b, eps) => {
@@ -215,6 +222,11 @@ pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<(), ShardError> {
     }
     if !cfg.n_embd.is_multiple_of(tp) {
         return Err(ShardError::HiddenSize { tp, hidden: cfg.n_embd });
+    }
+    if let Some((_, [wq, _])) = cfg.block(0).attn.qk_norm.filter(|(_, [wq, _])| tp > 1 && *wq != cfg.head_dim()) {
+        return Err(ShardError::Layout(format!(
+            "--tp {tp}: this model's q/k norms span all {wq} of q's features (OLMoE's), which no rank holds whole under tensor parallelism; serve it with --tp 1 (or --pp / --cp)"
+        )));
     }
     // every mixture's experts (and shared expert) cut by their units
     for i in 0..cfg.n_layer {

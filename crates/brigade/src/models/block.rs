@@ -128,9 +128,9 @@ impl Block {
                 let attn =
                     CausalSelfAttention::grouped(layout, names, shape, cfg.positions().inv_freq(cfg.head_dim()), std);
                 match &spec.attn.qk_norm {
-                    Some(([qn, kn], _)) => {
+                    Some(([qn, kn], widths)) => {
                         let NormKind::Rms { eps } = qn.kind else { panic!("q/k norms are RMSNorms") };
-                        attn.with_qk_norm(layout, [&qn.name, &kn.name], eps)
+                        attn.with_qk_norm(layout, [&qn.name, &kn.name], *widths, eps)
                     }
                     None => attn,
                 }

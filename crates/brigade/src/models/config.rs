@@ -318,6 +318,8 @@ mod tests {
             // of 128 a layer each; 128 experts of 768 in every layer of the second
             ("qwen3-0.6b", 596_049_920),
             ("qwen3-30b-a3b", 30_532_122_624),
+            // OLMoE-1B-7B: 64 experts of 1024 in each of 16 layers, q/k norms of 2048 each
+            ("olmoe-1b-7b", 6_919_161_856),
         ] {
             assert_eq!(GptConfig::preset(name).unwrap().num_params(), want, "{name}");
         }

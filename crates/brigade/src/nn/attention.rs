@@ -49,8 +49,9 @@ pub struct CausalSelfAttention {
     pub c: usize,
     /// Rotary frequencies (the Llama family), `hd / 2` of them.
     pub rope: Option<Vec<f32>>,
-    /// RMSNorms over each query head and each key head before the rotation (Qwen3): weights of
-    /// `hd`, shared by the heads.
+    /// RMSNorms over each query head and each key head before the rotation (Qwen3: weights of
+    /// `hd`, shared by the heads), or over all the heads' q and all their k (OLMoE: weights of
+    /// the whole widths): each norm's width is its `c`.
     pub qk_norm: Option<[RmsNorm; 2]>,
 }
 
@@ -66,7 +67,7 @@ pub struct AttnStash {
     pub rope: RopeTable,
     /// Under context parallelism, each sequence's stash of the exchange (none otherwise).
     pub cp: Vec<CpStash>,
-    /// Under q/k norms: q | k before them, and each head's `1 / rms` (q's heads, then k's).
+    /// Under q/k norms: q | k before them, and each normalised row's `1 / rms` (q's, then k's).
     pub qk_raw: Vec<f32>,
     pub qk_rstd: Vec<f32>,
 }
@@ -155,10 +156,12 @@ impl CausalSelfAttention {
         }
     }
 
-    /// The same attention with RMSNorms (named `[q_norm, k_norm]`) over each query and key
-    /// head before the rotation (Qwen3).
-    pub fn with_qk_norm(mut self, layout: &mut ParamLayout, [q, k]: [&str; 2], eps: f32) -> Self {
-        self.qk_norm = Some([RmsNorm::new(layout, q, self.hd, eps), RmsNorm::new(layout, k, self.hd, eps)]);
+    /// The same attention with RMSNorms (named `[q_norm, k_norm]`) over rows of q and of k of
+    /// `widths` before the rotation: each head (Qwen3), or all of this rank's heads (OLMoE).
+    pub fn with_qk_norm(mut self, layout: &mut ParamLayout, [q, k]: [&str; 2], widths: [usize; 2], eps: f32) -> Self {
+        let [wq, wk] = widths;
+        assert!(self.c.is_multiple_of(wq) && (self.kv_heads * self.hd).is_multiple_of(wk));
+        self.qk_norm = Some([RmsNorm::new(layout, q, wq, eps), RmsNorm::new(layout, k, wk, eps)]);
         self
     }
 
@@ -210,11 +213,11 @@ impl CausalSelfAttention {
                     // each head's rows normalised: rows of hd, q's heads then k's
                     st.qk_raw.clear();
                     st.qk_raw.extend_from_slice(&st.qkv[rq.start..rk.end]);
-                    ensure(&mut st.qk_rstd, st.qk_raw.len() / self.hd);
+                    ensure(&mut st.qk_rstd, rq.len() / qn.c + rk.len() / kn.c);
                     let (raw_q, raw_k) = st.qk_raw.split_at(rq.len());
-                    let (rs_q, rs_k) = st.qk_rstd.split_at_mut(rq.len() / self.hd);
-                    rmsnorm_forward(&mut st.qkv[rq.clone()], rs_q, raw_q, qn.w.of(p), self.hd, qn.eps);
-                    rmsnorm_forward(&mut st.qkv[rk.clone()], rs_k, raw_k, kn.w.of(p), self.hd, kn.eps);
+                    let (rs_q, rs_k) = st.qk_rstd.split_at_mut(rq.len() / qn.c);
+                    rmsnorm_forward(&mut st.qkv[rq.clone()], rs_q, raw_q, qn.w.of(p), qn.c, qn.eps);
+                    rmsnorm_forward(&mut st.qkv[rk.clone()], rs_k, raw_k, kn.w.of(p), kn.c, kn.eps);
                 }
                 let inv = self.rope.as_deref().expect("separate projections rotate");
                 if st.rope.positions() < positions || st.rope.half != inv.len() {
@@ -366,11 +369,11 @@ impl CausalSelfAttention {
                 if let Some([qn, kn]) = &self.qk_norm {
                     // through each head's norm, to the projections' outputs
                     let (raw_q, raw_k) = st.qk_raw.split_at(rq.len());
-                    let (rs_q, rs_k) = st.qk_rstd.split_at(rq.len() / self.hd);
+                    let (rs_q, rs_k) = st.qk_rstd.split_at(rq.len() / qn.c);
                     for (r, raw, rs, n) in [(rq.clone(), raw_q, rs_q, qn), (rk.clone(), raw_k, rs_k, kn)] {
                         ensure(dx2, r.len());
                         dx2.fill(0.0);
-                        rmsnorm_backward(dx2, n.w.of_mut(g), &dqkv[r.clone()], raw, rs, n.w.of(p), self.hd);
+                        rmsnorm_backward(dx2, n.w.of_mut(g), &dqkv[r.clone()], raw, rs, n.w.of(p), n.c);
                         dqkv[r].copy_from_slice(dx2);
                     }
                 }

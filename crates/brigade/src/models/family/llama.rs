@@ -37,6 +37,10 @@ pub struct Llama {
     /// one weight of head_dim shared by the heads).
     #[serde(default)]
     pub qk_norm: bool,
+    /// With `qk_norm`: the norms span all the heads at once (OLMoE's, weights of the whole q
+    /// and k widths) rather than each head.
+    #[serde(default)]
+    pub qk_norm_whole: bool,
 }
 
 /// How a mixture-of-experts model of the family (Qwen2-MoE, Mixtral) replaces its MLPs.
@@ -74,6 +78,9 @@ pub enum MoeNaming {
     Mixtral,
     /// `Qwen3MoeForCausalLM`: Qwen2-MoE's tensor names, no shared expert (and q/k norms).
     Qwen3Moe,
+    /// `OlmoeForCausalLM`: Qwen2-MoE's tensor names, experts `intermediate_size` wide, no
+    /// shared expert (and q/k norms over all heads).
+    Olmoe,
 }
 
 impl LlamaMoe {
@@ -97,6 +104,7 @@ const BASE: Llama = Llama {
     o_bias: false,
     moe: None,
     qk_norm: false,
+    qk_norm_whole: false,
 };
 
 /// Llama 3.1's long-context rope scaling (factor 8 over 8192 positions); Llama 3.2's is 32.
@@ -130,6 +138,8 @@ pub const PRESETS: &[(&str, [usize; 5], Llama)] = &[
     ("qwen3-moe-tiny", [2, 4, 128, 256, 64], Llama { n_kv_head: 2, head_dim: 32, intermediate: 352, rope_theta: 10_000.0, qk_norm: true, moe: Some(QWEN3_MOE_TINY), ..BASE }),
     // Qwen/Qwen3-0.6B
     ("qwen3-0.6b", [28, 16, 1024, 151936, 40960], Llama { head_dim: 128, intermediate: 3072, rope_theta: 1e6, rms_eps: 1e-6, tied: true, qk_norm: true, ..BASE }),
+    // allenai/OLMoE-1B-7B-0924 (OlmoeForCausalLM): 64 experts, 8 a token, q/k norms over all heads
+    ("olmoe-1b-7b", [16, 16, 2048, 50304, 4096], Llama { n_kv_head: 16, head_dim: 128, intermediate: 1024, rope_theta: 10_000.0, qk_norm: true, qk_norm_whole: true, moe: Some(OLMOE_1B_7B), ..BASE }),
     // Qwen/Qwen3-30B-A3B (Qwen3MoeForCausalLM): 128 experts, 8 a token
     ("qwen3-30b-a3b", [48, 32, 2048, 151936, 40960], Llama { n_kv_head: 4, head_dim: 128, intermediate: 6144, rope_theta: 1e6, rms_eps: 1e-6, qk_norm: true, moe: Some(QWEN3_30B_A3B), ..BASE }),
 ];
@@ -137,6 +147,8 @@ pub const PRESETS: &[(&str, [usize; 5], Llama)] = &[
 /// The preset of the tests' Qwen3-MoE (q/k norms with experts).
 pub const QWEN3_MOE_TINY_PRESET: &str = "qwen3-moe-tiny";
 const QWEN3_MOE_TINY: LlamaMoe = LlamaMoe { shared_width: 0, norm_topk: true, naming: MoeNaming::Qwen3Moe, ..MOE_TINY };
+const OLMOE_1B_7B: LlamaMoe =
+    LlamaMoe { experts: 64, top_k: 8, width: 1024, aux_coef: 0.01, naming: MoeNaming::Olmoe, ..QWEN2_MOE };
 const QWEN3_30B_A3B: LlamaMoe = LlamaMoe {
     experts: 128,
     top_k: 8,
@@ -206,6 +218,7 @@ pub const EXAMPLE: Llama = Llama {
     o_bias: true,
     moe: None,
     qk_norm: false,
+    qk_norm_whole: false,
 };
 
 /// The shape of that model: 8 query heads in 64.
@@ -224,7 +237,7 @@ fn moe_spec(moe: &LlamaMoe, prefix: &str, c: usize) -> MoeSpec {
         [linear(g, (c, m), false), linear(u, (c, m), false), linear(d, (m, c), false)]
     };
     let (router, experts, shared) = match moe.naming {
-        MoeNaming::Qwen2Moe | MoeNaming::Qwen3Moe => {
+        MoeNaming::Qwen2Moe | MoeNaming::Qwen3Moe | MoeNaming::Olmoe => {
             let at = |n: &str| format!("{prefix}.mlp.{n}");
             let proj = |e: &str| ["gate_proj", "up_proj", "down_proj"].map(|n| at(&format!("{e}.{n}")));
             let shared =
@@ -317,7 +330,10 @@ impl Describe for Llama {
                     v: linear(at("v_proj"), (c, kv), self.qkv_bias),
                 },
                 o: linear(at("o_proj"), (q, c), self.o_bias),
-                qk_norm: self.qk_norm.then(|| ([rms("self_attn.q_norm"), rms("self_attn.k_norm")], self.head_dim)),
+                qk_norm: self.qk_norm.then(|| {
+                    let widths = if self.qk_norm_whole { [q, kv] } else { [self.head_dim; 2] };
+                    ([rms("self_attn.q_norm"), rms("self_attn.k_norm")], widths)
+                }),
             },
             ln_2: rms("post_attention_layernorm"),
             mlp: match self.moe.filter(|moe| moe.sparse(i)) {
@@ -430,6 +446,7 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
         Some("Qwen2MoeForCausalLM") => "qwen2_moe",
         Some("Qwen3ForCausalLM") => "qwen3",
         Some("Qwen3MoeForCausalLM") => "qwen3_moe",
+        Some("OlmoeForCausalLM") => "olmoe",
         Some("MixtralForCausalLM") => "mixtral",
         _ => "llama",
     });
@@ -440,6 +457,10 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
     // Qwen2's q/k/v biases; Qwen3 has Llama's `attention_bias` and a norm on each q and k head
     let qwen = ty == "qwen2" || ty == "qwen2_moe";
     let qwen3 = ty == "qwen3" || ty == "qwen3_moe";
+    let olmoe = ty == "olmoe";
+    if let Some(x) = v.get("clip_qkv").filter(|x| !x.is_null()) {
+        return Err(unsupported("clip_qkv", x, "q, k and v unclipped (clip_qkv null)"));
+    }
     let layers = need(v, "num_hidden_layers")?;
     let moe = parse_moe(v, ty, layers)?;
     let sliding = match qwen || qwen3 {
@@ -532,7 +553,8 @@ pub fn parse(v: &Value) -> Result<(Shape, Llama), String> {
         qkv_bias: (qwen && flag(v, "qkv_bias", true)?) || bias,
         o_bias: !qwen && bias,
         moe,
-        qk_norm: qwen3,
+        qk_norm: qwen3 || olmoe,
+        qk_norm_whole: olmoe,
     };
     let positions = uint(v, "max_position_embeddings")?.unwrap_or(2048);
     Ok((Shape::of([layers, heads, hidden, need(v, "vocab_size")?, positions]), arch))
@@ -555,6 +577,7 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
     let naming = match ty {
         "qwen2_moe" => MoeNaming::Qwen2Moe,
         "qwen3_moe" => MoeNaming::Qwen3Moe,
+        "olmoe" => MoeNaming::Olmoe,
         "mixtral" => MoeNaming::Mixtral,
         _ => {
             for k in ["num_experts", "num_local_experts", "moe_intermediate_size", "num_experts_per_tok"] {
@@ -562,7 +585,7 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
                     return Err(unsupported(
                         k,
                         x,
-                        "mixtures of experts as qwen2_moe, qwen3_moe and mixtral models (this config's model_type has dense MLPs)",
+                        "mixtures of experts as qwen2_moe, qwen3_moe, olmoe and mixtral models (this config's model_type has dense MLPs)",
                     ));
                 }
             }
@@ -614,6 +637,11 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
         }
         // Mixtral's experts are `intermediate_size` wide; its weights renormalise over the k
         MoeNaming::Mixtral => moe.width = need(v, "intermediate_size")?,
+        // OLMoE's too, every layer a mixture, renormalised only when said
+        MoeNaming::Olmoe => {
+            moe.width = need(v, "intermediate_size")?;
+            moe.norm_topk = flag(v, "norm_topk_prob", false)?;
+        }
     }
     Ok(Some(moe))
 }
@@ -627,6 +655,7 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
     let (model_type, class) = match (a.moe.map(|m| m.naming), qwen, a.qk_norm) {
         (Some(MoeNaming::Qwen2Moe), _, _) => ("qwen2_moe", "Qwen2MoeForCausalLM"),
         (Some(MoeNaming::Qwen3Moe), _, _) => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+        (Some(MoeNaming::Olmoe), _, _) => ("olmoe", "OlmoeForCausalLM"),
         (Some(MoeNaming::Mixtral), _, _) => ("mixtral", "MixtralForCausalLM"),
         (None, _, true) => ("qwen3", "Qwen3ForCausalLM"),
         (None, true, _) => ("qwen2", "Qwen2ForCausalLM"),
@@ -663,6 +692,9 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
     });
     if qwen {
         v["use_sliding_window"] = Value::Bool(false);
+    } else if a.qk_norm_whole {
+        v["attention_bias"] = Value::Bool(a.o_bias);
+        v["clip_qkv"] = Value::Null;
     } else if a.qk_norm {
         v["use_sliding_window"] = Value::Bool(false);
         v["attention_bias"] = Value::Bool(a.o_bias);
@@ -689,6 +721,12 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
                 o.insert("decoder_sparse_step".into(), m.sparse_step.into());
                 let dense: Vec<usize> = (0..64).filter(|i| m.dense >> i & 1 == 1).collect();
                 o.insert("mlp_only_layers".into(), dense.into());
+            }
+            MoeNaming::Olmoe => {
+                o.insert("num_experts".into(), m.experts.into());
+                // OLMoE's experts are its intermediate_size
+                o.insert("intermediate_size".into(), m.width.into());
+                o.insert("norm_topk_prob".into(), m.norm_topk.into());
             }
             MoeNaming::Mixtral => {
                 o.insert("num_local_experts".into(), m.experts.into());
@@ -772,8 +810,12 @@ mod tests {
             assert!(e.contains(named), "{k}: {e}");
         }
         let mut v = llama3();
+        v["model_type"] = json!("deepseek_v3");
+        assert!(super::super::read_hf(&v).unwrap_err().contains("deepseek_v3"));
+        let mut v = llama3();
         v["model_type"] = json!("olmoe");
-        assert!(super::super::read_hf(&v).unwrap_err().contains("olmoe"));
+        v["clip_qkv"] = json!(8.0);
+        assert!(refused(&v).contains("clip_qkv"));
     }
 
     fn qwen2_moe() -> Value {

@@ -112,25 +112,30 @@ impl Family {
 
 /// The model classes a `config.json` may name.
 pub const HF_CLASSES: &str =
-    "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM (and GPT2LMHeadModel)";
+    "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM (and GPT2LMHeadModel)";
 
 /// Whether a `config.json` describes a Llama-family model (else GPT-2; anything else refused).
 fn is_llama_family(v: &Value) -> Result<bool, String> {
     let ty = v.get("model_type").and_then(Value::as_str);
     let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
     match (ty, arch) {
-        (Some("llama" | "qwen2" | "qwen3" | "mistral" | "qwen2_moe" | "qwen3_moe" | "mixtral"), _) => Ok(true),
+        (Some("llama" | "qwen2" | "qwen3" | "mistral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "mixtral"), _) => {
+            Ok(true)
+        }
         (Some("gpt2"), _) | (None, None | Some("GPT2LMHeadModel")) => Ok(false),
         (
             None,
             Some(
-                "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "MistralForCausalLM"
-                | "Qwen2MoeForCausalLM" | "Qwen3MoeForCausalLM" | "MixtralForCausalLM",
+                "LlamaForCausalLM"
+                | "Qwen2ForCausalLM"
+                | "Qwen3ForCausalLM"
+                | "MistralForCausalLM"
+                | "Qwen2MoeForCausalLM"
+                | "Qwen3MoeForCausalLM"
+                | "OlmoeForCausalLM"
+                | "MixtralForCausalLM",
             ),
         ) => Ok(true),
-        (Some(t @ "olmoe"), _) => Err(format!(
-            "model_type {t} has q/k norms over all heads at once, which brigade does not implement yet (Qwen3's per-head ones it does); brigade loads {HF_CLASSES}"
-        )),
         (ty, arch) => Err(format!(
             "model_type {:?} (architectures {:?}) is not supported; brigade loads {HF_CLASSES}",
             ty.unwrap_or("none"),

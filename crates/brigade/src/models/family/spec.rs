@@ -93,8 +93,9 @@ pub struct AttnSpec {
     pub qkv: Qkv,
     pub o: Linear,
     /// RMSNorms over each query head and each key head before the rotation (`[head_dim]`
-    /// weights shared by the heads: Qwen3's `q_norm`, `k_norm`), and the head width.
-    pub qk_norm: Option<([NormSpec; 2], usize)>,
+    /// weights shared by the heads: Qwen3's `q_norm`, `k_norm`), and the widths each normalises
+    /// (q's, k's: the head width, or the whole q and k widths for OLMoE's norms over all heads).
+    pub qk_norm: Option<([NormSpec; 2], [usize; 2])>,
 }
 
 /// The MLP: GELU (tanh) between two products, SwiGLU (`silu(gate) · up`, then `down`), or a
@@ -232,7 +233,7 @@ impl BlockSpec {
     /// Biases', norms' parameters (hidden size `c`).
     pub fn vectors(&self, c: usize) -> u128 {
         let biases: u128 = self.linears().iter().filter(|(l, _)| l.bias).map(|(l, _)| l.d_out as u128).sum();
-        let qk = self.attn.qk_norm.as_ref().map_or(0, |([q, k], hd)| q.params(*hd) + k.params(*hd));
+        let qk = self.attn.qk_norm.as_ref().map_or(0, |([q, k], [wq, wk])| q.params(*wq) + k.params(*wk));
         biases + self.ln_1.params(c) + self.ln_2.params(c) + qk
     }
 }
