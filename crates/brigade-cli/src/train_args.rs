@@ -68,6 +68,10 @@ pub struct TrainArgs {
     /// Peak learning rate.
     #[arg(long)]
     pub(crate) lr: Option<f32>,
+    /// A mixture of experts' capacity factor: each expert takes at most factor · seq · k / E
+    /// of a sequence's tokens (those it weighs most), the rest pass it by; 0: dropless (default).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) moe_capacity_factor: Option<f32>,
     /// Seed of the initial weights and the data order (default 1337).
     #[arg(long)]
     pub(crate) seed: Option<u64>,
@@ -179,6 +183,7 @@ impl TrainArgs {
         on(self.seq.is_some(), "--seq");
         on(self.block_size.is_some(), "--block-size");
         on(self.lr.is_some(), "--lr");
+        on(self.moe_capacity_factor.is_some(), "--moe-capacity-factor");
         on(self.seed.is_some(), "--seed");
         v
     }
@@ -245,6 +250,9 @@ impl TrainArgs {
         }
         if let Some(v) = self.lr {
             c.lr = v;
+        }
+        if self.moe_capacity_factor.is_some() {
+            c.moe_capacity_factor = self.moe_capacity_factor;
         }
         if let Some(v) = self.seed {
             c.seed = v;

@@ -79,6 +79,11 @@ fn task(f: Family, data: Data, micro_batch: usize) -> TrainConfig {
         n_head: Some(8),
         n_layer: Some(8),
         vocab_size: Some(259),
+        // a mixture's capacity factor rides on the family (the preset has none)
+        moe_capacity_factor: match f {
+            Family::Llama(a) => a.moe.map(|m| m.capacity).filter(|&c| c > 0.0),
+            Family::Gpt2 => None,
+        },
         lr: 1e-3,
         eval_every: 0,
         ..TrainConfig::default()
@@ -584,6 +589,31 @@ fn a_qwen3_mixture_with_qk_norms_equals_the_single_worker() {
     ] {
         let got = run_within(q3, DIGITS, c, (Start::Fresh(&first), None, STEPS), tol);
         assert_equivalent(q3, DIGITS, &format!("{c:?}"), &got, &want);
+    }
+}
+
+/// moe-tiny with a capacity factor of 1 (each expert at most its even share of a sequence's
+/// rows: some are dropped on every step): the dropping is decided per sequence, so every layout
+/// drops the same rows.
+#[test]
+fn a_mixture_with_a_capacity_equals_the_single_worker() {
+    let (_, _, moe) = brigade::models::family::PRESETS.iter().find(|p| p.0 == "moe-tiny").copied().unwrap();
+    let Family::Llama(a) = moe else { panic!("moe-tiny is of the Llama family") };
+    let capped = Family::Llama(brigade::models::family::Llama {
+        moe: a.moe.map(|m| brigade::models::family::LlamaMoe { capacity: 1.0, ..m }),
+        ..a
+    });
+    let (want, first) = single_worker(capped, DIGITS);
+    let (dropless, _) = single_worker(moe, DIGITS);
+    assert_ne!(want.losses, dropless.losses, "the capacity changes what is computed");
+    for &c in &[
+        ("dp=2,ep=2", 4, SMALL),
+        ("dp=4,ep=4,zero=3", 2, BIG),
+        ("dp=2,pp=2,ep=2,schedule=1f1b", 2, BIG),
+        ("pp=2,schedule=zb,recompute=full", 4, SMALL),
+    ] {
+        let got = run(capped, DIGITS, c, Start::Fresh(&first), None, STEPS);
+        assert_equivalent(capped, DIGITS, &format!("{c:?}"), &got, &want);
     }
 }
 

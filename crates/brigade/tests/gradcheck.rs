@@ -521,13 +521,18 @@ mod moe {
         let r = randn(&mut rng, n * shape.c, 1.0);
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
         moe.forward(&p, (&h, seq), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+        if shape.capacity > 0.0 {
+            assert!(st.pairs.len() < n * shape.top_k, "the capacity drops some rows");
+        }
         let mut g = vec![0f32; p.len()];
         let mut dw = WeightGrads::Now;
         let mut dx = Vec::new();
         let mut gr = Grads { p: &p, g: &mut g, dw: &mut dw };
         moe.backward(&mut gr, &h, None, &st, &r, &mut dx, AUX, &mut MoeScratch::default()).unwrap();
-        let tag =
-            format!("moe E{} k{} shared {} norm {}", shape.experts, shape.top_k, shape.shared_width, shape.norm_topk);
+        let tag = format!(
+            "moe E{} k{} shared {} norm {} capacity {}",
+            shape.experts, shape.top_k, shape.shared_width, shape.norm_topk, shape.capacity
+        );
         check(&format!("{tag}: input"), &h, &dx, 1e-3, 200, KERNEL_TOL, |x| loss(&moe, &p, x, seq, &r));
         // every tensor, the router's first
         for spec in &layout.specs {
@@ -543,18 +548,74 @@ mod moe {
 
     #[test]
     fn moe_backward_matches_finite_differences() {
-        let base = MoeShape { c: 8, experts: 4, top_k: 2, width: 6, shared_width: 0, norm_topk: true };
+        let base = MoeShape { c: 8, experts: 4, top_k: 2, width: 6, shared_width: 0, norm_topk: true, capacity: 0.0 };
         gradcheck(base, 31);
         gradcheck(MoeShape { norm_topk: false, ..base }, 32);
         gradcheck(MoeShape { shared_width: 10, norm_topk: false, ..base }, 33);
         gradcheck(MoeShape { top_k: 1, experts: 3, ..base }, 34);
+        // with a capacity of 2 rows an expert in each sequence of 6 (factor 0.5): dropped rows
+        // pass their expert by, and their weight on it gets no gradient
+        gradcheck(MoeShape { capacity: 0.5, ..base }, 35);
+        gradcheck(MoeShape { capacity: 0.5, shared_width: 10, norm_topk: false, ..base }, 36);
+    }
+
+    /// Under a capacity factor each expert keeps the rows of a sequence it weighs most (ties to
+    /// the earlier row), chosen here from the dropless forward's own pairs, and a row's output
+    /// is the sum over the pairs it kept of the dropless forward's expert outputs.
+    #[test]
+    fn a_capacity_keeps_each_experts_heaviest_rows_of_a_sequence() {
+        let base = MoeShape { c: 8, experts: 4, top_k: 2, width: 6, shared_width: 0, norm_topk: true, capacity: 0.0 };
+        let (dropless, layout) = layer(base);
+        let (capped, _) = layer(MoeShape { capacity: 0.5, ..base });
+        let mut rng = ChaCha8Rng::seed_from_u64(51);
+        let p = layout.init(51);
+        let (n, seq, c) = (18, 6, base.c);
+        let cap = 2; // ⌈0.5 · 6 · 2 / 4⌉
+        assert_eq!(capped.shape.expert_capacity(seq), cap);
+        let h = randn(&mut rng, n * c, 1.0);
+        let (mut st0, mut out0) = (MoeStash::default(), Vec::new());
+        dropless.forward(&p, (&h, seq), None, &mut st0, &mut out0, &mut MoeScratch::default()).unwrap();
+        let (mut st, mut out) = (MoeStash::default(), Vec::new());
+        capped.forward(&p, (&h, seq), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+        // the pairs each (expert, sequence) keeps, from the dropless pairs
+        let mut want: Vec<(u32, u32, f32, usize)> = Vec::new();
+        for e in 0..base.experts as u32 {
+            for s in 0..n / seq {
+                let mut mine: Vec<(u32, u32, f32, usize)> = st0
+                    .pairs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, q)| q.1 == e && q.0 as usize / seq == s)
+                    .map(|(i, q)| (q.0, q.1, q.2, i))
+                    .collect();
+                mine.sort_by(|a, b| b.2.partial_cmp(&a.2).unwrap().then(a.0.cmp(&b.0)));
+                mine.truncate(cap);
+                mine.sort_by_key(|q| q.0);
+                want.extend(mine);
+            }
+        }
+        let kept: Vec<(u32, u32, f32)> = want.iter().map(|q| (q.0, q.1, q.2)).collect();
+        assert_eq!(st.pairs, kept, "the kept pairs");
+        assert!(kept.len() < st0.pairs.len(), "some rows were dropped");
+        let mut sum = vec![0f64; n * c];
+        for &(t, _, w, i) in &want {
+            for j in 0..c {
+                sum[t as usize * c + j] += w as f64 * st0.y[i * c + j] as f64;
+            }
+        }
+        for (i, (&got, &w)) in out.iter().zip(&sum).enumerate() {
+            assert!((got as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()), "output {i}: {got} vs {w}");
+        }
+        // the balancing loss still counts what the router chose, not what the experts kept
+        assert_eq!(st.chosen, st0.chosen);
+        assert_eq!(st.aux, st0.aux);
     }
 
     /// The layer against a row-at-a-time reference written from the definition: each row's
     /// softmax, its k best experts, each expert's SwiGLU on that row alone.
     #[test]
     fn moe_forward_matches_a_row_by_row_reference() {
-        let shape = MoeShape { c: 8, experts: 5, top_k: 2, width: 6, shared_width: 7, norm_topk: true };
+        let shape = MoeShape { c: 8, experts: 5, top_k: 2, width: 6, shared_width: 7, norm_topk: true, capacity: 0.0 };
         let (moe, layout) = layer(shape);
         let mut rng = ChaCha8Rng::seed_from_u64(41);
         let p = layout.init(41);

@@ -158,6 +158,7 @@ impl Block {
                     width: m.width(),
                     shared_width: m.shared.as_ref().map_or(0, |(e, _)| e[0].d_out),
                     norm_topk: m.norm_topk,
+                    capacity: m.capacity,
                 };
                 let local = shape.experts / ep;
                 FeedForward::Moe(Moe::new(layout, &names, shape, std, q * local..(q + 1) * local))

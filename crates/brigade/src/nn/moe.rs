@@ -35,6 +35,20 @@ pub struct MoeShape {
     pub shared_width: usize,
     /// Whether the k chosen probabilities are renormalised to sum to 1.
     pub norm_topk: bool,
+    /// Capacity factor: each expert takes at most `⌈capacity · seq · k / E⌉` of a sequence's
+    /// rows — those it weighs most, ties to the earlier row — and the others pass it by (their
+    /// weight on it gets no output and no gradient); 0: dropless.
+    pub capacity: f32,
+}
+
+impl MoeShape {
+    /// The rows an expert takes from a sequence of `seq` (`usize::MAX`: dropless).
+    pub fn expert_capacity(&self, seq: usize) -> usize {
+        if self.capacity <= 0.0 {
+            return usize::MAX;
+        }
+        ((self.capacity as f64 * (seq * self.top_k) as f64 / self.experts as f64).ceil() as usize).max(1)
+    }
 }
 
 /// The tensor names: `{prefix}.gate` (router), `{prefix}.experts.{e}.{gate,up,down}_proj`,
@@ -232,13 +246,26 @@ impl Moe {
             }
             st.chosen.extend_from_slice(&order);
         }
-        // the pairs in expert order, rows ascending within each
+        // the pairs in expert order, rows ascending within each; past its capacity an expert
+        // keeps a sequence's rows it weighs most (the sequence alone decides: every layout keeps
+        // the same)
         st.pairs.clear();
+        let cap = self.shape.expert_capacity(seq);
+        let mut mine: Vec<(u32, u32, f32)> = Vec::new();
         for e in 0..ne as u32 {
-            for t in 0..n {
-                if let Some(j) = st.chosen[t * k..(t + 1) * k].iter().position(|&x| x == e) {
-                    st.pairs.push((t as u32, e, weights[t * k + j]));
+            for s in 0..n / seq {
+                mine.clear();
+                for t in s * seq..(s + 1) * seq {
+                    if let Some(j) = st.chosen[t * k..(t + 1) * k].iter().position(|&x| x == e) {
+                        mine.push((t as u32, e, weights[t * k + j]));
+                    }
                 }
+                if mine.len() > cap {
+                    mine.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+                    mine.truncate(cap);
+                    mine.sort_by_key(|p| p.0);
+                }
+                st.pairs.extend_from_slice(&mine);
             }
         }
         // out to the experts' ranks, through them, and back

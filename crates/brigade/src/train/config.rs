@@ -33,6 +33,9 @@ pub struct TrainConfig {
     /// Llama family only: key/value heads (grouped-query attention) and the SwiGLU width.
     pub n_kv_head: Option<usize>,
     pub intermediate_size: Option<usize>,
+    /// A mixture of experts' capacity factor (`LlamaMoe::capacity`; 0: dropless), over the
+    /// preset's or the folder's.
+    pub moe_capacity_factor: Option<f32>,
     /// A Hugging Face folder whose weights the run starts from (its `config.json` gives the
     /// family and shape); absent: random weights of the preset's shape. The checkpoint
     /// records it: where the run came from.
@@ -98,6 +101,7 @@ impl Default for TrainConfig {
             intermediate_size: None,
             init: None,
             shape_from: None,
+            moe_capacity_factor: None,
             data: None,
             mix: Vec::new(),
             val_data: None,
@@ -138,10 +142,27 @@ impl TrainConfig {
     /// The model shape: the preset with this config's overrides; `data_vocab` is the
     /// tokenizer's vocabulary, which the model's must cover.
     pub fn model_config(&self, data_vocab: usize) -> Result<GptConfig> {
-        let cfg = match self.shape_from.as_ref().or(self.init.as_ref()) {
+        let mut cfg = match self.shape_from.as_ref().or(self.init.as_ref()) {
             Some(dir) => self.published_config(dir)?,
             None => self.preset_config(data_vocab)?,
         };
+        if let Some(f) = self.moe_capacity_factor {
+            let crate::models::family::Family::Llama(a) = &mut cfg.family else {
+                return Err(Error::Config(format!("--moe-capacity-factor {f}: {} has no experts", self.model)));
+            };
+            let Some(m) = a.moe.as_mut() else {
+                return Err(Error::Config(format!(
+                    "--moe-capacity-factor {f}: {} is a dense model (no experts); drop the flag or train a mixture (moe-tiny)",
+                    self.model
+                )));
+            };
+            if !(f >= 0.0 && f.is_finite()) {
+                return Err(Error::Config(format!(
+                    "--moe-capacity-factor {f} must be 0 (dropless) or positive (1.0: each expert takes its even share)"
+                )));
+            }
+            m.capacity = f;
+        }
         if cfg.vocab_size < data_vocab {
             return Err(Error::Config(match &self.init {
                 Some(dir) => format!(

@@ -67,6 +67,11 @@ pub struct LlamaMoe {
     /// The router z-loss's coefficient (`router_z_loss_coef`; 0: off).
     pub z_coef: f32,
     pub naming: MoeNaming,
+    /// Each expert takes at most `capacity · seq · k / E` (rounded up) of a sequence's rows,
+    /// those it weighs most; the rest of its rows pass it by (Megatron-Core's
+    /// `moe_expert_capacity_factor`; 0: dropless).
+    #[serde(default)]
+    pub capacity: f32,
 }
 
 /// Whose tensor names and config the mixture is written in.
@@ -176,6 +181,7 @@ const QWEN2_MOE: LlamaMoe = LlamaMoe {
     aux_on: false,
     z_coef: 0.0,
     naming: MoeNaming::Qwen2Moe,
+    capacity: 0.0,
 };
 // the auxiliary losses on and heavier than a real run's, so that tests see them
 const MOE_TINY: LlamaMoe =
@@ -253,7 +259,7 @@ fn moe_spec(moe: &LlamaMoe, prefix: &str, c: usize) -> MoeSpec {
             (linear(at("gate"), (c, moe.experts), false), experts, None)
         }
     };
-    MoeSpec { router, experts, shared, top_k: moe.top_k, norm_topk: moe.norm_topk }
+    MoeSpec { router, experts, shared, top_k: moe.top_k, norm_topk: moe.norm_topk, capacity: moe.capacity }
 }
 
 impl Describe for Llama {
@@ -613,7 +619,11 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
         aux_on: flag(v, "output_router_logits", false)?,
         z_coef: float(v, "router_z_loss_coef")?.unwrap_or(0.0) as f32,
         naming,
+        capacity: float(v, "moe_expert_capacity_factor")?.unwrap_or(0.0) as f32,
     };
+    if !(moe.capacity >= 0.0 && moe.capacity.is_finite()) {
+        return Err(format!("moe_expert_capacity_factor = {} must be 0 (dropless) or positive", moe.capacity));
+    }
     match naming {
         MoeNaming::Qwen2Moe | MoeNaming::Qwen3Moe => {
             moe.width = need(v, "moe_intermediate_size")?;
@@ -709,6 +719,9 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
         o.insert("output_router_logits".into(), m.aux_on.into());
         if m.z_coef != 0.0 {
             o.insert("router_z_loss_coef".into(), m.z_coef.into());
+        }
+        if m.capacity > 0.0 {
+            o.insert("moe_expert_capacity_factor".into(), m.capacity.into());
         }
         match m.naming {
             MoeNaming::Qwen2Moe | MoeNaming::Qwen3Moe => {
@@ -829,9 +842,14 @@ mod tests {
 
     #[test]
     fn mixtures_of_experts_read_and_write_back() {
+        let mut with_capacity = qwen2_moe();
+        with_capacity["moe_expert_capacity_factor"] = json!(1.25);
+        let (shape, a) = parse(&with_capacity).unwrap();
+        assert_eq!(a.moe.unwrap().capacity, 1.25);
+        assert_eq!(parse(&to_json(&shape, &a, (None, None))).unwrap(), (shape, a));
         let (shape, a) = parse(&qwen2_moe()).unwrap();
         let m = a.moe.unwrap();
-        assert_eq!((m.experts, m.top_k, m.width, m.shared_width), (6, 2, 16, 24));
+        assert_eq!((m.experts, m.top_k, m.width, m.shared_width, m.capacity), (6, 2, 16, 24, 0.0));
         assert_eq!((m.norm_topk, m.aux_on, m.aux_coef, m.naming), (false, true, 0.05, MoeNaming::Qwen2Moe));
         // every second layer a mixture, but layer 3 kept dense
         assert_eq!((0..4).map(|i| m.sparse(i)).collect::<Vec<_>>(), [false, true, false, false]);

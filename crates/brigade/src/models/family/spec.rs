@@ -118,6 +118,8 @@ pub struct MoeSpec {
     pub shared: Option<([Linear; 3], Linear)>,
     pub top_k: usize,
     pub norm_topk: bool,
+    /// The capacity factor (0: dropless; see `LlamaMoe::capacity`).
+    pub capacity: f32,
 }
 
 impl MoeSpec {
