@@ -72,6 +72,10 @@ pub struct TrainArgs {
     /// of a sequence's tokens (those it weighs most), the rest pass it by; 0: dropless (default).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) moe_capacity_factor: Option<f32>,
+    /// A mixture of experts' auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias on
+    /// the router's choice moved by this rate after each step towards the even load; 0: off.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) moe_bias_update_rate: Option<f32>,
     /// Seed of the initial weights and the data order (default 1337).
     #[arg(long)]
     pub(crate) seed: Option<u64>,
@@ -184,6 +188,7 @@ impl TrainArgs {
         on(self.block_size.is_some(), "--block-size");
         on(self.lr.is_some(), "--lr");
         on(self.moe_capacity_factor.is_some(), "--moe-capacity-factor");
+        on(self.moe_bias_update_rate.is_some(), "--moe-bias-update-rate");
         on(self.seed.is_some(), "--seed");
         v
     }
@@ -253,6 +258,9 @@ impl TrainArgs {
         }
         if self.moe_capacity_factor.is_some() {
             c.moe_capacity_factor = self.moe_capacity_factor;
+        }
+        if self.moe_bias_update_rate.is_some() {
+            c.moe_bias_update_rate = self.moe_bias_update_rate;
         }
         if let Some(v) = self.seed {
             c.seed = v;

@@ -84,6 +84,10 @@ fn task(f: Family, data: Data, micro_batch: usize) -> TrainConfig {
             Family::Llama(a) => a.moe.map(|m| m.capacity).filter(|&c| c > 0.0),
             Family::Gpt2 => None,
         },
+        moe_bias_update_rate: match f {
+            Family::Llama(a) => a.moe.map(|m| m.bias_rate).filter(|&r| r > 0.0),
+            Family::Gpt2 => None,
+        },
         lr: 1e-3,
         eval_every: 0,
         ..TrainConfig::default()
@@ -176,6 +180,18 @@ fn first_step_errors(tr: &Trainer, first: &First, (g, before, after): (&[f32], &
         out.tensors += 1;
         if before != of(&want_before) {
             out.failures.push(format!("{name}: initial weights differ from the single worker's"));
+        }
+        if name.ends_with(".e_score_correction_bias") {
+            // the balancing bias: no gradient; it moves by ± the rate or stays
+            let rate = match tr.model.cfg.family {
+                Family::Llama(a) => a.moe.map_or(0.0, |m| m.bias_rate),
+                Family::Gpt2 => 0.0,
+            };
+            let moved_by_rule = before.iter().zip(after).all(|(&b, &a)| [0.0, rate, -rate].contains(&(a - b)));
+            if g.iter().any(|&x| x != 0.0) || !moved_by_rule {
+                out.failures.push(format!("{name}: a gradient, or a move other than ±{rate}: {before:?} → {after:?}"));
+            }
+            continue;
         }
         let e = rel(g, of(&want_g));
         if e > out.worst.0 {
@@ -614,6 +630,30 @@ fn a_mixture_with_a_capacity_equals_the_single_worker() {
     ] {
         let got = run(capped, DIGITS, c, Start::Fresh(&first), None, STEPS);
         assert_equivalent(capped, DIGITS, &format!("{c:?}"), &got, &want);
+    }
+}
+
+/// moe-tiny balanced without an auxiliary loss (DeepSeek-V3's bias, moved after every step by
+/// the global load): every rank counts the same load, so every copy of a bias moves alike and
+/// chooses alike — with ZeRO-3 (the biases in pieces), experts divided, a pipeline.
+#[test]
+fn a_mixture_balanced_by_bias_equals_the_single_worker() {
+    let (_, _, moe) = brigade::models::family::PRESETS.iter().find(|p| p.0 == "moe-tiny").copied().unwrap();
+    let Family::Llama(a) = moe else { panic!("moe-tiny is of the Llama family") };
+    let biased = Family::Llama(brigade::models::family::Llama {
+        moe: a.moe.map(|m| brigade::models::family::LlamaMoe { bias_rate: 0.05, aux_on: false, ..m }),
+        ..a
+    });
+    let (want, first) = single_worker(biased, DIGITS);
+    let unbiased = Family::Llama(brigade::models::family::Llama {
+        moe: a.moe.map(|m| brigade::models::family::LlamaMoe { aux_on: false, ..m }),
+        ..a
+    });
+    let (plain, _) = single_worker(unbiased, DIGITS);
+    assert_ne!(want.losses, plain.losses, "the bias changes which experts are chosen");
+    for &c in &[("dp=2,ep=2", 4, SMALL), ("dp=4,zero=3", 2, BIG), ("dp=2,pp=2,ep=2,zero=1,schedule=1f1b", 2, BIG)] {
+        let got = run(biased, DIGITS, c, Start::Fresh(&first), None, STEPS);
+        assert_equivalent(biased, DIGITS, &format!("{c:?}"), &got, &want);
     }
 }
 

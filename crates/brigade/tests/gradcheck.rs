@@ -498,6 +498,7 @@ mod moe {
                     "mlp.shared_expert_gate".into(),
                 )
             }),
+            bias: (shape.bias_rate > 0.0).then(|| "mlp.gate.e_score_correction_bias".into()),
         };
         let moe = Moe::new(&mut layout, &names, shape, 0.3, 0..shape.experts);
         (moe, layout)
@@ -548,7 +549,16 @@ mod moe {
 
     #[test]
     fn moe_backward_matches_finite_differences() {
-        let base = MoeShape { c: 8, experts: 4, top_k: 2, width: 6, shared_width: 0, norm_topk: true, capacity: 0.0 };
+        let base = MoeShape {
+            c: 8,
+            experts: 4,
+            top_k: 2,
+            width: 6,
+            shared_width: 0,
+            norm_topk: true,
+            capacity: 0.0,
+            bias_rate: 0.0,
+        };
         gradcheck(base, 31);
         gradcheck(MoeShape { norm_topk: false, ..base }, 32);
         gradcheck(MoeShape { shared_width: 10, norm_topk: false, ..base }, 33);
@@ -559,12 +569,66 @@ mod moe {
         gradcheck(MoeShape { capacity: 0.5, shared_width: 10, norm_topk: false, ..base }, 36);
     }
 
+    /// DeepSeek-V3's auxiliary-loss-free balancing: the bias picks the experts (a large one on
+    /// expert 3 puts it among every row's k) but the weights are the probabilities, renormalised
+    /// over the chosen; a step moves each bias by the rate towards the even load.
+    #[test]
+    fn the_balancing_bias_chooses_but_does_not_weigh_and_moves_towards_the_even_load() {
+        let shape = MoeShape {
+            c: 8,
+            experts: 4,
+            top_k: 2,
+            width: 6,
+            shared_width: 0,
+            norm_topk: true,
+            capacity: 0.0,
+            bias_rate: 0.25,
+        };
+        let (moe, layout) = layer(shape);
+        let mut rng = ChaCha8Rng::seed_from_u64(61);
+        let mut p = layout.init(61);
+        let b = layout.get("mlp.gate.e_score_correction_bias").expect("the bias tensor").view;
+        assert!(b.of(&p).iter().all(|&x| x == 0.0), "it starts at zero");
+        b.of_mut(&mut p).copy_from_slice(&[0.0, 0.0, 0.0, 2.0]);
+        let n = 9;
+        let h = randn(&mut rng, n * shape.c, 1.0);
+        let (mut st, mut out) = (MoeStash::default(), Vec::new());
+        moe.forward(&p, (&h, n), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+        for t in 0..n {
+            let probs = &st.probs[t * 4..(t + 1) * 4];
+            // the other expert: the most probable of the first three
+            let best = (0..3).max_by(|&a, &b| probs[a].partial_cmp(&probs[b]).unwrap().then(b.cmp(&a))).unwrap();
+            let mut want = [best as u32, 3];
+            want.sort();
+            let mut got: Vec<u32> = st.chosen[t * 2..t * 2 + 2].to_vec();
+            got.sort();
+            assert_eq!(got, want, "row {t}");
+            let sum = probs[best] + probs[3];
+            for &(row, e, w) in st.pairs.iter().filter(|q| q.0 as usize == t) {
+                assert_eq!(row as usize, t);
+                assert!((w - probs[e as usize] / sum).abs() < 1e-6, "row {t} expert {e}: weight {w}");
+            }
+        }
+        // loads 5, 1, 2, 0 (mean 2): the busy expert's bias falls, the idle ones' rise
+        moe.update_bias(&mut p, &[5.0, 1.0, 2.0, 0.0]);
+        assert_eq!(b.of(&p), &[-0.25, 0.25, 0.0, 2.25]);
+    }
+
     /// Under a capacity factor each expert keeps the rows of a sequence it weighs most (ties to
     /// the earlier row), chosen here from the dropless forward's own pairs, and a row's output
     /// is the sum over the pairs it kept of the dropless forward's expert outputs.
     #[test]
     fn a_capacity_keeps_each_experts_heaviest_rows_of_a_sequence() {
-        let base = MoeShape { c: 8, experts: 4, top_k: 2, width: 6, shared_width: 0, norm_topk: true, capacity: 0.0 };
+        let base = MoeShape {
+            c: 8,
+            experts: 4,
+            top_k: 2,
+            width: 6,
+            shared_width: 0,
+            norm_topk: true,
+            capacity: 0.0,
+            bias_rate: 0.0,
+        };
         let (dropless, layout) = layer(base);
         let (capped, _) = layer(MoeShape { capacity: 0.5, ..base });
         let mut rng = ChaCha8Rng::seed_from_u64(51);
@@ -615,7 +679,16 @@ mod moe {
     /// softmax, its k best experts, each expert's SwiGLU on that row alone.
     #[test]
     fn moe_forward_matches_a_row_by_row_reference() {
-        let shape = MoeShape { c: 8, experts: 5, top_k: 2, width: 6, shared_width: 7, norm_topk: true, capacity: 0.0 };
+        let shape = MoeShape {
+            c: 8,
+            experts: 5,
+            top_k: 2,
+            width: 6,
+            shared_width: 7,
+            norm_topk: true,
+            capacity: 0.0,
+            bias_rate: 0.0,
+        };
         let (moe, layout) = layer(shape);
         let mut rng = ChaCha8Rng::seed_from_u64(41);
         let p = layout.init(41);

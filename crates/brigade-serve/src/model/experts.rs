@@ -32,7 +32,14 @@ pub(super) fn mixture(m: &MoeLayer, h: &[f32], (n, c, cl): (usize, usize, usize)
             let mut p = row.to_vec();
             softmax(&mut p);
             let mut order = Vec::with_capacity(ne);
-            brigade::nn::moe::top_k(&p, k, &mut order);
+            match &m.bias {
+                // chosen by the biased scores (the balancing bias), weighted by the probabilities
+                Some(b) => {
+                    let biased: Vec<f32> = p.iter().zip(b).map(|(p, b)| p + b).collect();
+                    brigade::nn::moe::top_k(&biased, k, &mut order);
+                }
+                None => brigade::nn::moe::top_k(&p, k, &mut order),
+            }
             let sum: f32 = order.iter().map(|&e| p[e as usize]).sum();
             let mut picked: Vec<(usize, f32)> = order
                 .iter()

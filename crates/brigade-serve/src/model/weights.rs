@@ -110,6 +110,8 @@ pub(crate) struct MoeLayer {
     pub(crate) shared: Option<(Packed, Packed, usize, Vec<f32>)>,
     pub(crate) top_k: usize,
     pub(crate) norm_topk: bool,
+    /// The auxiliary-loss-free balancing's bias `[E]`, added to the probabilities for choosing.
+    pub(crate) bias: Option<Vec<f32>>,
 }
 
 impl MoeLayer {
@@ -476,6 +478,7 @@ impl Cutter<'_> {
             shared,
             top_k: m.top_k,
             norm_topk: m.norm_topk,
+            bias: m.bias.as_ref().map(|(b, _)| self.whole(b)),
         })
     }
 

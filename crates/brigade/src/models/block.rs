@@ -91,6 +91,13 @@ impl Block {
         }
     }
 
+    /// A mixture's auxiliary-loss-free balancing step from the rows each expert took (`[E]`).
+    pub(crate) fn update_bias(&self, p: &mut [f32], load: &[f32]) {
+        if let FeedForward::Moe(m) = &self.mlp {
+            m.update_bias(p, load);
+        }
+    }
+
     /// Block `i` as the family's spec describes it, cut for a group of `tp`; a mixture holding
     /// rank `q`'s block of its experts when they are divided over `ep` ranks (`experts` = (q, ep)).
     pub(crate) fn new(
@@ -150,6 +157,7 @@ impl Block {
                     router: m.router.name.clone(),
                     experts: m.experts.iter().map(|e| e.clone().map(|l| l.name)).collect(),
                     shared: m.shared.as_ref().map(|(e, g)| (e.clone().map(|l| l.name), g.name.clone())),
+                    bias: m.bias.as_ref().map(|(b, _)| b.clone()),
                 };
                 let shape = MoeShape {
                     c,
@@ -159,6 +167,7 @@ impl Block {
                     shared_width: m.shared.as_ref().map_or(0, |(e, _)| e[0].d_out),
                     norm_topk: m.norm_topk,
                     capacity: m.capacity,
+                    bias_rate: m.bias.as_ref().map_or(0.0, |(_, r)| *r),
                 };
                 let local = shape.experts / ep;
                 FeedForward::Moe(Moe::new(layout, &names, shape, std, q * local..(q + 1) * local))

@@ -240,6 +240,20 @@ impl Gpt {
         out
     }
 
+    /// The auxiliary-loss-free balancing's step of every mixture this part holds, in `params`
+    /// (this part's), from `tally`: the step's tally over the whole model's layers summed over
+    /// every rank (`[layer][rows of each expert…, balancing losses]`, as `take_moe_tally`).
+    pub fn update_expert_bias(&self, params: &mut [f32], tally: &[f32]) {
+        let Some(e) = self.cfg.experts() else { return };
+        let first = self.holds.start.max(1) - 1;
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let at = (first + i) * (e + 1);
+            // (a block's views are into its unit)
+            let unit = self.units[self.block_unit(i)].clone();
+            blk.update_bias(&mut params[unit], &tally[at..at + e]);
+        }
+    }
+
     /// The local unit of this part's `k`-th block.
     fn block_unit(&self, k: usize) -> usize {
         usize::from(self.has_embedding) + k

@@ -35,6 +35,8 @@ pub struct MoeShape {
     pub shared_width: usize,
     /// Whether the k chosen probabilities are renormalised to sum to 1.
     pub norm_topk: bool,
+    /// The auxiliary-loss-free balancing's rate (0: no bias; see `Moe::bias`).
+    pub bias_rate: f32,
     /// Capacity factor: each expert takes at most `⌈capacity · seq · k / E⌉` of a sequence's
     /// rows — those it weighs most, ties to the earlier row — and the others pass it by (their
     /// weight on it gets no output and no gradient); 0: dropless.
@@ -61,6 +63,8 @@ pub struct MoeNames {
     pub experts: Vec<[String; 3]>,
     /// gate, up, down, and the sigmoid gate's `[1, C]`.
     pub shared: Option<([String; 3], String)>,
+    /// The balancing bias `[E]` (DeepSeek-V3's `e_score_correction_bias`), if any.
+    pub bias: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -73,6 +77,10 @@ pub struct Moe {
     pub experts: Vec<Mlp>,
     pub first: usize,
     pub shared: Option<(Mlp, View)>,
+    /// DeepSeek-V3's auxiliary-loss-free balancing: a bias `[E]` added to the probabilities
+    /// for choosing the k experts only (their weights are the probabilities themselves); no
+    /// gradient, moved after each step by `update_bias`.
+    pub bias: Option<View>,
     /// What this rank's backwards routed since the tally was last taken (shared by the
     /// layer's clones).
     pub tally: std::sync::Arc<Tally>,
@@ -209,7 +217,8 @@ impl Moe {
             let mlp = swiglu(layout, n, shape.shared_width);
             (mlp, layout.add(&format!("{gate}.weight"), &[1, c], Init::Normal(std), true))
         });
-        Moe { shape, router, experts, first: held.start, shared, tally: Default::default() }
+        let bias = names.bias.as_ref().map(|b| layout.add(b, &[shape.experts], Init::Zeros, false));
+        Moe { shape, router, experts, first: held.start, shared, bias, tally: Default::default() }
     }
 
     /// `out[n, C]` (overwritten) for the rows `h[n, C]`, sequences of `seq` rows, the experts
@@ -238,8 +247,17 @@ impl Moe {
         st.chosen.clear();
         let mut order: Vec<u32> = Vec::with_capacity(ne);
         let mut weights = vec![0f32; n * k];
+        let bias = self.bias.map(|b| b.of(p));
+        let mut biased = vec![0f32; ne];
         for (t, row) in st.probs.chunks_exact(ne).enumerate() {
-            top_k(row, k, &mut order);
+            match bias {
+                // chosen by the biased scores, weighted by the probabilities
+                Some(b) => {
+                    biased.iter_mut().zip(row).zip(b).for_each(|((o, &p), &b)| *o = p + b);
+                    top_k(&biased, k, &mut order);
+                }
+                None => top_k(row, k, &mut order),
+            }
             let sum: f32 = order.iter().map(|&e| row[e as usize]).sum();
             for (w, &e) in weights[t * k..(t + 1) * k].iter_mut().zip(&order) {
                 *w = if norm_topk { row[e as usize] / sum } else { row[e as usize] };
@@ -323,6 +341,24 @@ impl Moe {
         }
         st.aux = self.aux_losses(st);
         Ok(st.aux)
+    }
+
+    /// The auxiliary-loss-free balancing's step: each expert's bias moves by the rate towards
+    /// the even load, `b += rate · sign(mean − load)`, from `load` (the rows each expert took
+    /// over the global batch, `[E]`). Every rank holding the layer applies the same counts.
+    pub fn update_bias(&self, p: &mut [f32], load: &[f32]) {
+        let Some(b) = self.bias else { return };
+        let mean = load.iter().map(|&x| x as f64).sum::<f64>() / load.len() as f64;
+        for (b, &l) in b.of_mut(p).iter_mut().zip(load) {
+            let d = mean - l as f64;
+            *b += if d > 0.0 {
+                self.shape.bias_rate
+            } else if d < 0.0 {
+                -self.shape.bias_rate
+            } else {
+                0.0
+            };
+        }
     }
 
     /// Expert `e`, which this rank must hold.

@@ -36,6 +36,8 @@ pub struct TrainConfig {
     /// A mixture of experts' capacity factor (`LlamaMoe::capacity`; 0: dropless), over the
     /// preset's or the folder's.
     pub moe_capacity_factor: Option<f32>,
+    /// A mixture of experts' auxiliary-loss-free balancing rate (`LlamaMoe::bias_rate`; 0: off).
+    pub moe_bias_update_rate: Option<f32>,
     /// A Hugging Face folder whose weights the run starts from (its `config.json` gives the
     /// family and shape); absent: random weights of the preset's shape. The checkpoint
     /// records it: where the run came from.
@@ -102,6 +104,7 @@ impl Default for TrainConfig {
             init: None,
             shape_from: None,
             moe_capacity_factor: None,
+            moe_bias_update_rate: None,
             data: None,
             mix: Vec::new(),
             val_data: None,
@@ -146,22 +149,33 @@ impl TrainConfig {
             Some(dir) => self.published_config(dir)?,
             None => self.preset_config(data_vocab)?,
         };
-        if let Some(f) = self.moe_capacity_factor {
-            let crate::models::family::Family::Llama(a) = &mut cfg.family else {
-                return Err(Error::Config(format!("--moe-capacity-factor {f}: {} has no experts", self.model)));
+        let options = [
+            (
+                "--moe-capacity-factor",
+                self.moe_capacity_factor,
+                "0 (dropless) or positive (1.0: each expert takes its even share)",
+            ),
+            ("--moe-bias-update-rate", self.moe_bias_update_rate, "0 (off) or positive (DeepSeek-V3 used 0.001)"),
+        ];
+        for (flag, value, rule) in options {
+            let Some(f) = value else { continue };
+            let moe = match &mut cfg.family {
+                crate::models::family::Family::Llama(a) => a.moe.as_mut(),
+                crate::models::family::Family::Gpt2 => None,
             };
-            let Some(m) = a.moe.as_mut() else {
+            let Some(m) = moe else {
                 return Err(Error::Config(format!(
-                    "--moe-capacity-factor {f}: {} is a dense model (no experts); drop the flag or train a mixture (moe-tiny)",
+                    "{flag} {f}: {} is a dense model (no experts); drop the flag or train a mixture (moe-tiny)",
                     self.model
                 )));
             };
             if !(f >= 0.0 && f.is_finite()) {
-                return Err(Error::Config(format!(
-                    "--moe-capacity-factor {f} must be 0 (dropless) or positive (1.0: each expert takes its even share)"
-                )));
+                return Err(Error::Config(format!("{flag} {f} must be {rule}")));
             }
-            m.capacity = f;
+            match flag {
+                "--moe-capacity-factor" => m.capacity = f,
+                _ => m.bias_rate = f,
+            }
         }
         if cfg.vocab_size < data_vocab {
             return Err(Error::Config(match &self.init {

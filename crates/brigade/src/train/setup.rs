@@ -247,6 +247,7 @@ impl Trainer {
             pipeline: None,
             history: Vec::new(),
             attend_clock: Default::default(),
+            moe_tally: Vec::new(),
         })
     }
 }

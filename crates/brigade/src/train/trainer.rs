@@ -88,6 +88,9 @@ pub struct Trainer {
     pub history: Vec<StepStats>,
     /// Context parallelism: this step's seconds in blockwise attention.
     pub(crate) attend_clock: crate::nn::context::AttendClock,
+    /// A mixture's tally of the last step, summed over every rank (`[layer][rows of each
+    /// expert…, balancing losses]`; empty for a dense model).
+    pub(crate) moe_tally: Vec<f32>,
 }
 
 impl Trainer {
@@ -222,6 +225,7 @@ impl Trainer {
         if self.dpc.zero != 1 && self.dpc.zero != 2 {
             self.trace("adamw", Part::Optimizer, step, t0);
         }
+        self.update_expert_bias()?;
         self.step = step;
         self.losses.push(loss);
         self.grad_norms.push(grad_norm);
@@ -329,6 +333,7 @@ impl Trainer {
     /// A mixture's load over the global batch of the step just accumulated: (the busiest
     /// expert's rows over the mean, the largest over layers; the balancing loss's mean over
     /// layers and sequences) — (0, 0) for a dense model. Every rank of the mesh must call it.
+    /// Also keeps the summed tally for `update_expert_bias`.
     fn moe_load(&mut self) -> Result<(f64, f64)> {
         let Some(e) = self.parts.first().cfg.experts() else { return Ok((0.0, 0.0)) };
         let mut t = vec![0f64; self.parts.first().cfg.n_layer * (e + 1)];
@@ -354,7 +359,36 @@ impl Trainer {
             balance += layer[e] as f64;
         }
         let layers = self.parts.first().cfg.moe_layers().max(1);
+        self.moe_tally = buf;
         Ok((worst, balance / (layers * self.cfg.batch) as f64))
+    }
+
+    /// The auxiliary-loss-free balancing's step (DeepSeek-V3) of every mixture with a bias this
+    /// rank holds, from the step's load over the global batch — the same counts on every rank,
+    /// so every copy of a bias moves alike. After the optimizer step.
+    fn update_expert_bias(&mut self) -> Result<()> {
+        let biased = match self.parts.first().cfg.family {
+            crate::models::family::Family::Llama(a) => a.moe.is_some_and(|m| m.bias_rate > 0.0),
+            crate::models::family::Family::Gpt2 => false,
+        };
+        if self.moe_tally.is_empty() || !biased {
+            return Ok(());
+        }
+        if self.dpc.zero >= 3 {
+            // the biases live in ZeRO-3 pieces: the parameters gathered, moved, cut again (a
+            // whole all-gather a step: what a per-tensor placement of the pieces would save)
+            let mut full = vec![0f32; self.parts.layout.total];
+            self.shards.gather(self.mesh.group(REPLICAS), &self.pshard, &mut full)?;
+            for (c, chunk) in self.parts.chunks.iter().enumerate() {
+                chunk.update_expert_bias(&mut full[self.parts.spans[c].clone()], &self.moe_tally);
+            }
+            self.pshard = self.shards.compact(&full);
+            return Ok(());
+        }
+        for (c, chunk) in self.parts.chunks.iter().enumerate() {
+            chunk.update_expert_bias(&mut self.params[self.parts.spans[c].clone()], &self.moe_tally);
+        }
+        Ok(())
     }
 
     /// The gradient left by the last `accumulate_gradients` (a step leaves it as it was: the

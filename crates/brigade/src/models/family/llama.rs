@@ -72,6 +72,12 @@ pub struct LlamaMoe {
     /// `moe_expert_capacity_factor`; 0: dropless).
     #[serde(default)]
     pub capacity: f32,
+    /// DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to the router's
+    /// probabilities for choosing only (`{router}.e_score_correction_bias`, no gradient), moved
+    /// by this rate after each step towards the even load: `b += rate · sign(mean − load)`
+    /// (Megatron-Core's `moe_router_bias_update_rate`; 0: off).
+    #[serde(default)]
+    pub bias_rate: f32,
 }
 
 /// Whose tensor names and config the mixture is written in.
@@ -182,6 +188,7 @@ const QWEN2_MOE: LlamaMoe = LlamaMoe {
     z_coef: 0.0,
     naming: MoeNaming::Qwen2Moe,
     capacity: 0.0,
+    bias_rate: 0.0,
 };
 // the auxiliary losses on and heavier than a real run's, so that tests see them
 const MOE_TINY: LlamaMoe =
@@ -259,7 +266,16 @@ fn moe_spec(moe: &LlamaMoe, prefix: &str, c: usize) -> MoeSpec {
             (linear(at("gate"), (c, moe.experts), false), experts, None)
         }
     };
-    MoeSpec { router, experts, shared, top_k: moe.top_k, norm_topk: moe.norm_topk, capacity: moe.capacity }
+    let bias = (moe.bias_rate > 0.0).then(|| format!("{}.e_score_correction_bias", router.name));
+    MoeSpec {
+        router,
+        experts,
+        shared,
+        top_k: moe.top_k,
+        norm_topk: moe.norm_topk,
+        capacity: moe.capacity,
+        bias: bias.map(|b| (b, moe.bias_rate)),
+    }
 }
 
 impl Describe for Llama {
@@ -620,7 +636,11 @@ fn parse_moe(v: &Value, ty: &str, layers: usize) -> Result<Option<LlamaMoe>, Str
         z_coef: float(v, "router_z_loss_coef")?.unwrap_or(0.0) as f32,
         naming,
         capacity: float(v, "moe_expert_capacity_factor")?.unwrap_or(0.0) as f32,
+        bias_rate: float(v, "moe_router_bias_update_rate")?.unwrap_or(0.0) as f32,
     };
+    if !(moe.bias_rate >= 0.0 && moe.bias_rate.is_finite()) {
+        return Err(format!("moe_router_bias_update_rate = {} must be 0 (off) or positive", moe.bias_rate));
+    }
     if !(moe.capacity >= 0.0 && moe.capacity.is_finite()) {
         return Err(format!("moe_expert_capacity_factor = {} must be 0 (dropless) or positive", moe.capacity));
     }
@@ -722,6 +742,9 @@ pub fn to_json(s: &Shape, a: &Llama, bos_eos: (Option<u32>, Option<u32>)) -> Val
         }
         if m.capacity > 0.0 {
             o.insert("moe_expert_capacity_factor".into(), m.capacity.into());
+        }
+        if m.bias_rate > 0.0 {
+            o.insert("moe_router_bias_update_rate".into(), m.bias_rate.into());
         }
         match m.naming {
             MoeNaming::Qwen2Moe | MoeNaming::Qwen3Moe => {

@@ -120,6 +120,9 @@ pub struct MoeSpec {
     pub norm_topk: bool,
     /// The capacity factor (0: dropless; see `LlamaMoe::capacity`).
     pub capacity: f32,
+    /// The auxiliary-loss-free balancing's bias tensor `[E]` and its update rate
+    /// (`LlamaMoe::bias_rate`).
+    pub bias: Option<(String, f32)>,
 }
 
 impl MoeSpec {
@@ -236,6 +239,11 @@ impl BlockSpec {
     pub fn vectors(&self, c: usize) -> u128 {
         let biases: u128 = self.linears().iter().filter(|(l, _)| l.bias).map(|(l, _)| l.d_out as u128).sum();
         let qk = self.attn.qk_norm.as_ref().map_or(0, |([q, k], [wq, wk])| q.params(*wq) + k.params(*wk));
+        let bias = match &self.mlp {
+            MlpSpec::Moe(m) if m.bias.is_some() => m.experts.len() as u128,
+            _ => 0,
+        };
+        let qk = qk + bias;
         biases + self.ln_1.params(c) + self.ln_2.params(c) + qk
     }
 }
