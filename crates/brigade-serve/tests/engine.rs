@@ -44,6 +44,27 @@ fn greedy_tokens_match_the_full_recompute_generator() {
 
 fn greedy_against_the_generator(f: Family) {
     let (gpt, p) = common::model(f, 97, 96, 3);
+    greedy_against_the_training_forward(&gpt, &p, f);
+}
+
+/// A mixture balanced by DeepSeek-V3's bias chooses its experts in the engine as training's
+/// forward does: the biases set far from zero (a trained model's), every choice through them.
+#[test]
+fn a_balancing_bias_chooses_the_experts_as_training_does() {
+    use brigade::models::family::{llama, Llama, LlamaMoe};
+    let f = Family::Llama(Llama { moe: Some(LlamaMoe { bias_rate: 0.01, ..llama::MOE_EXAMPLE }), ..llama::EXAMPLE });
+    let (gpt, mut p) = common::model(f, 97, 96, 3);
+    let mut biases = 0;
+    for s in gpt.layout.specs.iter().filter(|s| s.name.ends_with("e_score_correction_bias")) {
+        s.view.of_mut(&mut p).iter_mut().enumerate().for_each(|(e, b)| *b = [0.3, -0.2, 0.1, -0.25][e % 4]);
+        biases += 1;
+    }
+    assert_eq!(biases, gpt.cfg.moe_layers(), "a bias a mixture layer");
+    greedy_against_the_training_forward(&gpt, &p, f);
+}
+
+fn greedy_against_the_training_forward(gpt: &brigade::models::Gpt, p: &[f32], f: Family) {
+    let (gpt, p) = (gpt.clone(), p.to_vec());
     let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 97).collect();
     let mut engine = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
     let got = run(&mut engine, vec![(0, Request { id: 1, prompt: prompt.clone(), sampling: greedy(30) })]);
