@@ -4,8 +4,8 @@
 # resumed by tp=4; the 3D mesh dp=2 × pp=2 × tp=2 with 1F1B; dp=2 × pp=4 with ZB-H1, resumed
 # by pp=2 × tp=2), and the Llama family (llama-tiny) on the 3D mesh dp=2 × pp=2 × tp=2 with
 # interleaved chunks; context parallelism dp=2 × cp=2 as 4 processes (GPT-2, all-gather) and
-# cp=2 × tp=2 on a ring (llama-tiny); a mixture of experts (moe-tiny) with dp=4, ep=2 as 4
-# processes; every step's loss must agree to 1e-5 relative.
+# cp=2 × tp=2 on a ring (llama-tiny); a mixture of experts (moe-tiny) with dp=4, ep=2 and with
+# dp=2, cp=2, ep=2 as 4 processes; every step's loss must agree to 1e-5 relative.
 # Needs a build with --features mpi (`cargo build --release -p brigade-cli --features mpi`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +43,8 @@ run 4 cp=2,tp=2,cp_comm=ring llama-ring --model llama-tiny
 # a mixture of experts spread over 2 of 4 processes: tokens sent to their experts by MPI_Alltoallv
 "$bin" "${args[@]}" --model moe-tiny --out "$tmp/moe-one" >/dev/null 2>&1
 run 4 dp=4,ep=2 moe-ep --model moe-tiny
+# and along its sequences: the routers' per-sequence statistics summed over the context group
+run 4 dp=2,cp=2,ep=2 moe-cp --model moe-tiny
 timeout 300 mpirun -n 8 --allow-run-as-root --oversubscribe "$bin" "${args[@]}" --stop-after 2 --backend mpi --layout dp=2,pp=4,schedule=zb --micro-batch 1 --out "$tmp/zb" >/dev/null 2>"$tmp/zb.log" \
   || { echo "mpi: dp=2,pp=4,schedule=zb failed:"; cat "$tmp/zb.log"; exit 1; } >&2
 timeout 300 mpirun -n 4 --allow-run-as-root --oversubscribe "$bin" train --resume "$tmp/zb" --threads 1 --backend mpi --layout pp=2,tp=2 >/dev/null 2>"$tmp/zb2.log" \
@@ -57,12 +59,12 @@ import json, sys
 d = sys.argv[1]
 losses = lambda n: json.load(open(f"{d}/{n}/trainer_state.json"))["losses"]
 want = losses("one")
-for n, one in [("two", "one"), ("four", "one"), ("mixed", "one"), ("cube", "one"), ("zb", "one"), ("llama-cube", "llama-one"), ("context", "one"), ("llama-ring", "llama-one"), ("moe-ep", "moe-one")]:
+for n, one in [("two", "one"), ("four", "one"), ("mixed", "one"), ("cube", "one"), ("zb", "one"), ("llama-cube", "llama-one"), ("context", "one"), ("llama-ring", "llama-one"), ("moe-ep", "moe-one"), ("moe-cp", "moe-one")]:
     got, want1 = losses(n), losses(one)
     assert len(got) == len(want1), (n, got, want1)
     for s, (g, w) in enumerate(zip(got, want1)):
         assert abs(g - w) <= 1e-5 * abs(w), f"{n}: step {s + 1} loss {g} vs single worker {w}"
-print("mpi: moe-tiny with experts over ep=2 of dp=4 (4 processes) matches the single worker's losses:", [round(x, 6) for x in losses("moe-one")])
+print("mpi: moe-tiny with experts over ep=2 of dp=4, and of dp=2,cp=2 (4 processes each) matches the single worker's losses:", [round(x, 6) for x in losses("moe-one")])
 print("mpi: context parallelism dp=2,cp=2 (4 processes) and llama-tiny cp=2,tp=2,cp_comm=ring match the single worker's losses")
 print("mpi: llama-tiny on dp=2,pp=2,tp=2,v=2 (interleaved) matches the single worker's losses:", [round(x, 6) for x in losses("llama-one")])
 print("mpi: dp=2, dp=4,zero=3, dp=2,tp=2,zero=1,sp=1 (resumed at step 3 by tp=4), dp=2,pp=2,tp=2 (1F1B) and dp=2,pp=4 (ZB-H1, resumed at step 2 by pp=2,tp=2) under mpirun match the single worker's losses:", [round(x, 6) for x in want])

@@ -509,7 +509,7 @@ mod moe {
     /// `L = Σ out·r + 0.7·Σ balance + 0.3·Σ z` over the sequences, in f64.
     fn loss(moe: &Moe, p: &[f32], h: &[f32], seq: usize, r: &[f32]) -> f64 {
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
-        let aux = moe.forward(p, (h, seq), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+        let aux = moe.forward(p, (h, seq), (None, None), &mut st, &mut out, &mut MoeScratch::default()).unwrap();
         dot(&out, r) + AUX.balance as f64 * aux.balance + AUX.z as f64 * aux.z
     }
 
@@ -521,7 +521,7 @@ mod moe {
         let h = randn(&mut rng, n * shape.c, 1.0);
         let r = randn(&mut rng, n * shape.c, 1.0);
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
-        moe.forward(&p, (&h, seq), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+        moe.forward(&p, (&h, seq), (None, None), &mut st, &mut out, &mut MoeScratch::default()).unwrap();
         if shape.capacity > 0.0 {
             assert!(st.pairs.len() < n * shape.top_k, "the capacity drops some rows");
         }
@@ -593,7 +593,7 @@ mod moe {
         let n = 9;
         let h = randn(&mut rng, n * shape.c, 1.0);
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
-        moe.forward(&p, (&h, n), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+        moe.forward(&p, (&h, n), (None, None), &mut st, &mut out, &mut MoeScratch::default()).unwrap();
         for t in 0..n {
             let probs = &st.probs[t * 4..(t + 1) * 4];
             // the other expert: the most probable of the first three
@@ -638,9 +638,9 @@ mod moe {
         assert_eq!(capped.shape.expert_capacity(seq), cap);
         let h = randn(&mut rng, n * c, 1.0);
         let (mut st0, mut out0) = (MoeStash::default(), Vec::new());
-        dropless.forward(&p, (&h, seq), None, &mut st0, &mut out0, &mut MoeScratch::default()).unwrap();
+        dropless.forward(&p, (&h, seq), (None, None), &mut st0, &mut out0, &mut MoeScratch::default()).unwrap();
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
-        capped.forward(&p, (&h, seq), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+        capped.forward(&p, (&h, seq), (None, None), &mut st, &mut out, &mut MoeScratch::default()).unwrap();
         // the pairs each (expert, sequence) keeps, from the dropless pairs
         let mut want: Vec<(u32, u32, f32, usize)> = Vec::new();
         for e in 0..base.experts as u32 {
@@ -695,7 +695,7 @@ mod moe {
         let n = 10;
         let h = randn(&mut rng, n * shape.c, 1.0);
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
-        moe.forward(&p, (&h, n), None, &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+        moe.forward(&p, (&h, n), (None, None), &mut st, &mut out, &mut MoeScratch::default()).unwrap();
         let get = |name: &str| layout.get(name).unwrap().view.of(&p).to_vec();
         let c = shape.c;
         // y = W_down · (silu(W_gate x) ⊙ W_up x), weights [out, in]
@@ -743,7 +743,8 @@ mod moe {
         // and each row alone gives its own result (the grouping does not enter)
         for t in [0, 7] {
             let (mut st1, mut one) = (MoeStash::default(), Vec::new());
-            moe.forward(&p, (&h[t * c..(t + 1) * c], 1), None, &mut st1, &mut one, &mut MoeScratch::default()).unwrap();
+            moe.forward(&p, (&h[t * c..(t + 1) * c], 1), (None, None), &mut st1, &mut one, &mut MoeScratch::default())
+                .unwrap();
             for i in 0..c {
                 assert!((one[i] - out[t * c + i]).abs() <= 1e-6, "row {t} alone");
             }

@@ -208,8 +208,9 @@ impl Block {
                 residual_bias_forward(out, &st.x2, y, mlp.c_proj.bias(p));
             }
             FeedForward::Moe(m) => {
-                // whole sequences of t rows on this rank (tp and cp are refused with experts)
-                m.forward(p, (&st.ln2.out, bt.1), ep, &mut st.moe, part, moe)?;
+                // this rank's t rows of each sequence (tp is refused with experts; under cp the
+                // auxiliary losses' statistics are summed over the context group)
+                m.forward(p, (&st.ln2.out, bt.1), (ep, docs.1.map(|c| c.comm)), &mut st.moe, part, moe)?;
                 residual_bias_forward(out, &st.x2, part, &[]);
             }
         }

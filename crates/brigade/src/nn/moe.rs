@@ -136,8 +136,13 @@ pub struct MoeStash {
     pub shared: MlpStash,
     pub shared_out: Vec<f32>,
     pub shared_gate: Vec<f32>,
-    /// Rows per sequence (the aux losses' statistics are per sequence).
+    /// Rows per sequence on this rank (the aux losses' statistics are per sequence), and of the
+    /// whole sequence (more under context parallelism).
     pub seq: usize,
+    pub rows: usize,
+    /// Each sequence's share of rows choosing each expert (`[sequences, E]`), over the whole
+    /// sequence: what the balancing loss's gradient holds.
+    pub f: Vec<f64>,
     /// The forward's auxiliary losses, summed over its sequences.
     pub aux: AuxLosses,
 }
@@ -223,11 +228,14 @@ impl Moe {
 
     /// `out[n, C]` (overwritten) for the rows `h[n, C]`, sequences of `seq` rows, the experts
     /// spread over `ep`; returns each sequence's auxiliary losses summed.
+    /// Under context parallelism (`cp`: the ranks holding the rest of each sequence) the
+    /// auxiliary losses' statistics are summed over the group, and each rank returns its share
+    /// of the losses (1/cp of them).
     pub fn forward(
         &self,
         p: &[f32],
         (h, seq): (&[f32], usize),
-        ep: Experts,
+        (ep, cp): (Experts, Option<&Comm>),
         st: &mut MoeStash,
         out: &mut Vec<f32>,
         sc: &mut MoeScratch,
@@ -339,7 +347,7 @@ impl Moe {
                 o.iter_mut().zip(s).for_each(|(o, s)| *o += sg * s);
             }
         }
-        st.aux = self.aux_losses(st);
+        st.aux = self.aux_losses(st, cp)?;
         Ok(st.aux)
     }
 
@@ -372,22 +380,40 @@ impl Moe {
         &self.experts[e - self.first]
     }
 
-    /// Each sequence's load-balancing loss and z-loss, summed over sequences.
-    fn aux_losses(&self, st: &MoeStash) -> AuxLosses {
+    /// Each sequence's load-balancing loss and z-loss, summed over sequences: each expert's
+    /// count of rows choosing it, its summed probability and the rows' `lse²`, over the whole
+    /// sequence (summed over the context group `cp`, in f32 there: the counts exact); keeps each
+    /// sequence's shares `f` for the backward. Under cp, this rank's 1/cp of the losses.
+    fn aux_losses(&self, st: &mut MoeStash, cp: Option<&Comm>) -> Result<AuxLosses> {
         let (ne, k) = (self.shape.experts, self.shape.top_k);
-        let n = st.lse.len();
+        let (n, seq) = (st.lse.len(), st.seq);
+        let seqs = n / seq;
+        let w = 2 * ne + 1;
+        let mut stats = vec![0f64; seqs * w];
+        for (t, lse) in st.lse.iter().enumerate() {
+            let s = &mut stats[t / seq * w..(t / seq + 1) * w];
+            st.chosen[t * k..(t + 1) * k].iter().for_each(|&e| s[e as usize] += 1.0);
+            s[ne..2 * ne].iter_mut().zip(&st.probs[t * ne..(t + 1) * ne]).for_each(|(a, &p)| *a += p as f64);
+            s[2 * ne] += (*lse as f64) * (*lse as f64);
+        }
+        let group = cp.map_or(1, Comm::size);
+        if let Some(c) = cp.filter(|c| c.size() > 1) {
+            let mut buf: Vec<f32> = stats.iter().map(|&x| x as f32).collect();
+            c.all_reduce(&mut buf, brigade_comm::ReduceOp::Sum)
+                .map_err(|e| Error::Train(format!("a mixture's statistics over the context group: {e}")))?;
+            stats = buf.iter().map(|&x| x as f64).collect();
+        }
+        st.rows = seq * group;
+        let total = st.rows as f64;
+        st.f = stats.chunks(w).flat_map(|s| s[..ne].iter().map(move |c| c / total)).collect();
         let mut out = AuxLosses::default();
-        if n == 0 {
-            return out;
+        for (s, f) in stats.chunks(w).zip(st.f.chunks(ne.max(1))) {
+            out.balance += ne as f64 * f.iter().zip(&s[ne..2 * ne]).map(|(a, p)| a * p / total).sum::<f64>();
+            out.z += s[2 * ne] / total;
         }
-        let seq = st.seq;
-        for s in 0..n / seq {
-            let rows = s * seq..(s + 1) * seq;
-            let (f, pm) = sequence_stats(st, rows.clone(), ne, k);
-            out.balance += ne as f64 * f.iter().zip(&pm).map(|(a, b)| a * b).sum::<f64>();
-            out.z += st.lse[rows].iter().map(|&l| (l as f64) * (l as f64)).sum::<f64>() / seq as f64;
-        }
-        out
+        out.balance /= group as f64;
+        out.z /= group as f64;
+        Ok(out)
     }
 
     /// Accumulates the parameters' gradients; overwrites `dx` with the input rows' gradient.
@@ -468,13 +494,11 @@ impl Moe {
         }
         // the router: d(probabilities), then through the softmax to the logits
         ensure(&mut sc.dlogits, n * ne);
-        let seq = st.seq.max(1);
+        // (the statistics over whole sequences of `st.rows`, from the forward)
+        let (seq, rows) = (st.seq.max(1), st.rows.max(1));
         let mut dp = vec![0f32; ne];
-        let mut f = Vec::new();
         for t in 0..n {
-            if aux.balance != 0.0 && t % seq == 0 {
-                f = sequence_stats(st, t..t + seq, ne, k).0;
-            }
+            let f = &st.f[t / seq * ne..(t / seq + 1) * ne];
             let p = &st.probs[t * ne..(t + 1) * ne];
             let chosen = &st.chosen[t * k..(t + 1) * k];
             dp.fill(0.0);
@@ -493,8 +517,8 @@ impl Moe {
             let dl = &mut sc.dlogits[t * ne..(t + 1) * ne];
             if aux.balance != 0.0 {
                 // d/dp_ti of E·Σ fᵢ·(1/T)Σ_t p_ti, f held (counts have no gradient)
-                for (d, fi) in dp.iter_mut().zip(&f) {
-                    *d += aux.balance * ne as f32 * *fi as f32 / seq as f32;
+                for (d, fi) in dp.iter_mut().zip(f) {
+                    *d += aux.balance * ne as f32 * *fi as f32 / rows as f32;
                 }
             }
             let dot: f32 = dp.iter().zip(p).map(|(a, b)| a * b).sum();
@@ -503,7 +527,7 @@ impl Moe {
             }
             if aux.z != 0.0 {
                 // d/dlogits of lse² / T is 2·lse·p / T
-                let w = aux.z * 2.0 * st.lse[t] / seq as f32;
+                let w = aux.z * 2.0 * st.lse[t] / rows as f32;
                 dl.iter_mut().zip(p).for_each(|(o, pi)| *o += w * pi);
             }
         }
@@ -580,20 +604,4 @@ pub fn top_k(row: &[f32], k: usize, out: &mut Vec<u32>) {
     out.extend(0..row.len() as u32);
     out.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
     out.truncate(k);
-}
-
-/// Over `rows` (one sequence): each expert's share of rows choosing it, and its mean
-/// probability.
-fn sequence_stats(st: &MoeStash, rows: std::ops::Range<usize>, ne: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
-    let len = rows.len() as f64;
-    let (mut f, mut pm) = (vec![0f64; ne], vec![0f64; ne]);
-    for t in rows {
-        for &e in &st.chosen[t * k..(t + 1) * k] {
-            f[e as usize] += 1.0 / len;
-        }
-        for (m, &p) in pm.iter_mut().zip(&st.probs[t * ne..(t + 1) * ne]) {
-            *m += p as f64 / len;
-        }
-    }
-    (f, pm)
 }

@@ -133,9 +133,13 @@ impl Trainer {
             }
             _ => {}
         }
-        if mcfg.moe().is_some() && layout.cp > 1 {
+        let capacity = match mcfg.family {
+            crate::models::family::Family::Llama(a) => a.moe.map_or(0.0, |m| m.capacity),
+            crate::models::family::Family::Gpt2 => 0.0,
+        };
+        if capacity > 0.0 && layout.cp > 1 {
             return Err(Error::Layout(format!(
-                "cp={} with a mixture of experts: the routers' per-sequence statistics are not gathered across a context group yet; use dp, pp or ZeRO",
+                "cp={} with an expert capacity factor ({capacity}): which rows an expert drops is decided over a whole sequence, which no rank holds under cp; use dp, ep or pp, or train dropless",
                 layout.cp
             )));
         }
