@@ -165,7 +165,27 @@ struct FirstStep {
 /// The first step's per-tensor gradient tolerance (relative).
 const FIRST_STEP: f64 = 1e-6;
 
-fn first_step_errors(tr: &Trainer, first: &First, (g, before, after): (&[f32], &[f32], &[f32]), tol: f64) -> FirstStep {
+/// The first step's tolerances: every tensor's, and the rotated key biases' (a near-total
+/// cancellation: see `a_mixture_under_tensor_parallelism_equals_the_single_worker`).
+#[derive(Clone, Copy)]
+struct Tol {
+    all: f64,
+    key_bias: f64,
+}
+
+impl From<f64> for Tol {
+    fn from(all: f64) -> Tol {
+        Tol { all, key_bias: all }
+    }
+}
+
+fn first_step_errors(
+    tr: &Trainer,
+    first: &First,
+    (g, before, after): (&[f32], &[f32], &[f32]),
+    tol: impl Into<Tol>,
+) -> FirstStep {
+    let tol = tol.into();
     let c = &tr.cfg;
     let (want_g, want_before) = (tr.local_of_full(&first.grads), tr.local_of_full(&first.before));
     let s = tr.history[0];
@@ -197,7 +217,8 @@ fn first_step_errors(tr: &Trainer, first: &First, (g, before, after): (&[f32], &
         if e > out.worst.0 {
             out.worst = (e, name.clone());
         }
-        if e >= tol {
+        let limit = if name.ends_with("self_attn.k_proj.bias") { tol.key_bias } else { tol.all };
+        if e >= limit {
             out.failures.push(format!("{name}: gradient differs from the single worker's by {e:.2e}"));
         }
         let decay = first.layout.get(name).expect("every tensor is the model's").decay;
@@ -248,14 +269,15 @@ fn run(f: Family, data: Data, c: Case, from: Start, to: Option<&std::path::Path>
     run_within(f, data, c, (from, to, until), FIRST_STEP)
 }
 
-/// `run` with the first step's per-tensor gradient tolerance `tol`.
+/// `run` with the first step's per-tensor gradient tolerances `tol`.
 fn run_within(
     f: Family,
     data: Data,
     c: Case,
     (from, to, until): (Start, Option<&std::path::Path>, usize),
-    tol: f64,
+    tol: impl Into<Tol>,
 ) -> Run {
+    let tol: Tol = tol.into();
     let (spec, mb, bucket) = c;
     let layout = Layout::parse(spec).unwrap();
     let (dp, cp, tp) = (layout.degree(Axis::Dp), layout.degree(Axis::Cp), layout.degree(Axis::Tp));
@@ -340,7 +362,9 @@ fn run_within(
             assert_eq!(o.2, out[replica].2, "{c:?}: rank {r} and its replica {replica} hold different slices");
         }
         for s in o.3.specs.iter().filter(|s| s.split == Split::Replicated) {
-            let first = s.view.of(&out[stage].2);
+            // (by name: under ep without ZeRO the stage's first rank holds other experts)
+            let Some(there) = out[stage].3.get(&s.name) else { continue };
+            let first = there.view.of(&out[stage].2);
             assert_eq!(s.view.of(&o.2), first, "{c:?}: replicated {} differs on rank {r}", s.name);
         }
         // a key/value head replicated over `copies` tp ranks: the copies stay bitwise equal
@@ -564,6 +588,34 @@ const EXPERTS: &[Case] = &[
     ("dp=4,pp=2,ep=4,schedule=zb,recompute=full", 1, BIG),
     ("dp=2,pp=2,ep=2,schedule=interleaved,v=2,recompute=selective", 4, BIG),
 ];
+
+/// Tensor parallelism cuts a mixture's attention; every rank of the group runs the mixture
+/// whole on the group's rows (its tensors replicated, its gradients alike on every rank).
+const EXPERTS_TP: &[Case] = &[
+    ("tp=2", 4, SMALL),
+    ("dp=2,tp=2,ep=2,zero=1", 2, BIG),
+    ("dp=2,tp=4,ep=2", 4, SMALL),
+    ("pp=2,tp=2,schedule=1f1b", 2, BIG),
+];
+
+/// The first step is held to the one worker's own measured floor (moe-tiny's sits at 1.15e-6),
+/// except its rotated key biases: their true gradient is near zero (a bias on every key of a
+/// row shifts its scores alike but for the rotation), so the relative error of what is left
+/// magnifies rounding, and tp computes the key heads' output gradients as products of another
+/// shape (c/tp columns of the row-parallel projection) than one worker: measured 1.5–2.4e-6
+/// here, held to 4e-6. The weights after five steps are held to the usual tolerances, and a
+/// real error shows far above these (a tp-split expert tensor: 1e0; the norm counting divided
+/// experts once per tp rank: 6e-4, both caught here).
+#[test]
+fn a_mixture_under_tensor_parallelism_equals_the_single_worker() {
+    let (_, _, moe) = brigade::models::family::PRESETS.iter().find(|p| p.0 == "moe-tiny").copied().unwrap();
+    let (want, first) = single_worker(moe, DIGITS);
+    let tol = Tol { all: measured_floor(moe, DIGITS, &first), key_bias: 4e-6 };
+    for &c in EXPERTS_TP {
+        let got = run_within(moe, DIGITS, c, (Start::Fresh(&first), None, STEPS), tol);
+        assert_equivalent(moe, DIGITS, &format!("{c:?}"), &got, &want);
+    }
+}
 
 #[test]
 fn every_mixture_of_experts_layout_equals_the_single_worker() {
@@ -850,8 +902,8 @@ fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
 }
 
 /// Expert parallelism the model or the mesh cannot take, refused before a rank communicates:
-/// ep not dividing dp × cp, a dense model, ep not dividing the experts, tp with experts, cp with
-/// a capacity factor.
+/// ep not dividing dp × cp, a dense model, ep not dividing the experts, sp with experts, tp with
+/// q/k norms, cp with a capacity factor.
 #[test]
 fn impossible_expert_layouts_are_refused_with_one_line() {
     let moe = TrainConfig { model: "moe-tiny".into(), micro_batch: None, ..cfg(Family::Gpt2, 1) };
@@ -862,8 +914,11 @@ fn impossible_expert_layouts_are_refused_with_one_line() {
     assert!(e.contains("ep=2 spreads a mixture's experts over ranks, and this model has none"), "{e}");
     let e = build(l("dp=6,ep=3"), TrainConfig { batch: 18, ..moe.clone() }).unwrap_err();
     assert!(e.contains("ep=3 does not divide the model's 8 experts per layer; use ep among 1, 2, 4, 8"), "{e}");
-    let e = build(l("dp=2,tp=2"), moe.clone()).unwrap_err();
-    assert!(e.contains("tp=2 with a mixture of experts"), "{e}");
+    let e = build(l("dp=2,tp=2,sp=1"), moe.clone()).unwrap_err();
+    assert!(e.contains("sp=1 with a mixture of experts"), "{e}");
+    let qwen3 = TrainConfig { model: "qwen3-moe-tiny".into(), ..moe.clone() };
+    let e = build(l("tp=2"), qwen3).unwrap_err();
+    assert!(e.contains("tp=2 with per-head q/k norms"), "{e}");
     let text = TrainConfig { data: Some(text_file()), seq: Some(16), ..moe.clone() };
     let e = build(l("cp=2"), TrainConfig { moe_capacity_factor: Some(1.0), ..text.clone() }).unwrap_err();
     assert!(e.contains("cp=2 with an expert capacity factor (1)"), "{e}");

@@ -152,7 +152,8 @@ impl Block {
                 FeedForward::Dense(Mlp::swiglu(layout, [&gate.name, &up.name, &down.name], (c, gate.d_out), tp, std))
             }
             MlpSpec::Moe(m) => {
-                assert_eq!(tp, 1, "check_tp refuses a mixture of experts under tp");
+                // (not cut by tp: every rank of a tensor-parallel group runs the whole mixture
+                // on the group's rows)
                 let names = MoeNames {
                     router: m.router.name.clone(),
                     experts: m.experts.iter().map(|e| e.clone().map(|l| l.name)).collect(),
@@ -208,8 +209,9 @@ impl Block {
                 residual_bias_forward(out, &st.x2, y, mlp.c_proj.bias(p));
             }
             FeedForward::Moe(m) => {
-                // this rank's t rows of each sequence (tp is refused with experts; under cp the
-                // auxiliary losses' statistics are summed over the context group)
+                // this rank's t rows of each sequence — under tp (without sp) every rank of the
+                // group has them all and runs the whole mixture alike, so neither a gather nor a
+                // reduction; under cp the auxiliary losses' statistics are summed over the group
                 m.forward(p, (&st.ln2.out, bt.1), (ep, docs.1.map(|c| c.comm)), &mut st.moe, part, moe)?;
                 residual_bias_forward(out, &st.x2, part, &[]);
             }

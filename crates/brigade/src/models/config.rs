@@ -221,13 +221,9 @@ impl GptConfig {
 /// Refuses a tensor-parallel degree that does not divide the attention heads, or (separate
 /// key/value heads) fits neither of the two ways to place them: tp divides them (each rank
 /// holds its own), or tp is a multiple of them (each is replicated on tp / kv ranks).
-/// Training's rule also refuses tp with a mixture of experts (serving cuts them: `check_heads`).
+/// Training's rule also refuses tp with per-head q/k norms (serving takes them: `check_heads`);
+/// a mixture's experts are not cut by tp (each rank of the group runs them whole).
 pub fn check_tp(cfg: &GptConfig, tp: usize) -> Result<()> {
-    if tp > 1 && cfg.moe().is_some() {
-        return Err(Error::Layout(format!(
-            "tp={tp} with a mixture of experts: brigade's training does not cut experts across tensor-parallel ranks yet; use dp, pp, ep or ZeRO"
-        )));
-    }
     if tp > 1 && cfg.block(0).attn.qk_norm.is_some() {
         return Err(Error::Layout(format!(
             "tp={tp} with per-head q/k norms (Qwen3): brigade's training does not sum their gradients over the heads' ranks yet; use dp, pp or ZeRO"

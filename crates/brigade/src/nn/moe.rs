@@ -211,6 +211,7 @@ impl Moe {
         assert!(held.end <= shape.experts && !held.is_empty());
         assert!(shape.top_k >= 1 && shape.top_k <= shape.experts);
         let c = shape.c;
+        let first_spec = layout.specs.len();
         let router = layout.add(&format!("{}.weight", names.router), &[shape.experts, c], Init::Normal(std), true);
         let swiglu = |layout: &mut ParamLayout, n: &[String; 3], m| {
             Mlp::swiglu(layout, [n[0].as_str(), n[1].as_str(), n[2].as_str()], (c, m), 1, std)
@@ -223,6 +224,9 @@ impl Moe {
             (mlp, layout.add(&format!("{gate}.weight"), &[1, c], Init::Normal(std), true))
         });
         let bias = names.bias.as_ref().map(|b| layout.add(b, &[shape.experts], Init::Zeros, false));
+        // whole on every rank of a tensor-parallel group (the experts' products were built for
+        // a group of one): their slices are the tensors themselves
+        layout.specs[first_spec..].iter_mut().for_each(|s| s.split = crate::params::Split::Replicated);
         Moe { shape, router, experts, first: held.start, shared, bias, tally: Default::default() }
     }
 

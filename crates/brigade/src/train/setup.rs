@@ -133,6 +133,11 @@ impl Trainer {
             }
             _ => {}
         }
+        if mcfg.moe().is_some() && sp {
+            return Err(Error::Layout(format!(
+                "sp=1 with a mixture of experts: sequence parallelism cuts a micro-batch's rows across the tp={tp} ranks, and the routers' per-sequence statistics need a sequence's rows together; drop sp (tp alone runs the mixture whole on every rank)"
+            )));
+        }
         let capacity = match mcfg.family {
             crate::models::family::Family::Llama(a) => a.moe.map_or(0.0, |m| m.capacity),
             crate::models::family::Family::Gpt2 => 0.0,

@@ -186,9 +186,11 @@ impl Trainer {
         let mut sq = tp_state::local_sq_norm(&tp, g, (&cut, &replicated), (&shared, copies));
         if self.layout.divides_experts() {
             // (`norm_layout` then leaves the routed experts out) each expert once: this rank's
-            // block of them, summed over the expert group
+            // block of them, summed over the expert group — on the tensor-parallel group's first
+            // rank only (every rank of it holds the experts whole, and the sum below adds them)
             let mine: f64 = self.parts.layout.expert_ranges().into_iter().map(|r| grad_sq_norm(&g[r])).sum();
-            sq += data::sum_scalar(self.mesh.group(&[Axis::Ep]), mine)?;
+            let mine = data::sum_scalar(self.mesh.group(&[Axis::Ep]), mine)?;
+            sq += if tp.rank() == 0 { mine } else { 0.0 };
         }
         self.trace("gradient norm", Part::Optimizer, step, t0);
         // the sums of the squares over the groups: tp's slices, the replicas' ZeRO pieces, pp's
