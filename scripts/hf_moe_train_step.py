@@ -14,7 +14,7 @@ import statistics
 import time
 
 import torch
-from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 SHAPE = dict(vocab_size=16384, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024, rms_norm_eps=1e-6,
@@ -30,15 +30,21 @@ ap.add_argument("--steps", type=int, default=6)
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--compile", action="store_true")
 ap.add_argument("--write-config")
+ap.add_argument("--arch", choices=["qwen2_moe", "qwen3_moe"], default="qwen2_moe",
+                help="qwen3_moe: the same shape with Qwen3's q/k norms (and no qkv bias)")
 a = ap.parse_args()
-cfg = Qwen2MoeConfig(**SHAPE)
+if a.arch == "qwen3_moe":
+    q3 = {k: v for k, v in SHAPE.items() if k not in ("shared_expert_intermediate_size", "qkv_bias")}
+    cfg, Model = Qwen3MoeConfig(**q3, attention_bias=False, head_dim=64), Qwen3MoeForCausalLM
+else:
+    cfg, Model = Qwen2MoeConfig(**SHAPE), Qwen2MoeForCausalLM
 if a.write_config:
     os.makedirs(a.write_config, exist_ok=True)
     cfg.save_pretrained(a.write_config)
     raise SystemExit(0)
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
-model = Qwen2MoeForCausalLM(cfg).float()
+model = Model(cfg).float()
 model.config._attn_implementation = "sdpa"
 model.train()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
