@@ -506,6 +506,18 @@ mod moe {
 
     const AUX: AuxWeights = AuxWeights { balance: 0.7, z: 0.3 };
 
+    /// The tests' mixture: 4 experts of 6 units, 2 a row, renormalised, dropless, no bias.
+    const BASE: MoeShape = MoeShape {
+        c: 8,
+        experts: 4,
+        top_k: 2,
+        width: 6,
+        shared_width: 0,
+        norm_topk: true,
+        capacity: 0.0,
+        bias_rate: 0.0,
+    };
+
     /// `L = Σ out·r + 0.7·Σ balance + 0.3·Σ z` over the sequences, in f64.
     fn loss(moe: &Moe, p: &[f32], h: &[f32], seq: usize, r: &[f32]) -> f64 {
         let (mut st, mut out) = (MoeStash::default(), Vec::new());
@@ -549,16 +561,7 @@ mod moe {
 
     #[test]
     fn moe_backward_matches_finite_differences() {
-        let base = MoeShape {
-            c: 8,
-            experts: 4,
-            top_k: 2,
-            width: 6,
-            shared_width: 0,
-            norm_topk: true,
-            capacity: 0.0,
-            bias_rate: 0.0,
-        };
+        let base = BASE;
         gradcheck(base, 31);
         gradcheck(MoeShape { norm_topk: false, ..base }, 32);
         gradcheck(MoeShape { shared_width: 10, norm_topk: false, ..base }, 33);
@@ -574,16 +577,7 @@ mod moe {
     /// over the chosen; a step moves each bias by the rate towards the even load.
     #[test]
     fn the_balancing_bias_chooses_but_does_not_weigh_and_moves_towards_the_even_load() {
-        let shape = MoeShape {
-            c: 8,
-            experts: 4,
-            top_k: 2,
-            width: 6,
-            shared_width: 0,
-            norm_topk: true,
-            capacity: 0.0,
-            bias_rate: 0.25,
-        };
+        let shape = MoeShape { bias_rate: 0.25, ..BASE };
         let (moe, layout) = layer(shape);
         let mut rng = ChaCha8Rng::seed_from_u64(61);
         let mut p = layout.init(61);
@@ -619,16 +613,7 @@ mod moe {
     /// is the sum over the pairs it kept of the dropless forward's expert outputs.
     #[test]
     fn a_capacity_keeps_each_experts_heaviest_rows_of_a_sequence() {
-        let base = MoeShape {
-            c: 8,
-            experts: 4,
-            top_k: 2,
-            width: 6,
-            shared_width: 0,
-            norm_topk: true,
-            capacity: 0.0,
-            bias_rate: 0.0,
-        };
+        let base = BASE;
         let (dropless, layout) = layer(base);
         let (capped, _) = layer(MoeShape { capacity: 0.5, ..base });
         let mut rng = ChaCha8Rng::seed_from_u64(51);
@@ -679,16 +664,7 @@ mod moe {
     /// softmax, its k best experts, each expert's SwiGLU on that row alone.
     #[test]
     fn moe_forward_matches_a_row_by_row_reference() {
-        let shape = MoeShape {
-            c: 8,
-            experts: 5,
-            top_k: 2,
-            width: 6,
-            shared_width: 7,
-            norm_topk: true,
-            capacity: 0.0,
-            bias_rate: 0.0,
-        };
+        let shape = MoeShape { experts: 5, shared_width: 7, ..BASE };
         let (moe, layout) = layer(shape);
         let mut rng = ChaCha8Rng::seed_from_u64(41);
         let p = layout.init(41);

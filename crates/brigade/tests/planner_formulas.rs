@@ -1,24 +1,8 @@
 //! The planner's formulas against the closed forms of the papers it follows.
 
 use brigade::layout::{Layout, Recompute, Schedule, Spec as Fixed};
-use brigade::plan::catalog::{accelerator, model, Accelerator, ModelShape};
+use brigade::plan::catalog::{accelerator, gpt, model, Accelerator, ModelShape};
 use brigade::plan::{estimate, memory_gib, search, step_flops, Training};
-
-fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
-    ModelShape {
-        layers,
-        hidden,
-        heads,
-        kv_heads: heads,
-        head_dim: hidden / heads,
-        moe: None,
-        ffn: 4 * hidden,
-        swiglu: false,
-        seq,
-        vocab,
-        tied: true,
-    }
-}
 
 #[test]
 fn flops_match_the_megatron_lm_closed_forms() {

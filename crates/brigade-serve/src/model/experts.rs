@@ -1,4 +1,5 @@
-//! A mixture of experts in the serving forward: each row's router logits, softmax in f32 and
+//! A mixture of experts in the serving forward: each row's router logits, softmax in f32
+//! (training's `softmax_in_place`) and
 //! top k (training's rule, `brigade::nn::moe::top_k`: ties to the lower expert), then every
 //! expert run once on the rows that chose it — its rows gathered into one block, so its weights
 //! are read once a step for the whole batch — and each row's chosen outputs weighted and summed
@@ -30,7 +31,7 @@ pub(super) fn mixture(m: &MoeLayer, h: &[f32], (n, c, cl): (usize, usize, usize)
         .par_chunks(ne)
         .map(|row| {
             let mut p = row.to_vec();
-            softmax(&mut p);
+            brigade::nn::moe::softmax_in_place(&mut p);
             let mut order = Vec::with_capacity(ne);
             match &m.bias {
                 // chosen by the biased scores (the balancing bias), weighted by the probabilities
@@ -115,15 +116,4 @@ fn swiglu_units(gu: &Packed, x: &[f32], n: usize, out: &mut [f32]) {
 /// A dot product in order.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |s, (&x, &y)| x.mul_add(y, s))
-}
-
-/// Softmax in place (f32, the maximum subtracted).
-fn softmax(row: &mut [f32]) {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let mut sum = 0f32;
-    for x in row.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
-    row.iter_mut().for_each(|x| *x /= sum);
 }

@@ -121,18 +121,24 @@ impl MoeLayer {
         self.experts.iter_mut().flat_map(|(gu, d)| [gu, d]).chain(shared)
     }
 
+    /// Bytes of the routed experts, and of what every token reads (the shared expert, its gate
+    /// and the router).
+    fn expert_bytes(&self) -> (usize, usize) {
+        let routed = self.experts.iter().map(|(gu, d)| gu.bytes() + d.bytes()).sum();
+        let shared = self.shared.as_ref().map_or(0, |(gu, d, _, g)| gu.bytes() + d.bytes() + 4 * g.len());
+        (routed, shared + self.router.bytes())
+    }
+
     /// Bytes a token reads: its k experts (of the average size), the shared expert, the router.
     fn bytes_read(&self) -> usize {
-        let all: usize = self.experts.iter().map(|(gu, d)| gu.bytes() + d.bytes()).sum();
-        let shared = self.shared.as_ref().map_or(0, |(gu, d, _, g)| gu.bytes() + d.bytes() + 4 * g.len());
-        all * self.top_k / self.experts.len() + shared + self.router.bytes()
+        let (routed, always) = self.expert_bytes();
+        routed * self.top_k / self.experts.len() + always
     }
 
     /// Bytes of all its weights.
     fn bytes(&self) -> usize {
-        let all: usize = self.experts.iter().map(|(gu, d)| gu.bytes() + d.bytes()).sum();
-        let shared = self.shared.as_ref().map_or(0, |(gu, d, _, g)| gu.bytes() + d.bytes() + 4 * g.len());
-        all + shared + self.router.bytes()
+        let (routed, always) = self.expert_bytes();
+        routed + always
     }
 }
 

@@ -590,8 +590,9 @@ fn scatter_experts(per: &[&[f32]], recv: &[Vec<usize>], c: usize, out: &mut Vec<
     }
 }
 
-/// Softmax of `row` in place (f32, max subtracted); returns `log Σ exp(row)`.
-fn softmax_in_place(row: &mut [f32]) -> f32 {
+/// Softmax of `row` in place (f32, max subtracted); returns `log Σ exp(row)`. The router's, in
+/// training and serving.
+pub fn softmax_in_place(row: &mut [f32]) -> f32 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let mut sum = 0f32;
     for x in row.iter_mut() {

@@ -68,7 +68,8 @@ impl ModelShape {
     }
 }
 
-const fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
+/// A GPT decoder: multi-head attention, a GELU MLP 4·hidden wide, a tied head.
+pub const fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> ModelShape {
     ModelShape {
         layers,
         hidden,

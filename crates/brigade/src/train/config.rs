@@ -149,15 +149,22 @@ impl TrainConfig {
             Some(dir) => self.published_config(dir)?,
             None => self.preset_config(data_vocab)?,
         };
-        let options = [
+        type Set = fn(&mut crate::models::family::LlamaMoe, f32);
+        let options: [(&str, Option<f32>, &str, Set); 2] = [
             (
                 "--moe-capacity-factor",
                 self.moe_capacity_factor,
                 "0 (dropless) or positive (1.0: each expert takes its even share)",
+                |m, f| m.capacity = f,
             ),
-            ("--moe-bias-update-rate", self.moe_bias_update_rate, "0 (off) or positive (DeepSeek-V3 used 0.001)"),
+            (
+                "--moe-bias-update-rate",
+                self.moe_bias_update_rate,
+                "0 (off) or positive (DeepSeek-V3 used 0.001)",
+                |m, f| m.bias_rate = f,
+            ),
         ];
-        for (flag, value, rule) in options {
+        for (flag, value, rule, set) in options {
             let Some(f) = value else { continue };
             let moe = match &mut cfg.family {
                 crate::models::family::Family::Llama(a) => a.moe.as_mut(),
@@ -172,10 +179,7 @@ impl TrainConfig {
             if !(f >= 0.0 && f.is_finite()) {
                 return Err(Error::Config(format!("{flag} {f} must be {rule}")));
             }
-            match flag {
-                "--moe-capacity-factor" => m.capacity = f,
-                _ => m.bias_rate = f,
-            }
+            set(m, f);
         }
         if cfg.vocab_size < data_vocab {
             return Err(Error::Config(match &self.init {
