@@ -47,13 +47,22 @@ pub fn sum_replicated_grads(tp: &Tp, g: &mut [f32], replicated: &[Range<usize>])
     if !tp.sp {
         return Ok(());
     }
-    let mut buf: Vec<f32> = replicated.iter().flat_map(|r| g[r.clone()].iter().copied()).collect();
-    tp.all_reduce(&mut buf, ReduceOp::Sum)?;
+    reduce_ranges(g, replicated, |buf| tp.all_reduce(buf, ReduceOp::Sum))
+}
+
+/// The `ranges` of `g` packed into one buffer, reduced by `all_reduce`, and put back: one
+/// collective for scattered tensors (the data-parallel sums use it too).
+pub fn reduce_ranges(
+    g: &mut [f32],
+    ranges: &[Range<usize>],
+    all_reduce: impl FnOnce(&mut [f32]) -> Result<()>,
+) -> Result<()> {
+    let mut buf: Vec<f32> = ranges.iter().flat_map(|r| g[r.clone()].iter().copied()).collect();
+    all_reduce(&mut buf)?;
     let mut at = 0;
-    for r in replicated {
-        let n = r.len();
-        g[r.clone()].copy_from_slice(&buf[at..at + n]);
-        at += n;
+    for r in ranges {
+        g[r.clone()].copy_from_slice(&buf[at..at + r.len()]);
+        at += r.len();
     }
     Ok(())
 }

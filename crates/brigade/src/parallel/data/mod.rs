@@ -56,14 +56,7 @@ pub fn sum_ranges(comm: &Comm, g: &mut [f32], ranges: &[Range<usize>]) -> Result
     if comm.size() == 1 || ranges.is_empty() {
         return Ok(());
     }
-    let mut buf: Vec<f32> = ranges.iter().flat_map(|r| g[r.clone()].iter().copied()).collect();
-    comm.all_reduce(&mut buf, ReduceOp::Sum).map_err(comm_err)?;
-    let mut at = 0;
-    for r in ranges {
-        g[r.clone()].copy_from_slice(&buf[at..at + r.len()]);
-        at += r.len();
-    }
-    Ok(())
+    crate::nn::tp::state::reduce_ranges(g, ranges, |buf| comm.all_reduce(buf, ReduceOp::Sum).map_err(comm_err))
 }
 
 /// The parts of `0..total` that none of the sorted, disjoint `ranges` covers.
