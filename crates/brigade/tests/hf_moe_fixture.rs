@@ -107,3 +107,59 @@ fn olmoe_matches_hugging_face() {
     assert!(model.layout.get("model.layers.1.self_attn.q_norm.weight").is_some_and(|s| s.shape == [32]));
     assert!(model.layout.get("model.layers.1.self_attn.k_norm.weight").is_some_and(|s| s.shape == [16]));
 }
+
+/// transformers 5's own form of the same weights (scripts/make_fused_moe_fixture.py: its state
+/// dict, each layer's experts fused into `gate_up_proj` [E, 2M, C] and `down_proj` [E, C, M],
+/// Mixtral's block renamed `mlp`) reads as the same model: every parameter equal to the Hub
+/// form's bit for bit, by both readers (the whole-file one and the memory-mapped one of `train
+/// --init`), and the fixture's logits. A fused tensor of another shape is refused naming both.
+#[test]
+fn fused_expert_tensors_read_as_the_hubs() {
+    use brigade::models::shard_load::MappedWeights;
+    for name in ["qwen2_moe_hf", "mixtral_hf", "qwen3_moe_hf", "olmoe_hf"] {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+        let d = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), d.path().join("config.json")).unwrap();
+        std::fs::copy(src.join("fused.safetensors"), d.path().join("model.safetensors")).unwrap();
+        let (model, hub) = load_model(&src).unwrap();
+        let (_, fused) = load_model(d.path()).expect("reads transformers 5's fused experts");
+        assert!(hub == fused, "{name}: the fused form reads other numbers than the Hub's");
+        let mapped = MappedWeights::open(d.path()).unwrap().read_local(&model.layout, 0, 1, &model.layout).unwrap();
+        assert!(hub == mapped, "{name}: the memory-mapped reader reads other numbers from the fused form");
+        let bytes = std::fs::read(src.join("expected.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (x, b, t) = ids(&st, "input_ids");
+        let mut acts = Activations::default();
+        model.logits(&fused, &x, (b, t), &mut acts);
+        let e = rel_err(&acts.logits, &f32s(&st, "logits"));
+        assert!(e < 1e-4, "{name}: logits of the fused form differ from Hugging Face by {e:.2e}");
+
+        // one layer's gate_up_proj one expert short: refused with both shapes, by both readers
+        let fbytes = std::fs::read(src.join("fused.safetensors")).unwrap();
+        let fst = SafeTensors::deserialize(&fbytes).unwrap();
+        let mut cut = None;
+        let views: Vec<(String, safetensors::tensor::TensorView)> = fst
+            .tensors()
+            .into_iter()
+            .map(|(n, tv)| {
+                if cut.is_none() && n.ends_with("experts.gate_up_proj") {
+                    let mut s = tv.shape().to_vec();
+                    let per: usize = s[1..].iter().product::<usize>() * 4;
+                    s[0] -= 1;
+                    cut = Some((n.clone(), tv.shape().to_vec(), s.clone()));
+                    let short = &tv.data()[..tv.data().len() - per];
+                    return (n, safetensors::tensor::TensorView::new(tv.dtype(), s, short).unwrap());
+                }
+                (n, tv)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &d.path().join("model.safetensors")).unwrap();
+        let (bad, full, short) = cut.unwrap();
+        let want = [format!("'{bad}'"), format!("{short:?}"), format!("{full:?}")];
+        let Err(err) = load_model(d.path()) else { panic!("{name}: a short fused tensor is read") };
+        let err = err.to_string();
+        assert!(want.iter().all(|w| err.contains(w.as_str())), "{name}: {err}");
+        let err = MappedWeights::open(d.path()).unwrap().read_local(&model.layout, 0, 1, &model.layout).unwrap_err();
+        assert!(want.iter().all(|w| err.to_string().contains(w.as_str())), "{name}: {err}");
+    }
+}

@@ -5,6 +5,7 @@
 //! written to a temporary directory and renamed into place, so a crash never leaves half of one.
 
 use crate::error::{Error, Result};
+use crate::models::fused_experts;
 use crate::models::{Gpt, GptConfig};
 use crate::params::ParamLayout;
 use safetensors::{Dtype, SafeTensors};
@@ -120,10 +121,15 @@ fn fill_from(
     out: &mut [f32],
     found: &mut std::collections::HashSet<String>,
 ) -> Result<()> {
+    let fused = fused_experts::fused_shapes(layout.specs.iter().map(|s| (s.name.as_str(), s.shape.as_slice())));
     for s in &layout.specs {
         let name = format!("{prefix}{}", s.name);
-        let alt = format!("transformer.{name}");
-        let Ok(tv) = st.tensor(&name).or_else(|_| st.tensor(&alt)) else { continue };
+        let Some((c, tv)) =
+            fused_experts::candidates(&name).into_iter().find_map(|c| st.tensor(&c.name).ok().map(|tv| (c, tv)))
+        else {
+            continue;
+        };
+        let tv = c.view(tv, &s.shape, &fused).map_err(|e| Error::ckpt(path, e))?;
         if tv.shape() != s.shape.as_slice() {
             return Err(Error::ckpt(
                 path,
@@ -233,6 +239,11 @@ fn check_unknown(st: &SafeTensors, layout: &ParamLayout, prefix: &str, path: &Pa
         .specs
         .iter()
         .flat_map(|s| [format!("{prefix}{}", s.name), format!("transformer.{prefix}{}", s.name)])
+        .chain(
+            fused_experts::fused_names(layout.specs.iter().map(|s| s.name.as_str()))
+                .into_iter()
+                .map(|n| format!("{prefix}{n}")),
+        )
         .collect();
     let tied = !layout.specs.iter().any(|s| s.name == "lm_head.weight");
     if let Some(x) = st.names().into_iter().find(|n| !ignorable(n, tied) && !known.contains(*n)) {

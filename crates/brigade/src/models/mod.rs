@@ -4,6 +4,7 @@ pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
 pub mod family;
+mod fused_experts;
 pub mod generate;
 pub mod gguf;
 pub mod gpt;

@@ -4,6 +4,7 @@
 //! rank's memory still loads: a rank's resident memory is its own part plus one full tensor.
 
 use super::checkpoint::{convert, ignorable, weight_files};
+use super::fused_experts;
 use crate::error::{Error, Result};
 use crate::params::ParamLayout;
 use safetensors::SafeTensors;
@@ -53,13 +54,17 @@ impl MappedWeights {
         }
         let mut out = vec![0f32; local.total];
         let mut whole = Vec::new();
+        let fused = fused_experts::fused_shapes(full.specs.iter().map(|s| (s.name.as_str(), s.full_shape.as_slice())));
         for s in &local.specs {
-            let alt = format!("transformer.{}", s.name);
-            let Some((&name, &k)) = at.get_key_value(s.name.as_str()).or_else(|| at.get_key_value(alt.as_str())) else {
+            let Some((c, k)) =
+                fused_experts::candidates(&s.name).into_iter().find_map(|c| at.get(c.name.as_str()).map(|&k| (c, k)))
+            else {
                 return Err(Error::ckpt(&self.index, format!("tensor '{}' is in none of the files", s.name)));
             };
             let (path, st) = &parsed[k];
+            let name = c.name.as_str();
             let tv = st.tensor(name).map_err(|e| Error::ckpt(*path, format!("tensor '{name}': {e}")))?;
+            let tv = c.view(tv, &s.full_shape, &fused).map_err(|e| Error::ckpt(*path, e))?;
             if tv.shape() != s.full_shape.as_slice() {
                 return Err(Error::ckpt(
                     *path,
@@ -77,6 +82,8 @@ impl MappedWeights {
     fn check_names(&self, parsed: &[(&Path, SafeTensors)], full: &ParamLayout) -> Result<()> {
         let known: HashSet<String> =
             full.specs.iter().flat_map(|s| [s.name.clone(), format!("transformer.{}", s.name)]).collect();
+        let known: HashSet<String> =
+            known.into_iter().chain(fused_experts::fused_names(full.specs.iter().map(|s| s.name.as_str()))).collect();
         let tied = !full.specs.iter().any(|s| s.name == "lm_head.weight");
         for (path, st) in parsed {
             if let Some(x) = st.names().into_iter().find(|n| !ignorable(n, tied) && !known.contains(*n)) {
