@@ -8,15 +8,20 @@
 #
 # Needs llama.cpp built by ../shared/peers/llamacpp/setup.sh (W=/tmp/llamacpp) and the peers'
 # venv (make_hf_model.py and the GGUF converter). Models are made once under $MODELS.
+# Mixtures of experts: MODELS_LIST="olmoe-4l" (OLMoE-1B-7B's layers, 4 of them) or "qwen3-moe-2l"
+# (scripts/make_moe_serve_model.py); the weight-read limit counts the experts a token uses.
 # Usage: scripts/bench_serve_vs_llamacpp.sh  (env: ROUNDS=2, MODELS_LIST="qwen2.5-0.5b gpt2-small",
-#        MODELS=/tmp/brigade-llamacpp-models, W=/tmp/llamacpp, PEERS=../shared/peers)
+#        WEIGHTS="f32 int8 int8-channel" (brigade's formats run),
+#        MODELS=/tmp/brigade-llamacpp-models, PY=the peers venv's python, W=/tmp/llamacpp, PEERS=../shared/peers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
 MODELS_LIST=${MODELS_LIST:-"qwen2.5-0.5b gpt2-small"}
 MODELS=${MODELS:-/tmp/brigade-llamacpp-models}
+WEIGHTS=${WEIGHTS:-"f32 int8 int8-channel"}
 W=${W:-/tmp/llamacpp}
 PEERS=$(realpath "${PEERS:-../shared/peers}")
+PY=${PY:-$PEERS/.venv/bin/python}
 SERVER="$W/build/bin/llama-server"
 [ -x "$SERVER" ] || { echo "llama-server not built: run W=$W bash $PEERS/llamacpp/setup.sh" >&2; exit 1; }
 cargo build --release -q
@@ -25,8 +30,13 @@ LOG=$(mktemp -d)
 mkdir -p "$MODELS"
 for m in $MODELS_LIST; do
   d="$MODELS/$m"
-  [ -f "$d/config.json" ] || "$PEERS/.venv/bin/python" "$PEERS/llamacpp/make_hf_model.py" "$m" "$d"
-  [ -f "$d.q8_0.gguf" ] || W="$W" bash "$PEERS/llamacpp/convert.sh" "$d" >/dev/null
+  if [ ! -f "$d/config.json" ]; then
+    case "$m" in
+      olmoe-*|qwen3-moe-*) "$PY" scripts/make_moe_serve_model.py "$m" "$d" ;;
+      *) "$PY" "$PEERS/llamacpp/make_hf_model.py" "$m" "$d" ;;
+    esac
+  fi
+  [ -f "$d.q8_0.gguf" ] || W="$W" PY="$PY" bash "$PEERS/llamacpp/convert.sh" "$d" >/dev/null
 done
 load=(--concurrency 1,32 --prompt-len 32 --output-len 64 --threads 2 --json)
 llama() { # model gguf log
@@ -40,7 +50,7 @@ llama() { # model gguf log
 }
 for _ in $(seq "$ROUNDS"); do
   for m in $MODELS_LIST; do
-    for w in f32 int8 int8-channel; do
+    for w in $WEIGHTS; do
       python3 "$PEERS/runq.py" --log "$LOG/$m.brigade.$w.jsonl" --retries 2 -- "$BRIGADE" bench serve \
         --checkpoint "$MODELS/$m" --weights "$w" "${load[@]}"
     done
@@ -63,13 +73,19 @@ def at(rs, c, key):
 for m in models:
     out = {"summary": f"{m} shape, random weights, prompt 32, 64 out, ignore_eos, 2 threads, output tokens/s"}
     for who, fmt in [("brigade", "f32"), ("brigade", "int8"), ("brigade", "int8-channel"), ("llama", "f32"), ("llama", "q8_0")]:
+        if not os.path.exists(os.path.join(log, f"{m}.{who}.{fmt}.jsonl")):
+            continue
         rs = runs(m, who, fmt)
+        if who == "brigade":
+            out[f"brigade_{fmt}_1_weight_read_fraction"] = round(at(rs, 1, "weight_read_limit_fraction"), 3)
         for c in (1, 32):
             out[f"{who}_{fmt}_{c}"] = round(at(rs, c, "output_tokens_per_s"), 1)
         out[f"{who}_{fmt}_itl_p99_over_p50_32"] = round(at(rs, 32, "itl_p99_ms") / at(rs, 32, "itl_p50_ms"), 2)
         if who == "brigade" and fmt == "f32":
             out["brigade_f32_32_matmul_fraction"] = round(at(rs, 32, "matmul_limit_fraction"), 3)
     for ours, theirs in [("f32", "f32"), ("int8", "q8_0"), ("int8-channel", "q8_0")]:
+        if f"brigade_{ours}_1" not in out:
+            continue
         for c in (1, 32):
             out[f"ratio_{ours}_vs_{theirs}_{c}"] = round(out[f"brigade_{ours}_{c}"] / out[f"llama_{theirs}_{c}"], 2)
     print(json.dumps(out))

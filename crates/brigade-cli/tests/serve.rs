@@ -7,6 +7,7 @@
 mod common;
 
 use common::server::{chat_model_of, checkpoint, fixture_tokenizer, start};
+use common::stream::assert_stream_is_whole;
 use common::{fails_with, ok};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -98,6 +99,8 @@ async fn completions_are_the_tokenizers_text_whole_or_streamed() {
         sb["stream"] = json!(true);
         sb["stream_options"] = json!({"include_usage": true});
         let events = s.stream(sb).await;
+        // every field: text, token ids, the prompt's ids, the four log-probability lists, finish, usage
+        assert_stream_is_whole(&whole, &events, true, &format!("seed {seed}"));
         let (usage, chunks) = events.split_last().unwrap();
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(usage["usage"], whole["usage"]);
@@ -163,11 +166,28 @@ async fn stop_strings_n_and_seeds() {
     let mut b = base.clone();
     b["n"] = json!(1);
     b["stop"] = json!([stop.clone(), "@@never@@"]);
-    let (_, r2) = s.post(b).await;
+    let (_, r2) = s.post(b.clone()).await;
     let c = &r2["choices"][0];
     let cut = full.find(&stop).unwrap();
     assert_eq!(c["text"].as_str().unwrap(), &full[..cut], "stop {stop:?} in {full:?}");
     assert_eq!(c["finish_reason"], "stop");
+    // streamed, every field equal to the whole answers: n = 3 over two prompts (their choices
+    // interleaved in the stream), with and without log-probabilities and usage; a stop string
+    for (mut body, what) in [(base.clone(), "n 3, two prompts"), (b, "a stop string")] {
+        for (logprobs, usage) in [(None, false), (Some(2), true)] {
+            if let Some(k) = logprobs {
+                body["logprobs"] = json!(k);
+            }
+            let (_, whole) = s.post(body.clone()).await;
+            let mut sb = body.clone();
+            sb["stream"] = json!(true);
+            if usage {
+                sb["stream_options"] = json!({"include_usage": true});
+            }
+            let events = s.stream(sb).await;
+            assert_stream_is_whole(&whole, &events, usage, &format!("{what}, logprobs {logprobs:?}"));
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -484,10 +504,16 @@ async fn tools_reach_the_template_and_required_calls_always_parse() {
             "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"], "additionalProperties": false}}});
         let zone = json!({"type": "function", "function": {"name": "get-time", "parameters": {"type": "object",
             "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": false}}});
+        // (odd seeds ask for log-probabilities too: the stream must carry every token's)
         let ask = |choice: Value, parallel: bool, seed: u64| {
-            json!({"model": "chat", "messages": [{"role": "user", "content": "Weather and time in Paris?"}],
+            let mut b = json!({"model": "chat", "messages": [{"role": "user", "content": "Weather and time in Paris?"}],
                 "tools": [city, zone], "tool_choice": choice, "parallel_tool_calls": parallel, "max_tokens": 120,
-                "temperature": 1.0, "seed": seed})
+                "temperature": 1.0, "seed": seed});
+            if seed % 2 == 1 {
+                b["logprobs"] = json!(true);
+                b["top_logprobs"] = json!(2);
+            }
+            b
         };
         for seed in 0..4 {
             for (choice, parallel) in [
@@ -519,6 +545,7 @@ async fn tools_reach_the_template_and_required_calls_always_parse() {
                 let mut sb = ask(choice.clone(), parallel, seed);
                 sb["stream"] = json!(true);
                 let events = s.stream_to("/v1/chat/completions", sb).await;
+                assert_stream_is_whole(&r, &events, false, &format!("{name} {choice} seed {seed}"));
                 let mut got: Vec<(String, String, String)> = Vec::new();
                 let mut finish = Value::Null;
                 let mut content = String::new();
@@ -639,6 +666,7 @@ async fn chat_completions_render_the_models_template() {
             sb["stream"] = json!(true);
             sb["stream_options"] = json!({"include_usage": true});
             let events = s.stream_to("/v1/chat/completions", sb).await;
+            assert_stream_is_whole(&r, &events, true, &format!("{name} chat"));
             assert!(events.iter().all(|e| e["object"] == "chat.completion.chunk"));
             assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
             let (usage, chunks) = events.split_last().unwrap();
@@ -661,6 +689,14 @@ async fn chat_completions_render_the_models_template() {
         assert_eq!(st, 200, "{r}");
         assert_eq!(r["choices"].as_array().unwrap().len(), 3);
         assert_eq!(r["usage"]["completion_tokens"], 12);
+        // streamed, n = 3 with log-probabilities and token ids: every field of every choice
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_completion_tokens": 4,
+            "seed": 1, "ignore_eos": true, "logprobs": true, "top_logprobs": 3, "return_token_ids": true});
+        let (_, whole) = s.post_to("/v1/chat/completions", body.clone()).await;
+        let mut sb = body;
+        sb["stream"] = json!(true);
+        let events = s.stream_to("/v1/chat/completions", sb).await;
+        assert_stream_is_whole(&whole, &events, false, &format!("{name} chat n 3"));
         // bad requests: 400 naming the field, and the server goes on serving
         for (body, param) in [
             (json!({"messages": []}), "messages"),

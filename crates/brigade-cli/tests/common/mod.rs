@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test file uses its own subset
 
 pub mod server;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -266,6 +266,8 @@ fn stream(
             _ => Vec::new(),
         };
         let mut called_any = vec![false; choices.list.len()];
+        // with tools, how many of a choice's tokens have had their log-probabilities sent
+        let mut lp_sent = vec![0usize; choices.list.len()];
         let mut engine_rx = match submitted {
             Ok(rx) => rx,
             Err(e) => {
@@ -321,6 +323,12 @@ fn stream(
                 if c.finish.is_some() {
                     let finish = if called_any[i] { json!("tool_calls") } else { json!(c.finish) };
                     chunks.push(json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish}));
+                }
+                // the tokens' log-probabilities ride on the first chunk sent after them (a
+                // choice's last chunk at the latest)
+                if let Some(first) = chunks.first_mut().filter(|_| lp_sent[i] < c.lp.len()) {
+                    first["logprobs"] = choices.logprobs(i, lp_sent[i]);
+                    lp_sent[i] = c.lp.len();
                 }
                 for ch in chunks {
                     if tx.send(event(&chunk_of(ch))).await.is_err() {
