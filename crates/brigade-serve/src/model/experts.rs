@@ -58,25 +58,29 @@ pub(super) fn mixture(m: &MoeLayer, h: &[f32], (n, c, cl): (usize, usize, usize)
     let (w, tp) = (m.width, c / cl);
     let wl = w / tp;
     // this rank's units of every (expert, row) pair, experts one after another
+    // (the experts run side by side, each product split over the pool inside: one parallel
+    // region for all of them rather than one per expert, so no thread idles between experts;
+    // each expert's rows are computed as they would be alone)
     let pairs: usize = rows.iter().map(Vec::len).sum();
-    let mut act = vec![0f32; pairs * wl];
+    let used: Vec<(usize, &Vec<usize>)> = rows.iter().enumerate().filter(|(_, rs)| !rs.is_empty()).collect();
+    let mut first = vec![0usize; ne];
     let mut at = 0;
-    for (e, rs) in rows.iter().enumerate().filter(|(_, rs)| !rs.is_empty()) {
-        let x: Vec<f32> = rs.iter().flat_map(|&t| h[t * c..(t + 1) * c].iter().copied()).collect();
-        swiglu_units(&m.experts[e].0, &x, rs.len(), &mut act[at * wl..(at + rs.len()) * wl]);
+    for &(e, rs) in &used {
+        first[e] = at;
         at += rs.len();
     }
+    let mut act = vec![0f32; pairs * wl];
+    split_by_rows(&mut act, &used, wl).into_par_iter().zip(&used).for_each(|(out, &(e, rs))| {
+        let x: Vec<f32> = rs.iter().flat_map(|&t| h[t * c..(t + 1) * c].iter().copied()).collect();
+        swiglu_units(&m.experts[e].0, &x, rs.len(), out);
+    });
     let act = gather(&act, pairs, wl, w);
     // each expert's down projection on its rows, then each row's sum in expert order
     let mut outs = vec![0f32; pairs * cl];
-    let mut at = 0;
-    let mut first = vec![0usize; ne];
-    for (e, rs) in rows.iter().enumerate().filter(|(_, rs)| !rs.is_empty()) {
-        first[e] = at;
-        let (a, o) = (&act[at * w..(at + rs.len()) * w], &mut outs[at * cl..(at + rs.len()) * cl]);
+    split_by_rows(&mut outs, &used, cl).into_par_iter().zip(&used).for_each(|(o, &(e, rs))| {
+        let a = &act[first[e] * w..(first[e] + rs.len()) * w];
         matmul_rows(o, a, &m.experts[e].1, rs.len());
-        at += rs.len();
-    }
+    });
     let mut y = vec![0f32; n * cl];
     let mut next = first;
     for (t, picked) in chosen.iter().enumerate() {
@@ -100,6 +104,17 @@ pub(super) fn mixture(m: &MoeLayer, h: &[f32], (n, c, cl): (usize, usize, usize)
         });
     }
     y
+}
+
+/// `buf` cut into each used expert's block of rows (`width` values a row), in order.
+fn split_by_rows<'a>(mut buf: &'a mut [f32], used: &[(usize, &Vec<usize>)], width: usize) -> Vec<&'a mut [f32]> {
+    let mut out = Vec::with_capacity(used.len());
+    for (_, rs) in used {
+        let (head, rest) = std::mem::take(&mut buf).split_at_mut(rs.len() * width);
+        out.push(head);
+        buf = rest;
+    }
+    out
 }
 
 /// `silu(x·gate) ⊙ (x·up)` of this rank's units: `gu` holds gate | up side by side.
