@@ -33,11 +33,23 @@ fn engine(m: Model) -> Engine {
     Engine::new(m, 48, 4, Limits { max_running: 8, max_step_tokens: 20 })
 }
 
+/// One cache of unpacked GGUF metadata for the whole test binary: its tests run as threads of one
+/// process and `BRIGADE_CACHE` is the process's, so each test pointing it at its own folder
+/// raced (one test's second lookup read another's folder, or a folder already deleted).
+fn one_cache() {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        std::env::set_var("BRIGADE_CACHE", d.path());
+        d
+    });
+}
+
 #[test]
 fn a_gguf_served_as_stored_gives_its_dequantized_weights_tokens_bit_for_bit() {
     use brigade::models::family::Family;
     let tmp = tempfile::tempdir().unwrap();
-    std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
+    one_cache();
     let Family::Llama(with_all) = Family::ALL[1] else { panic!("the second family is Llama's") };
     // an MLP of 256 so that Q4_K (blocks of 256) holds the down projection; rows of 64 are Q5_0
     let with_all = brigade::models::family::Llama { intermediate: 256, ..with_all };
@@ -96,8 +108,7 @@ fn the_real_smollm2_q4_1_served_as_stored_equals_its_dequantized_weights() {
         eprintln!("skipped: set BRIGADE_SMOLLM2 to the folder get.sh filled (.ci/run does)");
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    std::env::set_var("BRIGADE_CACHE", tmp.path());
+    one_cache();
     let file = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let (gpt, params) = open_model(&file).unwrap();
     let stored = Source::Checkpoint(file).held(&WeightFormat::Stored, &gpt).unwrap();

@@ -16,6 +16,18 @@ fn hex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
+/// One cache of unpacked GGUF metadata for the whole test binary: its tests run as threads of one
+/// process and `BRIGADE_CACHE` is the process's, so each test pointing it at its own folder
+/// raced (one test's second lookup read another's folder, or a folder already deleted).
+fn one_cache() {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        std::env::set_var("BRIGADE_CACHE", d.path());
+        d
+    });
+}
+
 /// The writer's quantizers on the values llama-quantize started from: its bytes exactly.
 #[test]
 fn the_writers_blocks_are_llama_quantizes_bytes() {
@@ -292,7 +304,7 @@ fn brigades_own_gguf_reads_back_as_the_checkpoint_it_was() {
     use brigade::models::family::Family;
     use brigade::models::open::{metadata_folder, open_config, open_model};
     let tmp = tempfile::tempdir().unwrap();
-    std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
+    one_cache();
     let Family::Llama(with_all) = Family::ALL[1] else { panic!("the second family is Llama's") };
     // Qwen2: q/k/v biases, no o bias, no scaling; Llama 3: biases everywhere and scaled rope
     let qwen = brigade::models::family::Llama { o_bias: false, rope_scaling: None, tied: true, ..with_all };
@@ -374,7 +386,7 @@ fn bad_gguf_files_fail_with_one_line_naming_the_problem() {
     use brigade::models::open::{metadata_folder, open_model};
     let Some(tok) = common::shared("tokenizers/llama3") else { return };
     let tmp = tempfile::tempdir().unwrap();
-    std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
+    one_cache();
     let vocab = brigade::models::tokenizer::Tokenizer::from_file(&tok).unwrap().vocab_size();
     let family = brigade::models::family::Family::ALL[1];
     let cfg =
@@ -437,7 +449,7 @@ fn train_init_from_a_gguf_file_starts_where_its_folder_does() {
     use brigade::train::{TrainConfig, Trainer};
     let Some(tok) = common::shared("tokenizers/qwen2") else { return };
     let tmp = tempfile::tempdir().unwrap();
-    std::env::set_var("BRIGADE_CACHE", tmp.path().join("cache"));
+    one_cache();
     let Family::Llama(with_all) = Family::ALL[1] else { panic!("the second family is Llama's") };
     let family = brigade::models::family::Llama { o_bias: false, rope_scaling: None, tied: true, ..with_all };
     let vocab = brigade::models::tokenizer::Tokenizer::from_file(&tok).unwrap().vocab_size();

@@ -250,7 +250,11 @@ pub fn folder_of(path: &Path) -> Result<PathBuf> {
     let (tokenizer, tokenizer_config, generation) = tokenizer_files(&g)?;
     std::fs::create_dir_all(cache_dir()).map_err(|e| Error::io(cache_dir(), e))?;
     // written whole beside its place, then renamed there: a reader never sees half of it
-    let tmp = cache_dir().join(format!(".gguf-{}-{}", g.header_hash(), std::process::id()));
+    // (named for this process and this call: two threads unpacking the same file each write
+    // their own)
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = cache_dir().join(format!(".gguf-{}-{}-{call}", g.header_hash(), std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     for (name, v) in [
         ("config.json", &config),
