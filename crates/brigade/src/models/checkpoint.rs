@@ -235,16 +235,7 @@ fn check_complete(
 }
 
 fn check_unknown(st: &SafeTensors, layout: &ParamLayout, prefix: &str, path: &Path) -> Result<()> {
-    let known: std::collections::HashSet<String> = layout
-        .specs
-        .iter()
-        .flat_map(|s| [format!("{prefix}{}", s.name), format!("transformer.{prefix}{}", s.name)])
-        .chain(
-            fused_experts::fused_names(layout.specs.iter().map(|s| s.name.as_str()))
-                .into_iter()
-                .map(|n| format!("{prefix}{n}")),
-        )
-        .collect();
+    let known = fused_experts::stored_names(layout.specs.iter().map(|s| format!("{prefix}{}", s.name)));
     let tied = !layout.specs.iter().any(|s| s.name == "lm_head.weight");
     if let Some(x) = st.names().into_iter().find(|n| !ignorable(n, tied) && !known.contains(*n)) {
         return Err(Error::ckpt(

@@ -77,9 +77,9 @@ pub(crate) fn fused_shapes<'a>(specs: impl IntoIterator<Item = (&'a str, &'a [us
     out
 }
 
-/// The names a file of `specs` may hold in transformers 5's form (fused experts, renamed blocks).
-pub(crate) fn fused_names<'a>(specs: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-    specs.into_iter().filter_map(fused_form).map(|c| c.name).collect()
+/// Every name a file of the tensors `names` may hold them under (each one's [`candidates`]).
+pub(crate) fn stored_names(names: impl IntoIterator<Item = String>) -> std::collections::HashSet<String> {
+    names.into_iter().flat_map(|n| candidates(&n)).map(|c| c.name).collect()
 }
 
 impl Candidate {

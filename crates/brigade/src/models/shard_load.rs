@@ -8,7 +8,7 @@ use super::fused_experts;
 use crate::error::{Error, Result};
 use crate::params::ParamLayout;
 use safetensors::SafeTensors;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The memory-mapped weight files of a model directory.
@@ -80,10 +80,7 @@ impl MappedWeights {
 
     /// Refuses files holding a tensor the model has not (Hugging Face's buffers aside).
     fn check_names(&self, parsed: &[(&Path, SafeTensors)], full: &ParamLayout) -> Result<()> {
-        let known: HashSet<String> =
-            full.specs.iter().flat_map(|s| [s.name.clone(), format!("transformer.{}", s.name)]).collect();
-        let known: HashSet<String> =
-            known.into_iter().chain(fused_experts::fused_names(full.specs.iter().map(|s| s.name.as_str()))).collect();
+        let known = fused_experts::stored_names(full.specs.iter().map(|s| s.name.clone()));
         let tied = !full.specs.iter().any(|s| s.name == "lm_head.weight");
         for (path, st) in parsed {
             if let Some(x) = st.names().into_iter().find(|n| !ignorable(n, tied) && !known.contains(*n)) {
