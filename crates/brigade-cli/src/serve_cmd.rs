@@ -87,6 +87,18 @@ pub(crate) struct EngineArgs {
     /// inputs, the head at int8).
     #[arg(long, value_enum, default_value_t = Weights::Stored)]
     weights: Weights,
+    /// Where a request's left-out sampling fields (temperature, top_p, top_k,
+    /// repetition_penalty, max_tokens) come from: auto, the model's generation_config.json
+    /// (vLLM's default); none, OpenAI's defaults (temperature 1, no cut, 16 tokens).
+    #[arg(long, value_enum, default_value_t = GenerationDefaults::Auto)]
+    generation_config: GenerationDefaults,
+}
+
+/// `--generation-config`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum GenerationDefaults {
+    Auto,
+    None,
 }
 
 impl ServeArgs {
@@ -145,6 +157,7 @@ impl EngineArgs {
             block_size: self.block_size,
             shutdown_timeout: Duration::ZERO,
             weights: self.weights.format(),
+            generation_defaults: self.generation_config == GenerationDefaults::Auto,
             group: None,
         })
     }

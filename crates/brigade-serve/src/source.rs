@@ -5,6 +5,7 @@
 use crate::error::{Result, ServeError};
 use crate::model::weights::WeightFormat;
 use brigade::models::checkpoint::{trained_with_tokenizer_file, TOKENIZER_FILE};
+use brigade::models::generation_config::{self, GenerationConfig};
 use brigade::models::open::{metadata_folder, open_config, open_model, open_stored};
 use brigade::models::tokenizer::Tokenizer;
 use brigade::models::{Gpt, GptConfig};
@@ -26,6 +27,8 @@ pub struct Served {
     /// token (`eos_token` of `tokenizer_config.json`, or GPT-2's `<|endoftext|>`) and those
     /// `generation_config.json` names (`eos_token_id`, one or a list, as `generate()` stops).
     pub eos: Vec<u32>,
+    /// The folder's `generation_config.json` (its sampling defaults; empty for a preset).
+    pub generation: GenerationConfig,
 }
 
 impl Source {
@@ -68,7 +71,7 @@ impl Source {
             Source::Preset(name) => {
                 let gpt = Gpt::new(GptConfig::preset(name)?)?;
                 let params = gpt.init_params(1);
-                Ok(Served { gpt, params, tokenizer: None, eos: Vec::new() })
+                Ok(Served { gpt, params, tokenizer: None, eos: Vec::new(), generation: GenerationConfig::default() })
             }
             Source::Checkpoint(dir) => {
                 let (gpt, params) = open_model(dir)?;
@@ -81,12 +84,13 @@ impl Source {
                     }
                     _ => Vec::new(),
                 };
-                for id in generation_eos(&meta, gpt.cfg.vocab_size)? {
+                let generation = generation_config::read(&meta, gpt.cfg.vocab_size)?;
+                for &id in &generation.eos {
                     if !eos.contains(&id) {
                         eos.push(id);
                     }
                 }
-                Ok(Served { gpt, params, tokenizer, eos })
+                Ok(Served { gpt, params, tokenizer, eos, generation })
             }
         }
     }
@@ -117,27 +121,4 @@ fn tokenizer_of(dir: &Path, vocab: usize) -> Result<Option<Tokenizer>> {
         Some(false) => Ok(Some(Tokenizer::Bytes)),
         None => Ok(None),
     }
-}
-
-/// The end-of-sequence ids `generation_config.json` names (`eos_token_id`: an id, a list of
-/// them, or null), if the folder has one.
-fn generation_eos(dir: &Path, vocab: usize) -> Result<Vec<u32>> {
-    let path = dir.join("generation_config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(Vec::new()) };
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| ServeError::ModelFile(format!("{} is not valid JSON: {e}", path.display())))?;
-    let ids: Vec<&serde_json::Value> = match v.get("eos_token_id") {
-        None | Some(serde_json::Value::Null) => vec![],
-        Some(serde_json::Value::Array(a)) => a.iter().collect(),
-        Some(one) => vec![one],
-    };
-    ids.into_iter()
-        .map(|id| match id.as_u64() {
-            Some(i) if (i as usize) < vocab => Ok(i as u32),
-            _ => Err(ServeError::ModelFile(format!(
-                "{}: eos_token_id {id} is not a token id of this model (0..{vocab})",
-                path.display()
-            ))),
-        })
-        .collect()
 }

@@ -9,6 +9,7 @@ use crate::engine::{Constrain, EngineHandle, EngineSetup, Limits};
 use crate::error::ServeError;
 use crate::metrics::Metrics;
 use crate::model::KvStore;
+use crate::request::completion::Defaults;
 use crate::source::{Served, Source};
 use brigade::layout::Layout;
 use brigade::models::chat_template::{ChatTemplate, ChatTemplateError};
@@ -37,6 +38,9 @@ pub struct ServeOptions {
     pub shutdown_timeout: Duration,
     /// How the products' weights are held: f32, or quantized to 8 bits at load.
     pub weights: crate::model::weights::WeightFormat,
+    /// Whether a request's left-out sampling fields take the model's `generation_config.json`
+    /// values (`--generation-config auto`, vLLM's default) or OpenAI's (`none`).
+    pub generation_defaults: bool,
     /// The tensor-parallel group when its ranks are processes (`--backend mpi`): this process is
     /// its rank 0 and `layout.tp` its size; none, the ranks are threads of this process.
     pub group: Option<RankGroup>,
@@ -153,7 +157,7 @@ pub fn follow(o: &ServeOptions, source: &Source, kv_blocks: usize, comm: brigade
 
 /// Loads the model and starts its engine: what handlers (or `brigade run`) use.
 pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metrics) -> Result<Loaded, ServeError> {
-    let Served { gpt, params, tokenizer, eos } = source.load()?;
+    let Served { gpt, params, tokenizer, eos, generation } = source.load()?;
     let (context, vocab) = (gpt.cfg.block_size, gpt.cfg.vocab_size);
     let limits = Limits { max_running: o.max_running, max_step_tokens: o.max_step_tokens };
     let setup = EngineSetup {
@@ -173,7 +177,24 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
         None => EngineHandle::start_model(gpt, params, setup, metrics.clone()),
     };
     let chat = chat_template(tokenizer.as_ref(), &eos, source);
+    let defaults = match o.generation_defaults {
+        true => Defaults::from_generation(&generation),
+        false => Defaults::default(),
+    };
+    if o.generation_defaults && !generation.defaults_text().is_empty() {
+        eprintln!(
+            "brigade serve: generation_config.json sets the defaults of requests that leave them out: {} (--generation-config none for OpenAI's)",
+            generation.defaults_text()
+        );
+    }
+    if !generation.not_applied.is_empty() {
+        eprintln!(
+            "brigade serve: generation_config.json sets what this server does not apply: {}",
+            generation.not_applied.join(", ")
+        );
+    }
     Ok(Loaded {
+        defaults,
         engine: handle,
         engine_thread: std::sync::Mutex::new(Some(join)),
         tokenizer,
@@ -198,6 +219,8 @@ pub struct Loaded {
     engine_thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     pub(crate) tokenizer: Option<brigade::models::tokenizer::Tokenizer>,
     pub(crate) eos: Vec<u32>,
+    /// What a request that leaves a sampling field out gets.
+    pub(crate) defaults: Defaults,
     /// The model's chat template, or why there is none (the 400 a chat request gets).
     pub(crate) chat: Result<ChatTemplate, NoChat>,
     pub(crate) context: usize,

@@ -66,6 +66,7 @@ fn greedy(id: u64, prompt: Vec<u32>, max_tokens: usize) -> Request {
         id,
         prompt,
         sampling: Sampling {
+            repetition_penalty: 1.0,
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,

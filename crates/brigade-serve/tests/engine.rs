@@ -13,7 +13,16 @@ use common::{Family, FAMILIES};
 use std::collections::HashMap;
 
 fn greedy(max_tokens: usize) -> Sampling {
-    Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens, stop_tokens: vec![], top_logprobs: 0 }
+    Sampling {
+        repetition_penalty: 1.0,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+        max_tokens,
+        stop_tokens: vec![],
+        top_logprobs: 0,
+    }
 }
 
 fn run(engine: &mut Engine, arrivals: Vec<(usize, Request)>) -> HashMap<u64, Vec<Output>> {
@@ -86,7 +95,16 @@ fn greedy_against_the_training_forward(gpt: &brigade::models::Gpt, p: &[f32], f:
 }
 
 fn want_seeded_sampling() -> Sampling {
-    Sampling { temperature: 0.8, top_k: 20, top_p: 0.9, seed: 42, max_tokens: 40, stop_tokens: vec![], top_logprobs: 3 }
+    Sampling {
+        repetition_penalty: 1.0,
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        seed: 42,
+        max_tokens: 40,
+        stop_tokens: vec![],
+        top_logprobs: 3,
+    }
 }
 
 #[test]

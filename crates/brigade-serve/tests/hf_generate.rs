@@ -30,7 +30,16 @@ fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
 }
 
 fn greedy(max_tokens: usize) -> Sampling {
-    Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens, stop_tokens: vec![], top_logprobs: 0 }
+    Sampling {
+        repetition_penalty: 1.0,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+        max_tokens,
+        stop_tokens: vec![],
+        top_logprobs: 0,
+    }
 }
 
 /// Runs `requests` to the end; the tokens of request 0.
@@ -183,4 +192,44 @@ fn olmoe_greedy_tokens_equal_generate() {
         .expect_err("whole-width q/k norms under tp")
         .to_string();
     assert!(e.contains("--tp 2") && e.contains("q/k norms span all 32"), "{e}");
+}
+
+/// A repetition penalty as `transformers` applies it (scripts/make_repetition_fixture.py):
+/// one row's logits through HF's `RepetitionPenaltyLogitsProcessor(1.3)` over the prompt, and
+/// greedy `generate(repetition_penalty=1.3)` over prompt and generated tokens — 32 tokens equal,
+/// alone and in a crowd of sampled requests; the same prompt without the penalty gives
+/// `generate()`'s other tokens (the fixture asserts the two differ).
+#[test]
+fn repetition_penalty_matches_generate() {
+    use brigade_serve::engine::penalize_repeats;
+    for name in ["llama3_hf", "qwen2_hf"] {
+        let dir = fixture(name);
+        let (gpt, params) = load_model(&dir).unwrap();
+        let bytes = std::fs::read(dir.join("repetition.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (prompt, _) = ids(&st, "prompt_ids");
+        let (logits, processed) = (f32s(&st, "logits"), f32s(&st, "processed_logits"));
+        assert_eq!(penalize_repeats(&logits, &prompt, 1.3), processed, "{name}: HF's processor");
+        for (key, penalty) in [("plain_ids", 1.0), ("penalized_ids", 1.3)] {
+            let (want, n) = ids(&st, key);
+            let probe = Request {
+                id: 0,
+                prompt: prompt.clone(),
+                sampling: Sampling { repetition_penalty: penalty, ..greedy(n) },
+            };
+            let limits = Limits { max_running: 8, max_step_tokens: 512 };
+            let alone = drive(&mut Engine::new(Model::new(&gpt, &params), 64, 4, limits), std::slice::from_ref(&probe));
+            assert_eq!(alone, want, "{name}: repetition_penalty {penalty}: tokens differ from generate()'s");
+            let v = gpt.cfg.vocab_size as u32;
+            let mut crowd = vec![probe];
+            crowd.extend((1..4u64).map(|j| Request {
+                id: j,
+                prompt: (0..(3 + 5 * j as u32)).map(|i| (i * 7 + j as u32) % v).collect(),
+                sampling: Sampling { temperature: 0.8, repetition_penalty: 1.1, seed: j, ..greedy(12) },
+            }));
+            let limits = Limits { max_running: 8, max_step_tokens: 16 };
+            let crowded = drive(&mut Engine::new(Model::new(&gpt, &params), 64, 4, limits), &crowd);
+            assert_eq!(crowded, want, "{name}: repetition_penalty {penalty}: tokens changed inside a batch");
+        }
+    }
 }

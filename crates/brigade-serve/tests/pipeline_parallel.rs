@@ -194,6 +194,7 @@ fn a_request_aborted_while_its_step_is_in_the_pipeline_leaves_the_others_unchang
         id,
         prompt: (0..5 + id as u32).map(|i| (i * 7 + id as u32) % 101).collect(),
         sampling: Sampling {
+            repetition_penalty: 1.0,
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,

@@ -53,6 +53,7 @@ fn measure(
                 let prompt: Vec<u32> =
                     (0..prompt_len).map(|j| ((i * 7919 + j * 104_729) % cfg.vocab_size) as u32).collect();
                 let sampling = Sampling {
+                    repetition_penalty: 1.0,
                     temperature: 0.0,
                     top_k: 0,
                     top_p: 1.0,

@@ -324,6 +324,8 @@ pub(crate) fn start_server(
         block_size: 16,
         shutdown_timeout: Duration::from_secs(1),
         weights,
+        // the requests it sends say what they sample; nothing from generation_config.json
+        generation_defaults: false,
         group: None,
     };
     let (tx, rx) = std::sync::mpsc::channel();

@@ -73,15 +73,18 @@ impl Scheduler {
                 seed: 0,
                 stop: None,
             };
+            let penalized = (s.sampling.repetition_penalty != 1.0)
+                .then(|| penalize_repeats(&row, &s.tokens, s.sampling.repetition_penalty));
+            let scores = penalized.as_ref().unwrap_or(&row);
             let masked = s.constraint.as_mut().map(|c| {
-                let mut m = row.clone();
+                let mut m = scores.clone();
                 let any = c.mask(&mut m);
                 (m, any)
             });
             let tok = match (s.forced.get(s.generated), &masked) {
                 (Some(&t), _) => t,
                 (None, Some((m, true))) => pick(m, &opt, &mut s.rng),
-                (None, _) => pick(&row, &opt, &mut s.rng),
+                (None, _) => pick(scores, &opt, &mut s.rng),
             };
             // a constraint that allows nothing more (it cannot be met from here) ends it
             let dead = matches!(masked, Some((_, false)));
@@ -127,4 +130,20 @@ impl Scheduler {
         }
         out
     }
+}
+
+/// `row` with every token of `seen` made less likely by `penalty` (once per distinct token):
+/// a positive logit divided by it, a negative one multiplied (`transformers`'
+/// `RepetitionPenaltyLogitsProcessor`, vLLM's `repetition_penalty`).
+pub fn penalize_repeats(row: &[f32], seen: &[u32], penalty: f32) -> Vec<f32> {
+    let mut out = row.to_vec();
+    let mut ids = seen.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    for t in ids {
+        if let Some(x) = out.get_mut(t as usize) {
+            *x = if *x > 0.0 { *x / penalty } else { *x * penalty };
+        }
+    }
+    out
 }

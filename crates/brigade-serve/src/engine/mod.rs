@@ -14,6 +14,7 @@ pub mod scheduler;
 pub mod step;
 pub mod worker;
 
+pub use advance::penalize_repeats;
 pub use batch::{Batch, Scheduled};
 pub use block_pool::{BlockKey, BlockPool};
 pub use profile::StepProfile;

@@ -11,6 +11,10 @@ pub struct Sampling {
     pub top_k: usize,
     /// 1: all tokens.
     pub top_p: f32,
+    /// Above 1, every token already in the sequence (prompt or generated) is made less likely
+    /// before sampling: its logit divided by this when positive, multiplied when negative
+    /// (`transformers`' and vLLM's rule); 1: none. Log-probabilities reported stay the model's.
+    pub repetition_penalty: f32,
     pub seed: u64,
     pub max_tokens: usize,
     /// Generation ends after emitting one of these.

@@ -355,7 +355,16 @@ mod tests {
     const VOCAB: usize = 1000;
 
     fn greedy(max_tokens: usize) -> Sampling {
-        Sampling { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens, stop_tokens: vec![], top_logprobs: 0 }
+        Sampling {
+            repetition_penalty: 1.0,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            max_tokens,
+            stop_tokens: vec![],
+            top_logprobs: 0,
+        }
     }
 
     /// `blocks` blocks of 4 tokens, a context of 64.

@@ -27,6 +27,6 @@ pub(crate) async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -
 
 /// The request as a completion of the rendered conversation's token ids.
 fn prepare(app: &App, body: &[u8]) -> Result<Completion, ApiError> {
-    let chat = chat::parse(body)?;
+    let chat = chat::parse_with(body, &super::completions::defaults(app))?;
     chat_prompt(serving(app)?, chat)
 }

@@ -21,12 +21,18 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub(crate) async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let r = match completion::parse(&body) {
+    let r = match completion::parse_with(&body, &defaults(&app)) {
         Ok(req) => respond(app.clone(), req, Kind::Text, started).await,
         Err(e) => error(e),
     };
     app.metrics.count_status(r.status().as_u16());
     r
+}
+
+/// What a request's left-out sampling fields get: the loaded model's defaults (OpenAI's
+/// while it loads; such a request is refused as not ready anyway).
+pub(crate) fn defaults(app: &App) -> completion::Defaults {
+    app.loaded.get().map(|l| l.defaults.clone()).unwrap_or_default()
 }
 
 /// Admits a parsed request and answers it: one response, or server-sent events.

@@ -81,7 +81,7 @@ fn completion(l: &Loaded, n: &Node, prompts: Vec<String>) -> Result<Completion, 
     if !n.chat {
         body.insert("prompt".into(), json!(prompts));
         let bytes = serde_json::to_vec(&Value::Object(body)).expect("JSON");
-        return completion::parse(&bytes);
+        return completion::parse_with(&bytes, &l.defaults);
     }
     let mut rendered: Option<Completion> = None;
     let mut ids = Vec::with_capacity(prompts.len());
@@ -93,7 +93,7 @@ fn completion(l: &Loaded, n: &Node, prompts: Vec<String>) -> Result<Completion, 
         messages.push(json!({"role": "user", "content": p}));
         body.insert("messages".into(), Value::Array(messages));
         let bytes = serde_json::to_vec(&Value::Object(body.clone())).expect("JSON");
-        let mut c = chat_prompt(l, chat::parse(&bytes)?)?;
+        let mut c = chat_prompt(l, chat::parse_with(&bytes, &l.defaults)?)?;
         ids.append(&mut c.prompts);
         rendered = Some(c);
     }
@@ -442,6 +442,7 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<Start
                     ));
                 }
                 let s = Sampling {
+                    repetition_penalty: 1.0,
                     temperature: 0.0,
                     top_k: 0,
                     top_p: 1.0,

@@ -197,8 +197,14 @@ fn messages(v: Option<&Value>) -> Result<Value, ApiError> {
     Ok(Value::Array(out))
 }
 
-/// Parses and checks a chat request body (the template and the model's limits come later).
+/// Parses and checks a chat request body (the template and the model's limits come later),
+/// with OpenAI's defaults.
 pub fn parse(body: &[u8]) -> Result<Chat, ApiError> {
+    parse_with(body, &completion::Defaults::default())
+}
+
+/// [`parse`], a field left out taking its value from `d`.
+pub fn parse_with(body: &[u8], d: &completion::Defaults) -> Result<Chat, ApiError> {
     let o = completion::object(body, CHAT)?;
     let messages = messages(field(&o, "messages"))?;
     // what this server does not do: only the no-op values pass
@@ -214,7 +220,7 @@ pub fn parse(body: &[u8]) -> Result<Chat, ApiError> {
             return refuse(k, "leave it out");
         }
     }
-    let mut c = completion::common(&o)?;
+    let mut c = completion::common(&o, d)?;
     match int_field(&o, "max_completion_tokens")? {
         None => {}
         Some(m) if m < 1 => {

@@ -22,6 +22,8 @@ pub struct Completion {
     pub top_p: f32,
     /// 0: all tokens.
     pub top_k: usize,
+    /// 1: none (vLLM's `repetition_penalty`; see `engine::Sampling`).
+    pub repetition_penalty: f32,
     pub stop: Vec<String>,
     pub seed: Option<u64>,
     pub n: usize,
@@ -38,6 +40,39 @@ pub struct Completion {
     pub tool_calls: Option<(super::tools::Syntax, Vec<String>)>,
 }
 
+/// What a request that leaves a sampling field out gets: OpenAI's defaults, or those the
+/// model's `generation_config.json` sets (`brigade serve --generation-config auto`, as vLLM).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Defaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0: all tokens.
+    pub top_k: usize,
+    pub repetition_penalty: f32,
+    /// `max_tokens` when a request gives none (`None`: 16, or what the context leaves).
+    pub max_tokens: Option<usize>,
+}
+
+impl Default for Defaults {
+    fn default() -> Defaults {
+        Defaults { temperature: 1.0, top_p: 1.0, top_k: 0, repetition_penalty: 1.0, max_tokens: None }
+    }
+}
+
+impl Defaults {
+    /// OpenAI's, with what `generation_config.json` sets in their place.
+    pub fn from_generation(g: &brigade::models::generation_config::GenerationConfig) -> Defaults {
+        let d = Defaults::default();
+        Defaults {
+            temperature: g.temperature.map_or(d.temperature, |x| x as f32),
+            top_p: g.top_p.map_or(d.top_p, |x| x as f32),
+            top_k: g.top_k.unwrap_or(d.top_k),
+            repetition_penalty: g.repetition_penalty.map_or(d.repetition_penalty, |x| x as f32),
+            max_tokens: g.max_new_tokens,
+        }
+    }
+}
+
 /// The most choices one request may ask for.
 pub const MAX_N: usize = 64;
 /// The most alternatives `logprobs` may ask for (vLLM's bound; OpenAI's is 5).
@@ -50,6 +85,7 @@ pub(crate) const COMMON: &[&str] = &[
     "temperature",
     "top_p",
     "top_k",
+    "repetition_penalty",
     "stop",
     "seed",
     "n",
@@ -163,7 +199,7 @@ pub(crate) fn object_of(body: &[u8], known: &[&[&str]]) -> Result<Map<String, Va
 /// The fields both APIs share (`COMMON`): sampling, stopping, streaming, and OpenAI's
 /// parameters this server does not implement (only their no-op values pass). No prompt and
 /// no log-probabilities yet: each API reads its own.
-pub(crate) fn common(o: &Map<String, Value>) -> Result<Completion, ApiError> {
+pub(crate) fn common(o: &Map<String, Value>, d: &Defaults) -> Result<Completion, ApiError> {
     let model = match field(o, "model") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -176,21 +212,29 @@ pub(crate) fn common(o: &Map<String, Value>) -> Result<Completion, ApiError> {
         }
         Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
     };
-    let temperature = num_field(o, "temperature")?.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
+    let temperature = num_field(o, "temperature")?.unwrap_or(d.temperature as f64);
+    if num_field(o, "temperature")?.is_some() && !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::bad("temperature", format!("'temperature' must be from 0 to 2, got {temperature}")));
     }
-    let top_p = num_field(o, "top_p")?.unwrap_or(1.0);
+    let top_p = num_field(o, "top_p")?.unwrap_or(d.top_p as f64);
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ApiError::bad("top_p", format!("'top_p' must be above 0 and at most 1, got {top_p}")));
     }
     let top_k = match int_field(o, "top_k")? {
-        None | Some(-1) | Some(0) => 0,
+        None => d.top_k,
+        Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
         Some(k) => {
             return Err(ApiError::bad("top_k", format!("'top_k' must be -1 or 0 (all tokens) or positive, got {k}")))
         }
     };
+    let repetition_penalty = num_field(o, "repetition_penalty")?.unwrap_or(d.repetition_penalty as f64);
+    if !(repetition_penalty > 0.0 && repetition_penalty <= 10.0) {
+        return Err(ApiError::bad(
+            "repetition_penalty",
+            format!("'repetition_penalty' must be above 0 and at most 10 (1: none), got {repetition_penalty}"),
+        ));
+    }
     let stop = match field(o, "stop") {
         None => vec![],
         Some(Value::String(s)) => vec![s.clone()],
@@ -260,6 +304,7 @@ pub(crate) fn common(o: &Map<String, Value>) -> Result<Completion, ApiError> {
         temperature: temperature as f32,
         top_p: top_p as f32,
         top_k,
+        repetition_penalty: repetition_penalty as f32,
         stop,
         seed,
         n,
@@ -320,11 +365,16 @@ fn constraint(o: &Map<String, Value>) -> Result<Option<crate::constraint::Spec>,
 }
 
 /// Parses and checks a `/v1/completions` body (limits that depend on the model are checked
-/// later).
+/// later), with OpenAI's defaults.
 pub fn parse(body: &[u8]) -> Result<Completion, ApiError> {
+    parse_with(body, &Defaults::default())
+}
+
+/// [`parse`], a field left out taking its value from `d`.
+pub fn parse_with(body: &[u8], d: &Defaults) -> Result<Completion, ApiError> {
     let o = object(body, COMPLETIONS)?;
     let prompts = prompts(field(&o, "prompt"))?;
-    let mut c = common(&o)?;
+    let mut c = common(&o, d)?;
     c.prompts = prompts;
     c.logprobs = match int_field(&o, "logprobs")? {
         None => None,
@@ -422,5 +472,27 @@ mod tests {
         let c = parse(br#"{"prompt": "x", "stream": true, "stream_options": {"include_usage": true}, "stop": "\n", "seed": 7, "logprobs": 2, "ignore_eos": true, "return_token_ids": true, "top_k": -1}"#).unwrap();
         assert!(c.stream && c.include_usage && c.ignore_eos && c.return_token_ids);
         assert_eq!((c.stop, c.seed, c.logprobs, c.top_k), (vec!["\n".to_string()], Some(7), Some(2), 0));
+    }
+
+    /// A model's defaults fill only the fields a request leaves out (null counts as out); a
+    /// request's own value wins, even OpenAI's default value, and `top_k: -1` still means all.
+    #[test]
+    fn defaults_fill_only_what_is_left_out() {
+        let d = Defaults { temperature: 0.6, top_p: 0.9, top_k: 20, repetition_penalty: 1.1, max_tokens: Some(5) };
+        let c = parse_with(br#"{"prompt": "x"}"#, &d).unwrap();
+        assert_eq!((c.temperature, c.top_p, c.top_k, c.repetition_penalty), (0.6, 0.9, 20, 1.1));
+        assert_eq!(c.max_tokens, None, "max_tokens' default is applied against the context, later");
+        let c = parse_with(
+            br#"{"prompt": "x", "temperature": 1, "top_p": 1, "top_k": -1, "repetition_penalty": 1, "seed": null}"#,
+            &d,
+        )
+        .unwrap();
+        assert_eq!((c.temperature, c.top_p, c.top_k, c.repetition_penalty), (1.0, 1.0, 0, 1.0));
+        let c = parse_with(br#"{"prompt": "x", "temperature": null, "top_k": 3}"#, &d).unwrap();
+        assert_eq!((c.temperature, c.top_k), (0.6, 3));
+        for bad in [r#"{"prompt": "x", "repetition_penalty": 0}"#, r#"{"prompt": "x", "repetition_penalty": 11}"#] {
+            assert_eq!(err(bad).param.as_deref(), Some("repetition_penalty"), "{bad}");
+        }
+        assert_eq!(Defaults::from_generation(&Default::default()), Defaults::default());
     }
 }

@@ -61,10 +61,12 @@ pub(crate) fn prompted(l: &Loaded, req: &Completion, ids: Vec<u32>) -> Result<Pr
             ),
         ));
     }
-    let want = req.max_tokens.unwrap_or(16.min(l.context - ids.len()));
+    // a default from generation_config.json is cut to what the context leaves, as 16 is
+    let given = req.max_tokens;
+    let want = given.unwrap_or(l.defaults.max_tokens.unwrap_or(16).min(l.context - ids.len()));
     if ids.len() + want > l.context {
         return Err(ApiError::bad(
-            if req.max_tokens.is_some() { "max_tokens" } else { "prompt" },
+            if given.is_some() { "max_tokens" } else { "prompt" },
             format!(
                 "this model's maximum context length is {} tokens; the request asks for {} ({} in the prompt, {want} to generate); shorten the prompt or lower max_tokens",
                 l.context,
@@ -92,6 +94,7 @@ pub(crate) fn prompted(l: &Loaded, req: &Completion, ids: Vec<u32>) -> Result<Pr
 /// seeded `S + j·φ`, so choice j of `n: N` is the same whatever N), and the tokens that end it.
 pub(crate) fn sampling(l: &Loaded, req: &Completion, kind: Kind, max_tokens: usize, j: usize) -> Sampling {
     Sampling {
+        repetition_penalty: req.repetition_penalty,
         temperature: req.temperature,
         top_k: req.top_k,
         top_p: req.top_p,

@@ -67,6 +67,7 @@ pub fn drive(e: &mut brigade_serve::engine::Engine) -> Vec<brigade_serve::engine
             id: j,
             prompt: (0..(3 + j * 5)).map(|i| ((i * 11 + j * 3) % 101) as u32).collect(),
             sampling: Sampling {
+                repetition_penalty: 1.0,
                 temperature: if j % 2 == 0 { 0.0 } else { 0.9 },
                 top_k: 0,
                 top_p: 1.0,

@@ -6,6 +6,7 @@ pub mod config;
 pub mod family;
 mod fused_experts;
 pub mod generate;
+pub mod generation_config;
 pub mod gguf;
 pub mod gpt;
 pub mod open;
