@@ -237,3 +237,170 @@ fn hub_configs_read_as_the_presets() {
         }
     }
 }
+
+/// The published Instruct models' files (tests/fixtures/hub_configs/published: Llama 3.1 8B
+/// and 3.2 1B, Qwen2.5 0.5B, SmolLM2 135M, Mistral 7B v0.3 — config.json,
+/// generation_config.json and tokenizer_config.json as the Hub has them).
+fn published() -> Vec<(String, std::path::PathBuf)> {
+    let root = Path::new("tests/fixtures/hub_configs/published");
+    let mut out: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), p))
+        .collect();
+    out.sort();
+    let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "Llama-3.1-8B-Instruct",
+            "Llama-3.2-1B-Instruct",
+            "Mistral-7B-Instruct-v0.3",
+            "Qwen2.5-0.5B-Instruct",
+            "SmolLM2-135M-Instruct"
+        ]
+    );
+    out
+}
+
+fn json_at(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap_or_else(|e| panic!("{p:?}: {e}"))
+}
+
+/// Each published config.json read as the model it describes, every field that changes the
+/// function taking effect: the shape, grouped-query heads, head width, norm epsilon, tied head,
+/// Qwen2's q/k/v biases, the context, and the rotary frequencies equal to those `transformers`
+/// computes from the same file (scripts/make_hub_rope_fixture.py) — Llama 3's scaling with
+/// every one of its bands reached, and each of its five parameters changed in turn giving
+/// transformers' frequencies for that change (so none is read and then ignored).
+#[test]
+fn published_configs_take_effect() {
+    use brigade::models::checkpoint::parse_model_config;
+    use brigade::models::family::Family;
+    let rope = json_at(Path::new("tests/fixtures/hub_configs/published/rope_inv_freq.json"));
+    let close = |got: &[f32], want: &serde_json::Value, what: &str| {
+        let want: Vec<f64> = want.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(got.len(), want.len(), "{what}: rotary pairs");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(((*g as f64 - w) / w).abs() < 1e-6, "{what}: inv_freq[{i}] {g} vs transformers' {w}");
+        }
+    };
+    let read = |text: &str, p: &Path| parse_model_config(text, p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    for (name, dir) in published() {
+        let p = dir.join("config.json");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let cfg = read(&text, &p);
+        let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{name}: {k}")) as usize;
+        assert_eq!(
+            (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.block_size),
+            (
+                n("num_hidden_layers"),
+                n("num_attention_heads"),
+                n("hidden_size"),
+                n("vocab_size"),
+                n("max_position_embeddings")
+            ),
+            "{name}"
+        );
+        let Family::Llama(a) = cfg.family else { panic!("{name}: read as {}", cfg.family.name()) };
+        let head_dim = v.get("head_dim").map_or(n("hidden_size") / n("num_attention_heads"), |_| n("head_dim"));
+        assert_eq!(
+            (a.n_kv_head, a.head_dim, a.intermediate),
+            (n("num_key_value_heads"), head_dim, n("intermediate_size")),
+            "{name}"
+        );
+        assert!(a.n_kv_head < cfg.n_head, "{name}: grouped-query attention");
+        assert_eq!(a.rms_eps, v["rms_norm_eps"].as_f64().unwrap() as f32, "{name}: rms_norm_eps");
+        assert_eq!(a.rope_theta, v["rope_theta"].as_f64().unwrap(), "{name}: rope_theta");
+        assert_eq!(a.tied, v["tie_word_embeddings"].as_bool().unwrap(), "{name}: tie_word_embeddings");
+        assert_eq!((a.qkv_bias, a.o_bias), (v["model_type"] == "qwen2", false), "{name}: biases");
+        assert!(a.moe.is_none() && !a.qk_norm, "{name}");
+        let got = cfg.positions().inv_freq(a.head_dim).unwrap();
+        close(&got, &rope["models"][&name], &name);
+        // Llama 3's scaling: frequencies kept, divided and interpolated (wavelengths below
+        // orig/high, above orig/low, between) — every band is reached by these files
+        if let Some(r) = a.rope_scaling {
+            let s = &v["rope_scaling"];
+            assert_eq!(
+                (r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings),
+                (
+                    s["factor"].as_f64().unwrap(),
+                    s["low_freq_factor"].as_f64().unwrap(),
+                    s["high_freq_factor"].as_f64().unwrap(),
+                    s["original_max_position_embeddings"].as_u64().unwrap() as usize
+                ),
+                "{name}"
+            );
+            let orig = r.original_max_position_embeddings as f64;
+            let base = Positions::Rotary { theta: a.rope_theta, scaling: None }.inv_freq(a.head_dim).unwrap();
+            let wavelen: Vec<f64> = base.iter().map(|f| 2.0 * std::f64::consts::PI / *f as f64).collect();
+            let bands = [
+                wavelen.iter().filter(|w| **w < orig / r.high_freq_factor).count(),
+                wavelen.iter().filter(|w| **w > orig / r.low_freq_factor).count(),
+            ];
+            let between = wavelen.len() - bands[0] - bands[1];
+            assert!(bands[0] > 0 && bands[1] > 0 && between > 0, "{name}: bands {bands:?} and {between} between");
+        } else {
+            assert!(v["rope_scaling"].is_null() || v.get("rope_scaling").is_none(), "{name}");
+        }
+    }
+    // each rope parameter of Llama 3.1's file changed in turn: transformers' frequencies, and
+    // not the unchanged file's
+    let base_path = Path::new("tests/fixtures/hub_configs/published/Llama-3.1-8B-Instruct/config.json");
+    let base: serde_json::Value = json_at(base_path);
+    let unchanged = read(&base.to_string(), base_path).positions().inv_freq(128).unwrap();
+    let cases = rope["llama3_1_varied"].as_array().unwrap();
+    assert_eq!(cases.len(), 5);
+    for case in cases {
+        let key = case["key"].as_str().unwrap();
+        let mut v = base.clone();
+        match key {
+            "rope_theta" => v[key] = case["value"].clone(),
+            _ => v["rope_scaling"][key] = case["value"].clone(),
+        }
+        let got = read(&v.to_string(), base_path).positions().inv_freq(128).unwrap();
+        close(&got, &case["inv_freq"], &format!("Llama 3.1 with {key} {}", case["value"]));
+        assert_ne!(got, unchanged, "{key}: changing it changed nothing");
+    }
+}
+
+use brigade::models::family::spec::Positions;
+
+/// Each published generation_config.json as serving reads it: every end-of-sequence id in the
+/// file's order, and the sampling defaults the authors set (none where they set none).
+#[test]
+fn published_generation_configs_read_whole() {
+    use brigade::models::generation_config::read;
+    for (name, dir) in published() {
+        let v = json_at(&dir.join("generation_config.json"));
+        let vocab = json_at(&dir.join("config.json"))["vocab_size"].as_u64().unwrap() as usize;
+        let g = read(&dir, vocab).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ids: Vec<u32> = match &v["eos_token_id"] {
+            serde_json::Value::Array(a) => a.iter().map(|x| x.as_u64().unwrap() as u32).collect(),
+            x => vec![x.as_u64().unwrap() as u32],
+        };
+        assert_eq!(g.eos, ids, "{name}");
+        let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+        assert_eq!(
+            (g.temperature, g.top_p, g.repetition_penalty),
+            (f("temperature"), f("top_p"), f("repetition_penalty")),
+            "{name}"
+        );
+        assert_eq!(g.top_k, v.get("top_k").map(|k| k.as_u64().unwrap() as usize), "{name}");
+        assert!(g.not_applied.is_empty() && g.max_new_tokens.is_none(), "{name}");
+        // one more id than the model has is refused, naming the file
+        let small = ids.iter().max().copied().unwrap() as usize;
+        let e = read(&dir, small).unwrap_err().to_string();
+        assert!(e.contains("generation_config.json") && e.contains("eos_token_id"), "{name}: {e}");
+    }
+    // what the Instruct models' authors set, as published
+    let g = read(Path::new("tests/fixtures/hub_configs/published/Qwen2.5-0.5B-Instruct"), 151936).unwrap();
+    assert_eq!(
+        (g.eos, g.temperature, g.top_p, g.top_k, g.repetition_penalty),
+        (vec![151645, 151643], Some(0.7), Some(0.8), Some(20), Some(1.1))
+    );
+    let g = read(Path::new("tests/fixtures/hub_configs/published/Llama-3.2-1B-Instruct"), 128256).unwrap();
+    assert_eq!((g.eos, g.temperature, g.top_p, g.top_k), (vec![128001, 128008, 128009], Some(0.6), Some(0.9), None));
+}

@@ -175,6 +175,17 @@ impl Server {
 /// with the real tokenizer folder `../shared/tokenizers/NAME` copied in (its chat template),
 /// `context` positions; `None` (with the reason printed) without `../shared`.
 pub fn chat_model_of(name: &str, context: usize) -> Option<tempfile::TempDir> {
+    chat_model_with(name, context, true, |_, _| {})
+}
+
+/// [`chat_model_of`] with its head tied or not, and its parameters changed by `edit` (given
+/// the model, to find tensors by name) before they are written.
+pub fn chat_model_with(
+    name: &str,
+    context: usize,
+    tied: bool,
+    edit: impl FnOnce(&brigade::models::Gpt, &mut [f32]),
+) -> Option<tempfile::TempDir> {
     use brigade::models::family::Llama;
     use brigade::models::{checkpoint, Gpt, GptConfig};
     let tok_dir = super::shared(&format!("tokenizers/{name}"))?;
@@ -186,7 +197,7 @@ pub fn chat_model_of(name: &str, context: usize) -> Option<tempfile::TempDir> {
         rms_eps: 1e-6,
         rope_theta: 1e6,
         rope_scaling: None,
-        tied: true,
+        tied,
         qkv_bias: true,
         o_bias: false,
         moe: None,
@@ -202,7 +213,8 @@ pub fn chat_model_of(name: &str, context: usize) -> Option<tempfile::TempDir> {
         family: a.into(),
     };
     let gpt = Gpt::new(cfg).unwrap();
-    let params = gpt.init_params(7);
+    let mut params = gpt.init_params(7);
+    edit(&gpt, &mut params);
     let d = tempfile::tempdir().unwrap();
     checkpoint::write_json(&d.path().join("config.json"), &checkpoint::hf_config(&cfg)).unwrap();
     checkpoint::save_tensors(&d.path().join("model.safetensors"), &gpt.layout, &params, "", None).unwrap();
