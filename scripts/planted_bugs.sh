@@ -3,7 +3,9 @@
 # missing reductions of tensor and sequence parallelism (issue 8) and of the pipeline (issue 9),
 # the Llama family's own (issue 22: grouped-query attention, rotary positions and their
 # scaling, RMSNorm, replicated key/value heads, Qwen2's biases) and context parallelism's (issue
-# 41: chunk-boundary targets, the ring's last hop, the all-gather's sum, the mask's skipping), and checks
+# 41: chunk-boundary targets, the ring's last hop, the all-gather's sum, the mask's skipping), the
+# mixtures of experts' (issue 45) and issue 46's new code (fused experts, generation_config.json's
+# ids and defaults, the repetition penalty, add_bos_token), and checks
 # that `cargo test --release` now fails on each. Works on a copy of the tree (the checkout is
 # never modified); the copy builds in target/planted. Takes ~1–2 minutes per bug on 2 cores.
 #   scripts/planted_bugs.sh            all bugs
@@ -48,6 +50,13 @@ bugs=(
   "context parallelism, ring: the blocks' dK and dV not brought home (the last hop dropped)@@crates/brigade/src/nn/context.rs@@s/comm.recv\(&mut mine, prev, TAG_DKV\).map_err\(comm_err\)\?;/mine.copy_from_slice(&dkv);/@@brigade"
   "context parallelism, all-gather: dK and dV not summed over the group@@crates/brigade/src/nn/context.rs@@s/comm.reduce_scatter\(&dkv_all, &mut mine, ReduceOp::Sum\).map_err\(comm_err\)\?;/mine.copy_from_slice(&dkv_all[comm.rank() * blk..(comm.rank() + 1) * blk]);/@@brigade"
   "context parallelism: a key chunk starting at a query chunk's last position skipped@@crates/brigade/src/nn/context.rs@@s/if kr.start <= qmax && kr.end > lmin/if kr.start < qmax && kr.end > lmin/@@brigade"
+  "mixture of experts: the chosen experts' weights not renormalised over the k (norm_topk_prob ignored)@@crates/brigade/src/nn/moe.rs@@s/\*w = if norm_topk \{ row\[e as usize\] \/ sum \}/*w = if false { row[e as usize] \/ sum }/@@brigade"
+  "serving a mixture of experts: the balancing bias ignored when choosing the experts@@crates/brigade-serve/src/model/experts.rs@@s/let biased: Vec<f32> = p.iter\(\).zip\(b\).map\(\|\(p, b\)\| p \+ b\).collect\(\);/let biased: Vec<f32> = p.iter().zip(b).map(|(p, _b)| *p).collect();/@@brigade-serve"
+  "transformers 5's fused experts: each expert's up rows read from its gate rows@@crates/brigade/src/models/fused_experts.rs@@s/let first = expert \* per_expert \+ if part == Part::Up \{ n \} else \{ 0 \};/let first = expert * per_expert;/@@brigade"
+  "generation_config.json: only the first of its end-of-sequence ids kept@@crates/brigade/src/models/generation_config.rs@@s/                    eos.push\(i as u32\)\n/                    if eos.is_empty() { eos.push(i as u32) }\n/@@brigade"
+  "serving: a request's left-out sampling fields not given the model's defaults@@crates/brigade-serve/src/request/completion.rs@@s/let temperature = num_field\(o, \"temperature\"\)\?.unwrap_or\(d.temperature as f64\);/let temperature = num_field(o, \"temperature\")?.unwrap_or(1.0);/@@brigade-serve"
+  "serving: the repetition penalty divides negative logits too (making repeats likelier)@@crates/brigade-serve/src/engine/advance.rs@@s/\*x = if \*x > 0.0 \{ \*x \/ penalty \} else \{ \*x \* penalty \};/*x \/= penalty;/@@brigade-serve"
+  "tokenizer: tokenizer_config.json's add_bos_token ignored (the post-processor alone decides)@@crates/brigade/src/models/tokenizer.rs@@s/let add_bos = match v.get\(\"add_bos_token\"\).and_then\(\|x\| x.as_bool\(\)\) \{\n        Some\(b\) => b,/let add_bos = match None::<bool> {\n        Some(b) => b,/@@brigade"
 )
 
 only=("$@")
