@@ -9,7 +9,9 @@
 #                                   the serving engine's: engine (its scheduler) advance kv (its
 #                                   block pool), the embedding job's: output
 #                                   (its unit tests) and output_job (the same file against
-#                                   brigade-cli's embedding job, for the crash hook)
+#                                   brigade-cli's embedding job, for the crash hook); issue 46's
+#                                   round: generation_config rope fused_experts experts
+#                                   completion penalty chat_template tokenizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A file=(
@@ -31,6 +33,14 @@ declare -A file=(
   [kv]=crates/brigade-serve/src/engine/block_pool.rs
   [output]=crates/brigade/src/embed/output.rs
   [output_job]=crates/brigade/src/embed/output.rs
+  [generation_config]=crates/brigade/src/models/generation_config.rs
+  [rope]=crates/brigade/src/tensor/rope.rs
+  [fused_experts]=crates/brigade/src/models/fused_experts.rs
+  [experts]=crates/brigade-serve/src/model/experts.rs
+  [completion]=crates/brigade-serve/src/request/completion.rs
+  [penalty]=crates/brigade-serve/src/engine/advance.rs
+  [chat_template]=crates/brigade/src/models/chat_template.rs
+  [tokenizer]=crates/brigade/src/models/tokenizer.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -51,6 +61,18 @@ declare -A tests=(
   [kv]="--lib --test engine"
   [output]="--lib -- embed::output"
   [output_job]="--test embed_job"
+  [generation_config]="--lib --test hf_llama_fixture -- generation_config published"
+  [rope]="--lib --test hf_llama_fixture --test gradcheck -- rope published matches_hugging_face"
+  [fused_experts]="--lib --test hf_moe_fixture -- fused"
+  [experts]="--test hf_generate --test engine"
+  [completion]="--lib"
+  [penalty]="--lib --test hf_generate --test engine"
+  [chat_template]="--lib --test chat_templates -- chat_template"
+  [tokenizer]="--lib --test tokenizer_folders"
+)
+# mutants of only part of a file (a regular expression over cargo-mutants' names)
+declare -A only=(
+  [penalty]=penalize_repeats
 )
 # the package whose tests a file's mutants run against, where it is not the file's own
 declare -A package=(
@@ -64,7 +86,9 @@ for n in "${names[@]}"; do
   # shellcheck disable=SC2086
   pkg=()
   [ -z "${package[$n]:-}" ] || pkg=(--test-package "${package[$n]}")
-  cargo mutants --profile mutants "${pkg[@]}" -f "${file[$n]}" -o "$out" -- ${tests[$n]} || true
+  re=()
+  [ -z "${only[$n]:-}" ] || re=(--re "${only[$n]}")
+  cargo mutants --profile mutants "${pkg[@]}" "${re[@]}" -f "${file[$n]}" -o "$out" -- ${tests[$n]} || true
   m=$out/mutants.out
   printf '%-10s caught %3d  missed %3d  unviable %3d  timeout %3d\n' "$n" \
     "$(wc -l <"$m/caught.txt")" "$(wc -l <"$m/missed.txt")" "$(wc -l <"$m/unviable.txt")" "$(wc -l <"$m/timeout.txt")"
