@@ -202,148 +202,155 @@ fn prompts_beside_running_decodes_come_in_bounded_chunks() {
     assert_eq!((e.stats().prompt_tokens_computed - before) as usize, PREFILL_PER_DECODE * 22);
 }
 
-/// `top_logprobs`: the n most likely tokens of each step, best first, with their
+/// `top_logprobs` (every family): the n most likely tokens of each step, best first, with their
 /// log-probabilities — against an independent log-softmax of the full-recompute logits.
 #[test]
 fn top_logprobs_are_the_most_likely_tokens_of_the_full_recompute() {
-    let (gpt, p) = common::model(Family::Gpt2, 97, 96, 5);
-    let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 97).collect();
-    let mut engine = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
-    let sampling = Sampling { top_logprobs: 5, ..greedy(6) };
-    let got = run(&mut engine, vec![(0, Request { id: 1, prompt: prompt.clone(), sampling })]);
-    let mut seq = prompt;
-    let mut acts = Activations::default();
-    for (k, o) in got[&1].iter().enumerate() {
-        let logits = gpt.forward_last(&p, &seq, 1, seq.len(), &mut acts);
-        let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = mx + logits.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        assert_eq!(o.top.len(), 5, "step {k}");
-        for (j, &(t, lp)) in o.top.iter().enumerate() {
-            assert_eq!(t as usize, order[j], "step {k}: rank {j} of the top tokens");
-            assert!((lp as f64 - (logits[t as usize] as f64 - lse)).abs() < 1e-4, "step {k}: logprob of rank {j}");
+    common::for_each_family(|f| {
+        let (gpt, p) = common::model(f, 97, 96, 5);
+        let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 97).collect();
+        let mut engine = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
+        let sampling = Sampling { top_logprobs: 5, ..greedy(6) };
+        let got = run(&mut engine, vec![(0, Request { id: 1, prompt: prompt.clone(), sampling })]);
+        let mut seq = prompt;
+        let mut acts = Activations::default();
+        for (k, o) in got[&1].iter().enumerate() {
+            let logits = gpt.forward_last(&p, &seq, 1, seq.len(), &mut acts);
+            let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = mx + logits.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            assert_eq!(o.top.len(), 5, "step {k}");
+            for (j, &(t, lp)) in o.top.iter().enumerate() {
+                assert_eq!(t as usize, order[j], "step {k}: rank {j} of the top tokens");
+                assert!((lp as f64 - (logits[t as usize] as f64 - lse)).abs() < 1e-4, "step {k}: logprob of rank {j}");
+            }
+            assert_eq!(o.top[0].0, o.token, "greedy takes the most likely token");
+            seq.push(o.token);
         }
-        assert_eq!(o.top[0].0, o.token, "greedy takes the most likely token");
-        seq.push(o.token);
-    }
+    });
 }
 
 /// Why each request ends (a stop token, its length, the context), what `add` refuses, and an
 /// aborted request — running or waiting — freeing its blocks without touching the others.
 #[test]
 fn requests_end_for_their_reasons_and_aborts_free_their_blocks() {
-    use brigade_serve::engine::Finish;
-    let (gpt, p) = common::model(Family::Gpt2, 97, 24, 7);
-    let new = |blocks| Engine::new(Model::new(&gpt, &p), blocks, 4, Limits { max_running: 2, max_step_tokens: 64 });
-    let prompt: Vec<u32> = (0..8).map(|i| (i * 5 + 1) % 97).collect();
-    let req = |id, sampling| Request { id, prompt: prompt.clone(), sampling };
-    // the free run: its third token becomes the stop token of the next one
-    let free = run(&mut new(64), vec![(0, req(1, greedy(10)))])[&1].clone();
-    assert_eq!(free.len(), 10);
-    assert_eq!(free.last().unwrap().finished, Some(Finish::Length));
-    assert!(free[..9].iter().all(|o| o.finished.is_none()));
-    let stop = free[2].token;
-    let first_stop = free.iter().position(|o| o.token == stop).unwrap();
-    let stopped = run(&mut new(64), vec![(0, req(2, Sampling { stop_tokens: vec![stop], ..greedy(10) }))])[&2].clone();
-    assert_eq!(stopped.len(), first_stop + 1);
-    assert_eq!(stopped.last().unwrap().finished, Some(Finish::Stop));
-    // the context (24) ends a request that asks for more: 8 prompt tokens + 16 generated
-    let long = run(&mut new(64), vec![(0, req(3, greedy(100)))])[&3].clone();
-    assert_eq!(long.len(), 16);
-    assert_eq!(long.last().unwrap().finished, Some(Finish::Context));
-    // refused before it runs, each naming why
-    let mut e = new(3);
-    let refuse = |e: &mut Engine, prompt: Vec<u32>| {
-        e.add(Request { id: 9, prompt, sampling: greedy(1) }).unwrap_err().to_string()
-    };
-    assert!(refuse(&mut e, vec![]).contains("empty"));
-    assert!(refuse(&mut e, vec![1; 24]).contains("context is 24"));
-    assert!(refuse(&mut e, vec![1, 97]).contains("token 97"));
-    assert!(refuse(&mut e, vec![1; 9]).contains("needs 4 KV blocks; the cache holds 3"));
-    e.add(Request { id: 10, prompt: vec![1; 8], sampling: greedy(1) }).unwrap();
-    assert_eq!(e.waiting(), 1);
-    // an 8-token prompt fills 2 blocks of 4, no more
-    let mut e = new(64);
-    e.add(req(1, greedy(10))).unwrap();
-    e.step();
-    assert_eq!(e.pool().used_blocks(), 2);
-    // aborts: one running, one of two still waiting (max_running 2)
-    let mut e = new(64);
-    for id in [1, 4, 5, 6] {
-        e.add(req(id, greedy(10))).unwrap();
-    }
-    e.step();
-    assert_eq!((e.running(), e.waiting()), (2, 2));
-    e.abort(4);
-    e.abort(5);
-    assert_eq!((e.running(), e.waiting()), (1, 1));
-    let mut rest: HashMap<u64, Vec<u32>> = HashMap::new();
-    while e.has_work() {
-        for o in e.step() {
-            rest.entry(o.id).or_default().push(o.token);
+    common::for_each_family(|f| {
+        use brigade_serve::engine::Finish;
+        let (gpt, p) = common::model(f, 97, 24, 7);
+        let new = |blocks| Engine::new(Model::new(&gpt, &p), blocks, 4, Limits { max_running: 2, max_step_tokens: 64 });
+        let prompt: Vec<u32> = (0..8).map(|i| (i * 5 + 1) % 97).collect();
+        let req = |id, sampling| Request { id, prompt: prompt.clone(), sampling };
+        // the free run: its third token becomes the stop token of the next one
+        let free = run(&mut new(64), vec![(0, req(1, greedy(10)))])[&1].clone();
+        assert_eq!(free.len(), 10);
+        assert_eq!(free.last().unwrap().finished, Some(Finish::Length));
+        assert!(free[..9].iter().all(|o| o.finished.is_none()));
+        let stop = free[2].token;
+        let first_stop = free.iter().position(|o| o.token == stop).unwrap();
+        let stopped =
+            run(&mut new(64), vec![(0, req(2, Sampling { stop_tokens: vec![stop], ..greedy(10) }))])[&2].clone();
+        assert_eq!(stopped.len(), first_stop + 1);
+        assert_eq!(stopped.last().unwrap().finished, Some(Finish::Stop));
+        // the context (24) ends a request that asks for more: 8 prompt tokens + 16 generated
+        let long = run(&mut new(64), vec![(0, req(3, greedy(100)))])[&3].clone();
+        assert_eq!(long.len(), 16);
+        assert_eq!(long.last().unwrap().finished, Some(Finish::Context));
+        // refused before it runs, each naming why
+        let mut e = new(3);
+        let refuse = |e: &mut Engine, prompt: Vec<u32>| {
+            e.add(Request { id: 9, prompt, sampling: greedy(1) }).unwrap_err().to_string()
+        };
+        assert!(refuse(&mut e, vec![]).contains("empty"));
+        assert!(refuse(&mut e, vec![1; 24]).contains("context is 24"));
+        assert!(refuse(&mut e, vec![1, 97]).contains("token 97"));
+        assert!(refuse(&mut e, vec![1; 9]).contains("needs 4 KV blocks; the cache holds 3"));
+        e.add(Request { id: 10, prompt: vec![1; 8], sampling: greedy(1) }).unwrap();
+        assert_eq!(e.waiting(), 1);
+        // an 8-token prompt fills 2 blocks of 4, no more
+        let mut e = new(64);
+        e.add(req(1, greedy(10))).unwrap();
+        e.step();
+        assert_eq!(e.pool().used_blocks(), 2);
+        // aborts: one running, one of two still waiting (max_running 2)
+        let mut e = new(64);
+        for id in [1, 4, 5, 6] {
+            e.add(req(id, greedy(10))).unwrap();
         }
-    }
-    let want: Vec<u32> = free.iter().map(|o| o.token).collect();
-    assert_eq!(rest.len(), 2, "only the requests left run");
-    assert_eq!(rest[&1], want[1..], "the aborts changed another request");
-    assert_eq!(rest[&6], want, "the request left waiting runs as alone");
-    assert_eq!(e.pool().free_blocks(), e.pool().total_blocks(), "every block is back");
+        e.step();
+        assert_eq!((e.running(), e.waiting()), (2, 2));
+        e.abort(4);
+        e.abort(5);
+        assert_eq!((e.running(), e.waiting()), (1, 1));
+        let mut rest: HashMap<u64, Vec<u32>> = HashMap::new();
+        while e.has_work() {
+            for o in e.step() {
+                rest.entry(o.id).or_default().push(o.token);
+            }
+        }
+        let want: Vec<u32> = free.iter().map(|o| o.token).collect();
+        assert_eq!(rest.len(), 2, "only the requests left run");
+        assert_eq!(rest[&1], want[1..], "the aborts changed another request");
+        assert_eq!(rest[&6], want, "the request left waiting runs as alone");
+        assert_eq!(e.pool().free_blocks(), e.pool().total_blocks(), "every block is back");
+    });
 }
 
 /// The step's token budget binds decodes and prompt chunks together: a prompt alone comes in
 /// chunks of the whole budget, and decodes take their tokens out of it before any prompt.
 #[test]
 fn the_step_budget_counts_every_token() {
-    let (gpt, p) = common::model(Family::Gpt2, 97, 96, 9);
-    let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 10 });
-    let req = |id: u64, len: u64| Request {
-        id,
-        prompt: (0..len).map(|i| ((i * (id + 2) + id) % 97) as u32).collect(),
-        sampling: greedy(40),
-    };
-    let taken = |e: &mut Engine| {
-        let before = e.stats().prompt_tokens_computed;
-        let out = e.step();
-        (e.stats().prompt_tokens_computed - before, out.len())
-    };
-    e.add(req(1, 30)).unwrap();
-    // 30 prompt tokens, 10 a step; the last chunk samples the first token
-    assert_eq!([taken(&mut e), taken(&mut e), taken(&mut e)], [(10, 0), (10, 0), (10, 1)]);
-    // 3 short prompts beside 1 decode: 9 tokens left, 2 each
-    for id in 2..5 {
-        e.add(req(id, 2)).unwrap();
-    }
-    assert_eq!(taken(&mut e), (6, 4));
-    // 4 decodes leave 6 tokens of the 10 for a new prompt
-    e.add(req(5, 20)).unwrap();
-    assert_eq!(taken(&mut e), (6, 4));
-    assert_eq!(taken(&mut e), (6, 4));
-    assert_eq!(e.stats().steps, 6, "forward passes counted");
-    assert_eq!(e.stats().generated, 1 + 4 + 4 + 4, "tokens generated counted");
-    // 4 prompts of 6 and nothing decoding: the budget of 10 admits two (the second with 4 of
-    // its tokens) and no one with nothing to run; then 1 decode, the rest of the second's
-    // prompt, the third's whole and 1 token of the fourth's
-    let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 10 });
-    for id in 10..14 {
-        e.add(req(id, 6)).unwrap();
-    }
-    assert_eq!(taken(&mut e), (10, 1));
-    assert_eq!((e.running(), e.waiting()), (2, 2));
-    assert_eq!(taken(&mut e), (2 + 6 + 1, 3));
-    assert_eq!((e.running(), e.waiting()), (4, 0));
-    // a prompt whose first 8 tokens (2 blocks of 4) are cached computes only the rest
-    let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
-    let first = req(20, 11);
-    let mut again = first.clone();
-    again.id = 21;
-    again.prompt.truncate(8);
-    again.prompt.extend([1, 2, 3, 4, 5]);
-    e.add(first).unwrap();
-    assert_eq!(taken(&mut e), (11, 1));
-    e.add(again).unwrap();
-    assert_eq!(taken(&mut e).0, 13 - 8);
-    assert_eq!(e.pool().hits, 2);
+    common::for_each_family(|f| {
+        let (gpt, p) = common::model(f, 97, 96, 9);
+        let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 10 });
+        let req = |id: u64, len: u64| Request {
+            id,
+            prompt: (0..len).map(|i| ((i * (id + 2) + id) % 97) as u32).collect(),
+            sampling: greedy(40),
+        };
+        let taken = |e: &mut Engine| {
+            let before = e.stats().prompt_tokens_computed;
+            let out = e.step();
+            (e.stats().prompt_tokens_computed - before, out.len())
+        };
+        e.add(req(1, 30)).unwrap();
+        // 30 prompt tokens, 10 a step; the last chunk samples the first token
+        assert_eq!([taken(&mut e), taken(&mut e), taken(&mut e)], [(10, 0), (10, 0), (10, 1)]);
+        // 3 short prompts beside 1 decode: 9 tokens left, 2 each
+        for id in 2..5 {
+            e.add(req(id, 2)).unwrap();
+        }
+        assert_eq!(taken(&mut e), (6, 4));
+        // 4 decodes leave 6 tokens of the 10 for a new prompt
+        e.add(req(5, 20)).unwrap();
+        assert_eq!(taken(&mut e), (6, 4));
+        assert_eq!(taken(&mut e), (6, 4));
+        assert_eq!(e.stats().steps, 6, "forward passes counted");
+        assert_eq!(e.stats().generated, 1 + 4 + 4 + 4, "tokens generated counted");
+        // 4 prompts of 6 and nothing decoding: the budget of 10 admits two (the second with 4 of
+        // its tokens) and no one with nothing to run; then 1 decode, the rest of the second's
+        // prompt, the third's whole and 1 token of the fourth's
+        let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 10 });
+        for id in 10..14 {
+            e.add(req(id, 6)).unwrap();
+        }
+        assert_eq!(taken(&mut e), (10, 1));
+        assert_eq!((e.running(), e.waiting()), (2, 2));
+        assert_eq!(taken(&mut e), (2 + 6 + 1, 3));
+        assert_eq!((e.running(), e.waiting()), (4, 0));
+        // a prompt whose first 8 tokens (2 blocks of 4) are cached computes only the rest
+        let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
+        let first = req(20, 11);
+        let mut again = first.clone();
+        again.id = 21;
+        again.prompt.truncate(8);
+        again.prompt.extend([1, 2, 3, 4, 5]);
+        e.add(first).unwrap();
+        assert_eq!(taken(&mut e), (11, 1));
+        e.add(again).unwrap();
+        assert_eq!(taken(&mut e).0, 13 - 8);
+        assert_eq!(e.pool().hits, 2);
+    });
 }
 
 /// Branches that share a prompt (a fork of 8 over a 203-token prompt; map-like branches that
@@ -436,38 +443,40 @@ fn branches_share_their_prompt_and_give_what_each_gives_alone() {
 /// of the full-recompute logits — and the request ends after the last.
 #[test]
 fn forced_tokens_are_scored_by_the_full_recompute() {
-    use brigade_serve::engine::{Admit, Finish};
-    let (gpt, p) = common::model(Family::Gpt2, 97, 96, 5);
-    let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 97).collect();
-    let forced = vec![5u32, 60, 60, 1];
-    let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
-    let admit = Admit { forced: forced.clone(), ..Default::default() };
-    e.add_with(
-        Request { id: 1, prompt: prompt.clone(), sampling: Sampling { seed: 3, ..want_seeded_sampling() } },
-        admit,
-    )
-    .unwrap();
-    let mut got = Vec::new();
-    while e.has_work() {
-        got.extend(e.step());
-    }
-    assert_eq!(got.iter().map(|o| o.token).collect::<Vec<_>>(), forced);
-    assert_eq!(got.last().unwrap().finished, Some(Finish::Length));
-    let mut seq = prompt;
-    let mut acts = Activations::default();
-    for (k, o) in got.iter().enumerate() {
-        let logits = gpt.forward_last(&p, &seq, 1, seq.len(), &mut acts);
-        let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = mx + logits.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
-        let want = logits[forced[k] as usize] as f64 - lse;
-        assert!((o.logprob as f64 - want).abs() < 1e-4, "token {k}: {} vs {want}", o.logprob);
-        seq.push(forced[k]);
-    }
-    // a forced token outside the vocabulary is refused
-    let bad = Admit { forced: vec![97], ..Default::default() };
-    assert!(e
-        .add_with(Request { id: 2, prompt: vec![1, 2], sampling: greedy(2) }, bad)
-        .unwrap_err()
-        .to_string()
-        .contains("outside"));
+    common::for_each_family(|f| {
+        use brigade_serve::engine::{Admit, Finish};
+        let (gpt, p) = common::model(f, 97, 96, 5);
+        let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 97).collect();
+        let forced = vec![5u32, 60, 60, 1];
+        let mut e = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
+        let admit = Admit { forced: forced.clone(), ..Default::default() };
+        e.add_with(
+            Request { id: 1, prompt: prompt.clone(), sampling: Sampling { seed: 3, ..want_seeded_sampling() } },
+            admit,
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        while e.has_work() {
+            got.extend(e.step());
+        }
+        assert_eq!(got.iter().map(|o| o.token).collect::<Vec<_>>(), forced);
+        assert_eq!(got.last().unwrap().finished, Some(Finish::Length));
+        let mut seq = prompt;
+        let mut acts = Activations::default();
+        for (k, o) in got.iter().enumerate() {
+            let logits = gpt.forward_last(&p, &seq, 1, seq.len(), &mut acts);
+            let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = mx + logits.iter().map(|&v| (v as f64 - mx).exp()).sum::<f64>().ln();
+            let want = logits[forced[k] as usize] as f64 - lse;
+            assert!((o.logprob as f64 - want).abs() < 1e-4, "token {k}: {} vs {want}", o.logprob);
+            seq.push(forced[k]);
+        }
+        // a forced token outside the vocabulary is refused
+        let bad = Admit { forced: vec![97], ..Default::default() };
+        assert!(e
+            .add_with(Request { id: 2, prompt: vec![1, 2], sampling: greedy(2) }, bad)
+            .unwrap_err()
+            .to_string()
+            .contains("outside"));
+    });
 }
