@@ -332,7 +332,14 @@ async fn overload_is_refused_with_503_and_a_disconnect_frees_the_sequence() {
     // and the server takes new work
     let (st, r) = s.post(json!({"prompt": [7, 8], "max_tokens": 3, "temperature": 0})).await;
     assert_eq!(st, 200, "{r}");
-    assert!(s.metric("brigade_requests_total").await >= 5.0);
+    // every request counted once, by its status: the two streams and the last 200, two 503
+    let text = reqwest::get(format!("{}/metrics", s.url)).await.unwrap().text().await.unwrap();
+    let count = |status: &str| {
+        let line = format!("brigade_requests_total{{status=\"{status}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&line)).map(|v| v.parse::<f64>().unwrap())
+    };
+    assert_eq!((count("200"), count("503")), (Some(3.0), Some(2.0)), "{text}");
+    assert_eq!(s.metric("brigade_requests_total").await, 5.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -428,7 +435,10 @@ async fn the_addition_checkpoint_answers_as_brigade_sample_does() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures/addition_ckpt");
     let s = start(&["--checkpoint", dir.to_str().unwrap()]);
     s.wait_ready().await;
-    let problems: Vec<(u64, u64)> = (0..12).map(|i| ((i * 83 + 17) % 1000, (i * 389 + 5) % 1000)).collect();
+    // problems held out of its training (the task's own evaluation set: its hash says so)
+    let task = brigade::train::addition::Addition { digits: 3, reverse: true, carry_chains: 0.0 };
+    let problems = task.eval_set(12);
+    assert!(problems.iter().all(|&(a, b)| task.held_out(a, b)));
     let prompts: Vec<String> = problems.iter().map(|(a, b)| format!("{a:03}+{b:03}=")).collect();
     let (st, r) = s.post(json!({"prompt": prompts, "max_tokens": 6, "temperature": 0, "stop": "\n"})).await;
     assert_eq!(st, 200, "{r}");
@@ -446,9 +456,11 @@ async fn the_addition_checkpoint_answers_as_brigade_sample_does() {
             sampled.parse::<u64>().ok(),
             "{a}+{b}: served {served}, sampled {sampled}"
         );
-        right += usize::from(served.parse::<u64>().ok() == Some(a + b));
+        // the whole text: the sum's four digits reversed and nothing else
+        right += usize::from(c["text"].as_str().unwrap() == task.answer(*a, *b).trim_end());
     }
-    assert!(right >= 10, "only {right} of 12 sums right: not the trained model's answers");
+    // the checkpoint answers 999 of the task's 1000 held-out problems right; these 12 all
+    assert_eq!(right, 12, "not the trained model's answers");
 }
 
 /// A random-weight Llama-family folder in Hugging Face's form (config.json, model.safetensors)
@@ -928,7 +940,18 @@ fn eval_kld_measures_a_model_against_its_reference() {
     let (q8, q4) = (run("int8"), run("int4"));
     let (k8, k4) = (q8["mean_kld"].as_f64().unwrap(), q4["mean_kld"].as_f64().unwrap());
     assert!(k8 > 0.0 && k4 > k8, "int8 {k8}, int4 {k4}");
-    assert!(same["ppl_reference"].as_f64().unwrap() > 1.0);
+    // perplexity, exactly: exp of the mean negative log-likelihood of positions 16..30 of the
+    // text's first three 32-token chunks, each predicting the next, from one full forward a chunk
+    let tok = brigade::models::tokenizer::Tokenizer::from_file(&ck.join("tokenizer.json")).unwrap();
+    let ids = tok.encode(&common::server::prose_corpus()).unwrap();
+    let mut nll = 0.0;
+    for chunk in ids.chunks_exact(32).take(3) {
+        let lp = reference_logprobs(ck, chunk);
+        nll -= (16..31).map(|j| lp[j][chunk[j + 1] as usize]).sum::<f64>();
+    }
+    let ppl = (nll / 45.0).exp();
+    let got = same["ppl_reference"].as_f64().unwrap();
+    assert!((got / ppl - 1.0).abs() < 1e-4, "perplexity {got}, computed here {ppl}");
     fails_with(
         &[
             "eval",

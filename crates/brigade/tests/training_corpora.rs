@@ -263,6 +263,16 @@ fn only_the_assistant_turns_are_trained_on() {
     assert_eq!(x.len(), 4 * 32);
     let targets = y.iter().filter(|&&t| t != IGNORE).count();
     assert!(targets > 0 && targets < y.len() / 2, "{targets} of {} positions are targets", y.len());
+    // exactly: each row is a window of the conversations' tokens, and position i's target is
+    // the next token where the mask trains it, IGNORE elsewhere (no shift by one either way)
+    for (r, (xr, yr)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+        let o = (0..tokens.len() - 32).find(|&o| tokens[o..o + 32] == *xr);
+        let o = o.unwrap_or_else(|| panic!("row {r} is no window of the corpus"));
+        for i in 0..32 {
+            let want = if mask[o + i + 1] { tokens[o + i + 1] as i32 } else { IGNORE };
+            assert_eq!(yr[i], want, "row {r}, position {i}");
+        }
+    }
 }
 
 #[test]
