@@ -334,6 +334,15 @@ fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
     let s = state(&p.join("ck"));
     let step = s["step"].as_u64().unwrap();
     assert!(step >= 1, "no step finished in 2.5 s: {err}");
+    // the checkpoint holds the step the message names, and as many losses
+    let said: u64 = err
+        .split("interrupted after step ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no step in the message: {err}"));
+    assert_eq!(step, said, "{err}");
+    assert_eq!(s["losses"].as_array().map(Vec::len), Some(step as usize), "a loss a step");
     // and the run continues from there
     ok(&["train", "--resume", "ck", "--threads", "1", "--steps", &(step + 2).to_string()], p);
     assert_eq!(state(&p.join("ck"))["step"].as_u64().unwrap(), step + 2);

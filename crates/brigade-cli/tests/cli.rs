@@ -182,7 +182,14 @@ fn plan_prints_json_with_the_best_layout_and_refuses_bad_input() {
     assert_eq!(best["fits"], true);
     let gpus = best["tp"].as_u64().unwrap() * best["pp"].as_u64().unwrap() * best["dp"].as_u64().unwrap();
     assert_eq!(gpus, 1024);
-    assert!(v["train_days"].as_f64().unwrap() > 1.0);
+    // the days, exactly: 300e9 tokens in steps of 1536 sequences of the model's length, each
+    // taking the best layout's step time; and the rate it prints beside them
+    let seq = v["model"]["seq"].as_f64().unwrap();
+    let step_s = best["step_time_s"].as_f64().unwrap();
+    let days = step_s * 300e9 / (1536.0 * seq) / 86400.0;
+    assert!((v["train_days"].as_f64().unwrap() / days - 1.0).abs() < 1e-9, "{} days, {days} here", v["train_days"]);
+    assert!((v["tokens_per_s"].as_f64().unwrap() * step_s / (1536.0 * seq) - 1.0).abs() < 1e-9);
+    assert_eq!(seq, 2048.0, "GPT-3's sequence");
     assert_eq!(v["single_gpu"]["fits"], false);
     // a fixed field stays fixed
     let out = brigade(

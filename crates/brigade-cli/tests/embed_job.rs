@@ -254,12 +254,20 @@ fn outputs_match_a_single_worker_and_keep_input_order() {
     assert_eq!(ids.lines().collect::<Vec<_>>(), (20..40).map(|i| i.to_string()).collect::<Vec<_>>());
     // each vector is the model's vector of that line embedded alone (other batch, no packing)
     let lines: Vec<String> = corpus(120).lines().map(str::to_string).collect();
-    let enc = brigade_embed_alone(&m, &[&lines[25], &lines[5]]);
-    let (_, _, v) = brigade::embed::npy::read(&two["shard-00001.npy"]).unwrap();
-    let (_, _, v0) = brigade::embed::npy::read(&two["shard-00000.npy"]).unwrap();
-    for (got, want) in [(&v[5 * 384..6 * 384], &enc[..384]), (&v0[5 * 384..6 * 384], &enc[384..])] {
-        let d = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(d < 1e-5, "vector differs from the document embedded alone by {d}");
+    // every one of the 120, shard by shard, in the order its ids file names them
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let alone = brigade_embed_alone(&m, &refs);
+    for k in 0..6 {
+        let ids = String::from_utf8(two[&format!("shard-{k:05}.ids")].clone()).unwrap();
+        let ids: Vec<usize> = ids.lines().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(ids, (20 * k..20 * k + 20).collect::<Vec<_>>(), "shard {k}");
+        let (rows, dim, v) = brigade::embed::npy::read(&two[&format!("shard-{k:05}.npy")]).unwrap();
+        assert_eq!((rows, dim), (20, 384), "shard {k}");
+        for (r, &line) in ids.iter().enumerate() {
+            let (got, want) = (&v[r * 384..(r + 1) * 384], &alone[line * 384..(line + 1) * 384]);
+            let d = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(d < 1e-5, "line {line}: its vector differs from the document embedded alone by {d}");
+        }
     }
     let man: serde_json::Value = serde_json::from_slice(&two["manifest.json"]).unwrap();
     assert_eq!(man["totals"]["documents"], 120);

@@ -159,7 +159,20 @@ async fn every_node_equals_the_completions_api_alone_and_in_a_crowd() {
     for b in node(&alone, "vote")["branches"].as_array().unwrap()[1..].iter() {
         assert_eq!(b["prompt_tokens_computed"], 1, "{b}");
     }
-    assert!(alone["prefill_tokens_saved"].as_u64().unwrap() > 0);
+    // what was saved, exactly: every branch's prompt tokens it did not compute (the vote's later
+    // branches all but one of theirs, at least)
+    let branches: Vec<Value> =
+        alone["nodes"].as_object().unwrap().values().flat_map(|n| n["branches"].as_array().unwrap().clone()).collect();
+    let n = |b: &Value, k: &str| b[k].as_u64().unwrap();
+    let saved: u64 = branches
+        .iter()
+        .filter(|b| !b["token_ids"].as_array().unwrap().is_empty())
+        .map(|b| n(b, "prompt_tokens") - n(b, "prompt_tokens_computed"))
+        .sum();
+    let vote: u64 =
+        node(&alone, "vote")["branches"].as_array().unwrap()[1..].iter().map(|b| n(b, "prompt_tokens") - 1).sum();
+    assert_eq!(alone["prefill_tokens_saved"].as_u64(), Some(saved));
+    assert!(saved >= vote && vote > 0, "saved {saved}, the vote's branches alone {vote}");
     let generated: usize = alone["nodes"]
         .as_object()
         .unwrap()
