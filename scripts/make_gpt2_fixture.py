@@ -38,9 +38,9 @@ out = model(input_ids=ids, labels=ids)
 out.loss.backward()
 named = dict(model.named_parameters())
 grads = {}
-for ours in ["wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias",
-             "h.1.attn.c_proj.weight", "h.1.mlp.c_fc.weight", "h.1.mlp.c_proj.bias", "ln_f.weight", "ln_f.bias"]:
-    grads["grad." + ours] = named["transformer." + ours].grad.detach().clone().contiguous()
+# every parameter's gradient (the head is the token table: one parameter)
+for name, p in named.items():
+    grads["grad." + name.removeprefix("transformer.")] = p.grad.detach().clone().contiguous()
 # A prompt longer than one 64-row attention tile (brigade skips masked tiles block by block).
 long_ids = torch.randint(0, cfg.vocab_size, (2, 100), generator=g)
 with torch.no_grad():
