@@ -161,4 +161,19 @@ mod tests {
             assert!(e.contains(named), "{text}: {e}");
         }
     }
+
+    /// A folder without the file has none (every field absent); one whose file cannot be read
+    /// (here a folder in its place) is refused naming it, not taken as absent.
+    #[test]
+    fn a_missing_file_is_none_an_unreadable_one_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(read(d.path(), 10).unwrap(), GenerationConfig::default());
+        std::fs::write(d.path().join(GENERATION_CONFIG_FILE), r#"{"eos_token_id": 3, "top_k": 4}"#).unwrap();
+        let g = read(d.path(), 10).unwrap();
+        assert_eq!((g.eos, g.top_k), (vec![3], Some(4)));
+        std::fs::remove_file(d.path().join(GENERATION_CONFIG_FILE)).unwrap();
+        std::fs::create_dir(d.path().join(GENERATION_CONFIG_FILE)).unwrap();
+        let e = read(d.path(), 10).unwrap_err().to_string();
+        assert!(e.contains(GENERATION_CONFIG_FILE), "{e}");
+    }
 }
