@@ -635,3 +635,55 @@ async fn structured_outputs_parse_and_stay_batch_invariant() {
         assert_eq!((st, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
     }
 }
+
+/// Characters with a meaning in the constraint languages stay literal: choices holding regex
+/// operators, quotes, a backslash and non-ASCII come back exactly as written (an unescaped
+/// `a.b` would allow `axb`, `(x|y)*` the empty string); a JSON schema whose property name and
+/// enum strings hold quotes and backslashes gives JSON with exactly those; a regex with
+/// escaped operators matches them literally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn special_characters_in_constraints_are_taken_literally() {
+    let s = start(&["--checkpoint", checkpoint().to_str().unwrap()]);
+    s.wait_ready().await;
+    let choices = ["a.b", "(x|y)*", "$1.00 [sale]", "back\\slash", "ünï \"q\"", "^~&#-"];
+    let (st, r) = s
+        .post(json!({"prompt": "The mesh", "max_tokens": 24, "temperature": 1.0, "seed": 5, "n": 12,
+            "guided_choice": choices}))
+        .await;
+    assert_eq!(st, 200, "{r}");
+    let texts: Vec<&str> = r["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+    for t in &texts {
+        assert!(choices.contains(t), "{t:?} is none of the choices");
+    }
+    assert!(texts.iter().any(|t| *t != texts[0]), "12 seeded choices all gave {texts:?}");
+    let key = "we\"ird\\key";
+    let schema = json!({"type": "object", "properties": {key: {"enum": ["x\\y", "\"q\"", "a\nb"]}},
+        "required": [key], "additionalProperties": false});
+    let (st, r) = s
+        .post(json!({"prompt": "A pipeline", "max_tokens": 40, "temperature": 1.0, "seed": 6, "n": 6, "guided_json": schema}))
+        .await;
+    assert_eq!(st, 200, "{r}");
+    for c in r["choices"].as_array().unwrap() {
+        let t = c["text"].as_str().unwrap();
+        let v: Value = serde_json::from_str(t).unwrap_or_else(|e| panic!("{t:?} is not JSON: {e}"));
+        let o = v.as_object().unwrap();
+        assert_eq!(o.keys().collect::<Vec<_>>(), [key], "{t}");
+        assert!(["x\\y", "\"q\"", "a\nb"].contains(&o[key].as_str().unwrap()), "{t}");
+    }
+    let (st, r) = s
+        .post(json!({"prompt": "x", "max_tokens": 12, "temperature": 1.0, "seed": 7, "n": 6,
+            "guided_regex": "\\$[0-9]\\.[0-9]{2} \\(net\\)"}))
+        .await;
+    assert_eq!(st, 200, "{r}");
+    for c in r["choices"].as_array().unwrap() {
+        let t = c["text"].as_str().unwrap();
+        let b = t.as_bytes();
+        let ok = b.len() == 11
+            && b[0] == b'$'
+            && b[1].is_ascii_digit()
+            && b[2] == b'.'
+            && b[3..5].iter().all(u8::is_ascii_digit)
+            && &t[5..] == " (net)";
+        assert!(ok, "{t:?} is not $D.DD (net)");
+    }
+}
