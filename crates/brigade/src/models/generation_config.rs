@@ -176,4 +176,18 @@ mod tests {
         let e = read(d.path(), 10).unwrap_err().to_string();
         assert!(e.contains(GENERATION_CONFIG_FILE), "{e}");
     }
+
+    /// The startup line's list: what the file sets, in a fixed order, nothing for a file that
+    /// sets no default.
+    #[test]
+    fn defaults_text_names_what_the_file_sets() {
+        let g = parse(
+            r#"{"top_k": 20, "temperature": 0.7, "repetition_penalty": 1.1, "top_p": 0.8, "eos_token_id": 1}"#,
+            10,
+        )
+        .unwrap();
+        assert_eq!(g.defaults_text(), "temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.1");
+        assert_eq!(parse(r#"{"max_new_tokens": 9}"#, 10).unwrap().defaults_text(), "max_tokens 9");
+        assert_eq!(parse(r#"{"eos_token_id": 1, "do_sample": true}"#, 10).unwrap().defaults_text(), "");
+    }
 }
