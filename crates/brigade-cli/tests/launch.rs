@@ -46,9 +46,17 @@ fn a_killed_rank_is_restarted_from_its_checkpoint_and_the_run_ends_bit_identical
         assert!(o.status.success(), "{fault}: {err}");
         assert!(err.contains("restart 1 of 2") && err.contains("finished after 1 restart"), "{fault}: {err}");
         assert!(bytes(&d.path().join(&out)) == want, "{fault}: the supervised run's weights differ");
-        // at most one save is in flight when a rank dies: at most two saves' worth redone
+        // restarted from the newest save, or the one before when the newest was still being
+        // written (at most one save is in flight): saves every 2 steps, so at most 3 finished
+        // steps redone — and the count said is exactly the steps between the two
         let redo = redone(&err);
-        assert!(redo <= 2 * 2, "{fault}: {redo} steps redone: {err}");
+        let after = number_after(&err, "after step ");
+        let from = if err.contains("from the start") { 0 } else { number_after(&err, "from the checkpoint of step ") };
+        assert_eq!(redo, after - from, "{fault}: {err}");
+        assert!(
+            from % 2 == 0 && from <= after && after - from <= 3,
+            "{fault}: died after step {after}, restarted from step {from}: {err}"
+        );
     }
 }
 
@@ -73,6 +81,16 @@ fn spent_restarts_end_the_job_with_one_line_and_keep_the_checkpoint() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(!String::from_utf8_lossy(&o.stderr).contains("restart"));
+}
+
+/// The number the supervisor's restart line gives right after `prefix`.
+fn number_after(log: &str, prefix: &str) -> usize {
+    let line = log
+        .lines()
+        .find(|l| l.contains("restart 1 of") && l.contains(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?}: {log}"));
+    let rest = &line[line.find(prefix).unwrap() + prefix.len()..];
+    rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"))
 }
 
 /// The finished steps the supervisor said a restart redoes.
