@@ -98,6 +98,11 @@ fn main() {
     }
     tune_allocator();
     let cli = Cli::parse();
+    // the kernels read these once, wherever they run: a bad value is refused before any work
+    if let Err(e) = brigade::tensor::check_simd_env() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     let res = match cli.cmd {
         Cmd::Train(a) => train_cmd::run(*a),
         // a server's ranks (launch_serve), or a training job (launch_cmd)

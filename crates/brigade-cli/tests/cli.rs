@@ -296,3 +296,42 @@ fn train_writes_a_chrome_trace_timeline() {
             && start("gradient norm", 2) < start("adamw", 2)
     );
 }
+
+/// `BRIGADE_SIMD=avx2` holds every kernel to its AVX2 path (on this machine too, whatever it
+/// has): the embedding benchmark reports the 256-bit paths and brigade's own matrix kernel; a
+/// value it does not know, or the `gemm` crate (AVX-512 inside) asked for beside it, is refused
+/// with one line before any work.
+#[test]
+fn brigade_simd_avx2_holds_the_kernels_to_avx2() {
+    let d = tempfile::tempdir().unwrap();
+    let run = |simd: &str, matmul: Option<&str>, args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_brigade"));
+        c.args(args).current_dir(d.path()).env("BRIGADE_SIMD", simd).env_remove("BRIGADE_MATMUL");
+        if let Some(m) = matmul {
+            c.env("BRIGADE_MATMUL", m);
+        }
+        c.output().unwrap()
+    };
+    let plan = ["plan", "--model", "gpt2-small", "--gpu", "a100-80gb", "--gpus", "8", "--global-batch", "8"];
+    for (simd, matmul, named) in [
+        ("avx512", None, "BRIGADE_SIMD=avx512 is not understood"),
+        ("avx2", Some("gemm-crate"), "BRIGADE_MATMUL=gemm-crate would use AVX-512"),
+        ("auto", Some("fast"), "BRIGADE_MATMUL=fast is not understood"),
+    ] {
+        let o = run(simd, matmul, &plan);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{simd} {matmul:?}: {err}");
+        assert!(err.contains(named) && err.trim().lines().count() == 1, "{err}");
+    }
+    assert!(run("avx2", None, &plan).status.success());
+    let Some(model) = common::shared("models/all-MiniLM-L6-v2") else { return };
+    if !brigade::tensor::sgemm::runs_here() {
+        eprintln!("skipped: no AVX2 here");
+        return;
+    }
+    let bench = ["bench", "embed", "--model", model.to_str().unwrap(), "--docs", "16", "--json"];
+    let o = run("avx2", None, &bench);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["simd"].as_str(), v["matmul_kernel"].as_str()), (Some("avx2"), Some("brigade")), "{v}");
+}

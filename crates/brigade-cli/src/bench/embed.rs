@@ -126,6 +126,7 @@ fn measure(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_token
         outln!(
             "{}",
             serde_json::json!({"bench": "embed", "model": enc.name, "documents": docs, "tokens": tokens,
+                "simd": brigade::tensor::simd_name(), "matmul_kernel": brigade::tensor::matmul::Backend::Auto.name(),
                 "shard_size": shard_size, "max_batch_tokens": max_batch_tokens,
                 "matmul_gflops_1_thread": rate1, "matmul_gflops_2_threads": rate2,
                 "matmul_gflops_2_threads_one_product": rate2_pool, "matmul_gflops_two_1_thread_products": rate2_pair, "rows": rows,

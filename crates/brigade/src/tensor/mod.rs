@@ -168,9 +168,56 @@ pub(crate) mod lanes {
     }
 }
 
+/// Whether the 512-bit paths run: the machine has AVX-512F and `BRIGADE_SIMD` does not hold
+/// brigade to AVX2.
 pub(crate) fn wide() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return is_x86_feature_detected!("avx512f");
+    return is_x86_feature_detected!("avx512f") && !simd_limited_to_avx2();
     #[allow(unreachable_code)]
     false
+}
+
+/// The instruction sets `BRIGADE_SIMD` allows: `avx2` holds every kernel to its AVX2 path
+/// (brigade's own matrix kernel instead of the `gemm` crate's AVX-512 one, the row kernels'
+/// 256-bit paths), so that a machine with AVX-512 measures and tests what one without it runs;
+/// unset or `auto`, the best the machine has. Read once.
+pub fn simd_limited_to_avx2() -> bool {
+    static LIMIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| std::env::var("BRIGADE_SIMD").is_ok_and(|v| v == "avx2"))
+}
+
+/// The widest instruction set the kernels use here (`avx512`, `avx2`, or `scalar`), as
+/// benchmarks report it.
+pub fn simd_name() -> &'static str {
+    if wide() {
+        "avx512"
+    } else if sgemm::runs_here() {
+        "avx2"
+    } else {
+        "scalar"
+    }
+}
+
+/// `BRIGADE_SIMD` and `BRIGADE_MATMUL` checked together (the binary does at start): a value
+/// other than those understood, or the `gemm` crate (AVX-512 inside) asked for under `avx2`.
+pub fn check_simd_env() -> Result<(), String> {
+    let simd = std::env::var("BRIGADE_SIMD").ok();
+    match simd.as_deref() {
+        None | Some("") | Some("auto") | Some("avx2") => {}
+        Some(v) => return Err(format!("BRIGADE_SIMD={v} is not understood; use auto (the default) or avx2")),
+    }
+    let matmul = std::env::var("BRIGADE_MATMUL").ok();
+    match matmul.as_deref() {
+        None | Some("") | Some("brigade") | Some("gemm-crate") => {}
+        Some(v) => return Err(format!("BRIGADE_MATMUL={v} is not understood; use brigade or gemm-crate")),
+    }
+    if simd.as_deref() == Some("avx2") {
+        if matmul.as_deref() == Some("gemm-crate") {
+            return Err("BRIGADE_SIMD=avx2 runs brigade's own AVX2 matrix kernel; BRIGADE_MATMUL=gemm-crate would use AVX-512: unset one".into());
+        }
+        if !sgemm::runs_here() {
+            return Err("BRIGADE_SIMD=avx2 needs a CPU with AVX2 and FMA; this one has neither".into());
+        }
+    }
+    Ok(())
 }

@@ -42,11 +42,12 @@ pub fn runs_here() -> bool {
 }
 
 /// Whether matrix products use brigade's kernel by default here: where it runs, unless the
-/// machine has AVX-512, where the `gemm` crate's 512-bit kernels are faster.
+/// machine has AVX-512 (and `BRIGADE_SIMD=avx2` does not hold it to AVX2), where the `gemm`
+/// crate's 512-bit kernels are faster.
 pub fn preferred() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        runs_here() && !is_x86_feature_detected!("avx512f")
+        runs_here() && !super::wide()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
