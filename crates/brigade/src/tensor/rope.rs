@@ -123,4 +123,16 @@ mod tests {
             }
         }
     }
+
+    /// A table knows the positions it holds (the attention rebuilds it only when a longer
+    /// sequence comes), and its rows are the angles of those positions.
+    #[test]
+    fn a_table_holds_its_positions() {
+        let inv = inv_freq(8, 10_000.0, None);
+        let tab = RopeTable::new(&inv, 7);
+        assert_eq!((tab.positions(), tab.half), (7, 4));
+        assert_eq!(tab.cos.len(), 28);
+        assert_eq!(tab.cos[3 * 4 + 1], ((3.0f32 * inv[1]) as f64).cos() as f32);
+        assert_eq!(RopeTable::default().positions(), 0);
+    }
 }
