@@ -49,7 +49,10 @@ impl MoeShape {
         if self.capacity <= 0.0 {
             return usize::MAX;
         }
-        ((self.capacity as f64 * (seq * self.top_k) as f64 / self.experts as f64).ceil() as usize).max(1)
+        // megatron-core's `get_capacity`: ⌈(tokens·k / E) · factor⌉ in f64, the factor as it was
+        // written (1.2, not the f32 nearest it: 1.2f32 · 5 would ceil to 7, not 6)
+        let factor: f64 = self.capacity.to_string().parse().unwrap_or(self.capacity as f64);
+        (((seq * self.top_k) as f64 / self.experts as f64 * factor).ceil() as usize).max(1)
     }
 }
 
@@ -609,4 +612,32 @@ pub fn top_k(row: &[f32], k: usize, out: &mut Vec<u32>) {
     out.extend(0..row.len() as u32);
     out.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
     out.truncate(k);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rows an expert takes, against megatron-core's `get_capacity(num_tokens=tokens·k,
+    /// num_experts=E, capacity_factor=F)` = `math.ceil((tokens·k / E) · F)` evaluated in Python:
+    /// (5, 1, 1, 1.2) → 6, (10, 2, 4, 1.2) → 6, (8, 2, 4, 0.5) → 2, (7, 1, 3, 1.1) → 3; at
+    /// least 1 (0.01 of 10 rows); 0 is dropless.
+    #[test]
+    fn capacity_as_megatron_computes_it() {
+        let shape = |experts, top_k, capacity| MoeShape {
+            c: 8,
+            experts,
+            top_k,
+            width: 4,
+            shared_width: 0,
+            norm_topk: false,
+            bias_rate: 0.0,
+            capacity,
+        };
+        for (seq, k, e, f, want) in [(5, 1, 1, 1.2, 6), (10, 2, 4, 1.2, 6), (8, 2, 4, 0.5, 2), (7, 1, 3, 1.1, 3)] {
+            assert_eq!(shape(e, k, f).expert_capacity(seq), want, "{seq} rows, k {k}, {e} experts, factor {f}");
+        }
+        assert_eq!(shape(4, 2, 0.01).expert_capacity(10), 1);
+        assert_eq!(shape(4, 2, 0.0).expert_capacity(10), usize::MAX);
+    }
 }

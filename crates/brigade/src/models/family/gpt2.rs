@@ -168,6 +168,22 @@ pub fn parse(v: &Value) -> Result<Shape, String> {
             ));
         }
     }
+    // what changes GPT-2's function and brigade does not implement: refused, never ignored
+    if let Some(eps) = v.get("layer_norm_epsilon").and_then(|x| x.as_f64()) {
+        if eps as f32 != crate::tensor::layernorm::EPS {
+            return Err(format!(
+                "layer_norm_epsilon {eps} is not supported; brigade's GPT-2 LayerNorm uses {}",
+                crate::tensor::layernorm::EPS
+            ));
+        }
+    }
+    for (key, implemented) in
+        [("scale_attn_weights", true), ("scale_attn_by_inverse_layer_idx", false), ("tie_word_embeddings", true)]
+    {
+        if let Some(b) = v.get(key).and_then(|x| x.as_bool()).filter(|&b| b != implemented) {
+            return Err(format!("{key} {b} is not supported; brigade's GPT-2 implements {key} {implemented}"));
+        }
+    }
     if let Some(inner) = v.get("n_inner").and_then(|x| x.as_u64()) {
         if inner as usize != 4 * field("n_embd")? {
             return Err(format!("n_inner {inner} is not supported; brigade's MLP width is 4·n_embd"));
@@ -180,4 +196,32 @@ pub fn parse(v: &Value) -> Result<Shape, String> {
         vocab_size: field("vocab_size")?,
         block_size: field("n_positions")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPT-2's keys that change its function: the values brigade implements pass (as the Hub's
+    /// gpt2 config.json has them), any other is refused naming the key — never read and ignored.
+    #[test]
+    fn keys_that_change_the_function_are_refused_unless_implemented() {
+        let base = serde_json::json!({"n_layer": 2, "n_head": 4, "n_embd": 32, "vocab_size": 67, "n_positions": 64,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "scale_attn_weights": true,
+            "scale_attn_by_inverse_layer_idx": false, "reorder_and_upcast_attn": false, "tie_word_embeddings": true});
+        assert_eq!(parse(&base).unwrap().n_embd, 32);
+        for (key, value) in [
+            ("layer_norm_epsilon", serde_json::json!(1e-6)),
+            ("scale_attn_weights", serde_json::json!(false)),
+            ("scale_attn_by_inverse_layer_idx", serde_json::json!(true)),
+            ("tie_word_embeddings", serde_json::json!(false)),
+            ("activation_function", serde_json::json!("relu")),
+            ("n_inner", serde_json::json!(100)),
+        ] {
+            let mut v = base.clone();
+            v[key] = value.clone();
+            let e = parse(&v).unwrap_err();
+            assert!(e.contains(key), "{key} {value}: {e}");
+        }
+    }
 }
