@@ -36,7 +36,10 @@ pub fn pick(logits: &[f32], opt: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     if opt.top_k > 0 && opt.top_k < idx.len() {
         idx.select_nth_unstable_by(opt.top_k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
-        idx.truncate(opt.top_k);
+        // every token as likely as the k-th stays (transformers' TopKLogitsWarper and vLLM keep
+        // ties): which of equal tokens survives is not the partition's to decide
+        let kth = logits[idx[opt.top_k - 1]];
+        idx.retain(|&i| logits[i].total_cmp(&kth) != std::cmp::Ordering::Less);
     }
     let mx = idx.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
     let mut w: Vec<f64> = idx.iter().map(|&i| (((logits[i] - mx) / opt.temperature) as f64).exp()).collect();
@@ -178,5 +181,25 @@ mod tests {
         check_nucleus(&logits, 1.0, 0, 0.9);
         check_nucleus(&logits, 0.6, 4, 0.7); // after top-k, on the tempered mass
         check_nucleus(&logits, 2.0, 0, 0.01); // the best alone
+    }
+
+    /// Top-k keeps every token as likely as the k-th, as transformers' `TopKLogitsWarper`
+    /// does (`logits < topk(logits, k)[..., -1]` set to −∞): [2, 1, 1, 0] with k = 2 samples
+    /// tokens 0, 1, 2 in proportion e² : e : e and never 3.
+    #[test]
+    fn top_k_keeps_the_ties_of_the_kth() {
+        let logits = [2.0f32, 1.0, 1.0, 0.0];
+        let n = 40_000;
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut seen = [0usize; 4];
+        for _ in 0..n {
+            seen[pick(&logits, &opts(1.0, 2), &mut rng) as usize] += 1;
+        }
+        let e = std::f64::consts::E;
+        let z = e * e + 2.0 * e;
+        for (i, p) in [e * e / z, e / z, e / z, 0.0].into_iter().enumerate() {
+            let (want, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
+            assert!((seen[i] as f64 - want).abs() <= 4.5 * sd + 1e-9, "token {i}: {seen:?}, expected {want:.0}");
+        }
     }
 }
