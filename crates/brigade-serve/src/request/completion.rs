@@ -495,4 +495,74 @@ mod tests {
         }
         assert_eq!(Defaults::from_generation(&Default::default()), Defaults::default());
     }
+
+    /// Every structured-output form read into its constraint, and each malformed one refused
+    /// naming its field (these were reached only through the HTTP tests).
+    #[test]
+    fn structured_output_forms_and_their_refusals() {
+        use crate::constraint::Spec;
+        let spec = |body: &str| parse(body.as_bytes()).unwrap_or_else(|e| panic!("{body}: {}", e.message)).constraint;
+        let schema = serde_json::json!({"type": "object"});
+        let cases: Vec<(&str, Option<Spec>)> = vec![
+            (r#"{"prompt": "x"}"#, None),
+            (r#"{"prompt": "x", "response_format": {"type": "text"}}"#, None),
+            (r#"{"prompt": "x", "response_format": {"type": "json_object"}}"#, Some(Spec::JsonObject)),
+            (
+                r#"{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": {"type": "object"}}}}"#,
+                Some(Spec::JsonSchema(schema.clone())),
+            ),
+            (r#"{"prompt": "x", "guided_json": {"type": "object"}}"#, Some(Spec::JsonSchema(schema.clone()))),
+            (r#"{"prompt": "x", "guided_json": "{\"type\": \"object\"}"}"#, Some(Spec::JsonSchema(schema))),
+            (r#"{"prompt": "x", "guided_regex": "[a-z]+"}"#, Some(Spec::Regex("[a-z]+".into()))),
+            (r#"{"prompt": "x", "guided_choice": ["a", "b c"]}"#, Some(Spec::Choice(vec!["a".into(), "b c".into()]))),
+        ];
+        for (body, want) in cases {
+            assert_eq!(format!("{:?}", spec(body)), format!("{want:?}"), "{body}");
+        }
+        for (body, field) in [
+            (
+                r#"{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}"#,
+                "response_format",
+            ),
+            (r#"{"prompt": "x", "response_format": {"type": "yaml"}}"#, "response_format"),
+            (r#"{"prompt": "x", "guided_json": "[1]"}"#, "guided_json"),
+            (r#"{"prompt": "x", "guided_json": "{"}"#, "guided_json"),
+            (r#"{"prompt": "x", "guided_json": 3}"#, "guided_json"),
+            (r#"{"prompt": "x", "guided_regex": ""}"#, "guided_regex"),
+            (r#"{"prompt": "x", "guided_regex": 3}"#, "guided_regex"),
+            (r#"{"prompt": "x", "guided_choice": []}"#, "guided_choice"),
+            (r#"{"prompt": "x", "guided_choice": ["a", ""]}"#, "guided_choice"),
+            (r#"{"prompt": "x", "guided_choice": ["a", 3]}"#, "guided_choice"),
+            (r#"{"prompt": "x", "guided_regex": "a", "guided_choice": ["b"]}"#, "guided_choice"),
+        ] {
+            assert_eq!(err(body).param.as_deref(), Some(field), "{body}");
+        }
+    }
+
+    /// The edges of the limits: one token is a valid max_tokens, up to four stop strings.
+    #[test]
+    fn limits_at_their_edges() {
+        assert_eq!(parse(br#"{"prompt": "x", "max_tokens": 1}"#).unwrap().max_tokens, Some(1));
+        assert_eq!(err(r#"{"prompt": "x", "max_tokens": 0}"#).param.as_deref(), Some("max_tokens"));
+        let four = parse(br#"{"prompt": "x", "stop": ["a", "b", "c", "d"]}"#).unwrap();
+        assert_eq!(four.stop.len(), 4);
+        assert_eq!(err(r#"{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}"#).param.as_deref(), Some("stop"));
+    }
+
+    /// What generation_config.json sets becomes the defaults, field by field.
+    #[test]
+    fn defaults_from_a_generation_config() {
+        let g = brigade::models::generation_config::parse(
+            r#"{"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1, "max_new_tokens": 64}"#,
+            10,
+        )
+        .unwrap();
+        let d = Defaults::from_generation(&g);
+        assert_eq!(
+            d,
+            Defaults { temperature: 0.7, top_p: 0.8, top_k: 20, repetition_penalty: 1.1, max_tokens: Some(64) }
+        );
+        let only_t = brigade::models::generation_config::parse(r#"{"temperature": 0.6}"#, 10).unwrap();
+        assert_eq!(Defaults::from_generation(&only_t), Defaults { temperature: 0.6, ..Defaults::default() });
+    }
 }
