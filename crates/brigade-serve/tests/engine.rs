@@ -12,19 +12,6 @@ use brigade_serve::model::Model;
 use common::{Family, FAMILIES};
 use std::collections::HashMap;
 
-fn greedy(max_tokens: usize) -> Sampling {
-    Sampling {
-        repetition_penalty: 1.0,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: 0,
-        max_tokens,
-        stop_tokens: vec![],
-        top_logprobs: 0,
-    }
-}
-
 fn run(engine: &mut Engine, arrivals: Vec<(usize, Request)>) -> HashMap<u64, Vec<Output>> {
     let mut out: HashMap<u64, Vec<Output>> = HashMap::new();
     let mut pending = arrivals;
@@ -76,7 +63,7 @@ fn greedy_against_the_training_forward(gpt: &brigade::models::Gpt, p: &[f32], f:
     let (gpt, p) = (gpt.clone(), p.to_vec());
     let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 97).collect();
     let mut engine = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
-    let got = run(&mut engine, vec![(0, Request { id: 1, prompt: prompt.clone(), sampling: greedy(30) })]);
+    let got = run(&mut engine, vec![(0, Request { id: 1, prompt: prompt.clone(), sampling: Sampling::greedy(30) })]);
     let tokens: Vec<u32> = got[&1].iter().map(|o| o.token).collect();
     // the reference: the whole sequence through the training forward, position by position
     let mut seq = prompt.clone();
@@ -128,7 +115,7 @@ fn batch_invariance(f: Family) {
         let mut e = Engine::new(Model::new(&gpt, &p), 256, 4, Limits { max_running: 64, max_step_tokens: 4096 });
         run(&mut e, vec![(0, r)])
     };
-    let want_greedy = alone(probe(1, greedy(40)))[&1].clone();
+    let want_greedy = alone(probe(1, Sampling::greedy(40)))[&1].clone();
     let want_seeded = alone(probe(2, seeded.clone()))[&2].clone();
     // crowded: 30 others of other lengths, many sharing the probe's prefix, arriving over time;
     // a 24-token step budget (chunked prompts) and a cache small enough to preempt
@@ -137,13 +124,14 @@ fn batch_invariance(f: Family) {
         let len = 3 + (j as usize * 7) % 40;
         let mut prompt: Vec<u32> = if j % 3 == 0 { shared.clone() } else { vec![] };
         prompt.extend((0..len).map(|i| ((i as u64 * 31 + j * 17) % 97) as u32));
-        let sampling = if j % 2 == 0 { greedy(10 + j as usize) } else { Sampling { seed: j, ..seeded.clone() } };
+        let sampling =
+            if j % 2 == 0 { Sampling::greedy(10 + j as usize) } else { Sampling { seed: j, ..seeded.clone() } };
         arrivals.push(((j as usize) * 2, Request { id: 100 + j, prompt, sampling }));
     }
-    arrivals.push((7, probe(1, greedy(40))));
+    arrivals.push((7, probe(1, Sampling::greedy(40))));
     arrivals.push((13, probe(2, seeded)));
     // the last arrivals are the newest, so they are the ones preempted
-    arrivals.push((60, probe(3, greedy(40))));
+    arrivals.push((60, probe(3, Sampling::greedy(40))));
     arrivals.push((60, probe(4, Sampling { seed: 9, ..want_seeded_sampling() })));
     let mut e = Engine::new(Model::new(&gpt, &p), 40, 4, Limits { max_running: 32, max_step_tokens: 24 });
     let got = run(&mut e, arrivals.clone());
@@ -172,7 +160,7 @@ fn prompts_beside_running_decodes_come_in_bounded_chunks() {
     let req = |id: u64, len: u64| Request {
         id,
         prompt: (0..len).map(|i| ((i * (id + 3) + id) % 50) as u32).collect(),
-        sampling: greedy(200),
+        sampling: Sampling::greedy(200),
     };
     // nothing decoding: a long prompt takes the whole budget
     e.add(req(1, 300)).unwrap();
@@ -210,7 +198,7 @@ fn top_logprobs_are_the_most_likely_tokens_of_the_full_recompute() {
         let (gpt, p) = common::model(f, 97, 96, 5);
         let prompt: Vec<u32> = (0..9).map(|i| (i * 11 + 2) % 97).collect();
         let mut engine = Engine::new(Model::new(&gpt, &p), 64, 4, Limits { max_running: 8, max_step_tokens: 64 });
-        let sampling = Sampling { top_logprobs: 5, ..greedy(6) };
+        let sampling = Sampling { top_logprobs: 5, ..Sampling::greedy(6) };
         let got = run(&mut engine, vec![(0, Request { id: 1, prompt: prompt.clone(), sampling })]);
         let mut seq = prompt;
         let mut acts = Activations::default();
@@ -242,40 +230,41 @@ fn requests_end_for_their_reasons_and_aborts_free_their_blocks() {
         let prompt: Vec<u32> = (0..8).map(|i| (i * 5 + 1) % 97).collect();
         let req = |id, sampling| Request { id, prompt: prompt.clone(), sampling };
         // the free run: its third token becomes the stop token of the next one
-        let free = run(&mut new(64), vec![(0, req(1, greedy(10)))])[&1].clone();
+        let free = run(&mut new(64), vec![(0, req(1, Sampling::greedy(10)))])[&1].clone();
         assert_eq!(free.len(), 10);
         assert_eq!(free.last().unwrap().finished, Some(Finish::Length));
         assert!(free[..9].iter().all(|o| o.finished.is_none()));
         let stop = free[2].token;
         let first_stop = free.iter().position(|o| o.token == stop).unwrap();
         let stopped =
-            run(&mut new(64), vec![(0, req(2, Sampling { stop_tokens: vec![stop], ..greedy(10) }))])[&2].clone();
+            run(&mut new(64), vec![(0, req(2, Sampling { stop_tokens: vec![stop], ..Sampling::greedy(10) }))])[&2]
+                .clone();
         assert_eq!(stopped.len(), first_stop + 1);
         assert_eq!(stopped.last().unwrap().finished, Some(Finish::Stop));
         // the context (24) ends a request that asks for more: 8 prompt tokens + 16 generated
-        let long = run(&mut new(64), vec![(0, req(3, greedy(100)))])[&3].clone();
+        let long = run(&mut new(64), vec![(0, req(3, Sampling::greedy(100)))])[&3].clone();
         assert_eq!(long.len(), 16);
         assert_eq!(long.last().unwrap().finished, Some(Finish::Context));
         // refused before it runs, each naming why
         let mut e = new(3);
         let refuse = |e: &mut Engine, prompt: Vec<u32>| {
-            e.add(Request { id: 9, prompt, sampling: greedy(1) }).unwrap_err().to_string()
+            e.add(Request { id: 9, prompt, sampling: Sampling::greedy(1) }).unwrap_err().to_string()
         };
         assert!(refuse(&mut e, vec![]).contains("empty"));
         assert!(refuse(&mut e, vec![1; 24]).contains("context is 24"));
         assert!(refuse(&mut e, vec![1, 97]).contains("token 97"));
         assert!(refuse(&mut e, vec![1; 9]).contains("needs 4 KV blocks; the cache holds 3"));
-        e.add(Request { id: 10, prompt: vec![1; 8], sampling: greedy(1) }).unwrap();
+        e.add(Request { id: 10, prompt: vec![1; 8], sampling: Sampling::greedy(1) }).unwrap();
         assert_eq!(e.waiting(), 1);
         // an 8-token prompt fills 2 blocks of 4, no more
         let mut e = new(64);
-        e.add(req(1, greedy(10))).unwrap();
+        e.add(req(1, Sampling::greedy(10))).unwrap();
         e.step();
         assert_eq!(e.pool().used_blocks(), 2);
         // aborts: one running, one of two still waiting (max_running 2)
         let mut e = new(64);
         for id in [1, 4, 5, 6] {
-            e.add(req(id, greedy(10))).unwrap();
+            e.add(req(id, Sampling::greedy(10))).unwrap();
         }
         e.step();
         assert_eq!((e.running(), e.waiting()), (2, 2));
@@ -306,7 +295,7 @@ fn the_step_budget_counts_every_token() {
         let req = |id: u64, len: u64| Request {
             id,
             prompt: (0..len).map(|i| ((i * (id + 2) + id) % 97) as u32).collect(),
-            sampling: greedy(40),
+            sampling: Sampling::greedy(40),
         };
         let taken = |e: &mut Engine| {
             let before = e.stats().prompt_tokens_computed;
@@ -408,7 +397,7 @@ fn branches_share_their_prompt_and_give_what_each_gives_alone() {
         }
         for j in 0..12u64 {
             let prompt: Vec<u32> = (0..5 + j * 3).map(|i| ((i * 31 + j * 17) % 97) as u32).collect();
-            arrivals.push((j as usize, Request { id: 300 + j, prompt, sampling: greedy(20) }, false));
+            arrivals.push((j as usize, Request { id: 300 + j, prompt, sampling: Sampling::greedy(20) }, false));
         }
         let mut e = Engine::new(Model::new(&gpt, &p), 60, 4, Limits { max_running: 16, max_step_tokens: 24 });
         let mut got: HashMap<u64, Vec<Output>> = HashMap::new();
@@ -474,7 +463,7 @@ fn forced_tokens_are_scored_by_the_full_recompute() {
         // a forced token outside the vocabulary is refused
         let bad = Admit { forced: vec![97], ..Default::default() };
         assert!(e
-            .add_with(Request { id: 2, prompt: vec![1, 2], sampling: greedy(2) }, bad)
+            .add_with(Request { id: 2, prompt: vec![1, 2], sampling: Sampling::greedy(2) }, bad)
             .unwrap_err()
             .to_string()
             .contains("outside"));

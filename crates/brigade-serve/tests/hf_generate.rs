@@ -29,19 +29,6 @@ fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
     t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
-fn greedy(max_tokens: usize) -> Sampling {
-    Sampling {
-        repetition_penalty: 1.0,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: 0,
-        max_tokens,
-        stop_tokens: vec![],
-        top_logprobs: 0,
-    }
-}
-
 /// Runs `requests` to the end; the tokens of request 0.
 fn drive(e: &mut Engine, requests: &[Request]) -> Vec<u32> {
     for r in requests {
@@ -105,7 +92,7 @@ fn matches_generate(name: &str, tps: &[usize], long: bool) {
     logits_match(name, &gpt, &params, &st);
     let (prompt, _) = ids(&st, "prompt_ids");
     let (want, n) = ids(&st, "greedy_ids");
-    let probe = Request { id: 0, prompt: prompt.clone(), sampling: greedy(n) };
+    let probe = Request { id: 0, prompt: prompt.clone(), sampling: Sampling::greedy(n) };
     let alone = drive(
         &mut Engine::new(Model::new(&gpt, &params), 64, 4, Limits { max_running: 8, max_step_tokens: 512 }),
         std::slice::from_ref(&probe),
@@ -117,7 +104,7 @@ fn matches_generate(name: &str, tps: &[usize], long: bool) {
     crowd.extend((1..6u64).map(|j| Request {
         id: j,
         prompt: (0..(2 + 7 * j as u32)).map(|i| (i * 13 + j as u32 * 5) % v).collect(),
-        sampling: Sampling { temperature: 0.7, seed: j, ..greedy(10 + j as usize) },
+        sampling: Sampling { temperature: 0.7, seed: j, ..Sampling::greedy(10 + j as usize) },
     }));
     let crowded = drive(
         &mut Engine::new(Model::new(&gpt, &params), 64, 4, Limits { max_running: 8, max_step_tokens: 16 }),
@@ -215,7 +202,7 @@ fn repetition_penalty_matches_generate() {
             let probe = Request {
                 id: 0,
                 prompt: prompt.clone(),
-                sampling: Sampling { repetition_penalty: penalty, ..greedy(n) },
+                sampling: Sampling { repetition_penalty: penalty, ..Sampling::greedy(n) },
             };
             let limits = Limits { max_running: 8, max_step_tokens: 512 };
             let alone = drive(&mut Engine::new(Model::new(&gpt, &params), 64, 4, limits), std::slice::from_ref(&probe));
@@ -225,7 +212,7 @@ fn repetition_penalty_matches_generate() {
             crowd.extend((1..4u64).map(|j| Request {
                 id: j,
                 prompt: (0..(3 + 5 * j as u32)).map(|i| (i * 7 + j as u32) % v).collect(),
-                sampling: Sampling { temperature: 0.8, repetition_penalty: 1.1, seed: j, ..greedy(12) },
+                sampling: Sampling { temperature: 0.8, repetition_penalty: 1.1, seed: j, ..Sampling::greedy(12) },
             }));
             let limits = Limits { max_running: 8, max_step_tokens: 16 };
             let crowded = drive(&mut Engine::new(Model::new(&gpt, &params), 64, 4, limits), &crowd);

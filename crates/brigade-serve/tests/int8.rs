@@ -19,16 +19,7 @@ use std::path::Path;
 const FORMATS: [WeightFormat; 3] = [WeightFormat::Int8, WeightFormat::Int8Channel, WeightFormat::Int4];
 
 fn greedy(max_tokens: usize) -> Sampling {
-    Sampling {
-        repetition_penalty: 1.0,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: 0,
-        max_tokens,
-        stop_tokens: vec![],
-        top_logprobs: 2,
-    }
+    Sampling { top_logprobs: 2, ..Sampling::greedy(max_tokens) }
 }
 
 fn run(e: &mut Engine, requests: &[Request]) -> HashMap<u64, Vec<Output>> {

@@ -52,16 +52,7 @@ fn measure(
             for i in 0..n {
                 let prompt: Vec<u32> =
                     (0..prompt_len).map(|j| ((i * 7919 + j * 104_729) % cfg.vocab_size) as u32).collect();
-                let sampling = Sampling {
-                    repetition_penalty: 1.0,
-                    temperature: 0.0,
-                    top_k: 0,
-                    top_p: 1.0,
-                    seed: 0,
-                    max_tokens: output_len,
-                    stop_tokens: vec![],
-                    top_logprobs: 0,
-                };
+                let sampling = Sampling::greedy(output_len);
                 engine.add(Request { id: i as u64, prompt, sampling }).expect("fits");
             }
             let mut made = 0usize;

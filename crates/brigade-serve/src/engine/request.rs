@@ -23,6 +23,23 @@ pub struct Sampling {
     pub top_logprobs: usize,
 }
 
+impl Sampling {
+    /// Greedy decoding of at most `max_tokens` tokens: no penalty, no stop token, no
+    /// alternatives reported (the settings the others are written as changes of).
+    pub fn greedy(max_tokens: usize) -> Sampling {
+        Sampling {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+            max_tokens,
+            stop_tokens: vec![],
+            top_logprobs: 0,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Request {
     pub id: u64,

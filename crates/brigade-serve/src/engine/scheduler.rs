@@ -354,19 +354,6 @@ mod tests {
 
     const VOCAB: usize = 1000;
 
-    fn greedy(max_tokens: usize) -> Sampling {
-        Sampling {
-            repetition_penalty: 1.0,
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-            max_tokens,
-            stop_tokens: vec![],
-            top_logprobs: 0,
-        }
-    }
-
     /// `blocks` blocks of 4 tokens, a context of 64.
     fn sched(blocks: usize, max_running: usize, max_step_tokens: usize) -> Scheduler {
         Scheduler::new(BlockPool::new(blocks, 4), Limits { max_running, max_step_tokens }, 64, VOCAB)
@@ -378,7 +365,8 @@ mod tests {
     }
 
     fn add(s: &mut Scheduler, id: u64, len: usize, max_tokens: usize) {
-        s.add_with(Request { id, prompt: prompt(id, len), sampling: greedy(max_tokens) }, Admit::default()).unwrap();
+        s.add_with(Request { id, prompt: prompt(id, len), sampling: Sampling::greedy(max_tokens) }, Admit::default())
+            .unwrap();
     }
 
     /// One step as the engine runs it, the forward pass made up.
@@ -509,9 +497,9 @@ mod tests {
     fn a_branch_waits_for_its_sibling_then_takes_its_blocks_and_copies_the_partial_one() {
         let mut s = sched(64, 8, 8);
         let p = prompt(1, 10);
-        s.add_with(Request { id: 1, prompt: p.clone(), sampling: greedy(4) }, Admit::default()).unwrap();
+        s.add_with(Request { id: 1, prompt: p.clone(), sampling: Sampling::greedy(4) }, Admit::default()).unwrap();
         let follows = Admit { follows: Some(1), ..Default::default() };
-        s.add_with(Request { id: 2, prompt: p, sampling: greedy(4) }, follows).unwrap();
+        s.add_with(Request { id: 2, prompt: p, sampling: Sampling::greedy(4) }, follows).unwrap();
         // while the sibling computes the shared prompt, the branch waits
         let (b, _) = step(&mut s);
         assert_eq!((b.plan(), b.admitted.clone()), (vec![(1, 8)], vec![1]));

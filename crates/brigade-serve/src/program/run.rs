@@ -441,16 +441,7 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<Start
                         l.context
                     ));
                 }
-                let s = Sampling {
-                    repetition_penalty: 1.0,
-                    temperature: 0.0,
-                    top_k: 0,
-                    top_p: 1.0,
-                    seed: 0,
-                    max_tokens: forced.len(),
-                    stop_tokens: vec![],
-                    top_logprobs: 0,
-                };
+                let s = Sampling::greedy(forced.len());
                 branches.push(branch(j, &prompts[0], &c0.ids, s, forced)?);
             }
         }

@@ -212,8 +212,10 @@ pub(crate) fn common(o: &Map<String, Value>, d: &Defaults) -> Result<Completion,
         }
         Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
     };
-    let temperature = num_field(o, "temperature")?.unwrap_or(d.temperature as f64);
-    if num_field(o, "temperature")?.is_some() && !(0.0..=2.0).contains(&temperature) {
+    // the request's own value is held to OpenAI's range; a model's default is taken as it is
+    let given = num_field(o, "temperature")?;
+    let temperature = given.unwrap_or(d.temperature as f64);
+    if given.is_some() && !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::bad("temperature", format!("'temperature' must be from 0 to 2, got {temperature}")));
     }
     let top_p = num_field(o, "top_p")?.unwrap_or(d.top_p as f64);
