@@ -11,7 +11,12 @@
 #                                   (its unit tests) and output_job (the same file against
 #                                   brigade-cli's embedding job, for the crash hook); issue 46's
 #                                   round: generation_config rope fused_experts experts
-#                                   completion penalty chat_template tokenizer
+#                                   completion penalty chat_template tokenizer, and
+#                                   its second part: paged_attention tools chat shard_load
+#                                   weights llama moe checkpoint graph program_template addition
+# MUTANTS_ARGS passes more to cargo mutants
+# and MUTANTS_BOUND (seconds) bounds each file's run. In a clean clone, as docs/mutants.md ran it:
+#   MUTANTS_ARGS='--in-place --baseline skip --timeout 240 --shuffle' MUTANTS_BOUND=900 scripts/mutants.sh tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A file=(
@@ -41,6 +46,17 @@ declare -A file=(
   [penalty]=crates/brigade-serve/src/engine/advance.rs
   [chat_template]=crates/brigade/src/models/chat_template.rs
   [tokenizer]=crates/brigade/src/models/tokenizer.rs
+  [paged_attention]=crates/brigade-serve/src/model/paged_attention.rs
+  [tools]=crates/brigade-serve/src/request/tools.rs
+  [chat]=crates/brigade-serve/src/request/chat.rs
+  [shard_load]=crates/brigade/src/models/shard_load.rs
+  [weights]=crates/brigade-serve/src/model/weights.rs
+  [llama]=crates/brigade/src/models/family/llama.rs
+  [moe]=crates/brigade/src/nn/moe.rs
+  [checkpoint]=crates/brigade/src/models/checkpoint.rs
+  [graph]=crates/brigade-serve/src/program/graph.rs
+  [program_template]=crates/brigade-serve/src/program/template.rs
+  [addition]=crates/brigade/src/train/addition.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -69,6 +85,17 @@ declare -A tests=(
   [penalty]="--lib --test hf_generate --test engine"
   [chat_template]="--lib --test chat_templates -- chat_template"
   [tokenizer]="--lib --test tokenizer_folders"
+  [paged_attention]="--test engine --test hf_generate"
+  [tools]="--lib --test tool_grammar"
+  [chat]="--lib"
+  [shard_load]="--lib --test hf_llama_fixture --test hf_moe_fixture"
+  [weights]="--test hf_generate --test int8 --test engine"
+  [llama]="--lib --test hf_llama_fixture --test gradcheck"
+  [moe]="--lib --test hf_moe_fixture --test gradcheck"
+  [checkpoint]="--lib --test hf_llama_fixture --test init_published"
+  [graph]="--lib"
+  [program_template]="--lib"
+  [addition]="--lib"
 )
 # mutants of only part of a file (a regular expression over cargo-mutants' names)
 declare -A only=(
@@ -88,7 +115,10 @@ for n in "${names[@]}"; do
   [ -z "${package[$n]:-}" ] || pkg=(--test-package "${package[$n]}")
   re=()
   [ -z "${only[$n]:-}" ] || re=(--re "${only[$n]}")
-  cargo mutants --profile mutants "${pkg[@]}" "${re[@]}" -f "${file[$n]}" -o "$out" -- ${tests[$n]} || true
+  # shellcheck disable=SC2086
+  bound=()
+  [ -z "${MUTANTS_BOUND:-}" ] || bound=(timeout -s INT "$MUTANTS_BOUND")
+  "${bound[@]}" cargo mutants --profile mutants ${MUTANTS_ARGS:-} "${pkg[@]}" "${re[@]}" -f "${file[$n]}" -o "$out" -- ${tests[$n]} || true
   m=$out/mutants.out
   printf '%-10s caught %3d  missed %3d  unviable %3d  timeout %3d\n' "$n" \
     "$(wc -l <"$m/caught.txt")" "$(wc -l <"$m/missed.txt")" "$(wc -l <"$m/unviable.txt")" "$(wc -l <"$m/timeout.txt")"

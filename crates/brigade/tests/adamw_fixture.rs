@@ -93,3 +93,33 @@ fn trainer_matches_torch_adamw_step_by_step() {
     println!("worst relative weight error over {} steps: {worst:.2e}", cfg.steps);
     assert!(clipped > 0 && clipped < cfg.steps, "the fixture must clip on some steps only ({clipped} clipped)");
 }
+
+/// The learning-rate schedule against torchtitan's own (`LRSchedulersContainer`, warmup +
+/// cosine, driving a torch optimizer: `scripts/make_lr_schedule_fixture.py`), every step of
+/// runs that reach each regime — no warmup, one step of it, warmup filling the whole run, the
+/// 5% default (0 below 20 steps), a floor of 0 and the lr / 10 default.
+#[test]
+fn lr_schedule_matches_torchtitan() {
+    use brigade::train::optimizer::LrSchedule;
+    let text = std::fs::read_to_string("tests/fixtures/lr_schedule.json").unwrap();
+    let f: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = f["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 11, "the fixture's cases");
+    for c in cases {
+        let cfg = TrainConfig {
+            steps: c["steps"].as_u64().unwrap() as usize,
+            lr: c["lr"].as_f64().unwrap() as f32,
+            min_lr: c["min_lr"].as_f64().map(|v| v as f32),
+            warmup: c["warmup"].as_u64().map(|v| v as usize),
+            ..TrainConfig::default()
+        };
+        let sched = LrSchedule::of(&cfg);
+        let want: Vec<f64> = c["lrs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert_eq!(want.len(), cfg.steps);
+        for (step, &w) in want.iter().enumerate() {
+            let got = sched.at(step) as f64;
+            let e = (got - w).abs() / w;
+            assert!(e < 1e-6, "{} steps, warmup {:?}: step {step} at {got}, torchtitan {w}", cfg.steps, cfg.warmup);
+        }
+    }
+}

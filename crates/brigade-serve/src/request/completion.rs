@@ -4,6 +4,7 @@
 //! fields are refused — nothing is silently ignored.
 
 use super::error::ApiError;
+use brigade::models::generation_config::MAX_REPETITION_PENALTY;
 use serde_json::{Map, Value};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -231,10 +232,12 @@ pub(crate) fn common(o: &Map<String, Value>, d: &Defaults) -> Result<Completion,
         }
     };
     let repetition_penalty = num_field(o, "repetition_penalty")?.unwrap_or(d.repetition_penalty as f64);
-    if !(repetition_penalty > 0.0 && repetition_penalty <= 10.0) {
+    if !(repetition_penalty > 0.0 && repetition_penalty <= MAX_REPETITION_PENALTY) {
         return Err(ApiError::bad(
             "repetition_penalty",
-            format!("'repetition_penalty' must be above 0 and at most 10 (1: none), got {repetition_penalty}"),
+            format!(
+                "'repetition_penalty' must be above 0 and at most {MAX_REPETITION_PENALTY} (1: none), got {repetition_penalty}"
+            ),
         ));
     }
     let stop = match field(o, "stop") {

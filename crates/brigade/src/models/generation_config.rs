@@ -12,6 +12,10 @@ use std::path::Path;
 
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
+/// The largest repetition penalty taken, in this file and in a request (vLLM's bound is "above
+/// 0"; past 10 a penalty only zeroes every seen token's chance, so a larger one is a typo).
+pub const MAX_REPETITION_PENALTY: f64 = 10.0;
+
 /// What `generation_config.json` says; every field absent when the file is.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GenerationConfig {
@@ -96,8 +100,8 @@ pub fn parse(text: &str, vocab: usize) -> std::result::Result<GenerationConfig, 
         },
     };
     let repetition_penalty = num("repetition_penalty")?;
-    if let Some(r) = repetition_penalty.filter(|r| !(r.is_finite() && *r > 0.0)) {
-        return Err(format!("'repetition_penalty' must be above 0, got {r}"));
+    if let Some(r) = repetition_penalty.filter(|r| !(*r > 0.0 && *r <= MAX_REPETITION_PENALTY)) {
+        return Err(format!("'repetition_penalty' must be above 0 and at most {MAX_REPETITION_PENALTY}, got {r}"));
     }
     let max_new_tokens = match get("max_new_tokens") {
         None => None,
@@ -140,6 +144,7 @@ mod tests {
             .unwrap();
         assert_eq!((g.eos, g.repetition_penalty, g.max_new_tokens), (vec![7], Some(1.1), Some(9)));
         assert_eq!(parse(r#"{"eos_token_id": null}"#, 10).unwrap(), GenerationConfig::default());
+        assert_eq!(parse(r#"{"repetition_penalty": 10}"#, 10).unwrap().repetition_penalty, Some(10.0));
         let g = parse(r#"{"min_p": 0.05, "typical_p": 1.0}"#, 10).unwrap();
         assert_eq!(g.not_applied, vec!["min_p 0.05".to_string()]);
     }
@@ -153,6 +158,7 @@ mod tests {
             (r#"{"top_p": 0}"#, "'top_p'"),
             (r#"{"top_k": 2.5}"#, "'top_k'"),
             (r#"{"repetition_penalty": 0}"#, "'repetition_penalty'"),
+            (r#"{"repetition_penalty": 10.5}"#, "at most 10, got 10.5"),
             (r#"{"max_new_tokens": 0}"#, "'max_new_tokens'"),
             ("[1]", "JSON object"),
             ("{", "not valid JSON"),

@@ -120,7 +120,10 @@ pub fn clip_factor(norm: f32, max_norm: f32) -> f32 {
     }
 }
 
-/// Linear warmup to `max_lr`, then cosine decay to `min_lr` at `total` steps.
+/// Linear warmup to `max_lr`, then cosine decay toward `min_lr` — torchtitan's rule
+/// (`LRSchedulersContainer`, cosine, no stable phase): warmup counts from 1 (step 0 already
+/// trains at `max_lr / warmup`), the peak is held one more step, and `min_lr` is reached one step
+/// past the last, so a floor of 0 never wastes the last step.
 #[derive(Clone, Copy, Debug)]
 pub struct LrSchedule {
     pub max_lr: f32,
@@ -130,13 +133,13 @@ pub struct LrSchedule {
 }
 
 impl LrSchedule {
-    /// The schedule of a run's settings: linear warmup (`warmup`, default 5% of the steps) to
-    /// `lr`, then cosine to `min_lr` (default lr / 10) at the last step.
+    /// The schedule of a run's settings: linear warmup (`warmup`, default 5% of the steps,
+    /// rounded down; 0 is none) to `lr`, then cosine toward `min_lr` (default lr / 10).
     pub fn of(cfg: &super::TrainConfig) -> LrSchedule {
         LrSchedule {
             max_lr: cfg.lr,
             min_lr: cfg.min_lr.unwrap_or(cfg.lr / 10.0),
-            warmup: cfg.warmup.unwrap_or(cfg.steps / 20).max(1),
+            warmup: cfg.warmup.unwrap_or(cfg.steps / 20),
             total: cfg.steps,
         }
     }

@@ -260,7 +260,7 @@ pub fn folder_of(path: &Path) -> Result<PathBuf> {
         ("config.json", &config),
         ("tokenizer.json", &tokenizer),
         ("tokenizer_config.json", &tokenizer_config),
-        ("generation_config.json", &generation),
+        (crate::models::generation_config::GENERATION_CONFIG_FILE, &generation),
     ] {
         let text = serde_json::to_string(v).expect("JSON values serialise");
         std::fs::write(tmp.join(name), text).map_err(|e| Error::io(tmp.join(name), e))?;
