@@ -303,3 +303,83 @@ fn bad_exports_fail_with_one_line_and_write_nothing() {
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left.len(), 1, "nothing but the checkpoint: {left:?}");
 }
+
+/// Llama 3's rope factors as llama.cpp's own converter writes them
+/// (`scripts/make_gguf_rope_fixture.py`: the published Llama 3.1 8B and 3.2 1B parameters and a
+/// set no published model uses, each reaching the unscaled band, the scaled band and the
+/// interpolation between): brigade's export writes those factors, and its import, given the
+/// converter's factors in a file, names exactly the parameters they came from.
+#[test]
+fn rope_factors_as_llama_cpp_writes_them() {
+    use brigade::models::family::{Llama3Rope, Positions};
+    use brigade::models::gguf::file::{write, Tensor, TensorType, Value};
+    let text = std::fs::read_to_string("tests/fixtures/gguf_rope_factors.json").unwrap();
+    let f: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = f["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 3);
+    let tmp = tempfile::tempdir().unwrap();
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        let hd = c["head_dim"].as_u64().unwrap() as usize;
+        let theta = c["rope_theta"].as_f64().unwrap();
+        let s = &c["rope_scaling"];
+        let scaling = Llama3Rope {
+            factor: s["factor"].as_f64().unwrap(),
+            low_freq_factor: s["low_freq_factor"].as_f64().unwrap(),
+            high_freq_factor: s["high_freq_factor"].as_f64().unwrap(),
+            original_max_position_embeddings: s["original_max_position_embeddings"].as_u64().unwrap() as usize,
+        };
+        let theirs: Vec<f32> = c["factors"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        assert_eq!(theirs.len(), hd / 2, "{name}");
+        let ours =
+            brigade::models::gguf::export::rope_factors(&Positions::Rotary { theta, scaling: Some(scaling) }, hd)
+                .expect("scaled rope has factors");
+        // within one unit in the last place: the converter takes the frequency from torch's
+        // f32 `pow` (SLEEF, ≤ 1 ulp), brigade from Rust's `powf` (factor 29 of Llama 3.1's differs
+        // by 1 ulp)
+        let ulps = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            assert!(ulps(*a, *b) <= 1, "{name}: factor {i}: brigade {a}, llama.cpp {b}");
+        }
+        assert_eq!(brigade::models::gguf::export::rope_factors(&Positions::Rotary { theta, scaling: None }, hd), None);
+
+        // the converter's factors in a file of that head size: the parameters named from them
+        let heads = 2usize;
+        let u = |x: usize| Value::U32(x as u32);
+        let meta: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::Str("llama".into())),
+            ("llama.attention.head_count".into(), u(heads)),
+            ("llama.attention.head_count_kv".into(), u(1)),
+            ("llama.embedding_length".into(), u(heads * hd)),
+            ("llama.block_count".into(), u(1)),
+            ("llama.feed_forward_length".into(), u(32)),
+            ("llama.context_length".into(), u(131072)),
+            ("llama.vocab_size".into(), u(16)),
+            ("llama.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)),
+            ("llama.rope.freq_base".into(), Value::F32(theta as f32)),
+        ];
+        let tensors = [Tensor::new("rope_freqs.weight", &[theirs.len()], TensorType::F32, &theirs)];
+        let path = tmp.path().join(format!("{name}.gguf"));
+        write(&mut std::fs::File::create(&path).unwrap(), &meta, &tensors).unwrap();
+        let g = brigade::models::gguf::read::Gguf::open(&path).unwrap();
+        let cfg = brigade::models::gguf::import::hf_config(&g).unwrap();
+        let named = &cfg["rope_scaling"];
+        let num = |k: &str| named[k].as_f64().unwrap_or_else(|| panic!("{name}: no {k} in {named}"));
+        let read = Llama3Rope {
+            factor: num("factor"),
+            low_freq_factor: num("low_freq_factor"),
+            high_freq_factor: num("high_freq_factor"),
+            original_max_position_embeddings: num("original_max_position_embeddings") as usize,
+        };
+        // any parameters with the same two band edges (original context / each band factor)
+        // give the same factors; the published ones are named as published
+        let again = brigade::models::gguf::export::rope_factors(&Positions::Rotary { theta, scaling: Some(read) }, hd)
+            .expect("scaled rope has factors");
+        assert!(again.iter().zip(&theirs).all(|(a, b)| ulps(*a, *b) <= 1), "{name}: {named} gives other factors");
+        if name != "unpublished" {
+            let mut want = s.clone();
+            want["rope_type"] = serde_json::json!("llama3");
+            assert_eq!(named, &want, "{name}");
+        }
+    }
+}

@@ -449,12 +449,7 @@ pub fn export_model(
         let t = ty.tensor_type(&r.gguf, &shape);
         tensors.push(Tensor::new(r.gguf, &shape, t, &values));
     }
-    // Llama 3's frequency scaling: the factor each rotary frequency is divided by
-    if let Positions::Rotary { theta, scaling: Some(s) } = cfg.positions() {
-        let hd = cfg.head_dim();
-        let plain = Positions::Rotary { theta, scaling: None }.inv_freq(hd).expect("rotary");
-        let scaled = Positions::Rotary { theta, scaling: Some(s) }.inv_freq(hd).expect("rotary");
-        let factors: Vec<f32> = plain.iter().zip(&scaled).map(|(p, s)| p / s).collect();
+    if let Some(factors) = rope_factors(&cfg.positions(), cfg.head_dim()) {
         tensors.push(Tensor::new("rope_freqs.weight", &[factors.len()], TensorType::F32, &factors));
     }
     write_atomically(out, &meta, &tensors)?;
@@ -463,6 +458,29 @@ pub fn export_model(
 }
 
 /// The file at a temporary name beside `out`, synced, then renamed: `out` is whole or absent.
+/// Llama 3's frequency scaling as llama.cpp stores it (`rope_freqs.weight`): the factor each of
+/// a head's `head_dim / 2` rotary frequencies is divided by, none without that scaling —
+/// computed as llama.cpp's converter computes it (`LlamaModel.generate_extra_tensors`: the
+/// frequency in f32, the rest in f64, stored as f32), so the file holds the converter's bits.
+pub fn rope_factors(positions: &Positions, head_dim: usize) -> Option<Vec<f32>> {
+    let Positions::Rotary { theta, scaling: Some(s) } = positions else { return None };
+    let (factor, low, high) = (s.factor, s.low_freq_factor, s.high_freq_factor);
+    let orig = s.original_max_position_embeddings as f64;
+    let factors = (0..head_dim / 2).map(|i| {
+        let freq = 1.0 / (*theta as f32).powf((2 * i) as f32 / head_dim as f32);
+        let wavelen = 2.0 * std::f64::consts::PI / freq as f64;
+        (if wavelen < orig / high {
+            1.0
+        } else if wavelen > orig / low {
+            factor
+        } else {
+            let smooth = (orig / wavelen - low) / (high - low);
+            1.0 / ((1.0 - smooth) / factor + smooth)
+        }) as f32
+    });
+    Some(factors.collect())
+}
+
 fn write_atomically(out: &Path, meta: &[(String, Value)], tensors: &[Tensor]) -> Result<()> {
     let name = out.file_name().ok_or_else(|| Error::Config(format!("{} is not a file name", out.display())))?;
     let tmp = out.with_file_name(format!(".{}.partial", name.to_string_lossy()));

@@ -92,26 +92,22 @@ fn llama3_rope(g: &Gguf, t: &super::read::TensorInfo, c: &Json) -> Result<Json> 
     let factor = have.iter().copied().fold(0f32, f32::max) as f64;
     if have.len() == hd / 2 && factor >= 1.0 {
         // the published bands (1 and 4) and context (8192) first: several parameter sets give
-        // the same few factors of a small head, and then the published one is named
+        // the same few factors of a small head, and any two with the same `orig / low` and
+        // `orig / high` give the same factors at every size; then the published one is named
         let bands = [1.0, 4.0, 0.5, 2.0, 8.0];
         let origs = std::iter::once(8192.0).chain((4..=20).map(|k| (1u64 << k) as f64));
         for orig in origs {
             for &low in &bands {
                 for &high in bands.iter().filter(|&&h| h > low) {
-                    // llama.cpp's converter (LlamaModel.generate_extra_tensors), in f64, stored as f32
-                    let want = (0..hd / 2).map(|i| {
-                        let freq = 1.0 / theta.powf(2.0 * i as f64 / hd as f64);
-                        let wavelen = 2.0 * std::f64::consts::PI / freq;
-                        (if wavelen < orig / high {
-                            1.0
-                        } else if wavelen > orig / low {
-                            factor
-                        } else {
-                            let smooth = (orig / wavelen - low) / (high - low);
-                            1.0 / ((1.0 - smooth) / factor + smooth)
-                        }) as f32
-                    });
-                    if want.zip(&have).all(|(a, &b)| (a - b).abs() <= 1e-6 * a.abs()) {
+                    let rope = crate::models::family::Llama3Rope {
+                        factor,
+                        low_freq_factor: low,
+                        high_freq_factor: high,
+                        original_max_position_embeddings: orig as usize,
+                    };
+                    let positions = crate::models::family::Positions::Rotary { theta, scaling: Some(rope) };
+                    let want = super::export::rope_factors(&positions, hd).expect("scaled rope has factors");
+                    if want.iter().zip(&have).all(|(a, &b)| (a - b).abs() <= 1e-6 * a.abs()) {
                         return Ok(json!({"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
                             "high_freq_factor": high, "original_max_position_embeddings": orig as u64}));
                     }
