@@ -82,3 +82,69 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row against attention written out in f64 from the same numbers: two sequences
+    /// whose blocks lie out of order in the cache, grouped-query heads (4 over 2), and scores
+    /// from small to past exp's range (q·k/√hd up to ~300: a softmax that does not subtract its
+    /// maximum overflows).
+    #[test]
+    fn rows_match_attention_written_out() {
+        let (heads, kv_heads, hd, bs, layers) = (4, 2, 8, 2, 2);
+        let d = Dims { c: heads * hd, heads, kv_heads, hd, q_all: heads * hd, mlp: 0, mlp_local: 0, swiglu: false };
+        let kvw = kv_heads * hd;
+        let mut kv = KvStore::new(8, bs, layers, kvw);
+        let tables: Vec<Vec<usize>> = vec![vec![5, 1, 6], vec![2, 7]];
+        let lens = [5usize, 3];
+        let val = |i: usize, scale: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * scale;
+        let layer = 1;
+        for scale in [0.3f32, 20.0] {
+            // keys and values of every cached position
+            let mut keys = vec![vec![]; 2];
+            let mut vals = vec![vec![]; 2];
+            for (s, table) in tables.iter().enumerate() {
+                for p in 0..lens[s] {
+                    let k: Vec<f32> = (0..kvw).map(|j| val(7 * s + 31 * p + j, scale)).collect();
+                    let v: Vec<f32> = (0..kvw).map(|j| val(11 * s + 17 * p + 3 * j + 1, 1.0)).collect();
+                    kv.slot_mut(table[p / bs], layer, 0, p % bs).copy_from_slice(&k);
+                    kv.slot_mut(table[p / bs], layer, 1, p % bs).copy_from_slice(&v);
+                    keys[s].push(k);
+                    vals[s].push(v);
+                }
+            }
+            // rows: each sequence at a few positions
+            let rows = vec![(0, 4), (1, 2), (0, 0), (1, 1), (0, 2)];
+            let qkvw = heads * hd + 2 * kvw;
+            let qkv: Vec<f32> = (0..rows.len() * qkvw).map(|i| val(i + 5, scale)).collect();
+            let refs: Vec<&[usize]> = tables.iter().map(|t| t.as_slice()).collect();
+            let mut ctx = vec![0f32; rows.len() * heads * hd];
+            attention(&mut ctx, &qkv, &rows, &refs, &kv, layer, d);
+            for (r, &(s, pos)) in rows.iter().enumerate() {
+                for h in 0..heads {
+                    let g = h / (heads / kv_heads);
+                    let q = &qkv[r * qkvw + h * hd..r * qkvw + (h + 1) * hd];
+                    let scores: Vec<f64> = (0..=pos)
+                        .map(|p| {
+                            let k = &keys[s][p][g * hd..(g + 1) * hd];
+                            q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (hd as f64).sqrt()
+                        })
+                        .collect();
+                    let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|x| (x - mx).exp()).collect();
+                    let sum: f64 = w.iter().sum();
+                    for i in 0..hd {
+                        let want: f64 = (0..=pos).map(|p| w[p] / sum * vals[s][p][g * hd + i] as f64).sum();
+                        let got = ctx[r * heads * hd + h * hd + i] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "scale {scale}, row {r} head {h} [{i}]: {got} vs {want} (largest score {mx:.1})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -763,4 +763,77 @@ mod tests {
             assistant_calls(1, &json!([{"id": "c1", "function": {"name": "f", "arguments": "{oops"}}])).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[1].tool_calls[0].function.arguments"));
     }
+
+    /// Each malformed function definition refused naming its field; both schema `type` forms taken.
+    #[test]
+    fn function_definitions_refused_naming_the_field() {
+        let f = |function: Value| parse(Some(&json!([{"type": "function", "function": function}])), None, None);
+        let err = |function: Value| format!("{:?}", f(function).unwrap_err());
+        assert!(err(json!({"name": "bad name!"})).contains("'tools[0].function.name' is 'bad name!'"));
+        assert!(err(json!({"name": 3})).contains("'tools[0].function.name' is required"));
+        assert!(err(json!({"name": "f", "parameters": {"type": 5}})).contains("not a valid JSON schema"));
+        for ty in [json!("object"), json!(["object", "null"])] {
+            f(json!({"name": "f", "parameters": {"type": ty}})).unwrap().unwrap();
+        }
+        let two = parse(Some(&json!([weather(), {"type": "function", "function": {"name": "get-time"}}])), None, None);
+        assert_eq!(names(&two.unwrap().unwrap()), vec!["get_weather".to_string(), "get-time".to_string()]);
+    }
+
+    /// The calls as the API returns them, ids numbered from the base.
+    #[test]
+    fn api_calls_number_their_ids() {
+        let calls = [
+            Call { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() },
+            Call { name: "get-time".into(), arguments: "{}".into() },
+        ];
+        assert_eq!(
+            api_calls(&calls, "ab"),
+            json!([
+                {"id": "call_ab_0", "type": "function", "function": {"name": "get_weather", "arguments": r#"{"city":"Paris"}"#}},
+                {"id": "call_ab_1", "type": "function", "function": {"name": "get-time", "arguments": "{}"}},
+            ])
+        );
+    }
+
+    /// The generic fallback, message by message: the preface merged into the conversation's
+    /// own system message (or put first), calls as the JSON asked for, results as user messages.
+    #[test]
+    fn generic_fallback_messages() {
+        let tools = parse(Some(&json!([weather()])), None, None).unwrap().unwrap();
+        let list = serde_json::to_string(&tools.list).unwrap();
+        let preface = format!(
+            "You can call these tools:\n{list}\n\nTo call tools, answer with JSON only: {{\"tool_calls\": [{{\"name\": \"<tool name>\", \"arguments\": {{...}}}}]}}. Call them when they help; otherwise answer as JSON: {{\"response\": \"your answer\"}}."
+        );
+        let call = json!({"id": "call_x_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}});
+        let talk = json!([
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_x_0", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ]);
+        let turns = |m: &Value| m.as_array().unwrap()[1..].to_vec();
+        let want_turns = vec![
+            json!({"role": "user", "content": "Weather?"}),
+            json!({"role": "assistant", "content": json!({"tool_calls": [{"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}]}).to_string()}),
+            json!({"role": "user", "content": "Result of tool call call_x_0: sunny"}),
+            json!({"role": "assistant", "content": "It is sunny."}),
+        ];
+        let out = generic_messages(&talk, &tools);
+        assert_eq!(out[0], json!({"role": "system", "content": preface}));
+        assert_eq!(turns(&out), want_turns);
+        let mut with_system = vec![json!({"role": "system", "content": "Be brief."})];
+        with_system.extend(talk.as_array().unwrap().iter().cloned());
+        let out = generic_messages(&Value::Array(with_system), &tools);
+        assert_eq!(out[0], json!({"role": "system", "content": format!("Be brief.\n\n{preface}")}));
+        assert_eq!(turns(&out), want_turns);
+    }
+
+    /// A feed that adds nothing sends nothing (no empty content delta).
+    #[test]
+    fn a_feed_with_nothing_new_sends_nothing() {
+        let mut s = Stream::new(Syntax::Hermes, vec!["get_weather".to_string()]);
+        assert_eq!(s.feed("Hello", false), vec![Delta::Content("Hello".into())]);
+        assert_eq!(s.feed("Hello", false), vec![]);
+        assert_eq!(s.feed("Hello", true), vec![]);
+    }
 }
