@@ -353,4 +353,50 @@ mod tests {
             assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{body}: {}", e.message);
         }
     }
+
+    /// What is taken (a tool call answered, an assistant turn of calls only, null legacy fields,
+    /// text modalities, one token, a structured output without tools or with tools turned off),
+    /// and each refusal's own message — not just its field.
+    #[test]
+    fn accepted_forms_and_each_refusals_message() {
+        let call = r#"{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}"#;
+        let c = parse(format!(r#"{{"messages": [{{"role": "user", "content": "x"}}, {{"role": "assistant", "tool_calls": [{call}], "refusal": null, "audio": null, "function_call": null}}, {{"role": "tool", "tool_call_id": "call_1", "content": "7"}}], "modalities": ["text"], "max_completion_tokens": 1}}"#).as_bytes()).unwrap();
+        assert_eq!(c.messages[1]["content"], Value::Null);
+        assert_eq!(c.messages[1]["tool_calls"][0]["id"], "call_1");
+        assert_eq!(c.messages[2]["tool_call_id"], "call_1");
+        assert_eq!(c.completion.max_tokens, Some(1));
+        let m = r#""messages": [{"role": "user", "content": "x"}]"#;
+        let json = r#""response_format": {"type": "json_object"}"#;
+        let tool = r#""tools": [{"type": "function", "function": {"name": "f"}}]"#;
+        assert!(parse(format!(r#"{{{m}, {json}}}"#).as_bytes()).unwrap().completion.constraint.is_some());
+        parse(format!(r#"{{{m}, {json}, {tool}, "tool_choice": "none"}}"#).as_bytes()).unwrap();
+        for (body, message) in [
+            (format!(r#"{{{m}, {json}, {tool}}}"#), "a structured output and tool calls"),
+            (r#"{"messages": [{"role": "function", "content": "x"}]}"#.into(), "'function' messages are the old API's"),
+            (r#"{"messages": [{"role": "wizard", "content": "x"}]}"#.into(), "unknown role 'wizard'"),
+            (r#"{"messages": [{"role": 3, "content": "x"}]}"#.into(), "'messages[0].role' is required"),
+            (r#"{"messages": [{"role": "assistant"}]}"#.into(), "'messages[0].content' is required"),
+            (
+                r#"{"messages": [{"role": "user", "content": "x", "name": 5}]}"#.into(),
+                "'messages[0].name' must be a string",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x", "refusal": "no"}]}"#.into(),
+                "'messages[0].refusal' is not supported",
+            ),
+            (
+                format!(
+                    r#"{{"messages": [{{"role": "assistant", "tool_calls": [{call}]}}, {{"role": "tool", "tool_call_id": "call_2", "content": "7"}}]}}"#
+                ),
+                "'messages[1].tool_call_id' is 'call_2', which no assistant message before it issued",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x", "tool_calls": []}]}"#.into(),
+                "'messages[0].tool_calls' belongs to assistant messages",
+            ),
+        ] {
+            let e = parse(body.as_bytes()).expect_err(&body);
+            assert!(e.message.contains(message), "{body}: {}", e.message);
+        }
+    }
 }
