@@ -314,14 +314,22 @@ fn tokenizer_metadata(dir: &Path, n_vocab: usize) -> Result<(Vec<(String, Value)
     let config_path = dir.join("tokenizer_config.json");
     let config = if config_path.is_file() { read_json(&config_path)? } else { Json::Null };
     let id_of = |text: &str| tok.token_to_id(text);
-    for (key, gguf) in [("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")]
-    {
+    let ends = eos_and_sep(&tj, &config);
+    let mut config = config;
+    let mut keys = vec![("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")];
+    if let Some(e) = &ends.new_eos {
+        // gguf-py: the template's trailing token is the EOS, the configured one the end of turn
+        config["eot_token"] = config["eos_token"].take();
+        config["eos_token"] = Json::String(e.clone());
+        keys.push(("eot_token", "eot"));
+    }
+    for (key, gguf) in keys {
         if let Some(id) = special_token_text(&config[key]).and_then(id_of) {
             meta.push((format!("tokenizer.ggml.{gguf}_token_id"), Value::U32(id)));
         }
     }
     meta.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(specials.add_bos)));
-    for (what, on) in eos_and_sep(&tj, &config) {
+    for (what, on) in ends.flags {
         meta.push((format!("tokenizer.ggml.add_{what}_token"), Value::Bool(on)));
     }
     let jinja = dir.join(crate::models::tokenizer::CHAT_TEMPLATE_FILE);
@@ -336,11 +344,21 @@ fn tokenizer_metadata(dir: &Path, n_vocab: usize) -> Result<(Vec<(String, Value)
     Ok((meta, pre))
 }
 
-/// Whether the tokenizer appends an EOS and puts a separator between a pair's texts, where
-/// its post-processor or `tokenizer_config.json` says (as gguf-py's `SpecialVocab` reads them:
-/// a byte-level post-processor adds neither; a template whose single form ends in a special
-/// token adds it; a pair `A x B` separates when x is the separator or EOS token).
-fn eos_and_sep(tj: &Json, config: &Json) -> Vec<(&'static str, bool)> {
+/// What gguf-py's `SpecialVocab` makes of a tokenizer's ends, which llama.cpp's converter writes.
+struct Ends {
+    /// Whether the tokenizer appends an EOS (`add_eos_token`) and puts a separator between a
+    /// pair's texts (`add_sep_token`), where anything says.
+    flags: Vec<(&'static str, bool)>,
+    /// A template's trailing special token that is not `tokenizer_config.json`'s EOS: gguf-py
+    /// makes it the EOS (and the configured one the end of turn).
+    new_eos: Option<String>,
+}
+
+/// [`Ends`] as gguf-py's `SpecialVocab` reads them: a byte-level post-processor adds neither; a
+/// template whose single form ends in a special token appends it (it becomes the EOS); a pair
+/// `A x B` separates when x is the separator or the EOS; `tokenizer_config.json`'s
+/// `add_eos_token` / `add_sep_token` count only where the post-processor said nothing.
+fn eos_and_sep(tj: &Json, config: &Json) -> Ends {
     let (mut eos, mut sep) = (None, None);
     let pp = &tj["post_processor"];
     let list = match pp["processors"].as_array() {
@@ -350,7 +368,8 @@ fn eos_and_sep(tj: &Json, config: &Json) -> Vec<(&'static str, bool)> {
     };
     let special = |x: &Json| x["SpecialToken"]["id"].as_str().map(str::to_string);
     let seq = |x: &Json| x["Sequence"]["id"].as_str().map(str::to_string);
-    let eos_text = special_token_text(&config["eos_token"]).map(str::to_string);
+    let mut eos_text = special_token_text(&config["eos_token"]).map(str::to_string);
+    let mut new_eos = None;
     let sep_text = special_token_text(&config["sep_token"]).map(str::to_string);
     for p in &list {
         match p["type"].as_str() {
@@ -362,7 +381,13 @@ fn eos_and_sep(tj: &Json, config: &Json) -> Vec<(&'static str, bool)> {
                 let first = single.first().filter(|_| single.len() > 1).and_then(special);
                 let last = single.last().filter(|_| single.len() > 1).and_then(special);
                 if let Some(l) = &last {
-                    eos = Some(Some(l) == eos_text.as_ref());
+                    if Some(l) != eos_text.as_ref() {
+                        if config.is_object() {
+                            new_eos = Some(l.clone());
+                        }
+                        eos_text = Some(l.clone());
+                    }
+                    eos = Some(true);
                 }
                 let mut pair = p["pair"].as_array().cloned().unwrap_or_default();
                 if first.is_some() && pair.first().and_then(special) == first {
@@ -386,13 +411,10 @@ fn eos_and_sep(tj: &Json, config: &Json) -> Vec<(&'static str, bool)> {
             _ => {}
         }
     }
-    if let Some(b) = config["add_eos_token"].as_bool() {
-        eos = Some(b);
-    }
-    if let Some(b) = config["add_sep_token"].as_bool() {
-        sep = Some(b);
-    }
-    [("eos", eos), ("sep", sep)].into_iter().filter_map(|(w, v)| v.map(|v| (w, v))).collect()
+    eos = eos.or(config["add_eos_token"].as_bool());
+    sep = sep.or(config["add_sep_token"].as_bool());
+    let flags = [("eos", eos), ("sep", sep)].into_iter().filter_map(|(w, v)| v.map(|v| (w, v))).collect();
+    Ends { flags, new_eos }
 }
 
 /// Writes checkpoint `dir` as a GGUF file at `out` with matrices stored as `ty`.
@@ -522,5 +544,41 @@ mod tests {
         }
         let (t, shape) = changed(&[1., 2., 3., 4., 5., 6.], &[2, 3], Change::Transpose);
         assert_eq!((t, shape), (vec![1., 4., 2., 5., 3., 6.], vec![3, 2]));
+    }
+
+    /// `add_eos_token` / `add_sep_token` as gguf-py's `SpecialVocab` decides them
+    /// (`scripts/make_special_vocab_fixture.py`: every branch of its rule, from gguf-py itself).
+    #[test]
+    fn eos_and_sep_as_gguf_py_reads_them() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf_special_vocab.json");
+        let f: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let cases = f["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 16);
+        let mut wrong = Vec::new();
+        for c in cases {
+            let tj = serde_json::json!({"post_processor": c["post_processor"]});
+            let got = eos_and_sep(&tj, &c["tokenizer_config"]);
+            let find = |w: &str| got.flags.iter().find(|(x, _)| *x == w).map(|&(_, v)| v);
+            let want = |w: &str| c[w].as_bool();
+            // the EOS gguf-py names, where it is not the configured one
+            let configured = c["tokenizer_config"]["eos_token"].as_str();
+            let renamed = c["eos_token"].as_str().filter(|e| Some(*e) != configured);
+            if (find("eos"), find("sep"), got.new_eos.as_deref()) != (want("eos"), want("sep"), renamed) {
+                wrong.push(format!(
+                    "{}: eos {:?} sep {:?} new EOS {:?}, gguf-py eos {:?} sep {:?} EOS {:?}",
+                    c["name"],
+                    find("eos"),
+                    find("sep"),
+                    got.new_eos,
+                    want("eos"),
+                    want("sep"),
+                    c["eos_token"]
+                ));
+            }
+            if renamed.is_some() {
+                assert_eq!(c["eot_token"].as_str(), configured, "gguf-py makes the configured EOS the end of turn");
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
     }
 }
