@@ -404,3 +404,44 @@ fn published_generation_configs_read_whole() {
     let g = read(Path::new("tests/fixtures/hub_configs/published/Llama-3.2-1B-Instruct"), 128256).unwrap();
     assert_eq!((g.eos, g.temperature, g.top_p, g.top_k), (vec![128001, 128008, 128009], Some(0.6), Some(0.9), None));
 }
+
+/// The memory-mapped reader of `train --init` (`shard_load`) on a sharded folder: Hugging
+/// Face's buffers (a rotary `inv_freq`; a tied model's `lm_head.weight`) beside the weights are
+/// passed over and the same numbers read as the whole-file reader's; a tensor the model has not,
+/// in any one shard, is refused naming it and that shard.
+#[test]
+fn the_mapped_reader_refuses_tensors_the_model_has_not() {
+    use brigade::models::shard_load::MappedWeights;
+    let add = |path: &Path, extra: &[(&str, Vec<f32>)]| {
+        let bytes = std::fs::read(path).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let raw: Vec<(String, Vec<u8>, usize)> = extra
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.iter().flat_map(|x| x.to_le_bytes()).collect(), v.len()))
+            .collect();
+        let mut views: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
+        for (n, b, len) in &raw {
+            views.push((
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![*len], b).unwrap(),
+            ));
+        }
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    };
+    let d = copy_fixture("qwen2_hf");
+    let (model, params) = load_model(d.path()).unwrap();
+    let tied = !model.layout.specs.iter().any(|s| s.name == "lm_head.weight");
+    let mut buffers = vec![("model.layers.0.self_attn.rotary_emb.inv_freq", vec![1.0, 0.5])];
+    if tied {
+        buffers.push(("lm_head.weight", vec![0.0; 4]));
+    }
+    add(&d.path().join("model-00002-of-00005.safetensors"), &buffers);
+    let read = |dir: &Path| MappedWeights::open(dir).unwrap().read_local(&model.layout, 0, 1, &model.layout);
+    assert!(read(d.path()).unwrap() == params, "the buffers changed what was read");
+    add(&d.path().join("model-00004-of-00005.safetensors"), &[("model.layers.0.mlp.extra.weight", vec![1.0])]);
+    let e = read(d.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("unexpected tensor 'model.layers.0.mlp.extra.weight'") && e.contains("model-00004-of-00005"),
+        "{e}"
+    );
+}
