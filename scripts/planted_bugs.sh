@@ -5,7 +5,8 @@
 # scaling, RMSNorm, replicated key/value heads, Qwen2's biases) and context parallelism's (issue
 # 41: chunk-boundary targets, the ring's last hop, the all-gather's sum, the mask's skipping), the
 # mixtures of experts' (issue 45) and issue 46's new code (fused experts, generation_config.json's
-# ids and defaults, the repetition penalty, add_bos_token), and checks
+# ids and defaults, the repetition penalty, add_bos_token; then paged attention's softmax, the
+# learning-rate warmup, GGUF's add_eos rule and the memory-mapped reader's name check), and checks
 # that `cargo test --release` now fails on each. Works on a copy of the tree (the checkout is
 # never modified); the copy builds in target/planted. Takes ~1–2 minutes per bug on 2 cores.
 #   scripts/planted_bugs.sh            all bugs
@@ -57,6 +58,10 @@ bugs=(
   "serving: a request's left-out sampling fields not given the model's defaults@@crates/brigade-serve/src/request/completion.rs@@s/let temperature = num_field\(o, \"temperature\"\)\?.unwrap_or\(d.temperature as f64\);/let temperature = num_field(o, \"temperature\")?.unwrap_or(1.0);/@@brigade-serve"
   "serving: the repetition penalty divides negative logits too (making repeats likelier)@@crates/brigade-serve/src/engine/advance.rs@@s/\*x = if \*x > 0.0 \{ \*x \/ penalty \} else \{ \*x \* penalty \};/*x \/= penalty;/@@brigade-serve"
   "tokenizer: tokenizer_config.json's add_bos_token ignored (the post-processor alone decides)@@crates/brigade/src/models/tokenizer.rs@@s/let add_bos = match v.get\(\"add_bos_token\"\).and_then\(\|x\| x.as_bool\(\)\) \{\n        Some\(b\) => b,/let add_bos = match None::<bool> {\n        Some(b) => b,/@@brigade"
+  "paged attention: the softmax adds its maximum instead of subtracting it@@crates/brigade-serve/src/model/paged_attention.rs@@s/exp\(\*v - mx\)/exp(*v + mx)/@@brigade-serve"
+  "learning rate: a warmup of 0 forced to one step@@crates/brigade/src/train/optimizer.rs@@s/warmup: cfg.warmup.unwrap_or\(cfg.steps \/ 20\),/warmup: cfg.warmup.unwrap_or(cfg.steps \/ 20).max(1),/@@brigade"
+  "GGUF export: tokenizer_config's add_eos_token over the post-processor's@@crates/brigade/src/models/gguf/export.rs@@s/eos = eos.or\(config\[\"add_eos_token\"\].as_bool\(\)\);/eos = config[\"add_eos_token\"].as_bool().or(eos);/@@brigade"
+  "memory-mapped reader: tensor names not checked@@crates/brigade/src/models/shard_load.rs@@s/self.check_names\(&parsed, full\)\?;//@@brigade"
 )
 
 only=("$@")
