@@ -199,3 +199,77 @@ fn int8_perplexity_of_a_trained_checkpoint_on_held_out_problems() {
         assert!(q < 1.5 * f32s, "{fmt:?}: perplexity {q} against f32's {f32s}");
     }
 }
+
+/// The weight bytes a rank reports (what a step reads, what it holds: the `bench serve` bound
+/// and `brigade_rank_weight_bytes`) counted from each fixture's config.json: every product in
+/// its format (f32, or 8 bits with a 4-byte scale per column per group of k rows; columns held
+/// in strips of 16), the router and the shared expert's gate in f32, the embedding table as
+/// floats, a token reading `top_k` of the `E` experts — and the KV width by tp.
+#[test]
+fn weight_bytes_count_every_tensor() {
+    use brigade_serve::model::weights::kv_width;
+    let round = |n: usize| n.div_ceil(16) * 16;
+    for name in ["llama3_hf", "qwen2_moe_hf", "gpt2_hf", "mixtral_hf"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures").join(name);
+        let c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let u = |k: &str| c[k].as_u64().map(|v| v as usize);
+        let gpt2 = name == "gpt2_hf";
+        let hidden = u("hidden_size").or(u("n_embd")).unwrap();
+        let heads = u("num_attention_heads").or(u("n_head")).unwrap();
+        let kv = u("num_key_value_heads").unwrap_or(heads);
+        let hd = u("head_dim").unwrap_or(hidden / heads);
+        let vocab = u("vocab_size").unwrap();
+        let layers = u("num_hidden_layers").or(u("n_layer")).unwrap();
+        let experts = u("num_experts").or(u("num_local_experts"));
+        let (gpt, params) = load_model(&dir).unwrap();
+        for format in [WeightFormat::F32, WeightFormat::Int8, WeightFormat::Int8Channel] {
+            let group = match format {
+                WeightFormat::Int8 => Some(32),
+                WeightFormat::Int8Channel => Some(usize::MAX),
+                _ => None,
+            };
+            let product = |k: usize, n: usize| match group {
+                None => 4 * k * round(n),
+                Some(g) => k * round(n) + 4 * round(n) * k.div_ceil(g.min(k)),
+            };
+            let attn = product(hidden, (heads + 2 * kv) * hd) + product(heads * hd, hidden);
+            let head = product(hidden, vocab);
+            let floats = 4 * vocab * hidden + if gpt2 { 4 * u("n_positions").unwrap() * hidden } else { 0 };
+            let (read, held) = match experts {
+                None => {
+                    let width = if gpt2 { 4 * hidden } else { u("intermediate_size").unwrap() };
+                    let up = if gpt2 { width } else { 2 * width };
+                    let products = layers * (attn + product(hidden, up) + product(width, hidden)) + head;
+                    (products, products + floats)
+                }
+                Some(e) => {
+                    let w = u("moe_intermediate_size").unwrap_or_else(|| u("intermediate_size").unwrap());
+                    let routed = e * (product(hidden, 2 * w) + product(w, hidden));
+                    let shared = match u("shared_expert_intermediate_size") {
+                        Some(s) => product(hidden, 2 * s) + product(s, hidden) + 4 * hidden,
+                        None => 0,
+                    };
+                    let always = shared + 4 * hidden * round(e);
+                    let k = u("num_experts_per_tok").unwrap();
+                    // Qwen2-MoE's dense layers: `mlp_only_layers`, and those off `decoder_sparse_step`
+                    let only: Vec<usize> = c["mlp_only_layers"]
+                        .as_array()
+                        .map_or(vec![], |a| a.iter().map(|v| v.as_u64().unwrap() as usize).collect());
+                    let step = u("decoder_sparse_step").unwrap_or(1);
+                    let sparse = (0..layers).filter(|i| !only.contains(i) && (i + 1) % step == 0).count();
+                    let dense = (layers - sparse)
+                        * (product(hidden, 2 * u("intermediate_size").unwrap())
+                            + product(u("intermediate_size").unwrap(), hidden));
+                    let base = layers * attn + head + dense;
+                    (base + sparse * (routed * k / e + always), base + sparse * (routed + always) + floats)
+                }
+            };
+            let model = Model::shard_as(&gpt, &params, None, format.clone()).unwrap();
+            assert_eq!(model.weight_bytes(), (read, held), "{name} {format:?}: (read, held)");
+        }
+        for (tp, want) in [(1, kv * hd), (2, kv.max(2) / 2 * hd), (4, kv.max(4) / 4 * hd)] {
+            assert_eq!(kv_width(&gpt.cfg, tp), want, "{name}: KV width at tp {tp}");
+        }
+    }
+}
