@@ -108,6 +108,14 @@ fn bad_llama_folders_are_refused_with_one_line() {
         let e = refusal(d.path());
         assert!(e.contains(want), "{key}: {e}");
     }
+    // no head_dim, and a hidden size the heads do not divide
+    let d = copy_fixture("llama3_hf");
+    edit_config(d.path(), |v| {
+        v.as_object_mut().unwrap().remove("head_dim");
+        v["hidden_size"] = serde_json::json!(66);
+    });
+    let e = refusal(d.path());
+    assert!(e.contains("hidden_size (66) is not a multiple of num_attention_heads (8)"), "{e}");
     // a missing weight, named
     let d = copy_fixture("llama3_hf");
     let bytes = std::fs::read(d.path().join("model.safetensors")).unwrap();
@@ -234,6 +242,13 @@ fn hub_configs_read_as_the_presets() {
             v[key] = serde_json::from_str(value).unwrap();
             let e = parse_model_config(&v.to_string(), &p).unwrap_err().to_string();
             assert!(e.contains(named), "{file} {key}: {e}");
+        }
+        // Qwen's switch is use_sliding_window (its sliding_window is set, and off)
+        if file.starts_with("Qwen") {
+            let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            v["use_sliding_window"] = serde_json::json!(true);
+            let e = parse_model_config(&v.to_string(), &p).unwrap_err().to_string();
+            assert!(e.contains("use_sliding_window = true is not supported"), "{file}: {e}");
         }
     }
 }

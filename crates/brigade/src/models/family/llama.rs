@@ -941,4 +941,25 @@ mod tests {
             assert!(e.contains(named) && !e.contains('\n'), "{k}: {e}");
         }
     }
+
+    /// `mlp_only_layers` is a bit per layer for the first 64; a layer past them is never
+    /// taken for dense (a shift by 64 would wrap to bit 0).
+    #[test]
+    fn dense_layers_past_the_64th_are_sparse() {
+        let m = LlamaMoe { dense: 1, sparse_step: 1, ..QWEN2_MOE };
+        assert!(!m.sparse(0) && m.sparse(1) && m.sparse(63) && m.sparse(64) && m.sparse(65));
+        let m = LlamaMoe { dense: 1 << 63, sparse_step: 2, ..QWEN2_MOE };
+        assert!(!m.sparse(63) && m.sparse(65) && !m.sparse(64) && m.sparse(127));
+    }
+
+    /// The published presets' rotary bases, as their config.json files give them
+    /// (allenai/OLMoE-1B-7B-0924 10000, Qwen/Qwen3-30B-A3B 1e6, mistralai/Mixtral-8x7B 1e6).
+    #[test]
+    fn presets_keep_their_published_rope_theta() {
+        for (name, theta) in [("olmoe-1b-7b", 10_000.0), ("qwen3-30b-a3b", 1e6), ("mixtral-8x7b", 1e6)] {
+            let cfg = crate::models::GptConfig::preset(name).unwrap();
+            let Positions::Rotary { theta: got, .. } = cfg.positions() else { panic!("{name}: rotary") };
+            assert_eq!(got, theta, "{name}");
+        }
+    }
 }
