@@ -697,4 +697,46 @@ map = { over = "plan", split = { regex = ",\\s*" } }
         assert!(split(&Split::Json, "{\"a\": 1}").unwrap_err().contains("not an array"));
         assert!(split(&Split::Json, "[1,").unwrap_err().contains("not a JSON array"));
     }
+
+    /// What is taken at its edges (as many branches as allowed, a map over a node's tool calls,
+    /// a map's input as a dependency the prompt does not name, a select generating nothing) and
+    /// the refusals a one-line check could get wrong.
+    #[test]
+    fn edges_of_a_program_taken_and_refused() {
+        let l = Limits { max_nodes: 4, max_branches: 3, max_template_bytes: 256, max_total_tokens: 1000 };
+        let p = Program::from_json(
+            r#"{"nodes": [{"id": "m", "map": {"over": "a", "split": "tool_calls"}, "prompt": "{{item}}"},
+                {"id": "a", "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]},
+                {"id": "s", "prompt": "{{m}}", "choices": ["1", "2", "3"]}]}"#,
+            &l,
+        )
+        .unwrap();
+        let ids: Vec<&str> = p.nodes.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(ids, ["a", "m", "s"], "the map's input comes first though its prompt names no node");
+        assert_eq!(p.nodes[1].deps, [0]);
+        assert!(p.nodes[0].has_tools() && !p.nodes[1].has_tools());
+        // a select scores its choices: it generates nothing (16 tokens each for the others)
+        assert_eq!(p.remaining_path(), [32, 16, 0]);
+        assert!(
+            !Program::from_json(r#"{"nodes": [{"id": "a", "prompt": "x", "chat": false}]}"#, &l).unwrap().nodes[0].chat
+        );
+        for (text, want) in [
+            (r#"{"nodes": [{"id": "s", "prompt": "x", "choices": ["1", "2", "3", "4"]}]}"#, "at most 3"),
+            (
+                r#"{"nodes": [{"id": "m", "map": {"over": "a", "split": "tool_calls"}, "prompt": "{{item}}"}, {"id": "a", "prompt": "x", "tools": null}]}"#,
+                "offers no tools",
+            ),
+            (r#"{"max_parallel": "fast", "nodes": [{"id": "a", "prompt": "x"}]}"#, "\"max_parallel\" must be"),
+            (r#"{"nodes": [{"id": "a", "prompt": "x", "chat": false, "system": "s"}]}"#, "says \"chat\": false"),
+            (r#"{"nodes": [{"id": "a", "prompt": "x", "deadline_s": -1}]}"#, "\"deadline_s\" must be"),
+            (r#"{"nodes": [{"id": "a", "prompt": "x", "deadline_s": 0}]}"#, "\"deadline_s\" must be"),
+            (
+                r#"{"nodes": [{"id": "x", "prompt": "p"}, {"id": "a", "prompt": "y"}, {"id": "a", "prompt": "z"}]}"#,
+                "two nodes are called 'a'",
+            ),
+        ] {
+            let e = Program::from_json(text, &l).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
 }
