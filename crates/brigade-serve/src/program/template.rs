@@ -200,4 +200,15 @@ mod tests {
             assert!(e.contains(want), "{s}: {e}");
         }
     }
+
+    /// Ids take '_' and '-'; an unclosed reference is quoted, cut to 24 characters.
+    #[test]
+    fn ids_with_underscores_and_dashes_and_the_quoted_rest() {
+        assert!(is_id("a_b-c") && !is_id("a b") && !is_id(ITEM) && !is_id(""));
+        assert_eq!(Template::parse("x {{a_b-c}} y").unwrap().names().into_iter().collect::<Vec<_>>(), ["a_b-c"]);
+        let e = Template::parse("x {{abc").unwrap_err();
+        assert!(e.contains("an unclosed '{{' at '{{abc'"), "{e}");
+        let e = Template::parse("{{0123456789abcdefghijklmnopqrstuvwxyz").unwrap_err();
+        assert!(e.contains("at '{{0123456789abcdefghijkl'"), "{e}");
+    }
 }
