@@ -50,6 +50,19 @@ fn the_turn_ends_at_the_templates_own_token() {
         let Tokenizer::Hf(hf, ..) = &tok else { unreachable!() };
         let id = hf.token_to_id(end).unwrap();
         assert!(t.end_of_turn.contains(&id), "{name}: {end} ends a turn");
+        // with an EOS that is not the turn's end: the EOS, then each end-of-turn token the
+        // template writes, once each (this Llama 3 tokenizer has no <|eom_id|>, which its
+        // template names)
+        let of = |s: &str| hf.token_to_id(s).unwrap();
+        let (eos, want) = match name {
+            "llama3" => (of("<|end_of_text|>"), vec![of("<|end_of_text|>"), of("<|eot_id|>")]),
+            _ => (of("<|endoftext|>"), vec![of("<|endoftext|>"), of("<|im_end|>")]),
+        };
+        assert_eq!(ChatTemplate::load(&tok, &[eos]).unwrap().unwrap().end_of_turn, want, "{name}");
+        let mut once = want[1..].to_vec();
+        once.dedup();
+        assert_eq!(ChatTemplate::load(&tok, &[id]).unwrap().unwrap().end_of_turn, once, "{name}: no id twice");
+        assert!(t.takes_tools(), "{name}'s template takes tools");
     }
 }
 
@@ -75,6 +88,9 @@ fn template_errors_are_one_line() {
     std::fs::write(d.path().join("chat_template.jinja"), "{% for m in messages %}{{ m.content }}").unwrap();
     let e = ChatTemplate::load(&tok, &[]).err().expect("refused").to_string();
     assert!(e.contains("does not parse") && e.contains("chat_template.jinja") && !e.contains('\n'), "{e}");
+    // one that takes no tools (tools then go through the generic fallback)
+    std::fs::write(d.path().join("chat_template.jinja"), "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
+    assert!(!ChatTemplate::load(&tok, &[]).unwrap().unwrap().takes_tools());
     // none at all
     std::fs::remove_file(d.path().join("chat_template.jinja")).unwrap();
     assert!(ChatTemplate::load(&tok, &[]).unwrap().is_none());

@@ -322,6 +322,10 @@ mod tests {
         assert_eq!(strftime("%Y-%m-%d %a", 951_782_400).unwrap(), "2000-02-29 Tue");
         assert_eq!(strftime("%B %e, %y", 0).unwrap(), "January  1, 70");
         assert!(strftime("%Q", 0).unwrap_err().contains("%Q"));
+        // centuries that are not leap years, and the clock itself
+        assert_eq!(strftime("%Y-%m-%d %j %a", 4_107_542_400).unwrap(), "2100-03-01 060 Mon");
+        assert_eq!(strftime("%Y-%m-%d %j %a", -2_203_891_200).unwrap(), "1900-03-01 060 Thu");
+        assert!((1_700_000_000..4_000_000_000).contains(&now_unix()));
     }
 
     #[test]
