@@ -106,3 +106,23 @@ const MISTRAL_STAND_IN: &str = r#"{"version": "1.0", "truncation": null, "paddin
   {"id": 2, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
  "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
  "model": {"type": "WordLevel", "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4}, "unk_token": "<unk>"}}"#;
+
+/// Each token's byte range (what the chat fine-tuning mask cuts by): the ids without special
+/// tokens, one range per id, in order, ranges that tile the text as the `tokenizers` crate's
+/// offsets give them; and the byte tokenizer's one byte each.
+#[test]
+fn token_offsets_are_the_tokenizers() {
+    let (ids, spans) = Tokenizer::Bytes.encode_plain_offsets("hé!").unwrap();
+    assert_eq!((ids, spans), (vec![104, 195, 169, 33], vec![(0, 1), (1, 2), (2, 3), (3, 4)]));
+    for name in ["llama3", "qwen2", "gpt2"] {
+        let Some(dir) = shared(&format!("tokenizers/{name}")) else { return };
+        let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        let want = reference.encode(TEXT, false).unwrap();
+        let tok = Tokenizer::from_file(&dir).unwrap();
+        let (ids, spans) = tok.encode_plain_offsets(TEXT).unwrap();
+        assert_eq!(ids, want.get_ids(), "{name}");
+        assert_eq!(spans, want.get_offsets(), "{name}");
+        assert_eq!(ids, tok.encode_plain(TEXT).unwrap(), "{name}");
+        assert!(spans.len() > 10 && spans.last().unwrap().1 == TEXT.len(), "{name}: {spans:?}");
+    }
+}
