@@ -196,4 +196,19 @@ mod tests {
         let want: Vec<(u64, u64)> = (0..16).map(|_| task.draw(&mut rng, false)).collect();
         assert_eq!(problems(&task, 7, 3, 16), want);
     }
+
+    /// An answer reads back as its sum, in both digit orders; one digit short or long, or
+    /// without its newline, is no answer.
+    #[test]
+    fn answers_read_back_as_their_sums() {
+        for reverse in [true, false] {
+            let task = Addition { digits: 3, reverse, carry_chains: 0.25 };
+            for (a, b) in [(0, 0), (999, 999), (123, 77), (500, 500)] {
+                assert_eq!(task.parse_answer(&task.answer(a, b)), Some(a + b), "{a}+{b} reverse {reverse}");
+            }
+            for bad in ["123\n", "12345\n", "1234", "12a4\n"] {
+                assert_eq!(task.parse_answer(bad), None, "{bad:?}");
+            }
+        }
+    }
 }
