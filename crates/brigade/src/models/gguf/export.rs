@@ -479,7 +479,6 @@ pub fn export_model(
     Ok(Exported { arch: arch.arch, pre, tensors: tensors.len(), bytes })
 }
 
-/// The file at a temporary name beside `out`, synced, then renamed: `out` is whole or absent.
 /// Llama 3's frequency scaling as llama.cpp stores it (`rope_freqs.weight`): the factor each of
 /// a head's `head_dim / 2` rotary frequencies is divided by, none without that scaling —
 /// computed as llama.cpp's converter computes it (`LlamaModel.generate_extra_tensors`: the
@@ -503,6 +502,7 @@ pub fn rope_factors(positions: &Positions, head_dim: usize) -> Option<Vec<f32>> 
     Some(factors.collect())
 }
 
+/// The file at a temporary name beside `out`, synced, then renamed: `out` is whole or absent.
 fn write_atomically(out: &Path, meta: &[(String, Value)], tensors: &[Tensor]) -> Result<()> {
     let name = out.file_name().ok_or_else(|| Error::Config(format!("{} is not a file name", out.display())))?;
     let tmp = out.with_file_name(format!(".{}.partial", name.to_string_lossy()));
