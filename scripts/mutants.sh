@@ -13,7 +13,9 @@
 #                                   round: generation_config rope fused_experts experts
 #                                   completion penalty chat_template tokenizer, and
 #                                   its second part: paged_attention tools chat shard_load
-#                                   weights llama moe checkpoint graph program_template addition
+#                                   weights llama moe checkpoint graph program_template addition,
+#                                   and its third: elastic rope_kernels constraint
+#                                   embeddings_http program_run launch_cmd
 # MUTANTS_ARGS passes more to cargo mutants
 # and MUTANTS_BOUND (seconds) bounds each file's run. In a clean clone, as docs/mutants.md ran it:
 #   MUTANTS_ARGS='--in-place --baseline skip --timeout 240 --shuffle' MUTANTS_BOUND=900 scripts/mutants.sh tools
@@ -57,6 +59,12 @@ declare -A file=(
   [graph]=crates/brigade-serve/src/program/graph.rs
   [program_template]=crates/brigade-serve/src/program/template.rs
   [addition]=crates/brigade/src/train/addition.rs
+  [elastic]=crates/brigade/src/plan/elastic.rs
+  [rope_kernels]=crates/brigade/src/tensor/rope.rs
+  [constraint]=crates/brigade-serve/src/constraint.rs
+  [embeddings_http]=crates/brigade-serve/src/http/embeddings.rs
+  [program_run]=crates/brigade-serve/src/program/run.rs
+  [launch_cmd]=crates/brigade-cli/src/launch_cmd.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -96,14 +104,24 @@ declare -A tests=(
   [graph]="--lib"
   [program_template]="--lib"
   [addition]="--lib"
+  [elastic]="--lib -- elastic"
+  [rope_kernels]="--lib --test hf_llama_fixture --test gradcheck -- rope published matches_hugging_face llama"
+  [constraint]="--test programs --test serve -- structured special_characters tools_reach bench_serve_with_tools"
+  [embeddings_http]="--test serve -- embeddings bad_requests"
+  [program_run]="--test programs"
+  [launch_cmd]="--bins --test launch"
 )
 # mutants of only part of a file (a regular expression over cargo-mutants' names)
 declare -A only=(
   [penalty]=penalize_repeats
+  [rope_kernels]='rope_heads|rope_rows'
 )
 # the package whose tests a file's mutants run against, where it is not the file's own
 declare -A package=(
   [output_job]=brigade-cli
+  [constraint]=brigade-cli
+  [embeddings_http]=brigade-cli
+  [program_run]=brigade-cli
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(optimizer trainer generate gpt chunks)
