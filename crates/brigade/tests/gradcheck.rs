@@ -660,6 +660,29 @@ mod moe {
         assert_eq!(st.aux, st0.aux);
     }
 
+    /// What a forward stashes for the backward, counted from the shapes: `n` rows of `c`, `E`
+    /// experts of width `m`, `k` a row, a shared expert of width `s` — what the pipeline's
+    /// peak stash bytes add up.
+    #[test]
+    fn moe_stash_counts_every_value_it_holds() {
+        for (shared_width, top_k) in [(7, 2), (0, 1), (5, 3)] {
+            let shape = MoeShape { experts: 5, shared_width, top_k, ..BASE };
+            let (moe, layout) = layer(shape);
+            let mut rng = ChaCha8Rng::seed_from_u64(43);
+            let p = layout.init(43);
+            let n = 9;
+            let h = randn(&mut rng, n * shape.c, 1.0);
+            let (mut st, mut out) = (MoeStash::default(), Vec::new());
+            moe.forward(&p, (&h, n), (None, None), &mut st, &mut out, &mut MoeScratch::default()).unwrap();
+            let (c, e, k, m, s) = (shape.c, shape.experts, top_k, shape.width, shared_width);
+            let pairs = n * k; // dropless: every row reaches its k experts
+            let routing = n * e + n + n * k + 3 * pairs + pairs * c; // probs, lse, chosen, pairs, y
+            let experts = pairs * (2 * c + 3 * m); // rows in and out, gate/up/act of each
+            let shared = if s > 0 { n * 3 * s + n * c + n } else { 0 }; // its MLP, output, gate
+            assert_eq!(st.floats(), routing + experts + shared, "shared {s}, k {k}");
+        }
+    }
+
     /// The layer against a row-at-a-time reference written from the definition: each row's
     /// softmax, its k best experts, each expert's SwiGLU on that row alone.
     #[test]

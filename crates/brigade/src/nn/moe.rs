@@ -161,6 +161,7 @@ impl MoeStash {
             + e
             + self.shared.floats()
             + self.shared_out.len()
+            + self.shared_gate.len()
     }
 
     /// Tokens this rank routed to each of the `experts` in the last forward.
