@@ -569,4 +569,55 @@ mod tests {
         check_output_dir(&dir).unwrap();
         assert!(tmp.exists() && !dir.exists());
     }
+
+    /// Tensors and the file's metadata come back as saved; a file without metadata gives none.
+    #[test]
+    fn tensors_and_metadata_come_back_as_saved() {
+        let d = tempfile::tempdir().unwrap();
+        let mut layout = ParamLayout::default();
+        layout.add("w", &[2, 3], crate::params::Init::Zeros, true);
+        layout.add("b", &[3], crate::params::Init::Zeros, false);
+        let buf: Vec<f32> = (0..layout.total).map(|i| i as f32 * 0.5 - 1.0).collect();
+        let meta = HashMap::from([("format".to_string(), "pt".to_string()), ("step".into(), "7".into())]);
+        for (file, m) in [("with.safetensors", Some(meta.clone())), ("without.safetensors", None)] {
+            let path = d.path().join(file);
+            save_tensors(&path, &layout, &buf, "model.", m.clone()).unwrap();
+            let (got, got_meta) = load_tensors(&path, &layout, "model.").unwrap();
+            assert_eq!(got, buf, "{file}");
+            assert_eq!(got_meta, m.unwrap_or_default(), "{file}");
+        }
+    }
+
+    /// `config.json` and the run state read back as the values written; a folder that is not
+    /// there is an error naming the path.
+    #[test]
+    fn json_reads_back_as_written() {
+        let d = tempfile::tempdir().unwrap();
+        let v = serde_json::json!({"model_type": "llama", "rope_scaling": {"factor": 8.0}, "eos_token_id": [1, 2]});
+        let path = d.path().join(CONFIG_FILE);
+        write_json(&path, &v).unwrap();
+        let back: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back, v);
+        let missing = d.path().join("no-such-dir").join(CONFIG_FILE);
+        let err = write_json(&missing, &v).unwrap_err().to_string();
+        assert!(err.contains("no-such-dir"), "{err}");
+    }
+
+    /// A place no file can be made in is refused before a run (root writes anywhere a mode
+    /// allows, so a regular file and `/proc` stand in for a read-only folder).
+    #[test]
+    fn an_unwritable_folder_is_refused_naming_it() {
+        let d = tempfile::tempdir().unwrap();
+        check_writable_dir(d.path()).unwrap();
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0, "the probe is removed");
+        let file = d.path().join("a-file");
+        std::fs::write(&file, b"x").unwrap();
+        for bad in [file.as_path(), Path::new("/proc")] {
+            if bad == Path::new("/proc") && !cfg!(target_os = "linux") {
+                continue;
+            }
+            let err = check_writable_dir(bad).unwrap_err().to_string();
+            assert!(err.contains("not writable") && err.contains(&*bad.to_string_lossy()), "{err}");
+        }
+    }
 }
