@@ -130,3 +130,28 @@ fn constraints_of_one_compiled_grammar_keep_their_own_state() {
         assert!(allows(&g, &tok, &grammar, w), "every copy accepts the whole call");
     }
 }
+
+/// Compiled grammars are kept and reused — a spec seen before starts from its compiled copy —
+/// up to 64 of them; the 65th starts the cache over, so the first must then compile again.
+#[test]
+fn up_to_64_compiled_grammars_are_kept() {
+    let Some(dir) = common::shared("tokenizers/gpt2") else { return };
+    let tok = Tokenizer::from_file(&dir).unwrap();
+    let c = brigade_serve::metrics::GrammarCounters::default();
+    let g = Grammars::load(&dir.join("tokenizer.json"), tok.vocab_size(), &[]).unwrap().counted(c.clone());
+    let spec = |i: usize| Spec::Regex(format!("x{i}[a-z]*"));
+    let counts = || (c.compiles.get(), c.cache_hits.get());
+    g.constraint(&spec(0)).unwrap();
+    g.constraint(&spec(1)).unwrap();
+    g.constraint(&spec(0)).unwrap();
+    assert_eq!(counts(), (2, 1), "the first spec again is a hit");
+    for i in 2..64 {
+        g.constraint(&spec(i)).unwrap();
+    }
+    g.constraint(&spec(0)).unwrap();
+    g.constraint(&spec(63)).unwrap();
+    assert_eq!(counts(), (64, 3), "64 kept");
+    g.constraint(&spec(64)).unwrap();
+    g.constraint(&spec(0)).unwrap();
+    assert_eq!(counts(), (66, 3), "the 65th starts the cache over");
+}
