@@ -155,3 +155,23 @@ fn up_to_64_compiled_grammars_are_kept() {
     g.constraint(&spec(0)).unwrap();
     assert_eq!(counts(), (66, 3), "the 65th starts the cache over");
 }
+
+/// The model's end-of-sequence ids are what a finished constraint allows — not the tokenizer's
+/// own (GPT-2's 50256): here an ordinary token, 13 ('.'), stands as the model's EOS.
+#[test]
+fn a_finished_constraint_allows_only_the_models_eos() {
+    let Some(dir) = common::shared("tokenizers/gpt2") else { return };
+    let tok = Tokenizer::from_file(&dir).unwrap();
+    for eos in [vec![13u32], vec![]] {
+        let g = Grammars::load(&dir.join("tokenizer.json"), tok.vocab_size(), &eos).unwrap();
+        let mut c = g.constraint(&Spec::Regex("ab".into())).unwrap();
+        for id in tok.encode_plain("ab").unwrap() {
+            c.commit(id);
+        }
+        let mut row = vec![0f32; tok.vocab_size()];
+        assert!(c.mask(&mut row));
+        let allowed: Vec<u32> = (0..row.len() as u32).filter(|&t| row[t as usize] == 0.0).collect();
+        let want = if eos.is_empty() { vec![50256] } else { eos };
+        assert_eq!(allowed, want);
+    }
+}

@@ -169,3 +169,27 @@ async fn answer(app: &App, body: &[u8]) -> Result<Value, ApiError> {
     Ok(json!({"object": "list", "data": data, "model": e.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(input: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({"input": input})).unwrap()
+    }
+
+    /// OpenAI's limit, at its edge: 2048 inputs are one request, 2049 a 400 naming both counts;
+    /// lists of strings and of token lists alike.
+    #[test]
+    fn at_most_max_inputs_at_its_edge() {
+        for item in [json!("a"), json!([1, 2])] {
+            let at = parse(&body(Value::Array(vec![item.clone(); MAX_INPUTS])), 8).map(|r| r.input.len());
+            assert_eq!(at.ok(), Some(MAX_INPUTS), "{item}");
+            let Err(e) = parse(&body(Value::Array(vec![item.clone(); MAX_INPUTS + 1])), 8) else {
+                panic!("{} inputs of {item} accepted", MAX_INPUTS + 1)
+            };
+            assert_eq!((e.status, e.param.as_deref()), (400, Some("input")));
+            assert!(e.message.contains("2049 items") && e.message.contains("2048"), "{}", e.message);
+        }
+    }
+}
