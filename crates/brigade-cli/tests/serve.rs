@@ -836,6 +836,18 @@ async fn embeddings_equal_brigade_embeds_bit_for_bit() {
     let got: Vec<f32> =
         r["data"][0]["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    // the model's length at its edge: max_len ids embedded, one more refused naming both
+    let at = vec![ids[1]; enc.max_len];
+    let (st, r) = s.post_to("/v1/embeddings", json!({"input": [at.clone()]})).await;
+    assert_eq!((st, r["usage"]["prompt_tokens"].as_u64()), (200, Some(enc.max_len as u64)), "{r}");
+    let over = [at, vec![ids[1]]].concat();
+    let (st, e) = s.post_to("/v1/embeddings", json!({"input": [over]})).await;
+    let m = e["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(st, 400, "{e}");
+    assert!(
+        m.contains(&format!("{} tokens", enc.max_len + 1)) && m.contains(&format!("at most {}", enc.max_len)),
+        "{m}"
+    );
     let models: Value = reqwest::get(format!("{}/v1/models", s.url)).await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "all-MiniLM-L6-v2");
     for (body, param) in [

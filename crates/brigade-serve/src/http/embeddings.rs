@@ -192,4 +192,37 @@ mod tests {
             assert!(e.message.contains("2049 items") && e.message.contains("2048"), "{}", e.message);
         }
     }
+
+    /// Each accepted form read as what it is, and the malformed ones refused naming `input` /
+    /// `user`.
+    #[test]
+    fn every_form_of_input_and_user() {
+        let kinds = |v: Value| {
+            parse(&serde_json::to_vec(&v).unwrap(), 8).map(|r| {
+                r.input
+                    .iter()
+                    .map(|i| match i {
+                        Input::Text(t) => format!("text {t}"),
+                        Input::Ids(ids) => format!("ids {ids:?}"),
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(kinds(json!({"input": "hi"})).ok().unwrap(), ["text hi"]);
+        assert_eq!(kinds(json!({"input": ["a", "b"]})).ok().unwrap(), ["text a", "text b"]);
+        assert_eq!(kinds(json!({"input": [1, 2, 3]})).ok().unwrap(), ["ids [1, 2, 3]"]);
+        assert_eq!(kinds(json!({"input": [[1], [2, 3]]})).ok().unwrap(), ["ids [1]", "ids [2, 3]"]);
+        assert_eq!(kinds(json!({"input": "hi", "user": "alice"})).ok().unwrap(), ["text hi"]);
+        for (bad, param) in [
+            (json!({"input": [[1], []]}), "input"),
+            (json!({"input": [1, "a"]}), "input"),
+            (json!({"input": ["a", 1]}), "input"),
+            (json!({"input": [[1], 2]}), "input"),
+            (json!({"input": [-1]}), "input"),
+            (json!({"input": "hi", "user": 5}), "user"),
+        ] {
+            let Err(e) = kinds(bad.clone()) else { panic!("{bad} accepted") };
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{bad}: {}", e.message);
+        }
+    }
 }
