@@ -6,7 +6,8 @@
 # 41: chunk-boundary targets, the ring's last hop, the all-gather's sum, the mask's skipping), the
 # mixtures of experts' (issue 45) and issue 46's new code (fused experts, generation_config.json's
 # ids and defaults, the repetition penalty, add_bos_token; then paged attention's softmax, the
-# learning-rate warmup, GGUF's add_eos rule and the memory-mapped reader's name check), and checks
+# learning-rate warmup, GGUF's add_eos rule and the memory-mapped reader's name check; then the
+# MoE stash's bytes, the grammar cache and the elastic planner's precision), and checks
 # that `cargo test --release` now fails on each. Works on a copy of the tree (the checkout is
 # never modified); the copy builds in target/planted. Takes ~1–2 minutes per bug on 2 cores.
 #   scripts/planted_bugs.sh            all bugs
@@ -62,6 +63,9 @@ bugs=(
   "learning rate: a warmup of 0 forced to one step@@crates/brigade/src/train/optimizer.rs@@s/warmup: cfg.warmup.unwrap_or\(cfg.steps \/ 20\),/warmup: cfg.warmup.unwrap_or(cfg.steps \/ 20).max(1),/@@brigade"
   "GGUF export: tokenizer_config's add_eos_token over the post-processor's@@crates/brigade/src/models/gguf/export.rs@@s/eos = eos.or\(config\[\"add_eos_token\"\].as_bool\(\)\);/eos = config[\"add_eos_token\"].as_bool().or(eos);/@@brigade"
   "memory-mapped reader: tensor names not checked@@crates/brigade/src/models/shard_load.rs@@s/self.check_names\(&parsed, full\)\?;//@@brigade"
+  "MoE: the shared expert's gate left out of the stash bytes@@crates/brigade/src/nn/moe.rs@@s/\n            \+ self.shared_gate.len\(\)//@@brigade"
+  "structured outputs: the compiled-grammar cache starts over on every compile@@crates/brigade-serve/src/constraint.rs@@s/if c.len\(\) >= KEPT \{/if !c.is_empty() {/@@brigade-serve"
+  "elastic planner: the pick estimated in BF16@@crates/brigade/src/plan/elastic.rs@@s/precision: Precision::Fp32, //@@brigade"
 )
 
 only=("$@")
