@@ -334,6 +334,13 @@ async fn a_failed_node_fails_its_dependents_and_no_other() {
     s.wait_ready().await;
     // the tiny model's context is 64 tokens: far more than that, whatever the tokenizer merges
     let long = format!("{{{{a}}}} {}", "The mesh of ranks, 42 pipelines; ".repeat(30));
+    // a select's prompt and choice fill the context exactly, or overfill it by a token
+    let tok = brigade::models::tokenizer::Tokenizer::from_file(&fixture_tokenizer()).unwrap();
+    let room = 64 - tok.encode("The mesh").unwrap().len();
+    let count = |c: &str| tok.encode(c).unwrap().len() - tok.encode("").unwrap().len();
+    let fill =
+        |n: usize| (1..200).map(|j| " a".repeat(j)).find(|c| count(c) == n).expect("a choice of that many tokens");
+    let (exact, over) = (fill(room), fill(room + 1));
     let spec = json!({"nodes": [
         {"id": "a", "prompt": "The mesh", "max_tokens": 10, "temperature": 0},
         {"id": "too_long", "prompt": long, "max_tokens": 4},
@@ -345,7 +352,9 @@ async fn a_failed_node_fails_its_dependents_and_no_other() {
         {"id": "unmet", "prompt": "{{a}}", "max_tokens": 2, "guided_regex": "[a-z]{10}"},
         {"id": "after_unmet", "prompt": "{{unmet}}", "max_tokens": 2},
         // cut by max_tokens where the language could end: met
-        {"id": "met", "prompt": "{{a}}", "max_tokens": 2, "ignore_eos": true, "guided_regex": "[a-z]+"}
+        {"id": "met", "prompt": "{{a}}", "max_tokens": 2, "ignore_eos": true, "guided_regex": "[a-z]+"},
+        {"id": "fills", "prompt": "The mesh", "choices": [exact, " mesh"]},
+        {"id": "overfills", "prompt": "The mesh", "choices": [" mesh", over]}
     ]});
     let (st, r) = s.post_to("/v1/programs", spec).await;
     assert_eq!(st, 200, "{r}");
@@ -358,12 +367,16 @@ async fn a_failed_node_fails_its_dependents_and_no_other() {
     assert!(err("after_late").contains("'late', which failed"));
     assert!(err("unmet").contains("did not meet its constraint within max_tokens (2)"), "{}", err("unmet"));
     assert!(err("after_unmet").contains("'unmet', which failed"));
-    for ok in ["a", "fine", "met"] {
+    assert!(err("overfills").contains("the model's context is 64"), "{}", err("overfills"));
+    for ok in ["a", "fine", "met", "fills"] {
         assert!(r["nodes"][ok]["error"].is_null(), "{ok}: {r}");
     }
     let mut failed: Vec<String> = serde_json::from_value(r["failed"].clone()).unwrap();
     failed.sort();
-    assert_eq!(failed, ["after_late", "after_long", "after_unmet", "late", "not_json", "too_long", "unmet"]);
+    assert_eq!(
+        failed,
+        ["after_late", "after_long", "after_unmet", "late", "not_json", "overfills", "too_long", "unmet"]
+    );
     // nothing is left running or holding blocks
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(s.metric("brigade_running_sequences").await, 0.0);
