@@ -181,6 +181,19 @@ async fn every_node_equals_the_completions_api_alone_and_in_a_crowd() {
         .map(|b| b["token_ids"].as_array().unwrap().len())
         .sum();
     assert_eq!(alone["generated_tokens"], generated);
+    // the same calls one at a time, from the reported step times: each branch's whole prompt,
+    // then a decode step of one sequence per token it generated
+    let (prefill, decode_one) =
+        (alone["prefill_s_per_token"].as_f64().unwrap(), alone["decode_step_s"][0][1].as_f64().unwrap());
+    assert_eq!(alone["decode_step_s"][0][0], 1);
+    let sequential: f64 = branches
+        .iter()
+        .map(|b| (n(b, "prompt_tokens") as f64, b["token_ids"].as_array().unwrap().len() as f64))
+        .filter(|&(_, t)| t > 0.0)
+        .map(|(p, t)| p * prefill + t * decode_one)
+        .sum();
+    let got = alone["sequential_estimate_s"].as_f64().unwrap();
+    assert!(prefill > 0.0 && (got - sequential).abs() <= 1e-9 * sequential, "{got} vs {sequential}");
     assert!(alone["failed"].as_array().unwrap().is_empty());
     // the critical path ends at the node that ended last and walks back through inputs
     let path: Vec<String> = serde_json::from_value(alone["critical_path"].clone()).unwrap();

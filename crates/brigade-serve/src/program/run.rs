@@ -575,6 +575,7 @@ fn result(p: &Program, runs: &[Run], profile: &StepProfile, (width, others): (us
         "max_parallel_auto": p.max_parallel == Width::Auto,
         // what `auto` is chosen from: the engine's decode step time by batch size
         "decode_step_s": profile.decode,
+        "prefill_s_per_token": profile.prefill_per_token,
         "decode_knee": profile.knee(),
         "others_at_start": others,
         "failed": p.nodes.iter().zip(runs).filter(|(_, r)| matches!(r.state, State::Failed(_))).map(|(n, _)| n.id.clone()).collect::<Vec<_>>(),
