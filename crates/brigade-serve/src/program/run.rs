@@ -224,8 +224,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, p: &Program, mut on_node: impl FnMut(Valu
         }
         // branches into the engine while the width allows, longest remaining path first
         // the other sequences in the engine (its gauges count this program's too)
-        let all = (ctx.metrics.running.get() + ctx.metrics.waiting.get()).max(0) as usize;
-        let others = all.saturating_sub(inflight);
+        let others = others_than(ctx.metrics.running.get(), ctx.metrics.waiting.get(), inflight);
         let width = match p.max_parallel {
             Width::Max(n) => n,
             Width::Auto => profile.width(others, l.max_running),
@@ -334,6 +333,20 @@ fn stop_branches(r: &mut Run, l: &Loaded) -> usize {
     n
 }
 
+/// The sequences in the engine that are not this program's: running and waiting, less the
+/// program's own in flight.
+fn others_than(running: i64, waiting: i64, inflight: usize) -> usize {
+    ((running + waiting).max(0) as usize).saturating_sub(inflight)
+}
+
+/// Refuses a map of `n` items past `max` branches, naming `what` found them.
+fn at_most(max: usize, n: usize, what: impl Fn() -> String, unit: &str) -> Result<(), String> {
+    if n > max {
+        return Err(format!("{} found {n} {unit}; at most {max} branches are allowed", what()));
+    }
+    Ok(())
+}
+
 fn fail(r: &mut Run, why: String, t0: Instant) {
     r.state = State::Failed(why);
     r.end_s = Some(t0.elapsed().as_secs_f64());
@@ -363,13 +376,7 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<Start
             if items.is_empty() {
                 return Err(format!("its map over the tool calls of '{over}' found none: '{over}' called no tool"));
             }
-            if items.len() > ctx.max_branches {
-                return Err(format!(
-                    "its map over the tool calls of '{over}' found {} calls; at most {} branches are allowed",
-                    items.len(),
-                    ctx.max_branches
-                ));
-            }
+            at_most(ctx.max_branches, items.len(), || format!("its map over the tool calls of '{over}'"), "calls")?;
             items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?
         }
         Fanout::Map { over, split: how } => {
@@ -378,13 +385,7 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<Start
             if items.is_empty() {
                 return Err(format!("its map over '{over}' found no items in {:?}", preview(&input)));
             }
-            if items.len() > ctx.max_branches {
-                return Err(format!(
-                    "its map over '{over}' found {} items; at most {} branches are allowed",
-                    items.len(),
-                    ctx.max_branches
-                ));
-            }
+            at_most(ctx.max_branches, items.len(), || format!("its map over '{over}'"), "items")?;
             items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?
         }
         Fanout::Items(items) => items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?,
@@ -594,4 +595,26 @@ fn critical_path(p: &Program, runs: &[Run]) -> Vec<String> {
     }
     path.reverse();
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn others_are_the_engines_running_and_waiting_less_the_programs_own() {
+        assert_eq!(others_than(3, 2, 1), 4);
+        assert_eq!(others_than(2, 0, 2), 0);
+        assert_eq!(others_than(1, 3, 6), 0, "never below none");
+        assert_eq!(others_than(-1, 0, 0), 0, "a gauge below zero counts none");
+    }
+
+    #[test]
+    fn a_map_takes_at_most_max_branches() {
+        assert_eq!(at_most(64, 64, || "its map over 'a'".into(), "items"), Ok(()));
+        assert_eq!(
+            at_most(64, 65, || "its map over 'a'".into(), "items"),
+            Err("its map over 'a' found 65 items; at most 64 branches are allowed".into())
+        );
+    }
 }
