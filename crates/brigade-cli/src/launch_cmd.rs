@@ -168,14 +168,7 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         let left = match (&a.min_ranks, &mut ranks) {
             (_, Ranks::Mpi { hosts, extra }) if !hosts.is_empty() => {
                 let gone = unanswering(hosts, extra);
-                if !gone.is_empty() && a.min_ranks.is_none() {
-                    bail!(
-                        "host(s) {} no longer answer; give --min-ranks to resume on the rest (the checkpoint is kept in {})",
-                        gone.join(", "),
-                        out.display()
-                    );
-                }
-                hosts.retain(|(h, _)| !gone.contains(h));
+                drop_gone(hosts, &gone, a.min_ranks.is_some(), &out)?;
                 hosts.iter().map(|(_, s)| s).sum::<usize>().min(world)
             }
             (Some(_), _) => world - 1,
@@ -403,6 +396,20 @@ pub(crate) fn unanswering(hosts: &[(String, usize)], extra: &[String]) -> Vec<St
     gone
 }
 
+/// The hosts left once the `gone` ones are dropped — only where the run may resume on fewer
+/// ranks (`elastic`: `--min-ranks` given); otherwise a lost host ends the job, naming it.
+fn drop_gone(hosts: &mut Vec<(String, usize)>, gone: &[String], elastic: bool, out: &Path) -> Result<()> {
+    if !gone.is_empty() && !elastic {
+        bail!(
+            "host(s) {} no longer answer; give --min-ranks to resume on the rest (the checkpoint is kept in {})",
+            gone.join(", "),
+            out.display()
+        );
+    }
+    hosts.retain(|(h, _)| !gone.contains(h));
+    Ok(())
+}
+
 /// The most ranks, from `left` down to `min`, that some layout can train the run on, with
 /// the planner's pick of that world.
 fn fewer(
@@ -523,5 +530,64 @@ mod tests {
         );
         let fresh = with_layout(&s(&["train", "--layout=dp=4", "--steps", "3", "--layout", "dp=4"]), &l);
         assert_eq!(fresh, s(&["train", "--steps", "3", "--layout", "dp=2,tp=2"]));
+    }
+
+    /// What counts as a lost rank, by how the child ended: a signal, a panic or the run's own
+    /// code always; under mpirun also a rank's signal as 128 + n, and once training started any
+    /// failure but an interrupt or a usage error. A threads run's plain failure (a config
+    /// error: 1) is not one — it is not restarted.
+    #[test]
+    fn a_lost_rank_is_told_from_a_failed_run() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let code = |c: i32| ExitStatus::from_raw(c << 8);
+        let mpi = Ranks::Mpi { hosts: vec![], extra: vec![] };
+        let cases = [
+            // (status, mpi, started, a lost rank)
+            (ExitStatus::from_raw(9), false, false, true),
+            (code(101), false, true, true),
+            (code(RANK_LOST_EXIT), false, false, true),
+            (code(1), false, true, false),
+            (code(0), false, true, false),
+            (code(137), true, false, true),
+            (code(130), true, true, false),
+            (code(1), true, false, false),
+            (code(1), true, true, true),
+            (code(2), true, true, false),
+        ];
+        for (st, under_mpi, started, want) in cases {
+            let ranks = if under_mpi { &mpi } else { &Ranks::Threads };
+            assert_eq!(rank_died(st, ranks, started), want, "{st:?}, mpi {under_mpi}, started {started}");
+        }
+    }
+
+    /// A host gone ends the job naming it unless --min-ranks was given; with it the host is
+    /// dropped; none gone changes nothing either way.
+    #[test]
+    fn a_lost_host_is_dropped_only_when_the_run_may_shrink() {
+        let hosts = || vec![("h1".to_string(), 2), ("h2".to_string(), 2)];
+        let out = Path::new("ck");
+        for elastic in [false, true] {
+            let mut h = hosts();
+            drop_gone(&mut h, &[], elastic, out).unwrap();
+            assert_eq!(h, hosts());
+        }
+        let mut h = hosts();
+        let err = drop_gone(&mut h, &["h2".to_string()], false, out).unwrap_err().to_string();
+        assert!(err.contains("h2") && err.contains("--min-ranks") && err.contains("ck"), "{err}");
+        drop_gone(&mut h, &["h2".to_string()], true, out).unwrap();
+        assert_eq!(h, [("h1".to_string(), 2)]);
+    }
+
+    /// A host no mpirun can reach is gone (whether mpirun is installed or not); where it is,
+    /// this machine answers.
+    #[test]
+    fn a_host_that_cannot_run_true_is_gone() {
+        let bad = vec![("no-such-host.invalid".to_string(), 1)];
+        assert_eq!(unanswering(&bad, &[]), ["no-such-host.invalid"]);
+        if Command::new("mpirun").arg("--version").output().is_ok_and(|o| o.status.success()) {
+            assert!(unanswering(&[("localhost".to_string(), 1)], &[]).is_empty(), "localhost did not answer");
+        } else {
+            eprintln!("skipped localhost: no mpirun here (CI installs Open MPI)");
+        }
     }
 }
