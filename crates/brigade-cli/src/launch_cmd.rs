@@ -560,6 +560,26 @@ mod tests {
         }
     }
 
+    /// How the supervisor names the way a child ended, in its one line.
+    #[test]
+    fn an_end_is_named_by_its_signal_or_code() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let code = |c: i32| ExitStatus::from_raw(c << 8);
+        for (st, want) in [
+            (ExitStatus::from_raw(9), "killed by SIGKILL".to_string()),
+            (ExitStatus::from_raw(15), "killed by signal 15".into()),
+            (code(RANK_LOST_EXIT), "a rank failed".into()),
+            (code(101), "it panicked".into()),
+            (code(137), "a rank was killed by SIGKILL".into()),
+            (code(143), "a rank was killed by signal 15".into()),
+            (code(129), "a rank was killed by signal 1".into()),
+            (code(128), "exit status 128".into()),
+            (code(1), "exit status 1".into()),
+        ] {
+            assert_eq!(describe(st), want, "{st:?}");
+        }
+    }
+
     /// A host gone ends the job naming it unless --min-ranks was given; with it the host is
     /// dropped; none gone changes nothing either way.
     #[test]
