@@ -139,18 +139,7 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         restarts += 1;
         // a save killed between its renames is put back in place first
         brigade::models::checkpoint::check_output_dir(&out)?;
-        let from = match mark(&out) {
-            Some(m) if fresh_mark.is_none_or(|f| f != m) => Some(m.0),
-            Some(_) => None,
-            None if had_checkpoint => {
-                bail!(
-                    "the checkpoint directory {} vanished; nothing to resume from (nothing was deleted)",
-                    out.display()
-                )
-            }
-            None => None,
-        };
-        had_checkpoint |= from.is_some();
+        let from = resume_point(mark(&out), fresh_mark, &mut had_checkpoint, &out)?;
         let lost = reached.map(|r| r.saturating_sub(from.unwrap_or(0)));
         redone += lost.unwrap_or(0);
         eprintln!(
@@ -188,11 +177,7 @@ pub fn run(a: LaunchArgs) -> Result<()> {
                 None => t.config()?,
             };
             let (n, e) = fewer(&cfg, left, m, &acc)?;
-            let skipped = match n < left {
-                true if n + 1 == left => format!("; no layout of {left} ranks trains it"),
-                true => format!("; no layout of {}–{left} ranks trains it", n + 1),
-                false => String::new(),
-            };
+            let skipped = skipped_worlds(n, left);
             eprintln!(
                 "brigade launch: resumed step {} on {n} ranks as {} (was {world} ranks as {layout}; the planner's fastest layout of {n} ranks on {}, {:.3} ms a step there{skipped})",
                 from.unwrap_or(0),
@@ -396,6 +381,38 @@ pub(crate) fn unanswering(hosts: &[(String, usize)], extra: &[String]) -> Vec<St
     gone
 }
 
+/// What the resume line says of the worlds between the `n` ranks resumed on and the `left`
+/// ones that no layout trains.
+fn skipped_worlds(n: usize, left: usize) -> String {
+    match n < left {
+        true if n + 1 == left => format!("; no layout of {left} ranks trains it"),
+        true => format!("; no layout of {}–{left} ranks trains it", n + 1),
+        false => String::new(),
+    }
+}
+
+/// The step a restart resumes from: the checkpoint `found` in the output directory unless it
+/// is the older run's `fresh` one; none (the start) where there is none yet. A checkpoint of
+/// this job seen before (`had`, which a found one sets for the next death — the watcher may
+/// have missed a save that landed just before the death) that is gone now ends the job.
+fn resume_point(
+    found: Option<(usize, SystemTime)>,
+    fresh: Option<(usize, SystemTime)>,
+    had: &mut bool,
+    out: &Path,
+) -> Result<Option<usize>> {
+    let from = match found {
+        Some(m) if fresh.is_none_or(|f| f != m) => Some(m.0),
+        Some(_) => None,
+        None if *had => {
+            bail!("the checkpoint directory {} vanished; nothing to resume from (nothing was deleted)", out.display())
+        }
+        None => None,
+    };
+    *had |= from.is_some();
+    Ok(from)
+}
+
 /// The hosts left once the `gone` ones are dropped — only where the run may resume on fewer
 /// ranks (`elastic`: `--min-ranks` given); otherwise a lost host ends the job, naming it.
 fn drop_gone(hosts: &mut Vec<(String, usize)>, gone: &[String], elastic: bool, out: &Path) -> Result<()> {
@@ -549,6 +566,7 @@ mod tests {
             (code(1), false, true, false),
             (code(0), false, true, false),
             (code(137), true, false, true),
+            (code(137), false, true, false),
             (code(130), true, true, false),
             (code(1), true, false, false),
             (code(1), true, true, true),
@@ -558,6 +576,62 @@ mod tests {
             let ranks = if under_mpi { &mpi } else { &Ranks::Threads };
             assert_eq!(rank_died(st, ranks, started), want, "{st:?}, mpi {under_mpi}, started {started}");
         }
+    }
+
+    /// A restart resumes from this job's checkpoint, never the older run's it found at the
+    /// start; once one was found, its vanishing ends the job — also when the watcher missed
+    /// the save (a death right after it).
+    #[test]
+    fn a_restart_resumes_from_this_jobs_checkpoint_and_notices_it_vanish() {
+        let out = Path::new("ck");
+        let t = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let old = Some((6, t(1)));
+        let mut had = false;
+        assert_eq!(resume_point(None, old, &mut had, out).unwrap(), None, "nothing yet: the start");
+        assert_eq!(resume_point(old, old, &mut had, out).unwrap(), None, "the older run's: the start");
+        assert!(!had);
+        assert_eq!(resume_point(Some((2, t(5))), old, &mut had, out).unwrap(), Some(2));
+        assert!(had, "a checkpoint found counts as seen");
+        let err = resume_point(None, old, &mut had, out).unwrap_err().to_string();
+        assert!(err.contains("ck") && err.contains("vanished"), "{err}");
+        let mut seen = true;
+        assert!(resume_point(None, None, &mut seen, out).is_err(), "seen by the watcher, then gone");
+    }
+
+    /// A child past its limit is left running and `None` comes back in about the limit; one
+    /// that ends within it gives its status.
+    #[test]
+    fn waiting_is_bounded() {
+        let mut quick = Command::new("true").spawn().unwrap();
+        assert!(wait_within(&mut quick, Duration::from_secs(10)).is_some_and(|s| s.success()));
+        let mut slow = Command::new("sleep").arg("30").spawn().unwrap();
+        let t0 = Instant::now();
+        assert!(wait_within(&mut slow, Duration::from_millis(300)).is_none());
+        assert!(t0.elapsed() < Duration::from_secs(5), "waited {:?}", t0.elapsed());
+        let _ = slow.kill();
+        let _ = slow.wait();
+    }
+
+    /// `--np` needs an MPI build: refused, naming the fix, without one; taken with one.
+    #[test]
+    fn np_needs_an_mpi_build() {
+        #[derive(Parser)]
+        struct L {
+            #[command(flatten)]
+            a: LaunchArgs,
+        }
+        let a = L::try_parse_from(["launch", "--np", "2", "--", "train"]).unwrap().a;
+        match mpi_ranks(&a, 2) {
+            Ok(r) => assert!(cfg!(feature = "mpi") && matches!(r, Ranks::Mpi { .. })),
+            Err(e) => assert!(!cfg!(feature = "mpi") && e.to_string().contains("--features mpi"), "{e}"),
+        }
+    }
+
+    #[test]
+    fn the_worlds_skipped_are_named() {
+        assert_eq!(skipped_worlds(4, 4), "");
+        assert_eq!(skipped_worlds(2, 3), "; no layout of 3 ranks trains it");
+        assert_eq!(skipped_worlds(2, 5), "; no layout of 3–5 ranks trains it");
     }
 
     /// How the supervisor names the way a child ended, in its one line.
