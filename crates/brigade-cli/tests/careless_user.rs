@@ -182,7 +182,7 @@ fn pipeline_benchmarks_report_their_bubble_and_the_planner_its_prediction() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
     let tiny = ["--model", "tiny", "--seq", "16", "--batch", "4", "--threads", "1", "--steps", "1"];
-    let layouts = "dp=1;pp=2,mb=1,schedule=zb;pp=2,mb=1,schedule=gpipe,recompute=selective";
+    let layouts = "dp=1;pp=2,mb=1,schedule=zb;pp=2,mb=1,schedule=gpipe,recompute=selective;dp=2,pp=2,mb=1";
     let out = ok(&[&["bench", "parallel"][..], &tiny, &["--warmup", "0", "--layouts", layouts, "--json"]].concat(), p);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
@@ -191,6 +191,15 @@ fn pipeline_benchmarks_report_their_bubble_and_the_planner_its_prediction() {
         for k in ["bubble_measured", "bubble_theory"] {
             assert!(r[k].as_f64().is_some_and(|b| (0.0..=1.0).contains(&b)), "{k} in {r}");
         }
+    }
+    // each stage's busy time, within the step, and their imbalance from them
+    assert!(rows[0]["stage_busy_s"].as_array().unwrap().is_empty() && rows[0]["stage_imbalance"].is_null());
+    for r in &rows[1..] {
+        let busy: Vec<f64> = r["stage_busy_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let step = 4.0 * 16.0 / r["tokens_per_s"].as_f64().unwrap();
+        assert!(busy.len() == 2 && busy.iter().all(|&b| b > 0.0 && b <= step), "{r}");
+        let (lo, hi) = (busy[0].min(busy[1]), busy[0].max(busy[1]));
+        assert!((r["stage_imbalance"].as_f64().unwrap() - (hi - lo) / lo).abs() < 1e-12, "{r}");
     }
     // pp=2 with 4 micro-batches: GPipe's bubble on paper is 1/5
     assert!((rows[2]["bubble_theory"].as_f64().unwrap() - 0.2).abs() < 1e-9, "{v}");

@@ -76,7 +76,7 @@ pub fn run(f: Flags) -> Result<()> {
             if weak { "per-replica" } else { "global" }
         );
         outln!(
-            "{:<34} {:>5} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>8} {:>8} {:>10} {:>9} {:>7} {:>7} {:>10}",
+            "{:<34} {:>5} {:>10} {:>8} {:>10} {:>8} {:>10} {:>9} {:>8} {:>8} {:>10} {:>9} {:>7} {:>7} {:>10} {:>11}",
             "layout",
             "ranks",
             "tokens/s",
@@ -91,7 +91,8 @@ pub fn run(f: Flags) -> Result<()> {
             "stash MiB",
             "bubble",
             "theory",
-            "attn imbal"
+            "attn imbal",
+            "stage imbal"
         );
     }
     let mut rows = Vec::new();
@@ -107,11 +108,11 @@ pub fn run(f: Flags) -> Result<()> {
                 "pp_comm_s": r.pp_comm_s, "cp_comm_s": r.cp_comm_s, "attention_s_per_rank": r.attention_s_per_rank,
                 "attention_imbalance": r.attention_imbalance, "pipeline_wait_s": r.pipeline_wait_s, "idle_s": r.other_s, "peak_mib_per_rank": r.peak_mib_per_rank,
                 "bubble_measured": r.bubble_measured, "bubble_theory": r.bubble_theory,
-                "stash_mib_per_rank": r.stash_mib}));
+                "stash_mib_per_rank": r.stash_mib, "stage_busy_s": r.stage_busy_s, "stage_imbalance": r.stage_imbalance}));
         } else {
             let pct = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}%", 100.0 * x));
             outln!(
-                "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>8.3} {:>10.3} {:>9.3} {:>8.3} {:>8.3} {:>10.0} {:>9} {:>7} {:>7} {:>10}",
+                "{l:<34} {:>5} {:>10.1} {:>7.2}x {:>10.3} {:>8.3} {:>10.3} {:>9.3} {:>8.3} {:>8.3} {:>10.0} {:>9} {:>7} {:>7} {:>10} {:>11}",
                 r.ranks,
                 r.tokens_per_s,
                 speedup,
@@ -125,7 +126,8 @@ pub fn run(f: Flags) -> Result<()> {
                 r.stash_mib.map_or("-".to_string(), |m| format!("{m:.1}")),
                 pct(r.bubble_measured),
                 pct(r.bubble_theory),
-                pct(r.attention_imbalance)
+                pct(r.attention_imbalance),
+                pct(r.stage_imbalance)
             );
         }
     }

@@ -190,6 +190,11 @@ pub struct ParallelBench {
     /// steps, 0 to 1), and what its schedule has on paper with balanced stages.
     pub bubble_measured: Option<f64>,
     pub bubble_theory: Option<f64>,
+    /// With a pipeline: each stage's busy seconds per step — forward, backward and the
+    /// optimizer, its waits and messages excluded; the mean over the stage's ranks — and their
+    /// imbalance, (max − min) / min: what stages cut by measured time would even out.
+    pub stage_busy_s: Vec<f64>,
+    pub stage_imbalance: Option<f64>,
     /// With a pipeline: the most bytes of micro-batch stashes (activations kept for backward,
     /// zero-bubble W's inputs) any rank held at once in the last step, in MiB.
     pub stash_mib: Option<f64>,
@@ -253,7 +258,14 @@ pub fn parallel_step(
     let tokens = (cfg.batch * cfg.seq.unwrap_or(0)) as f64;
     let attention: Vec<f64> =
         if layout.cp > 1 { per_rank.iter().map(|r| per(&r.1, |s| s.attention_s)).collect() } else { Vec::new() };
-    let (lo, hi) = attention.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    // each pipeline stage's ranks: the outermost coordinate of the mesh
+    let mesh = crate::parallel::mesh::MeshShape::of(layout);
+    let mut stage_busy = vec![(0.0, 0usize); if layout.pp > 1 { layout.pp } else { 0 }];
+    for (r, timed) in per_rank.iter().enumerate().filter(|_| layout.pp > 1) {
+        let s = &mut stage_busy[mesh.coords(r)[crate::layout::Axis::Pp]];
+        *s = (s.0 + per(&timed.1, |s| s.compute_s + s.optimizer_s), s.1 + 1);
+    }
+    let stage_busy: Vec<f64> = stage_busy.iter().map(|&(t, n)| t / n as f64).collect();
     Ok(ParallelBench {
         ranks: layout.world(),
         step_s_median: step_s,
@@ -265,7 +277,9 @@ pub fn parallel_step(
         dp_comm_s: part(|s| s.dp_comm_s),
         pp_comm_s: part(|s| s.pp_comm_s),
         cp_comm_s: part(|s| s.cp_comm_s),
-        attention_imbalance: (!attention.is_empty()).then(|| (hi - lo) / lo),
+        attention_imbalance: imbalance(&attention),
+        stage_imbalance: imbalance(&stage_busy),
+        stage_busy_s: stage_busy,
         attention_s_per_rank: attention,
         pipeline_wait_s: part(|s| s.pipeline_wait_s),
         other_s: (step_s - part(|s| s.compute_s + s.optimizer_s + s.comm_s + s.pipeline_wait_s)).max(0.0),
@@ -274,6 +288,12 @@ pub fn parallel_step(
         bubble_theory: theory,
         stash_mib: stash.map(|b| b as f64 / (1 << 20) as f64),
     })
+}
+
+/// (max − min) / min of some ranks' seconds; `None` for none.
+fn imbalance(x: &[f64]) -> Option<f64> {
+    let (lo, hi) = x.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    (!x.is_empty()).then(|| (hi - lo) / lo)
 }
 
 /// What `bench train --data` measures of a corpus: the time to draw a step's batch, and the
