@@ -136,7 +136,13 @@ for n in "${names[@]}"; do
   # shellcheck disable=SC2086
   bound=()
   [ -z "${MUTANTS_BOUND:-}" ] || bound=(timeout -s INT "$MUTANTS_BOUND")
-  "${bound[@]}" cargo mutants --profile mutants ${MUTANTS_ARGS:-} "${pkg[@]}" "${re[@]}" -f "${file[$n]}" -o "$out" -- ${tests[$n]} || true
+  rc=0
+  "${bound[@]}" cargo mutants --profile mutants ${MUTANTS_ARGS:-} "${pkg[@]}" "${re[@]}" -f "${file[$n]}" -o "$out" -- ${tests[$n]} || rc=$?
+  # a run cut by its bound may stop a build midway, and with --in-place the next file's builds
+  # then fail to link ("undefined symbol"): start the next one from a clean incremental cache
+  if [ "$rc" = 124 ] || [ "$rc" = 130 ]; then
+    rm -rf target/mutants/incremental
+  fi
   m=$out/mutants.out
   printf '%-10s caught %3d  missed %3d  unviable %3d  timeout %3d\n' "$n" \
     "$(wc -l <"$m/caught.txt")" "$(wc -l <"$m/missed.txt")" "$(wc -l <"$m/unviable.txt")" "$(wc -l <"$m/timeout.txt")"
