@@ -340,9 +340,9 @@ fn others_than(running: i64, waiting: i64, inflight: usize) -> usize {
 }
 
 /// Refuses a map of `n` items past `max` branches, naming `what` found them.
-fn at_most(max: usize, n: usize, what: impl Fn() -> String, unit: &str) -> Result<(), String> {
+fn at_most(max: usize, n: usize, what: &str, unit: &str) -> Result<(), String> {
     if n > max {
-        return Err(format!("{} found {n} {unit}; at most {max} branches are allowed", what()));
+        return Err(format!("{what} found {n} {unit}; at most {max} branches are allowed"));
     }
     Ok(())
 }
@@ -376,7 +376,7 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<Start
             if items.is_empty() {
                 return Err(format!("its map over the tool calls of '{over}' found none: '{over}' called no tool"));
             }
-            at_most(ctx.max_branches, items.len(), || format!("its map over the tool calls of '{over}'"), "calls")?;
+            at_most(ctx.max_branches, items.len(), &format!("its map over the tool calls of '{over}'"), "calls")?;
             items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?
         }
         Fanout::Map { over, split: how } => {
@@ -385,7 +385,7 @@ fn start<'a>(ctx: &Ctx<'a>, p: &Program, i: usize, runs: &[Run]) -> Result<Start
             if items.is_empty() {
                 return Err(format!("its map over '{over}' found no items in {:?}", preview(&input)));
             }
-            at_most(ctx.max_branches, items.len(), || format!("its map over '{over}'"), "items")?;
+            at_most(ctx.max_branches, items.len(), &format!("its map over '{over}'"), "items")?;
             items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?
         }
         Fanout::Items(items) => items.iter().map(|it| node.prompt.render(texts, Some(it))).collect::<Result<_, _>>()?,
@@ -611,9 +611,9 @@ mod tests {
 
     #[test]
     fn a_map_takes_at_most_max_branches() {
-        assert_eq!(at_most(64, 64, || "its map over 'a'".into(), "items"), Ok(()));
+        assert_eq!(at_most(64, 64, "its map over 'a'", "items"), Ok(()));
         assert_eq!(
-            at_most(64, 65, || "its map over 'a'".into(), "items"),
+            at_most(64, 65, "its map over 'a'", "items"),
             Err("its map over 'a' found 65 items; at most 64 branches are allowed".into())
         );
     }

@@ -258,14 +258,18 @@ pub fn parallel_step(
     let tokens = (cfg.batch * cfg.seq.unwrap_or(0)) as f64;
     let attention: Vec<f64> =
         if layout.cp > 1 { per_rank.iter().map(|r| per(&r.1, |s| s.attention_s)).collect() } else { Vec::new() };
-    // each pipeline stage's ranks: the outermost coordinate of the mesh
-    let mesh = crate::parallel::mesh::MeshShape::of(layout);
-    let mut stage_busy = vec![(0.0, 0usize); if layout.pp > 1 { layout.pp } else { 0 }];
-    for (r, timed) in per_rank.iter().enumerate().filter(|_| layout.pp > 1) {
-        let s = &mut stage_busy[mesh.coords(r)[crate::layout::Axis::Pp]];
-        *s = (s.0 + per(&timed.1, |s| s.compute_s + s.optimizer_s), s.1 + 1);
-    }
-    let stage_busy: Vec<f64> = stage_busy.iter().map(|&(t, n)| t / n as f64).collect();
+    // each pipeline stage's ranks (the outermost coordinate of the mesh), as many in each
+    let stage_busy: Vec<f64> = if layout.pp > 1 {
+        let mesh = crate::parallel::mesh::MeshShape::of(layout);
+        let mut busy = vec![0.0; layout.pp];
+        for (r, timed) in per_rank.iter().enumerate() {
+            busy[mesh.coords(r)[crate::layout::Axis::Pp]] += per(&timed.1, |st| st.compute_s + st.optimizer_s);
+        }
+        let ranks_per_stage = (layout.world() / layout.pp) as f64;
+        busy.iter().map(|b| b / ranks_per_stage).collect()
+    } else {
+        Vec::new()
+    };
     Ok(ParallelBench {
         ranks: layout.world(),
         step_s_median: step_s,
