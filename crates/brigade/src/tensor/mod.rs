@@ -125,6 +125,18 @@ pub(crate) mod lanes {
     use super::STRIP as W;
     use std::arch::x86_64::*;
 
+    /// Bytes ahead of a tile's weight loads that `ahead` asks for.
+    pub const AHEAD_BYTES: usize = 1536;
+
+    /// Asks for the cache line `AHEAD_BYTES` past `p + at` bytes of a strip, so that it
+    /// arrives from memory while the rows before it compute: left to the hardware's
+    /// prefetcher, the batched tiles stalled on their weight loads (a decode's weights are
+    /// read from memory once a step). Only a hint: it never faults, past the end included.
+    #[inline(always)]
+    pub unsafe fn ahead<T>(p: *const T, at: usize) {
+        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).wrapping_add(at + AHEAD_BYTES));
+    }
+
     /// The 16-wide scales (or minimums) of group `g`; zeros where a strip has none.
     #[inline(always)]
     pub unsafe fn group512(v: &[f32], g: usize) -> __m512 {

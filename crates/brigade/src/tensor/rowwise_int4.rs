@@ -247,7 +247,7 @@ fn tile_1x64<const MIN: bool>(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int4, s
 /// compute. `MIN`: the strips carry minimums (`q · s + m`); otherwise `(q − 8) · s`.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::lanes::{group256, group512, scaled256, scaled512};
+    use super::super::lanes::{ahead, group256, group512, scaled256, scaled512};
     use super::{Strip, GROUP, W};
     use std::arch::x86_64::*;
 
@@ -304,6 +304,7 @@ mod simd {
             let (s0, s1) = (group256(sc, g, 0), group256(sc, g, 1));
             let (m0, m1) = (group256(mn, g, 0), group256(mn, g, 1));
             while kk < ((g + 1) * GROUP).min(k) {
+                ahead(qp, kk * W / 2);
                 let (lo, hi) = nibbles256::<MIN>(qp.add(kk * W / 2));
                 let w0 = scaled256::<MIN>(lo, s0, m0);
                 let w1 = scaled256::<MIN>(hi, s1, m1);
@@ -363,6 +364,8 @@ mod simd {
             let (s0, s1) = (group512(strips[0].1, g), group512(strips[1].1, g));
             let (m0, m1) = (group512(strips[0].2, g), group512(strips[1].2, g));
             while kk < ((g + 1) * GROUP).min(k) {
+                ahead(q0, kk * W / 2);
+                ahead(q1, kk * W / 2);
                 let w0 = weights512::<MIN>(q0.add(kk * W / 2), s0, m0);
                 let w1 = weights512::<MIN>(q1.add(kk * W / 2), s1, m1);
                 for (r, cr) in c.iter_mut().enumerate() {
@@ -387,6 +390,7 @@ mod simd {
         for g in 0..k.div_ceil(GROUP) {
             let (s, m) = (group512(sc, g), group512(mn, g));
             while kk < ((g + 1) * GROUP).min(k) {
+                ahead(qp, kk * W / 2);
                 let wv = weights512::<MIN>(qp.add(kk * W / 2), s, m);
                 for (r, cr) in c.iter_mut().enumerate() {
                     *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), wv, *cr);

@@ -211,7 +211,7 @@ fn tile_1x64<const MIN: bool>(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int8, s
 /// compute. `MIN`: the strips carry minimums (`q · s + m`).
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::lanes::{group256, group512, scaled256, scaled512};
+    use super::super::lanes::{ahead, group256, group512, scaled256, scaled512};
     use super::{Strip, W};
     use std::arch::x86_64::*;
 
@@ -242,6 +242,7 @@ mod simd {
             let (s0, s1) = (group256(sc, g, 0), group256(sc, g, 1));
             let (m0, m1) = (group256(mn, g, 0), group256(mn, g, 1));
             while kk < ((g + 1) * group).min(k) {
+                ahead(qp, kk * W);
                 let w0 = dequant::<MIN>(qp.add(kk * W), s0, m0);
                 let w1 = dequant::<MIN>(qp.add(kk * W + 8), s1, m1);
                 for (r, cr) in c.iter_mut().enumerate() {
@@ -276,6 +277,8 @@ mod simd {
             let (s0, s1) = (group512(strips[0].1, g), group512(strips[1].1, g));
             let (m0, m1) = (group512(strips[0].2, g), group512(strips[1].2, g));
             while kk < ((g + 1) * group).min(k) {
+                ahead(q0, kk * W);
+                ahead(q1, kk * W);
                 let w0 = dequant512::<MIN>(q0.add(kk * W), s0, m0);
                 let w1 = dequant512::<MIN>(q1.add(kk * W), s1, m1);
                 for (r, cr) in c.iter_mut().enumerate() {
@@ -307,6 +310,7 @@ mod simd {
         for g in 0..k.div_ceil(group) {
             let (s, m) = (group512(sc, g), group512(mn, g));
             while kk < ((g + 1) * group).min(k) {
+                ahead(qp, kk * W);
                 let wv = dequant512::<MIN>(qp.add(kk * W), s, m);
                 for (r, cr) in c.iter_mut().enumerate() {
                     *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), wv, *cr);
