@@ -44,7 +44,9 @@ llama() { # model gguf log
   "$SERVER" -m "$2" -t 2 -tb 2 -c 8192 -np 32 --host 127.0.0.1 --port "$port" --no-webui >"$LOG/llama-server.log" 2>&1 &
   local pid=$!
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
-  python3 "$PEERS/runq.py" --log "$3" --retries 2 -- "$BRIGADE" bench serve --checkpoint "$MODELS/$1" \
+  # no retries: runq.py counts llama-server's own work as foreign CPU (~97%), and retried each
+  # run three times for it
+  python3 "$PEERS/runq.py" --log "$3" -- "$BRIGADE" bench serve --checkpoint "$MODELS/$1" \
     --url "http://127.0.0.1:$port" "${load[@]}"
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
