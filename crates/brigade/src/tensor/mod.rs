@@ -128,13 +128,13 @@ pub(crate) mod lanes {
     /// Bytes ahead of a tile's weight loads that `ahead` asks for.
     pub const AHEAD_BYTES: usize = 1536;
 
-    /// Asks for the cache line `AHEAD_BYTES` past `p + at` bytes of a strip, so that it
+    /// Asks for the cache line `AHEAD_BYTES` past element `at` of a strip at `p`, so that it
     /// arrives from memory while the rows before it compute: left to the hardware's
     /// prefetcher, the batched tiles stalled on their weight loads (a decode's weights are
     /// read from memory once a step). Only a hint: it never faults, past the end included.
     #[inline(always)]
     pub unsafe fn ahead<T>(p: *const T, at: usize) {
-        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).wrapping_add(at + AHEAD_BYTES));
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at).cast::<i8>().wrapping_add(AHEAD_BYTES));
     }
 
     /// The 16-wide scales (or minimums) of group `g`; zeros where a strip has none.

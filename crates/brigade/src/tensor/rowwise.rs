@@ -276,7 +276,7 @@ mod simd {
         let mut c = [[_mm256_setzero_ps(); 2]; R];
         let (ap, wp) = (a.as_ptr(), strip.as_ptr());
         for kk in 0..k {
-            ahead(wp, 4 * kk * W);
+            ahead(wp, kk * W);
             let w0 = _mm256_loadu_ps(wp.add(kk * W));
             let w1 = _mm256_loadu_ps(wp.add(kk * W + 8));
             for (r, cr) in c.iter_mut().enumerate() {
@@ -298,7 +298,7 @@ mod simd {
         let mut c = [_mm512_setzero_ps(); R];
         let (ap, wp) = (a.as_ptr(), strip.as_ptr());
         for kk in 0..k {
-            ahead(wp, 4 * kk * W);
+            ahead(wp, kk * W);
             let w = _mm512_loadu_ps(wp.add(kk * W));
             for (r, cr) in c.iter_mut().enumerate() {
                 *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), w, *cr);
@@ -317,8 +317,8 @@ mod simd {
         let mut c = [[_mm512_setzero_ps(); 2]; 8];
         let (ap, w0p, w1p) = (a.as_ptr(), strips[0].as_ptr(), strips[1].as_ptr());
         for kk in 0..k {
-            ahead(w0p, 4 * kk * W);
-            ahead(w1p, 4 * kk * W);
+            ahead(w0p, kk * W);
+            ahead(w1p, kk * W);
             let w0 = _mm512_loadu_ps(w0p.add(kk * W));
             let w1 = _mm512_loadu_ps(w1p.add(kk * W));
             for (r, cr) in c.iter_mut().enumerate() {
