@@ -1,5 +1,6 @@
-//! brigade's own f32 matrix product for AVX2 + FMA machines, organised as BLIS does it
-//! (Van Zee & van de Geijn, "BLIS: A Framework for Rapidly Instantiating BLAS Functionality"):
+//! brigade's own f32 matrix product for AVX2 + FMA machines (and their AVX-512 successors),
+//! organised as BLIS does it (Van Zee & van de Geijn, "BLIS: A Framework for Rapidly
+//! Instantiating BLAS Functionality"):
 //!
 //! ```text
 //! for each NC-wide block of columns of c (jc)
@@ -9,6 +10,9 @@
 //!         for each 6-tall panel of that a block (ir)
 //!           6 × 16 micro-kernel: 12 ymm accumulators, kc fused multiply-adds each
 //! ```
+//!
+//! Where AVX-512 runs (and `BRIGADE_SIMD=avx2` does not hold it back) the same loops run a
+//! 12 × 32 tile: 24 zmm accumulators, panels of 12 rows and strips of 32 columns.
 //!
 //! Packing turns any operand layout (row-major, transposed, strided) into the contiguous
 //! panels the micro-kernel streams, so transposed operands run at the rate of plain ones.
@@ -27,6 +31,43 @@ pub const NR: usize = 16;
 const KC: usize = 256;
 const MC: usize = 144;
 const NC: usize = 4080;
+/// The AVX-512 tile: rows of a panel, columns of a strip, and the column block (a multiple of
+/// the strip; its packed b, 1 MiB, stays in L2 while each 12 KiB panel of a, in L1, meets
+/// every strip). MC = 144 is a multiple of both tiles' rows; KC is the same for both, so both
+/// give every element the same chain of sums, bit for bit. Measured on a 2-core AVX-512 Xeon,
+/// 1 thread: the tile alone in L1 at 188 GFLOP/s (the 6 × 16 one 113), whole products at
+/// 0.97× the gemm crate's median over `bench matmul`'s shapes, 1.2–1.35× on transposed ones.
+const MR_WIDE: usize = 12;
+const NR_WIDE: usize = 32;
+const NC_WIDE: usize = 1024;
+
+/// A micro-kernel: `(kc, packed a panel, packed b strip, c, c's view, rows, cols, alpha, beta)`.
+type Kernel = unsafe fn(usize, &[f32], &[f32], *mut f32, Mat, usize, usize, f32, bool);
+
+/// Which tile the blocked product runs: 6 × 16 on ymm registers, or 12 × 32 on zmm ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tile {
+    Avx2,
+    Avx512,
+}
+
+impl Tile {
+    /// The widest tile this machine runs (within `BRIGADE_SIMD`).
+    pub(crate) fn here() -> Tile {
+        if super::wide() {
+            Tile::Avx512
+        } else {
+            Tile::Avx2
+        }
+    }
+
+    fn dims(self) -> (usize, usize) {
+        match self {
+            Tile::Avx2 => (MR, NR),
+            Tile::Avx512 => (MR_WIDE, NR_WIDE),
+        }
+    }
+}
 
 /// Whether this machine can run brigade's kernel: x86-64 with AVX2 and FMA (its tests run
 /// wherever it can).
@@ -43,7 +84,11 @@ pub fn runs_here() -> bool {
 
 /// Whether matrix products use brigade's kernel by default here: where it runs, unless the
 /// machine has AVX-512 (and `BRIGADE_SIMD=avx2` does not hold it to AVX2), where the `gemm`
-/// crate's 512-bit kernels are faster.
+/// crate's kernels stay the default for now — though the 12 × 32 tile ran faster beside them
+/// on a 2-core AVX-512 Xeon (GPT-2-small's step in eight micro-batches 1.05×, pp = 2 1.07×,
+/// SmolLM2-135M's step on 2 threads 1.10×, a whole batch 0.99×), two mixture-of-experts
+/// equivalence tests' first-step tolerances, measured on the crate's rounding, do not hold on
+/// brigade's (on either tile): `BRIGADE_MATMUL=brigade` asks for it.
 pub fn preferred() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -105,9 +150,37 @@ pub unsafe fn sgemm(
     accumulate: bool,
     threads: usize,
 ) {
+    // SAFETY: as the caller's.
+    unsafe { sgemm_tiled(Tile::here(), c, cm, a, am, b, bm, alpha, accumulate, threads) }
+}
+
+/// [`sgemm`] on a chosen tile (the AVX-512 one only where AVX-512 runs).
+///
+/// # Safety
+/// As [`sgemm`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_tiled(
+    tile: Tile,
+    c: *mut f32,
+    cm: Mat,
+    a: *const f32,
+    am: Mat,
+    b: *const f32,
+    bm: Mat,
+    alpha: f32,
+    accumulate: bool,
+    threads: usize,
+) {
     let (m, n) = (cm.rows, cm.cols);
     let (cp, ap, bp) = (SendPtr(c), a as usize, b as usize);
-    let parts = split(m, n, threads);
+    let parts = split(m, n, threads, tile.dims());
+    let serial = |c, cm, a, am, b, bm| match tile {
+        // SAFETY: the caller's, and AVX-512 runs where the wide tile is asked for.
+        Tile::Avx2 => unsafe { serial::<MR, NR, NC, false>(kernel, c, cm, a, am, b, bm, alpha, accumulate) },
+        Tile::Avx512 => unsafe {
+            serial::<MR_WIDE, NR_WIDE, NC_WIDE, true>(kernel_wide, c, cm, a, am, b, bm, alpha, accumulate)
+        },
+    };
     let part = |&(by_cols, lo, hi): &(bool, usize, usize)| {
         let (a, b) = (ap as *const f32, bp as *const f32);
         // SAFETY: the parts are disjoint blocks of c inside its view; the caller vouches for
@@ -116,11 +189,11 @@ pub unsafe fn sgemm(
             if by_cols {
                 let cm = Mat { cols: hi - lo, ..cm };
                 let bm = Mat { cols: hi - lo, ..bm };
-                serial(cp.at(lo * cm.cs), cm, a, am, b.add(lo * bm.cs), bm, alpha, accumulate);
+                serial(cp.at(lo * cm.cs), cm, a, am, b.add(lo * bm.cs), bm);
             } else {
                 let cm = Mat { rows: hi - lo, ..cm };
                 let am = Mat { rows: hi - lo, ..am };
-                serial(cp.at(lo * cm.rs), cm, a.add(lo * am.rs), am, b, bm, alpha, accumulate);
+                serial(cp.at(lo * cm.rs), cm, a.add(lo * am.rs), am, b, bm);
             }
         }
     };
@@ -131,14 +204,14 @@ pub unsafe fn sgemm(
     }
 }
 
-/// How c is cut between threads: `(by columns, from, to)` blocks of whole 16-column strips
-/// (or 6-row panels), along the dimension whose operand is the larger to pack (each thread
-/// then packs only its share of it and all of the smaller one).
-fn split(m: usize, n: usize, threads: usize) -> Vec<(bool, usize, usize)> {
-    let strips = n.div_ceil(NR);
-    let panels = m.div_ceil(MR);
+/// How c is cut between threads: `(by columns, from, to)` blocks of whole strips of the tile's
+/// columns (or panels of its rows), along the dimension whose operand is the larger to pack
+/// (each thread then packs only its share of it and all of the smaller one).
+fn split(m: usize, n: usize, threads: usize, (mr, nr): (usize, usize)) -> Vec<(bool, usize, usize)> {
+    let strips = n.div_ceil(nr);
+    let panels = m.div_ceil(mr);
     let by_cols = if strips >= threads && panels >= threads { n >= m } else { strips >= panels };
-    let (units, unit, len) = if by_cols { (strips, NR, n) } else { (panels, MR, m) };
+    let (units, unit, len) = if by_cols { (strips, nr, n) } else { (panels, mr, m) };
     let t = threads.clamp(1, units.max(1));
     (0..t)
         .map(|p| {
@@ -149,38 +222,55 @@ fn split(m: usize, n: usize, threads: usize) -> Vec<(bool, usize, usize)> {
         .collect()
 }
 
-/// The blocked product on this thread.
+/// The blocked product on this thread, on tiles of `R × C` by `kernel`, `NB` columns a block;
+/// `PANELS_OUTER`: each panel of a meets every strip of b in turn (else each strip every
+/// panel). The order of the tiles changes no sum.
 #[allow(clippy::too_many_arguments)]
-unsafe fn serial(c: *mut f32, cm: Mat, a: *const f32, am: Mat, b: *const f32, bm: Mat, alpha: f32, accumulate: bool) {
+unsafe fn serial<const R: usize, const C: usize, const NB: usize, const PANELS_OUTER: bool>(
+    kernel: Kernel,
+    c: *mut f32,
+    cm: Mat,
+    a: *const f32,
+    am: Mat,
+    b: *const f32,
+    bm: Mat,
+    alpha: f32,
+    accumulate: bool,
+) {
     let (m, n, k) = (cm.rows, cm.cols, am.cols);
     if m == 0 || n == 0 {
         return;
     }
     with_buf(&B_BUF, |bbuf| {
         with_buf(&A_BUF, |abuf| {
-            for jc in (0..n).step_by(NC) {
-                let nc = NC.min(n - jc);
-                let strips = nc.div_ceil(NR);
+            for jc in (0..n).step_by(NB) {
+                let nc = NB.min(n - jc);
+                let strips = nc.div_ceil(C);
                 for pc in (0..k).step_by(KC) {
                     let kc = KC.min(k - pc);
                     let beta = accumulate || pc > 0;
-                    let packed_b = bbuf.get(strips * kc * NR);
+                    let packed_b = bbuf.get(strips * kc * C);
                     // SAFETY (here and below): the blocks lie inside the caller's views.
-                    unsafe { pack::<NR>(packed_b, b, bm.t(), jc, nc, pc, kc) };
+                    unsafe { pack::<C>(packed_b, b, bm.t(), jc, nc, pc, kc) };
                     for ic in (0..m).step_by(MC) {
                         let rows = MC.min(m - ic);
-                        let panels = rows.div_ceil(MR);
-                        let packed_a = abuf.get(panels * kc * MR);
-                        unsafe { pack::<MR>(packed_a, a, am, ic, rows, pc, kc) };
-                        for s in 0..strips {
-                            let bs = &packed_b[s * kc * NR..(s + 1) * kc * NR];
-                            let (j, cols) = (jc + s * NR, NR.min(nc - s * NR));
-                            for pnl in 0..panels {
-                                let i = ic + pnl * MR;
-                                let ap = &packed_a[pnl * kc * MR..(pnl + 1) * kc * MR];
-                                let cij = c.wrapping_add(i * cm.rs + j * cm.cs);
-                                unsafe { kernel(kc, ap, bs, cij, cm, MR.min(m - i), cols, alpha, beta) };
-                            }
+                        let panels = rows.div_ceil(R);
+                        let packed_a = abuf.get(panels * kc * R);
+                        unsafe { pack::<R>(packed_a, a, am, ic, rows, pc, kc) };
+                        let tile = |pnl: usize, s: usize| {
+                            let i = ic + pnl * R;
+                            let ap = &packed_a[pnl * kc * R..(pnl + 1) * kc * R];
+                            let bs = &packed_b[s * kc * C..(s + 1) * kc * C];
+                            let (j, cols) = (jc + s * C, C.min(nc - s * C));
+                            let cij = c.wrapping_add(i * cm.rs + j * cm.cs);
+                            unsafe { kernel(kc, ap, bs, cij, cm, R.min(m - i), cols, alpha, beta) };
+                        };
+                        if PANELS_OUTER {
+                            // a's panel stays in L1 while b's strips stream from L2
+                            (0..panels).for_each(|pnl| (0..strips).for_each(|s| tile(pnl, s)));
+                        } else {
+                            // b's strip stays in L1 while a's panels stream from L2
+                            (0..strips).for_each(|s| (0..panels).for_each(|pnl| tile(pnl, s)));
                         }
                     }
                 }
@@ -230,7 +320,7 @@ pub(crate) unsafe fn pack<const W: usize>(
         // in registers where AVX2 runs, the rest one value at a time
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && (W == MR || W == NR) {
+        if is_x86_feature_detected!("avx2") && matches!(W, MR | NR | MR_WIDE | NR_WIDE) {
             // SAFETY: the feature is present; the reads are rows i0.. of the caller's block.
             unsafe { avx2::pack_rows::<W>(dst, x, rs, i0, rows / W, pc, kc) };
             done = kc / 8 * 8;
@@ -308,7 +398,7 @@ pub(crate) unsafe fn kernel(
         // SAFETY: the features are present; the caller vouches for c.
         return unsafe { avx2::kernel(kc, a.as_ptr(), b.as_ptr(), c, cm, rows, cols, alpha, beta) };
     }
-    let acc = portable_sums(kc, a, b);
+    let acc = portable_sums::<MR, NR>(kc, a, b);
     for (r, accr) in acc.iter().enumerate().take(rows) {
         for (j, &v) in accr.iter().enumerate().take(cols) {
             // SAFETY: (r, j) lies in the corner the caller vouches for.
@@ -318,14 +408,42 @@ pub(crate) unsafe fn kernel(
     }
 }
 
+/// The 12 × 32 tile of [`kernel`]'s contract on zmm registers: the same `fma` chain for each
+/// element, so the same bits as the 6 × 16 tile (and as the plain Rust sums).
+///
+/// # Safety
+/// As [`kernel`]; AVX-512 must be present, b's strip 64-byte aligned.
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_wide(
+    kc: usize,
+    a: &[f32],
+    b: &[f32],
+    c: *mut f32,
+    cm: Mat,
+    rows: usize,
+    cols: usize,
+    alpha: f32,
+    beta: bool,
+) {
+    debug_assert!(a.len() == kc * MR_WIDE && b.len() == kc * NR_WIDE);
+    debug_assert!(b.as_ptr().align_offset(64) == 0, "b's strip must be 64-byte aligned");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller vouches for the feature and for c.
+    unsafe {
+        avx512::kernel(kc, a.as_ptr(), b.as_ptr(), c, cm, rows, cols, alpha, beta)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("the 12 × 32 tile runs only where AVX-512 does")
+}
+
 /// The micro-kernel's sums in plain Rust, for machines without AVX2 (`mul_add` is the same
-/// fused operation, in the same order).
-fn portable_sums(kc: usize, a: &[f32], b: &[f32]) -> [[f32; NR]; MR] {
-    let mut acc = [[0f32; NR]; MR];
+/// fused operation, in the same order), on an `R × C` tile.
+fn portable_sums<const R: usize, const C: usize>(kc: usize, a: &[f32], b: &[f32]) -> [[f32; C]; R] {
+    let mut acc = [[0f32; C]; R];
     for p in 0..kc {
-        let bp = &b[p * NR..(p + 1) * NR];
+        let bp = &b[p * C..(p + 1) * C];
         for (r, accr) in acc.iter_mut().enumerate() {
-            let av = a[p * MR + r];
+            let av = a[p * R + r];
             for (x, &bv) in accr.iter_mut().zip(bp) {
                 *x = av.mul_add(bv, *x);
             }
@@ -339,9 +457,10 @@ mod avx2 {
     use super::{Mat, MR, NR};
     use std::arch::x86_64::*;
 
-    /// `pack`'s row-major case for the first `panels` full panels of W rows (W = 6 or 16) and
-    /// columns `pc..pc + kc/8·8`: each 8 × 8 block (6 × 8 for W = 6) is loaded a row at a time,
-    /// transposed in registers and stored a column at a time, instead of 64 scalar stores.
+    /// `pack`'s row-major case for the first `panels` full panels of W rows (W = 6, 12, 16 or
+    /// 32) and columns `pc..pc + kc/8·8`: each 8 × 8 block (6 or 4 rows × 8 at a panel's end)
+    /// is loaded a row at a time, transposed in registers and stored a column at a time,
+    /// instead of 64 scalar stores.
     ///
     /// # Safety
     /// AVX2 must be present; rows `i0..i0 + panels·W`, columns `pc..pc + kc` at `x` (row
@@ -356,7 +475,7 @@ mod avx2 {
         pc: usize,
         kc: usize,
     ) {
-        assert!(dst.len() >= panels * kc * W && (W == MR || W == NR));
+        assert!(dst.len() >= panels * kc * W && matches!(W, 6 | 12 | 16 | 32));
         let d = dst.as_mut_ptr();
         for q in 0..panels {
             for g in (0..W).step_by(8) {
@@ -373,6 +492,8 @@ mod avx2 {
                     for (j, &cj) in c.iter().enumerate() {
                         if nr == 8 {
                             unsafe { _mm256_storeu_ps(at(j), cj) };
+                        } else if nr == 4 {
+                            unsafe { _mm_storeu_ps(at(j), _mm256_castps256_ps128(cj)) };
                         } else {
                             let lo = _mm256_castps256_ps128(cj);
                             let hi = _mm256_extractf128_ps::<1>(cj);
@@ -482,6 +603,74 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Mat, MR_WIDE as MR, NR_WIDE as NR};
+    use std::arch::x86_64::*;
+
+    /// The 12 × 32 tile: 24 zmm accumulators (two 16-wide vectors a row), each row's value of
+    /// a broadcast against the strip's two vectors at every step of `p`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn kernel(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        cm: Mat,
+        rows: usize,
+        cols: usize,
+        alpha: f32,
+        beta: bool,
+    ) {
+        // the tile of c is read (or written) once the products are summed: fetch its lines now
+        if cm.cs == 1 {
+            for r in 0..rows {
+                let cr = c.add(r * cm.rs) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(cr);
+                _mm_prefetch::<_MM_HINT_T0>(cr.wrapping_add(64));
+                _mm_prefetch::<_MM_HINT_T0>(cr.wrapping_add(4 * cols - 4));
+            }
+        }
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for p in 0..kc {
+            let b0 = _mm512_load_ps(b.add(p * NR));
+            let b1 = _mm512_load_ps(b.add(p * NR + 16));
+            for (r, accr) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(p * MR + r));
+                accr[0] = _mm512_fmadd_ps(av, b0, accr[0]);
+                accr[1] = _mm512_fmadd_ps(av, b1, accr[1]);
+            }
+        }
+        let al = _mm512_set1_ps(alpha);
+        if rows == MR && cols == NR && cm.cs == 1 {
+            for (r, accr) in acc.iter().enumerate() {
+                let cr = c.add(r * cm.rs);
+                for (h, &sum) in accr.iter().enumerate() {
+                    let v = if beta {
+                        _mm512_fmadd_ps(al, sum, _mm512_loadu_ps(cr.add(16 * h)))
+                    } else {
+                        _mm512_mul_ps(al, sum)
+                    };
+                    _mm512_storeu_ps(cr.add(16 * h), v);
+                }
+            }
+            return;
+        }
+        let mut tile = [[0f32; NR]; MR];
+        for (t, accr) in tile.iter_mut().zip(&acc) {
+            _mm512_storeu_ps(t.as_mut_ptr(), accr[0]);
+            _mm512_storeu_ps(t.as_mut_ptr().add(16), accr[1]);
+        }
+        for (r, t) in tile.iter().enumerate().take(rows) {
+            for (j, &v) in t.iter().enumerate().take(cols) {
+                let cij = c.add(r * cm.rs + j * cm.cs);
+                *cij = if beta { alpha.mul_add(v, *cij) } else { alpha * v };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::matmul::{gemm_into_on, matmul_on, matmul_reference, Backend, Mat, Threads};
@@ -533,7 +722,7 @@ mod tests {
         let mut c = vec![0f32; MR * NR];
         // SAFETY: c is a whole 6 × 16 tile.
         unsafe { kernel(kc, &a, b, c.as_mut_ptr(), Mat::rm(MR, NR), MR, NR, 1.0, false) };
-        assert_eq!(c, portable_sums(kc, &a, b).concat());
+        assert_eq!(c, portable_sums::<MR, NR>(kc, &a, b).concat());
     }
 
     #[test]
@@ -541,6 +730,80 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(17);
         check_pack::<MR>(&mut rng);
         check_pack::<NR>(&mut rng);
+        check_pack::<MR_WIDE>(&mut rng);
+        check_pack::<NR_WIDE>(&mut rng);
+    }
+
+    /// Whether this machine cannot run the 12 × 32 tile (said once per test).
+    fn wide_unavailable() -> bool {
+        let here = runs_here() && is_x86_feature_detected!("avx512f");
+        if !here {
+            println!("skipped: the 12 × 32 tile needs AVX-512 (this machine runs the 6 × 16 one)");
+        }
+        !here
+    }
+
+    #[test]
+    fn the_wide_tile_is_the_portable_sums_bit_for_bit() {
+        if wide_unavailable() {
+            return;
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+        for kc in [1, 77, 256] {
+            let a: Vec<f32> = (0..kc * MR_WIDE).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let mut b = Buf::default();
+            let b = b.get(kc * NR_WIDE);
+            b.iter_mut().for_each(|x| *x = rng.gen_range(-1.0..1.0));
+            let mut c = vec![0f32; MR_WIDE * NR_WIDE];
+            // SAFETY: c is a whole 12 × 32 tile; AVX-512 runs here.
+            unsafe { kernel_wide(kc, &a, b, c.as_mut_ptr(), Mat::rm(MR_WIDE, NR_WIDE), MR_WIDE, NR_WIDE, 1.0, false) };
+            assert_eq!(c, portable_sums::<MR_WIDE, NR_WIDE>(kc, &a, b).concat(), "kc={kc}");
+        }
+    }
+
+    /// The 12 × 32 tile's products are the 6 × 16 tile's bit for bit, on any shape (ragged
+    /// panels and strips, several column blocks and k blocks), view, alpha, accumulation and
+    /// thread count: a machine with AVX-512 computes what one with AVX2 only does.
+    #[test]
+    fn the_wide_tile_gives_the_narrow_tiles_bits() {
+        if wide_unavailable() {
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+        let shapes = [(1, 1, 1), (12, 256, 32), (13, 257, 33), (150, 600, 1100), (40, 70, 2100), (300, 9, 5)];
+        for &(m, k, n) in &shapes {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let a = rand_vec(&mut rng, m * k);
+                let b = rand_vec(&mut rng, k * n);
+                let c0 = rand_vec(&mut rng, m * n);
+                let am = if ta { Mat::rm_t(m, k) } else { Mat::rm(m, k) };
+                let bm = if tb { Mat::rm_t(k, n) } else { Mat::rm(k, n) };
+                for (threads, accumulate, alpha) in [(1, false, 1.0), (2, true, -0.5), (3, true, 1.0)] {
+                    let run = |tile: Tile| {
+                        let mut c = c0.clone();
+                        // SAFETY: the views are dense over their buffers; the tile runs here.
+                        pool(threads).install(|| unsafe {
+                            sgemm_tiled(
+                                tile,
+                                c.as_mut_ptr(),
+                                Mat::rm(m, n),
+                                a.as_ptr(),
+                                am,
+                                b.as_ptr(),
+                                bm,
+                                alpha,
+                                accumulate,
+                                threads,
+                            )
+                        });
+                        c
+                    };
+                    let (wide, narrow) = (run(Tile::Avx512), run(Tile::Avx2));
+                    let same = wide.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "({m},{k},{n}) ta={ta} tb={tb} threads={threads}: the tiles' bits differ");
+                }
+            }
+        }
     }
 
     fn rand_vec(rng: &mut impl Rng, n: usize) -> Vec<f32> {
