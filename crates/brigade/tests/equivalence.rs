@@ -165,17 +165,17 @@ struct FirstStep {
 /// The first step's per-tensor gradient tolerance (relative).
 const FIRST_STEP: f64 = 1e-6;
 
-/// The first step's tolerances: every tensor's, and the rotated key biases' (a near-total
-/// cancellation: see `a_mixture_under_tensor_parallelism_equals_the_single_worker`).
+/// The first step's tolerances: every tensor's, and the rotated query and key biases' (sums of
+/// centred terms: see `a_mixture_under_tensor_parallelism_equals_the_single_worker`).
 #[derive(Clone, Copy)]
 struct Tol {
     all: f64,
-    key_bias: f64,
+    qk_bias: f64,
 }
 
 impl From<f64> for Tol {
     fn from(all: f64) -> Tol {
-        Tol { all, key_bias: all }
+        Tol { all, qk_bias: all }
     }
 }
 
@@ -217,7 +217,8 @@ fn first_step_errors(
         if e > out.worst.0 {
             out.worst = (e, name.clone());
         }
-        let limit = if name.ends_with("self_attn.k_proj.bias") { tol.key_bias } else { tol.all };
+        let qk_bias = name.ends_with("self_attn.k_proj.bias") || name.ends_with("self_attn.q_proj.bias");
+        let limit = if qk_bias { tol.qk_bias } else { tol.all };
         if e >= limit {
             out.failures.push(format!("{name}: gradient differs from the single worker's by {e:.2e}"));
         }
@@ -416,11 +417,13 @@ fn assert_equivalent(f: Family, data: Data, what: &str, got: &Run, want: &Run) {
         assert!(e < 1e-5, "{what}: gradient norm at step {step} is {g}, single worker {w} ({e:.1e})");
     }
     // a mixture's expert load: the same rows to each expert (exactly), the same balancing loss
+    // to the loss's own tolerance (after the first step both come from weights that differ by
+    // rounding: dp=2,ep=2 with a capacity measured 4.0e-6 at step 4 on brigade's kernel)
     for &(step, imbalance, balance) in &got.loads {
         let (_, want_i, want_b) = want.loads[step - 1];
         assert_eq!(imbalance, want_i, "{what}: expert load at step {step}");
         assert!(
-            (balance - want_b).abs() <= 1e-6 * want_b.abs(),
+            (balance - want_b).abs() <= 1e-5 * want_b.abs(),
             "{what}: balancing loss at step {step}: {balance} vs {want_b}"
         );
     }
@@ -598,19 +601,23 @@ const EXPERTS_TP: &[Case] = &[
     ("pp=2,tp=2,schedule=1f1b", 2, BIG),
 ];
 
-/// The first step is held to the one worker's own measured floor (moe-tiny's sits at 1.15e-6),
-/// except its rotated key biases: their true gradient is near zero (a bias on every key of a
-/// row shifts its scores alike but for the rotation), so the relative error of what is left
-/// magnifies rounding, and tp computes the key heads' output gradients as products of another
-/// shape (c/tp columns of the row-parallel projection) than one worker: measured 1.5–2.4e-6
-/// here, held to 4e-6. The weights after five steps are held to the usual tolerances, and a
-/// real error shows far above these (a tp-split expert tensor: 1e0; the norm counting divided
+/// The first step is held to the one worker's own measured floor (moe-tiny's sits at 1.15e-6
+/// on the gemm crate, 3.0e-7 on brigade's kernel, whose sums do not depend on the rows a
+/// product has), except its rotated query and key biases. A key bias's true gradient is near
+/// zero (a bias on every key of a row shifts its scores alike but for the rotation); a query
+/// bias's is a sum over rows of `Σ_j ds_ij·k_j` whose `ds_ij` sum to zero in each row (the
+/// softmax's backward), so only the keys' spread is left. Either way the relative error of
+/// what is left magnifies rounding, and tp computes the heads' output gradients as products of
+/// another shape (c/tp columns of the row-parallel projection) than one worker: key biases
+/// measured 1.5–2.55e-6 here, query biases up to 1.19e-6 (brigade's kernel, dp=2,tp=4,ep=2) —
+/// held to 4e-6. The weights after five steps are held to the usual tolerances, and a real
+/// error shows far above these (a tp-split expert tensor: 1e0; the norm counting divided
 /// experts once per tp rank: 6e-4, both caught here).
 #[test]
 fn a_mixture_under_tensor_parallelism_equals_the_single_worker() {
     let (_, _, moe) = brigade::models::family::PRESETS.iter().find(|p| p.0 == "moe-tiny").copied().unwrap();
     let (want, first) = single_worker(moe, DIGITS);
-    let tol = Tol { all: measured_floor(moe, DIGITS, &first), key_bias: 4e-6 };
+    let tol = Tol { all: measured_floor(moe, DIGITS, &first), qk_bias: 4e-6 };
     for &c in EXPERTS_TP {
         let got = run_within(moe, DIGITS, c, (Start::Fresh(&first), None, STEPS), tol);
         assert_equivalent(moe, DIGITS, &format!("{c:?}"), &got, &want);
@@ -691,8 +698,13 @@ fn a_mixture_split_along_its_sequences_equals_the_single_worker() {
 }
 
 /// moe-tiny with a capacity factor of 1 (each expert at most its even share of a sequence's
-/// rows: some are dropped on every step): the dropping is decided per sequence, so every layout
-/// drops the same rows.
+/// rows: some are dropped on every step): the dropping is decided per sequence, so from the same
+/// weights every layout drops the same rows — the first step, held tensor by tensor (gradients
+/// and the step's weights). Only that step: a later one starts from weights that differ by
+/// rounding, and a row whose weight sits within rounding of the capacity's cut is then kept by
+/// one layout and dropped by another — a discontinuity, not an error (dp=2,ep=2 on brigade's
+/// matrix kernel, 5 steps: same loads, weights 5.0e-5 apart, 6.0e-4 in one expert's tensor).
+/// The steps after the first are held on the dropless layouts above.
 #[test]
 fn a_mixture_with_a_capacity_equals_the_single_worker() {
     let (_, _, moe) = brigade::models::family::PRESETS.iter().find(|p| p.0 == "moe-tiny").copied().unwrap();
@@ -704,13 +716,16 @@ fn a_mixture_with_a_capacity_equals_the_single_worker() {
     let (want, first) = single_worker(capped, DIGITS);
     let (dropless, _) = single_worker(moe, DIGITS);
     assert_ne!(want.losses, dropless.losses, "the capacity changes what is computed");
+    // the one worker's first step alone, as the layouts run it
+    let want = run(capped, DIGITS, ("dp=1", 16, BIG), Start::Fresh(&first), None, 1);
+    assert_eq!(want.losses.len(), 1);
     for &c in &[
         ("dp=2,ep=2", 4, SMALL),
         ("dp=4,ep=4,zero=3", 2, BIG),
         ("dp=2,pp=2,ep=2,schedule=1f1b", 2, BIG),
         ("pp=2,schedule=zb,recompute=full", 4, SMALL),
     ] {
-        let got = run(capped, DIGITS, c, Start::Fresh(&first), None, STEPS);
+        let got = run(capped, DIGITS, c, Start::Fresh(&first), None, 1);
         assert_equivalent(capped, DIGITS, &format!("{c:?}"), &got, &want);
     }
 }

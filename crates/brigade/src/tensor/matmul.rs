@@ -44,8 +44,7 @@ impl Backend {
             Backend::Auto => *AUTO.get_or_init(|| {
                 let asked = std::env::var("BRIGADE_MATMUL").ok();
                 let forced = asked.as_deref() == Some("gemm-crate");
-                // `BRIGADE_MATMUL=brigade` asks for brigade's kernel wherever it runs (AVX2 + FMA),
-                // also on machines where the gemm crate's AVX-512 kernels are preferred
+                // `BRIGADE_MATMUL=brigade` asks for brigade's kernel wherever it runs (AVX2 + FMA)
                 let ours = asked.as_deref() == Some("brigade") && super::sgemm::runs_here();
                 if ours || (super::sgemm::preferred() && !forced) {
                     Backend::Brigade

@@ -82,22 +82,14 @@ pub fn runs_here() -> bool {
     }
 }
 
-/// Whether matrix products use brigade's kernel by default here: where it runs, unless the
-/// machine has AVX-512 (and `BRIGADE_SIMD=avx2` does not hold it to AVX2), where the `gemm`
-/// crate's kernels stay the default for now — though the 12 × 32 tile ran faster beside them
-/// on a 2-core AVX-512 Xeon (GPT-2-small's step in eight micro-batches 1.05×, pp = 2 1.07×,
-/// SmolLM2-135M's step on 2 threads 1.10×, a whole batch 0.99×), two mixture-of-experts
-/// equivalence tests' first-step tolerances, measured on the crate's rounding, do not hold on
-/// brigade's (on either tile): `BRIGADE_MATMUL=brigade` asks for it.
+/// Whether matrix products use brigade's kernel by default here: wherever it runs, on its
+/// 12 × 32 tile where AVX-512 does. Against the `gemm` crate's AVX-512 kernels on a 2-core
+/// AVX-512 Xeon (alternated in one session): GPT-2-small's step at batch 8 in one go 0.99×, in
+/// eight micro-batches of one sequence 1.05× (the crate packs every weight again for each
+/// 256-row product and copies the transposed ones), pp = 2 1.07×, SmolLM2-135M's step on 2
+/// threads 1.10×, embedding 1.00–1.03×. `BRIGADE_MATMUL=gemm-crate` still asks for the crate.
 pub fn preferred() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        runs_here() && !super::wide()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    runs_here()
 }
 
 /// A reusable 64-byte-aligned f32 buffer (packed panels): the micro-kernel loads b's strips
