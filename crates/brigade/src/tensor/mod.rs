@@ -190,8 +190,8 @@ pub(crate) fn wide() -> bool {
 }
 
 /// The instruction sets `BRIGADE_SIMD` allows: `avx2` holds every kernel to its AVX2 path
-/// (brigade's own matrix kernel instead of the `gemm` crate's AVX-512 one, the row kernels'
-/// 256-bit paths), so that a machine with AVX-512 measures and tests what one without it runs;
+/// (brigade's matrix kernel on its 6 × 16 tile, never the `gemm` crate's AVX-512 one, the row
+/// kernels' 256-bit paths), so that a machine with AVX-512 measures and tests what one without it runs;
 /// unset or `auto`, the best the machine has. Read once.
 pub fn simd_limited_to_avx2() -> bool {
     static LIMIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -166,7 +166,7 @@ pub(crate) unsafe fn sgemm_tiled(
     let (m, n) = (cm.rows, cm.cols);
     let (cp, ap, bp) = (SendPtr(c), a as usize, b as usize);
     let parts = split(m, n, threads, tile.dims());
-    let serial = |c, cm, a, am, b, bm| match tile {
+    let run = |c, cm, a, am, b, bm| match tile {
         // SAFETY: the caller's, and AVX-512 runs where the wide tile is asked for.
         Tile::Avx2 => unsafe { serial::<MR, NR, NC, false>(kernel, c, cm, a, am, b, bm, alpha, accumulate) },
         Tile::Avx512 => unsafe {
@@ -181,11 +181,11 @@ pub(crate) unsafe fn sgemm_tiled(
             if by_cols {
                 let cm = Mat { cols: hi - lo, ..cm };
                 let bm = Mat { cols: hi - lo, ..bm };
-                serial(cp.at(lo * cm.cs), cm, a, am, b.add(lo * bm.cs), bm);
+                run(cp.at(lo * cm.cs), cm, a, am, b.add(lo * bm.cs), bm);
             } else {
                 let cm = Mat { rows: hi - lo, ..cm };
                 let am = Mat { rows: hi - lo, ..am };
-                serial(cp.at(lo * cm.rs), cm, a.add(lo * am.rs), am, b, bm);
+                run(cp.at(lo * cm.rs), cm, a.add(lo * am.rs), am, b, bm);
             }
         }
     };
@@ -271,6 +271,12 @@ unsafe fn serial<const R: usize, const C: usize, const NB: usize, const PANELS_O
     })
 }
 
+/// Whether `pack` transposes row-major blocks of panels `w` wide in registers: the tiles'
+/// widths (rows of 8, then 6 or 4 at a panel's end).
+const fn transposed_in_registers(w: usize) -> bool {
+    matches!(w, MR | NR | MR_WIDE | NR_WIDE)
+}
+
 /// Asks for the cache lines of `len` floats from `p` (a hint: never faults).
 #[inline(always)]
 fn prefetch(p: *const f32, len: usize) {
@@ -312,7 +318,7 @@ pub(crate) unsafe fn pack<const W: usize>(
         // in registers where AVX2 runs, the rest one value at a time
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && matches!(W, MR | NR | MR_WIDE | NR_WIDE) {
+        if is_x86_feature_detected!("avx2") && transposed_in_registers(W) {
             // SAFETY: the feature is present; the reads are rows i0.. of the caller's block.
             unsafe { avx2::pack_rows::<W>(dst, x, rs, i0, rows / W, pc, kc) };
             done = kc / 8 * 8;
@@ -390,9 +396,27 @@ pub(crate) unsafe fn kernel(
         // SAFETY: the features are present; the caller vouches for c.
         return unsafe { avx2::kernel(kc, a.as_ptr(), b.as_ptr(), c, cm, rows, cols, alpha, beta) };
     }
-    let acc = portable_sums::<MR, NR>(kc, a, b);
-    for (r, accr) in acc.iter().enumerate().take(rows) {
-        for (j, &v) in accr.iter().enumerate().take(cols) {
+    // SAFETY: the caller vouches for the corner.
+    unsafe { write_corner(&portable_sums::<MR, NR>(kc, a, b), c, cm, rows, cols, alpha, beta) }
+}
+
+/// The last step of every tile's contract, on the `rows × cols` corner of c: `c = beta ?
+/// fma(alpha, sum, c) : alpha · sum`, from a tile's sums (the plain Rust tile's, and the
+/// vector tiles' where the corner is ragged or c is strided).
+///
+/// # Safety
+/// As [`kernel`]'s, for the corner.
+unsafe fn write_corner<const C: usize>(
+    sums: &[[f32; C]],
+    c: *mut f32,
+    cm: Mat,
+    rows: usize,
+    cols: usize,
+    alpha: f32,
+    beta: bool,
+) {
+    for (r, row) in sums.iter().enumerate().take(rows) {
+        for (j, &v) in row.iter().enumerate().take(cols) {
             // SAFETY: (r, j) lies in the corner the caller vouches for.
             let cij = unsafe { c.add(r * cm.rs + j * cm.cs) };
             unsafe { *cij = if beta { alpha.mul_add(v, *cij) } else { alpha * v } };
@@ -467,7 +491,7 @@ mod avx2 {
         pc: usize,
         kc: usize,
     ) {
-        assert!(dst.len() >= panels * kc * W && matches!(W, 6 | 12 | 16 | 32));
+        assert!(dst.len() >= panels * kc * W && super::transposed_in_registers(W));
         let d = dst.as_mut_ptr();
         for q in 0..panels {
             for g in (0..W).step_by(8) {
@@ -586,12 +610,7 @@ mod avx2 {
             _mm256_storeu_ps(t.as_mut_ptr(), accr[0]);
             _mm256_storeu_ps(t.as_mut_ptr().add(8), accr[1]);
         }
-        for (r, t) in tile.iter().enumerate().take(rows) {
-            for (j, &v) in t.iter().enumerate().take(cols) {
-                let cij = c.add(r * cm.rs + j * cm.cs);
-                *cij = if beta { alpha.mul_add(v, *cij) } else { alpha * v };
-            }
-        }
+        super::write_corner(&tile, c, cm, rows, cols, alpha, beta);
     }
 }
 
@@ -654,12 +673,7 @@ mod avx512 {
             _mm512_storeu_ps(t.as_mut_ptr(), accr[0]);
             _mm512_storeu_ps(t.as_mut_ptr().add(16), accr[1]);
         }
-        for (r, t) in tile.iter().enumerate().take(rows) {
-            for (j, &v) in t.iter().enumerate().take(cols) {
-                let cij = c.add(r * cm.rs + j * cm.cs);
-                *cij = if beta { alpha.mul_add(v, *cij) } else { alpha * v };
-            }
-        }
+        super::write_corner(&tile, c, cm, rows, cols, alpha, beta);
     }
 }
 
