@@ -42,7 +42,7 @@ const NR_WIDE: usize = 32;
 const NC_WIDE: usize = 1024;
 
 /// A micro-kernel: `(kc, packed a panel, packed b strip, c, c's view, rows, cols, alpha, beta)`.
-type Kernel = unsafe fn(usize, &[f32], &[f32], *mut f32, Mat, usize, usize, f32, bool);
+pub(crate) type Kernel = unsafe fn(usize, &[f32], &[f32], *mut f32, Mat, usize, usize, f32, bool);
 
 /// Which tile the blocked product runs: 6 × 16 on ymm registers, or 12 × 32 on zmm ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,9 +62,30 @@ impl Tile {
     }
 
     fn dims(self) -> (usize, usize) {
+        (self.rows(), self.cols())
+    }
+
+    /// Rows of the tile (of a's packed panels).
+    pub(crate) const fn rows(self) -> usize {
         match self {
-            Tile::Avx2 => (MR, NR),
-            Tile::Avx512 => (MR_WIDE, NR_WIDE),
+            Tile::Avx2 => MR,
+            Tile::Avx512 => MR_WIDE,
+        }
+    }
+
+    /// Columns of the tile (of b's packed strips).
+    pub(crate) const fn cols(self) -> usize {
+        match self {
+            Tile::Avx2 => NR,
+            Tile::Avx512 => NR_WIDE,
+        }
+    }
+
+    /// The tile's micro-kernel (the wide one only where AVX-512 runs).
+    pub(crate) fn kernel(self) -> Kernel {
+        match self {
+            Tile::Avx2 => kernel,
+            Tile::Avx512 => kernel_wide,
         }
     }
 }
