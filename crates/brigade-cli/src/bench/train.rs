@@ -63,6 +63,11 @@ pub fn run(f: Flags) -> Result<()> {
         if let Some((rows, mem)) = &kernels {
             v["breakdown"] = serde_json::to_value(rows)?;
             v["memory_gbps"] = (*mem).into();
+            let (measured, streamed) = brigade::bench::breakdown::ceiling_s(rows, r.matmul_gflops_per_s, *mem);
+            v["ceiling_s"] = measured.into();
+            v["ceiling_mfu"] = (r.mfu * r.step_s_median / measured).into();
+            v["ceiling_streamed_s"] = streamed.into();
+            v["ceiling_streamed_mfu"] = (r.mfu * r.step_s_median / streamed).into();
         }
         outln!("{v}");
     } else {
@@ -87,7 +92,7 @@ pub fn run(f: Flags) -> Result<()> {
             r.loss_last
         );
         if let Some((rows, mem)) = &kernels {
-            print_breakdown(rows, *mem, r.matmul_gflops_per_s, r.step_s_median)?;
+            print_breakdown(rows, *mem, r.matmul_gflops_per_s, (r.step_s_median, r.mfu))?;
         }
         if let Some(d) = &loader {
             outln!(
@@ -113,7 +118,7 @@ fn print_breakdown(
     rows: &[brigade::bench::breakdown::KernelRow],
     mem_gbps: f64,
     matmul: f64,
-    step_s: f64,
+    (step_s, mfu): (f64, f64),
 ) -> Result<()> {
     let total: f64 = rows.iter().map(|r| r.seconds).sum();
     outln!("kernels of the step, each timed alone at its shapes (against a 256 MiB streaming copy's {mem_gbps:.1} GB/s of traffic and the {matmul:.1} GFLOP/s of a 2048³ matmul):");
@@ -134,6 +139,12 @@ fn print_breakdown(
     outln!(
         "  sum of the kernels {total:.3} s; the step as it ran {step_s:.3} s ({:.0}% of it in these kernels)",
         100.0 * total / step_s
+    );
+    let (measured, streamed) = brigade::bench::breakdown::ceiling_s(rows, matmul, mem_gbps);
+    outln!(
+        "  ceiling: every product and the attention at the 2048³ rate, the memory-bound passes as measured: {measured:.3} s a step = {:.1}% of the matmul rate (those passes at most at the streaming rate: {streamed:.3} s = {:.1}%)",
+        100.0 * mfu * step_s / measured,
+        100.0 * mfu * step_s / streamed
     );
     Ok(())
 }

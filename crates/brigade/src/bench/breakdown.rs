@@ -164,6 +164,26 @@ fn memory_bound_rows(cfg: &GptConfig, block: &BlockSpec, n: usize, seq: usize) -
     rows
 }
 
+/// A step of these kernels with every product (the attention included) at the `matmul`
+/// GFLOP/s of a 2048³ product and the memory-bound passes as measured, then (second) those
+/// passes at most at the streaming copy's `mem_gbps` (a pass that ran faster, from cache, keeps
+/// its time): the step's time if its products ran exactly at the rate its fraction is measured
+/// against, so the ceiling of that fraction while the passes stay (a product that beats the
+/// 2048³ rate, as small ones can from cache, lifts a step past it).
+pub fn ceiling_s(rows: &[KernelRow], matmul: f64, mem_gbps: f64) -> (f64, f64) {
+    let (mut products, mut passes, mut streamed) = (0.0, 0.0, 0.0);
+    for r in rows {
+        let work = r.rate * r.seconds; // GFLOP or GB a step
+        if r.unit == "GB/s" {
+            passes += r.seconds;
+            streamed += r.seconds.min(work / mem_gbps);
+        } else {
+            products += work / matmul;
+        }
+    }
+    (products + passes, products + streamed)
+}
+
 /// Every kernel of a training step of `cfg` at `batch × seq`, on the current pool.
 pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
     let (n, c, v, l) = (batch * seq, cfg.n_embd, cfg.vocab_size, cfg.n_layer);
@@ -227,7 +247,7 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
         let mut g = vec![0.001f32; p.len()];
         let mut opt = AdamW::new(AdamWConfig::default(), &model.layout);
         let bytes = 4.0 * p.len() as f64;
-        let z = time_it(|| g.fill(0.0));
+        let z = time_it(|| crate::tensor::elementwise::zero(&mut g));
         rows.push(row("zero the gradients", 1, z, bytes, "GB/s"));
         let k = time_it(|| {
             grad_norm(&g);
@@ -238,4 +258,22 @@ pub fn breakdown(cfg: &GptConfig, batch: usize, seq: usize) -> Vec<KernelRow> {
     }
     rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ceiling_runs_products_at_the_matmul_rate_and_passes_at_most_at_the_streaming_rate() {
+        let rows = [
+            row("a product at half the rate", 2, 0.5, 100e9, "GFLOP/s"), // 200 GFLOP at 200/s
+            row("a slow pass", 1, 0.3, 3e9, "GB/s"),                     // 3 GB at 10 GB/s
+            row("a pass from cache", 1, 0.01, 1e9, "GB/s"),              // 1 GB at 100 GB/s
+        ];
+        let (measured, streamed) = ceiling_s(&rows, 400.0, 30.0);
+        // 200 GFLOP at 400/s = 0.5 s; passes 0.3 + 0.01 as measured, 0.1 + 0.01 streamed
+        assert!((measured - 0.81).abs() < 1e-12, "{measured}");
+        assert!((streamed - 0.61).abs() < 1e-12, "{streamed}");
+    }
 }

@@ -85,6 +85,48 @@ pub fn matmul_gflops_on(
     rates.iter().map(|r| median(r)).collect()
 }
 
+/// A square f32 product timed again and again: between the steps a benchmark times, so that
+/// the rate a step is compared with comes from the same minutes of a shared machine (one
+/// measurement before the steps moved by ±15% from run to run on a 2-core VM).
+struct MatmulProbe {
+    n: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    rates: Vec<f64>,
+}
+
+impl MatmulProbe {
+    fn new(n: usize) -> MatmulProbe {
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let mut v = || (0..n * n).map(|_| rng.gen::<f32>() - 0.5).collect::<Vec<f32>>();
+        let (a, b) = (v(), v());
+        let mut p = MatmulProbe { n, a, b, c: vec![0f32; n * n], rates: Vec::new() };
+        p.product(); // warm up caches and buffers
+        p
+    }
+
+    /// One product; its GFLOP/s.
+    fn product(&mut self) -> f64 {
+        let n = self.n;
+        let t0 = Instant::now();
+        matmul_on(Backend::Auto, &mut self.c, &self.a, &self.b, n, n, n, false, false, false);
+        2.0 * (n * n * n) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    }
+
+    /// Times `reps` products, kept for the median.
+    fn time(&mut self, reps: usize) {
+        for _ in 0..reps {
+            let r = self.product();
+            self.rates.push(r);
+        }
+    }
+
+    fn median(&self) -> f64 {
+        median(&self.rates)
+    }
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TrainBench {
     pub params: usize,
@@ -103,10 +145,12 @@ pub struct TrainBench {
     pub loss_last: f32,
 }
 
-/// Times full training steps (forward, backward, clip, AdamW) on random tokens, after first
-/// measuring the machine's matmul rate in the same process.
+/// Times full training steps (forward, backward, clip, AdamW) on random tokens, and the
+/// machine's 2048³ matmul rate in the same process: three products before the steps and two
+/// before each timed step, the median of them all.
 pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps: usize) -> crate::Result<TrainBench> {
-    let matmul_rate = matmul_gflops(2048, 2048, 2048, 5);
+    let mut probe = MatmulProbe::new(2048);
+    probe.time(3);
     let model = Gpt::new(cfg)?;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let x: Vec<u32> = (0..batch * seq).map(|_| rng.gen_range(0..cfg.vocab_size as u32)).collect();
@@ -119,8 +163,11 @@ pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps
     let mut times = Vec::new();
     let mut losses = Vec::new();
     for i in 0..warmup + steps {
+        if i >= warmup {
+            probe.time(2);
+        }
         let t0 = Instant::now();
-        grads.fill(0.0);
+        crate::tensor::elementwise::zero(&mut grads);
         let (l, n) = model.forward_backward(
             (&params, &mut grads),
             (&x, &y),
@@ -137,6 +184,7 @@ pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps
         }
     }
     let med = median(&times);
+    let matmul_rate = probe.median();
     let tokens = (batch * seq) as f64;
     let model_gflops = cfg.train_flops_per_token(seq) * tokens / med / 1e9;
     Ok(TrainBench {

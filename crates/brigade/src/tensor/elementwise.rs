@@ -132,3 +132,25 @@ pub fn add_into(acc: &mut [f32], x: &[f32]) {
         }
     });
 }
+
+/// `x = 0` on the pool's threads: a gradient buffer of a few hundred MB cleared by one thread
+/// runs at one core's store bandwidth (SmolLM2-135M's 538 MB: 59 ms on one thread of a 2-core
+/// Xeon, 31 ms on two).
+pub fn zero(x: &mut [f32]) {
+    x.par_chunks_mut(CHUNK).for_each(|c| c.fill(0.0));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn zero_clears_every_element_on_any_pool() {
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a pool");
+            for len in [0, 1, super::CHUNK - 1, 3 * super::CHUNK + 5] {
+                let mut x = vec![1.5f32; len];
+                pool.install(|| super::zero(&mut x));
+                assert!(x.iter().all(|&v| v.to_bits() == 0), "{len} values on {threads} threads");
+            }
+        }
+    }
+}

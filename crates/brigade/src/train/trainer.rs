@@ -300,8 +300,8 @@ impl Trainer {
         if count == 0 {
             return Err(Error::Data("a batch has no target tokens".into()));
         }
-        self.grads.fill(0.0);
-        self.gshard.fill(0.0);
+        crate::tensor::elementwise::zero(&mut self.grads);
+        crate::tensor::elementwise::zero(&mut self.gshard);
         // a mixture's expert load counts this step's backwards only
         self.parts.chunks.iter().for_each(|c| drop(c.take_moe_tally()));
         // Every target of the global batch counts once: the gradients of the dp ranks then sum
