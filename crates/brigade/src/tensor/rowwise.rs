@@ -6,9 +6,11 @@
 //!
 //! The right operand is packed once (`Packed`): columns in strips of 16, each strip's `k × 16`
 //! values contiguous, so a strip streams from memory once and stays in cache while every
-//! group of rows uses it. Tiles: 6 rows × 16 columns (12 vector accumulators: 12 FMAs for 2
-//! loads of the strip and 6 broadcasts), then 4 × 16, and for the last rows (a single decode
-//! row, say) 1 row × 64 columns — enough independent FMA chains to hide their latency.
+//! group of rows uses it. Tiles: with 512-bit registers 8 rows × 32 columns first (as many as
+//! the rows allow: 8 concurrent decodes read each weight once), then 6 rows × 16 columns (12
+//! vector accumulators: 12 FMAs for 2 loads of the strip and 6 broadcasts), then 4 × 16, and for
+//! the last rows (a single decode row, say) 1 row × 64 columns — enough independent FMA chains
+//! to hide their latency.
 
 use super::rowwise_int4::{matmul_rows_int4, Int4};
 use super::rowwise_int8::{matmul_rows_int8, Int8};
@@ -141,21 +143,22 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
     (0..strips.div_ceil(GROUP)).into_par_iter().for_each(|g| {
         let s0 = g * GROUP;
         let s1 = (s0 + GROUP).min(strips);
-        // 6 rows × one strip at a time (12 vector accumulators), then 4, then single rows;
-        // one 6-row tile fewer when that leaves rows for two 4-row tiles instead of singles
-        let mut sixes = m / 6;
-        if sixes > 0 && matches!(m % 6, 2 | 3) {
-            sixes -= 1;
-        }
         let mut i = 0;
         // with 512-bit registers, 8 rows × two strips first (16 accumulators)
         if wide() {
-            while i + 8 <= sixes * 6 {
+            while i + 8 <= m {
                 rows_by_strip_pairs(cp, a, w, i, s0..s1);
                 i += 8;
             }
         }
-        while i + 6 <= sixes * 6 {
+        // 6 rows × one strip at a time (12 vector accumulators), then 4, then single rows;
+        // one 6-row tile fewer when that leaves rows for two 4-row tiles instead of singles
+        let mut sixes = (m - i) / 6;
+        if sixes > 0 && matches!((m - i) % 6, 2 | 3) {
+            sixes -= 1;
+        }
+        let sixes_end = i + sixes * 6;
+        while i + 6 <= sixes_end {
             rows_by_strips::<6>(cp, a, w, i, s0..s1);
             i += 6;
         }
