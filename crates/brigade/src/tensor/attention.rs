@@ -7,8 +7,9 @@
 //! while they sit in L1, with only the tiles on or left of the diagonal computed. The products
 //! are that kernel's micro-kernel on the widest tile the machine runs (6 × 16 on AVX2, 12 × 32
 //! on AVX-512), so no product pays for packing twice. Each element is the same `fma` chain on
-//! either tile (a tile's extra columns only add zeros of P or dS at a sum's ends), so the
-//! results are bit for bit the same on both.
+//! either tile: a wider tile's extra query rows and key columns only add zeros of P or dS at a
+//! sum's ends, so for finite q, k, v and dO the results are bit for bit the same on both (an
+//! infinite or NaN value where P is zero turns `0 · x` into NaN on whichever tile reaches it).
 
 use super::docs::Docs;
 use super::mat::Mat;
@@ -396,7 +397,7 @@ fn backward<const MR: usize, const NR: usize>(
                         let (seen, after) = dr.split_at_mut(i + 1);
                         let dot = super::math::dot(&pr[..=i], seen);
                         // zipped slices, not indices over `0..=i`: LLVM vectorises this form
-                        seen.iter_mut().zip(&pr[..=i]).for_each(|(d, &p)| *d = p * (*d - dot));
+                        seen.iter_mut().zip(&pr[..=i]).for_each(|(d, &pv)| *d = pv * (*d - dot));
                         after.fill(0.0);
                     }
                     let a = panel_of::<MR>(pp, ds, sq, i0, rows, 0, live);
@@ -424,12 +425,13 @@ fn backward<const MR: usize, const NR: usize>(
                     let rows = MR.min(t - j0);
                     let kq = t - j0;
                     let beta = j > 0;
+                    let (dv, dk) = (dp.at(hv.v + j0 * kvrs), dp.at(hv.k + j0 * kvrs));
+                    let a = panel_of::<MR>(pp, p, sq.t(), j0, rows, j0, kq);
                     // SAFETY: as above.
-                    let onto = |c: usize, a: &[f32], x: &[f32], ab| unsafe {
-                        times_head::<MR, NR>(kernel, dp.at(c + j0 * kvrs), hv.kvm, rows, a, x, t, j0, kq, ab)
-                    };
-                    onto(hv.v, panel_of::<MR>(pp, p, sq.t(), j0, rows, j0, kq), dod, (1.0, beta));
-                    onto(hv.k, panel_of::<MR>(pp, ds, sq.t(), j0, rows, j0, kq), qd, (scale, beta));
+                    unsafe { times_head::<MR, NR>(kernel, dv, hv.kvm, rows, a, dod, t, j0, kq, (1.0, beta)) };
+                    let a = panel_of::<MR>(pp, ds, sq.t(), j0, rows, j0, kq);
+                    // SAFETY: as above.
+                    unsafe { times_head::<MR, NR>(kernel, dk, hv.kvm, rows, a, qd, t, j0, kq, (scale, beta)) };
                 }
             }
         })

@@ -81,11 +81,16 @@ impl Tile {
         }
     }
 
-    /// The tile's micro-kernel (the wide one only where AVX-512 runs).
+    /// The tile's micro-kernel. Panics for the wide tile where AVX-512 does not run, so that
+    /// no caller can reach its instructions there.
     pub(crate) fn kernel(self) -> Kernel {
         match self {
             Tile::Avx2 => kernel,
-            Tile::Avx512 => kernel_wide,
+            Tile::Avx512 => {
+                #[cfg(target_arch = "x86_64")]
+                assert!(is_x86_feature_detected!("avx512f"), "the 12 × 32 tile runs only where AVX-512 does");
+                kernel_wide
+            }
         }
     }
 }
@@ -114,7 +119,7 @@ pub fn preferred() -> bool {
 }
 
 /// A reusable 64-byte-aligned f32 buffer (packed panels): the micro-kernel loads b's strips
-/// with aligned loads, so a strip must start on a 32-byte boundary.
+/// with aligned loads, so a strip must start on a 32-byte boundary (64 for the 12 × 32 tile).
 #[derive(Default)]
 pub(crate) struct Buf(Vec<f32>);
 
@@ -315,7 +320,8 @@ const AHEAD: usize = 4;
 
 /// Packs x's rows `i0..i0+rows` × columns `pc..pc+kc` as panels of W rows, each panel's
 /// `kc × W` values contiguous (column p of the panel at `p·W`), the last panel zero-padded.
-/// a is packed with W = 6 (its row panels); b as its transpose with W = 16 (its column strips).
+/// a is packed with W = 6 or 12 (its row panels); b as its transpose with W = 16 or 32 (its
+/// column strips).
 /// Reads go along x's contiguous dimension.
 ///
 /// # Safety
