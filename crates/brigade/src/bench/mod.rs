@@ -67,63 +67,46 @@ pub fn matmul_gflops_on(
     tb: bool,
     reps: usize,
 ) -> Vec<f64> {
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let a: Vec<f32> = (0..m * k).map(|_| rng.gen::<f32>() - 0.5).collect();
-    let b: Vec<f32> = (0..k * n).map(|_| rng.gen::<f32>() - 0.5).collect();
-    let mut c = vec![0f32; m * n];
+    let mut probe = MatmulProbe::new((m, k, n), (ta, tb));
     for &be in backends {
-        matmul_on(be, &mut c, &a, &b, m, k, n, ta, tb, false); // warm up caches and buffers
+        probe.product(be); // warm up caches and buffers
     }
     let mut rates = vec![Vec::new(); backends.len()];
     for _ in 0..reps {
         for (r, &be) in rates.iter_mut().zip(backends) {
-            let t0 = Instant::now();
-            matmul_on(be, &mut c, &a, &b, m, k, n, ta, tb, false);
-            r.push(2.0 * (m * k * n) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+            r.push(probe.product(be));
         }
     }
     rates.iter().map(|r| median(r)).collect()
 }
 
-/// A square f32 product timed again and again: between the steps a benchmark times, so that
-/// the rate a step is compared with comes from the same minutes of a shared machine (one
-/// measurement before the steps moved by ±15% from run to run on a 2-core VM).
+/// One product's operands (random, seeded), timed as often as asked: alternating kernels in
+/// `matmul_gflops_on`, and between the steps `train_step` times, so that the rate a step is
+/// compared with comes from the same minutes of a shared machine (one measurement before the
+/// steps moved by ±15% from run to run on a 2-core VM).
 struct MatmulProbe {
-    n: usize,
+    shape: (usize, usize, usize),
+    trans: (bool, bool),
     a: Vec<f32>,
     b: Vec<f32>,
     c: Vec<f32>,
-    rates: Vec<f64>,
 }
 
 impl MatmulProbe {
-    fn new(n: usize) -> MatmulProbe {
+    /// `c[m, n] = op(a)·op(b)` with a `[m, k]` (`[k, m]` stored when transposed) and b `[k, n]`.
+    fn new((m, k, n): (usize, usize, usize), trans: (bool, bool)) -> MatmulProbe {
         let mut rng = ChaCha8Rng::seed_from_u64(0);
-        let mut v = || (0..n * n).map(|_| rng.gen::<f32>() - 0.5).collect::<Vec<f32>>();
-        let (a, b) = (v(), v());
-        let mut p = MatmulProbe { n, a, b, c: vec![0f32; n * n], rates: Vec::new() };
-        p.product(); // warm up caches and buffers
-        p
+        let a: Vec<f32> = (0..m * k).map(|_| rng.gen::<f32>() - 0.5).collect();
+        let b: Vec<f32> = (0..k * n).map(|_| rng.gen::<f32>() - 0.5).collect();
+        MatmulProbe { shape: (m, k, n), trans, a, b, c: vec![0f32; m * n] }
     }
 
-    /// One product; its GFLOP/s.
-    fn product(&mut self) -> f64 {
-        let n = self.n;
+    /// One product on kernel `be`; its GFLOP/s.
+    fn product(&mut self, be: Backend) -> f64 {
+        let ((m, k, n), (ta, tb)) = (self.shape, self.trans);
         let t0 = Instant::now();
-        matmul_on(Backend::Auto, &mut self.c, &self.a, &self.b, n, n, n, false, false, false);
-        2.0 * (n * n * n) as f64 / t0.elapsed().as_secs_f64() / 1e9
-    }
-
-    /// Times `reps` products, kept for the median.
-    fn time(&mut self, reps: usize) {
-        for _ in 0..reps {
-            let r = self.product();
-            self.rates.push(r);
-        }
-    }
-
-    fn median(&self) -> f64 {
-        median(&self.rates)
+        matmul_on(be, &mut self.c, &self.a, &self.b, m, k, n, ta, tb, false);
+        2.0 * (m * k * n) as f64 / t0.elapsed().as_secs_f64() / 1e9
     }
 }
 
@@ -149,8 +132,9 @@ pub struct TrainBench {
 /// machine's 2048³ matmul rate in the same process: three products before the steps and two
 /// before each timed step, the median of them all.
 pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps: usize) -> crate::Result<TrainBench> {
-    let mut probe = MatmulProbe::new(2048);
-    probe.time(3);
+    let mut probe = MatmulProbe::new((2048, 2048, 2048), (false, false));
+    probe.product(Backend::Auto); // warm up caches and buffers
+    let mut rates: Vec<f64> = (0..3).map(|_| probe.product(Backend::Auto)).collect();
     let model = Gpt::new(cfg)?;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let x: Vec<u32> = (0..batch * seq).map(|_| rng.gen_range(0..cfg.vocab_size as u32)).collect();
@@ -164,7 +148,7 @@ pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps
     let mut losses = Vec::new();
     for i in 0..warmup + steps {
         if i >= warmup {
-            probe.time(2);
+            rates.extend((0..2).map(|_| probe.product(Backend::Auto)));
         }
         let t0 = Instant::now();
         crate::tensor::elementwise::zero(&mut grads);
@@ -184,7 +168,7 @@ pub fn train_step(cfg: GptConfig, batch: usize, seq: usize, warmup: usize, steps
         }
     }
     let med = median(&times);
-    let matmul_rate = probe.median();
+    let matmul_rate = median(&rates);
     let tokens = (batch * seq) as f64;
     let model_gflops = cfg.train_flops_per_token(seq) * tokens / med / 1e9;
     Ok(TrainBench {

@@ -162,8 +162,7 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
         if sixes > 0 && matches!((m - i) % 6, 2 | 3) {
             sixes -= 1;
         }
-        let sixes_end = i + sixes * 6;
-        while i + 6 <= sixes_end {
+        for _ in 0..sixes {
             rows_by_strips::<6>(cp, a, w, i, s0..s1);
             i += 6;
         }
