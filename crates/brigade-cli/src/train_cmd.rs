@@ -248,7 +248,7 @@ fn print_schedule(a: &TrainArgs) -> Result<()> {
     // the stages must fit the model as training would cut it (the same check, the same line)
     let mcfg = cfg.model_config(0)?;
     let seq = cfg.seq.unwrap_or(mcfg.block_size.min(256));
-    brigade::parallel::pipeline::stages::stage_units(&mcfg, l.pp, l.v, seq)?;
+    brigade::parallel::pipeline::stages::stage_slots(&mcfg, l.pp, l.v, seq)?;
     outln!("{}", brigade::parallel::pipeline::chart(&plan).trim_end());
     let unit = brigade::parallel::pipeline::Costs::per_chunk(plan.v);
     let r = brigade::parallel::pipeline::simulate(&plan, &unit)

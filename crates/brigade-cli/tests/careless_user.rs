@@ -474,9 +474,9 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
     let e = fails_with(&[&base[..], &["--out", "/proc/nope"]].concat(), p, "not writable");
     assert_eq!(e.matches("not writable").count(), 1, "{e}");
     fails_with(
-        &[&base[..], &["--layout", "pp=5"]].concat(),
+        &[&base[..], &["--layout", "pp=7"]].concat(),
         p,
-        "5 pipeline stages, but a model of 2 layers splits into only 4 units",
+        "7 pipeline stages, but a model of 2 layers splits into only 6 pieces",
     );
     fails_with(&[&base[..], &["--layout", "pp=2,zero=2"]].concat(), p, "use zero=1");
     fails_with(
@@ -517,7 +517,7 @@ fn pipeline_schedules_print_as_charts_and_impossible_ones_are_refused() {
     fails_with(&[&base[..], &["pp=2,v=2,schedule=1f1b"]].concat(), p, "needs schedule=interleaved");
     // a schedule the model cannot be cut into is refused as train refuses it
     let eight = ["train", "--batch", "8", "--micro-batch", "1", "--print-schedule", "--layout", "pp=4,v=2"];
-    fails_with(&eight, p, "8 pipeline stages, but a model of 2 layers splits into only 4 units");
+    fails_with(&eight, p, "8 pipeline stages, but a model of 2 layers splits into only 6 pieces");
     fails_with(&[&base[..], &["pp=2,schedule=zb2"]].concat(), p, "expected gpipe, 1f1b, interleaved or zb");
     // without --threads, the cores are divided among the ranks: eight of them run on any
     // machine (on 2 cores, 8 × all cores would be 16 threads, past the limit), and a

@@ -874,12 +874,13 @@ fn an_unset_micro_batch_is_the_rank_share_and_impossible_layouts_are_refused() {
     assert!(e.contains("tp=3 does not divide the model's 8 attention heads; use tp among 1, 2, 4, 8"), "{e}");
     assert_eq!(build(shape(1, 2, 1), unset.clone()), Ok(16), "a pipeline's micro-batch is the replica's share");
     // pipelines the model or the batch cannot take, each refused before any rank communicates
-    assert_eq!(build(shape(1, 10, 1), cfg(Family::Gpt2, 1)), Ok(1), "as many stages as units: one unit each");
-    let e = build(shape(1, 16, 1), cfg(Family::Gpt2, 1)).unwrap_err();
-    assert!(e.contains("16 pipeline stages, but a model of 8 layers splits into only 10 units"), "{e}");
+    // (the embedding, each block's attention and MLP halves, the head: 18 pieces)
+    assert_eq!(build(shape(1, 18, 1), cfg(Family::Gpt2, 1)), Ok(1), "as many stages as pieces: one each");
+    let e = build(shape(1, 19, 1), cfg(Family::Gpt2, 1)).unwrap_err();
+    assert!(e.contains("19 pipeline stages, but a model of 8 layers splits into only 18 pieces"), "{e}");
     let inter = |l: Layout, v| Layout { v, schedule: Kind::Interleaved, ..l };
-    let e = build(inter(shape(1, 4, 1), 4), cfg(Family::Gpt2, 1)).unwrap_err();
-    assert!(e.contains("pp=4 × v=4 = 16 pipeline stages"), "{e}");
+    let e = build(inter(shape(1, 4, 1), 5), cfg(Family::Gpt2, 1)).unwrap_err();
+    assert!(e.contains("pp=4 × v=5 = 20 pipeline stages"), "{e}");
     let e = build(inter(shape(1, 4, 1), 2), cfg(Family::Gpt2, 8)).unwrap_err();
     assert!(e.contains("needs a multiple of 4 micro-batches, not 2"), "{e}");
     let zb_v2 = Layout { schedule: Kind::ZeroBubble, v: 2, ..shape(1, 2, 1) };

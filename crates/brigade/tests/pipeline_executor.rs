@@ -68,12 +68,14 @@ fn every_schedule_executed_equals_the_whole_model() {
             ran += 1;
             let mut kept_bytes = Vec::new();
             for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
-                let cuts = partition(&vec![1.0; cfg.n_layer + 2], pp * v).unwrap();
+                // equal costs over the slots (the embedding, each block's two halves, the head):
+                // stages cut inside blocks as well as between them
+                let cuts = partition(&vec![1.0; brigade::models::gpt::slots(&cfg)], pp * v).unwrap();
                 let out = brigade_comm::local::run(pp, |comm| {
                     let r = comm.rank();
                     // rank r runs stages r, r + pp, … (one per chunk)
                     let parts: Vec<Gpt> =
-                        (0..v).map(|c| Gpt::part(cfg, 0, 1, cuts[c * pp + r].clone()).unwrap()).collect();
+                        (0..v).map(|c| Gpt::part_at(cfg, (0, 1), cuts[c * pp + r].clone(), (0, 1)).unwrap()).collect();
                     let ps: Vec<Vec<f32>> = parts
                         .iter()
                         .map(|part| {

@@ -4,7 +4,7 @@
 //! names are the family's Hugging Face names (`h.0.attn.c_attn.weight`,
 //! `model.layers.0.self_attn.q_proj.weight`).
 
-use super::block::{Block, BlockStash, Scratch};
+use super::block::{Block, BlockStash, Halves, Scratch};
 pub use super::config::{check_tp, GptConfig, MAX_DIM, MAX_PARAMS, PRESETS};
 use super::family::{NormKind, Positions};
 pub use super::pass::{Input, Output, Pass};
@@ -64,6 +64,12 @@ impl Activations {
     }
 }
 
+/// The slots of `cfg` a pipeline may be cut between: the embedding, each block's attention and
+/// MLP halves, the head (`Gpt::holds`).
+pub fn slots(cfg: &GptConfig) -> usize {
+    2 * cfg.n_layer + 2
+}
+
 /// The one error a single worker's forward or backward cannot have: a collective failing.
 const SOLO: &str = "a single worker runs no collectives, which alone can fail";
 
@@ -84,11 +90,14 @@ pub struct Gpt {
     /// Where each unit's parameters lie in the flat buffer: 0 the embedding (wte, wpe), 1…L
     /// the blocks, L + 1 the final LayerNorm. Layers address parameters from their unit's start.
     pub units: Vec<std::ops::Range<usize>>,
-    /// Which units of the whole model this part holds (a pipeline stage; all of them when
-    /// there is no pipeline): whether it embeds the tokens (unit 0) and whether it ends in
+    /// Which slots of the whole model this part holds (a pipeline stage; all of them when
+    /// there is no pipeline; `slots`: 0 the embedding, 2i + 1 and 2i + 2 block i's attention
+    /// and MLP halves, 2L + 1 the head): whether it embeds the tokens and whether it ends in
     /// the final LayerNorm, LM head and loss. The last stage without the embedding holds its
     /// own copy of the tied token table in its final unit.
     pub holds: std::ops::Range<usize>,
+    /// The whole model's index of this part's first block (whole or half).
+    pub first_block: usize,
     pub has_embedding: bool,
     pub has_head: bool,
     /// The local unit whose parameters hold the token table `wte` (and, with the embedding,
@@ -127,6 +136,22 @@ impl Gpt {
     /// experts `q·E/ep .. (q+1)·E/ep` of each mixture layer (`(0, 1)`: all of them).
     pub fn part_of(
         cfg: GptConfig,
+        tp: (usize, usize),
+        holds: std::ops::Range<usize>,
+        experts: (usize, usize),
+    ) -> Result<Gpt> {
+        let last = cfg.n_layer + 1;
+        if holds.is_empty() || holds.end > last + 1 {
+            return Err(Error::Layout(format!("units {holds:?} of a model with units 0..={last}")));
+        }
+        let slot = |u: usize| (2 * u).saturating_sub(1).min(slots(&cfg));
+        Gpt::part_at(cfg, tp, slot(holds.start)..slot(holds.end), experts)
+    }
+
+    /// `part_of` by slots (`slots`), so that a pipeline stage may begin or end between a
+    /// block's attention and MLP halves.
+    pub fn part_at(
+        cfg: GptConfig,
         (rank, tp): (usize, usize),
         holds: std::ops::Range<usize>,
         (q, ep): (usize, usize),
@@ -136,11 +161,11 @@ impl Gpt {
             return Err(Error::Layout(format!("ep={ep} does not divide the model's {e} experts per layer")));
         }
         check_tp(&cfg, tp)?;
-        let last = cfg.n_layer + 1;
-        if holds.is_empty() || holds.end > last + 1 {
-            return Err(Error::Layout(format!("units {holds:?} of a model with units 0..={last}")));
+        let all = slots(&cfg);
+        if holds.is_empty() || holds.end > all {
+            return Err(Error::Layout(format!("slots {holds:?} of a model with slots 0..{all}")));
         }
-        let (has_embedding, has_head) = (holds.start == 0, holds.end == last + 1);
+        let (has_embedding, has_head) = (holds.start == 0, holds.end == all);
         let table_name = cfg.embedding_name();
         let positions = cfg.positions();
         let table = |unit: &mut ParamLayout, name: &str| {
@@ -161,9 +186,15 @@ impl Gpt {
             units.push(layout.append(&unit));
         }
         let mut blocks = Vec::new();
-        for i in holds.start.max(1) - 1..holds.end.min(last) - 1 {
+        // block i's halves are slots 2i + 1 and 2i + 2
+        let first_block = holds.start.saturating_sub(1) / 2;
+        for i in first_block..cfg.n_layer {
+            let halves = Halves { attn: holds.contains(&(2 * i + 1)), mlp: holds.contains(&(2 * i + 2)) };
+            if !halves.attn && !halves.mlp {
+                break;
+            }
             let mut unit = ParamLayout::default();
-            blocks.push(Block::new(&mut unit, i, &cfg, tp, (q, ep)));
+            blocks.push(Block::new(&mut unit, i, &cfg, tp, (q, ep), halves));
             units.push(layout.append(&unit));
         }
         let mut unit = ParamLayout::default();
@@ -197,6 +228,7 @@ impl Gpt {
             head,
             head_unit,
             holds,
+            first_block,
             has_embedding,
             has_head,
             table_unit,
@@ -231,7 +263,7 @@ impl Gpt {
     pub fn take_moe_tally(&self) -> Vec<f64> {
         let Some(e) = self.cfg.experts() else { return Vec::new() };
         let mut out = vec![0.0; self.cfg.n_layer * (e + 1)];
-        let first = self.holds.start.max(1) - 1;
+        let first = self.first_block;
         for (i, blk) in self.blocks.iter().enumerate() {
             if let Some(t) = blk.take_tally() {
                 out[(first + i) * (e + 1)..(first + i + 1) * (e + 1)].copy_from_slice(&t);
@@ -245,7 +277,7 @@ impl Gpt {
     /// every rank (`[layer][rows of each expert…, balancing losses]`, as `take_moe_tally`).
     pub fn update_expert_bias(&self, params: &mut [f32], tally: &[f32]) {
         let Some(e) = self.cfg.experts() else { return };
-        let first = self.holds.start.max(1) - 1;
+        let first = self.first_block;
         for (i, blk) in self.blocks.iter().enumerate() {
             let at = (first + i) * (e + 1);
             // (a block's views are into its unit)

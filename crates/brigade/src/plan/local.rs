@@ -161,15 +161,14 @@ fn block_bytes_per_token(c: f64, tp: f64) -> f64 {
     4.0 * (2.0 * 6.0 * c + 6.0 * c + (20.0 * c + 9.0 * c + 8.0 * c) / tp)
 }
 
-/// Each unit's work (the embedding, each block, the head) on one micro-batch of `n` tokens.
-fn unit_work(cfg: &GptConfig, m: &Machine, n: f64, tp: &Collectives) -> Vec<Work> {
+/// Each slot's work (`models::gpt::slots`: the embedding, each block's attention and MLP
+/// halves, the head) on one micro-batch of `n` tokens.
+fn slot_work(cfg: &GptConfig, m: &Machine, n: f64, tp: &Collectives) -> Vec<Work> {
     let (c, bw, tpn) = (cfg.n_embd as f64, m.mem_gbps * 1e9, m.tp as f64);
     let mm = m.block_matmul_s;
     let e = n * block_bytes_per_token(c, tpn) / bw;
-    // two all-reduces (or all-gather / reduce-scatter pairs) forward, two backward
+    // a block's two all-reduces (or all-gather / reduce-scatter pairs) forward, two backward
     let ar = tp.all_reduce_s(4.0 * n * c);
-    let block =
-        [mm[0] + m.attention_fwd_s + e / 3.0 + 2.0 * ar, mm[2] + m.attention_bwd_s + 2.0 * e / 3.0 + 2.0 * ar, mm[1]];
     let hm = m.head_matmul_s;
     // softmax cross-entropy: four passes over this rank's logits; its row max and sums, and the
     // head's input gradient summed over the group
@@ -177,7 +176,17 @@ fn unit_work(cfg: &GptConfig, m: &Machine, n: f64, tp: &Collectives) -> Vec<Work
     let head = [hm[0] + ce / 2.0 + 2.0 * tp.all_reduce_s(8.0 * n), hm[2] + ce / 2.0 + ar, hm[1]];
     let embed = [n * 8.0 * c / bw, n * 8.0 * c / bw, 0.0];
     let mut out = vec![embed];
-    out.extend(std::iter::repeat_n(block, cfg.n_layer));
+    // a block's halves: its products split by their FLOPs, attention's core in the first, the
+    // memory-bound passes alike, one all-reduce each way in each
+    let (am, fm) = cfg.block(0).half_matrices();
+    let share = am as f64 / (am + fm).max(1) as f64;
+    let half = |k: f64| [k * mm[0] + e / 6.0 + ar, k * mm[2] + e / 3.0 + ar, k * mm[1]];
+    let mut attn = half(share);
+    attn[0] += m.attention_fwd_s;
+    attn[1] += m.attention_bwd_s;
+    for _ in 0..cfg.n_layer {
+        out.extend([attn, half(1.0 - share)]);
+    }
     out.push(head);
     out
 }
@@ -197,12 +206,12 @@ pub fn predict_parallel(
     let n = (run.micro_batch * run.seq) as f64;
     let micro = run.batch / (ndp * run.micro_batch);
     let bw = m.mem_gbps * 1e9;
-    let work = unit_work(cfg, m, n, tp);
+    let work = slot_work(cfg, m, n, tp);
     let executor = l.runs_executor();
-    // the stages the trainer cuts (by FLOPs), each with its units' work
+    // the stages the trainer cuts (by FLOPs), each with its slots' work
     let cuts = match executor {
-        true => stages::stage_units(cfg, pp, l.v, run.seq)?,
-        false => std::iter::once(0..cfg.n_layer + 2).collect(),
+        true => stages::stage_slots(cfg, pp, l.v, run.seq)?,
+        false => std::iter::once(0..crate::models::gpt::slots(cfg)).collect(),
     };
     let full = l.recompute == crate::layout::Recompute::Full;
     let stage_work: Vec<Work> = cuts
@@ -223,7 +232,8 @@ pub fn predict_parallel(
         .max_by(|&a, &b| stage_work[a].iter().sum::<f64>().total_cmp(&stage_work[b].iter().sum()))
         .unwrap_or(0);
     let slowest = stage_work[at];
-    let blocks = cuts[at].clone().filter(|&u| u >= 1 && u <= cfg.n_layer).count() as f64;
+    // (each half of a block has one all-reduce forward and one backward)
+    let blocks = cuts[at].clone().filter(|&u| u >= 1 && u <= 2 * cfg.n_layer).count() as f64 / 2.0;
     let per_mb: f64 = slowest.iter().sum();
     let sp = l.sp;
     let p2p_s = 5e-6 + 4.0 * n * cfg.n_embd as f64 / if sp { ntp as f64 } else { 1.0 } / bw;

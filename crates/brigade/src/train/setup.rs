@@ -14,7 +14,7 @@ use crate::models::shard_load::MappedWeights;
 use crate::models::Gpt;
 use crate::parallel::data::zero::Shards;
 use crate::parallel::data::{DataParallel, REPLICAS};
-use crate::parallel::pipeline::{self, stages::stage_units, RankModel};
+use crate::parallel::pipeline::{self, stages::stage_slots, RankModel};
 use crate::parallel::{Axis, Mesh};
 
 /// A run checked before any rank communicates (see `Trainer::prepare`).
@@ -158,7 +158,7 @@ impl Trainer {
             )));
         }
         if layout.runs_executor() {
-            stage_units(&mcfg, pp, layout.v, seq)?;
+            stage_slots(&mcfg, pp, layout.v, seq)?;
         }
         let need = super::memory::training_memory_cp(&mcfg, mb, seq, layout.cp, layout.cp_comm);
         let what = format!("training {} at micro-batch {mb} × seq {seq}", cfg.model);

@@ -188,17 +188,24 @@ impl BlockSpec {
         out
     }
 
+    /// The weight-matrix parameters of the attention half (its projections, up to the output
+    /// projection) and the active ones of the MLP half (as `active_matrices`).
+    pub fn half_matrices(&self) -> (u128, u128) {
+        let linears = self.linears();
+        let attn_end = linears.iter().position(|(l, _)| *l == &self.attn.o).unwrap() + 1;
+        let attn: u128 = linears[..attn_end].iter().map(|(l, _)| l.d_in as u128 * l.d_out as u128).sum();
+        let mlp = match &self.mlp {
+            MlpSpec::Moe(m) => m.active_matrices(),
+            _ => self.matrices() - attn,
+        };
+        (attn, mlp)
+    }
+
     /// Weight-matrix parameters a token passes through (all of them, but for a mixture of
     /// experts only its k experts').
     pub fn active_matrices(&self) -> u128 {
-        match &self.mlp {
-            MlpSpec::Moe(m) => {
-                let attn_end = self.linears().iter().position(|(l, _)| *l == &self.attn.o).unwrap() + 1;
-                let attn: u128 = self.linears()[..attn_end].iter().map(|(l, _)| l.d_in as u128 * l.d_out as u128).sum();
-                attn + m.active_matrices()
-            }
-            _ => self.matrices(),
-        }
+        let (attn, mlp) = self.half_matrices();
+        attn + mlp
     }
 
     /// Groups of products that read the same input at the same shape, in order (k with v,

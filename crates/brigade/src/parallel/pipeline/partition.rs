@@ -1,5 +1,5 @@
-//! The model's units (the embedding, each block, the final LayerNorm with the LM head and the
-//! loss) split into contiguous pipeline stages balanced by cost: the most loaded stage is as
+//! The model's slots (the embedding, each block's attention and MLP halves, the final norm with
+//! the LM head and the loss) split into contiguous pipeline stages balanced by cost: the most loaded stage is as
 //! light as any split can make it, so stages may hold unequal numbers of blocks (126 layers on
 //! 16 stages, or fewer blocks beside GPT-2's heavy LM head).
 
@@ -7,15 +7,19 @@ use crate::error::{Error, Result};
 use crate::models::GptConfig;
 use std::ops::Range;
 
-/// Training FLOPs per token of each unit of `cfg` at sequence length `seq`: the embedding
-/// (a lookup, nearly free), each block (its matmuls and causal attention), and the last unit
-/// (the LM head's matmul over the vocabulary — tied or not, the same FLOPs — the final norm and
-/// the loss).
-pub fn gpt_unit_costs(cfg: &GptConfig, seq: usize) -> Vec<f64> {
+/// Training FLOPs per token of each slot of `cfg` (`models::gpt::slots`) at sequence length
+/// `seq`: the embedding (a lookup, nearly free), each block's attention half (its projections
+/// and causal attention) and MLP half (its products, a mixture's active ones), and the last
+/// slot (the LM head's matmul over the vocabulary — tied or not, the same FLOPs — the final
+/// norm and the loss).
+pub fn gpt_slot_costs(cfg: &GptConfig, seq: usize) -> Vec<f64> {
     let (c, v, t) = (cfg.n_embd as f64, cfg.vocab_size as f64, seq as f64);
-    let block = 6.0 * cfg.block_matrices() as f64 + 6.0 * t * cfg.q_width() as f64;
     let mut costs = vec![6.0 * c];
-    costs.extend(std::iter::repeat_n(block, cfg.n_layer));
+    for i in 0..cfg.n_layer {
+        let (attn, mlp) = cfg.block(i).half_matrices();
+        costs.push(6.0 * attn as f64 + 6.0 * t * cfg.q_width() as f64);
+        costs.push(6.0 * mlp as f64);
+    }
     costs.push(6.0 * v * c + 30.0 * c);
     costs
 }
@@ -27,7 +31,7 @@ pub fn partition(costs: &[f64], stages: usize) -> Result<Vec<Range<usize>>> {
     let n = costs.len();
     if stages == 0 || stages > n {
         return Err(Error::Layout(format!(
-            "pp={stages} stages need at least as many layers to hold; this model splits into {n} units (the embedding, its blocks, the head): use pp ≤ {n}"
+            "pp={stages} stages need at least as many layers to hold; this model splits into {n} pieces (the embedding, each block's halves, the head): use pp ≤ {n}"
         )));
     }
     let mut prefix = vec![0.0; n + 1];
@@ -121,9 +125,9 @@ mod tests {
         // GPT-2 small on 2 stages: the LM head weighs like ~5 blocks, so the first stage
         // takes more blocks than the second
         let cfg = GptConfig::preset("gpt2-small").unwrap();
-        let split = partition(&gpt_unit_costs(&cfg, 256), 2).unwrap();
+        let costs = gpt_slot_costs(&cfg, 256);
+        let split = partition(&costs, 2).unwrap();
         assert!(split[0].len() > split[1].len(), "{split:?}");
-        let costs = gpt_unit_costs(&cfg, 256);
         let total: f64 = costs.iter().sum();
         let heaviest = split.iter().map(|r| costs[r.clone()].iter().sum::<f64>()).fold(0.0, f64::max);
         // the ceiling of pp=2 at 8 micro-batches: the split's balance times 1F1B's bubble

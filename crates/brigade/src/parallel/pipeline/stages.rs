@@ -1,11 +1,13 @@
 //! One rank's share of the model: without a pipeline, the whole model (cut for its
 //! tensor-parallel slice); in a pipeline, its chunks — stages r, r + pp, … of the model split
-//! by cost — with their parameters end to end in the rank's one flat buffer. GPT-2 ties the LM
+//! by cost, a cut falling between blocks or between a block's attention and MLP halves — with
+//! their parameters end to end in the rank's one flat buffer. GPT-2 ties the LM
 //! head to the token table: the first stage (embedding) and the last (head) each hold a copy,
 //! and the two copies' gradients are summed, as Megatron-LM does, so that they stay equal.
 
-use super::partition::{gpt_unit_costs, partition};
+use super::partition::{gpt_slot_costs, partition};
 use crate::error::{Error, Result};
+use crate::models::gpt::slots;
 use crate::models::{Gpt, GptConfig};
 use crate::params::ParamLayout;
 use brigade_comm::Comm;
@@ -44,9 +46,9 @@ impl RankModel {
         seq: usize,
         experts: (usize, usize),
     ) -> Result<RankModel> {
-        let cuts = stage_units(&cfg, pp, v, seq)?;
+        let cuts = stage_slots(&cfg, pp, v, seq)?;
         let chunks =
-            (0..v).map(|c| Gpt::part_of(cfg, tp, cuts[c * pp + pp_rank].clone(), experts)).collect::<Result<_>>()?;
+            (0..v).map(|c| Gpt::part_at(cfg, tp, cuts[c * pp + pp_rank].clone(), experts)).collect::<Result<_>>()?;
         Ok(RankModel::of(chunks))
     }
 
@@ -146,15 +148,16 @@ impl RankModel {
     }
 }
 
-/// The units (0 the embedding, 1…L the blocks, L + 1 the head) of each of the `pp · v` stages.
-pub fn stage_units(cfg: &GptConfig, pp: usize, v: usize, seq: usize) -> Result<Vec<Range<usize>>> {
+/// The slots (`models::gpt::slots`: 0 the embedding, 2i + 1 and 2i + 2 block i's attention and
+/// MLP halves, 2L + 1 the head) of each of the `pp · v` stages.
+pub fn stage_slots(cfg: &GptConfig, pp: usize, v: usize, seq: usize) -> Result<Vec<Range<usize>>> {
     let stages = pp * v;
-    let units = cfg.n_layer + 2;
-    if stages > units {
+    let n = slots(cfg);
+    if stages > n {
         return Err(Error::Layout(format!(
-            "pp={pp} × v={v} = {stages} pipeline stages, but a model of {} layers splits into only {units} units (the embedding, each block, the head); use pp·v ≤ {units}",
+            "pp={pp} × v={v} = {stages} pipeline stages, but a model of {} layers splits into only {n} pieces (the embedding, each block's attention and MLP halves, the head); use pp·v ≤ {n}",
             cfg.n_layer
         )));
     }
-    partition(&gpt_unit_costs(cfg, seq), stages)
+    partition(&gpt_slot_costs(cfg, seq), stages)
 }
