@@ -207,7 +207,6 @@ pub fn paired_steps(
         tr.set_bucket_elems(bucket_elems)?;
         let mut copy = Trainer::new(share.clone())?;
         let mut whole = if world.rank() == 0 { Some(Trainer::new(cfg.clone())?) } else { None };
-        let bubble = tr.pipeline_plan().map(crate::parallel::pipeline::simulate::bubble_theory);
         crate::with_threads(threads, || -> crate::Result<Vec<[f64; 3]>> {
             let mut out = Vec::new();
             for s in 0..=steps {
@@ -232,7 +231,7 @@ pub fn paired_steps(
             }
             Ok(out)
         })?
-        .map(|t| (t, bubble))
+        .map(|t| (t, tr.pipeline_theory()))
     })
     .map_err(|e| crate::Error::Train(e.to_string()))?;
     let bubble = per_rank[0].1;

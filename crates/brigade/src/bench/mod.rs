@@ -263,12 +263,7 @@ pub fn parallel_step(
             Ok((times, tr.history[tr.history.len() - steps..].to_vec()))
         })?
         .map(|r| {
-            (
-                r,
-                crate::alloc::peak_bytes(world.rank()),
-                tr.pipeline_plan().map(crate::parallel::pipeline::simulate::bubble_theory),
-                tr.pipeline.map(|p| p.peak_stash_bytes),
-            )
+            (r, crate::alloc::peak_bytes(world.rank()), tr.pipeline_theory(), tr.pipeline.map(|p| p.peak_stash_bytes))
         })
     })
     .map_err(|e| crate::Error::Train(e.to_string()))?;

@@ -11,6 +11,7 @@ use super::fault;
 use super::metrics::{note, note_comm, Part, PipelineStats};
 use super::trainer::Trainer;
 use crate::error::{Error, Result};
+use crate::layout::Schedule;
 use crate::models::config::kv_copies;
 use crate::models::units::Whole;
 use crate::models::Gpt;
@@ -156,6 +157,22 @@ impl ChunkStores for RankStores<'_, '_> {
     }
 }
 
+/// The mean seconds of a step's forwards, input-gradient and weight-gradient halves.
+fn mean_action_secs(spans: &[(Action, Instant, Instant)]) -> [f32; 3] {
+    let (mut sum, mut n) = ([0f64; 3], [0usize; 3]);
+    for (a, s, e) in spans {
+        let k = match a {
+            Action::Forward { .. } => 0,
+            Action::BackwardInput { .. } => 1,
+            Action::BackwardWeight { .. } => 2,
+            _ => continue,
+        };
+        sum[k] += (*e - *s).as_secs_f64();
+        n[k] += 1;
+    }
+    std::array::from_fn(|k| (sum[k] / n[k].max(1) as f64) as f32)
+}
+
 fn dp_err(e: brigade_comm::CommError) -> Error {
     Error::Train(format!("data-parallel communication failed: {e}"))
 }
@@ -229,6 +246,9 @@ impl Trainer {
                 wait_s += (*e - *s).as_secs_f64();
             }
             note(&mut self.timeline, &mut self.clock, name, part, step, (*s, *e));
+        }
+        if self.list.kind == Schedule::ZeroBubble {
+            self.measured_actions = Some(mean_action_secs(&ran.spans));
         }
         // what the forwards' and backwards' spans hold that is not compute: ZeRO-2/3's waits for
         // a unit's parameters and for the reduce-scatters (dp), the tensor-parallel collectives

@@ -410,9 +410,9 @@ pub fn run(
         final_loss: tr.losses.last().copied().unwrap_or(f32::NAN),
         saved: opts.out.clone(),
         saves: saver.map(|sv| sv.records).unwrap_or_default(),
-        bubble: tr.pipeline_plan().map(|plan| {
+        bubble: tr.pipeline_theory().map(|theory| {
             let mean = ranks.iter().map(|t| t.bubble).sum::<f64>() / ranks.len() as f64;
-            (mean, crate::parallel::pipeline::simulate::bubble_theory(plan))
+            (mean, theory)
         }),
         ranks,
         trace: None,

@@ -231,6 +231,8 @@ impl Trainer {
             },
             parts,
             list,
+            measured_actions: None,
+            fitted: None,
             pool: Vec::new(),
             model,
             params,

@@ -32,9 +32,10 @@ use crate::nn::context::SeqSplit;
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::zero::{Cut, Shards};
 use crate::parallel::data::{self, DataParallel, REPLICAS};
-use crate::parallel::pipeline::{Plan, RankModel};
+use crate::parallel::pipeline::{self, Costs, Plan, RankModel};
 use crate::parallel::{Axis, Mesh, MeshShape};
 use crate::params::ParamLayout;
+use brigade_comm::ReduceOp;
 use std::time::Instant;
 
 pub struct Trainer {
@@ -49,6 +50,10 @@ pub struct Trainer {
     /// The lists every step runs: the pipeline's when the layout runs one (`pipeline_plan`),
     /// else one stage's 1F1B over the micro-batches.
     pub(crate) list: Plan,
+    /// ZB-H1: this rank's mean forward, input- and weight-gradient seconds in the last step
+    /// (taken by `fit_lists`), and the costs the lists were last fitted to.
+    pub(crate) measured_actions: Option<[f32; 3]>,
+    pub(crate) fitted: Option<Costs>,
     /// Activations of the micro-batches in flight, kept for the next step.
     pub(crate) pool: Vec<Activations>,
     pub params: Vec<f32>,
@@ -129,6 +134,35 @@ impl Trainer {
     /// recompute).
     pub fn pipeline_plan(&self) -> Option<&Plan> {
         self.layout.runs_executor().then_some(&self.list)
+    }
+
+    /// The pipeline's bubble on paper: its lists on the costs they were fitted to (ZB-H1 after
+    /// a step), else on balanced unit costs (`simulate::bubble_theory`).
+    pub fn pipeline_theory(&self) -> Option<f64> {
+        let plan = self.pipeline_plan()?;
+        Some(match &self.fitted {
+            Some(c) => pipeline::simulate(plan, c).map_or(f64::NAN, |r| r.bubble),
+            None => pipeline::simulate::bubble_theory(plan),
+        })
+    }
+
+    /// ZB-H1's lists rebuilt after each step for the actions' measured times: each kind's mean
+    /// over the step, the slowest rank's (a max over every rank — every rank takes part in each
+    /// step, restarted or not — so that all build the same lists). Its W's cost less than its
+    /// B's (attention's and the norms' backward are all input gradient), and the lists built
+    /// for equal costs idle more on such (`schedule::zero_bubble_h1`). Any lists sum the
+    /// gradients alike: micro-batches in order within the B's and within the W's.
+    fn fit_lists(&mut self) -> Result<()> {
+        let Some(mut secs) = self.measured_actions.take() else { return Ok(()) };
+        let world = self.mesh.group(&[Axis::Pp, Axis::Dp, Axis::Cp, Axis::Tp]);
+        let err = |e| Error::Train(format!("agreeing on the pipeline's measured action times failed: {e}"));
+        world.all_reduce(&mut secs, ReduceOp::Max).map_err(err)?;
+        let [f, b, w] = secs.map(f64::from);
+        let costs = Costs { forward: f, backward: b + w, backward_input: b, backward_weight: w, transfer: 0.0 };
+        let l = &self.list;
+        self.list = pipeline::build_for(l.kind, l.pp, l.m, l.v, &costs)?;
+        self.fitted = Some(costs);
+        Ok(())
     }
 
     pub fn done(&self) -> bool {
@@ -228,6 +262,7 @@ impl Trainer {
             self.trace("adamw", Part::Optimizer, step, t0);
         }
         self.update_expert_bias()?;
+        self.fit_lists()?;
         self.step = step;
         self.losses.push(loss);
         self.grad_norms.push(grad_norm);

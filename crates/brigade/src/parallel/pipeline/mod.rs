@@ -9,6 +9,6 @@ pub mod simulate;
 pub mod stages;
 
 pub use plan::{Action, Plan};
-pub use schedule::{build, chart};
+pub use schedule::{build, build_for, chart};
 pub use simulate::{simulate, Costs, Report};
 pub use stages::RankModel;
