@@ -217,8 +217,8 @@ impl Block {
 
     /// `out = x2 + mlp(ln_2(x2))` with `x2 = x + attn(ln_1(x))`, on this rank's rows of `b`
     /// sequences of `t` tokens (`docs`: the positions of all rows; `cp`: the context group
-    /// holding the sequences' other rows): two collectives forward (`g` after each
-    /// row-parallel layer; under sp also two gathers), attention's exchange under cp, and a
+    /// holding the sequences' other rows): a collective forward in each half (`g` after its
+    /// row-parallel layer; under sp also a gather), attention's exchange under cp, and a
     /// mixture's dispatch to its experts' ranks under ep. The attention half alone ends at
     /// `out = x2`; the MLP half alone starts from `x` as its `x2`.
     #[allow(clippy::too_many_arguments)]
@@ -248,7 +248,11 @@ impl Block {
             };
             residual_bias_forward(x2, x, y, attn.c_proj.bias(p));
         }
-        let Some(MlpHalf { ln_2, mlp }) = &self.mlp else { return Ok(()) };
+        let Some(MlpHalf { ln_2, mlp }) = &self.mlp else {
+            // (a stash another chunk's mixture left: no auxiliary losses from this half)
+            st.moe.aux = Default::default();
+            return Ok(());
+        };
         let x2 = if self.attn.is_some() { &st.x2[..] } else { x };
         ln_2.forward(p, x2, &mut st.ln2);
         match mlp {
@@ -270,7 +274,7 @@ impl Block {
     }
 
     /// On entry `dresid` is the gradient of the block output; on return, of the block input
-    /// (`x`, the input its forward had). Two collectives backward (`f` before each
+    /// (`x`, the input its forward had). One collective backward in each half (`f` before its
     /// column-parallel layer). `aux` weighs a mixture's auxiliary losses.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward(

@@ -87,8 +87,9 @@ pub struct Gpt {
     /// `lm_head.weight` (untied; in the final unit), in unit `head_unit`.
     pub head: View,
     pub head_unit: usize,
-    /// Where each unit's parameters lie in the flat buffer: 0 the embedding (wte, wpe), 1…L
-    /// the blocks, L + 1 the final LayerNorm. Layers address parameters from their unit's start.
+    /// Where each unit's parameters lie in the flat buffer: the embedding (wte, wpe) if held,
+    /// each held block (whole, or the half a stage cut inside it holds), the final LayerNorm if
+    /// held. Layers address parameters from their unit's start.
     pub units: Vec<std::ops::Range<usize>>,
     /// Which slots of the whole model this part holds (a pipeline stage; all of them when
     /// there is no pipeline; `slots`: 0 the embedding, 2i + 1 and 2i + 2 block i's attention

@@ -240,7 +240,6 @@ pub fn predict_parallel(
     let pipeline_s = match executor {
         false => micro as f64 * per_mb,
         true => {
-            let plan = pipeline::build(l.schedule, pp, micro, l.v)?;
             let costs = pipeline::Costs {
                 forward: slowest[0],
                 backward: slowest[1] + slowest[2],
@@ -248,6 +247,8 @@ pub fn predict_parallel(
                 backward_weight: slowest[2],
                 transfer: p2p_s,
             };
+            // (the lists the trainer fits to measured times: ZB-H1's to these)
+            let plan = pipeline::build_for(l.schedule, pp, micro, l.v, &costs)?;
             pipeline::simulate(&plan, &costs).map_err(crate::Error::Train)?.makespan
         }
     };

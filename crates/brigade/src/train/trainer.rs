@@ -154,7 +154,10 @@ impl Trainer {
     /// gradients alike: micro-batches in order within the B's and within the W's.
     fn fit_lists(&mut self) -> Result<()> {
         let Some(mut secs) = self.measured_actions.take() else { return Ok(()) };
-        let world = self.mesh.group(&[Axis::Pp, Axis::Dp, Axis::Cp, Axis::Tp]);
+        if self.list.pp == 1 {
+            return Ok(());
+        }
+        let world = self.mesh.group(&Axis::RANKS);
         let err = |e| Error::Train(format!("agreeing on the pipeline's measured action times failed: {e}"));
         world.all_reduce(&mut secs, ReduceOp::Max).map_err(err)?;
         let [f, b, w] = secs.map(f64::from);

@@ -26,12 +26,12 @@ pub fn gpt_slot_costs(cfg: &GptConfig, seq: usize) -> Vec<f64> {
 
 /// Contiguous ranges of `costs` on `stages` stages, each non-empty, minimising the most loaded
 /// stage (among the best splits, the one whose first stages end earliest). Refuses more
-/// stages than units.
+/// stages than pieces.
 pub fn partition(costs: &[f64], stages: usize) -> Result<Vec<Range<usize>>> {
     let n = costs.len();
     if stages == 0 || stages > n {
         return Err(Error::Layout(format!(
-            "pp={stages} stages need at least as many layers to hold; this model splits into {n} pieces (the embedding, each block's halves, the head): use pp ≤ {n}"
+            "pp={stages} stages need at least as many pieces of the model to hold; it splits into {n}: use pp ≤ {n}"
         )));
     }
     let mut prefix = vec![0.0; n + 1];

@@ -25,7 +25,8 @@ pub struct RankModel {
     pub spans: Vec<Range<usize>>,
     /// Every chunk's parameters, end to end, named as in the whole model.
     pub layout: ParamLayout,
-    /// Every chunk's units (embedding, blocks, final LayerNorm) in the flat buffer.
+    /// Every chunk's units (embedding, blocks or block halves, final LayerNorm) in the flat
+    /// buffer.
     pub units: Vec<Range<usize>>,
 }
 
