@@ -176,15 +176,16 @@ fn slot_work(cfg: &GptConfig, m: &Machine, n: f64, tp: &Collectives) -> Vec<Work
     let head = [hm[0] + ce / 2.0 + 2.0 * tp.all_reduce_s(8.0 * n), hm[2] + ce / 2.0 + ar, hm[1]];
     let embed = [n * 8.0 * c / bw, n * 8.0 * c / bw, 0.0];
     let mut out = vec![embed];
-    // a block's halves: its products split by their FLOPs, attention's core in the first, the
-    // memory-bound passes alike, one all-reduce each way in each
-    let (am, fm) = cfg.block(0).half_matrices();
-    let share = am as f64 / (am + fm).max(1) as f64;
+    // a block's halves: its products split by their FLOPs (each layer's own: dense and mixture
+    // layers split apart), attention's core in the first, the memory-bound passes alike, one
+    // all-reduce each way in each
     let half = |k: f64| [k * mm[0] + e / 6.0 + ar, k * mm[2] + e / 3.0 + ar, k * mm[1]];
-    let mut attn = half(share);
-    attn[0] += m.attention_fwd_s;
-    attn[1] += m.attention_bwd_s;
-    for _ in 0..cfg.n_layer {
+    for i in 0..cfg.n_layer {
+        let (am, fm) = cfg.block(i).half_matrices();
+        let share = am as f64 / (am + fm).max(1) as f64;
+        let mut attn = half(share);
+        attn[0] += m.attention_fwd_s;
+        attn[1] += m.attention_bwd_s;
         out.extend([attn, half(1.0 - share)]);
     }
     out.push(head);
