@@ -70,6 +70,12 @@ pub fn slots(cfg: &GptConfig) -> usize {
     2 * cfg.n_layer + 2
 }
 
+/// The whole model's index of the first block (whole or half) of a part holding `slots`: block
+/// i's halves are slots 2i + 1 and 2i + 2.
+fn first_block(slots: &std::ops::Range<usize>) -> usize {
+    slots.start.saturating_sub(1) / 2
+}
+
 /// The one error a single worker's forward or backward cannot have: a collective failing.
 const SOLO: &str = "a single worker runs no collectives, which alone can fail";
 
@@ -97,8 +103,6 @@ pub struct Gpt {
     /// the final LayerNorm, LM head and loss. The last stage without the embedding holds its
     /// own copy of the tied token table in its final unit.
     pub holds: std::ops::Range<usize>,
-    /// The whole model's index of this part's first block (whole or half).
-    pub first_block: usize,
     pub has_embedding: bool,
     pub has_head: bool,
     /// The local unit whose parameters hold the token table `wte` (and, with the embedding,
@@ -187,9 +191,7 @@ impl Gpt {
             units.push(layout.append(&unit));
         }
         let mut blocks = Vec::new();
-        // block i's halves are slots 2i + 1 and 2i + 2
-        let first_block = holds.start.saturating_sub(1) / 2;
-        for i in first_block..cfg.n_layer {
+        for i in first_block(&holds)..cfg.n_layer {
             let halves = Halves { attn: holds.contains(&(2 * i + 1)), mlp: holds.contains(&(2 * i + 2)) };
             if !halves.attn && !halves.mlp {
                 break;
@@ -229,7 +231,6 @@ impl Gpt {
             head,
             head_unit,
             holds,
-            first_block,
             has_embedding,
             has_head,
             table_unit,
@@ -264,7 +265,7 @@ impl Gpt {
     pub fn take_moe_tally(&self) -> Vec<f64> {
         let Some(e) = self.cfg.experts() else { return Vec::new() };
         let mut out = vec![0.0; self.cfg.n_layer * (e + 1)];
-        let first = self.first_block;
+        let first = first_block(&self.holds);
         for (i, blk) in self.blocks.iter().enumerate() {
             if let Some(t) = blk.take_tally() {
                 out[(first + i) * (e + 1)..(first + i + 1) * (e + 1)].copy_from_slice(&t);
@@ -278,7 +279,7 @@ impl Gpt {
     /// every rank (`[layer][rows of each expert…, balancing losses]`, as `take_moe_tally`).
     pub fn update_expert_bias(&self, params: &mut [f32], tally: &[f32]) {
         let Some(e) = self.cfg.experts() else { return };
-        let first = self.first_block;
+        let first = first_block(&self.holds);
         for (i, blk) in self.blocks.iter().enumerate() {
             let at = (first + i) * (e + 1);
             // (a block's views are into its unit)

@@ -1,7 +1,7 @@
 //! The model's slots (the embedding, each block's attention and MLP halves, the final norm with
-//! the LM head and the loss) split into contiguous pipeline stages balanced by cost: the most loaded stage is as
-//! light as any split can make it, so stages may hold unequal numbers of blocks (126 layers on
-//! 16 stages, or fewer blocks beside GPT-2's heavy LM head).
+//! the LM head and the loss) split into contiguous pipeline stages balanced by cost: the most
+//! loaded stage is as light as any split can make it, so stages may hold unequal numbers of
+//! blocks (126 layers on 16 stages, or fewer blocks beside GPT-2's heavy LM head).
 
 use crate::error::{Error, Result};
 use crate::models::GptConfig;

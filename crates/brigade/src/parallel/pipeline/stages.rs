@@ -1,9 +1,9 @@
 //! One rank's share of the model: without a pipeline, the whole model (cut for its
 //! tensor-parallel slice); in a pipeline, its chunks — stages r, r + pp, … of the model split
 //! by cost, a cut falling between blocks or between a block's attention and MLP halves — with
-//! their parameters end to end in the rank's one flat buffer. GPT-2 ties the LM
-//! head to the token table: the first stage (embedding) and the last (head) each hold a copy,
-//! and the two copies' gradients are summed, as Megatron-LM does, so that they stay equal.
+//! their parameters end to end in the rank's one flat buffer. GPT-2 ties the LM head to the
+//! token table: the first stage (embedding) and the last (head) each hold a copy, and the two
+//! copies' gradients are summed, as Megatron-LM does, so that they stay equal.
 
 use super::partition::{gpt_slot_costs, partition};
 use crate::error::{Error, Result};
