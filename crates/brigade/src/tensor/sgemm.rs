@@ -16,6 +16,9 @@
 //!
 //! Packing turns any operand layout (row-major, transposed, strided) into the contiguous
 //! panels the micro-kernel streams, so transposed operands run at the rate of plain ones.
+//! Where c has more than one column block, a is packed once for all of them (up to 16 MiB a
+//! thread; a taller a in slices of rows) instead of once a block: GPT-2's LM head has 50 such
+//! blocks on the 12 × 32 tile.
 //!
 //! Every element of `c` is the same sum whatever the thread count and the row/column tiling:
 //! for each kc block in order, an `fma` chain over that block from 0, added to what `c` held.
@@ -40,6 +43,9 @@ const NC: usize = 4080;
 const MR_WIDE: usize = 12;
 const NR_WIDE: usize = 32;
 const NC_WIDE: usize = 1024;
+/// The most values of a packed once for every block of columns of a product (16 MiB a
+/// thread); a taller a is multiplied in slices of rows.
+const A_ONCE: usize = 4 << 20;
 
 /// A micro-kernel: `(kc, packed a panel, packed b strip, c, c's view, rows, cols, alpha, beta)`.
 pub(crate) type Kernel = unsafe fn(usize, &[f32], &[f32], *mut f32, Mat, usize, usize, f32, bool);
@@ -259,8 +265,46 @@ unsafe fn serial<const R: usize, const C: usize, const NB: usize, const PANELS_O
     if m == 0 || n == 0 {
         return;
     }
+    // With more than one block of columns, a is packed once for all of them (its rows' panels
+    // for every kc block, in order), not again for each; with one, block by block as it is met.
+    // A tall a is taken in slices of whole MC blocks that fit A_ONCE (each slice packs b again).
+    let all_panels = m.div_ceil(R);
+    let a_once = n > NB;
+    let slice = (A_ONCE / k.max(1) / MC).max(1) * MC;
+    if a_once && m > slice {
+        for i0 in (0..m).step_by(slice) {
+            let rows = slice.min(m - i0);
+            // SAFETY: rows i0..i0+rows of c and a are sub-views of the caller's.
+            unsafe {
+                serial::<R, C, NB, PANELS_OUTER>(
+                    kernel,
+                    c.wrapping_add(i0 * cm.rs),
+                    Mat { rows, ..cm },
+                    a.wrapping_add(i0 * am.rs),
+                    Mat { rows, ..am },
+                    b,
+                    bm,
+                    alpha,
+                    accumulate,
+                )
+            };
+        }
+        return;
+    }
     with_buf(&B_BUF, |bbuf| {
         with_buf(&A_BUF, |abuf| {
+            if a_once {
+                let whole = abuf.get(all_panels * R * k);
+                for pc in (0..k).step_by(KC) {
+                    let kc = KC.min(k - pc);
+                    for ic in (0..m).step_by(MC) {
+                        let rows = MC.min(m - ic);
+                        let at = all_panels * R * pc + (ic / R) * kc * R;
+                        // SAFETY: the block lies inside the caller's view.
+                        unsafe { pack::<R>(&mut whole[at..at + rows.div_ceil(R) * kc * R], a, am, ic, rows, pc, kc) };
+                    }
+                }
+            }
             for jc in (0..n).step_by(NB) {
                 let nc = NB.min(n - jc);
                 let strips = nc.div_ceil(C);
@@ -273,8 +317,14 @@ unsafe fn serial<const R: usize, const C: usize, const NB: usize, const PANELS_O
                     for ic in (0..m).step_by(MC) {
                         let rows = MC.min(m - ic);
                         let panels = rows.div_ceil(R);
-                        let packed_a = abuf.get(panels * kc * R);
-                        unsafe { pack::<R>(packed_a, a, am, ic, rows, pc, kc) };
+                        let packed_a: &[f32] = if a_once {
+                            let at = all_panels * R * pc + (ic / R) * kc * R;
+                            &abuf.get(all_panels * R * k)[at..at + panels * kc * R]
+                        } else {
+                            let packed_a = abuf.get(panels * kc * R);
+                            unsafe { pack::<R>(packed_a, a, am, ic, rows, pc, kc) };
+                            packed_a
+                        };
                         let tile = |pnl: usize, s: usize| {
                             let i = ic + pnl * R;
                             let ap = &packed_a[pnl * kc * R..(pnl + 1) * kc * R];
@@ -835,6 +885,50 @@ mod tests {
                     let same = wide.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(same, "({m},{k},{n}) ta={ta} tb={tb} threads={threads}: the tiles' bits differ");
                 }
+            }
+        }
+    }
+
+    /// A product wide enough for several column blocks packs its a once for all of them, and
+    /// a tall one (more than `A_ONCE` values of a) in slices of rows: the same bits as the
+    /// 6 × 16 tile (one column block here, a packed block by block) and as the rows alone.
+    #[test]
+    fn a_packed_once_and_in_slices_gives_the_same_bits() {
+        if wide_unavailable() {
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(47);
+        let (m, k, n) = (2 * A_ONCE / 2100 + 5, 2100, 1100);
+        assert!(m * k > A_ONCE && n > NC_WIDE && n <= NC);
+        for ta in [false, true] {
+            let a = rand_vec(&mut rng, m * k);
+            let b = rand_vec(&mut rng, k * n);
+            let am = if ta { Mat::rm_t(m, k) } else { Mat::rm(m, k) };
+            for threads in [1, 2] {
+                let run = |tile: Tile, rows: std::ops::Range<usize>| {
+                    let mut c = vec![0f32; rows.len() * n];
+                    let off = if ta { rows.start } else { rows.start * k };
+                    // SAFETY: the views lie inside the buffers; the tile runs here.
+                    pool(threads).install(|| unsafe {
+                        sgemm_tiled(
+                            tile,
+                            c.as_mut_ptr(),
+                            Mat::rm(rows.len(), n),
+                            a[off..].as_ptr(),
+                            Mat { rows: rows.len(), ..am },
+                            b.as_ptr(),
+                            Mat::rm(k, n),
+                            1.0,
+                            false,
+                            threads,
+                        )
+                    });
+                    c
+                };
+                let wide = run(Tile::Avx512, 0..m);
+                assert!(wide == run(Tile::Avx2, 0..m), "ta={ta} threads={threads}: the tiles' bits differ");
+                let tail = m - 7..m;
+                assert!(wide[tail.start * n..] == run(Tile::Avx512, tail)[..], "ta={ta}: the last rows alone differ");
             }
         }
     }
