@@ -11,18 +11,22 @@
 # Mixtures of experts: MODELS_LIST="olmoe-4l" (OLMoE-1B-7B's layers, 4 of them) or "qwen3-moe-2l"
 # (scripts/make_moe_serve_model.py); the weight-read limit counts the experts a token uses.
 # Usage: scripts/bench_serve_vs_llamacpp.sh  (env: ROUNDS=2, MODELS_LIST="qwen2.5-0.5b gpt2-small",
-#        WEIGHTS="f32 int8 int8-channel" (brigade's formats run),
-#        MODELS=/tmp/brigade-llamacpp-models, PY=the peers venv's python, W=/tmp/llamacpp, PEERS=../shared/peers)
+#        WEIGHTS="f32 int8 int8-channel" (brigade's formats run), LLAMA_WEIGHTS="f32 q8_0" (llama-server's),
+#        MODELS=/tmp/brigade-llamacpp-models, PY=the peers venv's python, W=/tmp/llamacpp, PEERS=../shared/peers,
+#        SERVER=$W/build/bin/llama-server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
 MODELS_LIST=${MODELS_LIST:-"qwen2.5-0.5b gpt2-small"}
 MODELS=${MODELS:-/tmp/brigade-llamacpp-models}
 WEIGHTS=${WEIGHTS:-"f32 int8 int8-channel"}
+LLAMA_WEIGHTS=${LLAMA_WEIGHTS:-"f32 q8_0"}
 W=${W:-/tmp/llamacpp}
 PEERS=$(realpath "${PEERS:-../shared/peers}")
 PY=${PY:-$PEERS/.venv/bin/python}
-SERVER="$W/build/bin/llama-server"
+# SERVER: another llama-server (scripts/build_llamacpp_noamx.sh's, where llama.cpp's AMX q8_0
+# kernels fault)
+SERVER=${SERVER:-$W/build/bin/llama-server}
 [ -x "$SERVER" ] || { echo "llama-server not built: run W=$W bash $PEERS/llamacpp/setup.sh" >&2; exit 1; }
 cargo build --release -q
 BRIGADE=$(realpath target/release/brigade)
@@ -56,8 +60,9 @@ for _ in $(seq "$ROUNDS"); do
       python3 "$PEERS/runq.py" --log "$LOG/$m.brigade.$w.jsonl" --retries 2 -- "$BRIGADE" bench serve \
         --checkpoint "$MODELS/$m" --weights "$w" "${load[@]}"
     done
-    llama "$m" "$MODELS/$m.f32.gguf" "$LOG/$m.llama.f32.jsonl"
-    llama "$m" "$MODELS/$m.q8_0.gguf" "$LOG/$m.llama.q8_0.jsonl"
+    for w in $LLAMA_WEIGHTS; do
+      llama "$m" "$MODELS/$m.$w.gguf" "$LOG/$m.llama.$w.jsonl"
+    done
   done
 done
 python3 - "$LOG" $MODELS_LIST <<'PY'

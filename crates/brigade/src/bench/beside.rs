@@ -164,13 +164,17 @@ pub fn worker_step_s(cfg: &TrainConfig, copies: usize, threads: usize, steps: us
 }
 
 /// One step of a layout beside the steps that bound it, taken in turn on the same rank
-/// threads so that all three see the machine as it is at that moment: the whole batch on one
+/// threads so that all see the machine as it is at that moment: the whole batch on one
 /// worker (rank 0, the others waiting), `world` independent workers on their shares at once
-/// (each rank thread its own single worker, no communication), then the layout's step.
+/// (each rank thread its own single worker, no communication), the same workers running their
+/// shares in the layout's micro-batches (where it names smaller ones: a pipeline's products
+/// have that many rows), then the layout's step.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct Paired {
     pub whole_s: f64,
     pub copies_s: f64,
+    /// `copies_s` again where the layout's micro-batches are its whole share.
+    pub copies_micro_s: f64,
     pub layout_s: f64,
 }
 
@@ -182,6 +186,11 @@ impl Paired {
     /// What no layout of these ranks can beat: the copies that never talk.
     pub fn ceiling(&self) -> f64 {
         self.whole_s / self.copies_s
+    }
+    /// The same copies running the layout's micro-batches: what is left between it and the
+    /// layout is the layout's own (its schedule, its communication), not the products' rows.
+    pub fn micro_ceiling(&self) -> f64 {
+        self.whole_s / self.copies_micro_s
     }
 }
 
@@ -201,16 +210,20 @@ pub fn paired_steps(
     }
     let cfg = TrainConfig { steps: steps + 2, ..cfg.clone() };
     let share = TrainConfig { batch: cfg.batch / n, ..cfg.clone() };
+    // the layout's micro-batch on a rank (a pipeline's, or the data-parallel share's)
+    let micro = layout.mb.filter(|&mb| mb < share.batch && share.batch.is_multiple_of(mb));
+    let share_micro = micro.map(|mb| TrainConfig { micro_batch: Some(mb), ..share.clone() });
     let per_rank = brigade_comm::local::run(n, |world| {
         let err = |e: brigade_comm::CommError| crate::Error::Train(e.to_string());
         let mut tr = Trainer::on_world(cfg.clone(), &world, layout)?;
         tr.set_bucket_elems(bucket_elems)?;
         let mut copy = Trainer::new(share.clone())?;
+        let mut copy_micro = share_micro.clone().map(Trainer::new).transpose()?;
         let mut whole = if world.rank() == 0 { Some(Trainer::new(cfg.clone())?) } else { None };
-        crate::with_threads(threads, || -> crate::Result<Vec<[f64; 3]>> {
+        crate::with_threads(threads, || -> crate::Result<Vec<[f64; 4]>> {
             let mut out = Vec::new();
             for s in 0..=steps {
-                let mut t = [0.0; 3];
+                let mut t = [0.0; 4];
                 world.barrier().map_err(err)?;
                 let t0 = Instant::now();
                 if let Some(w) = &mut whole {
@@ -221,6 +234,13 @@ pub fn paired_steps(
                 let t0 = Instant::now();
                 copy.train_step()?;
                 t[1] = t0.elapsed().as_secs_f64();
+                t[3] = t[1];
+                if let Some(c) = &mut copy_micro {
+                    world.barrier().map_err(err)?;
+                    let t0 = Instant::now();
+                    c.train_step()?;
+                    t[3] = t0.elapsed().as_secs_f64();
+                }
                 world.barrier().map_err(err)?;
                 let t0 = Instant::now();
                 tr.train_step()?;
@@ -238,7 +258,7 @@ pub fn paired_steps(
     let paired = (0..steps)
         .map(|s| {
             let worst = |k: usize| per_rank.iter().map(|r| r.0[s][k]).fold(0.0, f64::max);
-            Paired { whole_s: worst(0), copies_s: worst(1), layout_s: worst(2) }
+            Paired { whole_s: worst(0), copies_s: worst(1), copies_micro_s: worst(3), layout_s: worst(2) }
         })
         .collect();
     Ok((paired, bubble))
