@@ -27,7 +27,7 @@ PY=${PY:-$PEERS/.venv/bin/python}
 # SERVER: another llama-server (scripts/build_llamacpp_noamx.sh's, where llama.cpp's AMX q8_0
 # kernels fault)
 SERVER=${SERVER:-$W/build/bin/llama-server}
-[ -x "$SERVER" ] || { echo "llama-server not built: run W=$W bash $PEERS/llamacpp/setup.sh" >&2; exit 1; }
+[ -x "$SERVER" ] || { echo "llama-server not built at $SERVER: run W=$W bash $PEERS/llamacpp/setup.sh (or scripts/build_llamacpp_noamx.sh for SERVER=$W/build-noamx/bin/llama-server)" >&2; exit 1; }
 cargo build --release -q
 BRIGADE=$(realpath target/release/brigade)
 LOG=$(mktemp -d)
@@ -91,7 +91,7 @@ for m in models:
         if who == "brigade" and fmt == "f32":
             out["brigade_f32_32_matmul_fraction"] = round(at(rs, 32, "matmul_limit_fraction"), 3)
     for ours, theirs in [("f32", "f32"), ("int8", "q8_0"), ("int8-channel", "q8_0")]:
-        if f"brigade_{ours}_1" not in out:
+        if f"brigade_{ours}_1" not in out or f"llama_{theirs}_1" not in out:
             continue
         for c in (1, 32):
             out[f"ratio_{ours}_vs_{theirs}_{c}"] = round(out[f"brigade_{ours}_{c}"] / out[f"llama_{theirs}_{c}"], 2)

@@ -5,7 +5,8 @@
 # protection fault in ggml_backend_amx_mul_mat; f32 runs, it has no AMX path). The same
 # sources as ../shared/peers/llamacpp/setup.sh (run that first: it fetches them), the same
 # options, but the instruction sets named instead of -march=native: AVX2, FMA, F16C, BMI2,
-# AVX-512 (F, VBMI, VNNI, BF16) and AVX-VNNI, and no AMX.
+# AVX-512 (F, VBMI, VNNI, BF16) and AVX-VNNI, and no AMX — the sets of the Xeons that have AMX
+# (Sapphire Rapids and later); a CPU without one of them needs its flag turned off here.
 #   scripts/build_llamacpp_noamx.sh            # → $W/build-noamx/bin (W=/tmp/llamacpp), ~6 min on 2 cores
 # Then: SERVER=$W/build-noamx/bin/llama-server scripts/bench_serve_vs_llamacpp.sh
 set -euo pipefail

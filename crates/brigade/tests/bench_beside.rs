@@ -1,12 +1,22 @@
 //! `bench beside`'s paired steps: the copies that bound a layout are timed as the layout runs
 //! its products, on whole shares and, where the layout names smaller micro-batches, on those.
 
-use brigade::bench::beside::paired_steps;
+use brigade::bench::beside::{micro_batch_of, paired_steps};
 use brigade::layout::Layout;
 use brigade::train::TrainConfig;
 
 fn cfg() -> TrainConfig {
     TrainConfig { batch: 8, steps: 3, eval_every: 0, ..TrainConfig::default() }
+}
+
+#[test]
+fn the_copies_run_the_layouts_micro_batch_where_it_is_smaller_and_divides_their_share() {
+    let of = |l: &str, share| micro_batch_of(&Layout::parse(l).unwrap(), share);
+    assert_eq!(of("pp=2,mb=1", 4), Some(1));
+    assert_eq!(of("dp=2,mb=2", 4), Some(2));
+    assert_eq!(of("dp=2,mb=4", 4), None, "the whole share");
+    assert_eq!(of("pp=2,mb=3", 4), None, "does not divide it");
+    assert_eq!(of("dp=2", 4), None);
 }
 
 #[test]

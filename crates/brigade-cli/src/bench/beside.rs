@@ -56,8 +56,8 @@ struct Round {
 struct Layout {
     speedup: f64,
     ceiling: f64,
-    /// The ceiling of copies that run the layout's micro-batches.
-    micro_ceiling: f64,
+    /// The ceiling of copies that run the layout's micro-batches (where it names smaller ones).
+    micro_ceiling: Option<f64>,
     bubble: Option<f64>,
 }
 
@@ -68,8 +68,8 @@ impl Layout {
         self.ceiling * (1.0 - self.bubble.unwrap_or(0.0))
     }
     /// The same with the copies on the layout's micro-batches.
-    fn own_micro_ceiling(&self) -> f64 {
-        self.micro_ceiling * (1.0 - self.bubble.unwrap_or(0.0))
+    fn own_micro_ceiling(&self) -> Option<f64> {
+        self.micro_ceiling.map(|c| c * (1.0 - self.bubble.unwrap_or(0.0)))
     }
 }
 
@@ -113,6 +113,7 @@ pub fn run(f: Flags) -> Result<()> {
             layouts: Vec::new(),
         };
         for (_, layout) in &parsed {
+            let micro = brigade::bench::beside::micro_batch_of(layout, batch / copies);
             let (paired, bubble) = brigade::bench::beside::paired_steps(&cfg, layout, bucket, threads, steps)?;
             let med = |f: fn(&brigade::bench::beside::Paired) -> f64| {
                 brigade::bench::median(&paired.iter().map(f).collect::<Vec<_>>())
@@ -120,7 +121,7 @@ pub fn run(f: Flags) -> Result<()> {
             r.layouts.push(Layout {
                 speedup: med(|p| p.speedup()),
                 ceiling: med(|p| p.ceiling()),
-                micro_ceiling: med(|p| p.micro_ceiling()),
+                micro_ceiling: micro.map(|_| med(|p| p.micro_ceiling())),
                 bubble,
             });
         }
@@ -133,7 +134,12 @@ pub fn run(f: Flags) -> Result<()> {
     let med = |f: &dyn Fn(&Round) -> f64| brigade::bench::median(&all.iter().map(f).collect::<Vec<_>>());
     let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
     let own = |r: &Round, i: usize| r.layouts[i].own_ceiling();
-    let own_micro = |r: &Round, i: usize| r.layouts[i].own_micro_ceiling();
+    // (None for a layout whose micro-batch is its whole share: it has the one ceiling)
+    let micro = |i: usize, f: &dyn Fn(&Round, f64) -> f64| {
+        all[0].layouts[i]
+            .micro_ceiling
+            .map(|_| med(&|r| f(r, r.layouts[i].own_micro_ceiling().expect("the same layout every round"))))
+    };
     let speedup = |r: &Round, i: usize| r.layouts[i].speedup;
     if json {
         let kernels: Vec<_> = (0..all[0].kernels.len())
@@ -149,8 +155,8 @@ pub fn run(f: Flags) -> Result<()> {
             .map(|(i, (l, _))| {
                 serde_json::json!({"layout": l, "speedup": r3(med(&|r| speedup(r, i))),
                     "ceiling": r3(med(&|r| own(r, i))), "of_ceiling": r3(med(&|r| speedup(r, i) / own(r, i))),
-                    "ceiling_micro_batched": r3(med(&|r| own_micro(r, i))),
-                    "of_ceiling_micro_batched": r3(med(&|r| speedup(r, i) / own_micro(r, i))),
+                    "ceiling_micro_batched": micro(i, &|_, c| c).map(r3),
+                    "of_ceiling_micro_batched": micro(i, &|r, c| speedup(r, i) / c).map(r3),
                     "bubble_theory": all[0].layouts[i].bubble})
             })
             .collect();
@@ -173,13 +179,15 @@ pub fn run(f: Flags) -> Result<()> {
             med(&|r| r.ceiling())
         );
         for (i, (l, _)) in parsed.iter().enumerate() {
+            let of_micro = match (micro(i, &|_, c| c), micro(i, &|r, c| speedup(r, i) / c)) {
+                (Some(c), Some(f)) => format!("; of the micro-batched copies' {c:.2}x ({:.1}%)", 100.0 * f),
+                _ => String::new(),
+            };
             outln!(
-                "  {l:<28} {:.2}x of ceiling {:.2}x ({:.1}%); of the micro-batched copies' {:.2}x ({:.1}%)",
+                "  {l:<28} {:.2}x of ceiling {:.2}x ({:.1}%){of_micro}",
                 med(&|r| speedup(r, i)),
                 med(&|r| own(r, i)),
                 100.0 * med(&|r| speedup(r, i) / own(r, i)),
-                med(&|r| own_micro(r, i)),
-                100.0 * med(&|r| speedup(r, i) / own_micro(r, i))
             );
         }
     }
@@ -233,12 +241,12 @@ fn print_round(
     }
     for ((l, _), x) in parsed.iter().zip(&r.layouts) {
         outln!(
-            "{l:<28} {:>8.2}x {:>8.2}x {:>9.1}% {:>13.2}x {:>9.1}% {:>10}",
+            "{l:<28} {:>8.2}x {:>8.2}x {:>9.1}% {:>14} {:>10} {:>10}",
             x.speedup,
             x.own_ceiling(),
             100.0 * x.speedup / x.own_ceiling(),
-            x.own_micro_ceiling(),
-            100.0 * x.speedup / x.own_micro_ceiling(),
+            x.own_micro_ceiling().map_or("-".to_string(), |c| format!("{c:.2}x")),
+            x.own_micro_ceiling().map_or("-".to_string(), |c| format!("{:.1}%", 100.0 * x.speedup / c)),
             x.bubble.map_or("-".to_string(), |b| format!("{:.1}%", 100.0 * b))
         );
     }

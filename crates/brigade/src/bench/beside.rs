@@ -194,6 +194,12 @@ impl Paired {
     }
 }
 
+/// The micro-batch (sequences) a rank of `layout` runs where it is smaller than the rank's
+/// share of `share` sequences (and divides it): the copies of the second ceiling run it.
+pub fn micro_batch_of(layout: &crate::layout::Layout, share: usize) -> Option<usize> {
+    layout.mb.filter(|&mb| mb < share && share.is_multiple_of(mb))
+}
+
 /// `steps` paired steps (after one warm-up of each) of `layout` for `cfg`'s global batch,
 /// `threads` threads per rank; each figure the slowest rank's. With a pipeline, also its
 /// schedule's bubble on paper.
@@ -210,8 +216,7 @@ pub fn paired_steps(
     }
     let cfg = TrainConfig { steps: steps + 2, ..cfg.clone() };
     let share = TrainConfig { batch: cfg.batch / n, ..cfg.clone() };
-    // the layout's micro-batch on a rank (a pipeline's, or the data-parallel share's)
-    let micro = layout.mb.filter(|&mb| mb < share.batch && share.batch.is_multiple_of(mb));
+    let micro = micro_batch_of(layout, share.batch);
     let share_micro = micro.map(|mb| TrainConfig { micro_batch: Some(mb), ..share.clone() });
     let per_rank = brigade_comm::local::run(n, |world| {
         let err = |e: brigade_comm::CommError| crate::Error::Train(e.to_string());

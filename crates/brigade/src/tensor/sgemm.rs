@@ -44,7 +44,7 @@ const MR_WIDE: usize = 12;
 const NR_WIDE: usize = 32;
 const NC_WIDE: usize = 1024;
 /// The most values of a packed once for every block of columns of a product (16 MiB a
-/// thread); a taller a is multiplied in slices of rows.
+/// thread); a taller a is multiplied in slices of rows (see `a_once`).
 const A_ONCE: usize = 4 << 20;
 
 /// A micro-kernel: `(kc, packed a panel, packed b strip, c, c's view, rows, cols, alpha, beta)`.
@@ -246,6 +246,20 @@ fn split(m: usize, n: usize, threads: usize, (mr, nr): (usize, usize)) -> Vec<(b
         .collect()
 }
 
+/// Whether a product packs its a once for all its column blocks (`Some(rows)`: in slices of
+/// that many rows, each packing b again) or once a block (`None`): only with more than one
+/// column block, an a slice of at least one MC block within `A_ONCE` values, and fewer values
+/// of b packed again for the slices than of a saved (`n·(slices − 1) < m·(blocks − 1)`).
+fn a_once(m: usize, k: usize, n: usize, nb: usize) -> Option<usize> {
+    let blocks = n.div_ceil(nb);
+    let slice = A_ONCE / k.max(1) / MC * MC;
+    if blocks < 2 || slice == 0 {
+        return None;
+    }
+    let slices = m.div_ceil(slice);
+    (n * (slices - 1) < m * (blocks - 1)).then_some(slice)
+}
+
 /// The blocked product on this thread, on tiles of `R × C` by `kernel`, `NB` columns a block;
 /// `PANELS_OUTER`: each panel of a meets every strip of b in turn (else each strip every
 /// panel). The order of the tiles changes no sum.
@@ -269,9 +283,9 @@ unsafe fn serial<const R: usize, const C: usize, const NB: usize, const PANELS_O
     // for every kc block, in order), not again for each; with one, block by block as it is met.
     // A tall a is taken in slices of whole MC blocks that fit A_ONCE (each slice packs b again).
     let all_panels = m.div_ceil(R);
-    let a_once = n > NB;
-    let slice = (A_ONCE / k.max(1) / MC).max(1) * MC;
-    if a_once && m > slice {
+    let plan = a_once(m, k, n, NB);
+    let a_once = plan.is_some();
+    if let Some(slice) = plan.filter(|&slice| m > slice) {
         for i0 in (0..m).step_by(slice) {
             let rows = slice.min(m - i0);
             // SAFETY: rows i0..i0+rows of c and a are sub-views of the caller's.
@@ -889,6 +903,59 @@ mod tests {
         }
     }
 
+    /// When a is packed once: several column blocks, a slice within `A_ONCE`, and slicing
+    /// cheaper than what it saves (a weight gradient over 8192 tokens is not worth slicing).
+    #[test]
+    fn a_is_packed_once_where_it_saves_packing() {
+        assert_eq!(a_once(2048, 768, 768, NC_WIDE), None, "one column block");
+        assert!(a_once(256, 768, 50257, NC_WIDE).is_some_and(|s| s >= 256), "GPT-2's LM head, unsliced");
+        assert_eq!(a_once(3999, 2100, 1100, NC_WIDE), Some(1872));
+        assert_eq!(a_once(64, 40_000, 5000, NC_WIDE), None, "not one MC block of a fits");
+        assert_eq!(a_once(3072, 8192, 3072, NC_WIDE), None, "8 slices would pack b 7 more times");
+        assert_eq!(a_once(300, 600, 4140, NC), Some(A_ONCE / 600 / MC * MC));
+    }
+
+    /// On the 6 × 16 tile (blocks of 4080 columns) a product of two column blocks packs its a
+    /// once: the same bits as the same product taken one column block at a time.
+    #[test]
+    fn a_packed_once_on_the_narrow_tile_gives_the_blocks_bits() {
+        if unavailable() {
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(46);
+        let (m, k, n) = (300, 600, NC + 60);
+        let a = rand_vec(&mut rng, m * k);
+        let b = rand_vec(&mut rng, k * n);
+        for threads in [1, 2] {
+            let run = |cols: std::ops::Range<usize>| {
+                let mut c = vec![0f32; m * n];
+                // SAFETY: the views lie inside the buffers; the narrow tile runs wherever AVX2 does.
+                pool(threads).install(|| unsafe {
+                    sgemm_tiled(
+                        Tile::Avx2,
+                        c[cols.start..].as_mut_ptr(),
+                        Mat::strided(m, cols.len(), n),
+                        a.as_ptr(),
+                        Mat::rm(m, k),
+                        b[cols.start..].as_ptr(),
+                        Mat::strided(k, cols.len(), n),
+                        1.0,
+                        false,
+                        threads,
+                    )
+                });
+                c
+            };
+            let whole = run(0..n);
+            let (left, right) = (run(0..NC), run(NC..n));
+            for i in 0..m {
+                let row = &whole[i * n..(i + 1) * n];
+                assert!(row[..NC] == left[i * n..i * n + NC], "threads={threads} row {i}: first block");
+                assert!(row[NC..] == right[i * n + NC..(i + 1) * n], "threads={threads} row {i}: second block");
+            }
+        }
+    }
+
     /// A product wide enough for several column blocks packs its a once for all of them, and
     /// a tall one (more than `A_ONCE` values of a) in slices of rows: the same bits as the
     /// 6 × 16 tile (one column block here, a packed block by block) and as the rows alone.
@@ -899,7 +966,7 @@ mod tests {
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(47);
         let (m, k, n) = (2 * A_ONCE / 2100 + 5, 2100, 1100);
-        assert!(m * k > A_ONCE && n > NC_WIDE && n <= NC);
+        assert!(a_once(m, k, n, NC_WIDE).is_some_and(|slice| slice < m) && a_once(m, k, n, NC).is_none());
         for ta in [false, true] {
             let a = rand_vec(&mut rng, m * k);
             let b = rand_vec(&mut rng, k * n);
