@@ -523,11 +523,25 @@ async fn a_client_that_goes_away_aborts_the_whole_program() {
     let client = reqwest::Client::new();
     let send = client.post(format!("{}/v1/programs", s.url)).json(&json!({"nodes": nodes})).send();
     assert!(tokio::time::timeout(Duration::from_millis(300), send).await.is_err(), "the program ended within 300 ms");
+    // idle and making nothing for 200 ms on end (a chain's node may end a moment before the
+    // next one is admitted: one idle reading alone does not show the program gone)
     let t0 = Instant::now();
+    let mut idle_since: Option<(Instant, f64)> = None;
     loop {
-        if s.metric("brigade_running_sequences").await == 0.0 && s.metric("brigade_kv_blocks_used").await == 0.0 {
-            break;
-        }
+        let idle = s.metric("brigade_running_sequences").await == 0.0
+            && s.metric("brigade_kv_blocks_used").await == 0.0
+            && s.metric("brigade_queue_depth").await == 0.0;
+        let tokens = s.metric("brigade_generation_tokens_total").await;
+        idle_since = match idle_since {
+            Some((since, at)) if idle && at == tokens => {
+                if since.elapsed() >= Duration::from_millis(200) {
+                    break;
+                }
+                Some((since, at))
+            }
+            _ if idle => Some((Instant::now(), tokens)),
+            _ => None,
+        };
         assert!(t0.elapsed() < Duration::from_secs(5), "the program's sequences still run 5 s after the client left");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
