@@ -246,6 +246,20 @@ fn split(m: usize, n: usize, threads: usize, (mr, nr): (usize, usize)) -> Vec<(b
         .collect()
 }
 
+/// Where the packed panels of a's rows `ic..ic + rows` over depth block `pc..pc + kc` lie when a
+/// is packed once for every column block (`all_panels` panels of R rows a depth block, the
+/// depth blocks in order): the one offset both the packing and the kernels read.
+fn once_block<const R: usize>(
+    all_panels: usize,
+    pc: usize,
+    kc: usize,
+    ic: usize,
+    rows: usize,
+) -> std::ops::Range<usize> {
+    let at = all_panels * R * pc + (ic / R) * kc * R;
+    at..at + rows.div_ceil(R) * kc * R
+}
+
 /// Whether a product packs its a once for all its column blocks (`Some(rows)`: in slices of
 /// that many rows, each packing b again) or once a block (`None`): only with more than one
 /// column block, an a slice of at least one MC block within `A_ONCE` values, and fewer values
@@ -313,9 +327,9 @@ unsafe fn serial<const R: usize, const C: usize, const NB: usize, const PANELS_O
                     let kc = KC.min(k - pc);
                     for ic in (0..m).step_by(MC) {
                         let rows = MC.min(m - ic);
-                        let at = all_panels * R * pc + (ic / R) * kc * R;
+                        let at = once_block::<R>(all_panels, pc, kc, ic, rows);
                         // SAFETY: the block lies inside the caller's view.
-                        unsafe { pack::<R>(&mut whole[at..at + rows.div_ceil(R) * kc * R], a, am, ic, rows, pc, kc) };
+                        unsafe { pack::<R>(&mut whole[at], a, am, ic, rows, pc, kc) };
                     }
                 }
             }
@@ -332,8 +346,7 @@ unsafe fn serial<const R: usize, const C: usize, const NB: usize, const PANELS_O
                         let rows = MC.min(m - ic);
                         let panels = rows.div_ceil(R);
                         let packed_a: &[f32] = if a_once {
-                            let at = all_panels * R * pc + (ic / R) * kc * R;
-                            &abuf.get(all_panels * R * k)[at..at + panels * kc * R]
+                            &abuf.get(all_panels * R * k)[once_block::<R>(all_panels, pc, kc, ic, rows)]
                         } else {
                             let packed_a = abuf.get(panels * kc * R);
                             unsafe { pack::<R>(packed_a, a, am, ic, rows, pc, kc) };

@@ -13,9 +13,11 @@ use crate::params::ParamLayout;
 use brigade_comm::Comm;
 use std::ops::Range;
 
-/// Tag of the tied table's gradient between the first and the last stage (below MPI's
-/// smallest allowed upper bound, above what the executor's micro-batch tags reach in practice).
+/// Tags of the tied table's gradient between the first and the last stage (below MPI's
+/// smallest allowed upper bound, above what the executor's micro-batch tags reach in practice):
+/// the head's whole copy, and the embedding's touched rows (their count, then indices and values).
 const TIE_TAG: u32 = 32_767;
+const TIE_ROWS_TAG: u32 = 32_766;
 
 #[derive(Clone, Debug)]
 pub struct RankModel {
@@ -107,12 +109,9 @@ impl RankModel {
                 }
             }
             (Some(t), None) | (None, Some(t)) if pp.size() > 1 => {
-                let peer = if self.table(false).is_some() { pp.size() - 1 } else { 0 };
-                pp.send(&g[t.clone()], peer, TIE_TAG).map_err(err)?;
-                let mut other = vec![0f32; t.len()];
-                pp.recv(&mut other, peer, TIE_TAG).map_err(err)?;
-                // a + b on one side, b + a on the other: the same float either way
-                g[t].iter_mut().zip(&other).for_each(|(a, b)| *a += b);
+                let embedding = self.table(false).is_some();
+                let peer = if embedding { pp.size() - 1 } else { 0 };
+                sum_table(pp, peer, embedding, &mut g[t], self.first().cfg.n_embd).map_err(err)?;
             }
             _ => {}
         }
@@ -149,6 +148,56 @@ impl RankModel {
     }
 }
 
+/// Sums the two copies of the token table's gradient `g` (rows of `width`) between the stage
+/// holding the embedding (`embedding: true`) and the one holding the head, `peer`. The head's
+/// copy is dense (every row has a logit); the embedding's is non-zero only in the rows the step's
+/// tokens looked up. So the head sends its whole copy — early: the last stage ends its backward
+/// before the first — and the embedding, at the end of its last backward, sends back only its
+/// rows with a non-zero bit (their indices and values) and takes the head's copy straight into
+/// its table. Both then hold `e + h` in those rows (one float addition, the same either way
+/// round) and `h` in the rest, where `e` is zero. A table too tall for exact f32 indices, or
+/// one not made of whole rows, is summed whole both ways.
+pub fn sum_table(pp: &Comm, peer: usize, embedding: bool, g: &mut [f32], width: usize) -> brigade_comm::Result<()> {
+    let rows = if width == 0 || !g.len().is_multiple_of(width) { 0 } else { g.len() / width };
+    if rows == 0 || rows >= 1 << 24 {
+        pp.send(g, peer, TIE_TAG)?;
+        let mut other = vec![0f32; g.len()];
+        pp.recv(&mut other, peer, TIE_TAG)?;
+        // a + b on one side, b + a on the other: the same float either way
+        g.iter_mut().zip(&other).for_each(|(a, b)| *a += b);
+        return Ok(());
+    }
+    if embedding {
+        let touched: Vec<usize> =
+            (0..rows).filter(|&r| g[r * width..(r + 1) * width].iter().any(|x| x.to_bits() != 0)).collect();
+        // indices below 2²⁴ are exact in f32
+        let mut msg: Vec<f32> = touched.iter().map(|&r| r as f32).collect();
+        touched.iter().for_each(|&r| msg.extend_from_slice(&g[r * width..(r + 1) * width]));
+        pp.send(&[touched.len() as f32], peer, TIE_ROWS_TAG)?;
+        pp.send(&msg, peer, TIE_ROWS_TAG)?;
+        pp.recv(g, peer, TIE_TAG)?;
+        let values = &msg[touched.len()..];
+        for (i, &r) in touched.iter().enumerate() {
+            let e = &values[i * width..(i + 1) * width];
+            g[r * width..(r + 1) * width].iter_mut().zip(e).for_each(|(h, e)| *h += e);
+        }
+    } else {
+        pp.send(g, peer, TIE_TAG)?;
+        let mut count = [0f32];
+        pp.recv(&mut count, peer, TIE_ROWS_TAG)?;
+        let n = count[0] as usize;
+        let mut msg = vec![0f32; n * (1 + width)];
+        pp.recv(&mut msg, peer, TIE_ROWS_TAG)?;
+        let (index, values) = msg.split_at(n);
+        for (i, &r) in index.iter().enumerate() {
+            let r = r as usize;
+            let e = &values[i * width..(i + 1) * width];
+            g[r * width..(r + 1) * width].iter_mut().zip(e).for_each(|(h, e)| *h += e);
+        }
+    }
+    Ok(())
+}
+
 /// The slots (`models::gpt::slots`: 0 the embedding, 2i + 1 and 2i + 2 block i's attention and
 /// MLP halves, 2L + 1 the head) of each of the `pp · v` stages.
 pub fn stage_slots(cfg: &GptConfig, pp: usize, v: usize, seq: usize) -> Result<Vec<Range<usize>>> {
@@ -161,4 +210,60 @@ pub fn stage_slots(cfg: &GptConfig, pp: usize, v: usize, seq: usize) -> Result<V
         )));
     }
     partition(&gpt_slot_costs(cfg, seq), stages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The embedding's copy: zero but in some rows — a row whose first values are zero and a
+    /// later one is not, a row of only −0.0 — and the head's copy dense (some −0.0 too).
+    fn copies(rows: usize, width: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut e = vec![0f32; rows * width];
+        for (r, c, v) in [(1, 0, 0.25f32), (1, 3, -1.5), (4, width - 1, 3.0), (6, 1, -0.0), (9, 2, 1e-30)] {
+            e[r * width + c] = v;
+        }
+        let h: Vec<f32> = (0..rows * width).map(|i| if i % 7 == 3 { -0.0 } else { (i as f32 * 0.37).sin() }).collect();
+        (e, h)
+    }
+
+    fn exchange(e: &[f32], h: &[f32], width: usize) -> Vec<Vec<f32>> {
+        brigade_comm::local::run(2, |c| {
+            let embedding = c.rank() == 0;
+            let mut g = if embedding { e.to_vec() } else { h.to_vec() };
+            sum_table(&c, 1 - c.rank(), embedding, &mut g, width)?;
+            Ok::<_, brigade_comm::CommError>(g)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_tied_table_sums_to_e_plus_h_on_both_stages_from_the_touched_rows() {
+        let (rows, width) = (10, 5);
+        let (e, h) = copies(rows, width);
+        let got = exchange(&e, &h, width);
+        assert_eq!(
+            got[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            got[1].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "both stages hold the same bits"
+        );
+        for (i, (&x, (a, b))) in got[0].iter().zip(e.iter().zip(&h)).enumerate() {
+            assert_eq!(x, a + b, "element {i}: e + h");
+            if (a + b) != 0.0 || a.to_bits() != 0 {
+                assert_eq!(x.to_bits(), (a + b).to_bits(), "element {i}: the bits of e + h");
+            }
+        }
+    }
+
+    #[test]
+    fn a_table_not_made_of_whole_rows_is_summed_whole() {
+        let (e, h) = copies(10, 5);
+        for width in [0, 3] {
+            let got = exchange(&e, &h, width);
+            for g in &got {
+                let want: Vec<u32> = e.iter().zip(&h).map(|(a, b)| (a + b).to_bits()).collect();
+                assert_eq!(g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want, "width {width}");
+            }
+        }
+    }
 }
