@@ -28,9 +28,10 @@ subprocess.run(brigade + ["train", "--data", str(tmp / "t.txt"), "--tokenizer", 
                           "--out", str(tmp / "ck")], check=True)
 prompt, n = "42 bottles of", 30
 ours = subprocess.run(brigade + ["sample", "--checkpoint", str(tmp / "ck"), "--prompt", prompt, "--max-tokens",
-                                 str(n), "--logits-out", str(tmp / "logits.npy")],
+                                 str(n), "--ignore-eos", "--logits-out", str(tmp / "logits.npy")],
                       check=True, capture_output=True, text=True).stdout
 # `sample` ends its output with one newline of its own; the model's own newlines are kept
+# (--ignore-eos: generate() below is told of no end-of-sequence id either)
 assert ours.endswith("\n"), repr(ours)
 ours = ours[:-1]
 model = AutoModelForCausalLM.from_pretrained(tmp / "ck").eval()

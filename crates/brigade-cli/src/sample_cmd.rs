@@ -27,6 +27,10 @@ pub struct SampleArgs {
     top_k: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Go on past the model's end-of-sequence tokens (the tokenizer's, and those of
+    /// generation_config.json) up to --max-tokens, instead of stopping at the first.
+    #[arg(long)]
+    ignore_eos: bool,
     #[arg(long, default_value_t = crate::threads::default_threads())]
     threads: usize,
     /// Also write the logits of every prompt position, `[prompt tokens, vocab]`, as a float32
@@ -106,6 +110,9 @@ pub fn run(a: SampleArgs) -> Result<()> {
             model.cfg.vocab_size
         );
     }
+    let generation = brigade::models::generation_config::read(&meta, model.cfg.vocab_size)?;
+    let end =
+        if a.ignore_eos { Vec::new() } else { brigade::models::generation_config::end_ids(Some(&tok), &generation) };
     let ids = tok.encode(&a.prompt)?;
     if ids.is_empty() {
         bail!("the prompt encodes to no tokens");
@@ -130,7 +137,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
         top_k: a.top_k,
         top_p: 1.0,
         seed: a.seed,
-        stop: None,
+        stop: end.clone(),
     };
     if let Some(path) = &a.logits_out {
         let t = ids.len().min(model.cfg.block_size);
@@ -153,6 +160,10 @@ pub fn run(a: SampleArgs) -> Result<()> {
     let (mut got, mut shown, mut failed) = (Vec::new(), 0usize, None);
     brigade::with_threads(a.threads, || {
         generate_streaming(&model, &params, &[ids], &opt, &mut |_, t| {
+            // an end-of-sequence token ends the text; it is not part of it
+            if end.contains(&t) {
+                return;
+            }
             got.push(t);
             let text = tok.decode(&got);
             // a character split across tokens decodes to U+FFFD until its last byte comes

@@ -572,6 +572,23 @@ fn llama_folders_sample_and_bad_ones_are_refused() {
     // two bytes of prompt, byte tokens (the folder has no tokenizer): [2, 101] float32
     assert_eq!(std::fs::metadata(&logits).unwrap().len(), 128 + 2 * 101 * 4);
     std::fs::remove_file(&logits).unwrap();
+    // an end-of-sequence id in generation_config.json ends the text before it (the id itself
+    // not printed); --ignore-eos goes on to --max-tokens. Byte tokens: a printed byte is its id.
+    let eight = |extra: &[&str]| {
+        let mut v = vec!["sample", "--checkpoint", hf_s, "--prompt", "!#", "--max-tokens", "8", "--threads", "1"];
+        v.extend_from_slice(extra);
+        let out = ok(&v, p).stdout;
+        assert!(out.starts_with(b"!#") && out.ends_with(b"\n"), "{out:?}");
+        out[2..out.len() - 1].to_vec()
+    };
+    let free = eight(&[]);
+    assert_eq!(free.len(), 8, "{free:?}");
+    let eos = free[2];
+    std::fs::write(hf.join("generation_config.json"), format!("{{\"eos_token_id\": [100, {eos}]}}")).unwrap();
+    let cut = free.iter().position(|&b| b == eos || b == 100).unwrap();
+    assert_eq!(eight(&[]), free[..cut], "stopped at the first {eos}");
+    assert_eq!(eight(&["--ignore-eos"]), free, "--ignore-eos");
+    std::fs::remove_file(hf.join("generation_config.json")).unwrap();
     // more tokens than the context holds: refused at once, naming the most it can give
     let long = ["sample", "--checkpoint", hf_s, "--prompt", "!#", "--max-tokens", "255", "--threads", "1"];
     fails_with(&long, p, "exceed the model's context of 256 tokens; give --max-tokens 254 or less");

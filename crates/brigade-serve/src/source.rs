@@ -78,18 +78,8 @@ impl Source {
                 // a GGUF file's tokenizer and generation config, unpacked from its metadata
                 let meta = metadata_folder(dir)?;
                 let tokenizer = tokenizer_of(&meta, gpt.cfg.vocab_size)?;
-                let mut eos: Vec<u32> = match &tokenizer {
-                    Some(Tokenizer::Hf(t, _, _, sp)) => {
-                        sp.eos.or_else(|| t.token_to_id("<|endoftext|>")).into_iter().collect()
-                    }
-                    _ => Vec::new(),
-                };
                 let generation = generation_config::read(&meta, gpt.cfg.vocab_size)?;
-                for &id in &generation.eos {
-                    if !eos.contains(&id) {
-                        eos.push(id);
-                    }
-                }
+                let eos = generation_config::end_ids(tokenizer.as_ref(), &generation);
                 Ok(Served { gpt, params, tokenizer, eos, generation })
             }
         }

@@ -30,7 +30,7 @@ fn the_addition_checkpoint_scores_as_trained() {
                 top_k: 0,
                 top_p: 1.0,
                 seed: 0,
-                stop: Some(b'\n' as u32),
+                stop: vec![b'\n' as u32],
             };
             let mut answers = Vec::new();
             for &(x, y) in &problems {

@@ -65,16 +65,19 @@ fn generation_stops_at_the_stop_token() {
         *p += rng.gen_range(-0.5..0.5);
     }
     let prompts = vec![vec![1, 2, 3], vec![4, 5, 6]];
-    let free = SampleOptions { max_new_tokens: 12, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, stop: None };
+    let free = SampleOptions { max_new_tokens: 12, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, stop: Vec::new() };
     let full = generate(&model, &params, &prompts, &free);
-    // stop at the token the first sequence emits second
-    let stop = full[0][1];
-    let got = generate(&model, &params, &prompts, &SampleOptions { stop: Some(stop), ..free });
-    for (g, f) in got.iter().zip(&full) {
-        let k = f.iter().position(|&x| x == stop).map_or(f.len(), |k| k + 1);
-        assert_eq!(g[..k.min(g.len())], f[..k.min(g.len())], "greedy tokens before the stop");
-        assert!(g[k.min(g.len())..].iter().all(|&x| x == stop), "after the stop: {g:?}");
+    // stop at the token the first sequence emits second; then at either of it and the token
+    // the second sequence emits first (a model's end ids: a list)
+    for stops in [vec![full[0][1]], vec![full[0][1], full[1][0]]] {
+        let got = generate(&model, &params, &prompts, &SampleOptions { stop: stops.clone(), ..free.clone() });
+        let ends = |f: &Vec<u32>| f.iter().position(|x| stops.contains(x)).map_or(f.len(), |k| k + 1);
+        for (g, f) in got.iter().zip(&full) {
+            let k = ends(f);
+            assert_eq!(g[..k.min(g.len())], f[..k.min(g.len())], "stops {stops:?}: greedy tokens before the stop");
+            assert!(g[k.min(g.len())..].iter().all(|&x| x == stops[0]), "stops {stops:?}: after the stop: {g:?}");
+        }
+        let all_stop = full.iter().map(ends).max().unwrap();
+        assert_eq!(got[0].len(), all_stop, "stops {stops:?}: generation went on after every sequence stopped: {got:?}");
     }
-    let all_stop = full.iter().map(|f| f.iter().position(|&x| x == stop).map_or(12, |k| k + 1)).max().unwrap();
-    assert_eq!(got[0].len(), all_stop, "generation went on after every sequence stopped: {got:?}");
 }

@@ -60,7 +60,7 @@ fn matches_hugging_face(dir: &str, moe_layers: usize) {
 
     let (prompt, _, _) = ids(&st, "prompt_ids");
     let (want, _, n) = ids(&st, "greedy_ids");
-    let opt = SampleOptions { max_new_tokens: n, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, stop: None };
+    let opt = SampleOptions { max_new_tokens: n, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, stop: Vec::new() };
     let got = generate(&model, &params, &[prompt], &opt);
     assert_eq!(got[0], want, "{dir:?}: greedy continuation differs from Hugging Face generate()");
 }

@@ -71,7 +71,7 @@ impl Scheduler {
                 top_k: s.sampling.top_k,
                 top_p: s.sampling.top_p,
                 seed: 0,
-                stop: None,
+                stop: Vec::new(),
             };
             let penalized = (s.sampling.repetition_penalty != 1.0)
                 .then(|| penalize_repeats(&row, &s.tokens, s.sampling.repetition_penalty));

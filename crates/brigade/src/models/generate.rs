@@ -4,7 +4,7 @@ use super::{Activations, Gpt};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SampleOptions {
     pub max_new_tokens: usize,
     /// 0 picks the most likely token.
@@ -15,8 +15,8 @@ pub struct SampleOptions {
     /// and top-k) add up to at least `top_p` (1: all).
     pub top_p: f32,
     pub seed: u64,
-    /// Stop after emitting this token.
-    pub stop: Option<u32>,
+    /// Stop after emitting any of these tokens.
+    pub stop: Vec<u32>,
 }
 
 /// Picks the next token from one row of logits.
@@ -93,8 +93,12 @@ pub fn generate_streaming(
         let ctx: Vec<u32> = seqs.iter().flat_map(|s| s[len - t..].iter().copied()).collect();
         let logits = model.forward_last(params, &ctx, seqs.len(), t, &mut acts);
         for (i, s) in seqs.iter_mut().enumerate() {
-            let tok = if done[i] { opt.stop.unwrap_or(0) } else { pick(&logits[i * v..(i + 1) * v], opt, &mut rng) };
-            done[i] |= Some(tok) == opt.stop;
+            let tok = if done[i] {
+                opt.stop.first().copied().unwrap_or(0)
+            } else {
+                pick(&logits[i * v..(i + 1) * v], opt, &mut rng)
+            };
+            done[i] |= opt.stop.contains(&tok);
             s.push(tok);
             on_token(i, tok);
         }
@@ -110,7 +114,7 @@ mod tests {
     use super::*;
 
     fn opts(temperature: f32, top_k: usize) -> SampleOptions {
-        SampleOptions { max_new_tokens: 1, temperature, top_k, top_p: 1.0, seed: 0, stop: None }
+        SampleOptions { max_new_tokens: 1, temperature, top_k, top_p: 1.0, seed: 0, stop: Vec::new() }
     }
 
     /// Sampled frequencies against softmax(logits / temperature) over the k best, then over

@@ -45,6 +45,24 @@ const NOT_APPLIED: &[(&str, f64)] = &[
     ("num_beams", 1.0),
 ];
 
+/// The ids that end a generation: the tokenizer's end-of-sequence token (its `<|endoftext|>`
+/// where `tokenizer_config.json` names none), then the file's `eos_token_id`s not already
+/// there. None for a byte tokenizer without a file.
+pub fn end_ids(tokenizer: Option<&crate::models::tokenizer::Tokenizer>, generation: &GenerationConfig) -> Vec<u32> {
+    let mut eos: Vec<u32> = match tokenizer {
+        Some(crate::models::tokenizer::Tokenizer::Hf(t, _, _, sp)) => {
+            sp.eos.or_else(|| t.token_to_id("<|endoftext|>")).into_iter().collect()
+        }
+        _ => Vec::new(),
+    };
+    for &id in &generation.eos {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    eos
+}
+
 /// The folder's `generation_config.json` (`Default` when it has none), its token ids checked
 /// against the model's vocabulary.
 pub fn read(dir: &Path, vocab: usize) -> Result<GenerationConfig> {

@@ -139,7 +139,8 @@ impl Trainer {
     /// 0.8, top-k 40, seed 0; the prompt included), to show what it learned.
     pub fn sample_text(&self, full: Option<&[f32]>) -> Result<String> {
         let prompt = self.data_prompt();
-        let opt = SampleOptions { max_new_tokens: 64, temperature: 0.8, top_k: 40, top_p: 1.0, seed: 0, stop: None };
+        let opt =
+            SampleOptions { max_new_tokens: 64, temperature: 0.8, top_k: 40, top_p: 1.0, seed: 0, stop: Vec::new() };
         let ids = self.tokenizer.encode(&prompt)?;
         let (model, params) = self.whole_model(full);
         let gen = generate(model, params, &[ids], &opt);
@@ -166,7 +167,7 @@ pub fn solve_addition(model: &Gpt, params: &[f32], a: &Addition, problems: &[(u6
         top_k: 0,
         top_p: 1.0,
         seed: 0,
-        stop: Some(b'\n' as u32),
+        stop: vec![b'\n' as u32],
     };
     generate(model, params, &prompts, &opt)
         .iter()
