@@ -35,12 +35,19 @@ pub fn exp(x: f32) -> f32 {
 /// float reduction stays scalar: its order may not change without fast-math), and the
 /// exponentials in a loop of their own.
 pub fn softmax_row(row: &mut [f32]) {
-    softmax_row_lse(row);
+    softmax_max_sum(row);
 }
 
 /// `softmax_row`, returning the row's log-sum-exp `max + ln Σ exp(x − max)` (of a non-empty
 /// row of finite values).
 pub fn softmax_row_lse(row: &mut [f32]) -> f32 {
+    let (mx, sum) = softmax_max_sum(row);
+    mx + sum.ln()
+}
+
+/// The softmax in place; returns the row's max and `Σ exp(x − max)`.
+#[inline(always)]
+fn softmax_max_sum(row: &mut [f32]) -> (f32, f32) {
     let mut m = [f32::NEG_INFINITY; 8];
     let mut chunks = row.chunks_exact(8);
     for c in &mut chunks {
@@ -62,7 +69,7 @@ pub fn softmax_row_lse(row: &mut [f32]) -> f32 {
     let sum = s.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>();
     let inv = 1.0 / sum;
     row.iter_mut().for_each(|x| *x *= inv);
-    mx + sum.ln()
+    (mx, sum)
 }
 
 /// `Σ a[i]·b[i]` over 8 lanes (vectorised, the same rounding on every call).
