@@ -65,9 +65,10 @@ pub fn run(a: SampleArgs) -> Result<()> {
     // A brigade checkpoint says how it was trained; a Hugging Face folder has no trainer state.
     let run = if a.checkpoint.join(STATE_FILE).exists() { Some(saved_config(&a.checkpoint)?) } else { None };
     if let Some(task) = run.as_ref().and_then(|c| c.addition()) {
-        if a.max_tokens.is_some() {
+        if a.max_tokens.is_some() || a.ignore_eos {
+            let flag = if a.ignore_eos { "--ignore-eos" } else { "--max-tokens" };
             bail!(
-                "this checkpoint was trained on {}-digit addition and answers with the sum; drop --max-tokens",
+                "this checkpoint was trained on {}-digit addition and answers with the sum; drop {flag}",
                 task.digits
             );
         }
@@ -110,9 +111,13 @@ pub fn run(a: SampleArgs) -> Result<()> {
             model.cfg.vocab_size
         );
     }
-    let generation = brigade::models::generation_config::read(&meta, model.cfg.vocab_size)?;
-    let end =
-        if a.ignore_eos { Vec::new() } else { brigade::models::generation_config::end_ids(Some(&tok), &generation) };
+    // (under --ignore-eos the file is not read: nothing in it would be used)
+    let end = if a.ignore_eos {
+        Vec::new()
+    } else {
+        let generation = brigade::models::generation_config::read(&meta, model.cfg.vocab_size)?;
+        brigade::models::generation_config::end_ids(Some(&tok), &generation)
+    };
     let ids = tok.encode(&a.prompt)?;
     if ids.is_empty() {
         bail!("the prompt encodes to no tokens");

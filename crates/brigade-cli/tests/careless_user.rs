@@ -381,6 +381,7 @@ fn sample_and_plan_refuse_what_they_would_ignore() {
     let ck = ck.to_str().unwrap();
     ok(&["sample", "--checkpoint", ck, "--prompt", "482+139", "--threads", "1"], p);
     fails_with(&["sample", "--checkpoint", ck, "--prompt", "482+139", "--max-tokens", "3"], p, "drop --max-tokens");
+    fails_with(&["sample", "--checkpoint", ck, "--prompt", "482+139", "--ignore-eos"], p, "drop --ignore-eos");
     fails_with(&["sample", "--checkpoint", ck, "--prompt", "hi", "--top-k", "5"], p, "--top-k 5 has no effect");
     fails_with(&["sample", "--checkpoint", ck, "--prompt", "1+2", "--threads", "0"], p, "--threads 0 is out of range");
     let out = brigade(&["plan", "--local", "--layers", "4"], p);

@@ -6,7 +6,7 @@
 //! that sequence's own rows, which is what a padding mask computes, without the padded work.
 
 use super::layernorm::layernorm_row;
-use super::matmul::{gemm_into, Mat, Threads};
+use super::matmul::{gemm_into_on, Backend, Mat, Threads};
 use super::ROW_CHUNK;
 use rayon::prelude::*;
 
@@ -25,11 +25,35 @@ fn starts_of(lens: &[usize]) -> Vec<usize> {
 /// (q | k | v, heads side by side). Every token of a sequence attends to all of its tokens.
 /// One rayon task per sequence, looping over its heads: the sequence's rows are contiguous, so
 /// they come into cache once for all heads. Heads of 8, 16, 32 or 64 on a machine with AVX2
-/// and FMA run `simd`'s kernels (the keys transposed once a head, so a score row is vectors
-/// across keys; the context rows over the value rows), other widths two small matrix products:
-/// a sequence of ~37 tokens leaves the products' 6 × 16 tiles a third empty and packs both
-/// operands of every 37 × 37 × 32 product.
+/// and FMA and without AVX-512 (or held to AVX2 by `BRIGADE_SIMD=avx2`) run `simd`'s kernels
+/// (the keys transposed once a head, so a score row is vectors across keys; the context rows
+/// over the value rows); otherwise two small matrix products a head. On AVX2 a sequence of ~37
+/// tokens leaves the products' 6 × 16 tiles a third empty and packs both operands of every
+/// 37 × 37 × 32 product; the AVX-512 machines keep the products (their 12 × 32 tile was not
+/// measured against the kernels).
 pub fn attention_packed(ctx: &mut [f32], qkv: &[f32], lens: &[usize], c: usize, heads: usize) {
+    attention_on(ctx, qkv, lens, c, heads, Path::pick(c / heads))
+}
+
+/// How a head's two products run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    Kernels,
+    Products(Backend),
+}
+
+impl Path {
+    fn pick(hd: usize) -> Path {
+        #[cfg(target_arch = "x86_64")]
+        if simd::fits(hd) && !super::wide() && simd::runs_here() {
+            return Path::Kernels;
+        }
+        let _ = hd;
+        Path::Products(Backend::Auto)
+    }
+}
+
+fn attention_on(ctx: &mut [f32], qkv: &[f32], lens: &[usize], c: usize, heads: usize, path: Path) {
     let n: usize = lens.iter().sum();
     assert!(ctx.len() == n * c && qkv.len() == 3 * n * c && c.is_multiple_of(heads));
     let hd = c / heads;
@@ -41,26 +65,34 @@ pub fn attention_packed(ctx: &mut [f32], qkv: &[f32], lens: &[usize], c: usize, 
         parts.push((mine, &qkv[row * 3 * c..(row + l) * 3 * c], l));
         (rest, row) = (tail, row + l);
     }
-    #[cfg(target_arch = "x86_64")]
-    if simd::fits(hd) && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        parts.into_par_iter().filter(|p| p.2 > 0).for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(kt, sc): &mut (Vec<f32>, Vec<f32>), (out, block, l)| {
-                // SAFETY: AVX2 and FMA are present (checked); the block holds l rows of 3c.
-                unsafe { simd::sequence(out, block, l, c, heads, scale, kt, sc) }
-            },
-        );
-        return;
-    }
+    let backend = match path {
+        #[cfg(target_arch = "x86_64")]
+        Path::Kernels => {
+            assert!(simd::fits(hd) && simd::runs_here());
+            parts.into_par_iter().filter(|p| p.2 > 0).for_each_init(
+                || (Vec::new(), Vec::new()),
+                |(kt, sc): &mut (Vec<f32>, Vec<f32>), (out, block, l)| {
+                    // SAFETY: AVX2 and FMA are present (asserted); the block holds l rows of 3c.
+                    unsafe { simd::sequence(out, block, l, c, heads, scale, kt, sc) }
+                },
+            );
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Path::Kernels => unreachable!("the attention kernels are x86-64's"),
+        Path::Products(b) => b,
+    };
     parts.into_par_iter().filter(|p| p.2 > 0).for_each_init(Vec::new, |buf: &mut Vec<f32>, (out, block, l)| {
         buf.resize(l * l, 0.0);
         let head = Mat::strided(l, hd, 3 * c);
         for h in 0..heads {
             let q = h * hd;
-            gemm_into(buf, Mat::rm(l, l), &block[q..], head, &block[q + c..], head.t(), scale, false, Threads::Single);
+            let (qs, ks) = (&block[q..], &block[q + c..]);
+            gemm_into_on(backend, buf, Mat::rm(l, l), qs, head, ks, head.t(), scale, false, Threads::Single);
             buf.chunks_exact_mut(l).for_each(super::math::softmax_row);
             let om = Mat::strided(l, hd, c);
-            gemm_into(&mut out[q..], om, buf, Mat::rm(l, l), &block[q + 2 * c..], head, 1.0, false, Threads::Single);
+            let vs = &block[q + 2 * c..];
+            gemm_into_on(backend, &mut out[q..], om, buf, Mat::rm(l, l), vs, head, 1.0, false, Threads::Single);
         }
     });
 }
@@ -70,8 +102,8 @@ pub fn attention_packed(ctx: &mut [f32], qkv: &[f32], lens: &[usize], c: usize, 
 /// `scale · q·kᵀ` of R query rows at once across up to 64 keys, each row's softmax over its l
 /// keys, then the context rows `p·v` of R rows at once over the l value rows. Both products are
 /// one tile (`tile`): rows of a times a matrix whose rows are vectors, an `fma` chain over the
-/// inner index from 0 (the chains brigade's blocked product runs on sequences of up to 256
-/// tokens: on MiniLM's shapes the two paths gave the same bits).
+/// inner index from 0: the chains brigade's blocked product runs on sequences of up to 256
+/// tokens (KC), so there the two paths give the same bits (tested).
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::sgemm::transpose8;
@@ -80,6 +112,11 @@ mod simd {
     /// Head widths the kernels take (`hd / 8` vectors a context row).
     pub fn fits(hd: usize) -> bool {
         matches!(hd, 8 | 16 | 32 | 64)
+    }
+
+    /// Whether this CPU has what the kernels use.
+    pub fn runs_here() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
     }
 
     /// `out[l, c]` (this sequence's rows) from its `block[l, 3c]` of q | k | v.
@@ -273,22 +310,50 @@ mod tests {
         out
     }
 
+    /// Each path against the f64 reference: the kernels (head widths 8, 16, 32, 64, where the
+    /// CPU has AVX2 and FMA, whatever `attention_packed` picks here) and the products (every
+    /// width, 20 included); and on sequences of ≤ 256 tokens the kernels give brigade's
+    /// product's bits.
     #[test]
     fn packed_attention_matches_naive_per_sequence() {
+        let mut kernel_widths = Vec::new();
         for (c, heads) in [(96, 3), (24, 3), (128, 2), (48, 3), (60, 3)] {
+            let hd = c / heads;
             let lens = [5usize, 1, 0, 9, 100, 3, 64, 65, 129, 8, 4];
             let n: usize = lens.iter().sum();
             let qkv: Vec<f32> = (0..n * 3 * c).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 1.5).collect();
-            let mut ctx = vec![f32::NAN; n * c];
-            attention_packed(&mut ctx, &qkv, &lens, c, heads);
-            let starts = starts_of(&lens);
-            for (s, &l) in lens.iter().enumerate() {
-                let want = naive(&qkv, starts[s], l, c, heads);
-                for (i, w) in want.iter().enumerate() {
-                    let got = ctx[starts[s] * c + i] as f64;
-                    assert!((got - w).abs() < 1e-5, "c {c}: sequence {s} element {i}: {got} vs {w}");
+            let mut paths = vec![Path::pick(hd), Path::Products(Backend::Auto)];
+            #[cfg(target_arch = "x86_64")]
+            if simd::fits(hd) && simd::runs_here() {
+                paths.push(Path::Kernels);
+                kernel_widths.push(hd);
+            }
+            let mut got = Vec::new();
+            for &path in &paths {
+                let mut ctx = vec![f32::NAN; n * c];
+                attention_on(&mut ctx, &qkv, &lens, c, heads, path);
+                let starts = starts_of(&lens);
+                for (s, &l) in lens.iter().enumerate() {
+                    let want = naive(&qkv, starts[s], l, c, heads);
+                    for (i, w) in want.iter().enumerate() {
+                        let got = ctx[starts[s] * c + i] as f64;
+                        assert!((got - w).abs() < 1e-5, "{path:?} c {c}: sequence {s} element {i}: {got} vs {w}");
+                    }
+                }
+                got.push((path, ctx));
+            }
+            if let Some((_, k)) = got.iter().find(|(p, _)| *p == Path::Kernels) {
+                if super::super::sgemm::runs_here() {
+                    let mut ctx = vec![f32::NAN; n * c];
+                    attention_on(&mut ctx, &qkv, &lens, c, heads, Path::Products(Backend::Brigade));
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert!(bits(k) == bits(&ctx), "c {c}: the kernels' bits differ from brigade's products'");
                 }
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if simd::runs_here() {
+            assert_eq!(kernel_widths, [32, 8, 64, 16], "the kernels ran on every width they take");
         }
     }
 

@@ -172,6 +172,12 @@ pub fn run_step(
     let rank = pp.rank();
     let (b, t) = (data.b, data.t);
     let stages = plan.pp * plan.v;
+    if tag(plan.m, 0, stages, false) > super::stages::FIRST_TIE_TAG {
+        return Err(Error::Layout(format!(
+            "{} micro-batches × {stages} pipeline stages need more message tags than MPI guarantees (32767); use fewer micro-batches a step (a larger --micro-batch)",
+            plan.m
+        )));
+    }
     let stage = |chunk: usize| chunk * plan.pp + rank;
     let width = tp.rows(b * t).len() * chunks.part(0).cfg.n_embd;
     let mut stash: HashMap<(usize, usize), Stash> = HashMap::new();

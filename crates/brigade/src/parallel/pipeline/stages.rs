@@ -13,11 +13,14 @@ use crate::params::ParamLayout;
 use brigade_comm::Comm;
 use std::ops::Range;
 
-/// Tags of the tied table's gradient between the first and the last stage (below MPI's
-/// smallest allowed upper bound, above what the executor's micro-batch tags reach in practice):
+/// Tags of the tied table's gradient between the first and the last stage (MPI's smallest
+/// allowed upper bound and the one below it; the executor refuses a step whose micro-batch
+/// tags would reach them):
 /// the head's whole copy, and the embedding's touched rows (their count, then indices and values).
 const TIE_TAG: u32 = 32_767;
 const TIE_ROWS_TAG: u32 = 32_766;
+/// The lowest of the tags above: the executor's micro-batch tags stay below it.
+pub(crate) const FIRST_TIE_TAG: u32 = TIE_ROWS_TAG;
 
 #[derive(Clone, Debug)]
 pub struct RankModel {
