@@ -142,7 +142,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
         top_k: a.top_k,
         top_p: 1.0,
         seed: a.seed,
-        stop: end.clone(),
+        stop: end,
     };
     if let Some(path) = &a.logits_out {
         let t = ids.len().min(model.cfg.block_size);
@@ -166,7 +166,7 @@ pub fn run(a: SampleArgs) -> Result<()> {
     brigade::with_threads(a.threads, || {
         generate_streaming(&model, &params, &[ids], &opt, &mut |_, t| {
             // an end-of-sequence token ends the text; it is not part of it
-            if end.contains(&t) {
+            if opt.stop.contains(&t) {
                 return;
             }
             got.push(t);

@@ -155,7 +155,7 @@ impl RankModel {
 /// holding the embedding (`embedding: true`) and the one holding the head, `peer`. The head's
 /// copy is dense (every row has a logit); the embedding's is non-zero only in the rows the step's
 /// tokens looked up. So the head sends its whole copy — early: the last stage ends its backward
-/// before the first — and the embedding, at the end of its last backward, sends back only its
+/// before the first — and the embedding, when it reaches the sum, sends back only its
 /// rows with a non-zero bit (their indices and values) and takes the head's copy straight into
 /// its table. Both then hold `e + h` in those rows (one float addition, the same either way
 /// round) and `h` in the rest, where `e` is zero. A table too tall for exact f32 indices, or
@@ -179,11 +179,7 @@ pub fn sum_table(pp: &Comm, peer: usize, embedding: bool, g: &mut [f32], width: 
         pp.send(&[touched.len() as f32], peer, TIE_ROWS_TAG)?;
         pp.send(&msg, peer, TIE_ROWS_TAG)?;
         pp.recv(g, peer, TIE_TAG)?;
-        let values = &msg[touched.len()..];
-        for (i, &r) in touched.iter().enumerate() {
-            let e = &values[i * width..(i + 1) * width];
-            g[r * width..(r + 1) * width].iter_mut().zip(e).for_each(|(h, e)| *h += e);
-        }
+        add_rows(g, width, touched.iter().copied(), &msg[touched.len()..]);
     } else {
         pp.send(g, peer, TIE_TAG)?;
         let mut count = [0f32];
@@ -192,13 +188,16 @@ pub fn sum_table(pp: &Comm, peer: usize, embedding: bool, g: &mut [f32], width: 
         let mut msg = vec![0f32; n * (1 + width)];
         pp.recv(&mut msg, peer, TIE_ROWS_TAG)?;
         let (index, values) = msg.split_at(n);
-        for (i, &r) in index.iter().enumerate() {
-            let r = r as usize;
-            let e = &values[i * width..(i + 1) * width];
-            g[r * width..(r + 1) * width].iter_mut().zip(e).for_each(|(h, e)| *h += e);
-        }
+        add_rows(g, width, index.iter().map(|&r| r as usize), values);
     }
     Ok(())
+}
+
+/// `g[r] += values[i]` for the i-th row index r (rows of `width`).
+fn add_rows(g: &mut [f32], width: usize, rows: impl Iterator<Item = usize>, values: &[f32]) {
+    for (r, e) in rows.zip(values.chunks_exact(width)) {
+        g[r * width..(r + 1) * width].iter_mut().zip(e).for_each(|(h, e)| *h += e);
+    }
 }
 
 /// The slots (`models::gpt::slots`: 0 the embedding, 2i + 1 and 2i + 2 block i's attention and
