@@ -4,7 +4,8 @@
 # idle machine and reports the CPU other processes used). Prints each run's tokens/s, then the
 # medians and their ratio.
 #   scripts/bench_ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [-- BENCH ARGS...]
-# `bench engine` rows (output tokens/s per concurrency) are compared the same way.
+# `bench engine` rows (output tokens/s per concurrency) and `bench embed` rows (tokens/s per
+# workers × threads) are compared the same way.
 # BENCH ARGS default to the single worker's step as `bench train` times it (the model's pass,
 # clipping and AdamW): train --model gpt2-small --seq 256 --batch 4 --threads 2. The trainer's
 # own step (data, the executor, the gradient's sums, the optimizer) is
@@ -33,8 +34,14 @@ for l in open(sys.argv[1]):
     v = json.loads(j)
     rows = v["rows"] if "rows" in v else [{"layout": v.get("bench", "run"), "tokens_per_s": v["tokens_per_s"]}]
     for r in rows:
-        # `bench engine` rows: one per concurrency, its output tokens/s
-        name = r["layout"] if "layout" in r else f"concurrency={r['concurrency']}"
+        # `bench engine` rows: one per concurrency, its output tokens/s; `bench embed` rows:
+        # one per workers × threads
+        if "layout" in r:
+            name = r["layout"]
+        elif "workers" in r:
+            name = f"{r['workers']}x{r['threads']}"
+        else:
+            name = f"concurrency={r['concurrency']}"
         rate = r["tokens_per_s"] if "tokens_per_s" in r else r["output_tokens_per_s"]
         tps.setdefault(name, {"old": [], "new": []})[which].append(rate)
 for name, t in tps.items():
