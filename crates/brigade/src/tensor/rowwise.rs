@@ -8,7 +8,8 @@
 //! values contiguous, so a strip streams from memory once and stays in cache while every
 //! group of rows uses it. Tiles: with 512-bit registers 8 rows × 32 columns first (as many as
 //! the rows allow: 8 concurrent decodes read each weight once), then 6 rows × 16 columns (12
-//! vector accumulators: 12 FMAs for 2 loads of the strip and 6 broadcasts), then 4 × 16, and for
+//! vector accumulators: 12 FMAs for 2 loads of the strip and 6 broadcasts; with 256-bit
+//! registers 5 × 16 tiles share the rows where 6a + 5b covers them), then 4 × 16, and for
 //! the last rows (a single decode row, say) 1 row × 64 columns — enough independent FMA chains
 //! to hide their latency.
 
@@ -157,7 +158,22 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
             }
         }
         // 6 rows × one strip at a time (12 vector accumulators), then 4, then single rows;
-        // one 6-row tile fewer when that leaves rows for two 4-row tiles instead of singles
+        // one 6-row tile fewer when that leaves rows for two 4-row tiles instead of singles.
+        // Where the rows are 6a + 5b with 0 < b ≤ 5 (any count from 25 up), 5-row tiles take
+        // the rest instead (256-bit tiles): 10 accumulators hide the FMA's latency, a 4-row
+        // tile's 8 do not
+        let left = m - i;
+        let fives = (6 - left % 6) % 6;
+        if !wide() && fives > 0 && left >= 5 * fives {
+            for _ in 0..(left - 5 * fives) / 6 {
+                rows_by_strips::<6>(cp, a, w, i, s0..s1);
+                i += 6;
+            }
+            for _ in 0..fives {
+                rows_by_strips::<5>(cp, a, w, i, s0..s1);
+                i += 5;
+            }
+        }
         let mut sixes = (m - i) / 6;
         if sixes > 0 && matches!((m - i) % 6, 2 | 3) {
             sixes -= 1;
