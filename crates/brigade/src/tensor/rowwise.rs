@@ -157,30 +157,27 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
                 i += 8;
             }
         }
-        // 6 rows × one strip at a time (12 vector accumulators), then 4, then single rows;
-        // one 6-row tile fewer when that leaves rows for two 4-row tiles instead of singles.
-        // Where the rows are 6a + 5b with 0 < b ≤ 5 (any count from 25 up), 5-row tiles take
-        // the rest instead (256-bit tiles): 10 accumulators hide the FMA's latency, a 4-row
-        // tile's 8 do not
+        // 6 rows × one strip at a time (12 vector accumulators), then 5, then 4, then single
+        // rows. With 256-bit tiles, rows that are 6a + 5b (0 < b ≤ 5: any count from 25 up)
+        // run as a sixes and b fives — 10 accumulators hide the FMA's latency, a 4-row tile's
+        // 8 do not; otherwise one 6-row tile fewer when that leaves rows for two 4-row tiles
+        // instead of singles
         let left = m - i;
-        let fives = (6 - left % 6) % 6;
-        if !wide() && fives > 0 && left >= 5 * fives {
-            for _ in 0..(left - 5 * fives) / 6 {
-                rows_by_strips::<6>(cp, a, w, i, s0..s1);
-                i += 6;
-            }
-            for _ in 0..fives {
-                rows_by_strips::<5>(cp, a, w, i, s0..s1);
-                i += 5;
-            }
-        }
-        let mut sixes = (m - i) / 6;
-        if sixes > 0 && matches!((m - i) % 6, 2 | 3) {
+        let fives = match (6 - left % 6) % 6 {
+            b if !wide() && left >= 5 * b => b,
+            _ => 0,
+        };
+        let mut sixes = (left - 5 * fives) / 6;
+        if fives == 0 && sixes > 0 && matches!(left % 6, 2 | 3) {
             sixes -= 1;
         }
         for _ in 0..sixes {
             rows_by_strips::<6>(cp, a, w, i, s0..s1);
             i += 6;
+        }
+        for _ in 0..fives {
+            rows_by_strips::<5>(cp, a, w, i, s0..s1);
+            i += 5;
         }
         while i + 4 <= m {
             rows_by_strips::<4>(cp, a, w, i, s0..s1);
