@@ -6,6 +6,7 @@ use super::args::LoadArgs;
 use anyhow::{bail, Result};
 use brigade::models::{Gpt, GptConfig};
 use brigade_serve::engine::{Engine, Limits, Request, Sampling};
+use brigade_serve::model::weights::WeightFormat;
 use brigade_serve::model::Model;
 use clap::Args;
 use std::time::Instant;
@@ -14,20 +15,23 @@ use std::time::Instant;
 pub struct Flags {
     #[command(flatten)]
     pub(crate) load: LoadArgs,
+    /// How the engine holds the matrices (as `brigade serve --weights`; `stored` is f32 here).
+    #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::F32)]
+    pub(crate) weights: crate::serve_cmd::Weights,
 }
 
 pub fn run(f: Flags) -> Result<()> {
     let l = f.load;
     crate::threads::check_threads(l.threads, "--threads")?;
-    measure(&l.model, &l.concurrency, l.prompt_len, l.output_len, l.threads, l.json)
+    measure(&l.model, &l.concurrency, (l.prompt_len, l.output_len), l.threads, f.weights.format(), l.json)
 }
 
 fn measure(
     model: &str,
     concurrency: &[usize],
-    prompt_len: usize,
-    output_len: usize,
+    (prompt_len, output_len): (usize, usize),
     threads: usize,
+    weights: WeightFormat,
     json: bool,
 ) -> Result<()> {
     let cfg = GptConfig::preset(model)?;
@@ -39,7 +43,7 @@ fn measure(
     }
     let gpt = Gpt::new(cfg)?;
     let params = gpt.init_params(1);
-    let m = Model::new(&gpt, &params);
+    let m = Model::shard_as(&gpt, &params, None, weights.clone())?;
     drop(params);
     let mut engine = Engine::new(m, 1, 16, Limits { max_running: 1, max_step_tokens: 1 });
     let mut rows = Vec::new();
@@ -68,7 +72,7 @@ fn measure(
         let per_step = (wall - first.unwrap_or(0.0)) / decode_steps as f64;
         if !json {
             outln!(
-                "{model}, {n} concurrent, prompt {prompt_len}, output {output_len}, {threads} threads: {tps:.1} output tokens/s; first token after {:.3} s (prefill of all), then {:.1} ms a step",
+                "{model} ({weights:?}), {n} concurrent, prompt {prompt_len}, output {output_len}, {threads} threads: {tps:.1} output tokens/s; first token after {:.3} s (prefill of all), then {:.1} ms a step",
                 first.unwrap_or(0.0),
                 per_step * 1e3
             );
@@ -78,7 +82,7 @@ fn measure(
     if json {
         outln!(
             "{}",
-            serde_json::json!({"bench": "engine", "model": model, "threads": threads, "prompt_len": prompt_len, "output_len": output_len, "rows": rows})
+            serde_json::json!({"bench": "engine", "model": model, "threads": threads, "weights": format!("{weights:?}"), "prompt_len": prompt_len, "output_len": output_len, "rows": rows})
         );
     }
     Ok(())

@@ -55,22 +55,49 @@ pub(crate) fn store_strip(c: SendPtr, row0: usize, s: usize, n: usize, acc: &[f3
     dst.copy_from_slice(&acc[..width]);
 }
 
-/// Whether the 512-bit tiles of the row-invariant kernels run (AVX-512F): they compute the
-/// same chains as the 256-bit and portable ones, lane for lane.
 /// Strips a task of the quantized products takes (and a one-row tile's width).
 pub(crate) const TASK: usize = 4;
 
+/// How many 6-row and 5-row tiles the row-invariant kernels run over `left` rows, before their
+/// 4-row tiles and single rows. With 256-bit tiles, rows that are 6a + 5b (0 < b ≤ 5: any count
+/// from 25 up) run as a sixes and b fives — 10 accumulators hide the FMA's latency, a 4-row
+/// tile's 8 do not; otherwise one 6-row tile fewer when that leaves rows for two 4-row tiles
+/// instead of single rows.
+pub(crate) fn six_and_five_row_tiles(left: usize) -> (usize, usize) {
+    let fives = match (6 - left % 6) % 6 {
+        b if !wide() && left >= 5 * b => b,
+        _ => 0,
+    };
+    let mut sixes = (left - 5 * fives) / 6;
+    if fives == 0 && sixes > 0 && matches!(left % 6, 2 | 3) {
+        sixes -= 1;
+    }
+    (sixes, fives)
+}
+
+/// Rows from which a quantized product with 256-bit tiles dequantizes each strip once into f32
+/// and runs the f32 kernel's tiles over it, instead of dequantizing the strip in registers in
+/// every tile: two 6-row tiles and up (below, the in-register tiles are as fast).
+pub(crate) const DEQUANTIZE_ONCE_ROWS: usize = 12;
+
 /// A quantized product `c[m, n] = a[m, k] · w` (overwritten), tasks of `TASK` strips in
-/// parallel: with 512-bit registers 8-row × two-strip tiles first (`eight(acc, rows,
-/// [s, s2])`, each dequantized weight vector feeding 8 FMAs), then 4-row tiles (`four(acc,
-/// rows, s)`), then single rows × four strips (`one(acc, row, strips)`, the last strip repeated
-/// to fill); each tile stored once. The kernels (`rowwise_int8`, `rowwise_int4`) give the tiles.
+/// parallel. With 512-bit registers: 8-row × two-strip tiles first (`eight(acc, rows,
+/// [s, s2])`, each dequantized weight vector feeding 8 FMAs), then 4-row tiles (`rows(acc,
+/// rows, s)`, as many accumulator rows as rows given). With 256-bit ones, 6-, 5- and 4-row tiles
+/// as [`six_and_five_row_tiles`] counts them: from [`DEQUANTIZE_ONCE_ROWS`] rows, each strip
+/// dequantized once (`strip_f32(out, s)`: `out[kk · 16 + t]`, the weights every tile computes
+/// with) and the f32 kernel's tiles run over it — the same fma chains on the same weights, so
+/// the same bits, with the dequantization paid once a strip instead of once a tile; below, the
+/// kernel's own tiles (`rows`). Then single rows × four strips (`one(acc, row, strips)`, the last
+/// strip repeated to fill). Each tile is stored once. The kernels (`rowwise_int8`,
+/// `rowwise_int4`) give the tiles.
 pub(crate) fn quantized_product(
     c: &mut [f32],
     a: &[f32],
     (m, k, n): (usize, usize, usize),
     eight: impl Fn(&mut [[[f32; STRIP]; 8]; 2], &[f32], [usize; 2]) + Sync,
-    four: impl Fn(&mut [[f32; STRIP]; 4], &[f32], usize) + Sync,
+    rows: impl Fn(&mut [[f32; STRIP]], &[f32], usize) + Sync,
+    strip_f32: impl Fn(&mut [f32], usize) + Sync,
     one: impl Fn(&mut [[f32; STRIP]; TASK], &[f32], [usize; TASK]) + Sync,
 ) {
     use rayon::prelude::*;
@@ -95,15 +122,40 @@ pub(crate) fn quantized_product(
                 i += 8;
             }
         }
-        while i + 4 <= m {
+        let (sixes, fives) = if wide() { (0, 0) } else { six_and_five_row_tiles(m - i) };
+        let fours = (m - i - 6 * sixes - 5 * fives) / 4;
+        let tiles = || {
+            let sixes_fives = std::iter::repeat_n(6, sixes).chain(std::iter::repeat_n(5, fives));
+            sixes_fives.chain(std::iter::repeat_n(4, fours))
+        };
+        let tiled = 6 * sixes + 5 * fives + 4 * fours;
+        if !wide() && tiled >= DEQUANTIZE_ONCE_ROWS {
+            // strip by strip: dequantized once, then every tile of rows over it
+            let mut weights = vec![0f32; k * STRIP];
             for s in ss.clone() {
-                let mut acc = [[0f32; STRIP]; 4];
-                four(&mut acc, &a[i * k..(i + 4) * k], s);
-                for (r, accr) in acc.iter().enumerate() {
-                    store_strip(cp, (i + r) * n, s, n, accr);
+                strip_f32(&mut weights, s);
+                let mut r0 = i;
+                for r in tiles() {
+                    let mut acc = [[0f32; STRIP]; 6];
+                    rowwise::tile_rows_of(&mut acc[..r], &a[r0 * k..(r0 + r) * k], k, &weights);
+                    for (q, accr) in acc[..r].iter().enumerate() {
+                        store_strip(cp, (r0 + q) * n, s, n, accr);
+                    }
+                    r0 += r;
                 }
             }
-            i += 4;
+            i += tiled;
+        } else {
+            for r in tiles() {
+                for s in ss.clone() {
+                    let mut acc = [[0f32; STRIP]; 6];
+                    rows(&mut acc[..r], &a[i * k..(i + r) * k], s);
+                    for (q, accr) in acc[..r].iter().enumerate() {
+                        store_strip(cp, (i + q) * n, s, n, accr);
+                    }
+                }
+                i += r;
+            }
         }
         while i < m {
             let four_strips: [usize; TASK] = std::array::from_fn(|q| (ss.start + q).min(ss.end - 1));

@@ -15,7 +15,7 @@
 
 use super::rowwise_int4::{matmul_rows_int4, Int4};
 use super::rowwise_int8::{matmul_rows_int8, Int8};
-use super::{store_strip as store, wide, SendPtr, STRIP as W};
+use super::{six_and_five_row_tiles, store_strip as store, wide, SendPtr, STRIP as W};
 use rayon::prelude::*;
 
 /// Strips per task (and per one-row tile).
@@ -158,19 +158,8 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
             }
         }
         // 6 rows × one strip at a time (12 vector accumulators), then 5, then 4, then single
-        // rows. With 256-bit tiles, rows that are 6a + 5b (0 < b ≤ 5: any count from 25 up)
-        // run as a sixes and b fives — 10 accumulators hide the FMA's latency, a 4-row tile's
-        // 8 do not; otherwise one 6-row tile fewer when that leaves rows for two 4-row tiles
-        // instead of singles
-        let left = m - i;
-        let fives = match (6 - left % 6) % 6 {
-            b if !wide() && left >= 5 * b => b,
-            _ => 0,
-        };
-        let mut sixes = (left - 5 * fives) / 6;
-        if fives == 0 && sixes > 0 && matches!(left % 6, 2 | 3) {
-            sixes -= 1;
-        }
+        // rows, as `six_and_five_row_tiles` counts them
+        let (sixes, fives) = six_and_five_row_tiles(m - i);
         for _ in 0..sixes {
             rows_by_strips::<6>(cp, a, w, i, s0..s1);
             i += 6;
@@ -233,6 +222,17 @@ fn rows_by_strip_pairs(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::op
                 store(cp, (i + r) * n, s, n, accr);
             }
         }
+    }
+}
+
+/// `tile_rows` for the 4, 5 or 6 rows `acc` has (the quantized products' tiles over a strip
+/// they dequantized).
+pub(crate) fn tile_rows_of(acc: &mut [[f32; W]], a: &[f32], k: usize, strip: &[f32]) {
+    match acc.len() {
+        4 => tile_rows::<4>(acc.try_into().expect("4 rows"), a, k, strip),
+        5 => tile_rows::<5>(acc.try_into().expect("5 rows"), a, k, strip),
+        6 => tile_rows::<6>(acc.try_into().expect("6 rows"), a, k, strip),
+        r => unreachable!("{r}-row tiles are not made"),
     }
 }
 
@@ -455,9 +455,10 @@ mod tests {
                 assert!((d - w).abs() <= 1.0 / 8.0 * 1.01 + 1e-6, "k {k} n {n}: element {j}: {d} vs {w}");
             }
             let reference = Packed::new(&deq, k, n);
-            let a: Vec<f32> = (0..23 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let a: Vec<f32> = (0..37 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let mut want = vec![0f32; n];
-            for m in [1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 23] {
+            // 8-row tiles where AVX-512 runs; 6-, 5- and 4-row tiles and single rows in their mixes
+            for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17, 23, 25, 32, 37] {
                 let mut c = vec![0f32; m * n];
                 matmul_rows(&mut c, &a[..m * k], &q, m);
                 for i in 0..m {
@@ -486,9 +487,10 @@ mod tests {
             }
             assert!(deq.iter().zip(&wv).any(|(d, w)| d != w), "quantized at all");
             let reference = Packed::new(&deq, k, n);
-            let a: Vec<f32> = (0..23 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let a: Vec<f32> = (0..37 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let mut want = vec![0f32; n];
-            for m in [1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 23] {
+            // 8-row tiles where AVX-512 runs; 6-, 5- and 4-row tiles and single rows in their mixes
+            for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17, 23, 25, 32, 37] {
                 let mut c = vec![0f32; m * n];
                 matmul_rows(&mut c, &a[..m * k], &q, m);
                 for i in 0..m {

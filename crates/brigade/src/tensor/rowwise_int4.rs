@@ -185,24 +185,50 @@ fn product<const MIN: bool>(c: &mut [f32], a: &[f32], w: &Int4, m: usize) {
             };
         },
         |acc, rows, s| tile_rows::<MIN>(acc, rows, w, s),
+        |out, s| strip_f32::<MIN>(out, w, s),
         |acc, row, four| tile_1x64::<MIN>(acc, row, w, four),
     );
 }
 
-/// `acc[r][t] = Σ_k a[r, k]·w[k, t]` for 4 rows of strip `s`.
-fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int4, s: usize) {
+/// Strip `s` dequantized, `out[kk · 16 + t]`: the weights every tile computes with.
+fn strip_f32<const MIN: bool>(out: &mut [f32], w: &Int4, s: usize) {
+    assert_eq!(out.len(), w.k * W);
+    let strip = w.strip(s);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked); `out` holds the strip's k rows (checked above).
+        return unsafe { simd::strip_f32::<MIN>(out, w.k, strip) };
+    }
+    for kk in 0..w.k {
+        for t in 0..W {
+            out[kk * W + t] = weight(strip, kk, t);
+        }
+    }
+}
+
+/// `acc[r][t] = Σ_k a[r, k]·w[k, t]` for the 4, 5 or 6 rows of strip `s` that `acc` has.
+fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]], a: &[f32], w: &Int4, s: usize) {
+    match acc.len() {
+        4 => rows::<MIN, 4>(acc.try_into().expect("4 rows"), a, w, s),
+        5 => rows::<MIN, 5>(acc.try_into().expect("5 rows"), a, w, s),
+        6 => rows::<MIN, 6>(acc.try_into().expect("6 rows"), a, w, s),
+        r => unreachable!("{r}-row tiles are not made"),
+    }
+}
+
+fn rows<const MIN: bool, const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], w: &Int4, s: usize) {
     let k = w.k;
-    assert_eq!(a.len(), 4 * k);
+    assert_eq!(a.len(), R * k);
     let strip = w.strip(s);
     #[cfg(target_arch = "x86_64")]
     if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
-        return unsafe { simd::tile_rows_avx512::<MIN>(acc, a, k, strip) };
+        return unsafe { simd::tile_rows_avx512::<MIN, R>(acc, a, k, strip) };
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 and FMA (checked); lengths as above.
-        return unsafe { simd::tile_rows::<MIN>(acc, a, k, strip) };
+        return unsafe { simd::tile_rows::<MIN, R>(acc, a, k, strip) };
     }
     for kk in 0..k {
         for (r, accr) in acc.iter_mut().enumerate() {
@@ -295,9 +321,33 @@ mod simd {
         (scaled512::<MIN>(v0, s, mn), scaled512::<MIN>(v1, s, mn))
     }
 
+    /// A strip's k rows dequantized into `out`, as the tiles dequantize them.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, (q, sc, mn): Strip) {
-        let mut c = [[_mm256_setzero_ps(); 2]; 4];
+    pub unsafe fn strip_f32<const MIN: bool>(out: &mut [f32], k: usize, (q, sc, mn): Strip) {
+        let (op, qp) = (out.as_mut_ptr(), q.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(GROUP) {
+            let (s0, s1) = (group256(sc, g, 0), group256(sc, g, 1));
+            let (m0, m1) = (group256(mn, g, 0), group256(mn, g, 1));
+            while kk < ((g + 1) * GROUP).min(k) {
+                let (lo, hi) = nibbles256::<MIN>(qp.add(kk * W / 2));
+                _mm256_storeu_ps(op.add(kk * W), scaled256::<MIN>(lo, s0, m0));
+                _mm256_storeu_ps(op.add(kk * W + 8), scaled256::<MIN>(hi, s1, m1));
+                kk += 1;
+            }
+        }
+    }
+
+    /// R rows × one strip: the strip's row of 16 nibbles unpacked and scaled once for the R
+    /// rows' 2R accumulators.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile_rows<const MIN: bool, const R: usize>(
+        acc: &mut [[f32; W]; R],
+        a: &[f32],
+        k: usize,
+        (q, sc, mn): Strip,
+    ) {
+        let mut c = [[_mm256_setzero_ps(); 2]; R];
         let (ap, qp) = (a.as_ptr(), q.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
@@ -383,8 +433,13 @@ mod simd {
     }
 
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_rows_avx512<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], k: usize, (q, sc, mn): Strip) {
-        let mut c = [_mm512_setzero_ps(); 4];
+    pub unsafe fn tile_rows_avx512<const MIN: bool, const R: usize>(
+        acc: &mut [[f32; W]; R],
+        a: &[f32],
+        k: usize,
+        (q, sc, mn): Strip,
+    ) {
+        let mut c = [_mm512_setzero_ps(); R];
         let (ap, qp) = (a.as_ptr(), q.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
@@ -460,8 +515,8 @@ mod tests {
     }
 
     /// Every path — the portable loops, AVX2 and AVX-512 where the CPU has them — gives the
-    /// same bits, with and without minimums (the dispatch takes the widest, so the narrower
-    /// paths are called here).
+    /// same bits for tiles of 4, 5 and 6 rows and single rows, with and without minimums (the
+    /// dispatch takes the widest, so the narrower paths are called here).
     #[test]
     fn every_path_computes_the_same_bits() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
@@ -472,19 +527,23 @@ mod tests {
         let with_mins = Int4::from_quant_rows(&rows_with_mins(&mut rng, n, 96));
         for w in [plain, with_mins] {
             let k = w.k;
-            let a: Vec<f32> = (0..4 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let a: Vec<f32> = (0..6 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
             if w.mins.is_some() {
-                check::<true>(&w, &a);
+                check::<true, 4>(&w, &a[..4 * k]);
+                check::<true, 5>(&w, &a[..5 * k]);
+                check::<true, 6>(&w, &a);
             } else {
-                check::<false>(&w, &a);
+                check::<false, 4>(&w, &a[..4 * k]);
+                check::<false, 5>(&w, &a[..5 * k]);
+                check::<false, 6>(&w, &a);
             }
         }
     }
 
-    fn check<const MIN: bool>(w: &Int4, a: &[f32]) {
+    fn check<const MIN: bool, const R: usize>(w: &Int4, a: &[f32]) {
         let k = w.k;
         // the portable loops, written out
-        let mut want = [[0f32; W]; 4];
+        let mut want = [[0f32; W]; R];
         let strip = w.strip(1);
         for kk in 0..k {
             for (r, accr) in want.iter_mut().enumerate() {
@@ -494,26 +553,31 @@ mod tests {
             }
         }
         let bits = |x: &[[f32; W]]| x.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
-        let mut got = [[0f32; W]; 4];
+        let mut got = [[0f32; W]; R];
         tile_rows::<MIN>(&mut got, a, w, 1);
-        assert_eq!(bits(&got), bits(&want), "dispatched 4 rows");
+        assert_eq!(bits(&got), bits(&want), "dispatched {R} rows");
+        // the strip dequantized once (the tiles of a product of many rows run over it)
+        let mut f = vec![0f32; k * W];
+        strip_f32::<MIN>(&mut f, w, 1);
+        let each: Vec<u32> = (0..k * W).map(|i| weight(strip, i / W, i % W).to_bits()).collect();
+        assert_eq!(f.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), each, "the strip dequantized once");
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
-                let mut got = [[0f32; W]; 4];
-                // SAFETY: AVX2 and FMA checked; `a` holds 4 rows of k, `strip` one strip
-                unsafe { simd::tile_rows::<MIN>(&mut got, a, k, strip) };
-                assert_eq!(bits(&got), bits(&want), "AVX2 4 rows");
+                let mut got = [[0f32; W]; R];
+                // SAFETY: AVX2 and FMA checked; `a` holds R rows of k, `strip` one strip
+                unsafe { simd::tile_rows::<MIN, R>(&mut got, a, k, strip) };
+                assert_eq!(bits(&got), bits(&want), "AVX2 {R} rows");
                 let mut one = [[0f32; W]; 2];
                 // SAFETY: as above, one row
                 unsafe { simd::tile_1x32::<MIN>(&mut one, &a[..k], [strip, strip]) };
                 assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX2 one row");
             }
             if wide() {
-                let mut got = [[0f32; W]; 4];
+                let mut got = [[0f32; W]; R];
                 // SAFETY: AVX-512F checked
-                unsafe { simd::tile_rows_avx512::<MIN>(&mut got, a, k, strip) };
-                assert_eq!(bits(&got), bits(&want), "AVX-512 4 rows");
+                unsafe { simd::tile_rows_avx512::<MIN, R>(&mut got, a, k, strip) };
+                assert_eq!(bits(&got), bits(&want), "AVX-512 {R} rows");
                 let mut one = [[0f32; W]; 4];
                 // SAFETY: as above
                 unsafe { simd::tile_1x64_avx512::<MIN>(&mut one, &a[..k], [strip; 4]) };

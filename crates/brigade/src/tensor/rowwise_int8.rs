@@ -148,25 +148,35 @@ fn product<const MIN: bool>(c: &mut [f32], a: &[f32], w: &Int8, m: usize) {
             };
         },
         |acc, rows, s| tile_rows::<MIN>(acc, rows, w, s),
+        |out, s| strip_f32::<MIN>(out, w, s),
         |acc, row, four| tile_1x64::<MIN>(acc, row, w, four),
     );
 }
 
-/// `acc[r][t] = Σ_k a[r, k]·w[k, t]` for 4 rows of strip `s`.
-fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int8, s: usize) {
+/// `acc[r][t] = Σ_k a[r, k]·w[k, t]` for the 4, 5 or 6 rows of strip `s` that `acc` has.
+fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]], a: &[f32], w: &Int8, s: usize) {
+    match acc.len() {
+        4 => rows::<MIN, 4>(acc.try_into().expect("4 rows"), a, w, s),
+        5 => rows::<MIN, 5>(acc.try_into().expect("5 rows"), a, w, s),
+        6 => rows::<MIN, 6>(acc.try_into().expect("6 rows"), a, w, s),
+        r => unreachable!("{r}-row tiles are not made"),
+    }
+}
+
+fn rows<const MIN: bool, const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], w: &Int8, s: usize) {
     let k = w.k;
-    assert_eq!(a.len(), 4 * k);
+    assert_eq!(a.len(), R * k);
     let strip = w.strip(s);
     #[cfg(target_arch = "x86_64")]
     if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the lengths are checked above and by `strip`.
-        return unsafe { simd::tile_rows_avx512::<MIN>(acc, a, k, w.group, strip) };
+        return unsafe { simd::tile_rows_avx512::<MIN, R>(acc, a, k, w.group, strip) };
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 and FMA (checked); the slices' lengths are checked above
         // and by `strip`.
-        return unsafe { simd::tile_rows::<MIN>(acc, a, k, w.group, strip) };
+        return unsafe { simd::tile_rows::<MIN, R>(acc, a, k, w.group, strip) };
     }
     for kk in 0..k {
         for (r, accr) in acc.iter_mut().enumerate() {
@@ -174,6 +184,22 @@ fn tile_rows<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], w: &Int8, s: u
             for (t, x) in accr.iter_mut().enumerate() {
                 *x = av.mul_add(weight(strip, w.group, kk, t), *x);
             }
+        }
+    }
+}
+
+/// Strip `s` dequantized, `out[kk · 16 + t]`: the weights every tile computes with.
+fn strip_f32<const MIN: bool>(out: &mut [f32], w: &Int8, s: usize) {
+    assert_eq!(out.len(), w.k * W);
+    let strip = w.strip(s);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked); `out` holds the strip's k rows (checked above).
+        return unsafe { simd::strip_f32::<MIN>(out, w.k, w.group, strip) };
+    }
+    for kk in 0..w.k {
+        for t in 0..W {
+            out[kk * W + t] = weight(strip, w.group, kk, t);
         }
     }
 }
@@ -227,15 +253,33 @@ mod simd {
         scaled512::<MIN>(_mm512_cvtepi8_epi32(_mm_loadu_si128(q as *const __m128i)), s, m)
     }
 
+    /// A strip's k rows dequantized into `out`, as the tiles dequantize them.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_rows<const MIN: bool>(
-        acc: &mut [[f32; W]; 4],
+    pub unsafe fn strip_f32<const MIN: bool>(out: &mut [f32], k: usize, group: usize, (q, sc, mn): Strip) {
+        let (op, qp) = (out.as_mut_ptr(), q.as_ptr());
+        let mut kk = 0;
+        for g in 0..k.div_ceil(group) {
+            let (s0, s1) = (group256(sc, g, 0), group256(sc, g, 1));
+            let (m0, m1) = (group256(mn, g, 0), group256(mn, g, 1));
+            while kk < ((g + 1) * group).min(k) {
+                _mm256_storeu_ps(op.add(kk * W), dequant::<MIN>(qp.add(kk * W), s0, m0));
+                _mm256_storeu_ps(op.add(kk * W + 8), dequant::<MIN>(qp.add(kk * W + 8), s1, m1));
+                kk += 1;
+            }
+        }
+    }
+
+    /// R rows × one strip: the strip's row dequantized once (two vectors) for the R rows' 2R
+    /// accumulators.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile_rows<const MIN: bool, const R: usize>(
+        acc: &mut [[f32; W]; R],
         a: &[f32],
         k: usize,
         group: usize,
         (q, sc, mn): Strip,
     ) {
-        let mut c = [[_mm256_setzero_ps(); 2]; 4];
+        let mut c = [[_mm256_setzero_ps(); 2]; R];
         let (ap, qp) = (a.as_ptr(), q.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(group) {
@@ -295,16 +339,16 @@ mod simd {
         }
     }
 
-    /// 4 rows × one strip with 512-bit vectors: the strip's row dequantized once for the 4.
+    /// R rows × one strip with 512-bit vectors: the strip's row dequantized once for the R.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_rows_avx512<const MIN: bool>(
-        acc: &mut [[f32; W]; 4],
+    pub unsafe fn tile_rows_avx512<const MIN: bool, const R: usize>(
+        acc: &mut [[f32; W]; R],
         a: &[f32],
         k: usize,
         group: usize,
         (q, sc, mn): Strip,
     ) {
-        let mut c = [_mm512_setzero_ps(); 4];
+        let mut c = [_mm512_setzero_ps(); R];
         let (ap, qp) = (a.as_ptr(), q.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(group) {
@@ -374,6 +418,94 @@ mod simd {
         for q in 0..2 {
             _mm256_storeu_ps(acc[q].as_mut_ptr(), c[2 * q]);
             _mm256_storeu_ps(acc[q].as_mut_ptr().add(8), c[2 * q + 1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::quant_rows::QuantRows;
+    use rand::{Rng, SeedableRng};
+
+    /// Every path — the portable loops, AVX2 and AVX-512 where the CPU has them — gives the
+    /// same bits for tiles of 4, 5 and 6 rows and single rows, with and without minimums, with
+    /// groups that end inside k and one group for all of k (the dispatch takes the widest, so
+    /// the narrower paths are called here).
+    #[test]
+    fn every_path_computes_the_same_bits() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
+        let (k, n) = (75, 64);
+        let wv: Vec<f32> = (0..k * n).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let strips = crate::tensor::rowwise::tests_strips(&crate::tensor::rowwise::Packed::new(&wv, k, n));
+        let (rows, kq, g) = (n, 96, 32);
+        let with_mins = Int8::from_quant_rows(&QuantRows {
+            rows,
+            k: kq,
+            group: g,
+            bits: 8,
+            q: (0..rows * kq).map(|_| rng.gen_range(-128..=127)).collect(),
+            scales: (0..rows * kq / g).map(|_| rng.gen_range(0.001..0.1)).collect(),
+            mins: Some((0..rows * kq / g).map(|_| rng.gen_range(-0.8..0.0)).collect()),
+        });
+        for w in [Int8::from_strips(&strips, k, n, 32), Int8::from_strips(&strips, k, n, k), with_mins] {
+            let k = w.k;
+            let a: Vec<f32> = (0..6 * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            if w.mins.is_some() {
+                check::<true, 4>(&w, &a[..4 * k]);
+                check::<true, 5>(&w, &a[..5 * k]);
+                check::<true, 6>(&w, &a);
+            } else {
+                check::<false, 4>(&w, &a[..4 * k]);
+                check::<false, 5>(&w, &a[..5 * k]);
+                check::<false, 6>(&w, &a);
+            }
+        }
+    }
+
+    fn check<const MIN: bool, const R: usize>(w: &Int8, a: &[f32]) {
+        let k = w.k;
+        // the portable loops, written out
+        let mut want = [[0f32; W]; R];
+        let strip = w.strip(1);
+        for kk in 0..k {
+            for (r, accr) in want.iter_mut().enumerate() {
+                for (t, x) in accr.iter_mut().enumerate() {
+                    *x = a[r * k + kk].mul_add(weight(strip, w.group, kk, t), *x);
+                }
+            }
+        }
+        let bits = |x: &[[f32; W]]| x.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let mut got = [[0f32; W]; R];
+        tile_rows::<MIN>(&mut got, a, w, 1);
+        assert_eq!(bits(&got), bits(&want), "dispatched {R} rows");
+        // the strip dequantized once (the tiles of a product of many rows run over it)
+        let mut f = vec![0f32; k * W];
+        strip_f32::<MIN>(&mut f, w, 1);
+        let each: Vec<u32> = (0..k * W).map(|i| weight(strip, w.group, i / W, i % W).to_bits()).collect();
+        assert_eq!(f.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), each, "the strip dequantized once");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
+                let mut got = [[0f32; W]; R];
+                // SAFETY: AVX2 and FMA checked; `a` holds R rows of k, `strip` one strip
+                unsafe { simd::tile_rows::<MIN, R>(&mut got, a, k, w.group, strip) };
+                assert_eq!(bits(&got), bits(&want), "AVX2 {R} rows");
+                let mut one = [[0f32; W]; 2];
+                // SAFETY: as above, one row
+                unsafe { simd::tile_1x32::<MIN>(&mut one, &a[..k], w.group, [strip, strip]) };
+                assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX2 one row");
+            }
+            if wide() {
+                let mut got = [[0f32; W]; R];
+                // SAFETY: AVX-512F checked
+                unsafe { simd::tile_rows_avx512::<MIN, R>(&mut got, a, k, w.group, strip) };
+                assert_eq!(bits(&got), bits(&want), "AVX-512 {R} rows");
+                let mut one = [[0f32; W]; 4];
+                // SAFETY: as above
+                unsafe { simd::tile_1x64_avx512::<MIN>(&mut one, &a[..k], w.group, [strip; 4]) };
+                assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX-512 one row");
+            }
         }
     }
 }
