@@ -360,17 +360,46 @@ fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
     let out = ok(&["train", "--resume", "ck", "--threads", "1", "--steps", &more], p);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("{} → {more} steps stretches the learning-rate schedule", step + 2)), "{err}");
-    // a second interrupt quits at once, saying it did not save
-    let child = long_run(p, "ck2");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    for _ in 0..2 {
-        assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{err}");
-    assert!(err.contains("interrupted again: quit at once, without saving"), "{err}");
+    // a second interrupt quits at once, saying it did not save: the run held inside step 3 (a
+    // planted hang), so the first interrupt cannot end it, and each interrupt sent only once the
+    // process has said what it saw (two signals sent together may arrive as one)
+    let mut child = Command::new(env!("CARGO_BIN_EXE_brigade"))
+        .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", "ck2"])
+        .current_dir(p)
+        .env("BRIGADE_FAULT", "backward:3:0:hang")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut err = String::new();
+    let mut wait_for = |what: &str| loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(line) => {
+                err.push_str(&line);
+                err.push('\n');
+                if line.contains(what) {
+                    break;
+                }
+            }
+            Err(e) => panic!("no line with {what:?} ({e}): {err}"),
+        }
+    };
+    let interrupt =
+        || assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    wait_for("planted fault: Backward of step 3");
+    interrupt();
+    wait_for("interrupted — finishing the current step");
+    interrupt();
+    wait_for("interrupted again: quit at once, without saving");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
 }
 
 #[test]

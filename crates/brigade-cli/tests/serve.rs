@@ -325,10 +325,11 @@ async fn overload_is_refused_with_503_and_a_disconnect_frees_the_sequence() {
         || s.metric("brigade_queue_depth").await > 0.0
         || s.metric("brigade_kv_blocks_used").await > 0.0
     {
-        assert!(t0.elapsed() < Duration::from_secs(10), "hung-up requests still hold the engine");
+        assert!(t0.elapsed() < Duration::from_secs(12), "hung-up requests still hold the engine");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(t0.elapsed() < Duration::from_secs(2), "took {:?} to free", t0.elapsed());
+    // (a bound a loaded machine meets; the two streams' 2000 steps would take far longer)
+    assert!(t0.elapsed() < Duration::from_secs(6), "took {:?} to free", t0.elapsed());
     // and the server takes new work
     let (st, r) = s.post(json!({"prompt": [7, 8], "max_tokens": 3, "temperature": 0})).await;
     assert_eq!(st, 200, "{r}");
@@ -354,7 +355,7 @@ async fn sigterm_drains_in_flight_requests_and_exits_0() {
     let r = client
         .post(&url)
         .json(
-            &json!({"prompt": [1, 2, 3], "max_tokens": 60, "temperature": 0, "stream": true, "return_token_ids": true}),
+            &json!({"prompt": [1, 2, 3], "max_tokens": 150, "temperature": 0, "stream": true, "return_token_ids": true}),
         )
         .send()
         .await
@@ -363,20 +364,27 @@ async fn sigterm_drains_in_flight_requests_and_exits_0() {
     let mut text = String::from_utf8(body.next().await.unwrap().unwrap().to_vec()).unwrap();
     let pid = s.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    // while the stream finishes, the server still answers: /ready and new requests get 503
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // while the stream finishes, the server still answers: /ready says it drains (once the
+    // signal is seen), and new requests get 503
     let fresh = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    let t0 = Instant::now();
+    loop {
+        let r = fresh.get(format!("{}/ready", s.url)).send().await;
+        let r = r.expect("/ready while draining was not answered");
+        if r.status() == 503 {
+            assert_eq!(r.text().await.unwrap(), "draining");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "/ready still {} 10 s after SIGTERM", r.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let r = fresh.post(&url).json(&json!({"prompt": [1], "max_tokens": 2})).send().await;
     assert_eq!(r.expect("a request while draining was not answered").status(), 503);
-    let r = fresh.get(format!("{}/ready", s.url)).send().await;
-    let r = r.expect("/ready while draining was not answered");
-    assert_eq!(r.status(), 503);
-    assert_eq!(r.text().await.unwrap(), "draining");
     while let Some(b) = body.next().await {
         text.push_str(std::str::from_utf8(&b.unwrap()).unwrap());
     }
     assert!(text.ends_with("data: [DONE]\n\n"), "the in-flight stream was cut: {text}");
-    assert_eq!(text.matches("\"token_ids\"").count(), 60);
+    assert_eq!(text.matches("\"token_ids\"").count(), 150);
     let status = s.child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
 

@@ -47,7 +47,12 @@ fn held_back(layout: &str, slow: usize) -> Vec<StepStats> {
 fn check(what: &str, s: &StepStats, booked: f64) {
     let parts = s.compute_s + s.optimizer_s + s.comm_s + s.pipeline_wait_s;
     println!("{what}: {s:?}");
-    assert!(booked >= 0.9 * SLEEP, "{what}: the wait was booked as {booked:.3} s of the {SLEEP} s slept: {s:?}");
+    // (the waiting rank's own compute counted in: time the scheduler took from it inside its
+    // compute shortens its wait by as much)
+    assert!(
+        booked + s.compute_s >= 0.9 * SLEEP,
+        "{what}: the wait was booked as {booked:.3} s of the {SLEEP} s slept: {s:?}"
+    );
     assert!(s.compute_s < SLEEP / 2.0, "{what}: compute {:.3} s holds the wait: {s:?}", s.compute_s);
     assert!(s.optimizer_s < SLEEP / 2.0, "{what}: optimizer {:.3} s holds the wait: {s:?}", s.optimizer_s);
     let total = s.tp_comm_s + s.dp_comm_s + s.pp_comm_s;
