@@ -15,7 +15,7 @@
 
 use super::rowwise_int4::{matmul_rows_int4, Int4};
 use super::rowwise_int8::{matmul_rows_int8, Int8};
-use super::{six_and_five_row_tiles, store_strip as store, wide, SendPtr, STRIP as W};
+use super::{six_and_five_row_tiles, store_strip as store, wide, SendPtr, Upcoming, STRIP as W};
 use rayon::prelude::*;
 
 /// Strips per task (and per one-row tile).
@@ -158,20 +158,32 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
             }
         }
         // 6 rows × one strip at a time (12 vector accumulators), then 5, then 4, then single
-        // rows, as `six_and_five_row_tiles` counts them
+        // rows, as `six_and_five_row_tiles` counts them; strip by strip, every tile of rows
+        // over it, the tiles after the first (over a strip in cache) asking for the next strip
         let (sixes, fives) = six_and_five_row_tiles(m - i);
-        for _ in 0..sixes {
-            rows_by_strips::<6>(cp, a, w, i, s0..s1);
-            i += 6;
+        let fours = (m - i - 6 * sixes - 5 * fives) / 4;
+        let tiles = sixes + fives + fours;
+        for s in s0..s1 {
+            let next = if s + 1 < strips { w.strip(s + 1) } else { &[] };
+            let mut r0 = i;
+            for j in 0..tiles {
+                let r = if j < sixes {
+                    6
+                } else if j < sixes + fives {
+                    5
+                } else {
+                    4
+                };
+                let up = if j > 0 { Upcoming::part(next, j - 1, tiles - 1, k) } else { Upcoming::NONE };
+                let mut acc = [[0f32; W]; 6];
+                tile_rows_of(&mut acc[..r], &a[r0 * k..(r0 + r) * k], k, w.strip(s), up);
+                for (q, accr) in acc[..r].iter().enumerate() {
+                    store(cp, (r0 + q) * n, s, n, accr);
+                }
+                r0 += r;
+            }
         }
-        for _ in 0..fives {
-            rows_by_strips::<5>(cp, a, w, i, s0..s1);
-            i += 5;
-        }
-        while i + 4 <= m {
-            rows_by_strips::<4>(cp, a, w, i, s0..s1);
-            i += 4;
-        }
+        i += 6 * sixes + 5 * fives + 4 * fours;
         // the remaining rows one at a time × up to four strips
         while i < m {
             let mut acc = [[0f32; W]; GROUP];
@@ -184,18 +196,6 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
             i += 1;
         }
     });
-}
-
-/// Rows `i..i + R` of `c` in the columns of strips `ss`, one R × 16 tile per strip.
-fn rows_by_strips<const R: usize>(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::ops::Range<usize>) {
-    let (k, n) = (w.k, w.n);
-    for s in ss {
-        let mut acc = [[0f32; W]; R];
-        tile_rows(&mut acc, &a[i * k..(i + R) * k], k, w.strip(s));
-        for (r, accr) in acc.iter().enumerate() {
-            store(cp, (i + r) * n, s, n, accr);
-        }
-    }
 }
 
 /// Rows `i..i + 8` in the columns of strips `ss`, two strips at a time (512-bit tiles only).
@@ -217,7 +217,7 @@ fn rows_by_strip_pairs(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::op
             }
         } else {
             let mut acc = [[0f32; W]; 8];
-            tile_rows(&mut acc, a, k, w.strip(s));
+            tile_rows(&mut acc, a, k, w.strip(s), Upcoming::NONE);
             for (r, accr) in acc.iter().enumerate() {
                 store(cp, (i + r) * n, s, n, accr);
             }
@@ -225,19 +225,20 @@ fn rows_by_strip_pairs(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::op
     }
 }
 
-/// `tile_rows` for the 4, 5 or 6 rows `acc` has (the quantized products' tiles over a strip
-/// they dequantized).
-pub(crate) fn tile_rows_of(acc: &mut [[f32; W]], a: &[f32], k: usize, strip: &[f32]) {
+/// `tile_rows` for the 4, 5 or 6 rows `acc` has (also the quantized products' tiles over a
+/// strip they dequantized).
+pub(crate) fn tile_rows_of(acc: &mut [[f32; W]], a: &[f32], k: usize, strip: &[f32], up: Upcoming) {
     match acc.len() {
-        4 => tile_rows::<4>(acc.try_into().expect("4 rows"), a, k, strip),
-        5 => tile_rows::<5>(acc.try_into().expect("5 rows"), a, k, strip),
-        6 => tile_rows::<6>(acc.try_into().expect("6 rows"), a, k, strip),
+        4 => tile_rows::<4>(acc.try_into().expect("4 rows"), a, k, strip, up),
+        5 => tile_rows::<5>(acc.try_into().expect("5 rows"), a, k, strip, up),
+        6 => tile_rows::<6>(acc.try_into().expect("6 rows"), a, k, strip, up),
         r => unreachable!("{r}-row tiles are not made"),
     }
 }
 
-/// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for R rows, each an fma chain over k in order.
-fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32]) {
+/// `acc[r][t] = Σ_k a[r, k]·strip[k, t]` for R rows, each an fma chain over k in order (asking
+/// for `up`'s lines as it goes, on 256-bit registers).
+fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32], up: Upcoming) {
     assert!(a.len() == R * k && strip.len() == k * W);
     #[cfg(target_arch = "x86_64")]
     if wide() {
@@ -247,7 +248,7 @@ fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
         // SAFETY: the CPU has AVX and FMA (checked); the slices' lengths are checked above.
-        return unsafe { simd::tile_rows(acc, a, k, strip) };
+        return unsafe { simd::tile_rows(acc, a, k, strip, up) };
     }
     for kk in 0..k {
         for (r, accr) in acc.iter_mut().enumerate() {
@@ -286,17 +287,20 @@ fn tile_1x64(acc: &mut [[f32; W]; GROUP], a: &[f32], strips: [&[f32]; GROUP]) {
 /// same fused multiply-add chain as the portable loops, so results are bit-identical to them.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::lanes::ahead;
+    use super::super::lanes::{ahead, Asker};
+    use super::super::Upcoming;
     use super::{GROUP, W};
     use std::arch::x86_64::*;
 
     /// R rows × 16 columns: 2R accumulators (R = 6: 12 of the 16 ymm registers).
     #[target_feature(enable = "avx,fma")]
-    pub unsafe fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32]) {
+    pub unsafe fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32], up: Upcoming) {
         let mut c = [[_mm256_setzero_ps(); 2]; R];
         let (ap, wp) = (a.as_ptr(), strip.as_ptr());
+        let mut asker = Asker::new(up);
         for kk in 0..k {
             ahead(wp, kk * W);
+            asker.step();
             let w0 = _mm256_loadu_ps(wp.add(kk * W));
             let w1 = _mm256_loadu_ps(wp.add(kk * W + 8));
             for (r, cr) in c.iter_mut().enumerate() {
