@@ -85,21 +85,65 @@ impl Upcoming {
 /// Strips a task of the quantized products takes (and a one-row tile's width).
 pub(crate) const TASK: usize = 4;
 
-/// How many 6-row and 5-row tiles the row-invariant kernels run over `left` rows, before their
-/// 4-row tiles and single rows. With 256-bit tiles, rows that are 6a + 5b (0 < b ≤ 5: any count
-/// from 25 up) run as a sixes and b fives — 10 accumulators hide the FMA's latency, a 4-row
-/// tile's 8 do not; otherwise one 6-row tile fewer when that leaves rows for two 4-row tiles
-/// instead of single rows.
-pub(crate) fn six_and_five_row_tiles(left: usize) -> (usize, usize) {
-    let fives = match (6 - left % 6) % 6 {
-        b if !wide() && left >= 5 * b => b,
-        _ => 0,
-    };
-    let mut sixes = (left - 5 * fives) / 6;
-    if fives == 0 && sixes > 0 && matches!(left % 6, 2 | 3) {
-        sixes -= 1;
+/// The tiles of 6, 5 and 4 rows the row-invariant kernels run over `left` rows, in that
+/// order, before their single rows. With 256-bit tiles, rows that are 6a + 5b (0 < b ≤ 5: any
+/// count from 25 up) run as a sixes and b fives — 10 accumulators hide the FMA's latency, a
+/// 4-row tile's 8 do not; otherwise one 6-row tile fewer when that leaves rows for two 4-row
+/// tiles instead of single rows.
+#[derive(Clone, Copy)]
+pub(crate) struct RowTiles {
+    sixes: usize,
+    fives: usize,
+    fours: usize,
+}
+
+impl RowTiles {
+    /// Over `left` rows; `fours_only`: 4-row tiles alone (the quantized products' 512-bit path).
+    pub(crate) fn over(left: usize, fours_only: bool) -> RowTiles {
+        if fours_only {
+            return RowTiles { sixes: 0, fives: 0, fours: left / 4 };
+        }
+        let fives = match (6 - left % 6) % 6 {
+            b if !wide() && left >= 5 * b => b,
+            _ => 0,
+        };
+        let mut sixes = (left - 5 * fives) / 6;
+        if fives == 0 && sixes > 0 && matches!(left % 6, 2 | 3) {
+            sixes -= 1;
+        }
+        RowTiles { sixes, fives, fours: (left - 6 * sixes - 5 * fives) / 4 }
     }
-    (sixes, fives)
+
+    pub(crate) fn len(self) -> usize {
+        self.sixes + self.fives + self.fours
+    }
+
+    /// The rows the tiles cover.
+    pub(crate) fn rows(self) -> usize {
+        6 * self.sixes + 5 * self.fives + 4 * self.fours
+    }
+
+    /// Each tile's rows, in order.
+    pub(crate) fn heights(self) -> impl Iterator<Item = usize> + Clone {
+        let sixes_fives = std::iter::repeat_n(6, self.sixes).chain(std::iter::repeat_n(5, self.fives));
+        sixes_fives.chain(std::iter::repeat_n(4, self.fours))
+    }
+}
+
+/// Runs `tile` on the accumulators of `r` rows (at most 6) and stores them as rows
+/// `r0..r0 + r` of strip `s` of a `[_, n]` output.
+pub(crate) fn tile_and_store(
+    c: SendPtr,
+    (r0, r): (usize, usize),
+    s: usize,
+    n: usize,
+    tile: impl FnOnce(&mut [[f32; STRIP]]),
+) {
+    let mut acc = [[0f32; STRIP]; 6];
+    tile(&mut acc[..r]);
+    for (q, accr) in acc[..r].iter().enumerate() {
+        store_strip(c, (r0 + q) * n, s, n, accr);
+    }
 }
 
 /// Rows from which a quantized product with 256-bit tiles dequantizes each strip once into f32
@@ -111,7 +155,7 @@ pub(crate) const DEQUANTIZE_ONCE_ROWS: usize = 12;
 /// parallel. With 512-bit registers: 8-row × two-strip tiles first (`eight(acc, rows,
 /// [s, s2])`, each dequantized weight vector feeding 8 FMAs), then 4-row tiles (`rows(acc,
 /// rows, s)`, as many accumulator rows as rows given). With 256-bit ones, 6-, 5- and 4-row tiles
-/// as [`six_and_five_row_tiles`] counts them: from [`DEQUANTIZE_ONCE_ROWS`] rows, each strip
+/// as [`RowTiles`] counts them: from [`DEQUANTIZE_ONCE_ROWS`] rows, each strip
 /// dequantized once (`strip_f32(out, s)`: `out[kk · 16 + t]`, the weights every tile computes
 /// with) and the f32 kernel's tiles run over it — the same fma chains on the same weights, so
 /// the same bits, with the dequantization paid once a strip instead of once a tile; below, the
@@ -149,14 +193,8 @@ pub(crate) fn quantized_product(
                 i += 8;
             }
         }
-        let (sixes, fives) = if wide() { (0, 0) } else { six_and_five_row_tiles(m - i) };
-        let fours = (m - i - 6 * sixes - 5 * fives) / 4;
-        let tiles = || {
-            let sixes_fives = std::iter::repeat_n(6, sixes).chain(std::iter::repeat_n(5, fives));
-            sixes_fives.chain(std::iter::repeat_n(4, fours))
-        };
-        let tiled = 6 * sixes + 5 * fives + 4 * fours;
-        if !wide() && tiled >= DEQUANTIZE_ONCE_ROWS {
+        let tiles = RowTiles::over(m - i, wide());
+        if !wide() && tiles.rows() >= DEQUANTIZE_ONCE_ROWS {
             // strip by strip: dequantized once, then every tile of rows over it (asking for the
             // next strip's stored values meanwhile, as the f32 kernel does, gained nothing: a
             // quarter or an eighth of the bytes)
@@ -164,24 +202,18 @@ pub(crate) fn quantized_product(
             for s in ss.clone() {
                 strip_f32(&mut weights, s);
                 let mut r0 = i;
-                for r in tiles() {
-                    let mut acc = [[0f32; STRIP]; 6];
-                    rowwise::tile_rows_of(&mut acc[..r], &a[r0 * k..(r0 + r) * k], k, &weights, Upcoming::NONE);
-                    for (q, accr) in acc[..r].iter().enumerate() {
-                        store_strip(cp, (r0 + q) * n, s, n, accr);
-                    }
+                for r in tiles.heights() {
+                    tile_and_store(cp, (r0, r), s, n, |acc| {
+                        rowwise::tile_rows_of(acc, &a[r0 * k..(r0 + r) * k], k, &weights, Upcoming::NONE)
+                    });
                     r0 += r;
                 }
             }
-            i += tiled;
+            i += tiles.rows();
         } else {
-            for r in tiles() {
+            for r in tiles.heights() {
                 for s in ss.clone() {
-                    let mut acc = [[0f32; STRIP]; 6];
-                    rows(&mut acc[..r], &a[i * k..(i + r) * k], s);
-                    for (q, accr) in acc[..r].iter().enumerate() {
-                        store_strip(cp, (i + q) * n, s, n, accr);
-                    }
+                    tile_and_store(cp, (i, r), s, n, |acc| rows(acc, &a[i * k..(i + r) * k], s));
                 }
                 i += r;
             }

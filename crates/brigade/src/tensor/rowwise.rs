@@ -15,7 +15,7 @@
 
 use super::rowwise_int4::{matmul_rows_int4, Int4};
 use super::rowwise_int8::{matmul_rows_int8, Int8};
-use super::{six_and_five_row_tiles, store_strip as store, wide, SendPtr, Upcoming, STRIP as W};
+use super::{store_strip as store, tile_and_store, wide, RowTiles, SendPtr, Upcoming, STRIP as W};
 use rayon::prelude::*;
 
 /// Strips per task (and per one-row tile).
@@ -158,33 +158,24 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
             }
         }
         // 6 rows × one strip at a time (12 vector accumulators), then 5, then 4, then single
-        // rows, as `six_and_five_row_tiles` counts them: tile by tile over the task's strips
-        // (which stay in cache for every tile after the first), those after the first asking
-        // for the next task's strips (the memory that follows), so that its first tile does
-        // not wait on memory while the tiles here leave it idle — where the tiles are few (a
-        // decode step's rows: up to `ASKING_TILES`); many tiles (a prompt, a batch of
-        // documents) leave the first tile's wait small, and asking cost all-MiniLM-L6-v2's
-        // batches 2.5%
-        let (sixes, fives) = six_and_five_row_tiles(m - i);
-        let fours = (m - i - 6 * sixes - 5 * fives) / 4;
-        let tiles = sixes + fives + fours;
-        let ask = tiles <= ASKING_TILES;
-        let rows = |j: usize| {
-            if j < sixes {
-                6
-            } else if j < sixes + fives {
-                5
-            } else {
-                4
-            }
-        };
-        for j in 0..tiles {
+        // rows, as `RowTiles` counts them: tile by tile over the task's strips (which stay in
+        // cache for every tile after the first), those after the first asking for the next
+        // task's strips (the memory that follows), so that its first tile does not wait on
+        // memory while the tiles here leave it idle — where the tiles are few (a decode step's
+        // rows: up to `ASKING_TILES`); many tiles (a prompt, a batch of documents) leave the
+        // first tile's wait small, and asking cost all-MiniLM-L6-v2's batches 2.5%
+        let tiles = RowTiles::over(m - i, false);
+        let ask = tiles.len() <= ASKING_TILES;
+        for (j, r) in tiles.heights().enumerate() {
             for s in s0..s1 {
-                let next = if s + GROUP < strips { w.strip(s + GROUP) } else { &[] };
-                let up = if ask && j > 0 { Upcoming::part(next, j - 1, tiles - 1, k) } else { Upcoming::NONE };
-                rows_of_strip(cp, a, w, (i, rows(j)), s, up);
+                let up = if ask && j > 0 && s + GROUP < strips {
+                    Upcoming::part(w.strip(s + GROUP), j - 1, tiles.len() - 1, k)
+                } else {
+                    Upcoming::NONE
+                };
+                tile_and_store(cp, (i, r), s, n, |acc| tile_rows_of(acc, &a[i * k..(i + r) * k], k, w.strip(s), up));
             }
-            i += rows(j);
+            i += r;
         }
         // the remaining rows one at a time × up to four strips
         while i < m {
@@ -205,16 +196,6 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
 /// every tile count asking: gpt2-small's 32-concurrent decode 1.076×, all-MiniLM-L6-v2's
 /// batches of 2048 tokens 0.975×.
 const ASKING_TILES: usize = 8;
-
-/// Rows `r0..r0 + r` (r = 4, 5 or 6) of `c` in the columns of strip `s`, asking for `up`.
-fn rows_of_strip(cp: SendPtr, a: &[f32], w: &Packed, (r0, r): (usize, usize), s: usize, up: Upcoming) {
-    let (k, n) = (w.k, w.n);
-    let mut acc = [[0f32; W]; 6];
-    tile_rows_of(&mut acc[..r], &a[r0 * k..(r0 + r) * k], k, w.strip(s), up);
-    for (q, accr) in acc[..r].iter().enumerate() {
-        store(cp, (r0 + q) * n, s, n, accr);
-    }
-}
 
 /// Rows `i..i + 8` in the columns of strips `ss`, two strips at a time (512-bit tiles only).
 fn rows_by_strip_pairs(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::ops::Range<usize>) {
