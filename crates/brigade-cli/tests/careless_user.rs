@@ -312,21 +312,22 @@ fn unwritable_outputs_fail_before_training() {
     fails_with(&[&slow[..], &["--trace", "adir"]].concat(), p, "is a directory");
 }
 
-/// A training run far longer than the test, saving to `out`, its stderr captured.
-fn long_run(p: &Path, out: &str) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_brigade"))
-        .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", out])
-        .current_dir(p)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+/// A training run far longer than the test, saving to `out`, its stderr captured; `fault`: a
+/// planted `BRIGADE_FAULT`.
+fn long_run(p: &Path, out: &str, fault: Option<&str>) -> std::process::Child {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_brigade"));
+    c.args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", out]);
+    if let Some(f) = fault {
+        c.env("BRIGADE_FAULT", f);
+    }
+    c.current_dir(p).stderr(Stdio::piped()).spawn().unwrap()
 }
 
 #[test]
 fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path();
-    let child = long_run(p, "ck");
+    let child = long_run(p, "ck", None);
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
@@ -363,43 +364,18 @@ fn sigterm_finishes_the_step_saves_and_exits_non_zero() {
     // a second interrupt quits at once, saying it did not save: the run held inside step 3 (a
     // planted hang), so the first interrupt cannot end it, and each interrupt sent only once the
     // process has said what it saw (two signals sent together may arrive as one)
-    let mut child = Command::new(env!("CARGO_BIN_EXE_brigade"))
-        .args(["train", "--steps", "100000", "--batch", "8", "--threads", "1", "--eval-every", "0", "--out", "ck2"])
-        .current_dir(p)
-        .env("BRIGADE_FAULT", "backward:3:0:hang")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut err = String::new();
-    let mut wait_for = |what: &str| loop {
-        match rx.recv_timeout(std::time::Duration::from_secs(120)) {
-            Ok(line) => {
-                err.push_str(&line);
-                err.push('\n');
-                if line.contains(what) {
-                    break;
-                }
-            }
-            Err(e) => panic!("no line with {what:?} ({e}): {err}"),
-        }
-    };
+    let mut child = long_run(p, "ck2", Some("backward:3:0:hang"));
+    let mut err = common::Stderr::follow(&mut child);
+    let limit = std::time::Duration::from_secs(120);
     let interrupt =
         || assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
-    wait_for("planted fault: Backward of step 3");
+    err.wait_for("planted fault: Backward of step 3", limit);
     interrupt();
-    wait_for("interrupted — finishing the current step");
+    err.wait_for("interrupted — finishing the current step", limit);
     interrupt();
-    wait_for("interrupted again: quit at once, without saving");
+    err.wait_for("interrupted again: quit at once, without saving", limit);
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "{err}");
+    assert_eq!(status.code(), Some(130), "{}", err.all());
 }
 
 #[test]

@@ -194,28 +194,14 @@ fn ctrl_c_is_acknowledged_keeps_finished_shards_and_a_rerun_completes_the_job() 
         assert!(child.try_wait().unwrap().is_none(), "{out}: the job ended before the interrupt");
         // standard error read as it comes, so that the second interrupt is sent only once the
         // first was seen (two signals sent together may arrive as one)
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            use std::io::BufRead;
-            let mut all = String::new();
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line.clone());
-                all.push_str(&line);
-                all.push('\n');
-            }
-            all
-        });
+        let mut stderr = common::Stderr::follow(&mut child);
         signal(&child, "-INT");
         if twice {
-            let t0 = Instant::now();
-            while !rx.recv_timeout(Duration::from_secs(60)).is_ok_and(|l| l.contains("interrupted — finishing")) {
-                assert!(t0.elapsed() < Duration::from_secs(60), "{out}: the first interrupt was not acknowledged");
-            }
+            stderr.wait_for("interrupted — finishing", Duration::from_secs(60));
             signal(&child, "-INT");
         }
         let status = child.wait().unwrap();
-        let err = reader.join().unwrap();
+        let err = stderr.all();
         assert_eq!(status.code(), Some(130), "{out}: {err}");
         assert!(err.contains("interrupted — finishing the shards in progress, then stopping"), "{out}: {err}");
         if twice {

@@ -45,3 +45,51 @@ pub fn fails_with(args: &[&str], cwd: &Path, needle: &str) -> String {
     assert!(line.contains(needle), "{args:?}: expected '{needle}' in: {line}");
     err
 }
+
+/// A child's standard error followed line by line as it comes (a thread reads it), so that a
+/// test acts only once the child has said what it waits for.
+pub struct Stderr {
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: String,
+}
+
+impl Stderr {
+    /// Takes `child`'s piped standard error.
+    pub fn follow(child: &mut std::process::Child) -> Stderr {
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().expect("standard error piped");
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Stderr { lines, seen: String::new() }
+    }
+
+    /// Reads lines until one contains `what`; panics with everything seen if none does within
+    /// `limit` of the last line (or the child closed its standard error).
+    pub fn wait_for(&mut self, what: &str, limit: std::time::Duration) {
+        loop {
+            match self.lines.recv_timeout(limit) {
+                Ok(line) => {
+                    self.seen.push_str(&line);
+                    self.seen.push('\n');
+                    if line.contains(what) {
+                        return;
+                    }
+                }
+                Err(e) => panic!("no line with {what:?} ({e}): {}", self.seen),
+            }
+        }
+    }
+
+    /// Everything the child wrote, once it has closed its standard error.
+    pub fn all(mut self) -> String {
+        for line in self.lines.iter() {
+            self.seen.push_str(&line);
+            self.seen.push('\n');
+        }
+        self.seen
+    }
+}
