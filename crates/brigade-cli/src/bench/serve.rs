@@ -115,6 +115,15 @@ fn costs(cfg: &GptConfig, context: usize, weights: WeightFormat) -> (f64, f64) {
     (matrices * bytes, 2.0 * matrices + 4.0 * l * cfg.q_width() as f64 * context as f64)
 }
 
+/// The products and attention of a prompt's rows before its last, which a step computes
+/// without logits (the last row's pass gives the first output token: `costs` counts it): the
+/// work a bound on output tokens alone leaves out.
+fn prompt_flops(cfg: &GptConfig, prompt_len: usize) -> f64 {
+    let (l, rows) = (cfg.n_layer as f64, prompt_len.saturating_sub(1) as f64);
+    // row p attends over p + 1 positions
+    rows * 2.0 * l * cfg.block_matrices() as f64 + 4.0 * l * cfg.q_width() as f64 * rows * (rows + 1.0) / 2.0
+}
+
 /// A GGUF file's matrices as it stores them, read per step when served as stored (every
 /// two-dimensional tensor: the tied embedding counted once, as the head; `None` for a folder).
 fn stored_matrix_bytes(path: &std::path::Path) -> Result<Option<f64>> {
@@ -165,6 +174,7 @@ fn measure(a: Run) -> Result<()> {
             weight_bytes = bytes;
         }
     }
+    let per_prompt = prompt_flops(&cfg, a.prompt_len);
     let read_limit = read_gbps * 1e9 / weight_bytes;
     let compute_limit = matmul_gflops * 1e9 / flops_per_token;
     let max_c = a.concurrency.iter().copied().max().unwrap_or(64);
@@ -243,6 +253,9 @@ fn measure(a: Run) -> Result<()> {
         }
         for (tools, row) in per_choice {
             let (fr, fc) = (row.output_tokens_per_s / read_limit, row.output_tokens_per_s / compute_limit);
+            // the same with the prompts' rows counted: every product the run computed
+            let all_flops = row.output_tokens_per_s * flops_per_token + row.requests_per_s * per_prompt;
+            let fc_all = all_flops / (matmul_gflops * 1e9);
             if !a.json {
                 let what = match arrivals {
                     Arrivals::Concurrency(c) => format!("{c} concurrent"),
@@ -253,7 +266,7 @@ fn measure(a: Run) -> Result<()> {
                     None => what,
                 };
                 outln!(
-                    "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit, {:.0}% of the matmul limit",
+                    "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit, {:.0}% of the matmul limit ({:.0}% counting the prompts' rows)",
                     row.requests,
                     row.failed,
                     row.wall_s,
@@ -265,19 +278,21 @@ fn measure(a: Run) -> Result<()> {
                     row.itl_p99_ms,
                     row.itl_p99_ms / row.itl_p50_ms,
                     100.0 * fr,
-                    100.0 * fc
+                    100.0 * fc,
+                    100.0 * fc_all
                 );
             }
             let mut v = serde_json::to_value(&row)?;
             v["weight_read_limit_fraction"] = serde_json::json!(fr);
             v["matmul_limit_fraction"] = serde_json::json!(fc);
+            v["matmul_limit_fraction_with_prompts"] = serde_json::json!(fc_all);
             v["tool_choice"] = serde_json::json!(tools.map(|t| t.1));
             rows.push(v);
         }
     }
     let limits = serde_json::json!({"read_gbps": read_gbps, "weight_bytes": weight_bytes,
         "weight_read_limit_tokens_per_s": read_limit, "matmul_gflops": matmul_gflops,
-        "flops_per_token": flops_per_token, "matmul_limit_tokens_per_s": compute_limit});
+        "flops_per_token": flops_per_token, "prompt_flops": per_prompt, "matmul_limit_tokens_per_s": compute_limit});
     if a.json {
         outln!(
             "{}",
@@ -355,5 +370,25 @@ pub(crate) fn start_server(
             bail!("the server was not ready after 600 s");
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A prompt's rows before its last, one by one: each a decode's work at its position
+    /// (`costs`) less the head's product, which no row of a prompt but its last computes.
+    #[test]
+    fn a_prompts_work_is_its_rows_passes_without_the_head() {
+        for model in ["gpt2-small", "qwen2.5-0.5b"] {
+            let cfg = GptConfig::preset(model).unwrap();
+            let head = 2.0 * (cfg.vocab_size * cfg.n_embd) as f64;
+            for prompt_len in [1, 2, 32, 100] {
+                let rows: f64 = (0..prompt_len - 1).map(|p| costs(&cfg, p + 1, WeightFormat::F32).1 - head).sum();
+                let got = prompt_flops(&cfg, prompt_len);
+                assert!((got - rows).abs() <= 1e-9 * rows.max(1.0), "{model} at {prompt_len}: {got} vs {rows}");
+            }
+        }
     }
 }

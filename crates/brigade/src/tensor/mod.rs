@@ -71,6 +71,11 @@ pub(crate) struct Upcoming {
 impl Upcoming {
     pub(crate) const NONE: Upcoming = Upcoming { start: std::ptr::null(), lines: 0, every: 1 };
 
+    /// Whether there is anything to ask for.
+    pub(crate) fn asks(self) -> bool {
+        self.lines > 0
+    }
+
     /// Part `part` of `parts` of `next`'s cache lines, spread over a tile's `k` steps.
     pub(crate) fn part<T>(next: &[T], part: usize, parts: usize, k: usize) -> Upcoming {
         let total = std::mem::size_of_val(next).div_ceil(64);

@@ -247,7 +247,13 @@ fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
         // SAFETY: the CPU has AVX and FMA (checked); the slices' lengths are checked above.
-        return unsafe { simd::tile_rows(acc, a, k, strip, up) };
+        // (a tile that asks for nothing runs a loop without the asking's step)
+        return unsafe {
+            match up.asks() {
+                true => simd::tile_rows::<R, true>(acc, a, k, strip, up),
+                false => simd::tile_rows::<R, false>(acc, a, k, strip, up),
+            }
+        };
     }
     for kk in 0..k {
         for (r, accr) in acc.iter_mut().enumerate() {
@@ -291,15 +297,24 @@ mod simd {
     use super::{GROUP, W};
     use std::arch::x86_64::*;
 
-    /// R rows × 16 columns: 2R accumulators (R = 6: 12 of the 16 ymm registers).
+    /// R rows × 16 columns: 2R accumulators (R = 6: 12 of the 16 ymm registers); `ASK`: asking
+    /// for `up`'s lines as it goes.
     #[target_feature(enable = "avx,fma")]
-    pub unsafe fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32], up: Upcoming) {
+    pub unsafe fn tile_rows<const R: usize, const ASK: bool>(
+        acc: &mut [[f32; W]; R],
+        a: &[f32],
+        k: usize,
+        strip: &[f32],
+        up: Upcoming,
+    ) {
         let mut c = [[_mm256_setzero_ps(); 2]; R];
         let (ap, wp) = (a.as_ptr(), strip.as_ptr());
         let mut asker = Asker::new(up);
         for kk in 0..k {
             ahead(wp, kk * W);
-            asker.step();
+            if ASK {
+                asker.step();
+            }
             let w0 = _mm256_loadu_ps(wp.add(kk * W));
             let w1 = _mm256_loadu_ps(wp.add(kk * W + 8));
             for (r, cr) in c.iter_mut().enumerate() {
