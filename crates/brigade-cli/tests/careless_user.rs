@@ -485,6 +485,12 @@ fn parallel_training_from_the_cli_matches_the_single_worker() {
         "7 pipeline stages, but a model of 2 layers splits into only 6 pieces",
     );
     fails_with(&[&base[..], &["--layout", "pp=2,zero=2"]].concat(), p, "use zero=1");
+    // more micro-batches than message tags: refused before any rank starts
+    fails_with(
+        &["train", "--steps", "1", "--batch", "8192", "--layout", "pp=2,mb=1"],
+        p,
+        "8192 micro-batches × 2 pipeline stages need more message tags than MPI guarantees (32767); use fewer micro-batches a step (a larger --micro-batch)",
+    );
     fails_with(
         &[&base[..], &["--layout", "pp=4,schedule=interleaved,mb=4"]].concat(),
         p,

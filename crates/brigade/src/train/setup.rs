@@ -84,6 +84,7 @@ impl Trainer {
             true => pipeline::build(layout.schedule, pp, m, layout.v)?,
             false => pipeline::build(Schedule::OneFOneB, 1, m, 1)?,
         };
+        pipeline::executor::check_tags(&list)?;
         let (data, seq) = match &cfg.data {
             None => {
                 let a = cfg.addition().expect("no data file: the addition task");

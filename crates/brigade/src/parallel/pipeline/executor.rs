@@ -155,6 +155,19 @@ impl Stash {
     }
 }
 
+/// Refuses a plan whose micro-batches' message tags (one per micro-batch, receiving stage and
+/// direction) would reach the tied table's, the highest MPI guarantees.
+pub(crate) fn check_tags(plan: &Plan) -> Result<()> {
+    let stages = plan.pp * plan.v;
+    if tag(plan.m, 0, stages, false) > super::stages::FIRST_TIE_TAG {
+        return Err(Error::Layout(format!(
+            "{} micro-batches × {stages} pipeline stages need more message tags than MPI guarantees (32767); use fewer micro-batches a step (a larger --micro-batch)",
+            plan.m
+        )));
+    }
+    Ok(())
+}
+
 /// Runs this rank's list of `plan` over `pp` (the pipeline group), each pass on its store from
 /// `chunks`, activations reused from `pool` (and left there for the next step). Under full
 /// recompute each chunk's forward keeps only its input and runs again before its backward;
@@ -172,12 +185,7 @@ pub fn run_step(
     let rank = pp.rank();
     let (b, t) = (data.b, data.t);
     let stages = plan.pp * plan.v;
-    if tag(plan.m, 0, stages, false) > super::stages::FIRST_TIE_TAG {
-        return Err(Error::Layout(format!(
-            "{} micro-batches × {stages} pipeline stages need more message tags than MPI guarantees (32767); use fewer micro-batches a step (a larger --micro-batch)",
-            plan.m
-        )));
-    }
+    check_tags(plan)?;
     let stage = |chunk: usize| chunk * plan.pp + rank;
     let width = tp.rows(b * t).len() * chunks.part(0).cfg.n_embd;
     let mut stash: HashMap<(usize, usize), Stash> = HashMap::new();
@@ -348,7 +356,28 @@ fn forward(
 
 #[cfg(test)]
 mod tests {
-    use super::tag;
+    use super::{check_tags, tag};
+    use crate::layout::Schedule;
+    use crate::parallel::pipeline::{build, stages::FIRST_TIE_TAG};
+
+    /// The most micro-batches a plan may have is the most whose every tag stays below the tied
+    /// table's; one more is refused with the way out.
+    #[test]
+    fn plans_whose_tags_would_reach_the_tied_tables_are_refused() {
+        for pp in [2, 3, 4] {
+            let most = (FIRST_TIE_TAG as usize + 1) / (2 * pp);
+            let plan = build(Schedule::OneFOneB, pp, most, 1).unwrap();
+            check_tags(&plan).unwrap();
+            let highest = (0..most)
+                .flat_map(|mb| (0..pp).flat_map(move |to| [false, true].map(|g| tag(mb, to, pp, g))))
+                .max()
+                .unwrap();
+            assert!(highest < FIRST_TIE_TAG, "pp={pp}: tag {highest} of {most} micro-batches");
+            let over = build(Schedule::OneFOneB, pp, most + 1, 1).unwrap();
+            let err = check_tags(&over).unwrap_err().to_string();
+            assert!(err.contains("a larger --micro-batch"), "pp={pp}: {err}");
+        }
+    }
 
     /// Every (micro-batch, receiving stage, activation or gradient) has its own tag.
     #[test]
