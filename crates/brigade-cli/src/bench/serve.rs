@@ -117,7 +117,8 @@ fn costs(cfg: &GptConfig, context: usize, weights: WeightFormat) -> (f64, f64) {
 
 /// The products and attention of a prompt's rows before its last, which a step computes
 /// without logits (the last row's pass gives the first output token: `costs` counts it): the
-/// work a bound on output tokens alone leaves out.
+/// work a bound on output tokens alone leaves out. Every row is counted: the load's prompts are
+/// random tokens, which the prefix cache does not hold.
 fn prompt_flops(cfg: &GptConfig, prompt_len: usize) -> f64 {
     let (l, rows) = (cfg.n_layer as f64, prompt_len.saturating_sub(1) as f64);
     // row p attends over p + 1 positions
