@@ -54,7 +54,10 @@ fn linear_parts_s(n: usize, d_in: usize, d_out: usize) -> [f64; 3] {
     ]
 }
 
-/// Bytes per second of a streaming copy of `bytes`, split over the pool.
+/// Bytes per second of a streaming copy of `bytes`, split over the pool, one stream a task: the
+/// rate a step's passes (one or two arrays in, one out) see, which the planner predicts them
+/// with. Not a bound on what a kernel copies (four streams side by side a core copied 1.5× as
+/// fast on an AMD EPYC, Zen 2); `read_gbps` is the bound on reading.
 pub fn copy_gbps(bytes: usize) -> f64 {
     use rayon::prelude::*;
     let src = vec![1f32; bytes / 4];
@@ -64,29 +67,79 @@ pub fn copy_gbps(bytes: usize) -> f64 {
     bytes as f64 / s / 1e9
 }
 
-/// Bytes per second of reading `bytes` (a sum over them, split over the pool): what a
-/// decode step does with the weights.
+/// Bytes per second of reading `bytes` (a sum over them, split over the pool): what a decode
+/// step does with the weights. The best of reading 1, 2, 4, 8 and 16 streams side by side in
+/// each task: one core following one stream leaves most of what memory gives unused (an AMD
+/// EPYC, Zen 2, read 25.7 GB/s on 2 cores from one stream a core and 52–53 GB/s from eight,
+/// while brigade's one-row product, four strips side by side, read its weights at 48–50 GB/s),
+/// so a single stream's rate is no bound on what a kernel reads.
 pub fn read_gbps(bytes: usize) -> f64 {
-    use rayon::prelude::*;
-    let src = vec![1f32; bytes / 4];
-    let mut total = 0f32;
-    let s = time_it(|| {
-        total = src.par_chunks(1 << 16).map(read_all).sum();
-    });
-    std::hint::black_box(total);
-    bytes as f64 / s / 1e9
+    read_rates(bytes).iter().map(|r| r.1).fold(0.0, f64::max)
 }
 
-/// The sum of `c` in 16 lanes (whole groups of 16; a streaming read the compiler keeps
-/// vectorised).
+/// Bytes per second of reading `bytes` with each of `STREAMS` streams side by side a task.
+pub fn read_rates(bytes: usize) -> Vec<(usize, f64)> {
+    let src = vec![1f32; bytes / 4];
+    STREAMS
+        .iter()
+        .map(|&streams| {
+            let s = time_it(|| {
+                std::hint::black_box(read_streams(&src, streams));
+            });
+            (streams, bytes as f64 / s / 1e9)
+        })
+        .collect()
+}
+
+/// The stream counts `read_gbps` tries.
+pub const STREAMS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Floats each stream of a task reads: 60 KB, not a power of two (streams a power of two
+/// apart read 5–10% slower here).
+const STREAM_LEN: usize = 15_000;
+
+/// The sum of `src`, split over the pool in tasks of `streams` streams read side by side (any
+/// count; 1, 2, 4, 8 and 16 have their own loops).
+pub fn read_streams(src: &[f32], streams: usize) -> f32 {
+    use rayon::prelude::*;
+    src.par_chunks(streams.max(1) * STREAM_LEN)
+        .map(|c| match streams {
+            2 => side_by_side::<2>(c),
+            4 => side_by_side::<4>(c),
+            8 => side_by_side::<8>(c),
+            16 => side_by_side::<16>(c),
+            _ => read_all(c),
+        })
+        .sum()
+}
+
+/// The sum of `c` read as `S` streams side by side, 16 lanes each (the streams' whole groups
+/// of 16), then what is left.
+fn side_by_side<const S: usize>(c: &[f32]) -> f32 {
+    let len = c.len() / S / 16 * 16;
+    let mut acc = [[0f32; 16]; S];
+    for i in (0..len).step_by(16) {
+        for (q, a) in acc.iter_mut().enumerate() {
+            let x: &[f32; 16] = c[q * len + i..q * len + i + 16].try_into().unwrap();
+            a.iter_mut().zip(x).for_each(|(a, x)| *a += x);
+        }
+    }
+    acc.iter().flatten().sum::<f32>() + read_all(&c[S * len..])
+}
+
+/// The sum of `c` in 16 lanes (whole groups of 16, then what is left; a streaming read the
+/// compiler keeps vectorised).
 pub(super) fn read_all(c: &[f32]) -> f32 {
-    c.chunks_exact(16)
+    let whole = c.chunks_exact(16);
+    let rest: f32 = whole.remainder().iter().sum();
+    whole
         .fold([0f32; 16], |mut a, x| {
             a.iter_mut().zip(x).for_each(|(a, x)| *a += x);
             a
         })
         .iter()
-        .sum()
+        .sum::<f32>()
+        + rest
 }
 
 /// Measures the parts of a training step of `cfg` at `batch × seq` on the current pool, as
@@ -148,5 +201,25 @@ pub fn measure(cfg: &GptConfig, batch: usize, seq: usize, tp: usize) -> Machine 
         attention_bwd_s,
         mem_gbps: copy_gbps(256 << 20),
         matmul_gflops: crate::bench::matmul_gflops(2048, 2048, 2048, 3),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every stream count reads every float once: a reader that skipped the streams' tails (or
+    /// read one twice) would report a rate for bytes it never read.
+    #[test]
+    fn reading_side_by_side_sums_every_float_once() {
+        // small integers, so that every order of addition gives the exact sum
+        for len in [0, 1, 15, 16, 17, 2 * 15_000 - 1, 7 * 15_000 + 333, 40 * 15_000 + 5] {
+            let src: Vec<f32> = (0..len).map(|i| ((i * 7919) % 5) as f32).collect();
+            let want: f64 = src.iter().map(|&x| x as f64).sum();
+            for streams in STREAMS.into_iter().chain([3]) {
+                assert_eq!(read_streams(&src, streams) as f64, want, "{streams} streams over {len} floats");
+            }
+            assert_eq!(read_all(&src) as f64, want, "one stream over {len} floats");
+        }
     }
 }

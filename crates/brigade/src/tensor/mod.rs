@@ -235,6 +235,21 @@ pub(crate) fn quantized_product(
     });
 }
 
+/// One row `a` times four strips, written out: `out[q][t] = Σ_kk a[kk] · weight(q, kk, t)` as
+/// an `fma` chain over k in order (what every tile computes for a column).
+#[cfg(test)]
+pub(crate) fn tests_one_row(a: &[f32], weight: impl Fn(usize, usize, usize) -> f32) -> [[f32; STRIP]; TASK] {
+    let mut out = [[0f32; STRIP]; TASK];
+    for (q, accq) in out.iter_mut().enumerate() {
+        for (kk, &av) in a.iter().enumerate() {
+            for (t, x) in accq.iter_mut().enumerate() {
+                *x = av.mul_add(weight(q, kk, t), *x);
+            }
+        }
+    }
+    out
+}
+
 /// The vector steps the quantized kernels share: a group's scales or minimums loaded, and
 /// integers turned into weights (`q · s`, then `+ m` with minimums: two roundings, as the
 /// files' reference dequantizes).

@@ -216,13 +216,8 @@ fn tile_1x64<const MIN: bool>(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int8, s
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
-        let (lo, hi) = acc.split_at_mut(2);
         // SAFETY: as above, with AVX2 and FMA.
-        unsafe {
-            simd::tile_1x32::<MIN>(lo.try_into().unwrap(), a, w.group, [strips[0], strips[1]]);
-            simd::tile_1x32::<MIN>(hi.try_into().unwrap(), a, w.group, [strips[2], strips[3]]);
-        }
-        return;
+        return unsafe { simd::tile_1x64::<MIN>(acc, a, w.group, strips) };
     }
     for (kk, &av) in a.iter().enumerate() {
         for (accq, &strip) in acc.iter_mut().zip(&strips) {
@@ -397,27 +392,34 @@ mod simd {
         }
     }
 
+    /// One row × four strips in one pass over k: 8 accumulators, so that the `fma` chains'
+    /// latency hides behind each other (two strips at a time left 4 chains, each step waiting on
+    /// the last); each strip's group scales (and minimums) read from memory at their use.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_1x32<const MIN: bool>(acc: &mut [[f32; W]; 2], a: &[f32], group: usize, strips: [Strip; 2]) {
+    pub unsafe fn tile_1x64<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], group: usize, strips: [Strip; 4]) {
         let k = a.len();
-        let mut c = [_mm256_setzero_ps(); 4];
-        let (q0, q1) = (strips[0].0.as_ptr(), strips[1].0.as_ptr());
+        let mut c = [_mm256_setzero_ps(); 8];
+        let q: [*const i8; 4] = std::array::from_fn(|i| strips[i].0.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(group) {
-            let s: [__m256; 4] = std::array::from_fn(|i| group256(strips[i / 2].1, g, i % 2));
-            let m: [__m256; 4] = std::array::from_fn(|i| group256(strips[i / 2].2, g, i % 2));
+            let s: [*const f32; 4] = std::array::from_fn(|i| strips[i].1.as_ptr().add(g * W));
+            let m: [*const f32; 4] =
+                std::array::from_fn(|i| if MIN { strips[i].2.as_ptr().add(g * W) } else { std::ptr::null() });
             while kk < ((g + 1) * group).min(k) {
                 let av = _mm256_broadcast_ss(a.get_unchecked(kk));
-                c[0] = _mm256_fmadd_ps(av, dequant::<MIN>(q0.add(kk * W), s[0], m[0]), c[0]);
-                c[1] = _mm256_fmadd_ps(av, dequant::<MIN>(q0.add(kk * W + 8), s[1], m[1]), c[1]);
-                c[2] = _mm256_fmadd_ps(av, dequant::<MIN>(q1.add(kk * W), s[2], m[2]), c[2]);
-                c[3] = _mm256_fmadd_ps(av, dequant::<MIN>(q1.add(kk * W + 8), s[3], m[3]), c[3]);
+                for i in 0..4 {
+                    for h in 0..2 {
+                        let mv = if MIN { _mm256_loadu_ps(m[i].add(8 * h)) } else { _mm256_setzero_ps() };
+                        let w = dequant::<MIN>(q[i].add(kk * W + 8 * h), _mm256_loadu_ps(s[i].add(8 * h)), mv);
+                        c[2 * i + h] = _mm256_fmadd_ps(av, w, c[2 * i + h]);
+                    }
+                }
                 kk += 1;
             }
         }
-        for q in 0..2 {
-            _mm256_storeu_ps(acc[q].as_mut_ptr(), c[2 * q]);
-            _mm256_storeu_ps(acc[q].as_mut_ptr().add(8), c[2 * q + 1]);
+        for i in 0..4 {
+            _mm256_storeu_ps(acc[i].as_mut_ptr(), c[2 * i]);
+            _mm256_storeu_ps(acc[i].as_mut_ptr().add(8), c[2 * i + 1]);
         }
     }
 }
@@ -484,6 +486,13 @@ mod tests {
         strip_f32::<MIN>(&mut f, w, 1);
         let each: Vec<u32> = (0..k * W).map(|i| weight(strip, w.group, i / W, i % W).to_bits()).collect();
         assert_eq!(f.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), each, "the strip dequantized once");
+        // one row over four different strips (a decode's tile), each strip's columns its own
+        let want_one = crate::tensor::tests_one_row(&a[..k], |q, kk, t| weight(w.strip(q), w.group, kk, t));
+        let mut one = [[0f32; W]; 4];
+        tile_1x64::<MIN>(&mut one, &a[..k], w, [0, 1, 2, 3]);
+        assert_eq!(bits(&one), bits(&want_one), "dispatched one row");
+        #[cfg(target_arch = "x86_64")]
+        let four = [0, 1, 2, 3].map(|q| w.strip(q));
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2") {
@@ -491,10 +500,10 @@ mod tests {
                 // SAFETY: AVX2 and FMA checked; `a` holds R rows of k, `strip` one strip
                 unsafe { simd::tile_rows::<MIN, R>(&mut got, a, k, w.group, strip) };
                 assert_eq!(bits(&got), bits(&want), "AVX2 {R} rows");
-                let mut one = [[0f32; W]; 2];
-                // SAFETY: as above, one row
-                unsafe { simd::tile_1x32::<MIN>(&mut one, &a[..k], w.group, [strip, strip]) };
-                assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX2 one row");
+                let mut one = [[0f32; W]; 4];
+                // SAFETY: as above, one row and four strips
+                unsafe { simd::tile_1x64::<MIN>(&mut one, &a[..k], w.group, four) };
+                assert_eq!(bits(&one), bits(&want_one), "AVX2 one row");
             }
             if wide() {
                 let mut got = [[0f32; W]; R];
@@ -503,8 +512,8 @@ mod tests {
                 assert_eq!(bits(&got), bits(&want), "AVX-512 {R} rows");
                 let mut one = [[0f32; W]; 4];
                 // SAFETY: as above
-                unsafe { simd::tile_1x64_avx512::<MIN>(&mut one, &a[..k], w.group, [strip; 4]) };
-                assert_eq!(bits(&one[..1]), bits(&want[..1]), "AVX-512 one row");
+                unsafe { simd::tile_1x64_avx512::<MIN>(&mut one, &a[..k], w.group, four) };
+                assert_eq!(bits(&one), bits(&want_one), "AVX-512 one row");
             }
         }
     }
