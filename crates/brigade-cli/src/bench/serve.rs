@@ -267,6 +267,9 @@ fn measure(a: Run) -> Result<()> {
             // the same with the prompts' rows counted: every product the run computed
             let all_flops = row.output_tokens_per_s * flops_per_token + row.requests_per_s * per_prompt;
             let fc_all = all_flops / (matmul_gflops * 1e9);
+            // a decode step reads every weight once, whatever the batch: the rate the typical
+            // step read them at (the output-token fraction above also carries the prompts' time)
+            let step_gbps = weight_bytes / (row.itl_p50_ms / 1e3) / 1e9;
             if !a.json {
                 let what = match arrivals {
                     Arrivals::Concurrency(c) => format!("{c} concurrent"),
@@ -277,7 +280,7 @@ fn measure(a: Run) -> Result<()> {
                     None => what,
                 };
                 outln!(
-                    "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit, {:.0}% of the matmul limit ({:.0}% counting the prompts' rows)",
+                    "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit (a step of ITL p50 reads the weights at {:.1} GB/s, {:.0}% of the read rate), {:.0}% of the matmul limit ({:.0}% counting the prompts' rows)",
                     row.requests,
                     row.failed,
                     row.wall_s,
@@ -289,12 +292,15 @@ fn measure(a: Run) -> Result<()> {
                     row.itl_p99_ms,
                     row.itl_p99_ms / row.itl_p50_ms,
                     100.0 * fr,
+                    step_gbps,
+                    100.0 * step_gbps / read_gbps,
                     100.0 * fc,
                     100.0 * fc_all
                 );
             }
             let mut v = serde_json::to_value(&row)?;
             v["weight_read_limit_fraction"] = serde_json::json!(fr);
+            v["step_weight_read_gbps"] = serde_json::json!(step_gbps);
             v["matmul_limit_fraction"] = serde_json::json!(fc);
             v["matmul_limit_fraction_with_prompts"] = serde_json::json!(fc_all);
             v["tool_choice"] = serde_json::json!(tools.map(|t| t.1));
