@@ -213,7 +213,7 @@ mod tests {
     #[test]
     fn reading_side_by_side_sums_every_float_once() {
         // small integers, so that every order of addition gives the exact sum
-        for len in [0, 1, 15, 16, 17, 2 * 15_000 - 1, 7 * 15_000 + 333, 40 * 15_000 + 5] {
+        for len in [0usize, 1, 15, 16, 17, 2 * 15_000 - 1, 7 * 15_000 + 333, 40 * 15_000 + 5] {
             let src: Vec<f32> = (0..len).map(|i| ((i * 7919) % 5) as f32).collect();
             let want: f64 = src.iter().map(|&x| x as f64).sum();
             for streams in STREAMS.into_iter().chain([3]) {
