@@ -334,4 +334,5 @@ fn brigade_simd_avx2_holds_the_kernels_to_avx2() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!((v["simd"].as_str(), v["matmul_kernel"].as_str()), (Some("avx2"), Some("brigade")), "{v}");
+    assert!(v["rows_gflops_two_1_thread_products"].as_f64().is_some_and(|r| r > 0.0), "{v}");
 }

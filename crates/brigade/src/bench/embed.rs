@@ -40,6 +40,17 @@ pub fn synthetic_corpus(vocab_txt: &Path, n: usize, seed: u64) -> crate::Result<
 /// The products' GFLOP/s with `workers` threads each running its own single-threaded product
 /// at once, the way `embed --workers N --threads 1` uses the cores (summed over the workers).
 pub fn encoder_matmul_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> f64 {
+    concurrent(workers, || encoder_matmul_gflops(cfg, tokens))
+}
+
+/// As `encoder_matmul_gflops_concurrent` with the kernel the embedding itself runs: the
+/// row-invariant products over packed weights (`matmul_rows`), whose rate bounds the job's.
+pub fn encoder_rows_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> f64 {
+    concurrent(workers, || encoder_rows_gflops(cfg, tokens))
+}
+
+/// `measure` on `workers` single-threaded pools at once, summed.
+fn concurrent(workers: usize, measure: impl Fn() -> f64 + Sync) -> f64 {
     let barrier = std::sync::Barrier::new(workers);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..workers)
@@ -47,7 +58,7 @@ pub fn encoder_matmul_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers
                 s.spawn(|| {
                     crate::with_threads(1, || {
                         barrier.wait();
-                        encoder_matmul_gflops(cfg, tokens)
+                        measure()
                     })
                     .unwrap_or(0.0)
                 })
@@ -68,6 +79,25 @@ pub fn encoder_matmul_gflops(cfg: &BertConfig, tokens: usize) -> f64 {
     let s = time_it(|| {
         for &(k, m) in &shapes {
             gemm_into(&mut y, Mat::rm(tokens, m), &x, Mat::rm(tokens, k), &w, Mat::rm(k, m), 1.0, false, Threads::Pool);
+        }
+    });
+    let flops: f64 = shapes.iter().map(|&(k, m)| 2.0 * (tokens * k * m) as f64).sum();
+    flops / s / 1e9
+}
+
+/// As `encoder_matmul_gflops` with `matmul_rows` over the weights packed as the encoder packs
+/// them.
+pub fn encoder_rows_gflops(cfg: &BertConfig, tokens: usize) -> f64 {
+    use crate::tensor::rowwise::{matmul_rows, Packed};
+    let (c, i) = (cfg.hidden, cfg.intermediate);
+    let shapes = [(c, 3 * c), (c, c), (c, i), (i, c)];
+    let x = vec![0.5f32; tokens * i];
+    let ws: Vec<(usize, usize, Packed)> =
+        shapes.iter().map(|&(k, m)| (k, m, Packed::new(&vec![0.25f32; k * m], k, m))).collect();
+    let mut y = vec![0f32; tokens * i.max(3 * c)];
+    let s = time_it(|| {
+        for (k, m, w) in &ws {
+            matmul_rows(&mut y[..tokens * m], &x[..tokens * k], w, tokens);
         }
     });
     let flops: f64 = shapes.iter().map(|&(k, m)| 2.0 * (tokens * k * m) as f64).sum();
