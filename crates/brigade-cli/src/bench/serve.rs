@@ -261,51 +261,49 @@ fn measure(a: Run) -> Result<()> {
     let read_gbps = read_rates.iter().chain(&read_rates_after).map(|r| r.1).fold(0.0, f64::max);
     let read_limit = read_gbps * 1e9 / weight_bytes;
     let mut rows: Vec<serde_json::Value> = Vec::new();
-    {
-        for (arrivals, tools, row) in runs {
-            let (fr, fc) = (row.output_tokens_per_s / read_limit, row.output_tokens_per_s / compute_limit);
-            // the same with the prompts' rows counted: every product the run computed
-            let all_flops = row.output_tokens_per_s * flops_per_token + row.requests_per_s * per_prompt;
-            let fc_all = all_flops / (matmul_gflops * 1e9);
-            // a decode step reads every weight once, whatever the batch: the rate the typical
-            // step read them at (the output-token fraction above also carries the prompts' time)
-            let step_gbps = weight_bytes / (row.itl_p50_ms / 1e3) / 1e9;
-            if !a.json {
-                let what = match arrivals {
-                    Arrivals::Concurrency(c) => format!("{c} concurrent"),
-                    Arrivals::Rate(r) => format!("{r} requests/s (Poisson)"),
-                };
-                let what = match tools {
-                    Some((_, choice)) => format!("{what}, tool_choice {choice}"),
-                    None => what,
-                };
-                outln!(
-                    "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit (a step of ITL p50 reads the weights at {:.1} GB/s, {:.0}% of the read rate), {:.0}% of the matmul limit ({:.0}% counting the prompts' rows)",
-                    row.requests,
-                    row.failed,
-                    row.wall_s,
-                    row.requests_per_s,
-                    row.output_tokens_per_s,
-                    row.ttft_p50_ms,
-                    row.ttft_p99_ms,
-                    row.itl_p50_ms,
-                    row.itl_p99_ms,
-                    row.itl_p99_ms / row.itl_p50_ms,
-                    100.0 * fr,
-                    step_gbps,
-                    100.0 * step_gbps / read_gbps,
-                    100.0 * fc,
-                    100.0 * fc_all
-                );
-            }
-            let mut v = serde_json::to_value(&row)?;
-            v["weight_read_limit_fraction"] = serde_json::json!(fr);
-            v["step_weight_read_gbps"] = serde_json::json!(step_gbps);
-            v["matmul_limit_fraction"] = serde_json::json!(fc);
-            v["matmul_limit_fraction_with_prompts"] = serde_json::json!(fc_all);
-            v["tool_choice"] = serde_json::json!(tools.map(|t| t.1));
-            rows.push(v);
+    for (arrivals, tools, row) in runs {
+        let (fr, fc) = (row.output_tokens_per_s / read_limit, row.output_tokens_per_s / compute_limit);
+        // the same with the prompts' rows counted: every product the run computed
+        let all_flops = row.output_tokens_per_s * flops_per_token + row.requests_per_s * per_prompt;
+        let fc_all = all_flops / (matmul_gflops * 1e9);
+        // a decode step reads every weight once, whatever the batch: the rate the typical
+        // step read them at (the output-token fraction above also carries the prompts' time)
+        let step_gbps = weight_bytes / (row.itl_p50_ms / 1e3) / 1e9;
+        if !a.json {
+            let what = match arrivals {
+                Arrivals::Concurrency(c) => format!("{c} concurrent"),
+                Arrivals::Rate(r) => format!("{r} requests/s (Poisson)"),
+            };
+            let what = match tools {
+                Some((_, choice)) => format!("{what}, tool_choice {choice}"),
+                None => what,
+            };
+            outln!(
+                "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit (a step of ITL p50 reads the weights at {:.1} GB/s, {:.0}% of the read rate), {:.0}% of the matmul limit ({:.0}% counting the prompts' rows)",
+                row.requests,
+                row.failed,
+                row.wall_s,
+                row.requests_per_s,
+                row.output_tokens_per_s,
+                row.ttft_p50_ms,
+                row.ttft_p99_ms,
+                row.itl_p50_ms,
+                row.itl_p99_ms,
+                row.itl_p99_ms / row.itl_p50_ms,
+                100.0 * fr,
+                step_gbps,
+                100.0 * step_gbps / read_gbps,
+                100.0 * fc,
+                100.0 * fc_all
+            );
         }
+        let mut v = serde_json::to_value(&row)?;
+        v["weight_read_limit_fraction"] = serde_json::json!(fr);
+        v["step_weight_read_gbps"] = serde_json::json!(step_gbps);
+        v["matmul_limit_fraction"] = serde_json::json!(fc);
+        v["matmul_limit_fraction_with_prompts"] = serde_json::json!(fc_all);
+        v["tool_choice"] = serde_json::json!(tools.map(|t| t.1));
+        rows.push(v);
     }
     let limits = serde_json::json!({"read_gbps": read_gbps, "read_gbps_by_streams": read_rates,
         "read_gbps_by_streams_after": read_rates_after, "weight_bytes": weight_bytes,

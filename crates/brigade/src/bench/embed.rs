@@ -71,8 +71,7 @@ fn concurrent(workers: usize, measure: impl Fn() -> f64 + Sync) -> f64 {
 /// GFLOP/s of one encoder layer's four products (qkv, attention output, MLP up and down) at
 /// `tokens` rows, on the current rayon pool.
 pub fn encoder_matmul_gflops(cfg: &BertConfig, tokens: usize) -> f64 {
-    let (c, i) = (cfg.hidden, cfg.intermediate);
-    let shapes = [(c, 3 * c), (c, c), (c, i), (i, c)];
+    let (c, i, shapes) = layer_products(cfg);
     let x = vec![0.5f32; tokens * i];
     let w = vec![0.25f32; i * 3 * c];
     let mut y = vec![0f32; tokens * i.max(3 * c)];
@@ -81,16 +80,14 @@ pub fn encoder_matmul_gflops(cfg: &BertConfig, tokens: usize) -> f64 {
             gemm_into(&mut y, Mat::rm(tokens, m), &x, Mat::rm(tokens, k), &w, Mat::rm(k, m), 1.0, false, Threads::Pool);
         }
     });
-    let flops: f64 = shapes.iter().map(|&(k, m)| 2.0 * (tokens * k * m) as f64).sum();
-    flops / s / 1e9
+    layer_flops(&shapes, tokens) / s / 1e9
 }
 
 /// As `encoder_matmul_gflops` with `matmul_rows` over the weights packed as the encoder packs
 /// them.
 pub fn encoder_rows_gflops(cfg: &BertConfig, tokens: usize) -> f64 {
     use crate::tensor::rowwise::{matmul_rows, Packed};
-    let (c, i) = (cfg.hidden, cfg.intermediate);
-    let shapes = [(c, 3 * c), (c, c), (c, i), (i, c)];
+    let (c, i, shapes) = layer_products(cfg);
     let x = vec![0.5f32; tokens * i];
     let ws: Vec<(usize, usize, Packed)> =
         shapes.iter().map(|&(k, m)| (k, m, Packed::new(&vec![0.25f32; k * m], k, m))).collect();
@@ -100,6 +97,17 @@ pub fn encoder_rows_gflops(cfg: &BertConfig, tokens: usize) -> f64 {
             matmul_rows(&mut y[..tokens * m], &x[..tokens * k], w, tokens);
         }
     });
-    let flops: f64 = shapes.iter().map(|&(k, m)| 2.0 * (tokens * k * m) as f64).sum();
-    flops / s / 1e9
+    layer_flops(&shapes, tokens) / s / 1e9
+}
+
+/// The width, the MLP's width and one layer's four products `(k, n)`: qkv, attention output,
+/// MLP up and down.
+fn layer_products(cfg: &BertConfig) -> (usize, usize, [(usize, usize); 4]) {
+    let (c, i) = (cfg.hidden, cfg.intermediate);
+    (c, i, [(c, 3 * c), (c, c), (c, i), (i, c)])
+}
+
+/// The FLOPs of `shapes` at `tokens` rows.
+fn layer_flops(shapes: &[(usize, usize)], tokens: usize) -> f64 {
+    shapes.iter().map(|&(k, m)| 2.0 * (tokens * k * m) as f64).sum()
 }

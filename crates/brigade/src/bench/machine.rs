@@ -57,7 +57,7 @@ fn linear_parts_s(n: usize, d_in: usize, d_out: usize) -> [f64; 3] {
 /// Bytes per second of a streaming copy of `bytes`, split over the pool, one stream a task: the
 /// rate a step's passes (one or two arrays in, one out) see, which the planner predicts them
 /// with. Not a bound on what a kernel copies (four streams side by side a core copied 1.5× as
-/// fast on an AMD EPYC, Zen 2); `read_gbps` is the bound on reading.
+/// fast on an AMD EPYC, Zen 2); `read_rates` gives the bound on reading.
 pub fn copy_gbps(bytes: usize) -> f64 {
     use rayon::prelude::*;
     let src = vec![1f32; bytes / 4];
@@ -67,17 +67,12 @@ pub fn copy_gbps(bytes: usize) -> f64 {
     bytes as f64 / s / 1e9
 }
 
-/// Bytes per second of reading `bytes` (a sum over them, split over the pool): what a decode
-/// step does with the weights. The best of reading 1, 2, 4, 8 and 16 streams side by side in
-/// each task: one core following one stream leaves most of what memory gives unused (an AMD
-/// EPYC, Zen 2, read 25.7 GB/s on 2 cores from one stream a core and 52–53 GB/s from eight,
-/// while brigade's one-row product, four strips side by side, read its weights at 48–50 GB/s),
-/// so a single stream's rate is no bound on what a kernel reads.
-pub fn read_gbps(bytes: usize) -> f64 {
-    read_rates(bytes).iter().map(|r| r.1).fold(0.0, f64::max)
-}
-
-/// Bytes per second of reading `bytes` with each of `STREAMS` streams side by side a task.
+/// Bytes per second of reading `bytes` (a sum over them, split over the pool: what a decode
+/// step does with the weights) with each of `STREAMS` streams side by side a task; the best of
+/// them is the bound on reading. One core following one stream leaves most of what memory
+/// gives unused (an AMD EPYC, Zen 2, read 25.7 GB/s on 2 cores from one stream a core and
+/// 52–53 GB/s from eight, while brigade's one-row product, four strips side by side, read its
+/// weights at 48–50 GB/s), so a single stream's rate is no bound on what a kernel reads.
 pub fn read_rates(bytes: usize) -> Vec<(usize, f64)> {
     let src = vec![1f32; bytes / 4];
     STREAMS
@@ -91,15 +86,15 @@ pub fn read_rates(bytes: usize) -> Vec<(usize, f64)> {
         .collect()
 }
 
-/// The stream counts `read_gbps` tries.
+/// The stream counts `read_rates` tries.
 pub const STREAMS: [usize; 5] = [1, 2, 4, 8, 16];
 
 /// Floats each stream of a task reads: 60 KB, not a power of two (streams a power of two
 /// apart read 5–10% slower here).
 const STREAM_LEN: usize = 15_000;
 
-/// The sum of `src`, split over the pool in tasks of `streams` streams read side by side (any
-/// count; 1, 2, 4, 8 and 16 have their own loops).
+/// The sum of `src`, split over the pool in tasks of `streams` streams read side by side (2, 4,
+/// 8 and 16 have their own loops; any other count reads each task as one stream).
 pub fn read_streams(src: &[f32], streams: usize) -> f32 {
     use rayon::prelude::*;
     src.par_chunks(streams.max(1) * STREAM_LEN)

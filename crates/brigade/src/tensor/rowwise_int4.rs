@@ -377,16 +377,13 @@ mod simd {
         let q: [*const u8; 4] = std::array::from_fn(|i| strips[i].0.as_ptr());
         let mut kk = 0;
         for g in 0..k.div_ceil(GROUP) {
-            let s: [*const f32; 4] = std::array::from_fn(|i| strips[i].1.as_ptr().add(g * W));
-            let m: [*const f32; 4] =
-                std::array::from_fn(|i| if MIN { strips[i].2.as_ptr().add(g * W) } else { std::ptr::null() });
             while kk < ((g + 1) * GROUP).min(k) {
                 let av = _mm256_broadcast_ss(a.get_unchecked(kk));
                 for i in 0..4 {
                     let (lo, hi) = nibbles256::<MIN>(q[i].add(kk * W / 2));
                     for (h, v) in [lo, hi].into_iter().enumerate() {
-                        let mv = if MIN { _mm256_loadu_ps(m[i].add(8 * h)) } else { _mm256_setzero_ps() };
-                        let w = scaled256::<MIN>(v, _mm256_loadu_ps(s[i].add(8 * h)), mv);
+                        let (s, m) = (group256(strips[i].1, g, h), group256(strips[i].2, g, h));
+                        let w = scaled256::<MIN>(v, s, m);
                         c[2 * i + h] = _mm256_fmadd_ps(av, w, c[2 * i + h]);
                     }
                 }
