@@ -9,10 +9,17 @@ use super::kv_store::KvStore;
 use super::weights::Dims;
 use rayon::prelude::*;
 
+/// Cached positions a pass: the scores of this many keys are summed side by side (one
+/// accumulator each, so no sum waits on the one before it), and the weighted values of this
+/// many are added to a head's output while it sits in registers (one load and one store of
+/// the output a pass, not one a position).
+const PASS: usize = 8;
+
 /// `ctx[r] = softmax(q_r · K / √hd) · V` for every packed row `r` at its `(sequence,
 /// position)` in `rows` (`tables[sequence]`: its block table), with `q_r` the first `heads · hd` floats of row `r` of `qkv`
 /// (row width `(heads + 2·kv_heads) · hd`) and K, V its sequence's positions `0..=pos` of
-/// layer `layer` in `kv`.
+/// layer `layer` in `kv`. Each score is `dot`'s sum and each output element a chain of
+/// `fma`s over the positions in order, so the passes change no bit of the result.
 pub(crate) fn attention(
     ctx: &mut [f32],
     qkv: &[f32],
@@ -26,44 +33,198 @@ pub(crate) fn attention(
     let (qw, qkvw) = (d.q_width(), d.q_width() + 2 * d.kv_width());
     let group = heads / d.kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    ctx.par_chunks_mut(qw).zip(rows.par_iter()).enumerate().for_each_init(
-        || (Vec::new(), vec![0f32; heads]),
-        |(sc, inv), (r, (out, &(wi, pos)))| {
-            let table = tables[wi];
-            let q = &qkv[r * qkvw..r * qkvw + qw];
-            let np = pos + 1;
-            // scores [head][position]: each cached key row is read once, for every head
-            sc.resize(heads * np, 0.0);
-            for p in 0..np {
-                let k = kv.slot(table[p / kv.block_size], layer, 0, p % kv.block_size);
-                for h in 0..heads {
-                    let g = h / group;
-                    sc[h * np + p] = dot(&q[h * hd..(h + 1) * hd], &k[g * hd..(g + 1) * hd]) * scale;
-                }
-            }
-            for (h, s) in sc.chunks_exact_mut(np).enumerate() {
-                let mx = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let mut sum = 0f32;
-                for v in s.iter_mut() {
-                    *v = brigade::tensor::math::exp(*v - mx);
-                    sum += *v;
-                }
-                inv[h] = sum;
-            }
-            // out[h] = Σ_p (s[h][p] / sum[h]) · v_p[g(h)], over p in order: each value row read once
-            out.fill(0.0);
-            for p in 0..np {
-                let v = kv.slot(table[p / kv.block_size], layer, 1, p % kv.block_size);
-                for h in 0..heads {
-                    let g = h / group;
-                    let wgt = sc[h * np + p] / inv[h];
-                    for (o, &vv) in out[h * hd..(h + 1) * hd].iter_mut().zip(&v[g * hd..(g + 1) * hd]) {
-                        *o = wgt.mul_add(vv, *o);
+    let bs = kv.block_size;
+    ctx.par_chunks_mut(qw).zip(rows.par_iter()).enumerate().for_each_init(Vec::new, |sc, (r, (out, &(wi, pos)))| {
+        let table = tables[wi];
+        let q = &qkv[r * qkvw..r * qkvw + qw];
+        let np = pos + 1;
+        // the key (0) or value (1) rows of positions p0.. (the pass's last repeated past np)
+        let pass = |p0: usize, m: usize, kind: usize| -> [&[f32]; PASS] {
+            std::array::from_fn(|j| {
+                let p = p0 + j.min(m - 1);
+                kv.slot(table[p / bs], layer, kind, p % bs)
+            })
+        };
+        // scores [head][position]: each cached key row is read once, for every head
+        sc.resize(heads * np, 0.0);
+        for p0 in (0..np).step_by(PASS) {
+            let m = PASS.min(np - p0);
+            let keys = pass(p0, m, 0);
+            for h in 0..heads {
+                let g = h / group;
+                let qh = &q[h * hd..(h + 1) * hd];
+                let s = &mut sc[h * np + p0..h * np + p0 + m];
+                if m == PASS {
+                    let d = dots(qh, keys.map(|k| &k[g * hd..(g + 1) * hd]));
+                    for (s, d) in s.iter_mut().zip(d) {
+                        *s = d * scale;
+                    }
+                } else {
+                    for (s, k) in s.iter_mut().zip(keys) {
+                        *s = dot(qh, &k[g * hd..(g + 1) * hd]) * scale;
                     }
                 }
             }
-        },
-    );
+        }
+        for s in sc.chunks_exact_mut(np) {
+            softmax_in_order(s);
+        }
+        // out[h] = Σ_p s[h][p] · v_p[g(h)], over p in order: each value row read once
+        out.fill(0.0);
+        for p0 in (0..np).step_by(PASS) {
+            let m = PASS.min(np - p0);
+            let vals = pass(p0, m, 1);
+            for h in 0..heads {
+                let g = h / group;
+                let vs = vals.map(|v| &v[g * hd..(g + 1) * hd]);
+                add_weighted(&mut out[h * hd..(h + 1) * hd], &sc[h * np + p0..h * np + p0 + m], &vs[..m]);
+            }
+        }
+    });
+}
+
+/// `PASS` dot products of `q` with the rows `k`, side by side, each summed as `dot` sums it
+/// (eight lanes of `fma`s over the row, then the lanes in order).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+fn dots(q: &[f32], k: [&[f32]; PASS]) -> [f32; PASS] {
+    use std::arch::x86_64::*;
+    let n = q.len();
+    let n8 = n / 8 * 8;
+    assert!(k.iter().all(|k| k.len() >= n), "a key row shorter than the query");
+    // SAFETY: every load reads floats 0..n8 of `q` or of a row at least `n` long (checked above).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); PASS];
+        for c in (0..n8).step_by(8) {
+            let x = _mm256_loadu_ps(q.as_ptr().add(c));
+            for (a, kj) in acc.iter_mut().zip(&k) {
+                *a = _mm256_fmadd_ps(x, _mm256_loadu_ps(kj.as_ptr().add(c)), *a);
+            }
+        }
+        // the 8 × 8 accumulators transposed: lane t of every dot in one register, then the
+        // lanes added in order (what `iter().sum()` does row by row)
+        let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+        let (t0, t1) = (_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+        let (t2, t3) = (_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+        let (t4, t5) = (_mm256_unpacklo_ps(a4, a5), _mm256_unpackhi_ps(a4, a5));
+        let (t6, t7) = (_mm256_unpacklo_ps(a6, a7), _mm256_unpackhi_ps(a6, a7));
+        let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+        let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+        let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+        let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+        // lane t of dots 0..8: t = 0..3 from the low halves, 4..7 from the high ones
+        let lane = [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ];
+        let mut sum = lane[0];
+        for l in &lane[1..] {
+            sum = _mm256_add_ps(sum, *l);
+        }
+        let mut out = [0f32; PASS];
+        _mm256_storeu_ps(out.as_mut_ptr(), sum);
+        for (o, kj) in out.iter_mut().zip(&k) {
+            for (x, y) in q[n8..].iter().zip(&kj[n8..n]) {
+                *o = x.mul_add(*y, *o);
+            }
+        }
+        out
+    }
+}
+
+/// `PASS` dot products of `q` with the rows `k`, each `dot`'s sum (where AVX2 is not compiled in).
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+fn dots(q: &[f32], k: [&[f32]; PASS]) -> [f32; PASS] {
+    k.map(|k| dot(q, &k[..q.len()]))
+}
+
+/// The scores `s` turned into their softmax in place: the maximum subtracted, the
+/// exponentials summed in order, each divided by the sum.
+fn softmax_in_order(s: &mut [f32]) {
+    // the maximum lane by lane, then over the lanes: the same float as a fold in order
+    let (c, rest) = s.as_chunks::<8>();
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for x in c {
+        for t in 0..8 {
+            lanes[t] = lanes[t].max(x[t]);
+        }
+    }
+    let mx = lanes.iter().chain(rest).fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for v in s.iter_mut() {
+        *v = brigade::tensor::math::exp(*v - mx);
+    }
+    let mut sum = 0f32;
+    for &v in s.iter() {
+        sum += v;
+    }
+    for v in s.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// `o += Σ_j w_j · v_j`, each element a chain of `fma`s over `j` in order, held in registers
+/// 64 elements at a time (eight independent chains, each value row read 256 bytes at a time).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+fn add_weighted(o: &mut [f32], w: &[f32], v: &[&[f32]]) {
+    use std::arch::x86_64::*;
+    /// `o[c..c + 8·B] += Σ_j w_j · v_j[c..c + 8·B]`.
+    ///
+    /// # Safety
+    /// `o` and every row of `v` hold at least `c + 8·B` floats.
+    #[inline(always)]
+    unsafe fn block<const B: usize>(o: &mut [f32], w: &[f32], v: &[&[f32]], c: usize) {
+        // SAFETY: the caller's bound covers every offset below
+        unsafe {
+            let op = o.as_mut_ptr().add(c);
+            let mut acc: [__m256; B] = std::array::from_fn(|b| _mm256_loadu_ps(op.add(8 * b)));
+            for (&wj, vj) in w.iter().zip(v) {
+                let x = _mm256_set1_ps(wj);
+                let vp = vj.as_ptr().add(c);
+                for (b, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(x, _mm256_loadu_ps(vp.add(8 * b)), *a);
+                }
+            }
+            for (b, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(op.add(8 * b), *a);
+            }
+        }
+    }
+    let n = o.len();
+    assert!(v.iter().all(|v| v.len() >= n), "a value row shorter than the output");
+    let n8 = n / 8 * 8;
+    let mut c = 0;
+    // SAFETY: c + 64 ≤ n, then c + 8 ≤ n, for `o` and (asserted) every row
+    unsafe {
+        while c + 64 <= n8 {
+            block::<8>(o, w, v, c);
+            c += 64;
+        }
+        while c < n8 {
+            block::<1>(o, w, v, c);
+            c += 8;
+        }
+    }
+    for (e, o) in o[n8..].iter_mut().enumerate() {
+        for (&wj, vj) in w.iter().zip(v) {
+            *o = wj.mul_add(vj[n8 + e], *o);
+        }
+    }
+}
+
+/// `o += Σ_j w_j · v_j`, each element a chain of `fma`s over `j` in order (where AVX2 is not
+/// compiled in).
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+fn add_weighted(o: &mut [f32], w: &[f32], v: &[&[f32]]) {
+    for (&wj, vj) in w.iter().zip(v) {
+        for (o, &y) in o.iter_mut().zip(vj.iter()) {
+            *o = wj.mul_add(y, *o);
+        }
+    }
 }
 
 /// A dot product in a fixed order: 8 lanes, then the lanes in order.
@@ -86,6 +247,93 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The attention one cached position at a time (as it was before the passes): the
+    /// reference the passes must equal bit for bit.
+    fn attention_position_by_position(
+        ctx: &mut [f32],
+        qkv: &[f32],
+        rows: &[(usize, usize)],
+        tables: &[&[usize]],
+        kv: &KvStore,
+        layer: usize,
+        d: Dims,
+    ) {
+        let (heads, hd) = (d.heads, d.hd);
+        let (qw, qkvw) = (d.q_width(), d.q_width() + 2 * d.kv_width());
+        let group = heads / d.kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (r, (out, &(wi, pos))) in ctx.chunks_mut(qw).zip(rows).enumerate() {
+            let table = tables[wi];
+            let q = &qkv[r * qkvw..r * qkvw + qw];
+            let np = pos + 1;
+            let mut sc = vec![0f32; heads * np];
+            let mut inv = vec![0f32; heads];
+            for p in 0..np {
+                let k = kv.slot(table[p / kv.block_size], layer, 0, p % kv.block_size);
+                for h in 0..heads {
+                    let g = h / group;
+                    sc[h * np + p] = dot(&q[h * hd..(h + 1) * hd], &k[g * hd..(g + 1) * hd]) * scale;
+                }
+            }
+            for (h, s) in sc.chunks_exact_mut(np).enumerate() {
+                let mx = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let mut sum = 0f32;
+                for v in s.iter_mut() {
+                    *v = brigade::tensor::math::exp(*v - mx);
+                    sum += *v;
+                }
+                inv[h] = sum;
+            }
+            out.fill(0.0);
+            for p in 0..np {
+                let v = kv.slot(table[p / kv.block_size], layer, 1, p % kv.block_size);
+                for h in 0..heads {
+                    let g = h / group;
+                    let wgt = sc[h * np + p] / inv[h];
+                    for (o, &vv) in out[h * hd..(h + 1) * hd].iter_mut().zip(&v[g * hd..(g + 1) * hd]) {
+                        *o = wgt.mul_add(vv, *o);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The passes of eight positions against one position at a time, bit for bit: every
+    /// length from 1 to 41 cached positions (whole passes, and every tail), head widths a
+    /// multiple of 8 and not (64, 12, 5), grouped-query heads (6 over 2, 3 over 3), blocks out
+    /// of order in the cache.
+    #[test]
+    fn passes_equal_one_position_at_a_time_bit_for_bit() {
+        let val = |i: usize, scale: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * scale;
+        for (heads, kv_heads, hd) in [(6, 2, 64), (3, 3, 12), (6, 2, 5)] {
+            let d = Dims { c: heads * hd, heads, kv_heads, hd, q_all: heads * hd, mlp: 0, mlp_local: 0, swiglu: false };
+            let (kvw, bs, layers) = (kv_heads * hd, 4, 2);
+            let mut kv = KvStore::new(12, bs, layers, kvw);
+            // one sequence over 11 blocks in a scrambled order: positions 0..44
+            let table: Vec<usize> = (0..11).map(|b| (b * 7 + 3) % 12).collect();
+            for (i, x) in (0..44 * 2 * kvw).map(|i| val(i + 17, 3.0)).enumerate() {
+                let (p, kind, j) = (i / (2 * kvw), i / kvw % 2, i % kvw);
+                kv.slot_mut(table[p / bs], 1, kind, p % bs)[j] = x;
+            }
+            let rows: Vec<(usize, usize)> = (0..41).map(|pos| (0, pos)).collect();
+            let qkvw = heads * hd + 2 * kvw;
+            let qkv: Vec<f32> = (0..rows.len() * qkvw).map(|i| val(3 * i + 1, 2.0)).collect();
+            let tables = [table.as_slice()];
+            let mut got = vec![0f32; rows.len() * heads * hd];
+            let mut want = got.clone();
+            attention(&mut got, &qkv, &rows, &tables, &kv, 1, d);
+            attention_position_by_position(&mut want, &qkv, &rows, &tables, &kv, 1, d);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (r, e) = (i / (heads * hd), i % (heads * hd));
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{heads}/{kv_heads} heads of {hd}: row at position {r}, [{e}]: {g} vs {w}"
+                );
+            }
+        }
+    }
 
     /// Every row against attention written out in f64 from the same numbers: two sequences
     /// whose blocks lie out of order in the cache, grouped-query heads (4 over 2), and scores
