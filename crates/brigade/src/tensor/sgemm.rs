@@ -573,7 +573,7 @@ fn portable_sums<const R: usize, const C: usize>(kc: usize, a: &[f32], b: &[f32]
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::transpose8;
+pub use avx2::transpose8;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -633,7 +633,7 @@ mod avx2 {
 
     /// The transpose of an 8 × 8 block held as eight rows.
     #[inline(always)]
-    pub(crate) fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    pub fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         // SAFETY: register shuffles only; AVX2 is enabled in the caller.
         unsafe {
             let t0 = _mm256_unpacklo_ps(r[0], r[1]);
