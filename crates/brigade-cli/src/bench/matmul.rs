@@ -57,5 +57,28 @@ pub fn run(f: Flags) -> Result<()> {
     if both && !json {
         outln!("median ratio brigade / gemm crate: {:.2}x", brigade::bench::median(&ratios));
     }
+    // serving's row-invariant kernel at a decode step's shapes, its weights from memory, beside
+    // the 2048³ rate `bench serve` takes as its matmul limit
+    let square = brigade::with_threads(threads, || brigade::bench::matmul_gflops(2048, 2048, 2048, reps))?;
+    if !json {
+        outln!("row-invariant kernel (serving), weights from memory, vs 2048³ on the general kernel ({square:.1} GFLOP/s):");
+    }
+    for &(k, n) in brigade::bench::ROWS_SHAPES {
+        for &m in brigade::bench::ROWS_COUNTS {
+            let g = brigade::with_threads(threads, || brigade::bench::rows_gflops(m, k, n, reps))?;
+            if json {
+                outln!(
+                    "{}",
+                    serde_json::json!({"bench": "matmul_rows", "threads": threads, "m": m, "k": k, "n": n,
+                    "gflops": (g * 10.0).round() / 10.0, "of_2048_cubed": (g / square * 1000.0).round() / 1000.0})
+                );
+            } else {
+                outln!(
+                    "{m:>6} x {k:>6} x {n:>6}  rows  {threads} threads: {g:7.1} GFLOP/s   {:.0}% of 2048³",
+                    100.0 * g / square
+                );
+            }
+        }
+    }
     Ok(())
 }

@@ -55,11 +55,11 @@ pub(crate) fn store_strip(c: SendPtr, row0: usize, s: usize, n: usize, acc: &[f3
     dst.copy_from_slice(&acc[..width]);
 }
 
-/// Cache lines of the strip a product reads next, asked for one every `every` steps of k by a
-/// tile that computes over a strip already in cache: a product of many rows reads each strip
-/// from memory in its first tile and from cache in the others, so without this the first
-/// tile waits on memory while the others leave it idle (in gpt2-small's 32-row decode
-/// products, the first of six passes over a strip took as long as three of the others).
+/// Cache lines of the strip a product reads next, asked for one every `every` steps of k by
+/// each tile, a share each: a product of many rows reads each strip from memory in its first
+/// tile and from cache in the others, so without this the first tile waits on memory while
+/// the others leave it idle (in gpt2-small's 32-row decode products, the first of six passes
+/// over a strip took as long as three of the others).
 /// Only hints: they never fault, and change no result.
 #[derive(Clone, Copy)]
 pub(crate) struct Upcoming {

@@ -159,17 +159,19 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
         }
         // 6 rows × one strip at a time (12 vector accumulators), then 5, then 4, then single
         // rows, as `RowTiles` counts them: tile by tile over the task's strips (which stay in
-        // cache for every tile after the first), those after the first asking for the next
-        // task's strips (the memory that follows), so that its first tile does not wait on
-        // memory while the tiles here leave it idle — where the tiles are few (a decode step's
-        // rows: up to `ASKING_TILES`); many tiles (a prompt, a batch of documents) leave the
-        // first tile's wait small, and asking cost all-MiniLM-L6-v2's batches 2.5%
+        // cache for every tile after the first), every tile asking for its share of the next
+        // task's strips (the memory that follows), so that the next task's tiles do not wait on
+        // memory — where the tiles are few (a decode step's rows: up to `ASKING_TILES`); many
+        // tiles (a prompt, a batch of documents) leave the first tile's wait small, and asking
+        // cost all-MiniLM-L6-v2's batches 2.5%. The first tile asks too: with one or two tiles
+        // (4 to 11 rows) the asking otherwise came too late or never (8 rows 1.5×, 4 rows 1.1×
+        // in `bench matmul`'s rows, gpt2-small's 8-concurrent decode 1.115×)
         let tiles = RowTiles::over(m - i, false);
         let ask = tiles.len() <= ASKING_TILES;
         for (j, r) in tiles.heights().enumerate() {
             for s in s0..s1 {
-                let up = if ask && j > 0 && s + GROUP < strips {
-                    Upcoming::part(w.strip(s + GROUP), j - 1, tiles.len() - 1, k)
+                let up = if ask && s + GROUP < strips {
+                    Upcoming::part(w.strip(s + GROUP), j, tiles.len(), k)
                 } else {
                     Upcoming::NONE
                 };
