@@ -13,15 +13,7 @@ use rayon::prelude::*;
 /// `ln Σ exp(x)` over a row of logits, in a fixed order (8 lanes, then the lanes in order)
 /// with the vectorised `exp`: the log-probabilities are as batch-invariant as the logits.
 fn log_sum_exp(x: &[f32]) -> f32 {
-    // the maximum lane by lane, then over the lanes: the same float as a fold in order
-    let (c, rest) = x.as_chunks::<8>();
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    for v in c {
-        for t in 0..8 {
-            lanes[t] = lanes[t].max(v[t]);
-        }
-    }
-    let mx = lanes.iter().chain(rest).fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mx = brigade::tensor::math::max_in_lanes(x);
     let mut acc = [0f32; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {

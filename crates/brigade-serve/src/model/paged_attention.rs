@@ -127,15 +127,7 @@ fn dots(q: &[f32], k: [&[f32]; PASS]) -> [f32; PASS] {
 /// The scores `s` turned into their softmax in place: the maximum subtracted, the
 /// exponentials summed in order, each divided by the sum.
 fn softmax_in_order(s: &mut [f32]) {
-    // the maximum lane by lane, then over the lanes: the same float as a fold in order
-    let (c, rest) = s.as_chunks::<8>();
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    for x in c {
-        for t in 0..8 {
-            lanes[t] = lanes[t].max(x[t]);
-        }
-    }
-    let mx = lanes.iter().chain(rest).fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mx = brigade::tensor::math::max_in_lanes(s);
     for v in s.iter_mut() {
         *v = brigade::tensor::math::exp(*v - mx);
     }

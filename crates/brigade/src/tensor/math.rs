@@ -48,14 +48,7 @@ pub fn softmax_row_lse(row: &mut [f32]) -> f32 {
 /// The softmax in place; returns the row's max and `Σ exp(x − max)`.
 #[inline(always)]
 fn softmax_max_sum(row: &mut [f32]) -> (f32, f32) {
-    let mut m = [f32::NEG_INFINITY; 8];
-    let mut chunks = row.chunks_exact(8);
-    for c in &mut chunks {
-        for t in 0..8 {
-            m[t] = m[t].max(c[t]);
-        }
-    }
-    let mx = chunks.remainder().iter().chain(&m).fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let mx = max_in_lanes(row);
     for x in row.iter_mut() {
         *x = exp(*x - mx);
     }
@@ -70,6 +63,20 @@ fn softmax_max_sum(row: &mut [f32]) -> (f32, f32) {
     let inv = 1.0 / sum;
     row.iter_mut().for_each(|x| *x *= inv);
     (mx, sum)
+}
+
+/// The largest of `x` (−∞ when empty; NaNs passed over as `f32::max` does), taken lane by
+/// lane over 8 lanes and then over the lanes, so LLVM vectorises it: the value a fold in order
+/// gives, since a maximum does not round (a zero's sign aside, which no `exp(x − max)` sees).
+pub fn max_in_lanes(x: &[f32]) -> f32 {
+    let (c, rest) = x.as_chunks::<8>();
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for v in c {
+        for t in 0..8 {
+            lanes[t] = lanes[t].max(v[t]);
+        }
+    }
+    lanes.iter().chain(rest).fold(f32::NEG_INFINITY, |a, &b| a.max(b))
 }
 
 /// `Σ a[i]·b[i]` over 8 lanes (vectorised, the same rounding on every call).
@@ -137,6 +144,28 @@ pub fn grad_sq_norm(grads: &[f32]) -> f64 {
 
 #[cfg(test)]
 mod tests {
+
+    /// The lanes' maximum against a fold in order (equal; a zero's sign may differ): every length to 40, with
+    /// NaNs, −∞, and both zeros among the values.
+    #[test]
+    fn max_in_lanes_is_the_fold_in_order() {
+        for n in 0..=40usize {
+            for seed in 0..4usize {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| match (i * 7 + seed * 13) % 11 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 => -0.0,
+                        3 => 0.0,
+                        r => (r as f32 - 6.0) * (1.0 + (i * seed) as f32 / 17.0),
+                    })
+                    .collect();
+                let want = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let got = super::max_in_lanes(&x);
+                assert!(got == want || (got.is_nan() && want.is_nan()), "n {n} seed {seed}: {got} vs {want}");
+            }
+        }
+    }
     #[test]
     fn exp_matches_std() {
         let mut worst = 0f64;
