@@ -64,8 +64,9 @@ pub fn run(f: Flags) -> Result<()> {
         outln!("row-invariant kernel (serving), weights from memory, vs 2048³ on the general kernel ({square:.1} GFLOP/s):");
     }
     for &(k, n) in brigade::bench::ROWS_SHAPES {
-        for &m in brigade::bench::ROWS_COUNTS {
-            let g = brigade::with_threads(threads, || brigade::bench::rows_gflops(m, k, n, reps))?;
+        let counts = brigade::bench::ROWS_COUNTS;
+        let rates = brigade::with_threads(threads, || brigade::bench::rows_gflops(k, n, counts, reps))?;
+        for (&m, &g) in counts.iter().zip(&rates) {
             if json {
                 outln!(
                     "{}",

@@ -56,10 +56,11 @@ pub const MATMUL_SHAPES: &[(usize, usize, usize, bool, bool)] = &[
 pub const ROWS_SHAPES: &[(usize, usize)] = &[(768, 2304), (768, 768), (768, 3072), (3072, 768)];
 pub const ROWS_COUNTS: &[usize] = &[1, 2, 4, 8, 16, 32];
 
-/// `matmul_rows`'s GFLOP/s for `m` rows times `[k, n]` as a decode step meets it: the product
-/// run over enough distinct packed matrices (64 MiB of them, at most 64) that each comes from
-/// memory, not from the last product's cache; the median pass of `reps`.
-pub fn rows_gflops(m: usize, k: usize, n: usize, reps: usize) -> f64 {
+/// `matmul_rows`'s GFLOP/s for each of `counts` rows times `[k, n]` as a decode step meets it:
+/// the product run over enough distinct packed matrices (64 MiB of them, at most 64, made once
+/// for every count) that each comes from memory, not from the last product's cache; the
+/// median pass of `reps` for each count.
+pub fn rows_gflops(k: usize, n: usize, counts: &[usize], reps: usize) -> Vec<f64> {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let copies = ((64usize << 20) / (4 * k * n)).clamp(1, 64);
     let ws: Vec<crate::tensor::rowwise::Packed> = (0..copies)
@@ -68,18 +69,23 @@ pub fn rows_gflops(m: usize, k: usize, n: usize, reps: usize) -> f64 {
             crate::tensor::rowwise::Packed::new(&w, k, n)
         })
         .collect();
-    let a: Vec<f32> = (0..m * k).map(|_| rng.gen::<f32>() - 0.5).collect();
-    let mut c = vec![0f32; m * n];
-    let mut pass = || {
-        let t0 = Instant::now();
-        for w in &ws {
-            crate::tensor::rowwise::matmul_rows(&mut c, &a, w, m);
-        }
-        2.0 * (m * k * n * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9
-    };
-    pass(); // warm up
-    let rates: Vec<f64> = (0..reps.max(1)).map(|_| pass()).collect();
-    median(&rates)
+    counts
+        .iter()
+        .map(|&m| {
+            let a: Vec<f32> = (0..m * k).map(|_| rng.gen::<f32>() - 0.5).collect();
+            let mut c = vec![0f32; m * n];
+            let mut pass = || {
+                let t0 = Instant::now();
+                for w in &ws {
+                    crate::tensor::rowwise::matmul_rows(&mut c, &a, w, m);
+                }
+                2.0 * (m * k * n * copies) as f64 / t0.elapsed().as_secs_f64() / 1e9
+            };
+            pass(); // warm up
+            let rates: Vec<f64> = (0..reps.max(1)).map(|_| pass()).collect();
+            median(&rates)
+        })
+        .collect()
 }
 
 /// As [`matmul_gflops`] with transposed operands.
