@@ -8,6 +8,7 @@ pub mod error;
 pub mod layout;
 pub mod models;
 pub mod nn;
+pub mod pages;
 pub mod parallel;
 pub mod params;
 pub mod plan;

@@ -16,6 +16,7 @@
 use super::rowwise_int4::{matmul_rows_int4, Int4};
 use super::rowwise_int8::{matmul_rows_int8, Int8};
 use super::{store_strip as store, tile_and_store, wide, RowTiles, SendPtr, Upcoming, STRIP as W};
+use crate::pages::Pages;
 use rayon::prelude::*;
 
 /// Strips per task (and per one-row tile).
@@ -26,7 +27,7 @@ pub struct Packed {
     pub k: usize,
     pub n: usize,
     /// `[strip][k][16]`, the last strip zero-padded (empty once quantized).
-    data: Vec<f32>,
+    data: Pages<f32>,
     int8: Option<Int8>,
     int4: Option<Int4>,
 }
@@ -35,7 +36,7 @@ impl Packed {
     pub fn new(w: &[f32], k: usize, n: usize) -> Packed {
         assert_eq!(w.len(), k * n);
         let strips = n.div_ceil(W);
-        let mut data = vec![0f32; strips * k * W];
+        let mut data = Pages::<f32>::zeroed(strips * k * W);
         for s in 0..strips {
             let width = W.min(n - s * W);
             for kk in 0..k {
@@ -51,7 +52,7 @@ impl Packed {
     pub fn from_transposed(wt: &[f32], n: usize, k: usize) -> Packed {
         assert_eq!(wt.len(), k * n);
         let strips = n.div_ceil(W);
-        let mut data = vec![0f32; strips * k * W];
+        let mut data = Pages::<f32>::zeroed(strips * k * W);
         data.par_chunks_mut(k * W).enumerate().for_each(|(s, strip)| {
             let width = W.min(n - s * W);
             for t in 0..width {
@@ -68,14 +69,14 @@ impl Packed {
     /// k (`group` ≥ k: one per column).
     pub fn quantized_int8(self, group: usize) -> Packed {
         let int8 = Int8::from_strips(&self.data, self.k, self.n, group.min(self.k).max(1));
-        Packed { k: self.k, n: self.n, data: Vec::new(), int8: Some(int8), int4: None }
+        Packed { k: self.k, n: self.n, data: Pages::default(), int8: Some(int8), int4: None }
     }
 
     /// The same matrix in 4 bits (`rowwise_int4`, llama.cpp's Q4_0): a scale per column and
     /// per 32 rows of k.
     pub fn quantized_int4(self) -> Packed {
         let int4 = Int4::from_strips(&self.data, self.k, self.n);
-        Packed { k: self.k, n: self.n, data: Vec::new(), int8: None, int4: Some(int4) }
+        Packed { k: self.k, n: self.n, data: Pages::default(), int8: None, int4: Some(int4) }
     }
 
     /// A file's block-quantized rows kept as stored (row `j` of `rows` is output column `j`):
@@ -85,9 +86,9 @@ impl Packed {
     pub fn from_quant_rows(rows: &super::quant_rows::QuantRows) -> Packed {
         let (k, n) = (rows.k, rows.rows);
         if rows.bits == 4 && rows.group == super::rowwise_int4::GROUP {
-            return Packed { k, n, data: Vec::new(), int8: None, int4: Some(Int4::from_quant_rows(rows)) };
+            return Packed { k, n, data: Pages::default(), int8: None, int4: Some(Int4::from_quant_rows(rows)) };
         }
-        Packed { k, n, data: Vec::new(), int8: Some(Int8::from_quant_rows(rows)), int4: None }
+        Packed { k, n, data: Pages::default(), int8: Some(Int8::from_quant_rows(rows)), int4: None }
     }
 
     /// The matrix `[k, n]` (row-major) the product computes with: the values, or the quantized
@@ -126,7 +127,7 @@ impl Packed {
 /// The f32 strips of a packed (unquantized) matrix, for the quantized kernels' tests.
 #[cfg(test)]
 pub(crate) fn tests_strips(p: &Packed) -> Vec<f32> {
-    p.data.clone()
+    p.data.to_vec()
 }
 
 /// `c[m, n] = a[m, k] · w` (overwritten).
@@ -455,7 +456,7 @@ mod tests {
                     wt[j * k + kk] = wv[kk * n + j];
                 }
             }
-            assert_eq!(Packed::from_transposed(&wt, n, k).data, w.data);
+            assert_eq!(Packed::from_transposed(&wt, n, k).data[..], w.data[..]);
         }
     }
 

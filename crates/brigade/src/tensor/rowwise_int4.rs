@@ -17,6 +17,7 @@
 //! product and the sum rounded as the file's reference dequantizes them.
 
 use super::{quantized_product, wide, STRIP as W, TASK};
+use crate::pages::Pages;
 use rayon::prelude::*;
 
 /// Rows of k that share a scale.
@@ -53,10 +54,10 @@ pub fn q4_0_block(x: &[f32]) -> (f32, [u8; 32]) {
 pub struct Int4 {
     pub k: usize,
     pub n: usize,
-    q: Vec<u8>,
-    scales: Vec<f32>,
+    q: Pages<u8>,
+    scales: Pages<f32>,
     /// `[strip][group][16]` minimums (Q4_1, Q4_K); `None`: the nibble minus 8 times the scale.
-    mins: Option<Vec<f32>>,
+    mins: Option<Pages<f32>>,
 }
 
 /// A strip's nibbles, scales and minimums (empty without them).
@@ -73,8 +74,8 @@ impl Int4 {
         assert!(strips.len() == n.div_ceil(W) * k * W);
         let groups = k.div_ceil(GROUP);
         let ns = n.div_ceil(W);
-        let mut q = vec![0u8; ns * k * W / 2];
-        let mut scales = vec![0f32; ns * groups * W];
+        let mut q = Pages::<u8>::zeroed(ns * k * W / 2);
+        let mut scales = Pages::<f32>::zeroed(ns * groups * W);
         q.par_chunks_mut(k * W / 2).zip(scales.par_chunks_mut(groups * W)).enumerate().for_each(|(s, (qs, ss))| {
             let strip = &strips[s * k * W..(s + 1) * k * W];
             for g in 0..groups {
@@ -103,9 +104,9 @@ impl Int4 {
         assert!(rows.bits == 4 && rows.group == GROUP && rows.k.is_multiple_of(GROUP));
         let (k, n, groups) = (rows.k, rows.rows, rows.groups());
         let ns = n.div_ceil(W);
-        let mut q = vec![0u8; ns * k * W / 2];
-        let mut scales = vec![0f32; ns * groups * W];
-        let mut mins = rows.mins.as_ref().map(|_| vec![0f32; ns * groups * W]);
+        let mut q = Pages::<u8>::zeroed(ns * k * W / 2);
+        let mut scales = Pages::<f32>::zeroed(ns * groups * W);
+        let mut mins = rows.mins.as_ref().map(|_| Pages::<f32>::zeroed(ns * groups * W));
         let offset = if rows.mins.is_some() { 0 } else { 8 };
         for j in 0..n {
             let (s, t) = (j / W, j % W);
@@ -139,7 +140,7 @@ impl Int4 {
 
     /// Bytes of values and scales.
     pub fn bytes(&self) -> usize {
-        self.q.len() + 4 * (self.scales.len() + self.mins.as_ref().map_or(0, Vec::len))
+        self.q.len() + 4 * (self.scales.len() + self.mins.as_ref().map_or(0, |m| m.len()))
     }
 
     fn strip(&self, s: usize) -> Strip<'_> {

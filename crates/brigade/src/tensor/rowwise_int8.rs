@@ -15,6 +15,7 @@
 //! product, then the sum, as the file's reference dequantizes them).
 
 use super::{quantized_product, wide, STRIP as W, TASK};
+use crate::pages::Pages;
 use rayon::prelude::*;
 
 /// A `[k, n]` matrix in 8 bits with its scales.
@@ -23,10 +24,10 @@ pub struct Int8 {
     pub n: usize,
     /// Rows of k that share a scale (`k`: one per column).
     pub group: usize,
-    q: Vec<i8>,
-    scales: Vec<f32>,
+    q: Pages<i8>,
+    scales: Pages<f32>,
     /// `[strip][group][16]` minimums (Q5_1, Q5_K); `None`: `q · s`.
-    mins: Option<Vec<f32>>,
+    mins: Option<Pages<f32>>,
 }
 
 /// A strip's values, scales and minimums (empty without them).
@@ -42,8 +43,8 @@ impl Int8 {
         assert!(group > 0 && strips.len() == n.div_ceil(W) * k * W);
         let groups = k.div_ceil(group);
         let ns = n.div_ceil(W);
-        let mut q = vec![0i8; ns * k * W];
-        let mut scales = vec![0f32; ns * groups * W];
+        let mut q = Pages::<i8>::zeroed(ns * k * W);
+        let mut scales = Pages::<f32>::zeroed(ns * groups * W);
         q.par_chunks_mut(k * W).zip(scales.par_chunks_mut(groups * W)).enumerate().for_each(|(s, (qs, ss))| {
             let strip = &strips[s * k * W..(s + 1) * k * W];
             for g in 0..groups {
@@ -69,9 +70,9 @@ impl Int8 {
         let (k, n, group, groups) = (rows.k, rows.rows, rows.group, rows.groups());
         assert!(k.is_multiple_of(group));
         let ns = n.div_ceil(W);
-        let mut q = vec![0i8; ns * k * W];
-        let mut scales = vec![0f32; ns * groups * W];
-        let mut mins = rows.mins.as_ref().map(|_| vec![0f32; ns * groups * W]);
+        let mut q = Pages::<i8>::zeroed(ns * k * W);
+        let mut scales = Pages::<f32>::zeroed(ns * groups * W);
+        let mut mins = rows.mins.as_ref().map(|_| Pages::<f32>::zeroed(ns * groups * W));
         for j in 0..n {
             let (s, t) = (j / W, j % W);
             for kk in 0..k {
@@ -103,7 +104,7 @@ impl Int8 {
 
     /// Bytes of values and scales.
     pub fn bytes(&self) -> usize {
-        self.q.len() + 4 * (self.scales.len() + self.mins.as_ref().map_or(0, Vec::len))
+        self.q.len() + 4 * (self.scales.len() + self.mins.as_ref().map_or(0, |m| m.len()))
     }
 
     fn strip(&self, s: usize) -> Strip<'_> {

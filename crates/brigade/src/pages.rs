@@ -1,0 +1,265 @@
+//! Large buffers that a serving step reads end to end (packed weights, the paged KV cache), on
+//! the machine's huge pages where it has them. A decode step reads every weight once and a
+//! step over many sequences reads their cached keys and values: on 4 KiB pages that is a TLB
+//! miss every 4 KiB, a stream the hardware prefetcher restarts every 4 KiB, and for the cache a
+//! page fault each time a new 4 KiB of keys is written while requests wait. A buffer of 2 MiB
+//! or more is mapped on its own (`mmap`), aligned to 2 MiB and asked for transparent huge pages
+//! (`madvise(MADV_HUGEPAGE)`, which the common `madvise` setting of Linux grants only to who
+//! asks) before anything touches it; its pages are the kernel's zeros, faulted in by whoever
+//! writes them first — as a `vec![0; n]` of that size would be (zeroing them here, in one
+//! pass or in parallel, measured slower products afterwards: see docs/serving.md). Smaller
+//! buffers, and every buffer off Unix, come from the global allocator; the mapped ones are not
+//! in `alloc`'s per-rank counts (serving holds them, not training).
+
+use std::alloc::Layout;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// A huge page (x86-64 and aarch64 with 4 KiB base pages).
+const HUGE: usize = 2 << 20;
+
+/// Types whose every bit pattern of zeros is a valid zero value.
+///
+/// # Safety
+/// An all-zero `Self` must be a valid value.
+pub unsafe trait Zeroable: Copy {}
+// SAFETY: zero bits are 0 in each of these types
+unsafe impl Zeroable for f32 {}
+unsafe impl Zeroable for i8 {}
+unsafe impl Zeroable for u8 {}
+
+/// `len` zeroed values of `T`, 2 MiB-aligned and on huge pages where the buffer spans one.
+pub struct Pages<T: Zeroable> {
+    ptr: NonNull<T>,
+    len: usize,
+    from: Source,
+}
+
+/// Where a buffer's memory came from, and how to give it back.
+#[derive(Clone, Copy)]
+enum Source {
+    /// Nothing (`len == 0`).
+    Nothing,
+    /// The global allocator, with this layout.
+    Heap(Layout),
+    /// A mapping of its own, of this many bytes (from `ptr`).
+    #[cfg_attr(not(unix), allow(dead_code))]
+    Map(usize),
+}
+
+// SAFETY: `Pages` owns its values as a `Vec` would
+unsafe impl<T: Zeroable + Send> Send for Pages<T> {}
+unsafe impl<T: Zeroable + Sync> Sync for Pages<T> {}
+
+impl<T: Zeroable> Pages<T> {
+    /// `len` zeros. Buffers of 2 MiB or more are mapped on their own, 2 MiB-aligned, and asked
+    /// for huge pages; smaller ones come from the global allocator.
+    pub fn zeroed(len: usize) -> Pages<T> {
+        let bytes = len.checked_mul(size_of::<T>()).expect("a buffer of fewer than 2^64 bytes");
+        if bytes == 0 {
+            return Pages { ptr: NonNull::dangling(), len, from: Source::Nothing };
+        }
+        #[cfg(unix)]
+        if bytes >= HUGE {
+            if let Some((ptr, mapped)) = map_huge(bytes) {
+                return Pages { ptr: ptr.cast(), len, from: Source::Map(mapped) };
+            }
+        }
+        let layout = Layout::from_size_align(bytes, align_of::<T>()).expect("a valid layout");
+        // SAFETY: the layout's size is not zero
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw.cast::<T>()) else { std::alloc::handle_alloc_error(layout) };
+        Pages { ptr, len, from: Source::Heap(layout) }
+    }
+
+    /// Faults every page in now, in order (a byte of each 4 KiB page read and written back),
+    /// so that the first writes while serving take no page fault: a fault on a huge page
+    /// zeroes 2 MiB and may compact memory first, milliseconds inside a decode step (the KV
+    /// cache). Memory its maker fills at once (weights) needs none of this.
+    pub fn prefault(&mut self) {
+        let bytes = self.len * size_of::<T>();
+        let p = self.ptr.as_ptr().cast::<u8>();
+        for at in (0..bytes).step_by(4096) {
+            // SAFETY: inside the buffer, which `&mut self` borrows alone; the byte is kept
+            unsafe {
+                let b = p.add(at).read_volatile();
+                p.add(at).write_volatile(b);
+            }
+        }
+    }
+
+    /// Bytes of the buffer on huge pages, and whether the kernel holds all of it eligible for
+    /// them (Linux: the `AnonHugePages` and `THPeligible` of its mappings in
+    /// `/proc/self/smaps`); `None` where it cannot tell.
+    pub fn huge_pages(&self) -> Option<(usize, bool)> {
+        huge_pages_at(self.ptr.as_ptr() as usize, self.len * size_of::<T>())
+    }
+}
+
+impl<T: Zeroable> Deref for Pages<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr` holds `len` initialised values (dangling and 0 when empty)
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Zeroable> DerefMut for Pages<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as `deref`, and `&mut self` is the only borrow
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Zeroable> Drop for Pages<T> {
+    fn drop(&mut self) {
+        match self.from {
+            Source::Nothing => {}
+            // SAFETY: allocated with this layout in `zeroed`
+            Source::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast(), layout) },
+            #[cfg(unix)]
+            // SAFETY: mapped with this length in `map_huge`, and nothing borrows it now
+            Source::Map(mapped) => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), mapped);
+            },
+            #[cfg(not(unix))]
+            Source::Map(_) => unreachable!("no mapping off Unix"),
+        }
+    }
+}
+
+impl<T: Zeroable> Default for Pages<T> {
+    fn default() -> Pages<T> {
+        Pages::zeroed(0)
+    }
+}
+
+impl<T: Zeroable> From<&[T]> for Pages<T> {
+    fn from(v: &[T]) -> Pages<T> {
+        let mut p = Pages::zeroed(v.len());
+        p.copy_from_slice(v);
+        p
+    }
+}
+
+impl<T: Zeroable + std::fmt::Debug> std::fmt::Debug for Pages<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// A fresh anonymous mapping of at least `bytes` bytes starting on a 2 MiB boundary, asked for
+/// huge pages (Linux), and the bytes mapped from that start; `None` if the kernel refuses.
+#[cfg(unix)]
+fn map_huge(bytes: usize) -> Option<(NonNull<u8>, usize)> {
+    let page = 4096;
+    let mapped = bytes.div_ceil(page) * page;
+    // SAFETY: a new private anonymous mapping; nothing else refers to it
+    unsafe {
+        let raw = libc::mmap(
+            std::ptr::null_mut(),
+            mapped + HUGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if raw == libc::MAP_FAILED {
+            return None;
+        }
+        // the 2 MiB-aligned start, and what lies before and after the buffer given back
+        let at = (raw as usize).next_multiple_of(HUGE);
+        let head = at - raw as usize;
+        if head > 0 {
+            libc::munmap(raw, head);
+        }
+        let tail = HUGE - head;
+        if tail > 0 {
+            libc::munmap((at + mapped) as *mut libc::c_void, tail);
+        }
+        #[cfg(target_os = "linux")]
+        // a kernel without transparent huge pages answers EINVAL: 4 KiB pages, nothing to do
+        libc::madvise(at as *mut libc::c_void, mapped, libc::MADV_HUGEPAGE);
+        Some((NonNull::new(at as *mut u8)?, mapped))
+    }
+}
+
+/// Bytes of `[start, start + bytes)` on huge pages, summed over the mappings of
+/// `/proc/self/smaps` that overlap it (a mapping's `AnonHugePages`, prorated by the overlap),
+/// and whether every one of those mappings is `THPeligible`.
+#[cfg(target_os = "linux")]
+fn huge_pages_at(start: usize, bytes: usize) -> Option<(usize, bool)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let end = start + bytes;
+    let (mut total, mut eligible, mut overlap) = (0usize, true, None::<(usize, usize)>);
+    for line in smaps.lines() {
+        let mut parts = line.split_whitespace();
+        let first = parts.next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                let (lo, hi) = (a.max(start), b.min(end));
+                overlap = (lo < hi).then_some((hi - lo, b - a));
+                continue;
+            }
+        }
+        let Some((o, size)) = overlap else { continue };
+        match first {
+            "AnonHugePages:" => {
+                let kib: usize = parts.next()?.parse().ok()?;
+                total += ((kib << 10) as u128 * o as u128 / size as u128) as usize;
+            }
+            "THPeligible:" => eligible &= parts.next() == Some("1"),
+            _ => {}
+        }
+    }
+    Some((total, eligible))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn huge_pages_at(_: usize, _: usize) -> Option<(usize, bool)> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_buffers_hold_zeros_and_keep_what_is_written() {
+        for len in [0usize, 1, 7, 4096, (3 << 20) / 4 + 5] {
+            let mut p = Pages::<f32>::zeroed(len);
+            assert_eq!(p.len(), len);
+            assert!(p.iter().all(|&v| v == 0.0));
+            for (i, v) in p.iter_mut().enumerate() {
+                *v = i as f32;
+            }
+            p.prefault();
+            assert!(p.iter().enumerate().all(|(i, &v)| v == i as f32), "prefault keeps what was written");
+            if len * 4 >= HUGE {
+                assert_eq!(p.as_ptr() as usize % HUGE, 0, "a large buffer starts on a huge page");
+            }
+        }
+        let q = Pages::<i8>::from(&[1i8, -2, 3][..]);
+        assert_eq!(&q[..], &[1, -2, 3]);
+    }
+
+    #[test]
+    fn a_large_buffer_is_eligible_for_huge_pages_where_the_kernel_has_them() {
+        // 8 MiB: whole huge pages, whatever the kernel does
+        let mut p = Pages::<f32>::zeroed(2 << 20);
+        p.prefault();
+        let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+        let offered = enabled.contains("[always]") || enabled.contains("[madvise]");
+        match p.huge_pages() {
+            Some((huge, eligible)) if offered => {
+                // eligible: asked for (under `madvise` only `MADV_HUGEPAGE` makes it so); the
+                // huge pages themselves depend on free memory, so a zero is only reported
+                assert!(eligible, "an 8 MiB buffer not eligible for huge pages (THP: {})", enabled.trim());
+                if huge == 0 {
+                    eprintln!("no free huge page for an eligible 8 MiB buffer (fragmented memory?)");
+                }
+            }
+            h => eprintln!("transparent huge pages not offered here ({}): {h:?}", enabled.trim()),
+        }
+    }
+}
