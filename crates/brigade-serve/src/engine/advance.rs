@@ -7,6 +7,7 @@
 use super::batch::Batch;
 use super::request::{Finish, Output};
 use super::scheduler::Scheduler;
+use crate::model::Logits;
 use brigade::models::generate::{pick, SampleOptions};
 use rayon::prelude::*;
 
@@ -44,12 +45,12 @@ fn top_tokens(row: &[f32], n: usize) -> Vec<u32> {
 impl Scheduler {
     /// Takes the step's `logits` (one row per sequence of `batch` that asked for them, in
     /// order) and returns the tokens made.
-    pub fn advance(&mut self, batch: &Batch, logits: Vec<Vec<f32>>) -> Vec<Output> {
+    pub fn advance(&mut self, batch: &Batch, logits: Logits) -> Vec<Output> {
         let mut out = Vec::new();
         // each row's log-sum-exp side by side on the engine's threads (a vocabulary's
         // exponentials a row: 50257 for GPT-2, 32 rows a step at 32 concurrent)
-        let lses: Vec<f32> = logits.par_iter().map(|r| log_sum_exp(r)).collect();
-        let mut li = logits.into_iter().zip(lses);
+        let lses: Vec<f32> = logits.rows().collect::<Vec<_>>().par_iter().map(|r| log_sum_exp(r)).collect();
+        let mut li = logits.rows().zip(lses);
         let mut finished = Vec::new();
         for sc in &batch.seqs {
             let (i, n) = (sc.at, sc.tokens);
@@ -78,10 +79,10 @@ impl Scheduler {
                 stop: Vec::new(),
             };
             let penalized = (s.sampling.repetition_penalty != 1.0)
-                .then(|| penalize_repeats(&row, &s.tokens, s.sampling.repetition_penalty));
-            let scores = penalized.as_ref().unwrap_or(&row);
+                .then(|| penalize_repeats(row, &s.tokens, s.sampling.repetition_penalty));
+            let scores: &[f32] = penalized.as_deref().unwrap_or(row);
             let masked = s.constraint.as_mut().map(|c| {
-                let mut m = scores.clone();
+                let mut m = scores.to_vec();
                 let any = c.mask(&mut m);
                 (m, any)
             });
@@ -111,7 +112,7 @@ impl Scheduler {
                 None
             };
             let top =
-                top_tokens(&row, s.sampling.top_logprobs).into_iter().map(|t| (t, row[t as usize] - lse)).collect();
+                top_tokens(row, s.sampling.top_logprobs).into_iter().map(|t| (t, row[t as usize] - lse)).collect();
             out.push(Output {
                 id: s.id,
                 token: tok,

@@ -372,7 +372,7 @@ mod tests {
     /// One step as the engine runs it, the forward pass made up.
     fn step(s: &mut Scheduler) -> (Batch, Vec<Output>) {
         let b = s.schedule();
-        let rows = b
+        let rows: Vec<Vec<f32>> = b
             .seqs
             .iter()
             .filter(|x| x.logits)
@@ -382,7 +382,7 @@ mod tests {
                 r
             })
             .collect();
-        let out = s.advance(&b, rows);
+        let out = s.advance(&b, crate::model::Logits::from_rows(&rows, VOCAB));
         s.pool.check();
         (b, out)
     }

@@ -144,7 +144,7 @@ impl Engine {
             (0..3)
                 .map(|_| {
                     let t0 = std::time::Instant::now();
-                    engine.model.step(&mut engine.kv, &w);
+                    engine.model.step_logits(&mut engine.kv, &w);
                     t0.elapsed().as_secs_f64()
                 })
                 .fold(f64::INFINITY, f64::min)
@@ -281,11 +281,11 @@ impl Engine {
 
     /// The step's forward pass: a branch's copies of its sibling's partial blocks first, then
     /// every scheduled token; the logits of each sequence that asked for them, in order.
-    pub fn forward(&mut self, batch: &Batch) -> Vec<Vec<f32>> {
+    pub fn forward(&mut self, batch: &Batch) -> crate::model::Logits {
         let sched = &mut self.lanes[0].sched;
         self.model.copy_rows(&mut self.kv, &batch.copies);
         let work = sched.work(batch);
-        let logits = self.model.step(&mut self.kv, &work);
+        let logits = self.model.step_logits(&mut self.kv, &work);
         sched.stats.steps += 1;
         logits
     }

@@ -116,6 +116,46 @@ const STOP: u32 = u32::MAX;
 /// A message of block copies: `(src, dst, slots)` triples follow.
 const COPY: u32 = u32::MAX - 1;
 
+/// The logits of a step: one row of `vocab` per work item that asked for them, in order, in
+/// one buffer.
+pub struct Logits {
+    data: Vec<f32>,
+    vocab: usize,
+}
+
+impl Logits {
+    /// Rows of `vocab` laid end to end in `data`.
+    pub fn new(data: Vec<f32>, vocab: usize) -> Logits {
+        assert!(vocab > 0 && data.len().is_multiple_of(vocab), "logits of whole rows of {vocab}");
+        Logits { data, vocab }
+    }
+
+    /// Equal rows laid end to end (a test's made-up logits).
+    pub fn from_rows(rows: &[Vec<f32>], vocab: usize) -> Logits {
+        Logits::new(
+            rows.iter()
+                .flat_map(|r| {
+                    assert_eq!(r.len(), vocab, "a row of the vocabulary's width");
+                    r.iter().copied()
+                })
+                .collect(),
+            vocab,
+        )
+    }
+
+    pub fn rows(&self) -> std::slice::ChunksExact<'_, f32> {
+        self.data.chunks_exact(self.vocab)
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len() / self.vocab
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}
+
 /// One sequence's share of a step: its `tokens` at positions `start..start + tokens.len()`,
 /// its block table, and whether the step must return its last token's logits.
 pub struct Work<'a> {
@@ -226,6 +266,11 @@ impl Model {
     /// the logits `[vocab]` of the last token of each work item that asks for them, in order.
     /// On rank 0 of a tensor-parallel group, first sends the work to the other ranks.
     pub fn step(&self, kv: &mut KvStore, work: &[Work]) -> Vec<Vec<f32>> {
+        self.step_logits(kv, work).rows().map(<[f32]>::to_vec).collect()
+    }
+
+    /// [`Model::step`], the logits as one buffer (what the engine samples from: no row copied).
+    pub fn step_logits(&self, kv: &mut KvStore, work: &[Work]) -> Logits {
         if self.pipe.is_some() {
             self.launch(kv, work);
             return self.collect(work.iter().filter(|w| w.logits).count());
@@ -245,11 +290,11 @@ impl Model {
 
     /// On rank 0 of a pipeline: the logits (`rows` of them) of the oldest step launched, from
     /// the last stage.
-    pub fn collect(&self, rows: usize) -> Vec<Vec<f32>> {
+    pub fn collect(&self, rows: usize) -> Logits {
         let p = self.pipe.as_ref().expect("collect on a pipeline");
         let mut logits = vec![0f32; rows * self.vocab];
         p.comm.recv(&mut logits, p.stages - 1, TAG_LOGITS).expect("the pipeline is alive");
-        logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect()
+        Logits::new(logits, self.vocab)
     }
 
     /// Sends a step's work to the other ranks (nothing without a group).
@@ -381,7 +426,7 @@ impl Model {
         out
     }
 
-    fn forward(&self, kv: &mut KvStore, work: &[Work]) -> Vec<Vec<f32>> {
+    fn forward(&self, kv: &mut KvStore, work: &[Work]) -> Logits {
         let Dims { c, hd: _, q_all, mlp, mlp_local: ml, swiglu, .. } = self.w.dims;
         let cl = c / self.tp;
         let (qw, kvw) = (self.w.dims.q_width(), self.w.dims.kv_width());
@@ -504,7 +549,7 @@ impl Model {
             if s + 1 < stages {
                 // rank 0 (the first stage) takes the logits from the last in `collect`
                 p.comm.send(&x, s + 1, TAG_ROWS).expect("the pipeline is alive");
-                return Vec::new();
+                return Logits::new(Vec::new(), self.vocab);
             }
         }
         // the last row of each work item that wants logits (among this rank's rows)
@@ -518,15 +563,15 @@ impl Model {
         let mut hl = vec![0f32; m * c];
         norm_rows(&mut hl, &last, &self.w.norm_f, c);
         let vl = self.w.head.n;
-        let mut logits = vec![0f32; m * vl];
-        matmul_rows(&mut logits, &hl, &self.w.head, m);
+        let mut logits_own = vec![0f32; m * vl];
+        matmul_rows(&mut logits_own, &hl, &self.w.head, m);
         let mut gathered = Vec::new();
-        let logits = self.gather_cols(&logits, m, vl, self.vocab, &mut gathered);
+        let logits = self.gather_cols(&logits_own, m, vl, self.vocab, &mut gathered);
         if let Some(p) = self.pipe.as_ref() {
             // the last stage: the logits go to rank 0, which samples
             debug_assert_eq!(m, logit_rows);
             p.comm.send(logits, 0, TAG_LOGITS).expect("the pipeline is alive");
-            return Vec::new();
+            return Logits::new(Vec::new(), self.vocab);
         }
         if let Some(cp) = &self.cp {
             // each row's logits from the rank that holds it, to rank 0 in the work's order
@@ -536,7 +581,7 @@ impl Model {
                 if m > 0 {
                     cp.send(logits, 0, TAG_LOGITS).expect("the context-parallel group is alive");
                 }
-                return Vec::new();
+                return Logits::new(Vec::new(), self.vocab);
             }
             let mut from: Vec<Vec<f32>> = vec![Vec::new(); cp.size()];
             from[0] = logits.to_vec();
@@ -548,15 +593,18 @@ impl Model {
                 }
             }
             let mut next = vec![0usize; cp.size()];
-            return lasts
-                .iter()
-                .map(|&o| {
-                    next[o] += 1;
-                    from[o][(next[o] - 1) * self.vocab..next[o] * self.vocab].to_vec()
-                })
-                .collect();
+            let mut rows = Vec::with_capacity(lasts.len() * self.vocab);
+            for &o in &lasts {
+                next[o] += 1;
+                rows.extend_from_slice(&from[o][(next[o] - 1) * self.vocab..next[o] * self.vocab]);
+            }
+            return Logits::new(rows, self.vocab);
         }
-        logits.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect()
+        if self.comm.is_none() {
+            // this rank's own buffer, handed over whole
+            return Logits::new(logits_own, self.vocab);
+        }
+        Logits::new(logits.to_vec(), self.vocab)
     }
 }
 

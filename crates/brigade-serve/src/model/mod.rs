@@ -11,6 +11,6 @@ pub mod kv_store;
 mod paged_attention;
 pub mod weights;
 
-pub use forward::{Model, Work};
+pub use forward::{Logits, Model, Work};
 pub use kv_store::KvStore;
 pub use weights::ShardError;
