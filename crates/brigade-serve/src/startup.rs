@@ -324,7 +324,7 @@ fn chat_template(
 
 /// MiB of memory the kernel says are available to new allocations (Linux: `MemAvailable` in
 /// `/proc/meminfo`); `None` where it cannot tell.
-fn available_mib() -> Option<usize> {
+pub fn available_mib() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
