@@ -198,7 +198,7 @@ fn huge_pages_at(start: usize, bytes: usize) -> Option<(usize, bool)> {
         if let Some((a, b)) = first.split_once('-') {
             if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
                 let (lo, hi) = (a.max(start), b.min(end));
-                overlap = (lo < hi).then_some((hi - lo, b - a));
+                overlap = (lo < hi).then(|| (hi - lo, b - a));
                 continue;
             }
         }
