@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// The floors, lowest first: a file may name files on its own floor or below.
 const FLOORS: &[(&str, &[&str])] = &[
-    ("ground", &["brigade-comm", "brigade::lib", "brigade::error", "brigade::alloc"]),
+    ("ground", &["brigade-comm", "brigade::lib", "brigade::error", "brigade::alloc", "brigade::pages"]),
     ("kernels", &["brigade::tensor"]),
     ("values", &["brigade::params", "brigade::layout", "brigade::shards"]),
     ("layers", &["brigade::nn"]),
