@@ -37,7 +37,8 @@ start() {  # log, then the command; sets $url (not in a subshell: the cleanup ne
   "$@" >"$log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 300); do
-    if grep -q "listening on" "$log"; then
+    # ready: the engine built (its KV cache faulted in), not only the port open (503 before)
+    if grep -q "loaded; ready" "$log"; then
       url=$(grep -o 'http://[0-9.:]*' "$log" | head -1)
       return
     fi
@@ -45,13 +46,13 @@ start() {  # log, then the command; sets $url (not in a subshell: the cleanup ne
   done
   echo "serve: did not start: $*" >&2; cat "$log" >&2; exit 1
 }
-start "$tmp/one.log" "$bin" serve --checkpoint "$tmp/llama" --port 0 --threads 2
+start "$tmp/one.log" "$bin" serve --checkpoint "$tmp/llama" --port 0 --threads 2 --kv-cache-mib 256
 one=$url
-start "$tmp/two.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 0 --threads 1
+start "$tmp/two.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --tp 2 --checkpoint "$tmp/llama" --port 0 --threads 1 --kv-cache-mib 256
 two=$url
-start "$tmp/pp.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --pp 2 --checkpoint "$tmp/llama" --port 0 --threads 1
+start "$tmp/pp.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --pp 2 --checkpoint "$tmp/llama" --port 0 --threads 1 --kv-cache-mib 256
 pp=$url
-start "$tmp/cp.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --cp 2 --checkpoint "$tmp/llama" --port 0 --threads 1 --block-size 4
+start "$tmp/cp.log" "${mpi[@]}" -n 2 "$bin" serve --backend mpi --cp 2 --checkpoint "$tmp/llama" --port 0 --threads 1 --block-size 4 --kv-cache-mib 256
 cp=$url
 python3 - "$one" "$two" "$pp" "$cp" <<'PY'
 import json, sys, urllib.request
