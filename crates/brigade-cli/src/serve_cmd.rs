@@ -223,14 +223,6 @@ pub fn run(a: ServeArgs) -> Result<()> {
             bail!("--replicas starts local replicas; give it without --backend mpi");
         }
         let (host, port, n) = (a.host.clone(), a.port, a.replicas);
-        // each replica faults its KV cache in as it starts, all at once
-        let want = a.engine.kv_cache_mib.saturating_mul(a.ranks().0).saturating_mul(n);
-        if let Some(free) = brigade_serve::startup::available_mib().filter(|&free| want > free) {
-            bail!(
-                "--replicas {n} × --kv-cache-mib {} ({want} MiB of KV cache) is more than the {free} MiB of memory available; lower --kv-cache-mib or --replicas",
-                a.engine.kv_cache_mib
-            );
-        }
         options(a)?; // every setting checked before a replica starts
         return run_replicas(n, host, port);
     }

@@ -75,18 +75,6 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
     if tp == 0 || pp == 0 || cp == 0 {
         return Err(ServeError::Setting("--tp, --pp and --cp must be at least 1".into()));
     }
-    // the cache is faulted in when the engine starts (`KvStore::new`): a cache larger than the
-    // memory free now would be killed there, so say it here
-    let ranks_here = if o.group.is_some() { 1 } else { tp * pp * cp };
-    if let Some(free) = available_mib() {
-        let want = o.kv_cache_mib.saturating_mul(ranks_here);
-        if want > free {
-            return Err(ServeError::Setting(format!(
-                "--kv-cache-mib {} ({want} MiB over {ranks_here} rank(s) in this process) is more than the {free} MiB of memory available; lower --kv-cache-mib",
-                o.kv_cache_mib
-            )));
-        }
-    }
     if cp > 1 {
         if tp > 1 || pp > 1 {
             return Err(ServeError::Setting(format!(
@@ -320,13 +308,4 @@ fn chat_template(
             Err(NoChat::NoTemplate { dir })
         }
     }
-}
-
-/// MiB of memory the kernel says are available to new allocations (Linux: `MemAvailable` in
-/// `/proc/meminfo`); `None` where it cannot tell.
-pub fn available_mib() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib >> 10)
 }

@@ -4,8 +4,6 @@
 //! number. Each tensor-parallel rank holds a `KvStore` of its own key/value heads, indexed by
 //! the block numbers rank 0 schedules.
 
-use brigade::pages::Pages;
-
 pub struct KvStore {
     pub block_size: usize,
     pub layers: usize,
@@ -13,16 +11,13 @@ pub struct KvStore {
     pub width: usize,
     blocks: usize,
     /// `[block][layer][k|v][slot][width]`.
-    data: Pages<f32>,
+    data: Vec<f32>,
 }
 
 impl KvStore {
     pub fn new(blocks: usize, block_size: usize, layers: usize, width: usize) -> KvStore {
         assert!(blocks > 0 && block_size > 0);
-        // faulted in now: a page fault while a step writes its keys costs the step
-        let mut data = Pages::zeroed(blocks * layers * 2 * block_size * width);
-        data.prefault();
-        KvStore { block_size, layers, width, blocks, data }
+        KvStore { block_size, layers, width, blocks, data: vec![0f32; blocks * layers * 2 * block_size * width] }
     }
 
     /// Blocks of `bytes` at most for a model of `layers` × `width`.
