@@ -1,8 +1,6 @@
-//! Large buffers that a serving step reads end to end (packed weights, the paged KV cache), on
-//! the machine's huge pages where it has them. A decode step reads every weight once and a
-//! step over many sequences reads their cached keys and values: on 4 KiB pages that is a TLB
-//! miss every 4 KiB, a stream the hardware prefetcher restarts every 4 KiB, and for the cache a
-//! page fault each time a new 4 KiB of keys is written while requests wait. A buffer of 2 MiB
+//! Large buffers that a serving step reads end to end (packed weights), on the machine's huge
+//! pages where it has them. A decode step reads every weight once: on 4 KiB pages that is a
+//! TLB miss every 4 KiB and a stream the hardware prefetcher restarts every 4 KiB. A buffer of 2 MiB
 //! or more is mapped on its own (`mmap`), aligned to 2 MiB and asked for transparent huge pages
 //! (`madvise(MADV_HUGEPAGE)`, which the common `madvise` setting of Linux grants only to who
 //! asks) before anything touches it; its pages are the kernel's zeros, faulted in by whoever
@@ -72,22 +70,6 @@ impl<T: Zeroable> Pages<T> {
         Pages { ptr, len, from: Source::Heap(layout) }
     }
 
-    /// Faults every page in now, in order (a byte of each 4 KiB page read and written back),
-    /// so that the first writes while serving take no page fault: a fault on a huge page
-    /// zeroes 2 MiB and may compact memory first, milliseconds inside a decode step (the KV
-    /// cache). Memory its maker fills at once (weights) needs none of this.
-    pub fn prefault(&mut self) {
-        let bytes = self.len * size_of::<T>();
-        let p = self.ptr.as_ptr().cast::<u8>();
-        for at in (0..bytes).step_by(4096) {
-            // SAFETY: inside the buffer, which `&mut self` borrows alone; the byte is kept
-            unsafe {
-                let b = p.add(at).read_volatile();
-                p.add(at).write_volatile(b);
-            }
-        }
-    }
-
     /// Bytes of the buffer on huge pages, and whether the kernel holds all of it eligible for
     /// them (Linux: the `AnonHugePages` and `THPeligible` of its mappings in
     /// `/proc/self/smaps`); `None` where it cannot tell.
@@ -131,20 +113,6 @@ impl<T: Zeroable> Drop for Pages<T> {
 impl<T: Zeroable> Default for Pages<T> {
     fn default() -> Pages<T> {
         Pages::zeroed(0)
-    }
-}
-
-impl<T: Zeroable> From<&[T]> for Pages<T> {
-    fn from(v: &[T]) -> Pages<T> {
-        let mut p = Pages::zeroed(v.len());
-        p.copy_from_slice(v);
-        p
-    }
-}
-
-impl<T: Zeroable + std::fmt::Debug> std::fmt::Debug for Pages<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
     }
 }
 
@@ -233,21 +201,18 @@ mod tests {
             for (i, v) in p.iter_mut().enumerate() {
                 *v = i as f32;
             }
-            p.prefault();
-            assert!(p.iter().enumerate().all(|(i, &v)| v == i as f32), "prefault keeps what was written");
+            assert!(p.iter().enumerate().all(|(i, &v)| v == i as f32));
             if len * 4 >= HUGE {
                 assert_eq!(p.as_ptr() as usize % HUGE, 0, "a large buffer starts on a huge page");
             }
         }
-        let q = Pages::<i8>::from(&[1i8, -2, 3][..]);
-        assert_eq!(&q[..], &[1, -2, 3]);
     }
 
     #[test]
     fn a_large_buffer_is_eligible_for_huge_pages_where_the_kernel_has_them() {
         // 8 MiB: whole huge pages, whatever the kernel does
         let mut p = Pages::<f32>::zeroed(2 << 20);
-        p.prefault();
+        p.fill(1.0); // faulted in
         let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
         let offered = enabled.contains("[always]") || enabled.contains("[madvise]");
         match p.huge_pages() {

@@ -49,7 +49,7 @@ impl Scheduler {
         let mut out = Vec::new();
         // each row's log-sum-exp side by side on the engine's threads (a vocabulary's
         // exponentials a row: 50257 for GPT-2, 32 rows a step at 32 concurrent)
-        let lses: Vec<f32> = logits.rows().collect::<Vec<_>>().par_iter().map(|r| log_sum_exp(r)).collect();
+        let lses: Vec<f32> = logits.par_rows().map(log_sum_exp).collect();
         let mut li = logits.rows().zip(lses);
         let mut finished = Vec::new();
         for sc in &batch.seqs {

@@ -147,12 +147,9 @@ impl Logits {
         self.data.chunks_exact(self.vocab)
     }
 
-    pub fn len(&self) -> usize {
-        self.data.len() / self.vocab
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+    pub fn par_rows(&self) -> rayon::slice::ChunksExact<'_, f32> {
+        use rayon::prelude::*;
+        self.data.par_chunks_exact(self.vocab)
     }
 }
 
