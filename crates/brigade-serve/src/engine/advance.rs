@@ -47,10 +47,12 @@ impl Scheduler {
     /// order) and returns the tokens made.
     pub fn advance(&mut self, batch: &Batch, logits: Logits) -> Vec<Output> {
         let mut out = Vec::new();
-        // each row's log-sum-exp side by side on the engine's threads (a vocabulary's
-        // exponentials a row: 50257 for GPT-2, 32 rows a step at 32 concurrent)
-        let lses: Vec<f32> = logits.par_rows().map(log_sum_exp).collect();
-        let mut li = logits.rows().zip(lses);
+        // each row's log-sum-exp and most likely token side by side on the engine's threads (a
+        // vocabulary's exponentials a row: 50257 for GPT-2, 32 rows a step at 32 concurrent;
+        // the greedy picks, one after another, took 1.5 ms of a 62 ms gpt2-small step)
+        let found: Vec<(f32, u32)> =
+            logits.par_rows().map(|r| (log_sum_exp(r), brigade::tensor::math::argmax(r) as u32)).collect();
+        let mut li = logits.rows().zip(found);
         let mut finished = Vec::new();
         for sc in &batch.seqs {
             let (i, n) = (sc.at, sc.tokens);
@@ -69,7 +71,7 @@ impl Scheduler {
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let (row, lse) = li.next().expect("logits for every finished chunk");
+            let (row, (lse, greedy)) = li.next().expect("logits for every finished chunk");
             let opt = SampleOptions {
                 max_new_tokens: 0,
                 temperature: s.sampling.temperature,
@@ -89,6 +91,8 @@ impl Scheduler {
             let tok = match (s.forced.get(s.generated), &masked) {
                 (Some(&t), _) => t,
                 (None, Some((m, true))) => pick(m, &opt, &mut s.rng),
+                // greedy on the row as it came: its argmax, found above (what `pick` returns)
+                (None, None) if opt.temperature <= 0.0 && penalized.is_none() => greedy,
                 (None, _) => pick(scores, &opt, &mut s.rng),
             };
             // a constraint that allows nothing more (it cannot be met from here) ends it

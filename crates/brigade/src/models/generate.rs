@@ -21,17 +21,8 @@ pub struct SampleOptions {
 
 /// Picks the next token from one row of logits.
 pub fn pick(logits: &[f32], opt: &SampleOptions, rng: &mut ChaCha8Rng) -> u32 {
-    let argmax = || {
-        let mut best = 0;
-        for (i, &v) in logits.iter().enumerate() {
-            if v > logits[best] {
-                best = i;
-            }
-        }
-        best as u32
-    };
     if opt.temperature <= 0.0 {
-        return argmax();
+        return crate::tensor::math::argmax(logits) as u32;
     }
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     if opt.top_k > 0 && opt.top_k < idx.len() {

@@ -266,7 +266,8 @@ fn tile_1x64<const MIN: bool>(acc: &mut [[f32; W]; TASK], a: &[f32], w: &Int4, s
 }
 
 /// The tiles with AVX2/FMA and AVX-512 intrinsics; each lane computes what the portable loops
-/// compute. `MIN`: the strips carry minimums (`q · s + m`); otherwise `(q − 8) · s`.
+/// compute (the 256-bit ones inlined where the build has AVX2 and FMA: see `rowwise::simd`).
+/// `MIN`: the strips carry minimums (`q · s + m`); otherwise `(q − 8) · s`.
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::lanes::{ahead, group256, group512, scaled256, scaled512};
@@ -318,7 +319,8 @@ mod simd {
     }
 
     /// A strip's k rows dequantized into `out`, as the tiles dequantize them.
-    #[target_feature(enable = "avx2,fma")]
+    #[cfg_attr(all(target_feature = "avx2", target_feature = "fma"), inline(always))]
+    #[cfg_attr(not(all(target_feature = "avx2", target_feature = "fma")), target_feature(enable = "avx2,fma"))]
     pub unsafe fn strip_f32<const MIN: bool>(out: &mut [f32], k: usize, (q, sc, mn): Strip) {
         let (op, qp) = (out.as_mut_ptr(), q.as_ptr());
         let mut kk = 0;
@@ -336,7 +338,8 @@ mod simd {
 
     /// R rows × one strip: the strip's row of 16 nibbles unpacked and scaled once for the R
     /// rows' 2R accumulators.
-    #[target_feature(enable = "avx2,fma")]
+    #[cfg_attr(all(target_feature = "avx2", target_feature = "fma"), inline(always))]
+    #[cfg_attr(not(all(target_feature = "avx2", target_feature = "fma")), target_feature(enable = "avx2,fma"))]
     pub unsafe fn tile_rows<const MIN: bool, const R: usize>(
         acc: &mut [[f32; W]; R],
         a: &[f32],
@@ -371,7 +374,8 @@ mod simd {
     /// One row × four strips in one pass over k: 8 accumulators, so that the `fma` chains'
     /// latency hides behind each other (two strips at a time left 4 chains, each step waiting on
     /// the last); each strip's group scales (and minimums) read from memory at their use.
-    #[target_feature(enable = "avx2,fma")]
+    #[cfg_attr(all(target_feature = "avx2", target_feature = "fma"), inline(always))]
+    #[cfg_attr(not(all(target_feature = "avx2", target_feature = "fma")), target_feature(enable = "avx2,fma"))]
     pub unsafe fn tile_1x64<const MIN: bool>(acc: &mut [[f32; W]; 4], a: &[f32], strips: [Strip; 4]) {
         let k = a.len();
         let mut c = [_mm256_setzero_ps(); 8];
