@@ -1,6 +1,7 @@
 //! `brigade bench engine`: the serving engine in this process (no HTTP) on a GPT-2 shape with
-//! random weights — N requests at once, fixed prompt and output lengths, greedy, every token
-//! generated (stop tokens off) — output tokens/s and time per step, for each concurrency.
+//! random weights — N requests at once, fixed prompt and output lengths, greedy or sampled
+//! (`--temperature`, `--top-k`, `--top-p`), every token generated (stop tokens off) — output
+//! tokens/s and time per step, for each concurrency.
 
 use super::args::LoadArgs;
 use anyhow::{bail, Result};
@@ -18,12 +19,36 @@ pub struct Flags {
     /// How the engine holds the matrices (as `brigade serve --weights`; `stored` is f32 here).
     #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::F32)]
     pub(crate) weights: crate::serve_cmd::Weights,
+    /// Sample every token at this temperature (each request seeded by its number); 0: greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) temperature: f32,
+    /// Sample from the k most likely tokens only (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) top_k: usize,
+    /// Sample from the most likely tokens holding this much of the probability (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) top_p: f32,
+}
+
+/// How `bench engine` picks its tokens.
+#[derive(Clone, Copy, Debug)]
+struct Pick {
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
 }
 
 pub fn run(f: Flags) -> Result<()> {
     let l = f.load;
     crate::threads::check_threads(l.threads, "--threads")?;
-    measure(&l.model, &l.concurrency, (l.prompt_len, l.output_len), l.threads, f.weights.format(), l.json)
+    if !(f.temperature >= 0.0 && f.temperature.is_finite()) {
+        bail!("--temperature {} must be 0 (greedy) or a positive number", f.temperature);
+    }
+    if !(f.top_p > 0.0 && f.top_p <= 1.0) {
+        bail!("--top-p {} must lie in (0, 1]", f.top_p);
+    }
+    let pick = Pick { temperature: f.temperature, top_k: f.top_k, top_p: f.top_p };
+    measure(&l.model, &l.concurrency, (l.prompt_len, l.output_len), l.threads, f.weights.format(), pick, l.json)
 }
 
 fn measure(
@@ -32,6 +57,7 @@ fn measure(
     (prompt_len, output_len): (usize, usize),
     threads: usize,
     weights: WeightFormat,
+    pick: Pick,
     json: bool,
 ) -> Result<()> {
     let cfg = GptConfig::preset(model)?;
@@ -56,7 +82,13 @@ fn measure(
             for i in 0..n {
                 let prompt: Vec<u32> =
                     (0..prompt_len).map(|j| ((i * 7919 + j * 104_729) % cfg.vocab_size) as u32).collect();
-                let sampling = Sampling::greedy(output_len);
+                let sampling = Sampling {
+                    temperature: pick.temperature,
+                    top_k: pick.top_k,
+                    top_p: pick.top_p,
+                    seed: i as u64,
+                    ..Sampling::greedy(output_len)
+                };
                 engine.add(Request { id: i as u64, prompt, sampling }).expect("fits");
             }
             let mut made = 0usize;
@@ -72,7 +104,12 @@ fn measure(
         let per_step = (wall - first.unwrap_or(0.0)) / decode_steps as f64;
         if !json {
             outln!(
-                "{model} ({weights:?}), {n} concurrent, prompt {prompt_len}, output {output_len}, {threads} threads: {tps:.1} output tokens/s; first token after {:.3} s (prefill of all), then {:.1} ms a step",
+                "{model} ({weights:?}), {n} concurrent, prompt {prompt_len}, output {output_len}, {threads} threads, {}: {tps:.1} output tokens/s; first token after {:.3} s (prefill of all), then {:.1} ms a step",
+                if pick.temperature > 0.0 {
+                    format!("sampled (temperature {}, top-k {}, top-p {})", pick.temperature, pick.top_k, pick.top_p)
+                } else {
+                    "greedy".to_string()
+                },
                 first.unwrap_or(0.0),
                 per_step * 1e3
             );
@@ -82,7 +119,7 @@ fn measure(
     if json {
         outln!(
             "{}",
-            serde_json::json!({"bench": "engine", "model": model, "threads": threads, "weights": format!("{weights:?}"), "prompt_len": prompt_len, "output_len": output_len, "rows": rows})
+            serde_json::json!({"bench": "engine", "model": model, "threads": threads, "weights": format!("{weights:?}"), "prompt_len": prompt_len, "output_len": output_len, "temperature": pick.temperature, "top_k": pick.top_k, "top_p": pick.top_p, "rows": rows})
         );
     }
     Ok(())

@@ -5,11 +5,24 @@
 //! running batch and gives its blocks back.
 
 use super::batch::Batch;
+use super::request::Sampling;
 use super::request::{Finish, Output};
 use super::scheduler::Scheduler;
 use crate::model::Logits;
-use brigade::models::generate::{pick, SampleOptions};
+use brigade::models::generate::{candidates, pick, Candidates, SampleOptions};
 use rayon::prelude::*;
+
+/// What `pick` reads of a request's sampling.
+fn sample_options(s: &Sampling) -> SampleOptions {
+    SampleOptions {
+        max_new_tokens: 0,
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        seed: 0,
+        stop: Vec::new(),
+    }
+}
 
 /// `ln Σ exp(x)` over a row of logits, in a fixed order (8 lanes, then the lanes in order)
 /// with the vectorised `exp`: the log-probabilities are as batch-invariant as the logits.
@@ -47,11 +60,32 @@ impl Scheduler {
     /// order) and returns the tokens made.
     pub fn advance(&mut self, batch: &Batch, logits: Logits) -> Vec<Output> {
         let mut out = Vec::new();
-        // each row's log-sum-exp and most likely token side by side on the engine's threads (a
-        // vocabulary's exponentials a row: 50257 for GPT-2, 32 rows a step at 32 concurrent;
-        // the greedy picks, one after another, took 1.5 ms of a 62 ms gpt2-small step)
-        let found: Vec<(f32, u32)> =
-            logits.par_rows().map(|r| (log_sum_exp(r), brigade::tensor::math::argmax(r) as u32)).collect();
+        // the sampling of each row's sequence (the sequences whose chunk reaches their last
+        // token, in order), where its draw can be prepared beside the others': sampled, with no
+        // penalty, no constraint and nothing forced
+        let prepared: Vec<Option<SampleOptions>> = batch
+            .seqs
+            .iter()
+            .map(|sc| (&self.running[sc.at], sc.tokens))
+            .filter(|(s, n)| s.computed + n >= s.tokens.len())
+            .map(|(s, _)| {
+                let opt = sample_options(&s.sampling);
+                let alone = s.sampling.repetition_penalty == 1.0 && s.constraint.is_none();
+                (opt.temperature > 0.0 && alone && s.forced.get(s.generated).is_none()).then_some(opt)
+            })
+            .collect();
+        assert_eq!(prepared.len(), logits.rows().len(), "a row of logits for every finished chunk");
+        // each row's log-sum-exp, most likely token and sampling candidates side by side on the
+        // engine's threads (a vocabulary's exponentials a row: 50257 for GPT-2, 32 rows a step
+        // at 32 concurrent; the greedy picks, one after another, took 1.5 ms of a 62 ms
+        // gpt2-small step). The draws stay in order below: each sequence's generator as before
+        let found: Vec<(f32, u32, Option<Candidates>)> = logits
+            .par_rows()
+            .zip(prepared.par_iter())
+            .map(|(r, o)| {
+                (log_sum_exp(r), brigade::tensor::math::argmax(r) as u32, o.as_ref().map(|o| candidates(r, o)))
+            })
+            .collect();
         let mut li = logits.rows().zip(found);
         let mut finished = Vec::new();
         for sc in &batch.seqs {
@@ -71,15 +105,8 @@ impl Scheduler {
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let (row, (lse, greedy)) = li.next().expect("logits for every finished chunk");
-            let opt = SampleOptions {
-                max_new_tokens: 0,
-                temperature: s.sampling.temperature,
-                top_k: s.sampling.top_k,
-                top_p: s.sampling.top_p,
-                seed: 0,
-                stop: Vec::new(),
-            };
+            let (row, (lse, greedy, ready)) = li.next().expect("logits for every finished chunk");
+            let opt = sample_options(&s.sampling);
             let penalized = (s.sampling.repetition_penalty != 1.0)
                 .then(|| penalize_repeats(row, &s.tokens, s.sampling.repetition_penalty));
             let scores: &[f32] = penalized.as_deref().unwrap_or(row);
@@ -93,6 +120,8 @@ impl Scheduler {
                 (None, Some((m, true))) => pick(m, &opt, &mut s.rng),
                 // greedy on the row as it came: its argmax, found above (what `pick` returns)
                 (None, None) if opt.temperature <= 0.0 && penalized.is_none() => greedy,
+                // sampled from the row as it came: the candidates found above, drawn as `pick` draws
+                (None, None) if ready.is_some() => ready.as_ref().expect("checked").draw(&mut s.rng),
                 (None, _) => pick(scores, &opt, &mut s.rng),
             };
             // a constraint that allows nothing more (it cannot be met from here) ends it
