@@ -37,7 +37,7 @@ start() {  # log, then the command; sets $url (not in a subshell: the cleanup ne
   "$@" >"$log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 300); do
-    # ready: the engine built (its KV cache faulted in), not only the port open (503 before)
+    # ready: the engine built, not only the port open (a request before it gets a 503)
     if grep -q "loaded; ready" "$log"; then
       url=$(grep -o 'http://[0-9.:]*' "$log" | head -1)
       return

@@ -30,14 +30,6 @@ pub struct Flags {
     pub(crate) top_p: f32,
 }
 
-/// How `bench engine` picks its tokens.
-#[derive(Clone, Copy, Debug)]
-struct Pick {
-    temperature: f32,
-    top_k: usize,
-    top_p: f32,
-}
-
 pub fn run(f: Flags) -> Result<()> {
     let l = f.load;
     crate::threads::check_threads(l.threads, "--threads")?;
@@ -47,8 +39,9 @@ pub fn run(f: Flags) -> Result<()> {
     if !(f.top_p > 0.0 && f.top_p <= 1.0) {
         bail!("--top-p {} must lie in (0, 1]", f.top_p);
     }
-    let pick = Pick { temperature: f.temperature, top_k: f.top_k, top_p: f.top_p };
-    measure(&l.model, &l.concurrency, (l.prompt_len, l.output_len), l.threads, f.weights.format(), pick, l.json)
+    // every request's sampling but its seed (its number) and length (--output-len)
+    let pick = Sampling { temperature: f.temperature, top_k: f.top_k, top_p: f.top_p, ..Sampling::greedy(0) };
+    measure(&l.model, &l.concurrency, (l.prompt_len, l.output_len), l.threads, f.weights.format(), &pick, l.json)
 }
 
 fn measure(
@@ -57,7 +50,7 @@ fn measure(
     (prompt_len, output_len): (usize, usize),
     threads: usize,
     weights: WeightFormat,
-    pick: Pick,
+    pick: &Sampling,
     json: bool,
 ) -> Result<()> {
     let cfg = GptConfig::preset(model)?;
@@ -82,13 +75,7 @@ fn measure(
             for i in 0..n {
                 let prompt: Vec<u32> =
                     (0..prompt_len).map(|j| ((i * 7919 + j * 104_729) % cfg.vocab_size) as u32).collect();
-                let sampling = Sampling {
-                    temperature: pick.temperature,
-                    top_k: pick.top_k,
-                    top_p: pick.top_p,
-                    seed: i as u64,
-                    ..Sampling::greedy(output_len)
-                };
+                let sampling = Sampling { seed: i as u64, max_tokens: output_len, ..pick.clone() };
                 engine.add(Request { id: i as u64, prompt, sampling }).expect("fits");
             }
             let mut made = 0usize;

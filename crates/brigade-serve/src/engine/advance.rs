@@ -5,8 +5,7 @@
 //! running batch and gives its blocks back.
 
 use super::batch::Batch;
-use super::request::Sampling;
-use super::request::{Finish, Output};
+use super::request::{Finish, Output, Sampling};
 use super::scheduler::Scheduler;
 use crate::model::Logits;
 use brigade::models::generate::{candidates, pick, Candidates, SampleOptions};
