@@ -148,15 +148,21 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
         let mut i = 0;
         // with 512-bit registers, 8 rows × two strips first (16 accumulators); one fewer when
         // 2 or 3 rows would be left, which then go as 6 + 4 (+ 1) rows instead of singles
+        let mut eights = 0;
         if wide() {
-            let mut eights = m / 8;
+            eights = m / 8;
             if eights > 0 && matches!(m % 8, 2 | 3) {
                 eights -= 1;
             }
-            for _ in 0..eights {
-                rows_by_strip_pairs(cp, a, w, i, s0..s1);
-                i += 8;
-            }
+        }
+        // every tile, the 8-row ones included, asks for its share of the next task's strips
+        // where the tiles are few (see below)
+        let tiles = RowTiles::over(m - 8 * eights, false);
+        let all = eights + tiles.len();
+        let ask = all <= ASKING_TILES && (!wide() || 2 * GROUP * k * W * 4 <= WIDE_ASKING_BYTES);
+        for j in 0..eights {
+            rows_by_strip_pairs(cp, a, w, i, s0..s1, (ask, j, all));
+            i += 8;
         }
         // 6 rows × one strip at a time (12 vector accumulators), then 5, then 4, then single
         // rows, as `RowTiles` counts them: tile by tile over the task's strips (which stay in
@@ -167,12 +173,10 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
         // cost all-MiniLM-L6-v2's batches 2.5%. The first tile asks too: with one or two tiles
         // (4 to 11 rows) the asking otherwise came too late or never (8 rows 1.5×, 4 rows 1.1×
         // in `bench matmul`'s rows, gpt2-small's 8-concurrent decode 1.115×)
-        let tiles = RowTiles::over(m - i, false);
-        let ask = tiles.len() <= ASKING_TILES;
         for (j, r) in tiles.heights().enumerate() {
             for s in s0..s1 {
                 let up = if ask && s + GROUP < strips {
-                    Upcoming::part(w.strip(s + GROUP), j, tiles.len(), k)
+                    Upcoming::part(w.strip(s + GROUP), eights + j, all, k)
                 } else {
                     Upcoming::NONE
                 };
@@ -200,17 +204,41 @@ pub fn matmul_rows(c: &mut [f32], a: &[f32], w: &Packed, m: usize) {
 /// batches of 2048 tokens 0.975×.
 const ASKING_TILES: usize = 8;
 
-/// Rows `i..i + 8` in the columns of strips `ss`, two strips at a time (512-bit tiles only).
-fn rows_by_strip_pairs(cp: SendPtr, a: &[f32], w: &Packed, i: usize, ss: std::ops::Range<usize>) {
+/// The most bytes of strips, this task's and the next one's together, at which the 512-bit
+/// tiles ask: past it the next task's strips push this task's out of a 1 MiB L2 before its
+/// later tiles read them.
+const WIDE_ASKING_BYTES: usize = 1 << 20;
+
+/// Rows `i..i + 8` in the columns of strips `ss`, two strips at a time (512-bit tiles only);
+/// `(ask, j, tiles)`: whether this product's tiles ask for the next task's strips, and this
+/// tile's place among them (its share of what they ask for).
+fn rows_by_strip_pairs(
+    cp: SendPtr,
+    a: &[f32],
+    w: &Packed,
+    i: usize,
+    ss: std::ops::Range<usize>,
+    (ask, j, tiles): (bool, usize, usize),
+) {
     let (k, n) = (w.k, w.n);
+    let strips = n.div_ceil(W);
     let a = &a[i * k..(i + 8) * k];
     for s in ss.clone().step_by(2) {
         if s + 1 < ss.end {
             let mut acc = [[[0f32; W]; 8]; 2];
+            // the next task's two strips in these columns (adjacent in memory)
+            let next = s + GROUP..(s + GROUP + 2).min(strips);
+            let up = match ask && !next.is_empty() {
+                true => Upcoming::part(&w.data[next.start * k * W..next.end * k * W], j, tiles, k),
+                false => Upcoming::NONE,
+            };
             // SAFETY: only called when `wide()` (AVX-512F); the slices hold 8 rows and 2 strips.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                simd::tile_8x32_avx512(&mut acc, a, k, [w.strip(s), w.strip(s + 1)])
+                match up.asks() {
+                    true => simd::tile_8x32_avx512::<true>(&mut acc, a, k, [w.strip(s), w.strip(s + 1)], up),
+                    false => simd::tile_8x32_avx512::<false>(&mut acc, a, k, [w.strip(s), w.strip(s + 1)], up),
+                }
             };
             for (q, accq) in acc.iter().enumerate() {
                 for (r, accr) in accq.iter().enumerate() {
@@ -245,7 +273,12 @@ fn tile_rows<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip
     #[cfg(target_arch = "x86_64")]
     if wide() {
         // SAFETY: the CPU has AVX-512F (checked); the slices' lengths are checked above.
-        return unsafe { simd::tile_rows_avx512(acc, a, k, strip) };
+        return unsafe {
+            match up.asks() {
+                true => simd::tile_rows_avx512::<R, true>(acc, a, k, strip, up),
+                false => simd::tile_rows_avx512::<R, false>(acc, a, k, strip, up),
+            }
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
@@ -339,13 +372,23 @@ mod simd {
     }
 
     /// R rows × 16 columns in R 512-bit accumulators, the broadcast of a[r, k] folded into
-    /// each FMA.
+    /// each FMA; `ASK`: asking for `up`'s lines as it goes.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_rows_avx512<const R: usize>(acc: &mut [[f32; W]; R], a: &[f32], k: usize, strip: &[f32]) {
+    pub unsafe fn tile_rows_avx512<const R: usize, const ASK: bool>(
+        acc: &mut [[f32; W]; R],
+        a: &[f32],
+        k: usize,
+        strip: &[f32],
+        up: Upcoming,
+    ) {
         let mut c = [_mm512_setzero_ps(); R];
         let (ap, wp) = (a.as_ptr(), strip.as_ptr());
+        let mut asker = Asker::new(up);
         for kk in 0..k {
             ahead(wp, kk * W);
+            if ASK {
+                asker.step();
+            }
             let w = _mm512_loadu_ps(wp.add(kk * W));
             for (r, cr) in c.iter_mut().enumerate() {
                 *cr = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * k + kk)), w, *cr);
@@ -356,16 +399,27 @@ mod simd {
         }
     }
 
-    /// 8 rows × two strips: 16 accumulators, each broadcast of a[r, k] used twice.
+    /// 8 rows × two strips: 16 accumulators, each broadcast of a[r, k] used twice; `ASK`:
+    /// asking for `up`'s lines as it goes.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_8x32_avx512(acc: &mut [[[f32; W]; 8]; 2], a: &[f32], k: usize, strips: [&[f32]; 2]) {
+    pub unsafe fn tile_8x32_avx512<const ASK: bool>(
+        acc: &mut [[[f32; W]; 8]; 2],
+        a: &[f32],
+        k: usize,
+        strips: [&[f32]; 2],
+        up: Upcoming,
+    ) {
         assert!(a.len() == 8 * k && strips[0].len() == k * W && strips[1].len() == k * W);
         // c[r] = (strip 0, strip 1) of row r
         let mut c = [[_mm512_setzero_ps(); 2]; 8];
         let (ap, w0p, w1p) = (a.as_ptr(), strips[0].as_ptr(), strips[1].as_ptr());
+        let mut asker = Asker::new(up);
         for kk in 0..k {
             ahead(w0p, kk * W);
             ahead(w1p, kk * W);
+            if ASK {
+                asker.step();
+            }
             let w0 = _mm512_loadu_ps(w0p.add(kk * W));
             let w1 = _mm512_loadu_ps(w1p.add(kk * W));
             for (r, cr) in c.iter_mut().enumerate() {
