@@ -168,7 +168,7 @@ fn measure(a: Run) -> Result<()> {
     // the limits, measured on a pool of the server's size before it starts
     // the weight-read rate: the best of reading 1–16 streams side by side a core (one stream a
     // core reads half of what memory gives on some machines)
-    let (read_rates, matmul_gflops) = brigade::with_threads(a.threads, || {
+    let (read_rates, matmul_before) = brigade::with_threads(a.threads, || {
         (brigade::bench::machine::read_rates(512 << 20), brigade::bench::matmul_gflops(2048, 2048, 2048, 3))
     })?;
     let (mut weight_bytes, flops_per_token) = costs(&cfg, a.prompt_len + a.output_len / 2, a.weights.clone());
@@ -178,7 +178,6 @@ fn measure(a: Run) -> Result<()> {
         }
     }
     let per_prompt = prompt_flops(&cfg, a.prompt_len);
-    let compute_limit = matmul_gflops * 1e9 / flops_per_token;
     let max_c = a.concurrency.iter().copied().max().unwrap_or(64);
     let url = match &a.url {
         Some(u) => u.trim_end_matches('/').to_string(),
@@ -257,9 +256,15 @@ fn measure(a: Run) -> Result<()> {
     }
     // the read rate again after the loads (this machine's memory has moved between 35 and
     // 52 GB/s within minutes): the bound is the best the run measured
-    let read_rates_after = brigade::with_threads(a.threads, || brigade::bench::machine::read_rates(512 << 20))?;
+    // and the product rate likewise (on a shared host its 2048³ probe has read anywhere from
+    // 88 to 215 GFLOP/s within the hour: a probe that reads low would flatter every fraction)
+    let (read_rates_after, matmul_after) = brigade::with_threads(a.threads, || {
+        (brigade::bench::machine::read_rates(512 << 20), brigade::bench::matmul_gflops(2048, 2048, 2048, 3))
+    })?;
     let read_gbps = read_rates.iter().chain(&read_rates_after).map(|r| r.1).fold(0.0, f64::max);
     let read_limit = read_gbps * 1e9 / weight_bytes;
+    let matmul_gflops = matmul_before.max(matmul_after);
+    let compute_limit = matmul_gflops * 1e9 / flops_per_token;
     let mut rows: Vec<serde_json::Value> = Vec::new();
     for (arrivals, tools, row) in runs {
         let (fr, fc) = (row.output_tokens_per_s / read_limit, row.output_tokens_per_s / compute_limit);
@@ -308,6 +313,7 @@ fn measure(a: Run) -> Result<()> {
     let limits = serde_json::json!({"read_gbps": read_gbps, "read_gbps_by_streams": read_rates,
         "read_gbps_by_streams_after": read_rates_after, "weight_bytes": weight_bytes,
         "weight_read_limit_tokens_per_s": read_limit, "matmul_gflops": matmul_gflops,
+        "matmul_gflops_before": matmul_before, "matmul_gflops_after": matmul_after,
         "flops_per_token": flops_per_token, "prompt_flops": per_prompt, "matmul_limit_tokens_per_s": compute_limit});
     if a.json {
         outln!(
@@ -329,6 +335,7 @@ fn measure(a: Run) -> Result<()> {
             by_streams(&read_rates),
             by_streams(&read_rates_after)
         );
+        outln!("  the product rate is the better of 2048³ before the loads ({matmul_before:.0} GFLOP/s) and after them ({matmul_after:.0})");
     }
     Ok(())
 }
