@@ -168,9 +168,12 @@ fn measure(a: Run) -> Result<()> {
     // the limits, measured on a pool of the server's size before it starts
     // the weight-read rate: the best of reading 1–16 streams side by side a core (one stream a
     // core reads half of what memory gives on some machines)
-    let (read_rates, matmul_before) = brigade::with_threads(a.threads, || {
-        (brigade::bench::machine::read_rates(512 << 20), brigade::bench::matmul_gflops(2048, 2048, 2048, 3))
-    })?;
+    let probe = || {
+        brigade::with_threads(a.threads, || {
+            (brigade::bench::machine::read_rates(512 << 20), brigade::bench::matmul_gflops(2048, 2048, 2048, 3))
+        })
+    };
+    let (read_rates, matmul_before) = probe()?;
     let (mut weight_bytes, flops_per_token) = costs(&cfg, a.prompt_len + a.output_len / 2, a.weights.clone());
     if let (Some(p), WeightFormat::Stored) = (&a.checkpoint, &a.weights) {
         if let Some(bytes) = stored_matrix_bytes(p)? {
@@ -258,9 +261,7 @@ fn measure(a: Run) -> Result<()> {
     // 52 GB/s within minutes): the bound is the best the run measured
     // and the product rate likewise (on a shared host its 2048³ probe has read anywhere from
     // 88 to 215 GFLOP/s within the hour: a probe that reads low would flatter every fraction)
-    let (read_rates_after, matmul_after) = brigade::with_threads(a.threads, || {
-        (brigade::bench::machine::read_rates(512 << 20), brigade::bench::matmul_gflops(2048, 2048, 2048, 3))
-    })?;
+    let (read_rates_after, matmul_after) = probe()?;
     let read_gbps = read_rates.iter().chain(&read_rates_after).map(|r| r.1).fold(0.0, f64::max);
     let read_limit = read_gbps * 1e9 / weight_bytes;
     let matmul_gflops = matmul_before.max(matmul_after);

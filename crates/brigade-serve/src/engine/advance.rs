@@ -59,15 +59,15 @@ impl Scheduler {
     /// order) and returns the tokens made.
     pub fn advance(&mut self, batch: &Batch, logits: Logits) -> Vec<Output> {
         let mut out = Vec::new();
-        // the sampling of each row's sequence (the sequences whose chunk reaches their last
-        // token, in order), where its draw can be prepared beside the others': sampled, with no
-        // penalty, no constraint and nothing forced
+        // the sampling of each row's sequence (the chunks that asked for logits, in order),
+        // where its draw can be prepared beside the others': sampled, with no penalty, no
+        // constraint and nothing forced
         let prepared: Vec<Option<SampleOptions>> = batch
             .seqs
             .iter()
-            .map(|sc| (&self.running[sc.at], sc.tokens))
-            .filter(|(s, n)| s.computed + n >= s.tokens.len())
-            .map(|(s, _)| {
+            .filter(|sc| sc.logits)
+            .map(|sc| &self.running[sc.at])
+            .map(|s| {
                 let opt = sample_options(&s.sampling);
                 let alone = s.sampling.repetition_penalty == 1.0 && s.constraint.is_none();
                 (opt.temperature > 0.0 && alone && s.forced.get(s.generated).is_none()).then_some(opt)
@@ -101,7 +101,7 @@ impl Scheduler {
                 s.parent = Some(self.pool.publish(b, s.parent, &s.tokens[s.published * bs..(s.published + 1) * bs]));
                 s.published += 1;
             }
-            if s.computed < s.tokens.len() {
+            if !sc.logits {
                 continue;
             }
             let (row, (lse, greedy, ready)) = li.next().expect("logits for every finished chunk");
