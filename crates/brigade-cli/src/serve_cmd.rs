@@ -80,6 +80,11 @@ pub(crate) struct EngineArgs {
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
+    /// What the KV cache holds keys and values as: f32 (every bit as computed), or f16 (each
+    /// rounded to the nearest half, as llama.cpp's cache holds them: twice the tokens in the
+    /// same --kv-cache-mib, and half the bytes each decode step's attention reads).
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::F32)]
+    kv_cache_dtype: KvCacheDtype,
     /// How the matrices are held: stored (as the file holds them: a GGUF's quantized matrices
     /// in their own types, floats in f32), f32 (a GGUF dequantized), or quantized at load
     /// (int8: 8 bits, a scale per output column and group of 32 inputs; int8-channel: one per
@@ -155,6 +160,7 @@ impl EngineArgs {
             max_step_tokens: self.max_step_tokens,
             kv_cache_mib: self.kv_cache_mib,
             block_size: self.block_size,
+            kv_dtype: self.kv_cache_dtype.dtype(),
             shutdown_timeout: Duration::ZERO,
             weights: self.weights.format(),
             generation_defaults: self.generation_config == GenerationDefaults::Auto,
@@ -171,6 +177,22 @@ pub(crate) enum Weights {
     Int8,
     Int8Channel,
     Int4,
+}
+
+/// `--kv-cache-dtype`: the choices clap lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum KvCacheDtype {
+    F32,
+    F16,
+}
+
+impl KvCacheDtype {
+    pub(crate) fn dtype(self) -> brigade_serve::model::KvDtype {
+        match self {
+            KvCacheDtype::F32 => brigade_serve::model::KvDtype::F32,
+            KvCacheDtype::F16 => brigade_serve::model::KvDtype::F16,
+        }
+    }
 }
 
 impl Weights {

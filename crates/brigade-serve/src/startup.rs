@@ -35,6 +35,8 @@ pub struct ServeOptions {
     pub max_step_tokens: usize,
     pub kv_cache_mib: usize,
     pub block_size: usize,
+    /// What the KV cache holds keys and values as (`--kv-cache-dtype`: f32, or f16).
+    pub kv_dtype: crate::model::KvDtype,
     pub shutdown_timeout: Duration,
     /// How the products' weights are held: f32, or quantized to 8 bits at load.
     pub weights: crate::model::weights::WeightFormat,
@@ -110,7 +112,7 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
         // by the stage with the most layers (every stage keeps the same blocks)
         let layers = (0..pp).map(|s| crate::model::forward::stage_layers(&cfg, pp, s).len()).max().unwrap_or(1);
         let width = crate::model::weights::kv_width(&cfg, 1);
-        let kv_blocks = KvStore::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, layers, width);
+        let kv_blocks = KvStore::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, layers, width, o.kv_dtype);
         if kv_blocks == 0 {
             return Err(ServeError::Setting(format!(
                 "--kv-cache-mib {} holds no block of {} tokens for this model's stage; raise it",
@@ -135,8 +137,8 @@ pub fn engine_blocks(o: &ServeOptions, source: &Source) -> Result<usize, ServeEr
     }
     // each rank holds its key/value heads: the cache's MiB are per rank
     let width = crate::model::weights::kv_width(&cfg, tp);
-    let block_mib = (o.block_size * cfg.n_layer * 2 * width * 4) as f64 / (1 << 20) as f64;
-    let kv_blocks = KvStore::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, width);
+    let block_mib = (o.block_size * cfg.n_layer * 2 * width * o.kv_dtype.bytes()) as f64 / (1 << 20) as f64;
+    let kv_blocks = KvStore::blocks_for_bytes(o.kv_cache_mib << 20, o.block_size, cfg.n_layer, width, o.kv_dtype);
     if kv_blocks == 0 {
         return Err(ServeError::Setting(format!(
             "--kv-cache-mib {} holds no block of {} tokens for this model; raise it (a block needs {:.1} MiB)",
@@ -152,7 +154,7 @@ pub fn follow(o: &ServeOptions, source: &Source, kv_blocks: usize, comm: brigade
     let Served { gpt, params, .. } = source.load()?;
     let split = (o.layout.pp, o.layout.cp);
     let weights = source.held(&o.weights, &gpt)?;
-    crate::engine::follow_group(gpt, params, comm, (kv_blocks, o.block_size, o.threads, weights), split)
+    crate::engine::follow_group(gpt, params, comm, ((kv_blocks, o.block_size, o.kv_dtype), o.threads, weights), split)
 }
 
 /// Loads the model and starts its engine: what handlers (or `brigade run`) use.
@@ -163,6 +165,7 @@ pub fn load(o: &ServeOptions, source: &Source, kv_blocks: usize, metrics: &Metri
     let setup = EngineSetup {
         kv_blocks,
         block_size: o.block_size,
+        kv_dtype: o.kv_dtype,
         limits,
         tp: o.layout.tp,
         pp: o.layout.pp,
@@ -307,5 +310,49 @@ fn chat_template(
             };
             Err(NoChat::NoTemplate { dir })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::KvDtype;
+
+    fn options(kv_cache_mib: usize, kv_dtype: KvDtype, tp: usize) -> ServeOptions {
+        ServeOptions {
+            source: None,
+            embedding_model: None,
+            name: None,
+            host: String::new(),
+            port: 0,
+            threads: 2,
+            layout: Layout { tp, ..Default::default() },
+            max_running: 8,
+            max_queued: 0,
+            max_step_tokens: 64,
+            kv_cache_mib,
+            block_size: 16,
+            kv_dtype,
+            shutdown_timeout: Duration::ZERO,
+            weights: crate::model::weights::WeightFormat::F32,
+            generation_defaults: false,
+            group: None,
+        }
+    }
+
+    /// The cache's MiB hold blocks of 16 tokens × 12 layers × keys and values × 768 numbers
+    /// (gpt2-small): 1.125 MiB of f32 a block, 0.5625 MiB of f16 — twice the tokens in f16; a
+    /// cache too small for one block is refused with the block's size.
+    #[test]
+    fn an_f16_cache_holds_twice_the_blocks_in_the_same_memory() {
+        let src = Source::Preset("gpt2-small".into());
+        let blocks = |mib, dtype, tp| engine_blocks(&options(mib, dtype, tp), &src);
+        assert_eq!(blocks(90, KvDtype::F32, 1).unwrap(), 80);
+        assert_eq!(blocks(90, KvDtype::F16, 1).unwrap(), 160);
+        // each of 2 ranks holds half the heads: the MiB are a rank's
+        assert_eq!(blocks(90, KvDtype::F16, 2).unwrap(), 320);
+        let e = blocks(1, KvDtype::F32, 1).unwrap_err().to_string();
+        assert!(e.contains("--kv-cache-mib 1 holds no block of 16 tokens") && e.contains("1.1 MiB"), "{e}");
+        assert_eq!(blocks(1, KvDtype::F16, 1).unwrap(), 1, "0.5625 MiB fits in 1");
     }
 }

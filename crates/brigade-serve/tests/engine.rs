@@ -8,7 +8,7 @@ mod common;
 
 use brigade::models::{Activations, Gpt, GptConfig};
 use brigade_serve::engine::{Engine, Limits, Output, Request, Sampling};
-use brigade_serve::model::Model;
+use brigade_serve::model::{KvDtype, Model};
 use common::{Family, FAMILIES};
 use std::collections::HashMap;
 
@@ -97,11 +97,19 @@ fn want_seeded_sampling() -> Sampling {
 #[test]
 fn outputs_do_not_depend_on_the_batch() {
     for f in FAMILIES {
-        batch_invariance(f);
+        batch_invariance(f, KvDtype::F32);
     }
 }
 
-fn batch_invariance(f: Family) {
+/// The same with the cache in f16 (each key and value rounded to a half as it is written).
+#[test]
+fn outputs_do_not_depend_on_the_batch_with_an_f16_cache() {
+    for f in FAMILIES {
+        batch_invariance(f, KvDtype::F16);
+    }
+}
+
+fn batch_invariance(f: Family, dtype: KvDtype) {
     let (gpt, p) = common::model(f, 97, 96, 3);
     let shared: Vec<u32> = (0..20).map(|i| (i * 13 + 5) % 97).collect();
     let probe = |id: u64, sampling: Sampling| {
@@ -112,7 +120,11 @@ fn batch_invariance(f: Family) {
     let seeded = want_seeded_sampling();
     // alone, roomy engine, whole prompts in one step
     let alone = |r: Request| {
-        let mut e = Engine::new(Model::new(&gpt, &p), 256, 4, Limits { max_running: 64, max_step_tokens: 4096 });
+        let mut e = Engine::with_cache(
+            Model::new(&gpt, &p),
+            (256, 4, dtype),
+            Limits { max_running: 64, max_step_tokens: 4096 },
+        );
         run(&mut e, vec![(0, r)])
     };
     let want_greedy = alone(probe(1, Sampling::greedy(40)))[&1].clone();
@@ -133,10 +145,12 @@ fn batch_invariance(f: Family) {
     // the last arrivals are the newest, so they are the ones preempted
     arrivals.push((60, probe(3, Sampling::greedy(40))));
     arrivals.push((60, probe(4, Sampling { seed: 9, ..want_seeded_sampling() })));
-    let mut e = Engine::new(Model::new(&gpt, &p), 40, 4, Limits { max_running: 32, max_step_tokens: 24 });
+    let mut e =
+        Engine::with_cache(Model::new(&gpt, &p), (40, 4, dtype), Limits { max_running: 32, max_step_tokens: 24 });
     let got = run(&mut e, arrivals.clone());
     assert!(e.stats().preemptions > 0, "the test meant to preempt");
     assert!(e.pool().hits > 0, "the test meant to hit the prefix cache");
+    assert_eq!(e.kv.dtype(), dtype);
     assert_eq!(got[&1], want_greedy, "{f:?}: greedy output changed inside a batch");
     assert_eq!(got[&2], want_seeded, "{f:?}: seeded sampling changed inside a batch");
     // every request, each run alone, gives what it gave in the crowd

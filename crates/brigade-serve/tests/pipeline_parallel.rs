@@ -13,7 +13,7 @@ use brigade::models::{Gpt, GptConfig};
 use brigade_serve::engine::{Engine, Limits};
 use brigade_serve::model::forward::stage_layers;
 use brigade_serve::model::weights::WeightFormat;
-use brigade_serve::model::{KvStore, Model, ShardError, Work};
+use brigade_serve::model::{KvDtype, KvStore, Model, ShardError, Work};
 use common::Family;
 
 /// The family's test model, with 4 layers.
@@ -163,25 +163,29 @@ fn the_engine_on_a_pipeline_gives_the_same_tokens() {
             out.sort_by_key(|o| o.id);
             out
         };
-        let want = by_request(drive(&mut Engine::new(Model::new(&gpt, &p), 40, 4, limits)));
-        let got = brigade_comm::local::run(2, |comm| -> Result<_, ShardError> {
-            let rank = comm.rank();
-            let m = Model::stage_as(&gpt, &p, comm, WeightFormat::F32)?;
-            if rank == 0 {
-                let mut e = Engine::new(m, 40, 4, limits);
-                assert_eq!(e.lanes(), 2, "a lane per stage when each share holds a whole context");
-                let out = by_request(drive(&mut e));
-                e.model.stop_followers();
-                Ok(out)
-            } else {
-                let mut kv = KvStore::new(40, 4, m.layers_n, m.kv_width());
-                while m.follow(&mut kv) {}
-                Ok(vec![])
-            }
-        })
-        .unwrap();
-        assert_eq!(got[0], want, "{} on a pipeline of 2", f.name());
-        assert_eq!(want.len(), 180);
+        // each stage's cache in f32, then in f16 (each stage rounds its layers' keys and values
+        // as one worker does)
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let want = by_request(drive(&mut Engine::with_cache(Model::new(&gpt, &p), (40, 4, dtype), limits)));
+            let got = brigade_comm::local::run(2, |comm| -> Result<_, ShardError> {
+                let rank = comm.rank();
+                let m = Model::stage_as(&gpt, &p, comm, WeightFormat::F32)?;
+                if rank == 0 {
+                    let mut e = Engine::with_cache(m, (40, 4, dtype), limits);
+                    assert_eq!(e.lanes(), 2, "a lane per stage when each share holds a whole context");
+                    let out = by_request(drive(&mut e));
+                    e.model.stop_followers();
+                    Ok(out)
+                } else {
+                    let mut kv = KvStore::with_dtype(40, 4, m.layers_n, m.kv_width(), dtype);
+                    while m.follow(&mut kv) {}
+                    Ok(vec![])
+                }
+            })
+            .unwrap();
+            assert_eq!(got[0], want, "{} on a pipeline of 2, {dtype} cache", f.name());
+            assert_eq!(want.len(), 180);
+        }
     });
 }
 

@@ -7,7 +7,7 @@ mod common;
 use brigade::models::family::{MlpSpec, Qkv};
 use brigade::models::GptConfig;
 use brigade_serve::engine::{Engine, Limits};
-use brigade_serve::model::KvStore;
+use brigade_serve::model::{KvDtype, KvStore};
 use brigade_serve::model::{Model, ShardError};
 use common::Family;
 
@@ -111,33 +111,44 @@ fn sharded_logits(f: Family) {
 fn the_engine_on_several_ranks_gives_the_same_tokens() {
     common::for_each_family(|f| {
         for tp in sizes(&common::config(f, 101, 64)) {
-            engine_on_ranks(f, tp);
+            engine_on_ranks(f, tp, KvDtype::F32);
         }
     });
 }
 
-fn engine_on_ranks(f: Family, tp: usize) {
+/// The same with each rank's cache in f16: a rank rounds its key/value heads as one worker
+/// rounds them.
+#[test]
+fn the_engine_on_several_ranks_gives_the_same_tokens_with_an_f16_cache() {
+    common::for_each_family(|f| {
+        for tp in sizes(&common::config(f, 101, 64)) {
+            engine_on_ranks(f, tp, KvDtype::F16);
+        }
+    });
+}
+
+fn engine_on_ranks(f: Family, tp: usize, dtype: KvDtype) {
     let (gpt, p) = common::model(f, 101, 64, 5);
     let limits = Limits { max_running: 4, max_step_tokens: 12 };
     let drive = common::drive;
-    let want = drive(&mut Engine::new(Model::new(&gpt, &p), 40, 4, limits));
+    let want = drive(&mut Engine::with_cache(Model::new(&gpt, &p), (40, 4, dtype), limits));
     let got = brigade_comm::local::run(tp, |comm| -> Result<_, ShardError> {
         let rank = comm.rank();
         let m = Model::shard(&gpt, &p, Some(comm))?;
         if rank == 0 {
-            let mut e = Engine::new(m, 40, 4, limits);
+            let mut e = Engine::with_cache(m, (40, 4, dtype), limits);
             let out = drive(&mut e);
             e.model.stop_followers();
             Ok(out)
         } else {
-            let mut kv = KvStore::new(40, 4, 2, m.kv_width());
+            let mut kv = KvStore::with_dtype(40, 4, 2, m.kv_width(), dtype);
             while m.follow(&mut kv) {}
             Ok(vec![])
         }
     })
     .unwrap();
     let name = f.name();
-    assert_eq!(got[0], want, "{name} on {tp} ranks");
+    assert_eq!(got[0], want, "{name} on {tp} ranks, {dtype} cache");
     assert_eq!(want.len(), 180, "{name}");
     // the branches were computed from the copied blocks: each ran only its last prompt token
     assert!(want.iter().filter(|o| o.id >= 10).all(|o| o.prompt_computed == 1), "{name}");

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use brigade::models::{Gpt, GptConfig};
 use brigade_serve::engine::{Engine, Limits, Request, Sampling};
 use brigade_serve::model::weights::WeightFormat;
-use brigade_serve::model::Model;
+use brigade_serve::model::{KvDtype, Model};
 use clap::Args;
 use std::time::Instant;
 
@@ -19,6 +19,9 @@ pub struct Flags {
     /// How the engine holds the matrices (as `brigade serve --weights`; `stored` is f32 here).
     #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::F32)]
     pub(crate) weights: crate::serve_cmd::Weights,
+    /// What the KV cache holds keys and values as (as `brigade serve --kv-cache-dtype`).
+    #[arg(long, value_enum, default_value_t = crate::serve_cmd::KvCacheDtype::F32)]
+    pub(crate) kv_cache_dtype: crate::serve_cmd::KvCacheDtype,
     /// Sample every token at this temperature (each request seeded by its number); 0: greedy.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) temperature: f32,
@@ -41,7 +44,8 @@ pub fn run(f: Flags) -> Result<()> {
     }
     // every request's sampling but its seed (its number) and length (--output-len)
     let pick = Sampling { temperature: f.temperature, top_k: f.top_k, top_p: f.top_p, ..Sampling::greedy(0) };
-    measure(&l.model, &l.concurrency, (l.prompt_len, l.output_len), l.threads, f.weights.format(), &pick, l.json)
+    let held = (f.weights.format(), f.kv_cache_dtype.dtype());
+    measure(&l.model, &l.concurrency, (l.prompt_len, l.output_len), l.threads, held, &pick, l.json)
 }
 
 fn measure(
@@ -49,7 +53,7 @@ fn measure(
     concurrency: &[usize],
     (prompt_len, output_len): (usize, usize),
     threads: usize,
-    weights: WeightFormat,
+    (weights, kv_dtype): (WeightFormat, KvDtype),
     pick: &Sampling,
     json: bool,
 ) -> Result<()> {
@@ -64,7 +68,7 @@ fn measure(
     let params = gpt.init_params(1);
     let m = Model::shard_as(&gpt, &params, None, weights.clone())?;
     drop(params);
-    let mut engine = Engine::new(m, 1, 16, Limits { max_running: 1, max_step_tokens: 1 });
+    let mut engine = Engine::with_cache(m, (1, 16, kv_dtype), Limits { max_running: 1, max_step_tokens: 1 });
     let mut rows = Vec::new();
     for &n in concurrency {
         let blocks = n * (prompt_len + output_len).div_ceil(16) + 1;
@@ -91,7 +95,7 @@ fn measure(
         let per_step = (wall - first.unwrap_or(0.0)) / decode_steps as f64;
         if !json {
             outln!(
-                "{model} ({weights:?}), {n} concurrent, prompt {prompt_len}, output {output_len}, {threads} threads, {}: {tps:.1} output tokens/s; first token after {:.3} s (prefill of all), then {:.1} ms a step",
+                "{model} ({weights:?}, {kv_dtype} cache), {n} concurrent, prompt {prompt_len}, output {output_len}, {threads} threads, {}: {tps:.1} output tokens/s; first token after {:.3} s (prefill of all), then {:.1} ms a step",
                 if pick.temperature > 0.0 {
                     format!("sampled (temperature {}, top-k {}, top-p {})", pick.temperature, pick.top_k, pick.top_p)
                 } else {
@@ -106,7 +110,7 @@ fn measure(
     if json {
         outln!(
             "{}",
-            serde_json::json!({"bench": "engine", "model": model, "threads": threads, "weights": format!("{weights:?}"), "prompt_len": prompt_len, "output_len": output_len, "temperature": pick.temperature, "top_k": pick.top_k, "top_p": pick.top_p, "rows": rows})
+            serde_json::json!({"bench": "engine", "model": model, "threads": threads, "weights": format!("{weights:?}"), "kv_cache_dtype": kv_dtype.to_string(), "prompt_len": prompt_len, "output_len": output_len, "temperature": pick.temperature, "top_k": pick.top_k, "top_p": pick.top_p, "rows": rows})
         );
     }
     Ok(())

@@ -230,7 +230,7 @@ pub fn run(f: Flags) -> Result<()> {
     let url = super::serve::start_server(
         Source::Checkpoint(dir.path().to_path_buf()),
         f.threads,
-        (1, WeightFormat::F32),
+        (1, WeightFormat::F32, brigade_serve::model::KvDtype::F32),
         64,
     )?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use brigade::models::GptConfig;
 use brigade_serve::http;
 use brigade_serve::model::weights::WeightFormat;
+use brigade_serve::model::KvDtype;
 use brigade_serve::source::Source;
 use brigade_serve::startup::ServeOptions;
 use clap::Args;
@@ -42,6 +43,10 @@ pub struct Flags {
     /// How the server holds the matrices (as `brigade serve --weights`).
     #[arg(long, value_enum, default_value_t = crate::serve_cmd::Weights::Stored)]
     pub(crate) weights: crate::serve_cmd::Weights,
+    /// What the server's KV cache holds (as `brigade serve --kv-cache-dtype`); with --url, what
+    /// the weight-read limit takes that server's cache to hold.
+    #[arg(long, value_enum, default_value_t = crate::serve_cmd::KvCacheDtype::F32)]
+    pub(crate) kv_cache_dtype: crate::serve_cmd::KvCacheDtype,
     /// Chat requests offering N tools instead: each load runs with `tool_choice: "none"` and
     /// then `"required"` (the calls held to their schemas), their output tokens/s side by side,
     /// and the grammar's compile time the first time and cached after (needs a --checkpoint
@@ -51,12 +56,13 @@ pub struct Flags {
 }
 
 pub fn run(f: Flags) -> Result<()> {
-    let Flags { load: l, checkpoint, url, rate, requests, tp, seed, weights, tools } = f;
+    let Flags { load: l, checkpoint, url, rate, requests, tp, seed, weights, kv_cache_dtype, tools } = f;
 
     crate::threads::check_threads(l.threads, "--threads")?;
     measure(Run {
         tp,
         weights: weights.format(),
+        kv_dtype: kv_cache_dtype.dtype(),
         checkpoint,
         model: l.model,
         url,
@@ -85,6 +91,7 @@ struct Run {
     threads: usize,
     tp: usize,
     weights: WeightFormat,
+    kv_dtype: KvDtype,
     seed: u64,
     json: bool,
     tools: usize,
@@ -180,11 +187,16 @@ fn measure(a: Run) -> Result<()> {
             weight_bytes = bytes;
         }
     }
+    // a decode step also reads its sequence's cached keys and values (at the load's mean
+    // context): every byte of the step counts against the read limit
+    let context = a.prompt_len + a.output_len / 2;
+    let cache_bytes =
+        (2 * cfg.n_layer * brigade_serve::model::weights::kv_width(&cfg, 1) * context * a.kv_dtype.bytes()) as f64;
     let per_prompt = prompt_flops(&cfg, a.prompt_len);
     let max_c = a.concurrency.iter().copied().max().unwrap_or(64);
     let url = match &a.url {
         Some(u) => u.trim_end_matches('/').to_string(),
-        None => start_server(source, a.threads, (a.tp, a.weights.clone()), max_c)?,
+        None => start_server(source, a.threads, (a.tp, a.weights.clone(), a.kv_dtype), max_c)?,
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let model = if a.url.is_some() { None } else { Some(model_name(&a)) };
@@ -263,7 +275,7 @@ fn measure(a: Run) -> Result<()> {
     // 88 to 215 GFLOP/s within the hour: a probe that reads low would flatter every fraction)
     let (read_rates_after, matmul_after) = probe()?;
     let read_gbps = read_rates.iter().chain(&read_rates_after).map(|r| r.1).fold(0.0, f64::max);
-    let read_limit = read_gbps * 1e9 / weight_bytes;
+    let read_limit = read_gbps * 1e9 / (weight_bytes + cache_bytes);
     let matmul_gflops = matmul_before.max(matmul_after);
     let compute_limit = matmul_gflops * 1e9 / flops_per_token;
     let mut rows: Vec<serde_json::Value> = Vec::new();
@@ -274,7 +286,12 @@ fn measure(a: Run) -> Result<()> {
         let fc_all = all_flops / (matmul_gflops * 1e9);
         // a decode step reads every weight once, whatever the batch: the rate the typical
         // step read them at (the output-token fraction above also carries the prompts' time)
-        let step_gbps = weight_bytes / (row.itl_p50_ms / 1e3) / 1e9;
+        // (and each running sequence's cache: at a rate of arrivals, counted as one)
+        let seqs = match arrivals {
+            Arrivals::Concurrency(c) => c as f64,
+            Arrivals::Rate(_) => 1.0,
+        };
+        let step_gbps = (weight_bytes + seqs * cache_bytes) / (row.itl_p50_ms / 1e3) / 1e9;
         if !a.json {
             let what = match arrivals {
                 Arrivals::Concurrency(c) => format!("{c} concurrent"),
@@ -285,7 +302,7 @@ fn measure(a: Run) -> Result<()> {
                 None => what,
             };
             outln!(
-                "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit (a step of ITL p50 reads the weights at {:.1} GB/s, {:.0}% of the read rate), {:.0}% of the matmul limit ({:.0}% counting the prompts' rows)",
+                "{what}: {} requests ({} failed) in {:.1} s: {:.2} requests/s, {:.1} output tokens/s; TTFT p50 {:.0} ms p99 {:.0} ms; ITL p50 {:.1} ms p99 {:.1} ms (p99/p50 {:.2}); {:.0}% of the weight-read limit (a step of ITL p50 reads the weights and caches at {:.1} GB/s, {:.0}% of the read rate), {:.0}% of the matmul limit ({:.0}% counting the prompts' rows)",
                 row.requests,
                 row.failed,
                 row.wall_s,
@@ -312,7 +329,7 @@ fn measure(a: Run) -> Result<()> {
         rows.push(v);
     }
     let limits = serde_json::json!({"read_gbps": read_gbps, "read_gbps_by_streams": read_rates,
-        "read_gbps_by_streams_after": read_rates_after, "weight_bytes": weight_bytes,
+        "read_gbps_by_streams_after": read_rates_after, "weight_bytes": weight_bytes, "cache_bytes": cache_bytes,
         "weight_read_limit_tokens_per_s": read_limit, "matmul_gflops": matmul_gflops,
         "matmul_gflops_before": matmul_before, "matmul_gflops_after": matmul_after,
         "flops_per_token": flops_per_token, "prompt_flops": per_prompt, "matmul_limit_tokens_per_s": compute_limit});
@@ -320,13 +337,15 @@ fn measure(a: Run) -> Result<()> {
         outln!(
             "{}",
             serde_json::json!({"bench": "serve", "model": model_name(&a), "url": a.url, "threads": a.threads, "tp": a.tp, "weights": format!("{:?}", a.weights),
-                "prompt_len": a.prompt_len, "output_len": a.output_len, "limits": limits, "rows": rows, "tools": a.tools, "grammar": grammar})
+                "kv_cache_dtype": a.kv_dtype.to_string(), "prompt_len": a.prompt_len, "output_len": a.output_len, "limits": limits, "rows": rows, "tools": a.tools, "grammar": grammar})
         );
     } else {
         outln!(
-            "limits ({} threads): weights {:.2} GB read at {read_gbps:.1} GB/s → {read_limit:.0} tokens/s for one sequence; {:.2} GFLOP a token at {matmul_gflops:.0} GFLOP/s → {compute_limit:.0} tokens/s",
+            "limits ({} threads): weights {:.2} GB and one sequence's {} cache {:.1} MB read at {read_gbps:.1} GB/s → {read_limit:.0} tokens/s for one sequence; {:.2} GFLOP a token at {matmul_gflops:.0} GFLOP/s → {compute_limit:.0} tokens/s",
             a.threads,
             weight_bytes / 1e9,
+            a.kv_dtype,
+            cache_bytes / 1e6,
             flops_per_token / 1e9
         );
         let by_streams =
@@ -352,7 +371,7 @@ fn model_name(a: &Run) -> String {
 pub(crate) fn start_server(
     source: Source,
     threads: usize,
-    (tp, weights): (usize, WeightFormat),
+    (tp, weights, kv_dtype): (usize, WeightFormat, KvDtype),
     max_c: usize,
 ) -> Result<String> {
     let o = ServeOptions {
@@ -368,6 +387,7 @@ pub(crate) fn start_server(
         max_step_tokens: 512,
         kv_cache_mib: 2048,
         block_size: 16,
+        kv_dtype,
         shutdown_timeout: Duration::from_secs(1),
         weights,
         // the requests it sends say what they sample; nothing from generation_config.json

@@ -16,7 +16,7 @@ use super::block_pool::BlockPool;
 use super::profile::StepProfile;
 use super::request::{Admit, Output, Refused, Request};
 use super::scheduler::{Limits, Scheduler, Stats};
-use crate::model::{KvStore, Model, Work};
+use crate::model::{KvDtype, KvStore, Model, Work};
 use std::collections::{HashMap, VecDeque};
 
 pub struct Engine {
@@ -54,7 +54,12 @@ impl Engine {
     /// per stage, each with an equal share of the blocks and of `limits.max_running` — fewer
     /// lanes if a share would not hold one sequence of the whole context.
     pub fn new(model: Model, kv_blocks: usize, block_size: usize, limits: Limits) -> Engine {
-        let kv = KvStore::new(kv_blocks, block_size, model.layers_n, model.kv_width());
+        Engine::with_cache(model, (kv_blocks, block_size, KvDtype::F32), limits)
+    }
+
+    /// `new` with a cache of `dtype` numbers (f32 or f16).
+    pub fn with_cache(model: Model, (kv_blocks, block_size, dtype): (usize, usize, KvDtype), limits: Limits) -> Engine {
+        let kv = KvStore::with_dtype(kv_blocks, block_size, model.layers_n, model.kv_width(), dtype);
         let per_seq = model.context.div_ceil(block_size);
         let n = (1..=model.stages()).rev().find(|&n| kv_blocks / n >= per_seq).unwrap_or(1);
         let mut engine =
@@ -87,7 +92,7 @@ impl Engine {
         assert!(!self.has_work(), "reset with sequences in flight");
         let bs = self.kv.block_size;
         let n = self.lanes.len();
-        self.kv = KvStore::new(kv_blocks, bs, self.model.layers_n, self.model.kv_width());
+        self.kv = KvStore::with_dtype(kv_blocks, bs, self.model.layers_n, self.model.kv_width(), self.kv.dtype());
         self.make_lanes(n, kv_blocks, limits);
     }
 

@@ -9,7 +9,7 @@ use super::scheduler::Limits;
 use super::step::Engine;
 use crate::metrics::Metrics;
 use crate::model::weights::WeightFormat;
-use crate::model::{KvStore, Model, ShardError};
+use crate::model::{KvDtype, KvStore, Model, ShardError};
 use brigade::models::Gpt;
 use std::collections::HashMap;
 use std::sync::{mpsc, Mutex};
@@ -21,6 +21,8 @@ use tokio::sync::mpsc::UnboundedSender;
 pub struct EngineSetup {
     pub kv_blocks: usize,
     pub block_size: usize,
+    /// What the KV cache holds its numbers as (f32, or f16: half the memory).
+    pub kv_dtype: KvDtype,
     pub limits: Limits,
     /// Ranks the model is sharded over (threads of this process).
     pub tp: usize,
@@ -91,7 +93,7 @@ impl EngineHandle {
         let reporter = metrics.clone();
         let cfg = gpt.cfg;
         let engine_of = move |model: Model| {
-            let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
+            let engine = Engine::with_cache(model, (setup.kv_blocks, setup.block_size, setup.kv_dtype), setup.limits);
             say_pipeline(&cfg, &engine);
             reporter.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
             engine
@@ -129,8 +131,9 @@ impl EngineHandle {
                             drop(built);
                             run(engine, rx, metrics.clone());
                         } else {
+                            let (layers, width) = (model.layers_n, model.kv_width());
                             let mut kv =
-                                KvStore::new(setup.kv_blocks, setup.block_size, model.layers_n, model.kv_width());
+                                KvStore::with_dtype(setup.kv_blocks, setup.block_size, layers, width, setup.kv_dtype);
                             metrics.rank_holds(rank, kv.blocks(), model.weight_bytes().1);
                             let _ = built.send(());
                             drop(built);
@@ -166,7 +169,7 @@ impl EngineHandle {
     ) -> Result<(EngineHandle, std::thread::JoinHandle<()>), ShardError> {
         let model = rank_model(&gpt, &params, comm, (setup.pp, setup.cp), setup.weights)?;
         drop(params);
-        let engine = Engine::new(model, setup.kv_blocks, setup.block_size, setup.limits);
+        let engine = Engine::with_cache(model, (setup.kv_blocks, setup.block_size, setup.kv_dtype), setup.limits);
         say_pipeline(&gpt.cfg, &engine);
         metrics.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
         Ok(EngineHandle::start(engine, setup.threads, metrics))
@@ -323,19 +326,19 @@ fn deliver(engine: &mut Engine, outs: &mut HashMap<u64, UnboundedSender<Result<O
 }
 
 /// A rank other than 0 of a tensor-parallel group of processes: its share of `gpt` and its KV
-/// cache (`kv_blocks` of `block_size` tokens), on `threads` threads, running each step rank 0
-/// sends until rank 0 stops.
+/// cache (`kv_blocks` of `block_size` tokens, numbers of `dtype`), on `threads` threads,
+/// running each step rank 0 sends until rank 0 stops.
 pub fn follow_group(
     gpt: Gpt,
     params: Vec<f32>,
     comm: brigade_comm::Comm,
-    (kv_blocks, block_size, threads, weights): (usize, usize, usize, WeightFormat),
+    ((kv_blocks, block_size, dtype), threads, weights): ((usize, usize, KvDtype), usize, WeightFormat),
     (pp, cp): (usize, usize),
 ) -> Result<(), crate::error::ServeError> {
     let model = rank_model(&gpt, &params, comm, (pp, cp), weights)
         .map_err(|e| crate::error::ServeError::Setting(e.to_string()))?;
     drop(params);
-    let mut kv = KvStore::new(kv_blocks, block_size, model.layers_n, model.kv_width());
+    let mut kv = KvStore::with_dtype(kv_blocks, block_size, model.layers_n, model.kv_width(), dtype);
     brigade::with_threads(threads, || while model.follow(&mut kv) {})
         .map_err(|e| crate::error::ServeError::Setting(e.to_string()))?;
     Ok(())

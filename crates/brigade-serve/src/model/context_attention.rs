@@ -129,8 +129,10 @@ fn partial(
         return;
     }
     sc.resize(heads * np, 0.0);
+    // a row of an f16 cache converted (each half exactly)
+    let mut buf = Vec::new();
     for (p, (b, s)) in slots().enumerate() {
-        let k = kv.slot(b, layer, 0, s);
+        let k = kv.read(b, layer, 0, s, &mut buf);
         for h in 0..heads {
             let g = h / group;
             sc[h * np + p] = dot(&q[h * hd..(h + 1) * hd], &k[g * hd..(g + 1) * hd]) * scale;
@@ -148,7 +150,7 @@ fn partial(
         lse[h] = mx + sum.ln();
     }
     for (p, (b, s)) in slots().enumerate() {
-        let v = kv.slot(b, layer, 1, s);
+        let v = kv.read(b, layer, 1, s, &mut buf);
         for h in 0..heads {
             let g = h / group;
             let wgt = sc[h * np + p] / sums[h];
@@ -161,5 +163,5 @@ fn partial(
 
 /// A dot product in a fixed order (the single worker's: 8 lanes, then the lanes in order).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    super::paged_attention::dot(a, b)
+    super::paged_attention::dot::<f32>(a, b)
 }

@@ -495,8 +495,8 @@ impl Model {
                 let b = self.holds(w.blocks[pos / bs]).expect("a row of a block this rank holds");
                 let slot = pos % bs;
                 let at = r * qkvw + qw;
-                kv.slot_mut(b, li, 0, slot).copy_from_slice(&qkv[at..at + kvw]);
-                kv.slot_mut(b, li, 1, slot).copy_from_slice(&qkv[at + kvw..at + 2 * kvw]);
+                kv.write(b, li, 0, slot, &qkv[at..at + kvw]);
+                kv.write(b, li, 1, slot, &qkv[at + kvw..at + 2 * kvw]);
             }
             match &self.cp {
                 None => super::paged_attention::attention(&mut ctx, &qkv, rows, &tables, kv, li, self.w.dims),

@@ -12,5 +12,5 @@ mod paged_attention;
 pub mod weights;
 
 pub use forward::{Logits, Model, Work};
-pub use kv_store::KvStore;
+pub use kv_store::{KvDtype, KvStore};
 pub use weights::ShardError;

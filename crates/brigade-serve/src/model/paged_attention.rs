@@ -3,11 +3,62 @@
 //! weighted values summed over positions in order — a row's result does not depend on the
 //! other rows of the step. Grouped-query attention: each key/value head serves its group of
 //! `heads / kv_heads` query heads (GPT-2: groups of one), and each cached row is read once
-//! for all of them.
+//! for all of them. The cache holds f32 or f16 ([`Cached`]): halves are converted exactly as
+//! they are loaded, so the sums are those of an f32 cache holding the same numbers.
 
-use super::kv_store::KvStore;
+use super::kv_store::{KvStore, Slots, View};
 use super::weights::Dims;
+use half::f16;
 use rayon::prelude::*;
+
+/// A number as the cache holds it: f32, or f16 (converted to f32 exactly on reading).
+pub(crate) trait Cached: Copy + Send + Sync {
+    fn f32(self) -> f32;
+
+    /// Eight numbers from `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// `p` points at eight readable numbers.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Cached for f32 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl Cached for f16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (eight halves: 16 bytes)
+        unsafe {
+            #[cfg(target_feature = "f16c")]
+            return _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+            #[cfg(not(target_feature = "f16c"))]
+            {
+                let x: [f32; 8] = std::array::from_fn(|i| (*p.add(i)).to_f32());
+                _mm256_loadu_ps(x.as_ptr())
+            }
+        }
+    }
+}
 
 /// Cached positions a pass: the scores of this many keys are summed side by side (one
 /// accumulator each, so no sum waits on the one before it), and the weighted values of this
@@ -29,17 +80,31 @@ pub(crate) fn attention(
     layer: usize,
     d: Dims,
 ) {
+    match kv.view() {
+        View::F32(c) => attention_over(ctx, qkv, (rows, tables), (&c, kv.block_size), layer, d),
+        View::F16(c) => attention_over(ctx, qkv, (rows, tables), (&c, kv.block_size), layer, d),
+    }
+}
+
+/// `attention` over a cache of `T`s (`bs` tokens a block).
+fn attention_over<T: Cached>(
+    ctx: &mut [f32],
+    qkv: &[f32],
+    (rows, tables): (&[(usize, usize)], &[&[usize]]),
+    (kv, bs): (&Slots<T>, usize),
+    layer: usize,
+    d: Dims,
+) {
     let (heads, hd) = (d.heads, d.hd);
     let (qw, qkvw) = (d.q_width(), d.q_width() + 2 * d.kv_width());
     let group = heads / d.kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let bs = kv.block_size;
     ctx.par_chunks_mut(qw).zip(rows.par_iter()).enumerate().for_each_init(Vec::new, |sc, (r, (out, &(wi, pos)))| {
         let table = tables[wi];
         let q = &qkv[r * qkvw..r * qkvw + qw];
         let np = pos + 1;
         // the key (0) or value (1) rows of positions p0.. (the pass's last repeated past np)
-        let pass = |p0: usize, m: usize, kind: usize| -> [&[f32]; PASS] {
+        let pass = |p0: usize, m: usize, kind: usize| -> [&[T]; PASS] {
             std::array::from_fn(|j| {
                 let p = p0 + j.min(m - 1);
                 kv.slot(table[p / bs], layer, kind, p % bs)
@@ -86,7 +151,7 @@ pub(crate) fn attention(
 /// `PASS` dot products of `q` with the rows `k`, side by side, each summed as `dot` sums it
 /// (eight lanes of `fma`s over the row, then the lanes in order).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-fn dots(q: &[f32], k: [&[f32]; PASS]) -> [f32; PASS] {
+fn dots<T: Cached>(q: &[f32], k: [&[T]; PASS]) -> [f32; PASS] {
     use std::arch::x86_64::*;
     let n = q.len();
     let n8 = n / 8 * 8;
@@ -97,7 +162,7 @@ fn dots(q: &[f32], k: [&[f32]; PASS]) -> [f32; PASS] {
         for c in (0..n8).step_by(8) {
             let x = _mm256_loadu_ps(q.as_ptr().add(c));
             for (a, kj) in acc.iter_mut().zip(&k) {
-                *a = _mm256_fmadd_ps(x, _mm256_loadu_ps(kj.as_ptr().add(c)), *a);
+                *a = _mm256_fmadd_ps(x, T::load8(kj.as_ptr().add(c)), *a);
             }
         }
         // the 8 × 8 accumulators transposed: lane t of every dot in one register, then the
@@ -111,7 +176,7 @@ fn dots(q: &[f32], k: [&[f32]; PASS]) -> [f32; PASS] {
         _mm256_storeu_ps(out.as_mut_ptr(), sum);
         for (o, kj) in out.iter_mut().zip(&k) {
             for (x, y) in q[n8..].iter().zip(&kj[n8..n]) {
-                *o = x.mul_add(*y, *o);
+                *o = x.mul_add(y.f32(), *o);
             }
         }
         out
@@ -120,7 +185,7 @@ fn dots(q: &[f32], k: [&[f32]; PASS]) -> [f32; PASS] {
 
 /// `PASS` dot products of `q` with the rows `k`, each `dot`'s sum (where AVX2 is not compiled in).
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-fn dots(q: &[f32], k: [&[f32]; PASS]) -> [f32; PASS] {
+fn dots<T: Cached>(q: &[f32], k: [&[T]; PASS]) -> [f32; PASS] {
     k.map(|k| dot(q, &k[..q.len()]))
 }
 
@@ -143,14 +208,14 @@ fn softmax_in_order(s: &mut [f32]) {
 /// `o += Σ_j w_j · v_j`, each element a chain of `fma`s over `j` in order, held in registers
 /// 64 elements at a time (eight independent chains, each value row read 256 bytes at a time).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-fn add_weighted(o: &mut [f32], w: &[f32], v: &[&[f32]]) {
+fn add_weighted<T: Cached>(o: &mut [f32], w: &[f32], v: &[&[T]]) {
     use std::arch::x86_64::*;
     /// `o[c..c + 8·B] += Σ_j w_j · v_j[c..c + 8·B]`.
     ///
     /// # Safety
     /// `o` and every row of `v` hold at least `c + 8·B` floats.
     #[inline(always)]
-    unsafe fn block<const B: usize>(o: &mut [f32], w: &[f32], v: &[&[f32]], c: usize) {
+    unsafe fn block<const B: usize, T: Cached>(o: &mut [f32], w: &[f32], v: &[&[T]], c: usize) {
         // SAFETY: the caller's bound covers every offset below
         unsafe {
             let op = o.as_mut_ptr().add(c);
@@ -159,7 +224,7 @@ fn add_weighted(o: &mut [f32], w: &[f32], v: &[&[f32]]) {
                 let x = _mm256_set1_ps(wj);
                 let vp = vj.as_ptr().add(c);
                 for (b, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(x, _mm256_loadu_ps(vp.add(8 * b)), *a);
+                    *a = _mm256_fmadd_ps(x, T::load8(vp.add(8 * b)), *a);
                 }
             }
             for (b, a) in acc.iter().enumerate() {
@@ -174,17 +239,17 @@ fn add_weighted(o: &mut [f32], w: &[f32], v: &[&[f32]]) {
     // SAFETY: c + 64 ≤ n, then c + 8 ≤ n, for `o` and (asserted) every row
     unsafe {
         while c + 64 <= n8 {
-            block::<8>(o, w, v, c);
+            block::<8, T>(o, w, v, c);
             c += 64;
         }
         while c < n8 {
-            block::<1>(o, w, v, c);
+            block::<1, T>(o, w, v, c);
             c += 8;
         }
     }
     for (e, o) in o[n8..].iter_mut().enumerate() {
         for (&wj, vj) in w.iter().zip(v) {
-            *o = wj.mul_add(vj[n8 + e], *o);
+            *o = wj.mul_add(vj[n8 + e].f32(), *o);
         }
     }
 }
@@ -192,27 +257,27 @@ fn add_weighted(o: &mut [f32], w: &[f32], v: &[&[f32]]) {
 /// `o += Σ_j w_j · v_j`, each element a chain of `fma`s over `j` in order (where AVX2 is not
 /// compiled in).
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-fn add_weighted(o: &mut [f32], w: &[f32], v: &[&[f32]]) {
+fn add_weighted<T: Cached>(o: &mut [f32], w: &[f32], v: &[&[T]]) {
     for (&wj, vj) in w.iter().zip(v) {
         for (o, &y) in o.iter_mut().zip(vj.iter()) {
-            *o = wj.mul_add(y, *o);
+            *o = wj.mul_add(y.f32(), *o);
         }
     }
 }
 
 /// A dot product in a fixed order: 8 lanes, then the lanes in order.
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(super) fn dot<T: Cached>(a: &[f32], b: &[T]) -> f32 {
     let mut acc = [0f32; 8];
     let mut ca = a.chunks_exact(8);
     let mut cb = b.chunks_exact(8);
     for (x, y) in (&mut ca).zip(&mut cb) {
         for t in 0..8 {
-            acc[t] = x[t].mul_add(y[t], acc[t]);
+            acc[t] = x[t].mul_add(y[t].f32(), acc[t]);
         }
     }
     let mut s = acc.iter().sum::<f32>();
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s = x.mul_add(*y, s);
+        s = x.mul_add(y.f32(), s);
     }
     s
 }
@@ -242,11 +307,12 @@ mod tests {
             let np = pos + 1;
             let mut sc = vec![0f32; heads * np];
             let mut inv = vec![0f32; heads];
+            let mut buf = Vec::new();
             for p in 0..np {
-                let k = kv.slot(table[p / kv.block_size], layer, 0, p % kv.block_size);
+                let k = kv.read(table[p / kv.block_size], layer, 0, p % kv.block_size, &mut buf);
                 for h in 0..heads {
                     let g = h / group;
-                    sc[h * np + p] = dot(&q[h * hd..(h + 1) * hd], &k[g * hd..(g + 1) * hd]) * scale;
+                    sc[h * np + p] = dot::<f32>(&q[h * hd..(h + 1) * hd], &k[g * hd..(g + 1) * hd]) * scale;
                 }
             }
             for (h, s) in sc.chunks_exact_mut(np).enumerate() {
@@ -260,7 +326,7 @@ mod tests {
             }
             out.fill(0.0);
             for p in 0..np {
-                let v = kv.slot(table[p / kv.block_size], layer, 1, p % kv.block_size);
+                let v = kv.read(table[p / kv.block_size], layer, 1, p % kv.block_size, &mut buf);
                 for h in 0..heads {
                     let g = h / group;
                     let wgt = sc[h * np + p] / inv[h];
@@ -285,9 +351,9 @@ mod tests {
             let mut kv = KvStore::new(12, bs, layers, kvw);
             // one sequence over 11 blocks in a scrambled order: positions 0..44
             let table: Vec<usize> = (0..11).map(|b| (b * 7 + 3) % 12).collect();
-            for (i, x) in (0..44 * 2 * kvw).map(|i| val(i + 17, 3.0)).enumerate() {
-                let (p, kind, j) = (i / (2 * kvw), i / kvw % 2, i % kvw);
-                kv.slot_mut(table[p / bs], 1, kind, p % bs)[j] = x;
+            let numbers: Vec<f32> = (0..44 * 2 * kvw).map(|i| val(i + 17, 3.0)).collect();
+            for (i, x) in numbers.chunks_exact(kvw).enumerate() {
+                kv.write(table[i / 2 / bs], 1, i % 2, i / 2 % bs, x);
             }
             let rows: Vec<(usize, usize)> = (0..41).map(|pos| (0, pos)).collect();
             let qkvw = heads * hd + 2 * kvw;
@@ -330,8 +396,8 @@ mod tests {
                 for p in 0..lens[s] {
                     let k: Vec<f32> = (0..kvw).map(|j| val(7 * s + 31 * p + j, scale)).collect();
                     let v: Vec<f32> = (0..kvw).map(|j| val(11 * s + 17 * p + 3 * j + 1, 1.0)).collect();
-                    kv.slot_mut(table[p / bs], layer, 0, p % bs).copy_from_slice(&k);
-                    kv.slot_mut(table[p / bs], layer, 1, p % bs).copy_from_slice(&v);
+                    kv.write(table[p / bs], layer, 0, p % bs, &k);
+                    kv.write(table[p / bs], layer, 1, p % bs, &v);
                     keys[s].push(k);
                     vals[s].push(v);
                 }
@@ -366,6 +432,55 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// An f16 cache against an f32 cache holding the same numbers rounded to halves, bit for
+    /// bit: the halves are converted exactly, so the sums (the passes and their tails, the
+    /// scalar tails of head widths not a multiple of 8, grouped-query heads) are the same.
+    /// And the f16 cache's attention stays within half-precision rounding of the unrounded
+    /// f32 cache's.
+    #[test]
+    fn an_f16_cache_equals_an_f32_cache_of_the_rounded_numbers() {
+        let val = |i: usize, scale: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * scale + 1e-3 * (i % 7) as f32;
+        for (heads, kv_heads, hd) in [(6, 2, 64), (3, 3, 12), (6, 2, 5), (4, 4, 16)] {
+            let d = Dims { c: heads * hd, heads, kv_heads, hd, q_all: heads * hd, mlp: 0, mlp_local: 0, swiglu: false };
+            let (kvw, bs, layers) = (kv_heads * hd, 4, 2);
+            let table: Vec<usize> = (0..11).map(|b| (b * 7 + 3) % 12).collect();
+            let numbers: Vec<f32> = (0..44 * 2 * kvw).map(|i| val(i + 5, 3.0)).collect();
+            let rounded: Vec<f32> = numbers.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+            assert!(numbers != rounded, "the numbers are not all halves already");
+            let mut caches = [
+                KvStore::with_dtype(12, bs, layers, kvw, super::super::kv_store::KvDtype::F16),
+                KvStore::new(12, bs, layers, kvw),
+                KvStore::new(12, bs, layers, kvw),
+            ];
+            for (kv, xs) in caches.iter_mut().zip([&numbers, &rounded, &numbers]) {
+                for (i, x) in xs.chunks_exact(kvw).enumerate() {
+                    kv.write(table[i / 2 / bs], 1, i % 2, i / 2 % bs, x);
+                }
+            }
+            let rows: Vec<(usize, usize)> = (0..41).map(|pos| (0, pos)).collect();
+            let qkvw = heads * hd + 2 * kvw;
+            let qkv: Vec<f32> = (0..rows.len() * qkvw).map(|i| val(3 * i + 1, 2.0)).collect();
+            let tables = [table.as_slice()];
+            let outs: Vec<Vec<f32>> = caches
+                .iter()
+                .map(|kv| {
+                    let mut out = vec![0f32; rows.len() * heads * hd];
+                    attention(&mut out, &qkv, &rows, &tables, kv, 1, d);
+                    out
+                })
+                .collect();
+            for (i, ((h, f), x)) in outs[0].iter().zip(&outs[1]).zip(&outs[2]).enumerate() {
+                assert_eq!(
+                    h.to_bits(),
+                    f.to_bits(),
+                    "{heads}/{kv_heads} heads of {hd}, [{i}]: f16 {h} vs rounded f32 {f}"
+                );
+                assert!((h - x).abs() <= 2e-2 * (1.0 + x.abs()), "[{i}]: f16 {h} vs f32 {x}");
+            }
+            assert!(outs[0] != outs[2], "rounding to halves changes some output");
         }
     }
 }
