@@ -43,7 +43,11 @@ async fn greedy(s: &Server, prompt: &[u32], max_tokens: usize) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cache_and_batch_settings_keep_their_promises_on_every_family() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../brigade/tests/fixtures");
-    for name in ["gpt2_hf", "llama3_hf", "qwen2_hf", "qwen2_moe_hf"] {
+    // every family with the f32 cache, and one with the f16 cache (numbers of 2 bytes: twice
+    // the blocks in the MiB)
+    let runs =
+        [("gpt2_hf", "f32"), ("llama3_hf", "f32"), ("qwen2_hf", "f32"), ("qwen2_moe_hf", "f32"), ("llama3_hf", "f16")];
+    for (name, dtype) in runs {
         // (the GPT-2 fixture's generation_config.json names GPT-2's EOS, 50256, beyond its 67
         // tokens: a server refuses it, so the folder is served without it)
         let copy = tempfile::tempdir().unwrap();
@@ -70,10 +74,15 @@ async fn cache_and_batch_settings_keep_their_promises_on_every_family() {
             &RUNNING.to_string(),
             "--max-step-tokens",
             "64",
+            "--kv-cache-dtype",
+            dtype,
         ]));
         s.wait_ready().await;
-        // the blocks one MiB holds: 2 (keys, values) × layers × block × width floats of 4 bytes
-        let blocks = (1 << 20) / (2 * layers * BLOCK * width * 4);
+        // the blocks one MiB holds: 2 (keys, values) × layers × block × width numbers of 4
+        // bytes (f32) or 2 (f16)
+        let bytes = if dtype == "f16" { 2 } else { 4 };
+        let blocks = (1 << 20) / (2 * layers * BLOCK * width * bytes);
+        let name = format!("{name} ({dtype} cache)");
         assert_eq!(s.metric("brigade_kv_blocks").await, blocks as f64, "{name}: blocks of 1 MiB");
         // every request runs to the context's end: the running ones need more than the cache
         let need = RUNNING * context.div_ceil(BLOCK);

@@ -109,6 +109,39 @@ fn outputs_do_not_depend_on_the_batch_with_an_f16_cache() {
     }
 }
 
+/// An f16 cache against the f32 one on the same requests: each request's first token comes
+/// from the same prompt through caches holding the same keys and values but for their rounding
+/// to halves, so its log-probability moves by that rounding (f16's unit roundoff, 2⁻¹¹ ≈ 4.9e-4,
+/// relative to the logits' scale: within 1e-2 here) and not by nothing (the f16 path is taken).
+/// A cache made again by `reset` keeps its kind.
+#[test]
+fn an_f16_cache_moves_the_log_probabilities_by_its_rounding() {
+    for f in FAMILIES {
+        let (gpt, p) = common::model(f, 97, 96, 3);
+        let limits = Limits { max_running: 8, max_step_tokens: 256 };
+        let requests: Vec<(usize, Request)> = (0..6u64)
+            .map(|j| {
+                let prompt = (0..20 + 5 * j as u32).map(|i| (i * 13 + 5 + j as u32) % 97).collect();
+                (0, Request { id: j, prompt, sampling: Sampling::greedy(4) })
+            })
+            .collect();
+        let mut f32s = Engine::with_cache(Model::new(&gpt, &p), (64, 4, KvDtype::F32), limits);
+        let mut f16s = Engine::with_cache(Model::new(&gpt, &p), (64, 4, KvDtype::F16), limits);
+        let (a, b) = (run(&mut f32s, requests.clone()), run(&mut f16s, requests.clone()));
+        let mut moved = 0;
+        for j in 0..6u64 {
+            let (x, y) = (a[&j][0].logprob, b[&j][0].logprob);
+            assert_eq!(a[&j][0].token, b[&j][0].token, "{f:?}: request {j}'s first token");
+            assert!((x - y).abs() <= 1e-2, "{f:?}: request {j}: f16 {y} vs f32 {x}");
+            moved += (x != y) as usize;
+        }
+        assert!(moved > 0, "{f:?}: the f16 cache changed no log-probability");
+        f16s.reset(32, limits);
+        assert_eq!(f16s.kv.dtype(), KvDtype::F16, "reset keeps the cache's kind");
+        assert_eq!(run(&mut f16s, requests.clone()), b, "{f:?}: the same after reset");
+    }
+}
+
 fn batch_invariance(f: Family, dtype: KvDtype) {
     let (gpt, p) = common::model(f, 97, 96, 3);
     let shared: Vec<u32> = (0..20).map(|i| (i * 13 + 5) % 97).collect();

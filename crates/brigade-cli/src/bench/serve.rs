@@ -286,11 +286,9 @@ fn measure(a: Run) -> Result<()> {
         let fc_all = all_flops / (matmul_gflops * 1e9);
         // a decode step reads every weight once, whatever the batch: the rate the typical
         // step read them at (the output-token fraction above also carries the prompts' time)
-        // (and each running sequence's cache: at a rate of arrivals, counted as one)
-        let seqs = match arrivals {
-            Arrivals::Concurrency(c) => c as f64,
-            Arrivals::Rate(_) => 1.0,
-        };
+        // (and each running sequence's cache: the sequences a typical step ran, its output
+        // tokens — tokens/s × the step's time, at least one)
+        let seqs = (row.output_tokens_per_s * row.itl_p50_ms / 1e3).max(1.0);
         let step_gbps = (weight_bytes + seqs * cache_bytes) / (row.itl_p50_ms / 1e3) / 1e9;
         if !a.json {
             let what = match arrivals {

@@ -97,7 +97,10 @@ impl KvStore {
         let n = blocks * layers * 2 * block_size * width;
         let data = match dtype {
             KvDtype::F32 => Data::F32(vec![0f32; n]),
-            KvDtype::F16 => Data::F16(vec![f16::ZERO; n]),
+            // zeroed as `vec![0u16; n]` allocates it (the allocator's zeroed pages, faulted in
+            // as they are first written, as the f32 cache's): `vec![f16::ZERO; n]` would write
+            // every element now, the whole --kv-cache-mib resident at start
+            KvDtype::F16 => Data::F16(half::vec::HalfBitsVecExt::reinterpret_into(vec![0u16; n])),
         };
         KvStore { block_size, layers, width, blocks, data }
     }
@@ -274,6 +277,37 @@ mod tests {
                     assert_eq!(read(&kv, 1, l, kvi, 3), [0.0; 3], "{dtype}: only the first 3 slots are copied");
                 }
             }
+        }
+    }
+
+    /// A cache is the allocator's zeroed pages, none written until a key or value is: creating
+    /// 256 MiB of either kind leaves this process's resident memory within 64 MiB of where it
+    /// was (Linux: `/proc/self/statm`).
+    #[test]
+    fn a_new_cache_is_not_written_until_used() {
+        let resident = || -> Option<usize> {
+            let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+            Some(statm.split_whitespace().nth(1)?.parse::<usize>().ok()? * 4096)
+        };
+        if resident().is_none() {
+            println!("skipped: no /proc/self/statm here");
+            return;
+        }
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            // 256 MiB: 64 blocks of 16 tokens × 8 layers × keys and values × 2048 numbers (f32),
+            // twice the blocks in f16
+            let blocks = (256 << 20) / (16 * 8 * 2 * 2048 * dtype.bytes());
+            let before = resident().unwrap();
+            let mut kv = KvStore::with_dtype(blocks, 16, 8, 2048, dtype);
+            let after = resident().unwrap();
+            assert!(
+                after < before + (64 << 20),
+                "{dtype}: a new cache of 256 MiB made {} MiB resident",
+                (after - before) >> 20
+            );
+            kv.write(blocks - 1, 7, 1, 15, &[1.5; 2048]);
+            assert_eq!(read(&kv, blocks - 1, 7, 1, 15), [1.5; 2048]);
+            assert_eq!(read(&kv, 0, 0, 0, 0), [0.0; 2048], "{dtype}: zeros where nothing was written");
         }
     }
 }

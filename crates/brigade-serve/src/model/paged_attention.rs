@@ -156,7 +156,7 @@ fn dots<T: Cached>(q: &[f32], k: [&[T]; PASS]) -> [f32; PASS] {
     let n = q.len();
     let n8 = n / 8 * 8;
     assert!(k.iter().all(|k| k.len() >= n), "a key row shorter than the query");
-    // SAFETY: every load reads floats 0..n8 of `q` or of a row at least `n` long (checked above).
+    // SAFETY: every load reads elements 0..n8 of `q` or of a row at least `n` long (checked above).
     unsafe {
         let mut acc = [_mm256_setzero_ps(); PASS];
         for c in (0..n8).step_by(8) {
