@@ -181,7 +181,9 @@ fn measure(a: Run) -> Result<()> {
         })
     };
     let (read_rates, matmul_before) = probe()?;
-    let (mut weight_bytes, flops_per_token) = costs(&cfg, a.prompt_len + a.output_len / 2, a.weights.clone());
+    // the load's mean context: a prompt and half its output
+    let context = a.prompt_len + a.output_len / 2;
+    let (mut weight_bytes, flops_per_token) = costs(&cfg, context, a.weights.clone());
     if let (Some(p), WeightFormat::Stored) = (&a.checkpoint, &a.weights) {
         if let Some(bytes) = stored_matrix_bytes(p)? {
             weight_bytes = bytes;
@@ -189,7 +191,6 @@ fn measure(a: Run) -> Result<()> {
     }
     // a decode step also reads its sequence's cached keys and values (at the load's mean
     // context): every byte of the step counts against the read limit
-    let context = a.prompt_len + a.output_len / 2;
     let cache_bytes =
         (2 * cfg.n_layer * brigade_serve::model::weights::kv_width(&cfg, 1) * context * a.kv_dtype.bytes()) as f64;
     let per_prompt = prompt_flops(&cfg, a.prompt_len);

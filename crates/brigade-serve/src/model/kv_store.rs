@@ -13,9 +13,8 @@
 use half::f16;
 
 /// What one key or value number is held as.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
-    #[default]
     F32,
     F16,
 }
@@ -26,17 +25,6 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 => 2,
-        }
-    }
-}
-
-impl std::str::FromStr for KvDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<KvDtype, String> {
-        match s {
-            "f32" => Ok(KvDtype::F32),
-            "f16" => Ok(KvDtype::F16),
-            _ => Err(format!("unknown KV cache dtype {s:?}: give f32 or f16")),
         }
     }
 }

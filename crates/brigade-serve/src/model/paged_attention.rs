@@ -338,6 +338,15 @@ mod tests {
         }
     }
 
+    /// `numbers` as one sequence's keys and values in layer `layer`, position after position
+    /// (its key, then its value, `kv.width` numbers each) in the blocks of `table`.
+    fn write_positions(kv: &mut KvStore, table: &[usize], layer: usize, numbers: &[f32]) {
+        let bs = kv.block_size;
+        for (i, x) in numbers.chunks_exact(kv.width).enumerate() {
+            kv.write(table[i / 2 / bs], layer, i % 2, i / 2 % bs, x);
+        }
+    }
+
     /// The passes of eight positions against one position at a time, bit for bit: every
     /// length from 1 to 41 cached positions (whole passes, and every tail), head widths a
     /// multiple of 8 and not (64, 12, 5), grouped-query heads (6 over 2, 3 over 3), blocks out
@@ -352,9 +361,7 @@ mod tests {
             // one sequence over 11 blocks in a scrambled order: positions 0..44
             let table: Vec<usize> = (0..11).map(|b| (b * 7 + 3) % 12).collect();
             let numbers: Vec<f32> = (0..44 * 2 * kvw).map(|i| val(i + 17, 3.0)).collect();
-            for (i, x) in numbers.chunks_exact(kvw).enumerate() {
-                kv.write(table[i / 2 / bs], 1, i % 2, i / 2 % bs, x);
-            }
+            write_positions(&mut kv, &table, 1, &numbers);
             let rows: Vec<(usize, usize)> = (0..41).map(|pos| (0, pos)).collect();
             let qkvw = heads * hd + 2 * kvw;
             let qkv: Vec<f32> = (0..rows.len() * qkvw).map(|i| val(3 * i + 1, 2.0)).collect();
@@ -456,9 +463,7 @@ mod tests {
                 KvStore::new(12, bs, layers, kvw),
             ];
             for (kv, xs) in caches.iter_mut().zip([&numbers, &rounded, &numbers]) {
-                for (i, x) in xs.chunks_exact(kvw).enumerate() {
-                    kv.write(table[i / 2 / bs], 1, i % 2, i / 2 % bs, x);
-                }
+                write_positions(kv, &table, 1, xs);
             }
             let rows: Vec<(usize, usize)> = (0..41).map(|pos| (0, pos)).collect();
             let qkvw = heads * hd + 2 * kvw;
