@@ -254,7 +254,7 @@ impl Backend for LocalBackend {
 
     fn send(&self, buf: &[f32], dst: usize, tag: u32) -> Result<()> {
         self.group.world.check("send")?;
-        self.group.world.mail.put((self.group.id, self.rank, dst, tag), buf.to_vec());
+        self.group.world.mail.put((self.group.id, self.rank, dst, tag), buf);
         Ok(())
     }
 
@@ -274,6 +274,7 @@ impl Backend for LocalBackend {
             });
         }
         buf.copy_from_slice(&msg);
+        w.mail.recycle(msg);
         Ok(())
     }
 

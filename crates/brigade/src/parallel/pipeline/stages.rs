@@ -171,8 +171,10 @@ pub fn sum_table(pp: &Comm, peer: usize, embedding: bool, g: &mut [f32], width: 
         return Ok(());
     }
     if embedding {
+        // a row's bits or-ed together (which vectorises; `any` stops early but goes one float
+        // at a time, and most rows are all zero)
         let touched: Vec<usize> =
-            (0..rows).filter(|&r| g[r * width..(r + 1) * width].iter().any(|x| x.to_bits() != 0)).collect();
+            (0..rows).filter(|&r| g[r * width..(r + 1) * width].iter().fold(0, |a, x| a | x.to_bits()) != 0).collect();
         // indices below 2²⁴ are exact in f32
         let mut msg: Vec<f32> = touched.iter().map(|&r| r as f32).collect();
         touched.iter().for_each(|&r| msg.extend_from_slice(&g[r * width..(r + 1) * width]));
