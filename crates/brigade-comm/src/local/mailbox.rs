@@ -13,8 +13,11 @@ type Key = (u64, usize, usize, u32); // (group, src, dst, tag)
 
 /// Buffers smaller than this are left to the allocator (which keeps them mapped itself).
 const SPARE_MIN_BYTES: usize = 1 << 20;
-/// The most received buffers kept for reuse; beyond it the smallest is freed.
+/// The most received buffers kept for reuse, and the most bytes they may hold together (the
+/// largest is kept even alone above it: a model's table sent every step is what the spares are
+/// for); beyond either the smallest are freed.
 const MAX_SPARES: usize = 8;
+const MAX_SPARE_BYTES: usize = 1 << 30;
 
 #[derive(Default)]
 pub struct Mailboxes {
@@ -56,7 +59,8 @@ impl Mailboxes {
         let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
         let at = spares.partition_point(|b| b.capacity() < buf.capacity());
         spares.insert(at, buf);
-        if spares.len() > MAX_SPARES {
+        let bytes = |s: &[Vec<f32>]| s.iter().map(|b| b.capacity() * std::mem::size_of::<f32>()).sum::<usize>();
+        while spares.len() > MAX_SPARES || (spares.len() > 1 && bytes(&spares) > MAX_SPARE_BYTES) {
             spares.remove(0);
         }
     }
@@ -141,5 +145,28 @@ mod tests {
         assert_eq!(spares.len(), MAX_SPARES);
         assert!(spares.windows(2).all(|w| w[0].capacity() <= w[1].capacity()));
         assert!(spares[0].capacity() >= (1 << 18) + 3 * 4096, "the smallest were dropped");
+    }
+
+    /// The spares hold at most `MAX_SPARE_BYTES` together, the smallest dropped first, but the
+    /// largest is kept even when it alone is above it (capacities only: nothing is touched).
+    #[test]
+    fn the_spares_bytes_are_bounded_but_the_largest_stays() {
+        let m = Mailboxes::default();
+        let floats = |bytes: usize| bytes / std::mem::size_of::<f32>();
+        for mib in [100, 300, 200, 400] {
+            m.recycle(Vec::with_capacity(floats(mib << 20)));
+        }
+        let caps = |m: &Mailboxes| m.spares.lock().unwrap().iter().map(|b| b.capacity()).collect::<Vec<_>>();
+        // 1000 MiB together: all four fit under 1 GiB
+        assert_eq!(caps(&m), [100, 200, 300, 400].map(|mib| floats(mib << 20)));
+        m.recycle(Vec::with_capacity(floats(120 << 20)));
+        // 1120 MiB: the 100 MiB one goes, leaving 1020
+        assert_eq!(caps(&m), [120, 200, 300, 400].map(|mib| floats(mib << 20)));
+        m.recycle(Vec::with_capacity(floats(150 << 20)));
+        // 1170 MiB: the 120 MiB one going leaves 1050, so the 150 MiB one goes too
+        assert_eq!(caps(&m), [200, 300, 400].map(|mib| floats(mib << 20)));
+        m.recycle(Vec::with_capacity(floats(2 << 30)));
+        // a 2 GiB table alone is above the bound: every other spare goes, it stays
+        assert_eq!(caps(&m), [floats(2 << 30)]);
     }
 }
