@@ -40,3 +40,28 @@ fn a_layout_of_whole_shares_has_one_ceiling() {
     assert!(bubble.is_none());
     assert!(paired.iter().all(|p| p.copies_micro_s == p.copies_s && p.micro_ceiling() == p.ceiling()), "{paired:?}");
 }
+
+/// The trainers a pairing holds at once, counted from `training_memory` independently: the
+/// whole batch, and per rank a copy, its micro-batched twin and the layout's rank (a pipeline
+/// rank half the parameters' state, ZeRO-1 half the AdamW moments on two ranks); a machine with
+/// less memory than that gets the figure and what to lower, before anything is allocated.
+#[test]
+fn a_pairing_is_counted_and_refused_where_it_does_not_fit() {
+    use brigade::bench::beside::{pairing_fits, pairing_need};
+    use brigade::train::memory::training_memory;
+    let cfg = cfg();
+    let (mcfg, seq) = brigade::train::Trainer::check_layout(&cfg, &Layout::default()).unwrap();
+    let m = |b| training_memory(&mcfg, b, seq);
+    let state = |b| m(b).params + m(b).grads + m(b).optimizer;
+    let pp = Layout::parse("pp=2,mb=1").unwrap();
+    let pp_rank = state(1) / 2 + m(1).activations;
+    let want = m(8).total() + 2 * (m(4).total() + m(1).total() + pp_rank);
+    assert_eq!(pairing_need(&cfg, &pp, Some(1)).unwrap(), (want, 7));
+    let zero = Layout::parse("dp=2,zero=1").unwrap();
+    let zero_rank = m(4).params + m(4).grads + m(4).optimizer / 2 + m(4).activations;
+    assert_eq!(pairing_need(&cfg, &zero, None).unwrap(), (m(8).total() + 2 * (m(4).total() + zero_rank), 5));
+    assert!(pairing_fits(&cfg, &pp, Some(1), Some(want)).is_ok());
+    assert!(pairing_fits(&cfg, &pp, Some(1), None).is_ok(), "no figure for the memory: not refused");
+    let e = pairing_fits(&cfg, &pp, Some(1), Some(want - 1)).unwrap_err().to_string();
+    assert!(e.contains("7 trainers") && e.contains("lower --batch or --seq"), "{e}");
+}

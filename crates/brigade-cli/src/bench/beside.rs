@@ -101,6 +101,16 @@ pub fn run(f: Flags) -> Result<()> {
     let (cfg, dir) = super::args::text_run(&model, seq, batch, None, steps + 3)?;
     let share = brigade::train::TrainConfig { batch: batch / copies, ..cfg.clone() };
     let bucket = brigade::parallel::data::DataParallel::default().bucket_elems;
+    // every pairing's memory checked before the first is timed (the largest holds 2N + 1
+    // trainers at once)
+    for (_, layout) in &parsed {
+        let micro = brigade::bench::beside::micro_batch_of(layout, batch / copies);
+        let fits = brigade::bench::beside::pairing_fits(&cfg, layout, micro, brigade::train::memory::available_bytes());
+        if let Err(e) = fits {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e.into());
+        }
+    }
     let mut all = Vec::new();
     for _ in 0..rounds {
         let kernels = if no_kernels { Vec::new() } else { brigade::bench::beside::kernels(copies, reps)? };

@@ -200,6 +200,58 @@ pub fn micro_batch_of(layout: &crate::layout::Layout, share: usize) -> Option<us
     layout.mb.filter(|&mb| mb < share && share.is_multiple_of(mb))
 }
 
+/// Bytes the trainers a pairing of `layout` holds at once need, and how many they are: the
+/// whole batch on one worker, and on each of the layout's ranks a copy on its share, that
+/// copy's micro-batched twin (`micro`) and the layout's rank (its part of the parameters,
+/// gradients and AdamW state as its pipeline, tensor and ZeRO splits leave it, and one
+/// micro-batch's activations of the whole model: a first pipeline stage holds `pp`
+/// micro-batches of `1/pp` of the layers).
+pub fn pairing_need(
+    cfg: &TrainConfig,
+    layout: &crate::layout::Layout,
+    micro: Option<usize>,
+) -> crate::Result<(u128, usize)> {
+    use crate::train::memory::training_memory;
+    let (mcfg, seq) = Trainer::check_layout(cfg, layout)?;
+    let n = layout.world();
+    let need = |b: usize| training_memory(&mcfg, b, seq);
+    let split = (layout.pp * layout.tp) as u128;
+    let dp = (layout.dp * layout.cp) as u128;
+    let rank = {
+        let m = need(layout.micro_batch(cfg.batch, cfg.micro_batch)?);
+        let zero = |stage: u8, x: u128| if layout.zero >= stage { x / dp } else { x };
+        zero(3, m.params / split) + zero(2, m.grads / split) + zero(1, m.optimizer / split) + m.activations
+    };
+    let worker = |share: usize| need(cfg.micro_batch.unwrap_or(share)).total();
+    let twin = micro.map_or(0, |mb| need(mb).total());
+    let total = worker(cfg.batch) + n as u128 * (worker(cfg.batch / n) + twin + rank);
+    Ok((total, 1 + n * (2 + usize::from(micro.is_some()))))
+}
+
+/// `pairing_need` refused with its figure when it is more than `avail` bytes.
+pub fn pairing_fits(
+    cfg: &TrainConfig,
+    layout: &crate::layout::Layout,
+    micro: Option<usize>,
+    avail: Option<u128>,
+) -> crate::Result<()> {
+    use crate::train::memory::gib;
+    let Some(avail) = avail else { return Ok(()) };
+    let (total, trainers) = pairing_need(cfg, layout, micro)?;
+    if total > avail {
+        return Err(crate::Error::Train(format!(
+            "pairing {} ranks with their ceilings holds {trainers} trainers of {} at once (one worker on the whole batch of {}, and on each rank a copy on its share{}, and the layout's rank): about {:.1} GiB, but {:.1} GiB is available; lower --batch or --seq",
+            layout.world(),
+            cfg.model,
+            cfg.batch,
+            if micro.is_some() { ", the copy in the layout's micro-batches" } else { "" },
+            gib(total),
+            gib(avail)
+        )));
+    }
+    Ok(())
+}
+
 /// `steps` paired steps (after one warm-up of each) of `layout` for `cfg`'s global batch,
 /// `threads` threads per rank; each figure the slowest rank's. With a pipeline, also its
 /// schedule's bubble on paper.
@@ -218,6 +270,7 @@ pub fn paired_steps(
     let share = TrainConfig { batch: cfg.batch / n, ..cfg.clone() };
     let micro = micro_batch_of(layout, share.batch);
     let share_micro = micro.map(|mb| TrainConfig { micro_batch: Some(mb), ..share.clone() });
+    pairing_fits(&cfg, layout, micro, crate::train::memory::available_bytes())?;
     let per_rank = brigade_comm::local::run(n, |world| {
         let err = |e: brigade_comm::CommError| crate::Error::Train(e.to_string());
         let mut tr = Trainer::on_world(cfg.clone(), &world, layout)?;
