@@ -89,6 +89,37 @@ fn mismatched_operations_fail_on_every_rank() {
     }
 }
 
+/// The same collective with another reduction (one rank sums, another takes the maximum)
+/// fails on every rank, on the one-shot and the direct path and in a reduce-scatter, rather
+/// than each rank reducing its own way and the replicas parting silently.
+#[test]
+fn mismatched_reductions_fail_on_every_rank() {
+    for n in [16, 100_000] {
+        let errs = run_with(patient(), 3, |c| {
+            let op = if c.rank() == 2 { ReduceOp::Max } else { ReduceOp::Sum };
+            let mut buf = vec![1f32; n];
+            Ok::<_, String>(c.all_reduce(&mut buf, op).unwrap_err().to_string())
+        })
+        .unwrap();
+        for msg in errs {
+            assert!(
+                msg.contains(&format!("ranks [0, 1] called all_reduce(sum) of {n} elements"))
+                    && msg.contains(&format!("rank 2 called all_reduce(max) of {n} elements")),
+                "{n}: {msg}"
+            );
+        }
+    }
+    let errs = run_with(patient(), 2, |c| {
+        let op = if c.rank() == 0 { ReduceOp::Avg } else { ReduceOp::Sum };
+        let mut out = vec![0f32; 8];
+        Ok::<_, String>(c.reduce_scatter(&[1f32; 16], &mut out, op).unwrap_err().to_string())
+    })
+    .unwrap();
+    for msg in errs {
+        assert!(msg.contains("avg") && msg.contains("sum"), "{msg}");
+    }
+}
+
 #[test]
 fn a_rank_that_never_arrives_is_named_after_the_timeout() {
     let out = run_with(short(), 3, |c| {
