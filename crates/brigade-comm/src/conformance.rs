@@ -99,7 +99,7 @@ pub fn all_reduce(c: &Comm) -> Result<(), String> {
 pub fn reduce_scatter(c: &Comm) -> Result<(), String> {
     let (r, n) = (c.rank(), c.size());
     for len in lengths() {
-        for op in [ReduceOp::Sum, ReduceOp::Max] {
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
             let input = data(r, len);
             let mine = chunk_range(len, n, r);
             let mut out = vec![0f32; mine.len()];

@@ -313,3 +313,39 @@ impl Backend for LocalBackend {
         Ok(Box::new(LocalBackend::new(group, new_rank)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::group::World;
+    use crate::local::LocalConfig;
+
+    /// A split's new groups are found by every member through the world's table, and the
+    /// table is empty again once the split returns — groups of one rank included, whose only
+    /// member is its rank 0 — so a job that splits every step holds no groups it has left.
+    #[test]
+    fn a_split_leaves_no_group_behind_in_the_world() {
+        let world = Arc::new(World::new(LocalConfig::default()));
+        let group = Arc::new(Group::new(world.clone(), (0..5).collect()));
+        let sizes: Vec<Vec<usize>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..5)
+                .map(|rank| {
+                    let group = group.clone();
+                    s.spawn(move || {
+                        let b = LocalBackend::new(group, rank);
+                        // colours {0, 1, 3} of sizes 2, 2, 1, then everyone alone
+                        let pairs = b.split([0, 0, 1, 1, 3][rank], (5 - rank) as u32).unwrap();
+                        let alone = b.split(rank as u32, 0).unwrap();
+                        let mut one = [1f32];
+                        alone.all_reduce(&mut one, ReduceOp::Sum).unwrap();
+                        vec![pairs.size(), pairs.rank(), alone.size(), one[0] as usize]
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        // keys 5 - rank: the higher world rank comes first in its pair
+        assert_eq!(sizes, [[2, 1, 1, 1], [2, 0, 1, 1], [2, 1, 1, 1], [2, 0, 1, 1], [1, 0, 1, 1]]);
+        assert!(world.splits.lock().unwrap().is_empty(), "groups left in the world's table");
+    }
+}
