@@ -15,7 +15,9 @@
 #                                   its second part: paged_attention tools chat shard_load
 #                                   weights llama moe checkpoint graph program_template addition,
 #                                   and its third: elastic rope_kernels constraint
-#                                   embeddings_http program_run launch_cmd
+#                                   embeddings_http program_run launch_cmd; the thread
+#                                   backend's: local_backend mailbox group; issue 47's
+#                                   argmax (the greedy pick) and pages (huge pages)
 # MUTANTS_ARGS passes more to cargo mutants
 # and MUTANTS_BOUND (seconds) bounds each file's run. In a clean clone, as docs/mutants.md ran it:
 #   MUTANTS_ARGS='--in-place --baseline skip --timeout 240 --shuffle' MUTANTS_BOUND=900 scripts/mutants.sh tools
@@ -65,6 +67,11 @@ declare -A file=(
   [embeddings_http]=crates/brigade-serve/src/http/embeddings.rs
   [program_run]=crates/brigade-serve/src/program/run.rs
   [launch_cmd]=crates/brigade-cli/src/launch_cmd.rs
+  [local_backend]=crates/brigade-comm/src/local/backend.rs
+  [mailbox]=crates/brigade-comm/src/local/mailbox.rs
+  [group]=crates/brigade-comm/src/local/group.rs
+  [argmax]=crates/brigade/src/tensor/math.rs
+  [pages]=crates/brigade/src/pages.rs
 )
 declare -A tests=(
   [optimizer]="--lib --test adamw_fixture --test micro_batching --test nonfinite_loss --test resume --test equivalence"
@@ -110,11 +117,17 @@ declare -A tests=(
   [embeddings_http]="--test serve -- embeddings bad_requests"
   [program_run]="--test programs"
   [launch_cmd]="--bins --test launch"
+  [local_backend]="--lib --test local"
+  [mailbox]="--lib --test local"
+  [group]="--lib --test local"
+  [argmax]="--lib -- argmax"
+  [pages]="--lib -- pages"
 )
 # mutants of only part of a file (a regular expression over cargo-mutants' names)
 declare -A only=(
   [penalty]=penalize_repeats
   [rope_kernels]='rope_heads|rope_rows'
+  [argmax]=argmax
 )
 # the package whose tests a file's mutants run against, where it is not the file's own
 declare -A package=(

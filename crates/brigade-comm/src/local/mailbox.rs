@@ -137,7 +137,12 @@ mod tests {
     fn the_spares_are_bounded() {
         let m = Mailboxes::default();
         m.recycle(vec![0f32; 1024]);
+        m.recycle(Vec::with_capacity((SPARE_MIN_BYTES - 4) / 4));
         assert!(m.spares.lock().unwrap().is_empty());
+        // exactly the least kept
+        m.recycle(Vec::with_capacity(SPARE_MIN_BYTES / 4));
+        assert_eq!(m.spares.lock().unwrap().len(), 1);
+        m.spares.lock().unwrap().clear();
         for k in 0..MAX_SPARES + 3 {
             m.recycle(Vec::with_capacity((1 << 18) + k * 4096));
         }
@@ -165,6 +170,9 @@ mod tests {
         m.recycle(Vec::with_capacity(floats(150 << 20)));
         // 1170 MiB: the 120 MiB one going leaves 1050, so the 150 MiB one goes too
         assert_eq!(caps(&m), [200, 300, 400].map(|mib| floats(mib << 20)));
+        m.recycle(Vec::with_capacity(floats(124 << 20)));
+        // exactly 1 GiB together: kept
+        assert_eq!(caps(&m), [124, 200, 300, 400].map(|mib| floats(mib << 20)));
         m.recycle(Vec::with_capacity(floats(2 << 30)));
         // a 2 GiB table alone is above the bound: every other spare goes, it stays
         assert_eq!(caps(&m), [floats(2 << 30)]);
