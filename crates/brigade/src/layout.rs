@@ -274,7 +274,7 @@ impl Spec {
                 }
                 _ => {
                     return Err(Error::Layout(format!(
-                        "unknown layout field '{k}'; known: tp, pp, dp, cp, cp_comm, cp_order, mb, v, recompute, zero, schedule, sp"
+                        "unknown layout field '{k}'; known: tp, pp, dp, cp, cp_comm, cp_order, ep, mb, v, recompute, zero, schedule, sp"
                     )))
                 }
             }
@@ -536,6 +536,33 @@ impl std::fmt::Display for Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The message for an unknown field lists every field the parser takes, and each field it
+    /// lists parses.
+    #[test]
+    fn the_unknown_field_message_names_every_field_the_parser_takes() {
+        let e = Spec::parse("foo=1").unwrap_err().to_string();
+        let known: Vec<&str> = e.split("known: ").nth(1).expect("a list of fields").split(", ").collect();
+        let fields = [
+            ("tp", "2"),
+            ("pp", "2"),
+            ("dp", "2"),
+            ("cp", "2"),
+            ("cp_comm", "ring"),
+            ("cp_order", "contiguous"),
+            ("ep", "2"),
+            ("mb", "2"),
+            ("v", "2"),
+            ("recompute", "full"),
+            ("zero", "1"),
+            ("schedule", "zb"),
+            ("sp", "1"),
+        ];
+        assert_eq!(known, fields.map(|(k, _)| k), "{e}");
+        for (k, v) in fields {
+            assert!(Spec::parse(&format!("{k}={v}")).is_ok(), "{k}={v}");
+        }
+    }
 
     #[test]
     fn layout_fields_are_parsed_once() {
