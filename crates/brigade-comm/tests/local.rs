@@ -116,7 +116,11 @@ fn mismatched_reductions_fail_on_every_rank() {
     })
     .unwrap();
     for msg in errs {
-        assert!(msg.contains("avg") && msg.contains("sum"), "{msg}");
+        assert!(
+            msg.contains("rank 0 called reduce_scatter(avg) of 16 elements")
+                && msg.contains("rank 1 called reduce_scatter(sum) of 16 elements"),
+            "{msg}"
+        );
     }
 }
 

@@ -43,22 +43,28 @@ fn a_layout_of_whole_shares_has_one_ceiling() {
 
 /// The trainers a pairing holds at once, counted from `training_memory` independently: the
 /// whole batch, and per rank a copy, its micro-batched twin and the layout's rank (a pipeline
-/// rank half the parameters' state, ZeRO-1 half the AdamW moments on two ranks); a machine with
-/// less memory than that gets the figure and what to lower, before anything is allocated.
+/// rank the state of the larger of its two stages' parameters as the trainer cuts them, the
+/// tied table's copy included; ZeRO-1 on two ranks half the AdamW moments and a gradient shard
+/// beside the whole gradient); a machine with less memory than that gets the figure and what to
+/// lower, before anything is allocated.
 #[test]
 fn a_pairing_is_counted_and_refused_where_it_does_not_fit() {
     use brigade::bench::beside::{pairing_fits, pairing_need};
+    use brigade::parallel::pipeline::RankModel;
     use brigade::train::memory::training_memory;
     let cfg = cfg();
     let (mcfg, seq) = brigade::train::Trainer::check_layout(&cfg, &Layout::default()).unwrap();
     let m = |b| training_memory(&mcfg, b, seq);
-    let state = |b| m(b).params + m(b).grads + m(b).optimizer;
+    let p = mcfg.num_params() as u128;
     let pp = Layout::parse("pp=2,mb=1").unwrap();
-    let pp_rank = state(1) / 2 + m(1).activations;
+    let stage = |r| RankModel::stage(mcfg, (0, 1), (r, 2), 1, seq, (0, 1)).unwrap().layout.total as u128;
+    let held = stage(0).max(stage(1));
+    assert!(stage(0) + stage(1) > p, "the last stage holds a copy of the tied table");
+    let pp_rank = 16 * held + m(1).activations;
     let want = m(8).total() + 2 * (m(4).total() + m(1).total() + pp_rank);
     assert_eq!(pairing_need(&cfg, &pp, Some(1)).unwrap(), (want, 7));
     let zero = Layout::parse("dp=2,zero=1").unwrap();
-    let zero_rank = m(4).params + m(4).grads + m(4).optimizer / 2 + m(4).activations;
+    let zero_rank = 4 * p + 4 * p + 2 * p + 4 * p + m(4).activations;
     assert_eq!(pairing_need(&cfg, &zero, None).unwrap(), (m(8).total() + 2 * (m(4).total() + zero_rank), 5));
     assert!(pairing_fits(&cfg, &pp, Some(1), Some(want)).is_ok());
     assert!(pairing_fits(&cfg, &pp, Some(1), None).is_ok(), "no figure for the memory: not refused");

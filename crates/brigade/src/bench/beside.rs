@@ -5,6 +5,7 @@
 //! many rank threads too, whatever its communication does: the ceiling of their speedup.
 
 use super::median;
+use crate::parallel::pipeline::RankModel;
 use crate::tensor::matmul;
 use crate::train::{TrainConfig, Trainer};
 use std::sync::Barrier;
@@ -202,10 +203,10 @@ pub fn micro_batch_of(layout: &crate::layout::Layout, share: usize) -> Option<us
 
 /// Bytes the trainers a pairing of `layout` holds at once need, and how many they are: the
 /// whole batch on one worker, and on each of the layout's ranks a copy on its share, that
-/// copy's micro-batched twin (`micro`) and the layout's rank (its part of the parameters,
-/// gradients and AdamW state as its pipeline, tensor and ZeRO splits leave it, and one
-/// micro-batch's activations of the whole model: a first pipeline stage holds `pp`
-/// micro-batches of `1/pp` of the layers).
+/// copy's micro-batched twin (`micro`) and the layout's rank (the parameters, gradients and
+/// AdamW state of the most a rank holds as its pipeline, tensor and ZeRO splits leave it, and
+/// one micro-batch's activations of the whole model: a first 1F1B stage holds `pp`
+/// micro-batches of `1/pp` of the layers). Not counted: the communication's buffers.
 pub fn pairing_need(
     cfg: &TrainConfig,
     layout: &crate::layout::Layout,
@@ -215,12 +216,27 @@ pub fn pairing_need(
     let (mcfg, seq) = Trainer::check_layout(cfg, layout)?;
     let n = layout.world();
     let need = |b: usize| training_memory(&mcfg, b, seq);
-    let split = (layout.pp * layout.tp) as u128;
+    // the most parameters a rank of the layout holds: its pipeline chunks as the trainer cuts
+    // them (the last stage's copy of a tied table included), or its tensor-parallel share
+    let held = if layout.runs_executor() {
+        let chunks = |r| RankModel::stage(mcfg, (0, layout.tp), (r, layout.pp), layout.v, seq, (0, 1));
+        (0..layout.pp)
+            .map(|r| chunks(r).map(|m| m.layout.total as u128))
+            .collect::<crate::Result<Vec<_>>>()?
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+    } else {
+        mcfg.num_params() as u128 / layout.tp as u128
+    };
     let dp = (layout.dp * layout.cp) as u128;
     let rank = {
-        let m = need(layout.micro_batch(cfg.batch, cfg.micro_batch)?);
         let zero = |stage: u8, x: u128| if layout.zero >= stage { x / dp } else { x };
-        zero(3, m.params / split) + zero(2, m.grads / split) + zero(1, m.optimizer / split) + m.activations
+        // parameters, gradients (and under ZeRO-1 and up the rank's shard of them beside),
+        // two AdamW moments, one micro-batch's activations
+        let shard = if layout.zero >= 1 { 4 * held / dp } else { 0 };
+        let m = need(layout.micro_batch(cfg.batch, cfg.micro_batch)?);
+        zero(3, 4 * held) + zero(2, 4 * held) + shard + zero(1, 8 * held) + m.activations
     };
     let worker = |share: usize| need(cfg.micro_batch.unwrap_or(share)).total();
     let twin = micro.map_or(0, |mb| need(mb).total());

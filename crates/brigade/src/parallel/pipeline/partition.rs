@@ -36,6 +36,9 @@ pub fn partition(costs: &[f64], stages: usize) -> Result<Vec<Range<usize>>> {
             "pp={stages} stages need at least as many pieces of the model to hold; it splits into {n}: use pp ≤ {n}"
         )));
     }
+    if let Some(c) = costs.iter().find(|c| !c.is_finite() || **c < 0.0) {
+        return Err(Error::Layout(format!("a pipeline cut needs each piece's cost finite and not negative, got {c}")));
+    }
     let mut prefix = vec![0.0; n + 1];
     for (i, c) in costs.iter().enumerate() {
         prefix[i + 1] = prefix[i] + c;
@@ -57,7 +60,8 @@ pub fn partition(costs: &[f64], stages: usize) -> Result<Vec<Range<usize>>> {
         }
     }
     // within that bound, the least sum of squared loads: squares[k][i] splitting units i..
-    let bound = worst[stages][0] * (1.0 + 1e-9) + 1e-12;
+    let best = worst[stages][0];
+    let bound = best + 1e-9 * best.abs().max(1.0);
     let mut squares = vec![vec![f64::INFINITY; n + 1]; stages + 1];
     let mut cut = vec![vec![0usize; n + 1]; stages + 1];
     squares[0][n] = 0.0;
@@ -161,7 +165,7 @@ mod tests {
 
     #[test]
     fn unequal_stages_and_too_many_are_refused() {
-        // 126 equal layers on 16 stages: 8 or 7 each, the first ones fuller
+        // 126 equal layers on 16 stages: 8 or 7 each
         let costs = vec![1.0; 126];
         let got = partition(&costs, 16).unwrap();
         let sizes: Vec<usize> = got.iter().map(|r| r.len()).collect();
@@ -169,6 +173,10 @@ mod tests {
         assert_eq!(*sizes.iter().max().unwrap(), 8);
         let e = partition(&[1.0; 4], 5).unwrap_err().to_string();
         assert!(e.contains("use pp ≤ 4"), "{e}");
+        for bad in [f64::NAN, f64::INFINITY, -1.0] {
+            let e = partition(&[1.0, bad, 1.0], 2).unwrap_err().to_string();
+            assert!(e.contains("finite and not negative"), "{bad}: {e}");
+        }
         // GPT-2 small on 2 stages: the LM head weighs like ~5 blocks, so the first stage
         // takes more blocks than the second
         let cfg = GptConfig::preset("gpt2-small").unwrap();
