@@ -55,7 +55,7 @@ fn a_pairing_is_counted_and_refused_where_it_does_not_fit() {
     let cfg = cfg();
     let (mcfg, seq) = brigade::train::Trainer::check_layout(&cfg, &Layout::default()).unwrap();
     let m = |b| training_memory(&mcfg, b, seq);
-    let p = mcfg.num_params() as u128;
+    let p = mcfg.num_params();
     let pp = Layout::parse("pp=2,mb=1").unwrap();
     let stage = |r| RankModel::stage(mcfg, (0, 1), (r, 2), 1, seq, (0, 1)).unwrap().layout.total as u128;
     let held = stage(0).max(stage(1));

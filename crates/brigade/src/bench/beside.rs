@@ -227,7 +227,7 @@ pub fn pairing_need(
             .max()
             .unwrap_or(0)
     } else {
-        mcfg.num_params() as u128 / layout.tp as u128
+        mcfg.num_params() / layout.tp as u128
     };
     let dp = (layout.dp * layout.cp) as u128;
     let rank = {
