@@ -157,7 +157,12 @@ fn map_huge(bytes: usize) -> Option<(NonNull<u8>, usize)> {
 /// and whether every one of those mappings is `THPeligible`.
 #[cfg(target_os = "linux")]
 fn huge_pages_at(start: usize, bytes: usize) -> Option<(usize, bool)> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    huge_pages_in(&std::fs::read_to_string("/proc/self/smaps").ok()?, start, bytes)
+}
+
+/// `huge_pages_at` over the text of an `smaps` file; `None` if a figure it needs does not parse.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn huge_pages_in(smaps: &str, start: usize, bytes: usize) -> Option<(usize, bool)> {
     let end = start + bytes;
     let (mut total, mut eligible, mut overlap) = (0usize, true, None::<(usize, usize)>);
     for line in smaps.lines() {
@@ -208,6 +213,49 @@ mod tests {
         }
     }
 
+    /// Three mappings as `/proc/self/smaps` writes them (4 MiB with 4 MiB on huge pages,
+    /// eligible; 4 MiB with 2 MiB, not eligible; then one that starts where a query ends): a
+    /// query's huge pages are each overlapped mapping's prorated by the overlap, and it is
+    /// eligible only if every overlapped mapping is; one that only touches it counts for nothing.
+    #[test]
+    fn huge_pages_are_read_off_the_mappings_a_range_overlaps() {
+        let smaps = "\
+7f0000000000-7f0000400000 rw-p 00000000 00:00 0
+Size:               4096 kB
+AnonHugePages:      4096 kB
+THPeligible:    1
+7f0000400000-7f0000800000 rw-p 00000000 00:00 0
+Size:               4096 kB
+AnonHugePages:      2048 kB
+THPeligible:    0
+7f0000800000-7f0000a00000 rw-p 00000000 00:00 0
+Size:               2048 kB
+AnonHugePages:      2048 kB
+THPeligible:    0
+";
+        let mib = 1usize << 20;
+        let base = 0x7f00_0000_0000usize;
+        // the first mapping's second half alone
+        assert_eq!(huge_pages_in(smaps, base + 2 * mib, 2 * mib), Some((2 * mib, true)));
+        // its second half and the second mapping's first: 2 MiB + half of 2 MiB
+        assert_eq!(huge_pages_in(smaps, base + 2 * mib, 4 * mib), Some((3 * mib, false)));
+        // a quarter of the first: 1 MiB, whichever way round the proration goes
+        assert_eq!(huge_pages_in(smaps, base + mib, mib), Some((mib, true)));
+        // the whole of the second, ending where the third begins
+        assert_eq!(huge_pages_in(smaps, base + 4 * mib, 4 * mib), Some((2 * mib, false)));
+        // the first whole, ending where the second (not eligible) begins
+        assert_eq!(huge_pages_in(smaps, base, 4 * mib), Some((4 * mib, true)));
+        // nothing mapped there
+        assert_eq!(huge_pages_in(smaps, base + 16 * mib, mib), Some((0, true)));
+        // a figure that does not parse, in a mapping the range overlaps: no answer
+        let bad = smaps.replace(
+            "AnonHugePages:      2048 kB\nTHPeligible:    0\n7f0000800000",
+            "AnonHugePages:      x kB\nTHPeligible:    0\n7f0000800000",
+        );
+        assert_eq!(huge_pages_in(&bad, base + 4 * mib, mib), None);
+        assert_eq!(huge_pages_in(&bad, base, mib), Some((mib, true)), "the bad figure is in another mapping");
+    }
+
     #[test]
     fn a_large_buffer_is_eligible_for_huge_pages_where_the_kernel_has_them() {
         // 8 MiB: whole huge pages, whatever the kernel does
@@ -224,6 +272,7 @@ mod tests {
                     eprintln!("no free huge page for an eligible 8 MiB buffer (fragmented memory?)");
                 }
             }
+            None if offered => panic!("huge pages offered ({}) but /proc/self/smaps not read", enabled.trim()),
             h => eprintln!("transparent huge pages not offered here ({}): {h:?}", enabled.trim()),
         }
     }
