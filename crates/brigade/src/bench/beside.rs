@@ -270,7 +270,9 @@ pub fn pairing_fits(
 
 /// `steps` paired steps (after one warm-up of each) of `layout` for `cfg`'s global batch,
 /// `threads` threads per rank; each figure the slowest rank's. With a pipeline, also its
-/// schedule's bubble on paper.
+/// schedule's bubble on paper. It holds the trainers `pairing_need` counts: a caller checks
+/// them once with `pairing_fits` (`brigade bench beside` does, for every layout before the
+/// first round).
 pub fn paired_steps(
     cfg: &TrainConfig,
     layout: &crate::layout::Layout,
@@ -286,7 +288,6 @@ pub fn paired_steps(
     let share = TrainConfig { batch: cfg.batch / n, ..cfg.clone() };
     let micro = micro_batch_of(layout, share.batch);
     let share_micro = micro.map(|mb| TrainConfig { micro_batch: Some(mb), ..share.clone() });
-    pairing_fits(&cfg, layout, micro, crate::train::memory::available_bytes())?;
     let per_rank = brigade_comm::local::run(n, |world| {
         let err = |e: brigade_comm::CommError| crate::Error::Train(e.to_string());
         let mut tr = Trainer::on_world(cfg.clone(), &world, layout)?;
