@@ -115,7 +115,7 @@ fn every_schedule_executed_equals_the_whole_model() {
                             &mut chunks,
                             &data,
                             recompute,
-                            &mut Vec::new(),
+                            &mut Default::default(),
                         )?;
                         // the forwards' and backwards' seconds: some, and within the step
                         let wall = t0.elapsed().as_secs_f64();

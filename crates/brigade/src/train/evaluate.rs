@@ -81,9 +81,9 @@ impl Trainer {
     /// `evaluate` of the full parameters from `full_params` (or this rank's, when `None`).
     pub fn evaluate_with(&mut self, full: Option<&[f32]>) -> EvalReport {
         // the activations are borrowed apart from the model they serve
-        let mut acts = self.pool.pop().unwrap_or_default();
+        let mut acts = self.pool.acts.pop().unwrap_or_default();
         let report = self.evaluate_on(full, &mut acts);
-        self.pool.push(acts);
+        self.pool.acts.push(acts);
         report
     }
 

@@ -234,7 +234,7 @@ impl Trainer {
             list,
             measured_actions: None,
             fitted: None,
-            pool: Vec::new(),
+            pool: Default::default(),
             model,
             params,
             opt,

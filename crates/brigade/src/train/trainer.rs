@@ -27,11 +27,12 @@ use super::timeline::Timeline;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::models::config::kv_copies;
-use crate::models::{Activations, Gpt};
+use crate::models::Gpt;
 use crate::nn::context::SeqSplit;
 use crate::nn::tp::{state as tp_state, Tp};
 use crate::parallel::data::zero::{Cut, Shards};
 use crate::parallel::data::{self, DataParallel, REPLICAS};
+use crate::parallel::pipeline::executor::Reuse;
 use crate::parallel::pipeline::{self, Costs, Plan, RankModel};
 use crate::parallel::{Axis, Mesh, MeshShape};
 use crate::params::ParamLayout;
@@ -55,7 +56,7 @@ pub struct Trainer {
     pub(crate) measured_actions: Option<[f32; 3]>,
     pub(crate) fitted: Option<Costs>,
     /// Activations of the micro-batches in flight, kept for the next step.
-    pub(crate) pool: Vec<Activations>,
+    pub(crate) pool: Reuse,
     pub params: Vec<f32>,
     pub(crate) grads: Vec<f32>,
     pub(crate) opt: AdamW,

@@ -155,6 +155,16 @@ impl Stash {
     }
 }
 
+/// What a rank's steps hand on to its next: the activations of the micro-batches in flight, and
+/// the buffers a zero-bubble W gave back (its copies of inputs and output gradients, the LM
+/// head's logits). Kept across steps, so a step's first micro-batches do not fault in fresh
+/// pages for them (hundreds of MB a step on a pipeline stage).
+#[derive(Default)]
+pub struct Reuse {
+    pub acts: Vec<Activations>,
+    pub spare: Spare,
+}
+
 /// Refuses a plan whose micro-batches' message tags (one per micro-batch, receiving stage and
 /// direction) would reach the tied table's, the highest MPI guarantees.
 pub(crate) fn check_tags(plan: &Plan) -> Result<()> {
@@ -169,7 +179,7 @@ pub(crate) fn check_tags(plan: &Plan) -> Result<()> {
 }
 
 /// Runs this rank's list of `plan` over `pp` (the pipeline group), each pass on its store from
-/// `chunks`, activations reused from `pool` (and left there for the next step). Under full
+/// `chunks`, activations and buffers reused from `reuse` (and left there for the next step). Under full
 /// recompute each chunk's forward keeps only its input and runs again before its backward;
 /// under selective recompute the forwards keep no attention scores. `chunks.done(c)` hears as
 /// soon as a chunk's gradients are final for the step, so that their data-parallel reduction
@@ -180,8 +190,9 @@ pub fn run_step(
     chunks: &mut dyn ChunkStores,
     data: &MicroBatches,
     recompute: Recompute,
-    pool: &mut Vec<Activations>,
+    reuse: &mut Reuse,
 ) -> Result<Ran> {
+    let Reuse { acts: pool, spare } = reuse;
     let rank = pp.rank();
     let (b, t) = (data.b, data.t);
     let stages = plan.pp * plan.v;
@@ -194,7 +205,6 @@ pub fn run_step(
     let mut received: HashMap<(usize, usize, bool), Vec<f32>> = HashMap::new();
     // the weight-gradient halves a zero-bubble B left for its W
     let mut weights: HashMap<(usize, usize), Vec<Deferred>> = HashMap::new();
-    let mut spare = Spare::default();
     let mut ran = Ran::default();
     let mut bytes = 0usize;
     // where each chunk's gradients become final: its last backward or weight-gradient action
@@ -261,7 +271,7 @@ pub fn run_step(
             Action::Backward { mb, chunk } | Action::BackwardInput { mb, chunk } => {
                 // a zero-bubble B leaves the weight matrices' gradients for its W
                 let dw = match a {
-                    Action::BackwardInput { .. } => WeightGrads::later_with(std::mem::take(&mut spare)),
+                    Action::BackwardInput { .. } => WeightGrads::later_with(std::mem::take(spare)),
                     _ => WeightGrads::Now,
                 };
                 let (has_embedding, has_head) = (chunks.part(chunk).has_embedding, chunks.part(chunk).has_head);
@@ -304,7 +314,7 @@ pub fn run_step(
                 }
                 pool.push(acts);
                 let (later, kept) = dw.into_deferred();
-                spare = kept;
+                *spare = kept;
                 if !later.is_empty() {
                     bytes += later.iter().map(Deferred::bytes).sum::<usize>();
                     ran.peak_bytes = ran.peak_bytes.max(bytes);
