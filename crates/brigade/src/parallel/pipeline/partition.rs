@@ -90,6 +90,97 @@ pub fn partition(costs: &[f64], stages: usize) -> Result<Vec<Range<usize>>> {
     Ok(out)
 }
 
+/// `partition` for `pp` ranks that each run `v` stages (stage `s` on rank `s mod pp`, as the
+/// interleaved schedules place them), judged by `step`: how long a step takes with the stages'
+/// loads given (the schedule run on paper). A rank's steps take the sum of its stages' times,
+/// and a stage much heavier than the others (a small model's LM head) holds the rest of the
+/// pipeline up, so neither the busiest stage nor the busiest rank alone predicts a step. With
+/// `v = 1` this is `partition`. Otherwise it starts from `partition`'s cut and moves cuts while
+/// that shortens `step`, then (at an equal one) lightens the most loaded stage, then the sum of
+/// the stages' squared loads: each round takes the best of moving one cut anywhere between its
+/// neighbours and shifting a run of up to `pp` consecutive cuts together by up to 3 pieces
+/// (load from the stage after the run to the one before it, on another rank), and it stops
+/// when none is better or after `MOVES` cuts tried. A local search: never a longer step than the
+/// cut it starts from.
+pub fn partition_ranks(costs: &[f64], pp: usize, v: usize, step: &dyn Fn(&[f64]) -> f64) -> Result<Vec<Range<usize>>> {
+    /// The most cuts `partition_ranks` tries (each one a step run on paper).
+    const MOVES: usize = 2_000;
+    let start = partition(costs, pp * v)?;
+    if v <= 1 || pp <= 1 {
+        return Ok(start);
+    }
+    let n = costs.len();
+    let mut prefix = vec![0.0; n + 1];
+    for (i, c) in costs.iter().enumerate() {
+        prefix[i + 1] = prefix[i] + c;
+    }
+    // bounds[s]..bounds[s + 1] is stage s
+    let mut bounds: Vec<usize> = start.iter().map(|r| r.start).chain([n]).collect();
+    let key = |b: &[usize]| {
+        let loads: Vec<f64> = b.windows(2).map(|w| prefix[w[1]] - prefix[w[0]]).collect();
+        let max = loads.iter().copied().fold(0.0, f64::max);
+        [step(&loads), max, loads.iter().map(|l| l * l).sum::<f64>()]
+    };
+    let below = |x: f64, y: f64| x < y - 1e-9 * y.abs().max(1.0);
+    let better = |a: &[f64; 3], b: &[f64; 3]| {
+        for (x, y) in a.iter().zip(b) {
+            if below(*x, *y) {
+                return true;
+            }
+            if below(*y, *x) {
+                return false;
+            }
+        }
+        false
+    };
+    let stages = bounds.len() - 1;
+    let mut tried = 0;
+    loop {
+        let mut candidates = Vec::new();
+        for i in 1..stages {
+            for p in bounds[i - 1] + 1..bounds[i + 1] {
+                if p != bounds[i] {
+                    let mut b = bounds.clone();
+                    b[i] = p;
+                    candidates.push(b);
+                }
+            }
+        }
+        for i in 1..stages {
+            for j in i..stages.min(i + pp) {
+                for d in [-3isize, -2, -1, 1, 2, 3] {
+                    let mut b = bounds.clone();
+                    b[i..=j].iter_mut().for_each(|x| *x = x.wrapping_add_signed(d));
+                    if j > i && b.windows(2).all(|w| w[0] < w[1] && w[1] <= n) {
+                        candidates.push(b);
+                    }
+                }
+            }
+        }
+        let (mut best, mut next) = (key(&bounds), None);
+        for b in candidates {
+            if tried == MOVES {
+                break;
+            }
+            tried += 1;
+            let k = key(&b);
+            if better(&k, &best) {
+                best = k;
+                next = Some(b);
+            }
+        }
+        match next {
+            Some(b) if tried < MOVES => bounds = b,
+            Some(b) => {
+                bounds = b;
+                break;
+            }
+            None => break,
+        }
+    }
+    Ok(bounds.windows(2).map(|w| w[0]..w[1]).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +252,84 @@ mod tests {
         let cfg = GptConfig::preset("gpt2-small").unwrap();
         let split = partition(&gpt_slot_costs(&cfg, 256), 4).unwrap();
         assert_eq!(split, [0..9, 9..17, 17..25, 25..26]);
+    }
+
+    /// The busiest rank's load, stage `s` on rank `s mod pp`: a step's length judged by it alone.
+    fn busiest(loads: &[f64], pp: usize) -> f64 {
+        (0..pp).map(|r| loads.iter().skip(r).step_by(pp).sum::<f64>()).fold(0.0, f64::max)
+    }
+
+    /// The busiest rank's load and the most loaded stage's of a cut given by its stage sizes.
+    fn rank_and_stage_max(costs: &[f64], sizes: &[usize], pp: usize) -> (f64, f64) {
+        let mut at = 0;
+        let mut ranks = vec![0.0; pp];
+        let mut stage = 0f64;
+        for (s, size) in sizes.iter().enumerate() {
+            let l: f64 = costs[at..at + size].iter().sum();
+            ranks[s % pp] += l;
+            stage = stage.max(l);
+            at += size;
+        }
+        (ranks.iter().copied().fold(0.0, f64::max), stage)
+    }
+
+    /// The search, judged by the busiest rank alone, on GPT-2 small's pieces on 2 and 4 ranks of
+    /// 2 or 3 stages each: the busiest rank is as light as under any cut (brute force), and no
+    /// stage heavier than `partition`'s heaviest.
+    /// `partition` alone left the rank holding the head's stage 7.5%, 15.7% and 60.7% above the
+    /// mean; this cut leaves 0%, 0% and 30.7% (the head alone is 1.2 ranks' share on 4).
+    #[test]
+    fn interleaved_ranks_are_as_balanced_as_any_cut() {
+        let cfg = GptConfig::preset("gpt2-small").unwrap();
+        let costs = gpt_slot_costs(&cfg, 256);
+        for (pp, v) in [(2, 2), (2, 3), (4, 2)] {
+            let got = partition_ranks(&costs, pp, v, &|l| busiest(l, pp)).unwrap();
+            let sizes: Vec<usize> = got.iter().map(|r| r.len()).collect();
+            assert_eq!(got.first().unwrap().start, 0);
+            assert_eq!(got.last().unwrap().end, costs.len());
+            assert!(got.windows(2).all(|w| w[0].end == w[1].start && w[0].start < w[0].end));
+            let (rank, stage) = rank_and_stage_max(&costs, &sizes, pp);
+            let all = all_splits(costs.len(), pp * v);
+            let best = all.iter().map(|s| rank_and_stage_max(&costs, s, pp).0).fold(f64::INFINITY, f64::min);
+            assert!((rank - best).abs() <= 1e-9 * best, "pp={pp} v={v}: {got:?} rank {rank} > {best}");
+            let plain: Vec<usize> = partition(&costs, pp * v).unwrap().iter().map(|r| r.len()).collect();
+            let (plain_rank, plain_stage) = rank_and_stage_max(&costs, &plain, pp);
+            assert!(stage <= plain_stage * (1.0 + 1e-9), "pp={pp} v={v}: stage {stage} > {plain_stage}");
+            assert!(rank < plain_rank * (1.0 - 1e-3), "pp={pp} v={v}: no lighter than {plain_rank}");
+        }
+    }
+
+    /// On arbitrary costs, judged by the busiest rank: one stage a rank is `partition`'s cut;
+    /// with more, never a busier rank than `partition`'s cut, and every cut whole and in order.
+    #[test]
+    fn the_rank_cut_never_loses_to_the_stage_cut() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..200 {
+            let n = rng.gen_range(4..14);
+            let mut costs: Vec<f64> = (0..n).map(|_| rng.gen_range(0.0..10.0)).collect();
+            if rng.gen_bool(0.3) {
+                costs[n - 1] *= 8.0;
+            }
+            for (pp, v) in [(1, 3), (2, 1), (2, 2), (3, 2), (2, 3), (4, 1)] {
+                if pp * v > n {
+                    continue;
+                }
+                let got = partition_ranks(&costs, pp, v, &|l| busiest(l, pp)).unwrap();
+                let plain = partition(&costs, pp * v).unwrap();
+                if v == 1 || pp == 1 {
+                    assert_eq!(got, plain);
+                    continue;
+                }
+                assert_eq!(got.len(), pp * v);
+                assert_eq!((got[0].start, got[pp * v - 1].end), (0, n));
+                assert!(got.windows(2).all(|w| w[0].end == w[1].start && w[0].start < w[0].end));
+                let sizes = |c: &[Range<usize>]| c.iter().map(|r| r.len()).collect::<Vec<_>>();
+                let (rank, _) = rank_and_stage_max(&costs, &sizes(&got), pp);
+                let (plain_rank, _) = rank_and_stage_max(&costs, &sizes(&plain), pp);
+                assert!(rank <= plain_rank * (1.0 + 1e-9), "{costs:?} pp={pp} v={v}: {got:?} vs {plain:?}");
+            }
+        }
     }
 
     #[test]

@@ -50,7 +50,14 @@ pub fn bubble_theory(plan: &Plan) -> f64 {
 }
 
 pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
+    simulate_scaled(plan, costs, &[])
+}
+
+/// `simulate` with stage `s`'s compute actions taking `scale[s]` times `costs` (stages of
+/// unequal work; an empty `scale`: every stage 1).
+pub fn simulate_scaled(plan: &Plan, costs: &Costs, scale: &[f64]) -> Result<Report, String> {
     let (pp, v) = (plan.pp, plan.v);
+    let k = |s: usize| scale.get(s).copied().unwrap_or(1.0);
     if plan.ranks.len() != pp {
         return Err(format!("{} lists for pp={pp}", plan.ranks.len()));
     }
@@ -87,8 +94,8 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
                             }
                         }
                         done_f[r][at(mb, chunk)] = true;
-                        clock[r] += costs.forward;
-                        busy[r] += costs.forward;
+                        clock[r] += costs.forward * k(s);
+                        busy[r] += costs.forward * k(s);
                         held[r] += 1;
                         peak[r] = peak[r].max(held[r]);
                     }
@@ -105,7 +112,7 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
                         }
                         done_b[r][at(mb, chunk)] = true;
                         let whole = matches!(a, Action::Backward { .. });
-                        let c = if whole { costs.backward } else { costs.backward_input };
+                        let c = k(s) * if whole { costs.backward } else { costs.backward_input };
                         clock[r] += c;
                         busy[r] += c;
                         if whole {
@@ -116,8 +123,9 @@ pub fn simulate(plan: &Plan, costs: &Costs) -> Result<Report, String> {
                         if !done_b[r][at(mb, chunk)] {
                             return blocked("weight gradient before its input gradient".into());
                         }
-                        clock[r] += costs.backward_weight;
-                        busy[r] += costs.backward_weight;
+                        let c = costs.backward_weight * k(stage(r, chunk));
+                        clock[r] += c;
+                        busy[r] += c;
                         held[r] -= 1;
                     }
                     Action::SendActivation { mb, chunk, to } => {
