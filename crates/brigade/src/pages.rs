@@ -276,4 +276,53 @@ THPeligible:    0
             h => eprintln!("transparent huge pages not offered here ({}): {h:?}", enabled.trim()),
         }
     }
+
+    /// The process's address space in bytes (`VmSize` of `/proc/self/status`).
+    #[cfg(target_os = "linux")]
+    fn vm_size() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() << 10
+    }
+
+    /// A mapped buffer takes exactly its own pages of address space — the 2 MiB over-allocation
+    /// that finds an aligned start is given back before and after it — and `Drop` gives them
+    /// all back. Run in a child process of its own (this test binary, this test alone, one
+    /// thread): another test's mappings would move `VmSize` in between.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_mapped_buffer_takes_its_own_pages_and_gives_them_back() {
+        const CHILD: &str = "BRIGADE_PAGES_VM_CHILD";
+        let name = "pages::tests::a_mapped_buffer_takes_its_own_pages_and_gives_them_back";
+        if std::env::var_os(CHILD).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", name, "--test-threads=1", "--nocapture"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "the child failed:\n{text}");
+            assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+            return;
+        }
+        let page = 4096;
+        // the reading itself allocates: once first, so its heap is there before the measures
+        let _ = vm_size();
+        let mut kept = Vec::with_capacity(16);
+        for (i, floats) in
+            [(2usize << 20) / 4, (3 << 20) / 4 + 5, (5 << 20) / 4 + 1000, 1 << 22].into_iter().enumerate()
+        {
+            let before = vm_size();
+            let p = Pages::<f32>::zeroed(floats);
+            let mapped = (floats * 4).div_ceil(page) * page;
+            assert_eq!(vm_size() - before, mapped, "buffer {i}: {floats} floats take {} bytes", vm_size() - before);
+            assert_eq!(p.as_ptr() as usize % HUGE, 0);
+            // an unaligned mapping left between them, so the next one's start moves
+            let odd = Pages::<u8>::zeroed(HUGE + 3 * page + i * page);
+            let with_odd = vm_size();
+            drop(p);
+            assert_eq!(with_odd - vm_size(), mapped, "buffer {i}: dropped, not all given back");
+            kept.push(odd);
+        }
+    }
 }
