@@ -306,6 +306,11 @@ THPeligible:    0
             return;
         }
         let page = 4096;
+        // SAFETY: sysconf reads a constant of the system
+        if unsafe { libc::sysconf(libc::_SC_PAGESIZE) } != page as libc::c_long {
+            eprintln!("not run: this kernel's base pages are not 4 KiB, which `map_huge` is written for");
+            return;
+        }
         // the reading itself allocates: once first, so its heap is there before the measures
         let _ = vm_size();
         let mut kept = Vec::with_capacity(16);

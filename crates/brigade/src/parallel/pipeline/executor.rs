@@ -314,7 +314,10 @@ pub fn run_step(
                 }
                 pool.push(acts);
                 let (later, kept) = dw.into_deferred();
-                *spare = kept;
+                if matches!(a, Action::BackwardInput { .. }) {
+                    // the list lent to the deferring B comes back (a whole backward borrowed none)
+                    *spare = kept;
+                }
                 if !later.is_empty() {
                     bytes += later.iter().map(Deferred::bytes).sum::<usize>();
                     ran.peak_bytes = ran.peak_bytes.max(bytes);
