@@ -134,11 +134,12 @@ impl WeightGrads {
         }
     }
 
-    /// The gradients left for later (none when computed at once), and the spare buffers.
-    pub fn into_deferred(self) -> (Vec<Deferred>, Spare) {
+    /// The gradients left for later (none when computed at once), and the spare buffers lent
+    /// to `Later` (none for `Now`, which was lent none).
+    pub fn into_deferred(self) -> (Vec<Deferred>, Option<Spare>) {
         match self {
-            WeightGrads::Now => (Vec::new(), Spare::default()),
-            WeightGrads::Later { queue, spare, .. } => (queue, spare),
+            WeightGrads::Now => (Vec::new(), None),
+            WeightGrads::Later { queue, spare, .. } => (queue, Some(spare)),
         }
     }
 }

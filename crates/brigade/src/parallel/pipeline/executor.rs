@@ -314,8 +314,8 @@ pub fn run_step(
                 }
                 pool.push(acts);
                 let (later, kept) = dw.into_deferred();
-                if matches!(a, Action::BackwardInput { .. }) {
-                    // the list lent to the deferring B comes back (a whole backward borrowed none)
+                if let Some(kept) = kept {
+                    // the list lent to the deferring B comes back
                     *spare = kept;
                 }
                 if !later.is_empty() {

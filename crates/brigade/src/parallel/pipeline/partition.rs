@@ -24,6 +24,15 @@ pub fn gpt_slot_costs(cfg: &GptConfig, seq: usize) -> Vec<f64> {
     costs
 }
 
+/// `[0, c0, c0 + c1, …]`: the load of pieces `a..b` is `prefix[b] − prefix[a]`.
+fn prefix_sums(costs: &[f64]) -> Vec<f64> {
+    let mut prefix = vec![0.0; costs.len() + 1];
+    for (i, c) in costs.iter().enumerate() {
+        prefix[i + 1] = prefix[i] + c;
+    }
+    prefix
+}
+
 /// Contiguous ranges of `costs` on `stages` stages, each non-empty, minimising the most loaded
 /// stage, and among the splits that reach it the sum of the stages' squared loads: where one
 /// piece alone fixes the most loaded stage (a small model's LM head on four stages), the other
@@ -39,10 +48,7 @@ pub fn partition(costs: &[f64], stages: usize) -> Result<Vec<Range<usize>>> {
     if let Some(c) = costs.iter().find(|c| !c.is_finite() || **c < 0.0) {
         return Err(Error::Layout(format!("a pipeline cut needs each piece's cost finite and not negative, got {c}")));
     }
-    let mut prefix = vec![0.0; n + 1];
-    for (i, c) in costs.iter().enumerate() {
-        prefix[i + 1] = prefix[i] + c;
-    }
+    let prefix = prefix_sums(costs);
     let load = |a: usize, b: usize| prefix[b] - prefix[a];
     let below = |x: f64, y: f64| x < y - 1e-9 * x.abs().max(1.0);
     // worst[k][i]: the lightest most-loaded stage splitting units i.. into k stages
@@ -110,10 +116,7 @@ pub fn partition_ranks(costs: &[f64], pp: usize, v: usize, step: &dyn Fn(&[f64])
         return Ok(start);
     }
     let n = costs.len();
-    let mut prefix = vec![0.0; n + 1];
-    for (i, c) in costs.iter().enumerate() {
-        prefix[i + 1] = prefix[i] + c;
-    }
+    let prefix = prefix_sums(costs);
     // bounds[s]..bounds[s + 1] is stage s
     let mut bounds: Vec<usize> = start.iter().map(|r| r.start).chain([n]).collect();
     let key = |b: &[usize]| {
@@ -134,7 +137,7 @@ pub fn partition_ranks(costs: &[f64], pp: usize, v: usize, step: &dyn Fn(&[f64])
         false
     };
     let stages = bounds.len() - 1;
-    let mut tried = 0;
+    let (mut tried, mut current) = (0, key(&bounds));
     loop {
         let mut candidates = Vec::new();
         for i in 1..stages {
@@ -147,35 +150,29 @@ pub fn partition_ranks(costs: &[f64], pp: usize, v: usize, step: &dyn Fn(&[f64])
             }
         }
         for i in 1..stages {
-            for j in i..stages.min(i + pp) {
+            for j in i + 1..stages.min(i + pp) {
                 for d in [-3isize, -2, -1, 1, 2, 3] {
                     let mut b = bounds.clone();
                     b[i..=j].iter_mut().for_each(|x| *x = x.wrapping_add_signed(d));
-                    if j > i && b.windows(2).all(|w| w[0] < w[1] && w[1] <= n) {
+                    if b.windows(2).all(|w| w[0] < w[1] && w[1] <= n) {
                         candidates.push(b);
                     }
                 }
             }
         }
-        let (mut best, mut next) = (key(&bounds), None);
-        for b in candidates {
-            if tried == MOVES {
-                break;
-            }
+        let mut next = None;
+        for b in candidates.into_iter().take(MOVES - tried) {
             tried += 1;
             let k = key(&b);
-            if better(&k, &best) {
-                best = k;
+            if better(&k, &current) {
+                current = k;
                 next = Some(b);
             }
         }
-        match next {
-            Some(b) if tried < MOVES => bounds = b,
-            Some(b) => {
-                bounds = b;
-                break;
-            }
-            None => break,
+        let Some(b) = next else { break };
+        bounds = b;
+        if tried == MOVES {
+            break;
         }
     }
     Ok(bounds.windows(2).map(|w| w[0]..w[1]).collect())
