@@ -335,4 +335,10 @@ fn brigade_simd_avx2_holds_the_kernels_to_avx2() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!((v["simd"].as_str(), v["matmul_kernel"].as_str()), (Some("avx2"), Some("brigade")), "{v}");
     assert!(v["rows_gflops_two_1_thread_products"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+    // the cores' peak is measured at the width the kernels are held to, and each row's share of it
+    assert!(v["fma_peak_gflops_two_1_thread"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+    assert!(
+        v["rows"].as_array().unwrap().iter().all(|r| r["fma_peak_fraction"].as_f64().is_some_and(|f| f > 0.0)),
+        "{v}"
+    );
 }

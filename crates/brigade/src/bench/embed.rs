@@ -49,6 +49,12 @@ pub fn encoder_rows_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: 
     concurrent(workers, || encoder_rows_gflops(cfg, tokens))
 }
 
+/// `machine::fma_peak_gflops` on `workers` threads at once, summed: the most arithmetic the
+/// cores can do side by side (they may share a clock budget).
+pub fn fma_peak_gflops_concurrent(workers: usize) -> f64 {
+    concurrent(workers, super::machine::fma_peak_gflops)
+}
+
 /// `measure` on `workers` single-threaded pools at once, summed.
 fn concurrent(workers: usize, measure: impl Fn() -> f64 + Sync) -> f64 {
     let barrier = std::sync::Barrier::new(workers);
