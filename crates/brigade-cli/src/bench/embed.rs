@@ -64,7 +64,7 @@ fn measure(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_token
     // the embedding's own kernel at the same shapes (it must keep up with the general one)
     let rows_pair = brigade::bench::embed::encoder_rows_gflops_concurrent(cfg, 2048, 2);
     // the most arithmetic two cores do at once: the ceiling no kernel work can pass
-    let peak_pair = brigade::bench::embed::fma_peak_gflops_concurrent(2);
+    let peak_pair = brigade::bench::machine::fma_peak_gflops_concurrent(2);
     if !json {
         outln!(
             "{} documents of 20–40 words ({:.1} tokens each on average, {:.1} MFLOP per token), shards of {shard_size}",

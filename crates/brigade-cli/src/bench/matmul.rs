@@ -81,5 +81,20 @@ pub fn run(f: Flags) -> Result<()> {
             }
         }
     }
+    // the cores' own peak: no product can pass it
+    let peak = brigade::bench::machine::fma_peak_gflops_concurrent(threads);
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"bench": "fma_peak", "threads": threads, "simd": brigade::tensor::simd_name(),
+            "gflops": (peak * 10.0).round() / 10.0, "square_of_peak": (square / peak * 1000.0).round() / 1000.0})
+        );
+    } else {
+        outln!(
+            "the cores' peak (register-only fused multiply-adds, {}, {threads} threads at once): {peak:.1} GFLOP/s; 2048³ runs at {:.0}% of it",
+            brigade::tensor::simd_name(),
+            100.0 * square / peak
+        );
+    }
     Ok(())
 }

@@ -40,38 +40,13 @@ pub fn synthetic_corpus(vocab_txt: &Path, n: usize, seed: u64) -> crate::Result<
 /// The products' GFLOP/s with `workers` threads each running its own single-threaded product
 /// at once, the way `embed --workers N --threads 1` uses the cores (summed over the workers).
 pub fn encoder_matmul_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> f64 {
-    concurrent(workers, || encoder_matmul_gflops(cfg, tokens))
+    super::concurrent(workers, || encoder_matmul_gflops(cfg, tokens))
 }
 
 /// As `encoder_matmul_gflops_concurrent` with the kernel the embedding itself runs: the
 /// row-invariant products over packed weights (`matmul_rows`), whose rate bounds the job's.
 pub fn encoder_rows_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> f64 {
-    concurrent(workers, || encoder_rows_gflops(cfg, tokens))
-}
-
-/// `machine::fma_peak_gflops` on `workers` threads at once, summed: the most arithmetic the
-/// cores can do side by side (they may share a clock budget).
-pub fn fma_peak_gflops_concurrent(workers: usize) -> f64 {
-    concurrent(workers, super::machine::fma_peak_gflops)
-}
-
-/// `measure` on `workers` single-threaded pools at once, summed.
-fn concurrent(workers: usize, measure: impl Fn() -> f64 + Sync) -> f64 {
-    let barrier = std::sync::Barrier::new(workers);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    crate::with_threads(1, || {
-                        barrier.wait();
-                        measure()
-                    })
-                    .unwrap_or(0.0)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
-    })
+    super::concurrent(workers, || encoder_rows_gflops(cfg, tokens))
 }
 
 /// GFLOP/s of one encoder layer's four products (qkv, attention output, MLP up and down) at

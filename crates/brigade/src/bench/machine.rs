@@ -155,6 +155,12 @@ pub fn fma_peak_gflops() -> f64 {
     best
 }
 
+/// `fma_peak_gflops` on `workers` threads at once, summed: the most arithmetic the cores do
+/// side by side (they may share a clock budget).
+pub fn fma_peak_gflops_concurrent(workers: usize) -> f64 {
+    super::concurrent(workers, fma_peak_gflops)
+}
+
 /// `iters` rounds of 12 independent `fma`s on registers; the lanes a vector holds.
 fn fma_chains(iters: usize) -> usize {
     #[cfg(target_arch = "x86_64")]

@@ -428,3 +428,22 @@ pub fn data_loader(
         rss_after_mib: rss_mib(),
     })
 }
+
+/// `measure` on `workers` single-threaded pools at once, summed.
+pub(crate) fn concurrent(workers: usize, measure: impl Fn() -> f64 + Sync) -> f64 {
+    let barrier = std::sync::Barrier::new(workers);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    crate::with_threads(1, || {
+                        barrier.wait();
+                        measure()
+                    })
+                    .unwrap_or(0.0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+    })
+}
