@@ -96,6 +96,9 @@ impl EngineHandle {
             let engine = Engine::with_cache(model, (setup.kv_blocks, setup.block_size, setup.kv_dtype), setup.limits);
             say_pipeline(&cfg, &engine);
             reporter.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
+            // before the engine runs, so a server that says it is ready reports its cache (set
+            // on the engine's thread, a /metrics read just after /ready could see 0)
+            reporter.kv_blocks_total.set(engine.blocks().total as i64);
             engine
         };
         let ranks = setup.tp * setup.pp * setup.cp;
@@ -172,6 +175,7 @@ impl EngineHandle {
         let engine = Engine::with_cache(model, (setup.kv_blocks, setup.block_size, setup.kv_dtype), setup.limits);
         say_pipeline(&gpt.cfg, &engine);
         metrics.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
+        metrics.kv_blocks_total.set(engine.blocks().total as i64);
         Ok(EngineHandle::start(engine, setup.threads, metrics))
     }
 
@@ -254,7 +258,6 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
     let mut outs: HashMap<u64, UnboundedSender<Result<Output, Refused>>> = HashMap::new();
     let mut hits = engine.blocks().hits;
     let mut preemptions = 0;
-    metrics.kv_blocks_total.set(engine.blocks().total as i64);
     loop {
         // wait for work when idle; otherwise take what has come in and step
         let mut cmds: Vec<Cmd> = Vec::new();
