@@ -301,17 +301,26 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
             outs.remove(&id);
         }
         let out = engine.step();
+        // the step's state on the metrics before its tokens go out, so a client holding its
+        // last token reads the blocks it held as free; and again after, for what a handler
+        // gone in the meantime gave back
+        report(&engine, &metrics, (&mut hits, &mut preemptions));
         deliver(&mut engine, &mut outs, out);
-        let blocks = engine.blocks();
-        metrics.generated_tokens.inc_by(engine.stats().generated - metrics.generated_tokens.get());
-        metrics.prefix_cache_hits.inc_by(blocks.hits - hits);
-        hits = blocks.hits;
-        metrics.preemptions.inc_by(engine.stats().preemptions - preemptions);
-        preemptions = engine.stats().preemptions;
-        metrics.running.set(engine.running() as i64);
-        metrics.waiting.set(engine.waiting() as i64);
-        metrics.kv_blocks_used.set(blocks.used as i64);
+        report(&engine, &metrics, (&mut hits, &mut preemptions));
     }
+}
+
+/// The engine's counts on the metrics (`hits`, `preemptions`: what the counters already hold).
+fn report(engine: &Engine, metrics: &Metrics, (hits, preemptions): (&mut u64, &mut u64)) {
+    let blocks = engine.blocks();
+    metrics.generated_tokens.inc_by(engine.stats().generated - metrics.generated_tokens.get());
+    metrics.prefix_cache_hits.inc_by(blocks.hits - *hits);
+    *hits = blocks.hits;
+    metrics.preemptions.inc_by(engine.stats().preemptions - *preemptions);
+    *preemptions = engine.stats().preemptions;
+    metrics.running.set(engine.running() as i64);
+    metrics.waiting.set(engine.waiting() as i64);
+    metrics.kv_blocks_used.set(blocks.used as i64);
 }
 
 /// Sends each token to its request's handler; a handler gone aborts its request.
