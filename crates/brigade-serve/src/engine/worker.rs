@@ -288,6 +288,7 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
                 Cmd::Profile(reply) => {
                     // measured one step at a time: the steps in the pipeline come back first
                     let out = engine.drain();
+                    report(&engine, &metrics, (&mut hits, &mut preemptions));
                     deliver(&mut engine, &mut outs, out);
                     let _ = reply.send(engine.profile());
                 }

@@ -138,51 +138,47 @@ pub(super) fn read_all(c: &[f32]) -> f32 {
 }
 
 /// This core's peak rate of fused multiply-adds, GFLOP/s: a loop of nothing but `fma`s on
-/// registers (12 independent chains, so none waits on its own latency), at the vector width
-/// brigade's kernels run here (512 bits where `tensor::wide()`, else 256; `BRIGADE_SIMD=avx2`
-/// holds it to 256). No product can beat it: every fraction of a product rate is bounded by it,
-/// and a job's FLOPs at this rate are the ceiling no kernel work can pass. On one thread (the
-/// caller's); the best of five runs of 5–15 ms.
-pub fn fma_peak_gflops() -> f64 {
+/// registers (12 independent chains, so none waits on its own latency, each from its own
+/// start), at the vector width brigade's kernels run here (512 bits where `tensor::wide()`,
+/// else 256; `BRIGADE_SIMD=avx2` holds it to 256). No product can beat it: every fraction of a
+/// product rate is bounded by it, and a job's FLOPs at this rate are the ceiling no kernel work
+/// can pass. On one thread (the caller's); the best of five runs of 15–30 ms. `None` where
+/// the CPU has no AVX + FMA (the kernels' own vector paths are not this loop's there).
+pub fn fma_peak_gflops() -> Option<f64> {
     const ITERS: usize = 1 << 23;
-    let mut best = 0f64;
+    let mut best = None::<f64>;
     for _ in 0..5 {
         let t = Instant::now();
-        let lanes = fma_chains(ITERS);
+        let lanes = fma_chains(ITERS)?;
         let s = t.elapsed().as_secs_f64();
-        best = best.max((ITERS * 12 * lanes * 2) as f64 / s / 1e9);
+        best = Some(best.unwrap_or(0.0).max((ITERS * 12 * lanes * 2) as f64 / s / 1e9));
     }
     best
 }
 
 /// `fma_peak_gflops` on `workers` threads at once, summed: the most arithmetic the cores do
 /// side by side (they may share a clock budget).
-pub fn fma_peak_gflops_concurrent(workers: usize) -> f64 {
-    super::concurrent(workers, fma_peak_gflops)
+pub fn fma_peak_gflops_concurrent(workers: usize) -> Option<f64> {
+    fma_chains(0)?;
+    Some(super::concurrent(workers, || fma_peak_gflops().unwrap_or(0.0)))
 }
 
-/// `iters` rounds of 12 independent `fma`s on registers; the lanes a vector holds.
-fn fma_chains(iters: usize) -> usize {
+/// `iters` rounds of 12 independent `fma`s on registers; the lanes a vector holds (`None`
+/// without AVX + FMA).
+fn fma_chains(iters: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         if crate::tensor::wide() {
             // SAFETY: `wide()` checked AVX-512F
-            return unsafe { fma_chains_512(iters) };
+            return Some(unsafe { fma_chains_512(iters) });
         }
         if is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx") {
             // SAFETY: AVX and FMA checked
-            return unsafe { fma_chains_256(iters) };
+            return Some(unsafe { fma_chains_256(iters) });
         }
     }
-    let (a, b) = (std::hint::black_box(0.999_f32), std::hint::black_box(1e-7_f32));
-    let mut c = [0f32; 12];
-    for _ in 0..iters {
-        for x in c.iter_mut() {
-            *x = x.mul_add(a, b);
-        }
-    }
-    std::hint::black_box(c);
-    1
+    let _ = iters;
+    None
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -190,7 +186,8 @@ fn fma_chains(iters: usize) -> usize {
 unsafe fn fma_chains_256(iters: usize) -> usize {
     use std::arch::x86_64::*;
     let (a, b) = (_mm256_set1_ps(std::hint::black_box(0.999)), _mm256_set1_ps(std::hint::black_box(1e-7)));
-    let mut c = [_mm256_setzero_ps(); 12];
+    // each chain from its own value, so that no compiler may fold them into one
+    let mut c: [__m256; 12] = std::array::from_fn(|i| _mm256_set1_ps(std::hint::black_box(i as f32 * 1e-3)));
     for _ in 0..iters {
         for x in c.iter_mut() {
             *x = _mm256_fmadd_ps(*x, a, b);
@@ -205,7 +202,7 @@ unsafe fn fma_chains_256(iters: usize) -> usize {
 unsafe fn fma_chains_512(iters: usize) -> usize {
     use std::arch::x86_64::*;
     let (a, b) = (_mm512_set1_ps(std::hint::black_box(0.999)), _mm512_set1_ps(std::hint::black_box(1e-7)));
-    let mut c = [_mm512_setzero_ps(); 12];
+    let mut c: [__m512; 12] = std::array::from_fn(|i| _mm512_set1_ps(std::hint::black_box(i as f32 * 1e-3)));
     for _ in 0..iters {
         for x in c.iter_mut() {
             *x = _mm512_fmadd_ps(*x, a, b);
