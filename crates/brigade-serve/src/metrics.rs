@@ -119,6 +119,14 @@ impl Metrics {
         self.requests.get_or_create(&vec![("status".to_string(), code.to_string())]).inc();
     }
 
+    /// What the engine (rank 0) holds, reported as it is built — before it runs, so a server
+    /// that says it is ready reports its cache (set on the engine's thread, a /metrics read
+    /// just after /ready could see 0 blocks).
+    pub fn engine_holds(&self, kv_blocks: usize, weight_bytes: usize) {
+        self.rank_holds(0, kv_blocks, weight_bytes);
+        self.kv_blocks_total.set(kv_blocks as i64);
+    }
+
     /// What rank `rank` holds, reported by the rank itself.
     pub fn rank_holds(&self, rank: usize, kv_blocks: usize, weight_bytes: usize) {
         let label = vec![("rank".to_string(), rank.to_string())];

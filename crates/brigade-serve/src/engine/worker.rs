@@ -95,10 +95,7 @@ impl EngineHandle {
         let engine_of = move |model: Model| {
             let engine = Engine::with_cache(model, (setup.kv_blocks, setup.block_size, setup.kv_dtype), setup.limits);
             say_pipeline(&cfg, &engine);
-            reporter.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
-            // before the engine runs, so a server that says it is ready reports its cache (set
-            // on the engine's thread, a /metrics read just after /ready could see 0)
-            reporter.kv_blocks_total.set(engine.blocks().total as i64);
+            reporter.engine_holds(engine.blocks().total, engine.model.weight_bytes().1);
             engine
         };
         let ranks = setup.tp * setup.pp * setup.cp;
@@ -174,8 +171,7 @@ impl EngineHandle {
         drop(params);
         let engine = Engine::with_cache(model, (setup.kv_blocks, setup.block_size, setup.kv_dtype), setup.limits);
         say_pipeline(&gpt.cfg, &engine);
-        metrics.rank_holds(0, engine.blocks().total, engine.model.weight_bytes().1);
-        metrics.kv_blocks_total.set(engine.blocks().total as i64);
+        metrics.engine_holds(engine.blocks().total, engine.model.weight_bytes().1);
         Ok(EngineHandle::start(engine, setup.threads, metrics))
     }
 
@@ -288,8 +284,7 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
                 Cmd::Profile(reply) => {
                     // measured one step at a time: the steps in the pipeline come back first
                     let out = engine.drain();
-                    report(&engine, &metrics, (&mut hits, &mut preemptions));
-                    deliver(&mut engine, &mut outs, out);
+                    hand_out(&mut engine, &mut outs, out, &metrics, (&mut hits, &mut preemptions));
                     let _ = reply.send(engine.profile());
                 }
                 Cmd::Stop => return engine,
@@ -302,12 +297,24 @@ fn serve_commands(mut engine: Engine, rx: mpsc::Receiver<Cmd>, metrics: Metrics)
             outs.remove(&id);
         }
         let out = engine.step();
-        // the step's state on the metrics before its tokens go out, so a client holding its
-        // last token reads the blocks it held as free; and again after, for what a handler
-        // gone in the meantime gave back
-        report(&engine, &metrics, (&mut hits, &mut preemptions));
-        deliver(&mut engine, &mut outs, out);
-        report(&engine, &metrics, (&mut hits, &mut preemptions));
+        hand_out(&mut engine, &mut outs, out, &metrics, (&mut hits, &mut preemptions));
+    }
+}
+
+/// A step's tokens to their handlers, the engine's state on the metrics before they go out (a
+/// client holding its last token reads the blocks it held as free) and again after where a
+/// handler gone in the meantime gave its blocks back.
+fn hand_out(
+    engine: &mut Engine,
+    outs: &mut HashMap<u64, UnboundedSender<Result<Output, Refused>>>,
+    out: Vec<Output>,
+    metrics: &Metrics,
+    counts: (&mut u64, &mut u64),
+) {
+    let (hits, preemptions) = counts;
+    report(engine, metrics, (&mut *hits, &mut *preemptions));
+    if deliver(engine, outs, out) {
+        report(engine, metrics, (hits, preemptions));
     }
 }
 
@@ -324,18 +331,26 @@ fn report(engine: &Engine, metrics: &Metrics, (hits, preemptions): (&mut u64, &m
     metrics.kv_blocks_used.set(blocks.used as i64);
 }
 
-/// Sends each token to its request's handler; a handler gone aborts its request.
-fn deliver(engine: &mut Engine, outs: &mut HashMap<u64, UnboundedSender<Result<Output, Refused>>>, out: Vec<Output>) {
+/// Sends each token to its request's handler; a handler gone aborts its request. Whether any
+/// was aborted.
+fn deliver(
+    engine: &mut Engine,
+    outs: &mut HashMap<u64, UnboundedSender<Result<Output, Refused>>>,
+    out: Vec<Output>,
+) -> bool {
+    let mut aborted = false;
     for o in out {
         let (id, done) = (o.id, o.finished.is_some());
         let sent = outs.get(&o.id).is_some_and(|tx| tx.send(Ok(o)).is_ok());
         if !sent && !done {
             engine.abort(id);
+            aborted = true;
         }
         if done || !sent {
             outs.remove(&id);
         }
     }
+    aborted
 }
 
 /// A rank other than 0 of a tensor-parallel group of processes: its share of `gpt` and its KV

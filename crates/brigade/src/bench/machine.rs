@@ -181,36 +181,28 @@ fn fma_chains(iters: usize) -> Option<usize> {
     None
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,fma")]
-unsafe fn fma_chains_256(iters: usize) -> usize {
-    use std::arch::x86_64::*;
-    let (a, b) = (_mm256_set1_ps(std::hint::black_box(0.999)), _mm256_set1_ps(std::hint::black_box(1e-7)));
-    // each chain from its own value, so that no compiler may fold them into one
-    let mut c: [__m256; 12] = std::array::from_fn(|i| _mm256_set1_ps(std::hint::black_box(i as f32 * 1e-3)));
-    for _ in 0..iters {
-        for x in c.iter_mut() {
-            *x = _mm256_fmadd_ps(*x, a, b);
+/// `fma_chains_256` and `fma_chains_512`: the same loop at each width.
+macro_rules! fma_chains_at {
+    ($name:ident, $features:literal, $vec:ident, $set1:ident, $fmadd:ident, $lanes:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(iters: usize) -> usize {
+            use std::arch::x86_64::*;
+            let (a, b) = ($set1(std::hint::black_box(0.999)), $set1(std::hint::black_box(1e-7)));
+            // each chain from its own value, so that no compiler may fold them into one
+            let mut c: [$vec; 12] = std::array::from_fn(|i| $set1(std::hint::black_box(i as f32 * 1e-3)));
+            for _ in 0..iters {
+                for x in c.iter_mut() {
+                    *x = $fmadd(*x, a, b);
+                }
+            }
+            std::hint::black_box(c);
+            $lanes
         }
-    }
-    std::hint::black_box(c);
-    8
+    };
 }
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn fma_chains_512(iters: usize) -> usize {
-    use std::arch::x86_64::*;
-    let (a, b) = (_mm512_set1_ps(std::hint::black_box(0.999)), _mm512_set1_ps(std::hint::black_box(1e-7)));
-    let mut c: [__m512; 12] = std::array::from_fn(|i| _mm512_set1_ps(std::hint::black_box(i as f32 * 1e-3)));
-    for _ in 0..iters {
-        for x in c.iter_mut() {
-            *x = _mm512_fmadd_ps(*x, a, b);
-        }
-    }
-    std::hint::black_box(c);
-    16
-}
+fma_chains_at!(fma_chains_256, "avx,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, 8);
+fma_chains_at!(fma_chains_512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, 16);
 
 /// Measures the parts of a training step of `cfg` at `batch × seq` on the current pool, as
 /// one rank of a tensor-parallel group of `tp` runs them (its heads, hidden units and
