@@ -59,10 +59,10 @@ fn measure(model: &Path, docs: usize, shard_size: Option<usize>, max_batch_token
         |threads: usize| brigade::with_threads(threads, || brigade::bench::embed::encoder_matmul_gflops(cfg, 2048));
     // two cores: one product on 2 threads, or two single-threaded products at once
     let (rate1, rate2_pool) = (rate(1)?, rate(2)?);
-    let rate2_pair = brigade::bench::embed::encoder_matmul_gflops_concurrent(cfg, 2048, 2);
+    let rate2_pair = brigade::bench::embed::encoder_matmul_gflops_concurrent(cfg, 2048, 2)?;
     let rate2 = rate2_pool.max(rate2_pair);
     // the embedding's own kernel at the same shapes (it must keep up with the general one)
-    let rows_pair = brigade::bench::embed::encoder_rows_gflops_concurrent(cfg, 2048, 2);
+    let rows_pair = brigade::bench::embed::encoder_rows_gflops_concurrent(cfg, 2048, 2)?;
     // the most arithmetic two cores do at once: the ceiling no kernel work can pass
     let (peak1, peak_pair) =
         (brigade::bench::machine::fma_peak_gflops(), brigade::bench::machine::fma_peak_gflops_concurrent(2));

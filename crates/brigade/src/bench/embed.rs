@@ -39,13 +39,13 @@ pub fn synthetic_corpus(vocab_txt: &Path, n: usize, seed: u64) -> crate::Result<
 
 /// The products' GFLOP/s with `workers` threads each running its own single-threaded product
 /// at once, the way `embed --workers N --threads 1` uses the cores (summed over the workers).
-pub fn encoder_matmul_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> f64 {
+pub fn encoder_matmul_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> crate::Result<f64> {
     super::concurrent(workers, || encoder_matmul_gflops(cfg, tokens))
 }
 
 /// As `encoder_matmul_gflops_concurrent` with the kernel the embedding itself runs: the
 /// row-invariant products over packed weights (`matmul_rows`), whose rate bounds the job's.
-pub fn encoder_rows_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> f64 {
+pub fn encoder_rows_gflops_concurrent(cfg: &BertConfig, tokens: usize, workers: usize) -> crate::Result<f64> {
     super::concurrent(workers, || encoder_rows_gflops(cfg, tokens))
 }
 

@@ -157,10 +157,11 @@ pub fn fma_peak_gflops() -> Option<f64> {
 }
 
 /// `fma_peak_gflops` on `workers` threads at once, summed: the most arithmetic the cores do
-/// side by side (they may share a clock budget).
+/// side by side (they may share a clock budget); `None` without AVX + FMA or where the
+/// threads cannot start.
 pub fn fma_peak_gflops_concurrent(workers: usize) -> Option<f64> {
     fma_chains(0)?;
-    Some(super::concurrent(workers, || fma_peak_gflops().unwrap_or(0.0)))
+    super::concurrent(workers, || fma_peak_gflops().unwrap_or(0.0)).ok()
 }
 
 /// `iters` rounds of 12 independent `fma`s on registers; the lanes a vector holds (`None`

@@ -429,21 +429,52 @@ pub fn data_loader(
     })
 }
 
-/// `measure` on `workers` single-threaded pools at once, summed.
-pub(crate) fn concurrent(workers: usize, measure: impl Fn() -> f64 + Sync) -> f64 {
+/// `measure` on `workers` single-threaded pools at once, summed. Every worker builds its pool
+/// before the barrier and reaches it whether or not the pool started, so one that cannot start
+/// fails the measure (with the reason) instead of leaving the others waiting at the barrier;
+/// a measure that panics fails it too, never counted as a rate of 0.
+pub(crate) fn concurrent(workers: usize, measure: impl Fn() -> f64 + Sync) -> crate::Result<f64> {
     let barrier = std::sync::Barrier::new(workers);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..workers)
             .map(|_| {
                 s.spawn(|| {
-                    crate::with_threads(1, || {
-                        barrier.wait();
-                        measure()
-                    })
-                    .unwrap_or(0.0)
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build();
+                    barrier.wait();
+                    pool.map(|p| p.install(&measure))
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+        let mut sum = 0.0;
+        for h in hs {
+            match h.join() {
+                Ok(Ok(rate)) => sum += rate,
+                Ok(Err(e)) => return Err(crate::Error::Train(format!("cannot start a measuring thread: {e}"))),
+                Err(_) => return Err(crate::Error::Train("a measuring thread panicked".into())),
+            }
+        }
+        Ok(sum)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Every worker's rate is summed; a worker whose measure panics fails the whole measure
+    /// (an error, not a rate of 0), and the others, past the barrier, finish instead of hanging.
+    #[test]
+    fn concurrent_sums_every_worker_and_fails_on_a_panicking_one() {
+        assert_eq!(concurrent(3, || 2.5).unwrap(), 7.5);
+        let started = AtomicUsize::new(0);
+        let r = concurrent(3, || {
+            if started.fetch_add(1, Ordering::SeqCst) == 1 {
+                panic!("a planted failure");
+            }
+            1.0
+        });
+        assert!(r.is_err(), "a panicking worker fails the measure: {r:?}");
+        assert_eq!(started.load(Ordering::SeqCst), 3, "every worker ran past the barrier");
+    }
 }
