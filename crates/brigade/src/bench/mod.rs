@@ -429,27 +429,25 @@ pub fn data_loader(
     })
 }
 
-/// `measure` on `workers` single-threaded pools at once, summed. Every worker builds its pool
-/// before the barrier and reaches it whether or not the pool started, so one that cannot start
-/// fails the measure (with the reason) instead of leaving the others waiting at the barrier;
-/// a measure that panics fails it too, never counted as a rate of 0.
+/// `measure` on `workers` single-threaded pools at once, summed. Every worker meets the
+/// barrier before it starts its pool (`with_threads`), so one that cannot start fails the
+/// measure (with the reason) instead of leaving the others waiting at the barrier; a measure
+/// that panics fails it too, never counted as a rate of 0.
 pub(crate) fn concurrent(workers: usize, measure: impl Fn() -> f64 + Sync) -> crate::Result<f64> {
     let barrier = std::sync::Barrier::new(workers);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..workers)
             .map(|_| {
                 s.spawn(|| {
-                    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build();
                     barrier.wait();
-                    pool.map(|p| p.install(&measure))
+                    crate::with_threads(1, &measure)
                 })
             })
             .collect();
         let mut sum = 0.0;
         for h in hs {
             match h.join() {
-                Ok(Ok(rate)) => sum += rate,
-                Ok(Err(e)) => return Err(crate::Error::Train(format!("cannot start a measuring thread: {e}"))),
+                Ok(rate) => sum += rate?,
                 Err(_) => return Err(crate::Error::Train("a measuring thread panicked".into())),
             }
         }
