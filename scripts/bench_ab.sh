@@ -44,11 +44,20 @@ for l in open(sys.argv[1]):
             name = f"concurrency={r['concurrency']}"
         rate = r["tokens_per_s"] if "tokens_per_s" in r else r["output_tokens_per_s"]
         tps.setdefault(name, {"old": [], "new": []})[which].append(rate)
+# Beside the ratio of medians: the median of each round's own ratio (old and new ran one after
+# the other, so a slow stretch of the machine hits both), and the ratio of each side's best run
+# (what each does when no other tenant shares its cores: on these VMs a core's other hardware
+# thread belongs to someone else, and a register-only fma loop was seen at 66-101 GFLOP/s from
+# one second to the next while runq saw no other process).
 for name, t in tps.items():
     o, n = statistics.median(t["old"]), statistics.median(t["new"])
+    paired = [b / a for a, b in zip(t["old"], t["new"])]
     print(json.dumps({"row": name, "old_tokens_per_s": [round(x, 1) for x in t["old"]],
                       "new_tokens_per_s": [round(x, 1) for x in t["new"]],
-                      "old_median": round(o, 1), "new_median": round(n, 1), "new_over_old": round(n / o, 3)}))
+                      "old_median": round(o, 1), "new_median": round(n, 1), "new_over_old": round(n / o, 3),
+                      "paired_median": round(statistics.median(paired), 3),
+                      "paired_range": [round(min(paired), 3), round(max(paired), 3)],
+                      "best_over_best": round(max(t["new"]) / max(t["old"]), 3)}))
 PY
 # how much CPU other processes took during the runs (runq's measure; > 0.05 is a disturbed run)
 python3 -c 'import json,sys; f=[json.loads(l).get("foreign_cpu_frac",0) for l in open(sys.argv[1])]; print(json.dumps({"foreign_cpu_frac_max": round(max(f),3), "runs": len(f)}))' "$log.runq"
